@@ -1,0 +1,1 @@
+//! Kernel entry points (to be filled in).
