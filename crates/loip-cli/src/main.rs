@@ -1,1 +1,66 @@
-fn main() {}
+//! `loip`: lossless LLM inference over a few memory-constrained edge devices.
+
+mod cmd_generate;
+mod cmd_plan;
+mod cmd_split;
+mod cmd_synth;
+mod model_load;
+mod model_shape;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Lossless LLM inference serving over a few heterogeneous, memory-constrained devices.
+///
+/// Models load from a local path (an HF directory with config.json + safetensors +
+/// tokenizer.json, or a GGUF file), or the name `smollm2`, which is fetched, verified and
+/// cached on first use.
+#[derive(Parser)]
+#[command(name = "loip", version, propagate_version = true)]
+struct Cli {
+    /// Compute threads (default: all cores).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text on this machine, streaming it as it is produced.
+    Generate(cmd_generate::GenerateArgs),
+    /// Print the logits of every position of a prompt as JSON.
+    Logits(cmd_generate::LogitsArgs),
+    /// Download, verify and cache a known model (`smollm2`); prints its path.
+    Fetch(cmd_generate::FetchArgs),
+    /// Write a random-weight checkpoint of a real architecture's shape (for benchmarks).
+    Synth(cmd_synth::SynthArgs),
+    /// Split a model into per-block slice files for offloading (or verify a split).
+    Split(cmd_split::SplitArgs),
+    /// Plan stages, layers and offloaded blocks for a cluster, and predict ms/token.
+    Plan(cmd_plan::PlanArgs),
+}
+
+fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LOIP_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    if let Some(n) = cli.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
+    }
+    match cli.command {
+        Command::Generate(a) => cmd_generate::generate(a),
+        Command::Logits(a) => cmd_generate::logits(a),
+        Command::Fetch(a) => cmd_generate::fetch(a),
+        Command::Synth(a) => cmd_synth::run(a),
+        Command::Plan(a) => cmd_plan::run(a),
+        Command::Split(a) => cmd_split::run(a),
+    }
+}

@@ -1,1 +1,25 @@
-//! placeholder
+//! The transformer forward over borrowed weights: embedding, attention and MLP blocks, final
+//! norm + LM head, KV cache, sampling. No I/O and no async: a pipeline stage is this same code
+//! run over a contiguous range of layers.
+//!
+//! Invariant (lossless): a token's hidden state depends only on the weights' bytes, its id,
+//! its position and its sequence's earlier tokens — never on how tokens were grouped into a
+//! step, which stage or device ran a block, or where the weight bytes live. Every path
+//! (whole model, N stages, offloaded blocks read into a slot) therefore yields bit-identical
+//! logits within one build.
+#![deny(missing_docs)]
+
+mod error;
+pub mod forward;
+pub mod generate;
+pub mod kv;
+pub mod rope;
+pub mod sampling;
+pub mod weights;
+
+pub use error::EngineError;
+pub use forward::{Batch, Model, TokenPos};
+pub use generate::{generate, Flow, GenerateOptions, GenerateOutput, Generator, StepBackend, StopReason};
+pub use kv::{KvCache, SeqId};
+pub use sampling::{Sampler, SamplingParams};
+pub use weights::{AttnWeights, HeadWeights, LayerWeights, MlpWeights, TensorSource};

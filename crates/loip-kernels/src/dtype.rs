@@ -30,6 +30,34 @@ pub enum KernelError {
         /// bytes given
         got: usize,
     },
+    /// A buffer whose length does not match the shape of the operation.
+    #[error("{what}: expected {expected} elements, got {got}")]
+    Length {
+        /// which argument
+        what: &'static str,
+        /// elements needed
+        expected: usize,
+        /// elements given
+        got: usize,
+    },
+    /// An activation buffer that is not a whole number of rows of `cols` elements.
+    #[error("{what}: length {len} is not a multiple of the row length {cols}")]
+    NotMultiple {
+        /// which argument
+        what: &'static str,
+        /// elements given
+        len: usize,
+        /// required row length (matrix columns)
+        cols: usize,
+    },
+    /// A row index past the end of the matrix.
+    #[error("row {row} out of range for a matrix of {rows} rows")]
+    RowOutOfRange {
+        /// requested row
+        row: usize,
+        /// rows in the matrix
+        rows: usize,
+    },
 }
 
 /// A stored element type. Quantized types use the GGUF (ggml) block layouts.
@@ -139,11 +167,18 @@ pub struct Matrix<'a> {
 impl<'a> Matrix<'a> {
     /// Checks that `data` holds exactly `rows × cols` elements of `dtype`.
     pub fn new(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
-        let expected = dtype.row_bytes(cols)? * rows;
+        // saturating: a shape too large to address can never match a real buffer
+        let expected = dtype.row_bytes(cols)?.saturating_mul(rows);
         if data.len() != expected {
             return Err(KernelError::WrongSize { dtype, rows, cols, expected, got: data.len() });
         }
         Ok(Matrix { dtype, rows, cols, data })
+    }
+
+    /// Checks that `data` has exactly `rows × row_bytes(cols)` bytes (the fields are public, so a
+    /// `Matrix` built without [`Matrix::new`] may be inconsistent; every kernel calls this first).
+    pub fn validate(&self) -> Result<(), KernelError> {
+        Matrix::new(self.dtype, self.rows, self.cols, self.data).map(|_| ())
     }
 
     /// Bytes of one row.
@@ -152,8 +187,20 @@ impl<'a> Matrix<'a> {
     }
 
     /// The bytes of row `r`.
+    ///
+    /// # Panics
+    /// If `r >= rows` (use [`Matrix::get_row`] for a checked version).
     pub fn row(&self, r: usize) -> &'a [u8] {
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// The bytes of row `r`, or `None` if `r >= rows` or the matrix is inconsistent.
+    pub fn get_row(&self, r: usize) -> Option<&'a [u8]> {
+        let rb = self.dtype.row_bytes(self.cols).ok()?;
+        if r >= self.rows || self.data.len() != rb.checked_mul(self.rows)? {
+            return None;
+        }
+        self.data.get(r * rb..(r + 1) * rb)
     }
 }

@@ -7,10 +7,33 @@
 //! same per-row dot routine, whatever the batch size, the thread count, or the address and
 //! alignment of the weight bytes. So the same weights give bit-identical results whether they
 //! come from an mmap, a slice file in the loader's slot, or a network buffer.
+//!
+//! Stronger still, the AVX-512, AVX2 and portable paths perform the same IEEE-754 operations in
+//! the same order (the *canonical order*, documented in `canon.rs`): a dot product uses 4
+//! accumulators of 16 lanes fed by fused multiply-adds and a fixed reduction tree, `exp` is a
+//! fixed polynomial. So two machines with different SIMD support also agree bit for bit.
+//!
+//! Layout: `dtype` (types, errors, `Matrix`), `dequant` (exact scalar dequantization),
+//! `canon` (the canonical order, portable), `x86::{avx512, avx2}` (SIMD kernels),
+//! `dispatch` (safe level → kernel), `matmul`, `attention`, `elementwise`, `simd` (run-time
+//! detection), and `ops` (the public entry points, re-exported here).
 #![deny(missing_docs)]
 
 mod dtype;
 pub use dtype::{DType, KernelError, Matrix};
 
+mod attention;
+mod canon;
+mod dequant;
+mod dispatch;
+mod elementwise;
+mod matmul;
+mod simd;
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+mod x86;
+
 pub mod ops;
 pub use ops::*;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! Matrix × activations: `y = W · x` for a borrowed weight matrix in its stored dtype.
+//!
+//! Work is split over rayon tasks by chunks of rows; each output element is one call of the
+//! canonical per-row dot ([`crate::canon`]), so the result does not depend on the batch size,
+//! the thread count, the chunking, or the address and alignment of the weight bytes.
+
+use crate::dequant::dequant_into;
+use crate::dispatch;
+use crate::dtype::{KernelError, Matrix};
+use crate::simd::{self, Level};
+use rayon::prelude::*;
+
+/// Below this many weight elements a matmul runs on the calling thread (task overhead
+/// would dominate).
+const PAR_MIN_ELEMS: usize = 1 << 16;
+/// Fewest rows per rayon task.
+const MIN_TASK_ROWS: usize = 16;
+
+/// Checks the shapes of a matmul and returns the number of tokens `n`.
+fn check(w: &Matrix, x: &[f32], y: &[f32]) -> Result<usize, KernelError> {
+    w.validate()?;
+    if w.cols == 0 {
+        if !x.is_empty() {
+            return Err(KernelError::NotMultiple { what: "x", len: x.len(), cols: 0 });
+        }
+        return Ok(0);
+    }
+    if x.len() % w.cols != 0 {
+        return Err(KernelError::NotMultiple { what: "x", len: x.len(), cols: w.cols });
+    }
+    let n = x.len() / w.cols;
+    let expected = n.saturating_mul(w.rows);
+    if y.len() != expected {
+        return Err(KernelError::Length { what: "y", expected, got: y.len() });
+    }
+    Ok(n)
+}
+
+/// `y[t * w.rows + r] = dot(row r of w, x[t * w.cols .. (t + 1) * w.cols])` for each token
+/// `t < n`, `n = x.len() / w.cols`.
+///
+/// `x`: `n × w.cols` f32 (row-major); `y`: `n × w.rows` f32.
+/// Weights are dequantized in registers (exactly) and accumulated in f32 in the canonical
+/// order, bit-identical for any `n`, thread count, SIMD path and weight address.
+///
+/// # Errors
+/// [`KernelError`] if `w` is inconsistent, `x.len()` is not a multiple of `w.cols`, or
+/// `y.len() != n * w.rows`. (With `w.cols == 0`, `x` must be empty and `y` is left as is.)
+pub fn matmul(w: &Matrix, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+    matmul_at(simd::current(), w, x, y)
+}
+
+/// [`matmul`] on an explicit SIMD level (tests compare levels).
+pub(crate) fn matmul_at(level: Level, w: &Matrix, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+    let n = check(w, x, y)?;
+    if n == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    let (rows, cols, dtype) = (w.rows, w.cols, w.dtype);
+    let rb = dtype.row_bytes(cols)?;
+    let kernel = |data: &[u8], out: &mut [f32]| dispatch::rows(level, dtype, data, cols, x, n, out);
+
+    // out[r * n + t]: the kernels' layout; equal to y's when n == 1
+    let mut scratch = Vec::new();
+    let out: &mut [f32] = if n == 1 {
+        &mut *y
+    } else {
+        scratch.resize(rows * n, 0f32);
+        &mut scratch
+    };
+
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || rows.saturating_mul(cols) < PAR_MIN_ELEMS || rows < 2 * MIN_TASK_ROWS {
+        kernel(w.data, out);
+    } else {
+        let task_rows = rows.div_ceil(threads * 4).max(MIN_TASK_ROWS);
+        out.par_chunks_mut(task_rows * n).enumerate().for_each(|(i, o)| {
+            let r0 = i * task_rows;
+            let r1 = r0 + o.len() / n;
+            kernel(&w.data[r0 * rb..r1 * rb], o);
+        });
+    }
+
+    if n > 1 {
+        for (r, o) in scratch.chunks_exact(n).enumerate() {
+            for (t, &v) in o.iter().enumerate() {
+                y[t * rows + r] = v;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Plain scalar reference of [`matmul`]: dequantize each element, multiply, and accumulate
+/// sequentially in f32 (`acc += w * x`, no fma). Same contract and errors as [`matmul`];
+/// results differ from [`matmul`] only by summation order.
+pub fn matmul_ref(w: &Matrix, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+    let n = check(w, x, y)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (rows, cols) = (w.rows, w.cols);
+    let rb = w.dtype.row_bytes(cols)?;
+    let mut row = vec![0f32; cols]; // one dequantized row
+    for r in 0..rows {
+        dequant_into(w.dtype, &w.data[r * rb..(r + 1) * rb], &mut row);
+        for t in 0..n {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let mut acc = 0f32;
+            for (a, b) in row.iter().zip(xt) {
+                acc += a * b;
+            }
+            y[t * rows + r] = acc;
+        }
+    }
+    Ok(())
+}
+
+/// Dequantizes row `r` of `w` into `out` (`out.len() == w.cols`), exactly as ggml / Hugging
+/// Face do (see [`crate::dequant`] for the formulas).
+///
+/// # Errors
+/// [`KernelError`] if `w` is inconsistent, `r >= w.rows` or `out.len() != w.cols`.
+pub fn dequant_row(w: &Matrix, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    w.validate()?;
+    if r >= w.rows {
+        return Err(KernelError::RowOutOfRange { row: r, rows: w.rows });
+    }
+    if out.len() != w.cols {
+        return Err(KernelError::Length { what: "out", expected: w.cols, got: out.len() });
+    }
+    let rb = w.dtype.row_bytes(w.cols)?;
+    dequant_into(w.dtype, &w.data[r * rb..(r + 1) * rb], out);
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! Run-time choice of the SIMD path.
+//!
+//! The instruction set is detected once (`is_x86_feature_detected!`, cached in a `OnceLock`);
+//! no code is compiled with a global `target-cpu`. Every path computes the same canonical
+//! order of operations (see [`crate::canon`]), so the choice changes speed, never results.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+/// A SIMD code path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Level {
+    /// portable Rust, `f32::mul_add`
+    Scalar,
+    /// AVX2 + FMA + F16C, 256-bit
+    #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "x86")), allow(dead_code))]
+    Avx2,
+    /// AVX-512F (+ AVX2, FMA, F16C), 512-bit
+    #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "x86")), allow(dead_code))]
+    Avx512,
+}
+
+impl Level {
+    /// The name printed by benchmarks.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
+}
+
+static DETECTED: OnceLock<Level> = OnceLock::new();
+static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
+
+/// The best level this CPU supports (detected once), lowered by the `LOIP_SIMD` environment
+/// variable (`avx2` or `scalar`) when set, for benchmarks and end-to-end tests of the other paths.
+pub(crate) fn detected() -> Level {
+    *DETECTED.get_or_init(|| {
+        let best = detect();
+        match std::env::var("LOIP_SIMD").as_deref() {
+            Ok("scalar") => Level::Scalar,
+            Ok("avx2") if best == Level::Avx512 => Level::Avx2,
+            _ => best,
+        }
+    })
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+fn detect() -> Level {
+    let avx2 = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    if avx2 && is_x86_feature_detected!("avx512f") {
+        Level::Avx512
+    } else if avx2 {
+        Level::Avx2
+    } else {
+        Level::Scalar
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+fn detect() -> Level {
+    Level::Scalar
+}
+
+/// The level the kernels use now: the detected one, unless [`set_force_scalar`] is on.
+pub(crate) fn current() -> Level {
+    if FORCE_SCALAR.load(Ordering::Relaxed) {
+        Level::Scalar
+    } else {
+        detected()
+    }
+}
+
+/// Whether `level` can run on this CPU (tests ask for each level explicitly).
+#[cfg(test)]
+pub(crate) fn supported(level: Level) -> bool {
+    match (level, detected()) {
+        (Level::Scalar, _) => true,
+        (Level::Avx2, Level::Avx2 | Level::Avx512) => true,
+        (Level::Avx512, Level::Avx512) => true,
+        _ => false,
+    }
+}
+
+/// Which SIMD path the kernels use at run time: `"avx512"`, `"avx2"` or `"scalar"`.
+pub fn simd_level() -> &'static str {
+    current().name()
+}
+
+/// Forces the portable scalar path for every kernel in this process (`false` restores the
+/// detected path). Results are bit-identical either way; only speed changes. Meant for
+/// benchmarks and tests.
+pub fn set_force_scalar(force: bool) {
+    FORCE_SCALAR.store(force, Ordering::Relaxed);
+}

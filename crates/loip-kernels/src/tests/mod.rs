@@ -1,0 +1,1 @@
+//! In-crate tests (SIMD levels compared bit for bit).

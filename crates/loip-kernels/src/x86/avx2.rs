@@ -1,0 +1,465 @@
+//! AVX2 + FMA + F16C kernels (256-bit registers; one canonical 16-lane group is a pair of
+//! registers: lanes 0..8 and 8..16).
+//!
+//! Same values and the same canonical order as [`super::avx512`] and [`crate::canon`].
+//!
+//! Safety: every `unsafe fn` here requires a CPU with AVX2, FMA and F16C (checked by
+//! [`crate::simd`]) and the buffer lengths stated in its docs.
+
+#[cfg(target_arch = "x86")]
+use std::arch::x86::*;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use crate::canon::exp_consts as ec;
+use crate::dequant::scale_min_k4;
+use crate::dtype::DType;
+use std::ptr::read_unaligned;
+
+/// One 64-element chunk: `[2i]` = lanes 0..8 and `[2i + 1]` = lanes 8..16 of group `i`.
+type Chunk = [__m256; 8];
+/// One canonical 16-lane group as two halves.
+type Group = [__m256; 2];
+
+#[inline(always)]
+unsafe fn f16_splat(p: *const u8) -> __m256 {
+    let h = read_unaligned(p as *const u16) as i32;
+    _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)))
+}
+
+#[inline(always)]
+unsafe fn f16_scalar(p: *const u8) -> f32 {
+    let h = read_unaligned(p as *const u16) as i32;
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)))
+}
+
+/// 8 bytes at `p`, zero-extended to 8 × i32.
+#[inline(always)]
+unsafe fn u8x8(p: *const u8) -> __m256i {
+    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+}
+
+/// 8 bytes at `p`, sign-extended to 8 × f32.
+#[inline(always)]
+unsafe fn i8x8_ps(p: *const u8) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+}
+
+/// The 32 nibbles of a Q4 block at `qs` as 4 × 8 integers (elements 0..8, 8..16, 16..24, 24..32).
+#[inline(always)]
+unsafe fn nibbles(qs: *const u8) -> [__m256i; 4] {
+    let m = _mm256_set1_epi32(0xF);
+    let a = u8x8(qs);
+    let b = u8x8(qs.add(8));
+    [_mm256_and_si256(a, m), _mm256_and_si256(b, m), _mm256_srli_epi32(a, 4), _mm256_srli_epi32(b, 4)]
+}
+
+/// A quantized type, read one block (32 or 256 elements) at a time.
+trait Quant {
+    /// 64-element chunks per block (0 for 32-element blocks, read in pairs)
+    const CHUNKS: usize;
+    const BLOCK_BYTES: usize;
+    type State: Copy;
+    unsafe fn prepare(p: *const u8) -> Self::State;
+    /// 64-element chunk `k` of the block at `p` (or of the block pair for 32-element blocks)
+    unsafe fn chunk(p: *const u8, s: &Self::State, k: usize) -> Chunk;
+    /// one 32-element block as two groups (32-element types only)
+    unsafe fn block32(p: *const u8) -> [Group; 2];
+}
+
+/// `q * d + m` per element, rounded after the multiply and after the add (no fma).
+#[inline(always)]
+unsafe fn affine(q: __m256i, d: __m256, m: Option<__m256>) -> __m256 {
+    let v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+    match m {
+        Some(m) => _mm256_add_ps(v, m),
+        None => v,
+    }
+}
+
+macro_rules! pair_quant {
+    ($t:ident, $bytes:expr) => {
+        impl Quant for $t {
+            const CHUNKS: usize = 0;
+            const BLOCK_BYTES: usize = $bytes;
+            type State = ();
+            #[inline(always)]
+            unsafe fn prepare(_p: *const u8) {}
+            #[inline(always)]
+            unsafe fn chunk(p: *const u8, _s: &(), _k: usize) -> Chunk {
+                let [[a, b], [c, d]] = $t::block32(p);
+                let [[e, f], [g, h]] = $t::block32(p.add($bytes));
+                [a, b, c, d, e, f, g, h]
+            }
+            #[inline(always)]
+            unsafe fn block32(p: *const u8) -> [Group; 2] {
+                $t::block(p)
+            }
+        }
+    };
+}
+
+struct Q40;
+impl Q40 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8) -> [Group; 2] {
+        // (q - 8) * d
+        let d = f16_splat(p);
+        let n = nibbles(p.add(2));
+        let e = _mm256_set1_epi32(8);
+        let f = |q| affine(_mm256_sub_epi32(q, e), d, None);
+        [[f(n[0]), f(n[1])], [f(n[2]), f(n[3])]]
+    }
+}
+pair_quant!(Q40, 18);
+
+struct Q41;
+impl Q41 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8) -> [Group; 2] {
+        // q * d + m
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(read_unaligned(p as *const i32)));
+        let d = _mm256_broadcastss_ps(dm);
+        let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        let n = nibbles(p.add(4));
+        let f = |q| affine(q, d, Some(m));
+        [[f(n[0]), f(n[1])], [f(n[2]), f(n[3])]]
+    }
+}
+pair_quant!(Q41, 20);
+
+struct Q80;
+impl Q80 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8) -> [Group; 2] {
+        // q * d
+        let d = f16_splat(p);
+        let f = |o: usize| _mm256_mul_ps(i8x8_ps(p.add(2 + o)), d);
+        [[f(0), f(8)], [f(16), f(24)]]
+    }
+}
+pair_quant!(Q80, 34);
+
+struct Q4K;
+impl Quant for Q4K {
+    const CHUNKS: usize = 4;
+    const BLOCK_BYTES: usize = 144;
+    /// `[d * sc_k for k in 0..8] ++ [dmin * m_k for k in 0..8]`
+    type State = [f32; 16];
+    #[inline(always)]
+    unsafe fn prepare(p: *const u8) -> [f32; 16] {
+        let d = f16_scalar(p);
+        let dmin = f16_scalar(p.add(2));
+        let scales = std::slice::from_raw_parts(p.add(4), 12);
+        let mut s = [0f32; 16];
+        for k in 0..8 {
+            let (sc, m) = scale_min_k4(k, scales);
+            s[k] = d * sc as f32;
+            s[8 + k] = dmin * m as f32;
+        }
+        s
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
+        // (d * sc) * q - dmin * m; low nibbles: sub-block 2k, high nibbles: 2k + 1
+        let (d1, m1) = (_mm256_set1_ps(s[2 * k]), _mm256_set1_ps(s[8 + 2 * k]));
+        let (d2, m2) = (_mm256_set1_ps(s[2 * k + 1]), _mm256_set1_ps(s[8 + 2 * k + 1]));
+        let q = p.add(16 + 32 * k);
+        let mask = _mm256_set1_epi32(0xF);
+        let b = [u8x8(q), u8x8(q.add(8)), u8x8(q.add(16)), u8x8(q.add(24))];
+        let lo = |v| _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), d1), m1);
+        let hi = |v| _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d2), m2);
+        [lo(b[0]), lo(b[1]), lo(b[2]), lo(b[3]), hi(b[0]), hi(b[1]), hi(b[2]), hi(b[3])]
+    }
+    #[inline(always)]
+    unsafe fn block32(_p: *const u8) -> [Group; 2] {
+        unreachable!("Q4_K has 256-element blocks")
+    }
+}
+
+struct Q6K;
+impl Quant for Q6K {
+    const CHUNKS: usize = 4;
+    const BLOCK_BYTES: usize = 210;
+    /// `d * sc_g` for the 16 groups
+    type State = [f32; 16];
+    #[inline(always)]
+    unsafe fn prepare(p: *const u8) -> [f32; 16] {
+        let d = f16_scalar(p.add(208));
+        let mut s = [0f32; 16];
+        for (g, v) in s.iter_mut().enumerate() {
+            *v = d * (*p.add(192 + g) as i8) as f32;
+        }
+        s
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
+        let h = k / 2;
+        let ql = p.add(64 * h);
+        let qh = p.add(128 + 32 * h);
+        let m4 = _mm256_set1_epi32(0xF);
+        let m2 = _mm256_set1_epi32(0x30);
+        let c32 = _mm256_set1_epi32(32);
+        let mut w = [_mm256_setzero_ps(); 8];
+        for j in 0..8 {
+            // half j of the chunk: group i = j / 2, bytes (j % 2) * 8 within the group
+            let i = j / 2;
+            let l = u8x8(ql.add(16 * i + 8 * (j % 2)));
+            let hb = u8x8(qh.add(16 * (i % 2) + 8 * (j % 2)));
+            let (low, high) = match (k % 2, i / 2) {
+                (0, 0) => (_mm256_and_si256(l, m4), _mm256_slli_epi32(hb, 4)),
+                (0, _) => (_mm256_and_si256(l, m4), _mm256_slli_epi32(hb, 2)),
+                (_, 0) => (_mm256_srli_epi32(l, 4), hb),
+                _ => (_mm256_srli_epi32(l, 4), _mm256_srli_epi32(hb, 2)),
+            };
+            let q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_and_si256(high, m2)), c32);
+            w[j] = _mm256_mul_ps(_mm256_set1_ps(s[4 * k + i]), _mm256_cvtepi32_ps(q));
+        }
+        w
+    }
+    #[inline(always)]
+    unsafe fn block32(_p: *const u8) -> [Group; 2] {
+        unreachable!("Q6_K has 256-element blocks")
+    }
+}
+
+/// A float type, read one 8-element half group at a time.
+trait Float {
+    const ELEM_BYTES: usize;
+    const DTYPE: DType;
+    /// elements `8h .. 8h + 8` of the row at `p`
+    unsafe fn half(p: *const u8, h: usize) -> __m256;
+}
+
+struct F32;
+impl Float for F32 {
+    const ELEM_BYTES: usize = 4;
+    const DTYPE: DType = DType::F32;
+    #[inline(always)]
+    unsafe fn half(p: *const u8, h: usize) -> __m256 {
+        _mm256_loadu_ps(p.add(32 * h) as *const f32)
+    }
+}
+
+struct F16;
+impl Float for F16 {
+    const ELEM_BYTES: usize = 2;
+    const DTYPE: DType = DType::F16;
+    #[inline(always)]
+    unsafe fn half(p: *const u8, h: usize) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h) as *const __m128i))
+    }
+}
+
+struct BF16;
+impl Float for BF16 {
+    const ELEM_BYTES: usize = 2;
+    const DTYPE: DType = DType::BF16;
+    #[inline(always)]
+    unsafe fn half(p: *const u8, h: usize) -> __m256 {
+        let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16 * h) as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
+    }
+}
+
+/// Canonical reduction; `a[2i]`, `a[2i + 1]` are the halves of accumulator `i`.
+#[inline(always)]
+unsafe fn reduce(a: &[__m256; 8]) -> f32 {
+    let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    let u = _mm256_add_ps(lo, hi); // lanes l + l+8
+    let w = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)); // l + l+4
+    let z = _mm_add_ps(w, _mm_movehl_ps(w, w)); // l + l+2
+    _mm_cvtss_f32(_mm_add_ss(z, _mm_shuffle_ps(z, z, 1))) // l + l+1
+}
+
+/// `acc[j] = fma(w[j], x[e + 8 j ..], acc[j])` for `j < J`.
+#[inline(always)]
+unsafe fn fma_halves<const J: usize>(acc: &mut [__m256; 8], w: &[__m256; J], x: *const f32, e: usize) {
+    for j in 0..J {
+        acc[j] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x.add(e + 8 * j)), acc[j]);
+    }
+}
+
+#[inline(always)]
+unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    if Q::CHUNKS == 0 {
+        // 32-element blocks, read in pairs
+        let pairs = cols / 64;
+        for u in 0..pairs {
+            let w = Q::chunk(row.add(2 * u * Q::BLOCK_BYTES), &Q::prepare(row), 0);
+            fma_halves(&mut acc, &w, x, 64 * u);
+        }
+        if cols % 64 != 0 {
+            let [[a, b], [c, d]] = Q::block32(row.add(2 * pairs * Q::BLOCK_BYTES));
+            fma_halves(&mut acc, &[a, b, c, d], x, 64 * pairs);
+        }
+    } else {
+        for b in 0..cols / (64 * Q::CHUNKS) {
+            let p = row.add(b * Q::BLOCK_BYTES);
+            let s = Q::prepare(p);
+            for k in 0..Q::CHUNKS {
+                let w = Q::chunk(p, &s, k);
+                fma_halves(&mut acc, &w, x, (b * Q::CHUNKS + k) * 64);
+            }
+        }
+    }
+    reduce(&acc)
+}
+
+#[inline(always)]
+unsafe fn dot_float<F: Float>(row: *const u8, cols: usize, x: *const f32) -> f32 {
+    let groups = cols / 16;
+    let chunks = groups / 4;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for c in 0..chunks {
+        let mut w = [_mm256_setzero_ps(); 8];
+        for (j, v) in w.iter_mut().enumerate() {
+            *v = F::half(row, 8 * c + j);
+        }
+        fma_halves(&mut acc, &w, x, 64 * c);
+    }
+    for g in 4 * chunks..groups {
+        let a = 2 * (g % 4);
+        acc[a] = _mm256_fmadd_ps(F::half(row, 2 * g), _mm256_loadu_ps(x.add(16 * g)), acc[a]);
+        acc[a + 1] = _mm256_fmadd_ps(F::half(row, 2 * g + 1), _mm256_loadu_ps(x.add(16 * g + 8)), acc[a + 1]);
+    }
+    let mut out = reduce(&acc);
+    let tail = 16 * groups;
+    if tail < cols {
+        let mut buf = [0f32; 16]; // the dequantized tail (< 16 elements)
+        let n = cols - tail;
+        let bytes = std::slice::from_raw_parts(row.add(tail * F::ELEM_BYTES), n * F::ELEM_BYTES);
+        crate::dequant::dequant_into(F::DTYPE, bytes, &mut buf[..n]);
+        let mut s = 0f32;
+        for (j, &w) in buf[..n].iter().enumerate() {
+            s = w.mul_add(*x.add(tail + j), s);
+        }
+        out += s;
+    }
+    out
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_quant<Q: Quant>(data: &[u8], rb: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+    for (r, o) in out.chunks_exact_mut(n).enumerate() {
+        for (t, v) in o.iter_mut().enumerate() {
+            *v = dot_quant::<Q>(data.as_ptr().add(r * rb), cols, x.as_ptr().add(t * cols));
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_float<F: Float>(data: &[u8], rb: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+    for (r, o) in out.chunks_exact_mut(n).enumerate() {
+        for (t, v) in o.iter_mut().enumerate() {
+            *v = dot_float::<F>(data.as_ptr().add(r * rb), cols, x.as_ptr().add(t * cols));
+        }
+    }
+}
+
+/// `out[r * n + t]` = canonical dot of row `r` of `data` with row `t` of `x` (`n × cols`).
+///
+/// # Safety
+/// AVX2/FMA/F16C available; `data.len() == out.len() / n * row_bytes(cols)`,
+/// `x.len() == n * cols`, `cols` a multiple of the block size, `n > 0`.
+pub(crate) unsafe fn rows(dtype: DType, data: &[u8], cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+    let rb = crate::dequant::prefix_bytes(dtype, cols);
+    debug_assert!(n > 0 && x.len() == n * cols && data.len() == out.len() / n * rb);
+    match dtype {
+        DType::F32 => rows_float::<F32>(data, rb, cols, x, n, out),
+        DType::F16 => rows_float::<F16>(data, rb, cols, x, n, out),
+        DType::BF16 => rows_float::<BF16>(data, rb, cols, x, n, out),
+        DType::Q8_0 => rows_quant::<Q80>(data, rb, cols, x, n, out),
+        DType::Q4_0 => rows_quant::<Q40>(data, rb, cols, x, n, out),
+        DType::Q4_1 => rows_quant::<Q41>(data, rb, cols, x, n, out),
+        DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
+        DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
+    }
+}
+
+/// Canonical dot product of two f32 slices of equal length.
+///
+/// # Safety
+/// AVX2/FMA/F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    dot_float::<F32>(a.as_ptr() as *const u8, a.len(), b.as_ptr())
+}
+
+/// Canonical exp of 8 lanes (see [`crate::canon::exp`]).
+#[inline(always)]
+unsafe fn exp8(x: __m256) -> __m256 {
+    let xc = _mm256_max_ps(_mm256_set1_ps(ec::LO), _mm256_min_ps(_mm256_set1_ps(ec::HI), x));
+    let magic = _mm256_set1_ps(ec::MAGIC);
+    let t = _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(ec::LOG2E)), magic);
+    let nf = _mm256_sub_ps(t, magic);
+    let r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-ec::LN2_HI), xc);
+    let r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-ec::LN2_LO), r);
+    let mut p = _mm256_set1_ps(ec::P[0]);
+    for &c in &ec::P[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let r2 = _mm256_mul_ps(r, r);
+    let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
+    let n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic));
+    let scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(126)), 23));
+    let res = _mm256_mul_ps(_mm256_mul_ps(y, scale), _mm256_set1_ps(2.0));
+    let lo = _mm256_cmp_ps(x, _mm256_set1_ps(ec::LO), _CMP_LT_OQ);
+    let res = _mm256_blendv_ps(res, _mm256_setzero_ps(), lo);
+    let hi = _mm256_cmp_ps(x, _mm256_set1_ps(ec::HI), _CMP_GT_OQ);
+    _mm256_blendv_ps(res, _mm256_set1_ps(f32::INFINITY), hi)
+}
+
+/// `s[i] = exp(s[i])` (canonical exp).
+///
+/// # Safety
+/// AVX2/FMA/F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exp_inplace(s: &mut [f32]) {
+    let mut chunks = s.chunks_exact_mut(8);
+    for c in &mut chunks {
+        _mm256_storeu_ps(c.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr())));
+    }
+    for v in chunks.into_remainder() {
+        *v = crate::canon::exp(*v);
+    }
+}
+
+/// `gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i]`.
+///
+/// # Safety
+/// AVX2/FMA/F16C available; equal lengths.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    let one = _mm256_set1_ps(1.0);
+    let mut g = gate.chunks_exact_mut(8);
+    let mut u = up.chunks_exact(8);
+    for (gc, uc) in (&mut g).zip(&mut u) {
+        let v = _mm256_loadu_ps(gc.as_ptr());
+        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        let s = _mm256_div_ps(v, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(gc.as_mut_ptr(), _mm256_mul_ps(s, _mm256_loadu_ps(uc.as_ptr())));
+    }
+    crate::elementwise::silu_mul_scalar(g.into_remainder(), u.remainder());
+}
+
+/// `y[i] = fma(a, x[i], y[i])`.
+///
+/// # Safety
+/// AVX2/FMA/F16C available; equal lengths.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    let av = _mm256_set1_ps(a);
+    let mut yc = y.chunks_exact_mut(8);
+    let mut xc = x.chunks_exact(8);
+    for (yv, xv) in (&mut yc).zip(&mut xc) {
+        let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(xv.as_ptr()), _mm256_loadu_ps(yv.as_ptr()));
+        _mm256_storeu_ps(yv.as_mut_ptr(), r);
+    }
+    for (yv, &xv) in yc.into_remainder().iter_mut().zip(xc.remainder()) {
+        *yv = a.mul_add(xv, *yv);
+    }
+}

@@ -1,0 +1,73 @@
+//! Helpers shared by the integration tests and the benchmark example: random but valid
+//! weight matrices in every stored type.
+#![allow(dead_code)]
+
+use half::{bf16, f16};
+use loip_kernels::DType;
+use rand::Rng;
+
+/// All stored types.
+pub const ALL: [DType; 8] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q4K,
+    DType::Q6K,
+];
+
+fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+}
+
+/// `n` floats uniform in [-1, 1).
+pub fn random_f32(n: usize, rng: &mut impl Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+}
+
+/// The bytes of a `rows × cols` matrix of `dtype` with random values and sane scales
+/// (finite, normal f16 scales of either sign).
+pub fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut impl Rng) -> Vec<u8> {
+    let rb = dtype.row_bytes(cols).expect("cols is a multiple of the block size");
+    let mut data = vec![0u8; rows * rb];
+    match dtype {
+        DType::F32 => {
+            for c in data.chunks_exact_mut(4) {
+                c.copy_from_slice(&rng.gen_range(-1.0f32..1.0).to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            for c in data.chunks_exact_mut(2) {
+                c.copy_from_slice(&f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits().to_le_bytes());
+            }
+        }
+        DType::BF16 => {
+            for c in data.chunks_exact_mut(2) {
+                c.copy_from_slice(&bf16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits().to_le_bytes());
+            }
+        }
+        _ => {
+            rng.fill(&mut data[..]);
+            let bb = dtype.block_bytes();
+            for b in data.chunks_exact_mut(bb) {
+                let mut scale = || {
+                    let s: f32 = rng.gen_range(0.002f32..0.05);
+                    if rng.gen_bool(0.5) { s } else { -s }
+                };
+                match dtype {
+                    DType::Q8_0 | DType::Q4_0 => put_f16(b, 0, scale()),
+                    DType::Q4_1 | DType::Q4K => {
+                        let (d, m) = (scale(), scale());
+                        put_f16(b, 0, d);
+                        put_f16(b, 2, m);
+                    }
+                    DType::Q6K => put_f16(b, 208, scale()),
+                    _ => unreachable!(),
+                }
+            }
+        }
+    }
+    data
+}

@@ -1,0 +1,289 @@
+//! An opened checkpoint: config + a map of every tensor (canonical HF name → file, offset,
+//! dtype, shape) over memory-mapped files.
+//!
+//! [`Checkpoint::open`] reads an HF directory (`config.json` + `model.safetensors`, or shards
+//! listed by `model.safetensors.index.json`) or a `llama` `.gguf` file. Before it returns, the
+//! config is validated and every tensor the config implies is present with the right shape
+//! and a supported dtype, so the engine's later [`Checkpoint::matrix`] calls fail only on a
+//! programming error. Tensor bytes are borrowed from the mappings; nothing is copied.
+//!
+//! The files must not be truncated by someone else while mapped (that would fault on access).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use loip_kernels::{DType, Matrix};
+use memmap2::Mmap;
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::gguf::{gguf_to_hf_name, GgufFile, GgufMetadata, GGUF_MAGIC};
+use crate::names;
+use crate::safetensors_file::{read_header, read_index};
+
+/// Largest `config.json` / index file read, bytes.
+const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// Where one tensor's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// HF canonical name (GGUF names are mapped; unmapped safetensors names are kept)
+    pub name: String,
+    /// stored type
+    pub dtype: DType,
+    /// HF order: `[rows, cols]` for 2-D, `[len]` for 1-D
+    pub shape: Vec<usize>,
+    /// index into [`Checkpoint::files`]
+    pub file: usize,
+    /// absolute byte offset in that file
+    pub offset: u64,
+    /// data length, bytes (`rows × dtype.row_bytes(cols)`)
+    pub nbytes: u64,
+}
+
+/// The on-disk format of a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// HF directory: `config.json` + one or more `.safetensors` files
+    HfSafetensors,
+    /// a single GGUF file
+    Gguf,
+}
+
+/// An opened, checked checkpoint.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// resolved hyper-parameters (validated)
+    pub config: ModelConfig,
+    /// file format
+    pub format: Format,
+    /// every tensor, by HF canonical name
+    pub tensors: BTreeMap<String, TensorInfo>,
+    /// `true` for GGUF `llama` checkpoints: within each head of `head_dim` rows of
+    /// `q_proj`/`k_proj`, stored row `j` is HF row `(j % 2) * (head_dim / 2) + j / 2`
+    /// ([`crate::gguf::gguf_qk_row_to_hf`], from llama.cpp `convert_hf_to_gguf.py`
+    /// `LlamaModel.permute`, checked against it in the tests). So element `j` of each projected
+    /// q/k head is HF element `(j % 2) * (d/2) + j/2`: the engine either un-permutes the
+    /// projected vectors before rotate-half RoPE, or applies interleaved RoPE (pairs
+    /// `(2i, 2i+1)`) directly, which gives the same attention scores since q and k are
+    /// permuted alike. `false` for HF checkpoints.
+    pub qk_permuted: bool,
+    /// the directory (HF) or file (GGUF) that was opened
+    pub dir_or_file: PathBuf,
+    /// the mapped files; [`TensorInfo::file`] indexes this
+    pub files: Vec<PathBuf>,
+    /// GGUF metadata (tokenizer, chat template, ...); `None` for HF checkpoints
+    pub gguf_metadata: Option<GgufMetadata>,
+    maps: Vec<Mmap>,
+}
+
+/// Maps a whole file read-only. Empty files are refused (they cannot be mapped and hold no
+/// header).
+fn map_file(path: &Path) -> Result<Mmap, ModelError> {
+    let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+    let len = file.metadata().map_err(|e| ModelError::io(path, e))?.len();
+    if len == 0 {
+        return Err(ModelError::truncated(path, "the header (the file is empty)"));
+    }
+    // SAFETY: the map is read-only and lives inside the Checkpoint that owns it; the module
+    // documents that the files must not be modified while open (the usual mmap contract).
+    unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))
+}
+
+fn read_small(path: &Path) -> Result<String, ModelError> {
+    let len = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?.len();
+    if len > MAX_JSON_BYTES {
+        return Err(ModelError::header(path, format!("{len} bytes is too large for a JSON file")));
+    }
+    std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))
+}
+
+impl Checkpoint {
+    /// Opens an HF checkpoint directory or a `.gguf` file. A path to a `.safetensors` file or
+    /// `config.json` opens its directory.
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
+        if meta.is_dir() {
+            return Self::open_hf(path);
+        }
+        let is_hf_file = path.extension().is_some_and(|e| e == "safetensors")
+            || path.file_name().is_some_and(|n| n == "config.json" || n == "model.safetensors.index.json");
+        if is_hf_file {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            return Self::open_hf(dir);
+        }
+        Self::open_gguf(path)
+    }
+
+    fn open_hf(dir: &Path) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_hf_json(&read_small(&dir.join("config.json"))?)?;
+        config.validate()?;
+        let required: std::collections::BTreeSet<String> =
+            names::model_tensors(&config).into_iter().map(|s| s.name).collect();
+
+        let index_path = dir.join("model.safetensors.index.json");
+        let (files, weight_map) = if index_path.exists() {
+            let weight_map = read_index(&read_small(&index_path)?, &index_path)?;
+            let mut files: Vec<String> = weight_map.values().cloned().collect();
+            files.sort();
+            files.dedup();
+            (files.into_iter().map(|f| dir.join(f)).collect::<Vec<_>>(), Some(weight_map))
+        } else {
+            (vec![dir.join("model.safetensors")], None)
+        };
+
+        let mut maps = Vec::with_capacity(files.len());
+        let mut tensors = BTreeMap::new();
+        for (file, path) in files.iter().enumerate() {
+            let map = map_file(path)?;
+            for e in read_header(&map, path)? {
+                let dtype = match e.dtype {
+                    Ok(d) => d,
+                    Err(dtype) if required.contains(&e.name) => {
+                        return Err(ModelError::UnsupportedDtype { tensor: e.name, dtype });
+                    }
+                    Err(dtype) => {
+                        tracing::debug!(tensor = %e.name, %dtype, "skipping tensor of unsupported dtype");
+                        continue;
+                    }
+                };
+                let info = TensorInfo { name: e.name.clone(), dtype, shape: e.shape, file, offset: e.offset, nbytes: e.nbytes };
+                if let Some(prev) = tensors.insert(e.name.clone(), info) {
+                    return Err(ModelError::header(
+                        path,
+                        format!("tensor {} is also in {}", e.name, files[prev.file].display()),
+                    ));
+                }
+            }
+            maps.push(map);
+        }
+        if let Some(weight_map) = &weight_map {
+            for (name, file) in weight_map {
+                match tensors.get(name) {
+                    Some(info) if files[info.file] == dir.join(file) => {}
+                    Some(info) => {
+                        return Err(ModelError::header(
+                            &index_path,
+                            format!("weight_map puts {name} in {file}, but it is in {}", files[info.file].display()),
+                        ))
+                    }
+                    None if required.contains(name) => {
+                        return Err(ModelError::MissingTensor { tensor: name.clone(), path: dir.join(file) })
+                    }
+                    None => {}
+                }
+            }
+        }
+        let ck = Checkpoint {
+            config,
+            format: Format::HfSafetensors,
+            tensors,
+            qk_permuted: false,
+            dir_or_file: dir.to_path_buf(),
+            files,
+            gguf_metadata: None,
+            maps,
+        };
+        ck.check_model_tensors()?;
+        Ok(ck)
+    }
+
+    fn open_gguf(path: &Path) -> Result<Self, ModelError> {
+        let map = map_file(path)?;
+        if map.get(..4) != Some(&GGUF_MAGIC[..]) {
+            return Err(ModelError::BadMagic { path: path.into() });
+        }
+        let gguf = GgufFile::parse(&map, path)?;
+        let config = gguf.model_config()?;
+        config.validate()?;
+        let mut tensors = BTreeMap::new();
+        for t in &gguf.tensors {
+            let name = gguf_to_hf_name(&t.name).ok_or_else(|| {
+                ModelError::header(path, format!("tensor {} is not part of the llama graph this reader supports", t.name))
+            })?;
+            let info = TensorInfo { name: name.clone(), dtype: t.dtype, shape: t.hf_shape(), file: 0, offset: t.offset, nbytes: t.nbytes };
+            tensors.insert(name, info);
+        }
+        let ck = Checkpoint {
+            config,
+            format: Format::Gguf,
+            tensors,
+            qk_permuted: true,
+            dir_or_file: path.to_path_buf(),
+            files: vec![path.to_path_buf()],
+            gguf_metadata: Some(gguf.metadata),
+            maps: vec![map],
+        };
+        ck.check_model_tensors()?;
+        Ok(ck)
+    }
+
+    /// Every tensor the config implies exists, with the implied shape, as a valid matrix.
+    fn check_model_tensors(&self) -> Result<(), ModelError> {
+        for spec in names::model_tensors(&self.config) {
+            match spec.shape[..] {
+                [len] => self.vector(&spec.name, len).map(drop)?,
+                [rows, cols] => self.matrix(&spec.name, rows, cols).map(drop)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Where a tensor is; [`ModelError::MissingTensor`] if it is not in the checkpoint.
+    pub fn tensor_info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor { tensor: name.into(), path: self.dir_or_file.clone() })
+    }
+
+    /// Whether the checkpoint holds a tensor of this name.
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// A tensor's stored bytes, borrowed from the mapping.
+    pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], ModelError> {
+        let info = self.tensor_info(name)?;
+        let bytes = self.maps.get(info.file).and_then(|m| {
+            let start = usize::try_from(info.offset).ok()?;
+            let end = start.checked_add(usize::try_from(info.nbytes).ok()?)?;
+            m.get(start..end)
+        });
+        bytes.ok_or_else(|| {
+            let path = self.files.get(info.file).cloned().unwrap_or_else(|| self.dir_or_file.clone());
+            ModelError::truncated(path, format!("the data of tensor {name}"))
+        })
+    }
+
+    /// A `rows × cols` weight matrix. The stored shape must be `[rows, cols]`, or `[cols]`
+    /// when `rows == 1`; otherwise [`ModelError::WrongShape`] names the tensor and both shapes.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix<'_>, ModelError> {
+        let info = self.tensor_info(name)?;
+        let ok = info.shape == [rows, cols] || (rows == 1 && info.shape == [cols]);
+        if !ok {
+            return Err(ModelError::WrongShape { tensor: name.into(), expected: vec![rows, cols], actual: info.shape.clone() });
+        }
+        Matrix::new(info.dtype, rows, cols, self.tensor_bytes(name)?)
+            .map_err(|source| ModelError::Kernel { tensor: name.into(), source })
+    }
+
+    /// A 1-D tensor of `len` elements (norm weights) as a `1 × len` matrix.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Matrix<'_>, ModelError> {
+        let info = self.tensor_info(name)?;
+        if info.shape != [len] {
+            return Err(ModelError::WrongShape { tensor: name.into(), expected: vec![len], actual: info.shape.clone() });
+        }
+        Matrix::new(info.dtype, 1, len, self.tensor_bytes(name)?)
+            .map_err(|source| ModelError::Kernel { tensor: name.into(), source })
+    }
+
+    /// Sum of all tensors' data lengths, bytes.
+    pub fn total_tensor_bytes(&self) -> u64 {
+        self.tensors.values().map(|t| t.nbytes).sum()
+    }
+}

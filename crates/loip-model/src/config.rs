@@ -1,0 +1,643 @@
+//! Model hyper-parameters: raw HF `config.json` (a JSON object) → [`ModelConfig`] →
+//! [`ModelConfig::validate`].
+//!
+//! Only what the forward pass of a dense Llama or Qwen3 decoder needs is kept. Settings that
+//! would change the computation in ways the engine does not implement (biases, sliding window,
+//! RoPE types other than default and llama3, activations other than SiLU) are rejected here,
+//! naming the field, rather than silently ignored: the output must be exact.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::ModelError;
+
+/// The decoder family. Both are pre-norm RMSNorm + RoPE + GQA + SwiGLU; Qwen3 adds a per-head
+/// RMSNorm on q and k (`q_norm`, `k_norm`) before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// Llama 2 / Llama 3 (and SmolLM2, TinyLlama: same graph)
+    Llama,
+    /// Qwen3 dense models
+    Qwen3,
+}
+
+impl Arch {
+    /// The HF `model_type` string.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// The HF `architectures[0]` class name.
+    pub fn hf_class(self) -> &'static str {
+        match self {
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.model_type())
+    }
+}
+
+/// RoPE frequency scaling beyond the plain `theta^(-2i/d)` schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "lowercase")]
+pub enum RopeScaling {
+    /// Llama 3.1+ scaling (transformers `_compute_llama3_parameters`): wavelengths longer than
+    /// `original_max_position_embeddings / low_freq_factor` are divided by `factor`, shorter
+    /// than `original_max_position_embeddings / high_freq_factor` are kept, and the band
+    /// between is interpolated smoothly.
+    Llama3 {
+        /// frequency divisor for long wavelengths (8.0 for Llama 3.1/3.3)
+        factor: f32,
+        /// lower band edge (1.0)
+        low_freq_factor: f32,
+        /// upper band edge (4.0)
+        high_freq_factor: f32,
+        /// context length the model was pre-trained at, tokens (8192)
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// Hyper-parameters of one checkpoint, resolved from HF `config.json` or GGUF metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// decoder family
+    pub arch: Arch,
+    /// model width `d_model`, elements
+    pub hidden_size: usize,
+    /// MLP width (gate/up rows, down cols), elements
+    pub intermediate_size: usize,
+    /// number of decoder blocks
+    pub num_layers: usize,
+    /// query heads
+    pub num_heads: usize,
+    /// key/value heads (GQA groups); divides `num_heads`
+    pub num_kv_heads: usize,
+    /// elements per head (q/k/v); not always `hidden_size / num_heads` (Qwen3)
+    pub head_dim: usize,
+    /// embedding / LM-head rows
+    pub vocab_size: usize,
+    /// RMSNorm epsilon
+    pub rms_norm_eps: f32,
+    /// RoPE base θ
+    pub rope_theta: f32,
+    /// RoPE frequency scaling, if any
+    pub rope_scaling: Option<RopeScaling>,
+    /// `lm_head` shares `model.embed_tokens.weight` (no `lm_head.weight` tensor)
+    pub tie_word_embeddings: bool,
+    /// longest context the model supports, tokens
+    pub max_position_embeddings: usize,
+    /// per-head RMSNorm on q and k before RoPE (Qwen3 `q_norm` / `k_norm`)
+    pub qk_norm: bool,
+    /// beginning-of-sequence token, if the model has one
+    pub bos_token_id: Option<u32>,
+    /// tokens that end generation (may be empty: then only the length limit stops it)
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// The largest tensor dimension product accepted, elements. Far above any real model (the
+/// 70B embedding is 1.05e9) while keeping every byte count well inside `u64`/`usize`.
+const MAX_TENSOR_ELEMS: usize = 1 << 40;
+
+impl ModelConfig {
+    /// Parses an HF `config.json` (Llama 2/3, Qwen3).
+    ///
+    /// * `model_type` (or, without it, `architectures[0]`) picks the [`Arch`]; anything else is
+    ///   [`ModelError::UnknownArch`] naming it.
+    /// * `head_dim` defaults to `hidden_size / num_attention_heads`; `num_key_value_heads` to
+    ///   `num_attention_heads`.
+    /// * `rope_theta` is read at top level or inside `rope_parameters` (transformers ≥ 5),
+    ///   which may also hold `rope_type` and the llama3 fields; `rope_scaling` (older files)
+    ///   takes `rope_type` or `type`.
+    /// * `eos_token_id` may be an integer, a list or null.
+    ///
+    /// The result is not yet validated; call [`ModelConfig::validate`].
+    pub fn from_hf_json(text: &str) -> Result<Self, ModelError> {
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| ModelError::config("config.json", format!("not valid JSON: {e}")))?;
+        let obj = root
+            .as_object()
+            .ok_or_else(|| ModelError::config("config.json", "the top level is not a JSON object"))?;
+        let arch = arch_of(obj)?;
+        reject_unsupported_features(obj, arch)?;
+
+        let hidden_size = req_usize(obj, "hidden_size")?;
+        let num_heads = req_usize(obj, "num_attention_heads")?;
+        let num_kv_heads = opt_usize(obj, "num_key_value_heads")?.unwrap_or(num_heads);
+        let head_dim = match opt_usize(obj, "head_dim")? {
+            Some(d) => d,
+            None => {
+                if num_heads == 0 || hidden_size % num_heads != 0 {
+                    return Err(ModelError::config(
+                        "head_dim",
+                        format!(
+                            "absent, and hidden_size {hidden_size} is not a multiple of \
+                             num_attention_heads {num_heads}"
+                        ),
+                    ));
+                }
+                hidden_size / num_heads
+            }
+        };
+
+        let rope_parameters = opt_object(obj, "rope_parameters")?;
+        let rope_theta = match opt_f32(obj, "rope_theta")? {
+            Some(t) => t,
+            None => match rope_parameters {
+                Some(p) => opt_f32_in(p, "rope_parameters", "rope_theta")?.unwrap_or(10000.0),
+                None => 10000.0,
+            },
+        };
+        let rope_scaling = match opt_object(obj, "rope_scaling")? {
+            Some(s) => parse_rope_scaling(s, "rope_scaling")?,
+            None => match rope_parameters {
+                Some(p) => parse_rope_scaling(p, "rope_parameters")?,
+                None => None,
+            },
+        };
+
+        let default_max_pos = match arch {
+            Arch::Llama => 2048,
+            Arch::Qwen3 => 32768,
+        };
+        Ok(ModelConfig {
+            arch,
+            hidden_size,
+            intermediate_size: req_usize(obj, "intermediate_size")?,
+            num_layers: req_usize(obj, "num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: req_usize(obj, "vocab_size")?,
+            rms_norm_eps: opt_f32(obj, "rms_norm_eps")?.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            tie_word_embeddings: opt_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
+            max_position_embeddings: opt_usize(obj, "max_position_embeddings")?
+                .unwrap_or(default_max_pos),
+            qk_norm: arch == Arch::Qwen3,
+            bos_token_id: opt_token(obj, "bos_token_id")?,
+            eos_token_ids: token_list(obj, "eos_token_id")?,
+        })
+    }
+
+    /// Writes an HF-style `config.json` that [`ModelConfig::from_hf_json`] reads back to an
+    /// equal config. `torch_dtype` is informational (e.g. `"bfloat16"`).
+    pub fn to_hf_json(&self, torch_dtype: &str) -> String {
+        let mut m = Map::new();
+        m.insert("architectures".into(), Value::from(vec![self.arch.hf_class()]));
+        m.insert("model_type".into(), Value::from(self.arch.model_type()));
+        m.insert("hidden_size".into(), Value::from(self.hidden_size));
+        m.insert("intermediate_size".into(), Value::from(self.intermediate_size));
+        m.insert("num_hidden_layers".into(), Value::from(self.num_layers));
+        m.insert("num_attention_heads".into(), Value::from(self.num_heads));
+        m.insert("num_key_value_heads".into(), Value::from(self.num_kv_heads));
+        m.insert("head_dim".into(), Value::from(self.head_dim));
+        m.insert("vocab_size".into(), Value::from(self.vocab_size));
+        m.insert("rms_norm_eps".into(), Value::from(self.rms_norm_eps));
+        m.insert("rope_theta".into(), Value::from(self.rope_theta));
+        if let Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) = self.rope_scaling
+        {
+            let mut s = Map::new();
+            s.insert("rope_type".into(), Value::from("llama3"));
+            s.insert("factor".into(), Value::from(factor));
+            s.insert("low_freq_factor".into(), Value::from(low_freq_factor));
+            s.insert("high_freq_factor".into(), Value::from(high_freq_factor));
+            s.insert(
+                "original_max_position_embeddings".into(),
+                Value::from(original_max_position_embeddings),
+            );
+            m.insert("rope_scaling".into(), Value::Object(s));
+        }
+        m.insert("tie_word_embeddings".into(), Value::from(self.tie_word_embeddings));
+        m.insert("max_position_embeddings".into(), Value::from(self.max_position_embeddings));
+        m.insert("hidden_act".into(), Value::from("silu"));
+        m.insert("bos_token_id".into(), self.bos_token_id.map_or(Value::Null, Value::from));
+        m.insert(
+            "eos_token_id".into(),
+            match self.eos_token_ids.as_slice() {
+                [] => Value::Null,
+                [one] => Value::from(*one),
+                many => Value::from(many.to_vec()),
+            },
+        );
+        m.insert("torch_dtype".into(), Value::from(torch_dtype));
+        // A serde_json::Map of plain values always serializes.
+        serde_json::to_string_pretty(&Value::Object(m)).unwrap_or_default()
+    }
+
+    /// Checks ranges and relations between fields; the error names the bad field.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let nonzero = [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (field, v) in nonzero {
+            if v == 0 {
+                return Err(ModelError::config(field, "must be greater than 0"));
+            }
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return Err(ModelError::config(
+                "num_kv_heads",
+                format!(
+                    "{} does not divide num_heads {}",
+                    self.num_kv_heads, self.num_heads
+                ),
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(ModelError::config(
+                "head_dim",
+                format!("{} is odd; RoPE rotates pairs of elements", self.head_dim),
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return Err(ModelError::config(
+                "rms_norm_eps",
+                format!("{} is not a positive finite number", self.rms_norm_eps),
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(ModelError::config(
+                "rope_theta",
+                format!("{} is not a positive finite number", self.rope_theta),
+            ));
+        }
+        if let Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) = self.rope_scaling
+        {
+            for (field, v) in [
+                ("rope_scaling.factor", factor),
+                ("rope_scaling.low_freq_factor", low_freq_factor),
+                ("rope_scaling.high_freq_factor", high_freq_factor),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(ModelError::config(field, format!("{v} is not a positive finite number")));
+                }
+            }
+            if high_freq_factor <= low_freq_factor {
+                return Err(ModelError::config(
+                    "rope_scaling.high_freq_factor",
+                    format!("{high_freq_factor} must exceed low_freq_factor {low_freq_factor}"),
+                ));
+            }
+            if original_max_position_embeddings == 0 {
+                return Err(ModelError::config(
+                    "rope_scaling.original_max_position_embeddings",
+                    "must be greater than 0",
+                ));
+            }
+        }
+        if self.qk_norm != (self.arch == Arch::Qwen3) {
+            return Err(ModelError::config(
+                "qk_norm",
+                format!("{} does not match arch {} (only qwen3 has q/k norms)", self.qk_norm, self.arch),
+            ));
+        }
+        // Every tensor's element count must stay far inside usize/u64 byte arithmetic.
+        let elems = [
+            ("num_heads", self.num_heads.checked_mul(self.head_dim).and_then(|q| q.checked_mul(self.hidden_size))),
+            ("num_kv_heads", self.num_kv_heads.checked_mul(self.head_dim).and_then(|k| k.checked_mul(self.hidden_size))),
+            ("vocab_size", self.vocab_size.checked_mul(self.hidden_size)),
+            ("intermediate_size", self.intermediate_size.checked_mul(self.hidden_size)),
+        ];
+        for (field, n) in elems {
+            if n.is_none_or(|n| n > MAX_TENSOR_ELEMS) {
+                return Err(ModelError::config(field, "the tensor sizes it implies are absurdly large"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Query projection width `num_heads × head_dim`, elements.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Key / value projection width `num_kv_heads × head_dim`, elements.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
+    if let Some(mt) = obj.get("model_type").filter(|v| !v.is_null()) {
+        let mt = mt
+            .as_str()
+            .ok_or_else(|| ModelError::config("model_type", format!("expected a string, got {mt}")))?;
+        return match mt {
+            "llama" => Ok(Arch::Llama),
+            "qwen3" => Ok(Arch::Qwen3),
+            other => Err(ModelError::UnknownArch(other.to_string())),
+        };
+    }
+    let first = obj
+        .get("architectures")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            ModelError::config("model_type", "missing, and no architectures[0] to infer it from")
+        })?;
+    match first {
+        "LlamaForCausalLM" => Ok(Arch::Llama),
+        "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
+        other => Err(ModelError::UnknownArch(other.to_string())),
+    }
+}
+
+/// Settings that would make the HF model compute something the engine does not.
+fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(), ModelError> {
+    for key in ["attention_bias", "mlp_bias"] {
+        if opt_bool(obj, key)? == Some(true) {
+            return Err(ModelError::config(key, "biases are not supported"));
+        }
+    }
+    if arch == Arch::Qwen3 && opt_bool(obj, "use_sliding_window")? == Some(true) {
+        return Err(ModelError::config("use_sliding_window", "sliding-window attention is not supported"));
+    }
+    if let Some(act) = obj.get("hidden_act").filter(|v| !v.is_null()) {
+        if act.as_str() != Some("silu") {
+            return Err(ModelError::config("hidden_act", format!("{act} is not supported (only silu)")));
+        }
+    }
+    Ok(())
+}
+
+fn parse_rope_scaling(
+    s: &Map<String, Value>,
+    field: &str,
+) -> Result<Option<RopeScaling>, ModelError> {
+    let ty = match s.get("rope_type").or_else(|| s.get("type")).filter(|v| !v.is_null()) {
+        None => return Ok(None),
+        Some(v) => v.as_str().ok_or_else(|| {
+            ModelError::config(format!("{field}.rope_type"), format!("expected a string, got {v}"))
+        })?,
+    };
+    match ty {
+        "default" => Ok(None),
+        "llama3" => {
+            let req = |key: &str| {
+                opt_f32_in(s, field, key)?.ok_or_else(|| ModelError::config(format!("{field}.{key}"), "missing"))
+            };
+            let omax_field = format!("{field}.original_max_position_embeddings");
+            let omax = match s.get("original_max_position_embeddings") {
+                Some(v) => as_usize(v).ok_or_else(|| {
+                    ModelError::config(&omax_field, format!("expected a non-negative integer, got {v}"))
+                })?,
+                None => return Err(ModelError::config(omax_field, "missing")),
+            };
+            Ok(Some(RopeScaling::Llama3 {
+                factor: req("factor")?,
+                low_freq_factor: req("low_freq_factor")?,
+                high_freq_factor: req("high_freq_factor")?,
+                original_max_position_embeddings: omax,
+            }))
+        }
+        other => Err(ModelError::config(
+            format!("{field}.rope_type"),
+            format!("RoPE type {other:?} is not supported (supported: default, llama3)"),
+        )),
+    }
+}
+
+fn as_usize(v: &Value) -> Option<usize> {
+    v.as_u64().and_then(|n| usize::try_from(n).ok())
+}
+
+fn req_usize(obj: &Map<String, Value>, key: &str) -> Result<usize, ModelError> {
+    opt_usize(obj, key)?.ok_or_else(|| ModelError::config(key, "missing"))
+}
+
+fn opt_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, ModelError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => as_usize(v)
+            .map(Some)
+            .ok_or_else(|| ModelError::config(key, format!("expected a non-negative integer, got {v}"))),
+    }
+}
+
+fn opt_f32(obj: &Map<String, Value>, key: &str) -> Result<Option<f32>, ModelError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(|x| Some(x as f32))
+            .ok_or_else(|| ModelError::config(key, format!("expected a number, got {v}"))),
+    }
+}
+
+fn opt_f32_in(obj: &Map<String, Value>, parent: &str, key: &str) -> Result<Option<f32>, ModelError> {
+    opt_f32(obj, key).map_err(|e| match e {
+        ModelError::InvalidConfig { field, reason } => {
+            ModelError::InvalidConfig { field: format!("{parent}.{field}"), reason }
+        }
+        other => other,
+    })
+}
+
+fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ModelError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| ModelError::config(key, format!("expected true or false, got {v}"))),
+    }
+}
+
+fn opt_object<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a Map<String, Value>>, ModelError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(v) => Err(ModelError::config(key, format!("expected an object, got {v}"))),
+    }
+}
+
+fn token_of(v: &Value, key: &str) -> Result<u32, ModelError> {
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| ModelError::config(key, format!("expected a token id, got {v}")))
+}
+
+fn opt_token(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, ModelError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => token_of(v, key).map(Some),
+    }
+}
+
+fn token_list(obj: &Map<String, Value>, key: &str) -> Result<Vec<u32>, ModelError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items.iter().map(|v| token_of(v, key)).collect(),
+        Some(v) => Ok(vec![token_of(v, key)?]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LLAMA3: &str = r#"{
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+        "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "rms_norm_eps": 1e-05, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]
+    }"#;
+
+    #[test]
+    fn llama3_rope_scaling_and_eos_list() {
+        let c = ModelConfig::from_hf_json(LLAMA3).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.arch, Arch::Llama);
+        assert_eq!(c.head_dim, 128);
+        assert_eq!(c.num_kv_heads, 8);
+        assert_eq!(c.rope_theta, 500000.0);
+        assert_eq!(
+            c.rope_scaling,
+            Some(RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192
+            })
+        );
+        assert_eq!(c.bos_token_id, Some(128000));
+        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+        assert!(!c.qk_norm && !c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn old_rope_scaling_type_key() {
+        let text = LLAMA3.replace("\"rope_type\": \"llama3\"", "\"type\": \"llama3\"");
+        let c = ModelConfig::from_hf_json(&text).unwrap();
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { .. })));
+    }
+
+    #[test]
+    fn qwen3_explicit_head_dim() {
+        let c = ModelConfig::from_hf_json(
+            r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,
+            "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64,
+            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rope_theta": 1000000,
+            "eos_token_id": 151645, "bos_token_id": null, "tie_word_embeddings": false,
+            "use_sliding_window": false, "sliding_window": null}"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.arch, Arch::Qwen3);
+        assert_eq!(c.head_dim, 128);
+        assert_eq!(c.q_dim(), 8192);
+        assert!(c.qk_norm);
+        assert_eq!(c.rope_theta, 1e6);
+        assert_eq!(c.eos_token_ids, vec![151645]);
+        assert_eq!(c.bos_token_id, None);
+        assert_eq!(c.max_position_embeddings, 32768);
+    }
+
+    #[test]
+    fn rope_parameters_hold_theta_and_llama3() {
+        let c = ModelConfig::from_hf_json(
+            r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+            "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 32.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.rope_theta, 500000.0);
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.num_kv_heads, 4);
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 32.0));
+        let d = ModelConfig::from_hf_json(
+            r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+            "rope_parameters": {"rope_theta": 1234.0, "rope_type": "default"}}"#,
+        )
+        .unwrap();
+        assert_eq!(d.rope_theta, 1234.0);
+        assert_eq!(d.rope_scaling, None);
+    }
+
+    #[test]
+    fn unknown_arch_is_named() {
+        let e = ModelConfig::from_hf_json(r#"{"model_type": "mixtral", "hidden_size": 1}"#).unwrap_err();
+        assert!(matches!(&e, ModelError::UnknownArch(n) if n == "mixtral"), "{e}");
+        let e = ModelConfig::from_hf_json(r#"{"architectures": ["GPT2LMHeadModel"]}"#).unwrap_err();
+        assert!(e.to_string().contains("GPT2LMHeadModel"), "{e}");
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let e = ModelConfig::from_hf_json(r#"{"model_type": "llama", "hidden_size": "big"}"#).unwrap_err();
+        assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "hidden_size"), "{e}");
+        let e = ModelConfig::from_hf_json(r#"{"model_type": "llama", "hidden_size": 64}"#).unwrap_err();
+        assert!(e.to_string().contains("num_attention_heads"), "{e}");
+        let text = LLAMA3.replace("\"llama3\"", "\"yarn\"");
+        let e = ModelConfig::from_hf_json(&text).unwrap_err();
+        assert!(e.to_string().contains("rope_scaling.rope_type"), "{e}");
+        let e = ModelConfig::from_hf_json("[1, 2]").unwrap_err();
+        assert!(matches!(e, ModelError::InvalidConfig { .. }));
+        let text = LLAMA3.replace("\"rms_norm_eps\"", "\"attention_bias\": true, \"rms_norm_eps\"");
+        let e = ModelConfig::from_hf_json(&text).unwrap_err();
+        assert!(e.to_string().contains("attention_bias"), "{e}");
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let mut c = ModelConfig::from_hf_json(LLAMA3).unwrap();
+        c.num_kv_heads = 7;
+        let e = c.validate().unwrap_err();
+        assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_kv_heads"), "{e}");
+        c.num_kv_heads = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("num_kv_heads"));
+        c.num_kv_heads = 8;
+        c.rms_norm_eps = f32::NAN;
+        assert!(c.validate().unwrap_err().to_string().contains("rms_norm_eps"));
+        c.rms_norm_eps = 1e-5;
+        c.vocab_size = usize::MAX / 2;
+        assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
+    }
+
+    #[test]
+    fn hf_json_round_trip() {
+        let qwen = LLAMA3.replace("\"llama\"", "\"qwen3\"").replace("\"rope_scaling\"", "\"head_dim\": 96, \"x\"");
+        for text in [LLAMA3, qwen.as_str()] {
+            let c = ModelConfig::from_hf_json(text).unwrap();
+            let back = ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap();
+            assert_eq!(c, back);
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Planners: from a model shape, a cluster and a request to a [`Plan`].
+//!
+//! Every planner returns the same [`Plan`] type, priced by [`crate::cost::evaluate`] (the
+//! single source of the predicted numbers). Look them up by name with [`planner`] or run one
+//! with [`plan`]:
+//!
+//! | name | what it is |
+//! |---|---|
+//! | `loip` | exact scheduler of design §4 (stage count over divisors of L, block-level offloading, tries dropping devices) |
+//! | `loip-conventional-load` | `loip` priced with the conventional loader (ablation) |
+//! | `loip-paper` | greedy memory fill + DP on leftover layers + bottleneck refinement |
+//! | `loip-uniform` | interleaved + offloading, uniform consecutive layers (ablation) |
+//! | `pp` | one stage per device, compute-proportional within memory, no offloading |
+//! | `pp-offload` | one stage per device, whole layers offloaded, loads not overlapped |
+//! | `edgeshard` | DP over devices (may skip some) minimising latency, no offloading |
+
+mod baselines;
+mod exact;
+mod paper;
+
+use crate::cluster::Cluster;
+use crate::cost::{self, BlockTimes};
+use crate::error::PlanError;
+use crate::plan::{DevicePlan, DroppedDevice, ExecMode, Pattern, Plan, StagePlan};
+use crate::profile::LoaderKind;
+use crate::shape::ModelShape;
+use serde::{Deserialize, Serialize};
+
+/// What to plan for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// Planned context: KV tokens held, summed over sequences in flight (prompt + max new
+    /// tokens, times concurrent sequences).  // tokens
+    pub context: u64,
+    /// Request pattern.
+    pub pattern: Pattern,
+    /// Sequences in flight; `None`: 1 for sporadic, the cluster's device count for bursty.
+    pub micro_batches: Option<u32>,
+    /// Loading path.
+    pub loader: LoaderKind,
+    /// Whether `loip` may leave devices out.
+    pub allow_drop: bool,
+}
+
+impl Default for PlanRequest {
+    fn default() -> Self {
+        PlanRequest { context: 1024, pattern: Pattern::Sporadic, micro_batches: None, loader: LoaderKind::Direct, allow_drop: true }
+    }
+}
+
+impl PlanRequest {
+    /// The `b` this request means on `cluster`.
+    pub fn micro_batches_for(&self, cluster: &Cluster) -> u32 {
+        match self.pattern {
+            Pattern::Sporadic => 1,
+            Pattern::Bursty => self.micro_batches.unwrap_or(cluster.devices.len() as u32).max(1),
+        }
+    }
+}
+
+/// A named allocation strategy.
+pub trait Planner: Sync {
+    /// Registry name.
+    fn name(&self) -> &'static str;
+    /// One-line description.
+    fn describe(&self) -> &'static str;
+    /// Plans `shape` on `cluster`.
+    fn plan(&self, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError>;
+}
+
+static PLANNERS: &[&dyn Planner] = &[
+    &exact::Loip,
+    &exact::LoipConventionalLoad,
+    &paper::LoipPaper,
+    &baselines::LoipUniform,
+    &baselines::Pp,
+    &baselines::PpOffload,
+    &baselines::EdgeShard,
+];
+
+/// Names of all planners, `loip` first.
+pub fn planner_names() -> Vec<&'static str> {
+    PLANNERS.iter().map(|p| p.name()).collect()
+}
+
+/// All planners.
+pub fn planners() -> &'static [&'static dyn Planner] {
+    PLANNERS
+}
+
+/// The planner called `name`; unknown names list the valid ones.
+pub fn planner(name: &str) -> Result<&'static dyn Planner, PlanError> {
+    PLANNERS.iter().copied().find(|p| p.name() == name).ok_or_else(|| PlanError::UnknownPlanner {
+        name: name.to_string(),
+        valid: planner_names().iter().map(|s| s.to_string()).collect(),
+    })
+}
+
+/// Runs the planner called `name`.
+pub fn plan(name: &str, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError> {
+    planner(name)?.plan(shape, cluster, req)
+}
+
+/// Runs every planner (for `--compare`).
+pub fn plan_all(shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Vec<(String, Result<Plan, PlanError>)> {
+    PLANNERS.iter().map(|p| (p.name().to_string(), p.plan(shape, cluster, req))).collect()
+}
+
+/// Shared inputs of the planners: block times and budgets per cluster device.
+pub(crate) struct Ctx<'a> {
+    pub shape: &'a ModelShape,
+    pub cluster: &'a Cluster,
+    pub req: &'a PlanRequest,
+    pub b: u32,
+    pub times: Vec<BlockTimes>,
+    pub budgets: Vec<u64>,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(shape: &'a ModelShape, cluster: &'a Cluster, req: &'a PlanRequest) -> Result<Ctx<'a>, PlanError> {
+        if cluster.devices.is_empty() {
+            return Err(PlanError::EmptyCluster);
+        }
+        if shape.layers == 0 {
+            return Err(PlanError::BadRequest("model has no layer".into()));
+        }
+        if req.micro_batches == Some(0) {
+            return Err(PlanError::BadRequest("micro_batches must be at least 1".into()));
+        }
+        let b = req.micro_batches_for(cluster);
+        let times = cluster.devices.iter().map(|d| cost::block_times(d, shape, req.context, b, req.loader)).collect();
+        let budgets = cluster.devices.iter().map(|d| d.budget()).collect();
+        Ok(Ctx { shape, cluster, req, b, times, budgets })
+    }
+
+    /// Per-layer compute `t^A + t^P` of cluster device `i`.  // seconds
+    pub fn layer_time(&self, i: usize) -> f64 {
+        self.times[i].attn + self.times[i].mlp
+    }
+
+    /// Offloaded-span weight: 1 (sporadic) or `b` (bursty: the slot is busy for b spans).
+    pub fn span_weight(&self) -> f64 {
+        match self.req.pattern {
+            Pattern::Sporadic => 1.0,
+            Pattern::Bursty => self.b as f64,
+        }
+    }
+
+    /// `g = ld + w·span` of `a`/`m` offloaded blocks on cluster device `i`.  // seconds
+    pub fn g(&self, i: usize, a: u32, m: u32) -> f64 {
+        let t = &self.times[i];
+        let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
+        t.loader.load_time(bytes, a + m) + self.span_weight() * cost::span(a, m, t.attn, t.mlp)
+    }
+
+    /// Memory of cluster device `i` with `s` stages of (n, a, m) in overlapped mode.  // bytes
+    pub fn mem(&self, s: u32, n: u32, a: u32, m: u32, embed: bool, head: bool) -> u64 {
+        cost::stage_memory(self.shape, s, n, a, m, embed, head, self.req.context, self.b)
+    }
+
+    /// Closed-form seconds per token for identical stages: `n[j]` layers per stage and
+    /// `g[j] = ld + w·span` on used device `j` (cluster index `idx[j]`).  // seconds
+    pub fn closed_form(&self, s: u32, idx: &[usize], n: &[u32], g: &[f64]) -> f64 {
+        let nd = idx.len();
+        let c = cost::round_comm(self.shape, self.cluster, nd);
+        let e = cost::per_hop_comm(self.shape, self.cluster, nd);
+        let comp: Vec<f64> = idx.iter().zip(n).map(|(&i, &n)| n as f64 * self.layer_time(i)).collect();
+        let sum_c: f64 = comp.iter().sum();
+        let max_g = g.iter().copied().fold(0.0, f64::max);
+        match self.req.pattern {
+            Pattern::Sporadic => s as f64 * (c + sum_c.max(max_g - c)),
+            Pattern::Bursty => {
+                let bf = self.b as f64;
+                let busiest = comp.iter().map(|&x| bf * (x + e)).fold(0.0, f64::max);
+                s as f64 * (sum_c + c).max(busiest).max(max_g) / bf
+            }
+        }
+    }
+}
+
+/// Divisors of `l`, ascending.
+pub(crate) fn divisors(l: u32) -> Vec<u32> {
+    (1..=l).filter(|d| l % d == 0).collect()
+}
+
+/// Builds and prices a plan of `s` identical stages per device. `alloc[j] = (cluster index,
+/// n, a, m)` in pipeline order; `a`/`m` are offloaded blocks per stage (overlapped mode) or
+/// whole offloaded layers `a == m` (sequential mode).
+pub(crate) fn build_plan(
+    ctx: &Ctx,
+    planner: &str,
+    s: u32,
+    alloc: &[(usize, u32, u32, u32)],
+    mode: ExecMode,
+    dropped: Vec<DroppedDevice>,
+) -> Result<Plan, PlanError> {
+    let per_stage: u32 = alloc.iter().map(|x| x.1).sum();
+    let mut devices: Vec<DevicePlan> = alloc
+        .iter()
+        .enumerate()
+        .map(|(j, &(i, _, _, _))| DevicePlan {
+            name: ctx.cluster.devices[i].name.clone(),
+            holds_embedding: j == 0,
+            holds_head: j + 1 == alloc.len(),
+            stages: Vec::with_capacity(s as usize),
+            memory_bytes: 0,
+            budget_bytes: ctx.budgets[i],
+            slot_bytes: 0,
+            kv_bytes: 0,
+            compute_ms: 0.0,
+            load_ms: 0.0,
+            stall_ms: 0.0,
+        })
+        .collect();
+    for k in 0..s {
+        let mut first = k * per_stage;
+        for (j, &(_, n, a, m)) in alloc.iter().enumerate() {
+            devices[j].stages.push(StagePlan::with_offload(first, n, a, m));
+            first += n;
+        }
+    }
+    let mut plan = Plan {
+        shape: ctx.shape.name.clone(),
+        planner: planner.to_string(),
+        stages_per_device: s,
+        pattern: ctx.req.pattern,
+        context: ctx.req.context,
+        micro_batches: ctx.b,
+        mode,
+        loader: ctx.req.loader,
+        devices,
+        dropped,
+        predicted_ms_per_token: 0.0,
+        breakdown: Default::default(),
+    };
+    let c = cost::evaluate(&plan, ctx.shape, ctx.cluster)?;
+    cost::apply(&mut plan, &c);
+    Ok(plan)
+}
+
+/// The closest miss when nothing fits: spreads layers over all devices (in order, at least
+/// one each) to maximise the smallest headroom, with `min_mem(s, n, embed, head)` the least
+/// memory a device needs for `n` layers per stage; returns the device with
+/// the largest deficit over the candidate stage counts `ss`.
+pub(crate) fn does_not_fit(
+    ctx: &Ctx,
+    planner: &str,
+    ss: &[u32],
+    min_mem: &dyn Fn(u32, u32, bool, bool) -> u64,
+) -> PlanError {
+    let nd = ctx.cluster.devices.len();
+    let mut best: Option<(i128, usize)> = None; // (largest deficit, device)
+    for &s in ss {
+        let per_stage = ctx.shape.layers / s;
+        if (per_stage as usize) < nd {
+            continue;
+        }
+        let mut n = vec![1u32; nd];
+        let head = |j: usize, n: u32| {
+            ctx.budgets[j] as i128 - min_mem(s, n, j == 0, j + 1 == nd) as i128
+        };
+        for _ in nd as u32..per_stage {
+            let j = (0..nd).max_by_key(|&j| (head(j, n[j] + 1), std::cmp::Reverse(j))).unwrap_or(0);
+            n[j] += 1;
+        }
+        let (worst, j) = (0..nd).map(|j| (-head(j, n[j]), j)).max().unwrap_or((0, 0));
+        if best.is_none_or(|b| worst < b.0) {
+            best = Some((worst, j));
+        }
+    }
+    let (deficit, j) = best.unwrap_or((0, 0));
+    PlanError::DoesNotFit {
+        planner: planner.to_string(),
+        device: ctx.cluster.devices[j].name.clone(),
+        lacks_bytes: deficit.max(0) as u64,
+    }
+}

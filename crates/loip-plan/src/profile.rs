@@ -1,0 +1,418 @@
+//! Device and link profiles: what the cost model knows about one machine and the network.
+//!
+//! A device profile is a JSON document (schema below). Its compute part is either
+//! **measured** (grids of attention time `t^A(b, n)` and MLP time `t^P(b)` taken by
+//! `loip profile` for one model shape, interpolated between grid points) or a **roofline**
+//! model for hardware we lack, derived from public specifications:
+//!
+//! ```text
+//! t^A(b, n) = max((A + b·n·κ) / mem_bw, b·(F_proj + 4·q_dim·n) / peak_flops) / efficiency + overhead
+//! t^P(b)    = max(P / mem_bw,           b·6·hidden·intermediate / peak_flops) / efficiency + overhead
+//! ```
+//!
+//! (`A`, `P`, `κ` from [`ModelShape`]; `F_proj` = 2 FLOPs per projection weight; `overhead` is
+//! the per-block kernel-launch cost.) Decoding with small `b` is memory-bound, so `mem_bw`
+//! and `efficiency` dominate.
+//!
+//! ```json
+//! {
+//!   "name": "jetson-agx-orin-64gb",
+//!   "mem_budget": 65498251264,                       // bytes the engine may use
+//!   "compute": { "kind": "roofline",
+//!                "mem_bw": 204.8e9,                   // bytes/s
+//!                "peak_flops": 42.5e12,               // FLOP/s (FP16 dense)
+//!                "efficiency": 0.65,                  // achieved fraction of the roofline
+//!                "block_overhead": 30e-6 },           // seconds per block
+//!   // or { "kind": "measured", "model": "llama-1b", "attn_bytes": .., "mlp_bytes": ..,
+//!   //      "attn": { "b": [1, 2], "n": [128, 1024], "seconds": [[..], [..]] },  // seconds[b][n]
+//!   //      "mlp":  { "b": [1, 2], "seconds": [.., ..] } }
+//!   "loader": { "direct":       { "bandwidth": 2.0e9, "per_read_overhead": 1e-4 },   // B/s, s
+//!               "conventional": { "bandwidth": 1.0e9, "per_read_overhead": 1e-3 } },
+//!   "sources": ["..."]
+//! }
+//! ```
+//!
+//! A measured profile used for another shape is scaled by the ratio of block bytes
+//! (`A'/A`, `P'/P`): an approximation that holds while decoding is memory-bound.
+
+use crate::error::ConfigError;
+use crate::shape::ModelShape;
+use serde::{Deserialize, Serialize};
+
+/// SSD → slot read performance of one loader.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LoaderProfile {
+    /// Sustained read bandwidth `β`.  // bytes/s
+    pub bandwidth: f64,
+    /// Fixed cost per block read `λ` (submission, header parse, allocation).  // seconds
+    pub per_read_overhead: f64,
+}
+
+impl LoaderProfile {
+    /// Time to read `reads` blocks totalling `bytes`.  // seconds
+    pub fn load_time(&self, bytes: u64, reads: u32) -> f64 {
+        if reads == 0 {
+            return 0.0;
+        }
+        bytes as f64 / self.bandwidth + self.per_read_overhead * reads as f64
+    }
+}
+
+/// Which loading path a plan uses (design §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoaderKind {
+    /// O_DIRECT + io_uring into the slot, no copies.
+    #[default]
+    Direct,
+    /// Read file → parse → allocate → copy (ablation baseline).
+    Conventional,
+}
+
+/// Both loaders of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Loaders {
+    /// The optimized path.
+    pub direct: LoaderProfile,
+    /// The conventional path.
+    pub conventional: LoaderProfile,
+}
+
+/// Attention time grid `seconds[i][j] = t^A(b[i], n[j])`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttnGrid {
+    /// Micro-batch sizes, strictly increasing.
+    pub b: Vec<u32>,
+    /// Context lengths (tokens), strictly increasing.
+    pub n: Vec<u64>,
+    /// Seconds, `b.len()` rows of `n.len()` values.  // seconds
+    pub seconds: Vec<Vec<f64>>,
+}
+
+/// MLP time grid `seconds[i] = t^P(b[i])`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MlpGrid {
+    /// Micro-batch sizes, strictly increasing.
+    pub b: Vec<u32>,
+    /// Seconds per block.  // seconds
+    pub seconds: Vec<f64>,
+}
+
+/// Times measured on the device for one model shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredTimes {
+    /// Shape the grids were measured with.
+    pub model: String,
+    /// That shape's attention block bytes (for scaling to other shapes).  // bytes
+    pub attn_bytes: u64,
+    /// That shape's MLP block bytes.  // bytes
+    pub mlp_bytes: u64,
+    /// `t^A(b, n)`.
+    pub attn: AttnGrid,
+    /// `t^P(b)`.
+    pub mlp: MlpGrid,
+}
+
+/// A roofline compute model from public specifications.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Roofline {
+    /// Memory bandwidth.  // bytes/s
+    pub mem_bw: f64,
+    /// Peak 16-bit throughput.  // FLOP/s
+    pub peak_flops: f64,
+    /// Achieved fraction of the roofline, in (0, 1].
+    pub efficiency: f64,
+    /// Fixed cost per block (kernel launches, synchronisation).  // seconds
+    #[serde(default)]
+    pub block_overhead: f64,
+}
+
+/// How a device's compute time is known.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ComputeModel {
+    /// Grids measured by `loip profile`.
+    Measured(MeasuredTimes),
+    /// Derived from specifications.
+    Roofline(Roofline),
+}
+
+/// Everything the planner knows about one device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceProfile {
+    /// Device (hardware) name.
+    pub name: String,
+    /// Memory the engine may use: weights, KV cache, buffers.  // bytes
+    pub mem_budget: u64,
+    /// Compute-time model.
+    pub compute: ComputeModel,
+    /// SSD read performance of both loaders.
+    pub loader: Loaders,
+    /// Where every number comes from.
+    #[serde(default)]
+    pub sources: Vec<String>,
+}
+
+/// Network between devices (one shared link model).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkProfile {
+    /// Bandwidth `bw`.  // bytes/s
+    pub bandwidth: f64,
+    /// Latency `δ` per transfer.  // seconds
+    pub latency: f64,
+}
+
+/// Linear interpolation (and extrapolation from the nearest segment) of `ys` over `xs`.
+fn interp(xs: &[f64], ys: &[f64], x: f64) -> f64 {
+    match xs.len() {
+        0 => 0.0,
+        1 => ys[0],
+        len => {
+            let mut i = xs.partition_point(|&v| v <= x).saturating_sub(1);
+            i = i.min(len - 2);
+            let (x0, x1, y0, y1) = (xs[i], xs[i + 1], ys[i], ys[i + 1]);
+            (y0 + (y1 - y0) * (x - x0) / (x1 - x0)).max(0.0)
+        }
+    }
+}
+
+impl MeasuredTimes {
+    fn attn_at(&self, b: u32, n: u64) -> f64 {
+        let ns: Vec<f64> = self.attn.n.iter().map(|&v| v as f64).collect();
+        let per_b: Vec<f64> = self.attn.seconds.iter().map(|row| interp(&ns, row, n as f64)).collect();
+        let bs: Vec<f64> = self.attn.b.iter().map(|&v| v as f64).collect();
+        interp(&bs, &per_b, b as f64)
+    }
+
+    fn mlp_at(&self, b: u32) -> f64 {
+        let bs: Vec<f64> = self.mlp.b.iter().map(|&v| v as f64).collect();
+        interp(&bs, &self.mlp.seconds, b as f64)
+    }
+}
+
+fn increasing<T: PartialOrd>(v: &[T]) -> bool {
+    v.windows(2).all(|w| w[0] < w[1])
+}
+
+impl DeviceProfile {
+    /// Builds a measured profile from samples `(b, n, seconds)` and `(b, seconds)`.
+    ///
+    /// Samples may come in any order; repeated points are averaged. Attention samples must
+    /// cover a full grid (every `b` with every `n`); otherwise an error names the hole.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_measurements(
+        name: impl Into<String>,
+        mem_budget: u64,
+        shape: &ModelShape,
+        attn_samples: Vec<(u32, u64, f64)>,
+        mlp_samples: Vec<(u32, f64)>,
+        direct: LoaderProfile,
+        conventional: LoaderProfile,
+    ) -> Result<DeviceProfile, ConfigError> {
+        let mut bs: Vec<u32> = attn_samples.iter().map(|s| s.0).collect();
+        let mut ns: Vec<u64> = attn_samples.iter().map(|s| s.1).collect();
+        bs.sort_unstable();
+        bs.dedup();
+        ns.sort_unstable();
+        ns.dedup();
+        let mut seconds = vec![vec![(0.0, 0u32); ns.len()]; bs.len()];
+        for &(b, n, t) in &attn_samples {
+            let (i, j) = (bs.binary_search(&b).unwrap_or(0), ns.binary_search(&n).unwrap_or(0));
+            seconds[i][j].0 += t;
+            seconds[i][j].1 += 1;
+        }
+        let mut grid = vec![vec![0.0; ns.len()]; bs.len()];
+        for (i, row) in seconds.iter().enumerate() {
+            for (j, &(sum, count)) in row.iter().enumerate() {
+                if count == 0 {
+                    return Err(ConfigError::Missing { field: format!("attn sample (b={}, n={})", bs[i], ns[j]) });
+                }
+                grid[i][j] = sum / count as f64;
+            }
+        }
+        let mut mb: Vec<u32> = mlp_samples.iter().map(|s| s.0).collect();
+        mb.sort_unstable();
+        mb.dedup();
+        let mut msum = vec![(0.0, 0u32); mb.len()];
+        for &(b, t) in &mlp_samples {
+            let i = mb.binary_search(&b).unwrap_or(0);
+            msum[i].0 += t;
+            msum[i].1 += 1;
+        }
+        let profile = DeviceProfile {
+            name: name.into(),
+            mem_budget,
+            compute: ComputeModel::Measured(MeasuredTimes {
+                model: shape.name.clone(),
+                attn_bytes: shape.attn_bytes,
+                mlp_bytes: shape.mlp_bytes,
+                attn: AttnGrid { b: bs, n: ns, seconds: grid },
+                mlp: MlpGrid { b: mb, seconds: msum.iter().map(|&(s, c)| s / c as f64).collect() },
+            }),
+            loader: Loaders { direct, conventional },
+            sources: vec!["measured by `loip profile`".to_string()],
+        };
+        profile.validate()?;
+        Ok(profile)
+    }
+
+    /// Checks grids, bandwidths and efficiencies; errors name the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field: &str, reason: &str| ConfigError::Invalid { field: field.to_string(), reason: reason.to_string() };
+        if self.name.trim().is_empty() {
+            return Err(ConfigError::Missing { field: "name".into() });
+        }
+        if self.mem_budget == 0 {
+            return Err(bad("mem_budget", "must be positive"));
+        }
+        match &self.compute {
+            ComputeModel::Roofline(r) => {
+                if !(r.mem_bw > 0.0 && r.mem_bw.is_finite()) {
+                    return Err(bad("compute.mem_bw", "must be positive"));
+                }
+                if !(r.peak_flops > 0.0 && r.peak_flops.is_finite()) {
+                    return Err(bad("compute.peak_flops", "must be positive"));
+                }
+                if !(r.efficiency > 0.0 && r.efficiency <= 1.0) {
+                    return Err(bad("compute.efficiency", "must be in (0, 1]"));
+                }
+                if !(r.block_overhead >= 0.0 && r.block_overhead.is_finite()) {
+                    return Err(bad("compute.block_overhead", "must be >= 0"));
+                }
+            }
+            ComputeModel::Measured(m) => {
+                let a = &m.attn;
+                if a.b.is_empty() || a.n.is_empty() || !increasing(&a.b) || !increasing(&a.n) {
+                    return Err(bad("compute.attn", "b and n must be non-empty and strictly increasing"));
+                }
+                if a.seconds.len() != a.b.len() || a.seconds.iter().any(|r| r.len() != a.n.len()) {
+                    return Err(bad("compute.attn.seconds", "must have b.len() rows of n.len() values"));
+                }
+                if a.seconds.iter().flatten().any(|&t| !(t >= 0.0 && t.is_finite())) {
+                    return Err(bad("compute.attn.seconds", "times must be finite and >= 0"));
+                }
+                let p = &m.mlp;
+                if p.b.is_empty() || !increasing(&p.b) || p.seconds.len() != p.b.len() {
+                    return Err(bad("compute.mlp", "b must be non-empty, increasing, one time each"));
+                }
+                if p.seconds.iter().any(|&t| !(t >= 0.0 && t.is_finite())) {
+                    return Err(bad("compute.mlp.seconds", "times must be finite and >= 0"));
+                }
+                if m.attn_bytes == 0 || m.mlp_bytes == 0 {
+                    return Err(bad("compute.attn_bytes", "block bytes must be positive"));
+                }
+            }
+        }
+        for (field, l) in [("loader.direct", &self.loader.direct), ("loader.conventional", &self.loader.conventional)] {
+            if !(l.bandwidth > 0.0 && l.bandwidth.is_finite()) {
+                return Err(bad(&format!("{field}.bandwidth"), "must be positive"));
+            }
+            if !(l.per_read_overhead >= 0.0 && l.per_read_overhead.is_finite()) {
+                return Err(bad(&format!("{field}.per_read_overhead"), "must be >= 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Attention block time `t^A(b, n)` for `shape`: `b` sequences, `n` cached tokens each.  // seconds
+    pub fn attn_time(&self, shape: &ModelShape, b: u32, n: u64) -> f64 {
+        match &self.compute {
+            ComputeModel::Measured(m) => m.attn_at(b, n) * shape.attn_bytes as f64 / m.attn_bytes as f64,
+            ComputeModel::Roofline(r) => {
+                let bytes = shape.attn_bytes as f64 + (b as u64 * n * shape.kv_bytes_per_token) as f64;
+                let flops = b as f64 * (shape.attn_proj_flops() + shape.attn_ctx_flops(n));
+                (bytes / r.mem_bw).max(flops / r.peak_flops) / r.efficiency + r.block_overhead
+            }
+        }
+    }
+
+    /// MLP block time `t^P(b)` for `shape`.  // seconds
+    pub fn mlp_time(&self, shape: &ModelShape, b: u32) -> f64 {
+        match &self.compute {
+            ComputeModel::Measured(m) => m.mlp_at(b) * shape.mlp_bytes as f64 / m.mlp_bytes as f64,
+            ComputeModel::Roofline(r) => {
+                let bytes = shape.mlp_bytes as f64;
+                let flops = b as f64 * shape.mlp_flops();
+                (bytes / r.mem_bw).max(flops / r.peak_flops) / r.efficiency + r.block_overhead
+            }
+        }
+    }
+
+    /// The loader profile of `kind`.
+    pub fn loader(&self, kind: LoaderKind) -> &LoaderProfile {
+        match kind {
+            LoaderKind::Direct => &self.loader.direct,
+            LoaderKind::Conventional => &self.loader.conventional,
+        }
+    }
+
+    /// Serializes to pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Parses and validates a JSON profile.
+    pub fn from_json(text: &str) -> Result<DeviceProfile, ConfigError> {
+        let p: DeviceProfile = serde_json::from_str(text)
+            .map_err(|e| ConfigError::Syntax { what: "device profile".into(), reason: e.to_string() })?;
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+/// Shipped profiles: (preset name, JSON text).
+const PRESETS: &[(&str, &str)] = &[
+    ("orin64", include_str!("../profiles/jetson-agx-orin-64gb.json")),
+    ("orin32", include_str!("../profiles/jetson-agx-orin-32gb.json")),
+    ("nx16", include_str!("../profiles/jetson-xavier-nx-16gb.json")),
+    ("host-zen5-2c", include_str!("../profiles/host-zen5-2c.json")),
+];
+
+/// Names accepted by [`preset`].
+pub fn preset_names() -> Vec<&'static str> {
+    PRESETS.iter().map(|p| p.0).collect()
+}
+
+/// A shipped device profile by preset name (`orin64`, `orin32`, `nx16`, `host-zen5-2c`).
+pub fn preset(name: &str) -> Option<DeviceProfile> {
+    PRESETS.iter().find(|p| p.0 == name).and_then(|p| DeviceProfile::from_json(p.1).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> ModelShape {
+        ModelShape::from_dims("t", 64, 128, 4, 4, 2, 16, 100, false, 2.0, 2)
+    }
+
+    #[test]
+    fn presets_parse() {
+        for name in preset_names() {
+            let p = preset(name).unwrap_or_else(|| panic!("preset {name}"));
+            assert_eq!(DeviceProfile::from_json(&p.to_json()).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn measured_interpolates() {
+        let l = LoaderProfile { bandwidth: 1e9, per_read_overhead: 0.0 };
+        let s = shape();
+        let p = DeviceProfile::from_measurements(
+            "m",
+            1 << 30,
+            &s,
+            vec![(1, 100, 1.0), (1, 200, 2.0), (2, 100, 3.0), (2, 200, 4.0), (1, 100, 1.0)],
+            vec![(1, 0.5), (4, 2.0)],
+            l,
+            l,
+        )
+        .unwrap();
+        assert!((p.attn_time(&s, 1, 150) - 1.5).abs() < 1e-12);
+        assert!((p.attn_time(&s, 2, 300) - 5.0).abs() < 1e-12);
+        assert!((p.attn_time(&s, 1, 50) - 0.5).abs() < 1e-12);
+        assert!((p.mlp_time(&s, 2) - 1.0).abs() < 1e-12);
+        let err = DeviceProfile::from_measurements("m", 1, &s, vec![(1, 1, 1.0), (2, 2, 1.0)], vec![(1, 1.0)], l, l);
+        assert!(err.is_err());
+    }
+}

@@ -1,0 +1,166 @@
+//! Model shapes: the byte sizes and dimensions the cost model needs.
+//!
+//! A [`ModelShape`] is built from a checkpoint's published dimensions with
+//! [`ModelShape::from_dims`]; every derived size is computed there, so a shape is consistent
+//! by construction. Blocks are what the planner moves between memory and SSD: one layer's
+//! attention block (input norm, q/k/v/o projections) and MLP block (post-attention norm,
+//! gate/up/down projections).
+
+use serde::{Deserialize, Serialize};
+
+/// Sizes and dimensions of a decoder-only transformer, as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelShape {
+    /// Shape name, e.g. `llama3.3-70b`; plans record it.
+    pub name: String,
+    /// Model width (`hidden_size`).
+    pub hidden: u64,
+    /// MLP width (`intermediate_size`).
+    pub intermediate: u64,
+    /// Decoder layers `L`.
+    pub layers: u32,
+    /// Query heads.
+    pub heads: u64,
+    /// Key/value heads.
+    pub kv_heads: u64,
+    /// Dimension of one head.
+    pub head_dim: u64,
+    /// Vocabulary size.
+    pub vocab: u64,
+    /// Whether the LM head shares the embedding matrix.
+    pub tied: bool,
+    /// Bytes per weight parameter (2.0 for bf16/f16).
+    pub weight_bytes_per_param: f64,
+    /// Bytes per KV cache element.
+    pub kv_dtype_bytes: u64,
+    /// Bytes of one layer's attention block `A` (input norm + q, k, v, o).  // bytes
+    pub attn_bytes: u64,
+    /// Bytes of one layer's MLP block `P` (post-attention norm + gate, up, down).  // bytes
+    pub mlp_bytes: u64,
+    /// KV cache bytes per token per layer `κ = 2·kv_heads·head_dim·kv_dtype_bytes`.  // bytes
+    pub kv_bytes_per_token: u64,
+    /// Activation bytes per token crossing a stage boundary `h = hidden·4` (f32).  // bytes
+    pub act_bytes_per_token: u64,
+    /// Embedding matrix bytes `E = vocab·hidden·w`.  // bytes
+    pub embed_bytes: u64,
+    /// Final norm + LM head bytes `H = hidden·w + vocab·hidden·w` (a tied head still needs its
+    /// own copy when the last device is not the first; see [`ModelShape::head_bytes_on`]).  // bytes
+    pub head_bytes: u64,
+}
+
+impl ModelShape {
+    /// Builds a shape from a checkpoint's dimensions.
+    ///
+    /// `weight_bytes_per_param` is 2.0 for 16-bit weights; `kv_dtype_bytes` is the KV cache
+    /// element size (2 for f16/bf16 caches, 4 for f32).
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_dims(
+        name: impl Into<String>,
+        hidden: u64,
+        intermediate: u64,
+        layers: u32,
+        heads: u64,
+        kv_heads: u64,
+        head_dim: u64,
+        vocab: u64,
+        tied: bool,
+        weight_bytes_per_param: f64,
+        kv_dtype_bytes: u64,
+    ) -> ModelShape {
+        let w = weight_bytes_per_param;
+        let q_dim = heads * head_dim;
+        let kv_dim = kv_heads * head_dim;
+        let attn_params = hidden * q_dim + 2 * hidden * kv_dim + q_dim * hidden + hidden;
+        let mlp_params = 3 * hidden * intermediate + hidden;
+        let bytes = |params: u64| (params as f64 * w).ceil() as u64;
+        ModelShape {
+            name: name.into(),
+            hidden,
+            intermediate,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab,
+            tied,
+            weight_bytes_per_param: w,
+            kv_dtype_bytes,
+            attn_bytes: bytes(attn_params),
+            mlp_bytes: bytes(mlp_params),
+            kv_bytes_per_token: 2 * kv_dim * kv_dtype_bytes,
+            act_bytes_per_token: hidden * 4,
+            embed_bytes: bytes(vocab * hidden),
+            head_bytes: bytes(hidden + vocab * hidden),
+        }
+    }
+
+    /// Bytes of one layer, attention + MLP.  // bytes
+    pub fn layer_bytes(&self) -> u64 {
+        self.attn_bytes + self.mlp_bytes
+    }
+
+    /// Total weight bytes: all layers, embedding, head (counted once if tied).  // bytes
+    pub fn total_bytes(&self) -> u64 {
+        self.layers as u64 * self.layer_bytes() + self.embed_bytes + self.head_bytes_on(true)
+    }
+
+    /// Head bytes a device must hold when it holds the head; `also_embedding` says whether
+    /// it also holds the embedding (then a tied head costs only its final norm).  // bytes
+    pub fn head_bytes_on(&self, also_embedding: bool) -> u64 {
+        if self.tied && also_embedding {
+            (self.hidden as f64 * self.weight_bytes_per_param).ceil() as u64
+        } else {
+            self.head_bytes
+        }
+    }
+
+    /// Working buffers `W` of one device for `b` sequences in flight.  // bytes
+    ///
+    /// Per sequence, f32 activations: the residual stream and two norm/attention outputs
+    /// (`3·hidden`), q (`heads·head_dim`), k and v (`2·kv_heads·head_dim`), the two MLP
+    /// intermediates (`2·intermediate`) and the logits (`vocab`); plus 16 MiB of fixed scratch
+    /// (attention scores, allocator slack). Every device reserves the same amount.
+    pub fn working_bytes(&self, b: u32) -> u64 {
+        let per_seq = 4 * (3 * self.hidden
+            + self.heads * self.head_dim
+            + 2 * self.kv_heads * self.head_dim
+            + 2 * self.intermediate
+            + self.vocab);
+        b.max(1) as u64 * per_seq + (16 << 20)
+    }
+
+    /// FLOPs of one attention block's projections for one token (2 per multiply-add).
+    pub fn attn_proj_flops(&self) -> f64 {
+        let q_dim = self.heads * self.head_dim;
+        let kv_dim = self.kv_heads * self.head_dim;
+        2.0 * (2 * self.hidden * q_dim + 2 * self.hidden * kv_dim) as f64
+    }
+
+    /// FLOPs of attention over `n` cached tokens for one token (QKᵀ and AV).
+    pub fn attn_ctx_flops(&self, n: u64) -> f64 {
+        4.0 * (self.heads * self.head_dim) as f64 * n as f64
+    }
+
+    /// FLOPs of one MLP block for one token.
+    pub fn mlp_flops(&self) -> f64 {
+        6.0 * (self.hidden * self.intermediate) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama70b_sizes() {
+        let s = ModelShape::from_dims("llama3.3-70b", 8192, 28672, 80, 64, 8, 128, 128256, false, 2.0, 2);
+        // q, o: 8192·8192; k, v: 8192·1024; norm 8192 → 151 011 328 params.
+        assert_eq!(s.attn_bytes, 2 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 8192));
+        assert_eq!(s.mlp_bytes, 2 * (3 * 8192 * 28672 + 8192));
+        assert_eq!(s.kv_bytes_per_token, 2 * 1024 * 2);
+        assert_eq!(s.act_bytes_per_token, 8192 * 4);
+        // 70.6 B parameters → ~141 GB.
+        let gb = s.total_bytes() as f64 / 1e9;
+        assert!((140.0..142.0).contains(&gb), "{gb}");
+    }
+}

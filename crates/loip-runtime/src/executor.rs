@@ -1,0 +1,342 @@
+//! One device's share of the model: its stages, run in round-robin order, with resident
+//! blocks in memory and offloaded blocks streamed through the loader's slot.
+//!
+//! Within a stage the offloaded blocks are waited for just before the first of them runs,
+//! and the slot is released right after the last of them ran; the loader then immediately
+//! starts on the next stage's offloaded blocks (the "ready signal" of the design), so the
+//! load overlaps everything this device computes in between and whatever the other devices
+//! compute meanwhile.
+
+use std::path::Path;
+use std::time::Instant;
+
+use loip_engine::forward::{param_dtype_of, Transformer};
+use loip_engine::weights::{bind_embedding, AttnWeights, HeadWeights, MlpWeights};
+use loip_engine::{KvCache, TokenPos};
+use loip_model::slice::{Manifest, SliceEntry, SliceKind};
+use serde::{Deserialize, Serialize};
+
+use crate::loader::{Loader, LoaderKind};
+use crate::resident::Resident;
+use crate::RuntimeError;
+
+/// Where a block lives during the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BlockPlacement {
+    /// kept in memory for the whole run
+    Resident,
+    /// read from the SSD into the slot each time its stage runs
+    Offloaded,
+}
+
+/// One layer of a stage and where its two blocks live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageLayer {
+    /// global layer index
+    pub layer: usize,
+    /// attention block
+    pub attn: BlockPlacement,
+    /// MLP block
+    pub mlp: BlockPlacement,
+}
+
+/// One pipeline stage: contiguous layers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageSpec {
+    /// layers in order
+    pub layers: Vec<StageLayer>,
+}
+
+impl StageSpec {
+    fn offloaded(&self) -> Vec<SliceKind> {
+        let mut v = Vec::new();
+        for l in &self.layers {
+            if l.attn == BlockPlacement::Offloaded {
+                v.push(SliceKind::Attn(l.layer));
+            }
+            if l.mlp == BlockPlacement::Offloaded {
+                v.push(SliceKind::Mlp(l.layer));
+            }
+        }
+        v
+    }
+}
+
+/// What one device runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceSpec {
+    /// its stages, in execution order
+    pub stages: Vec<StageSpec>,
+    /// holds the embedding (first device)
+    pub embed: bool,
+    /// holds the final norm and LM head (last device)
+    pub head: bool,
+    /// loading path for offloaded blocks
+    pub loader: LoaderKind,
+    /// start loading the next stage's blocks as soon as the slot is free (false: load on
+    /// demand, the conventional pipeline+offloading baseline)
+    pub overlap: bool,
+    /// memory budget, bytes (None: unlimited)
+    pub mem_budget: Option<u64>,
+    /// most tokens in one step (sizes the working buffers)
+    pub max_step_tokens: usize,
+    /// most sequences in one step (sizes the logits buffer)
+    pub max_step_seqs: usize,
+}
+
+/// How the device's budget is spent, bytes.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct MemoryReport {
+    /// the budget (0: unlimited)
+    pub budget: u64,
+    /// resident blocks (incl. embedding / head)
+    pub resident: u64,
+    /// the slot (largest stage's offloaded blocks)
+    pub slot: u64,
+    /// activations, logits and scratch at the largest step
+    pub working: u64,
+    /// what is left for the KV cache
+    pub kv_budget: u64,
+}
+
+/// Time spent by the device, seconds, since the last reset.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StepTimes {
+    /// computing blocks
+    pub compute_s: f64,
+    /// waiting for the loader
+    pub stall_s: f64,
+    /// bytes loaded
+    pub loaded_bytes: u64,
+}
+
+/// A device ready to run its stages.
+pub struct Device {
+    /// dims and RoPE
+    pub tf: Transformer,
+    resident: Resident,
+    loader: Option<Loader>,
+    groups: Vec<Option<usize>>, // stage → loader group
+    /// the KV cache of every layer this device holds
+    pub kv: KvCache,
+    spec: DeviceSpec,
+    mem: MemoryReport,
+    times: StepTimes,
+}
+
+/// The stored type of the model's embedding, from the manifest.
+fn embed_dtype(m: &Manifest) -> Result<loip_kernels::DType, RuntimeError> {
+    let t = m
+        .slice(SliceKind::Embed)
+        .and_then(|s| s.tensors.iter().find(|t| t.name == loip_model::names::EMBED_TOKENS))
+        .ok_or_else(|| RuntimeError::Invalid("the manifest has no embedding".into()))?;
+    Ok(t.dtype()?)
+}
+
+/// Working-buffer bytes of one step of `tokens` tokens and `seqs` sequences.
+pub fn working_bytes(m: &Manifest, tokens: usize, seqs: usize, context: usize) -> u64 {
+    let c = &m.config;
+    let qd = c.num_heads * c.head_dim;
+    let kvd = c.num_kv_heads * c.head_dim;
+    let per_token = 5 * c.hidden_size + qd * 2 + 2 * kvd + 2 * c.intermediate_size; // floats
+    let scores = c.num_heads * context * 2; // floats, per thread
+    ((tokens * per_token + seqs * c.vocab_size + scores) * 4) as u64
+}
+
+impl Device {
+    /// Opens the device's slices from `dir`: reads resident blocks, sizes the slot, checks the
+    /// budget, and (with overlap) starts loading the first stage's offloaded blocks.
+    pub fn open(dir: &Path, manifest: &Manifest, spec: DeviceSpec) -> Result<Device, RuntimeError> {
+        let cfg = &manifest.config;
+        let get = |k: SliceKind| -> Result<SliceEntry, RuntimeError> {
+            manifest
+                .slice(k)
+                .cloned()
+                .ok_or_else(|| RuntimeError::Invalid(format!("slice {} is not in the manifest", k.id())))
+        };
+        let mut resident_slices = Vec::new();
+        let mut groups = Vec::new();
+        let mut group_slices: Vec<Vec<SliceEntry>> = Vec::new();
+        let mut layers = Vec::new();
+        for stage in &spec.stages {
+            for l in &stage.layers {
+                if l.layer >= cfg.num_layers {
+                    return Err(RuntimeError::Invalid(format!("layer {} of a {}-layer model", l.layer, cfg.num_layers)));
+                }
+                layers.push(l.layer);
+                if l.attn == BlockPlacement::Resident {
+                    resident_slices.push(get(SliceKind::Attn(l.layer))?);
+                }
+                if l.mlp == BlockPlacement::Resident {
+                    resident_slices.push(get(SliceKind::Mlp(l.layer))?);
+                }
+            }
+            let off = stage.offloaded();
+            if off.is_empty() {
+                groups.push(None);
+            } else {
+                groups.push(Some(group_slices.len()));
+                group_slices.push(off.into_iter().map(get).collect::<Result<_, _>>()?);
+            }
+        }
+        if spec.embed {
+            resident_slices.push(get(SliceKind::Embed)?);
+        }
+        if spec.head {
+            resident_slices.push(get(SliceKind::Head)?);
+        }
+        let slot_need: u64 =
+            group_slices.iter().map(|g| g.iter().map(|s| s.size).sum::<u64>()).max().unwrap_or(0);
+        let resident_need: u64 = resident_slices.iter().map(|s| s.size).sum();
+        let context = cfg.max_position_embeddings;
+        let working = working_bytes(manifest, spec.max_step_tokens, spec.max_step_seqs, context.min(8192));
+        let fixed = resident_need + slot_need + working;
+        let kv_budget = match spec.mem_budget {
+            Some(b) if fixed > b => {
+                return Err(RuntimeError::OverBudget {
+                    budget: b,
+                    detail: format!(
+                        "resident blocks need {resident_need}, the slot {slot_need}, working buffers {working} \
+                         (total {fixed}); nothing would be left for the KV cache"
+                    ),
+                })
+            }
+            Some(b) => b - fixed,
+            None => u64::MAX,
+        };
+        let resident = Resident::load(dir, &resident_slices)?;
+        let loader = if group_slices.is_empty() { None } else { Some(Loader::new(spec.loader, dir, &group_slices)?) };
+        let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+        let kv = KvCache::new(layers, kv_dim, spec.mem_budget.map(|_| kv_budget));
+        let mem = MemoryReport { budget: spec.mem_budget.unwrap_or(0), resident: resident_need, slot: slot_need, working, kv_budget };
+        let mut dev = Device {
+            tf: Transformer::new(cfg.clone(), manifest.qk_permuted, param_dtype_of(embed_dtype(manifest)?)),
+            resident,
+            loader,
+            groups,
+            kv,
+            spec,
+            mem,
+            times: StepTimes::default(),
+        };
+        if dev.spec.overlap {
+            if let Some(g) = dev.next_group(dev.spec.stages.len().saturating_sub(1)) {
+                if let Some(l) = dev.loader.as_mut() {
+                    l.start(g)?;
+                }
+            }
+        }
+        Ok(dev)
+    }
+
+    /// How the memory budget is spent.
+    pub fn memory(&self) -> MemoryReport {
+        self.mem
+    }
+
+    /// Time spent since the last call, then resets.
+    pub fn take_times(&mut self) -> StepTimes {
+        let mut t = std::mem::take(&mut self.times);
+        if let Some(l) = self.loader.as_mut() {
+            t.stall_s = std::mem::take(&mut l.stall_s);
+        }
+        t
+    }
+
+    /// Number of stages.
+    pub fn stages(&self) -> usize {
+        self.spec.stages.len()
+    }
+
+    /// The group of the first stage after `k` (wrapping) that has offloaded blocks.
+    fn next_group(&self, k: usize) -> Option<usize> {
+        let s = self.groups.len();
+        (1..=s).map(|d| (k + d) % s).find_map(|j| self.groups[j])
+    }
+
+    /// Embeds `ids` into `(ids.len(), hidden)`.
+    pub fn embed(&mut self, ids: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        let t = Instant::now();
+        let w = bind_embedding(&self.resident, &self.tf.cfg)?;
+        let mut x = vec![0f32; ids.len() * self.tf.cfg.hidden_size];
+        self.tf.embed(&w, ids, &mut x)?;
+        self.times.compute_s += t.elapsed().as_secs_f64();
+        Ok(x)
+    }
+
+    /// Checks that the KV cache can take `tokens` more tokens on every held layer.
+    pub fn reserve(&self, tokens: usize) -> Result<(), RuntimeError> {
+        Ok(self.kv.reserve(tokens)?)
+    }
+
+    /// Runs stage `k` on `x: (batch.len(), hidden)` in place.
+    pub fn run_stage(&mut self, k: usize, x: &mut [f32], batch: &[TokenPos]) -> Result<(), RuntimeError> {
+        let Device { tf, resident, loader, groups, kv, spec, times, .. } = self;
+        let stage = spec.stages.get(k).ok_or_else(|| RuntimeError::Invalid(format!("no stage {k} on this device")))?;
+        let group = groups[k];
+        // Index (layer position * 2 + block) of the last offloaded block of the stage.
+        let last_off = stage
+            .layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| [(2 * i, l.attn), (2 * i + 1, l.mlp)])
+            .filter(|(_, p)| *p == BlockPlacement::Offloaded)
+            .map(|(i, _)| i)
+            .last();
+        let mut view = None;
+        let cfg = &tf.cfg;
+        for (i, l) in stage.layers.iter().enumerate() {
+            for (b, placement) in [(0, l.attn), (1, l.mlp)] {
+                let idx = 2 * i + b;
+                if placement == BlockPlacement::Offloaded && view.is_none() {
+                    let (Some(ld), Some(g)) = (loader.as_mut(), group) else {
+                        return Err(RuntimeError::Invalid("offloaded block without a loader".into()));
+                    };
+                    view = Some(ld.wait(g)?);
+                }
+                let t = Instant::now();
+                match (b, placement, &view) {
+                    (0, BlockPlacement::Offloaded, Some(v)) => {
+                        tf.attention(l.layer, &AttnWeights::bind(v, cfg, l.layer)?, x, batch, kv)?
+                    }
+                    (0, _, _) => tf.attention(l.layer, &AttnWeights::bind(resident, cfg, l.layer)?, x, batch, kv)?,
+                    (_, BlockPlacement::Offloaded, Some(v)) => tf.mlp(&MlpWeights::bind(v, cfg, l.layer)?, x)?,
+                    _ => tf.mlp(&MlpWeights::bind(resident, cfg, l.layer)?, x)?,
+                }
+                times.compute_s += t.elapsed().as_secs_f64();
+                if Some(idx) == last_off {
+                    view = None;
+                    if let Some(ld) = loader.as_ref() {
+                        times.loaded_bytes += ld.last.bytes;
+                    }
+                    if spec.overlap {
+                        let s = groups.len();
+                        let next = (1..=s).map(|d| (k + d) % s).find_map(|j| groups[j]);
+                        if let (Some(ld), Some(g)) = (loader.as_mut(), next) {
+                            ld.start(g)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Final norm and LM head on selected rows of `x`: `(rows.len(), vocab)`.
+    pub fn head(&mut self, x: &[f32], rows: &[usize]) -> Result<Vec<f32>, RuntimeError> {
+        let t = Instant::now();
+        let h = self.tf.cfg.hidden_size;
+        let mut sel = Vec::with_capacity(rows.len() * h);
+        for &r in rows {
+            sel.extend_from_slice(
+                x.get(r * h..(r + 1) * h).ok_or_else(|| RuntimeError::Invalid(format!("no hidden row {r}")))?,
+            );
+        }
+        let w = HeadWeights::bind(&self.resident, &self.tf.cfg)?;
+        let mut out = vec![0f32; rows.len() * self.tf.cfg.vocab_size];
+        self.tf.head(&w, &sel, &mut out)?;
+        self.times.compute_s += t.elapsed().as_secs_f64();
+        Ok(out)
+    }
+}

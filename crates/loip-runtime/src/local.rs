@@ -1,0 +1,178 @@
+//! One device running the whole model from slice files under a memory budget: the
+//! single-device offloading path (`loip generate --mem`).
+//!
+//! Every layer is its own stage on this device, so the slot holds one layer's offloaded
+//! blocks and the loader fetches the next offloaded layer as soon as the previous one ran.
+//! Which blocks are offloaded follows a simple rule until the planner chooses: from the last
+//! layer backwards (MLP block first, then attention) until the budget holds, or a forced
+//! choice (`--offload-blocks`).
+
+use std::path::Path;
+
+use loip_engine::{EngineError, StepBackend, TokenPos};
+use loip_model::slice::{Manifest, SliceKind};
+
+use crate::executor::{working_bytes, BlockPlacement, Device, DeviceSpec, StageLayer, StageSpec};
+use crate::loader::LoaderKind;
+use crate::RuntimeError;
+
+/// Which blocks to offload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OffloadRule {
+    /// as few as the budget needs, from the last layer backwards
+    #[default]
+    Auto,
+    /// none
+    None,
+    /// every MLP block
+    Mlp,
+    /// every attention block
+    Attn,
+    /// every block
+    All,
+}
+
+impl std::str::FromStr for OffloadRule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "auto" => OffloadRule::Auto,
+            "none" => OffloadRule::None,
+            "mlp" => OffloadRule::Mlp,
+            "attn" | "attention" => OffloadRule::Attn,
+            "all" => OffloadRule::All,
+            _ => return Err(format!("unknown offload rule {s:?}; expected auto, none, mlp, attn or all")),
+        })
+    }
+}
+
+/// Options of a single-device run.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    /// memory budget, bytes
+    pub mem_budget: Option<u64>,
+    /// which blocks to offload
+    pub rule: OffloadRule,
+    /// loading path
+    pub loader: LoaderKind,
+    /// overlap loads with compute
+    pub overlap: bool,
+    /// tokens of context to reserve KV for (prompt + new tokens)
+    pub context: usize,
+    /// most tokens in one step (the prompt)
+    pub max_step_tokens: usize,
+}
+
+fn size(m: &Manifest, k: SliceKind) -> Result<u64, RuntimeError> {
+    m.slice(k).map(|s| s.size).ok_or_else(|| RuntimeError::Invalid(format!("slice {} missing", k.id())))
+}
+
+/// The single-device spec for `opts` on the model in `m`.
+pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, RuntimeError> {
+    let n = m.config.num_layers;
+    let (attn_off, mlp_off) = match opts.rule {
+        OffloadRule::None | OffloadRule::Auto => (false, false),
+        OffloadRule::Mlp => (false, true),
+        OffloadRule::Attn => (true, false),
+        OffloadRule::All => (true, true),
+    };
+    let place = |off: bool| if off { BlockPlacement::Offloaded } else { BlockPlacement::Resident };
+    let mut layers: Vec<StageLayer> =
+        (0..n).map(|layer| StageLayer { layer, attn: place(attn_off), mlp: place(mlp_off) }).collect();
+    let kv_bytes = opts.context as u64 * n as u64 * 2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4;
+    let working = working_bytes(m, opts.max_step_tokens, 1, opts.context);
+    let need = |layers: &[StageLayer]| -> Result<u64, RuntimeError> {
+        let mut resident = size(m, SliceKind::Embed)? + size(m, SliceKind::Head)?;
+        let mut slot = 0;
+        for l in layers {
+            let (a, p) = (size(m, SliceKind::Attn(l.layer))?, size(m, SliceKind::Mlp(l.layer))?);
+            let mut off = 0;
+            match l.attn {
+                BlockPlacement::Resident => resident += a,
+                BlockPlacement::Offloaded => off += a,
+            }
+            match l.mlp {
+                BlockPlacement::Resident => resident += p,
+                BlockPlacement::Offloaded => off += p,
+            }
+            slot = slot.max(off);
+        }
+        Ok(resident + slot + kv_bytes + working)
+    };
+    if let (OffloadRule::Auto, Some(budget)) = (opts.rule, opts.mem_budget) {
+        'outer: for i in (0..n).rev() {
+            for block in 0..2 {
+                if need(&layers)? <= budget {
+                    break 'outer;
+                }
+                if block == 0 {
+                    layers[i].mlp = BlockPlacement::Offloaded;
+                } else {
+                    layers[i].attn = BlockPlacement::Offloaded;
+                }
+            }
+        }
+    }
+    if let Some(budget) = opts.mem_budget {
+        let total = need(&layers)?;
+        if total > budget {
+            return Err(RuntimeError::OverBudget {
+                budget,
+                detail: format!(
+                    "even with these blocks offloaded the device needs {total} bytes \
+                     ({kv_bytes} of them KV cache for {} tokens, {working} working buffers)",
+                    opts.context
+                ),
+            });
+        }
+    }
+    Ok(DeviceSpec {
+        stages: layers.into_iter().map(|l| StageSpec { layers: vec![l] }).collect(),
+        embed: true,
+        head: true,
+        loader: opts.loader,
+        overlap: opts.overlap,
+        mem_budget: opts.mem_budget,
+        max_step_tokens: opts.max_step_tokens,
+        max_step_seqs: 1,
+    })
+}
+
+/// A whole model on one device, run from its slice directory.
+pub struct LocalModel {
+    /// the device
+    pub device: Device,
+}
+
+impl LocalModel {
+    /// Opens the model in `dir` under `opts`.
+    pub fn open(dir: &Path, opts: &LocalOptions) -> Result<LocalModel, RuntimeError> {
+        let m = Manifest::load(dir)?;
+        let spec = local_spec(&m, opts)?;
+        Ok(LocalModel { device: Device::open(dir, &m, spec)? })
+    }
+
+    /// Runs `ids` at `batch` through every stage; returns the hidden states.
+    pub fn forward_hidden(&mut self, ids: &[u32], batch: &[TokenPos]) -> Result<Vec<f32>, RuntimeError> {
+        self.device.reserve(ids.len())?;
+        let mut x = self.device.embed(ids)?;
+        for k in 0..self.device.stages() {
+            self.device.run_stage(k, &mut x, batch)?;
+        }
+        Ok(x)
+    }
+}
+
+impl StepBackend for LocalModel {
+    fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
+        let batch: Vec<TokenPos> = (0..ids.len()).map(|i| TokenPos { seq, pos: start_pos + i }).collect();
+        let run = |me: &mut Self| -> Result<Vec<f32>, RuntimeError> {
+            let x = me.forward_hidden(ids, &batch)?;
+            me.device.head(&x, &[ids.len() - 1])
+        };
+        run(self).map_err(|e| match e {
+            RuntimeError::Engine(e) => e,
+            other => EngineError::Backend(other.to_string()),
+        })
+    }
+}

@@ -1,0 +1,67 @@
+//! Resident blocks: slice files read once into page-aligned memory (CRC-checked) and kept
+//! for the whole run.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use loip_engine::{EngineError, TensorSource};
+use loip_kernels::DType;
+use loip_model::slice::{check_crc, SliceEntry};
+
+use crate::aligned::AlignedBuf;
+use crate::RuntimeError;
+
+/// Tensors of the resident slices.
+#[derive(Default)]
+pub struct Resident {
+    bufs: Vec<AlignedBuf>,
+    views: HashMap<String, (usize, DType, Vec<usize>, usize, usize)>, // name → (buf, dtype, shape, offset, bytes)
+    bytes: u64,
+}
+
+impl Resident {
+    /// Reads `slices` from `dir`, checking sizes and CRCs.
+    pub fn load(dir: &Path, slices: &[SliceEntry]) -> Result<Resident, RuntimeError> {
+        let mut r = Resident::default();
+        for s in slices {
+            r.add(dir, s)?;
+        }
+        Ok(r)
+    }
+
+    fn add(&mut self, dir: &Path, s: &SliceEntry) -> Result<(), RuntimeError> {
+        use std::os::unix::fs::FileExt;
+        let path = dir.join(&s.file);
+        let file = std::fs::File::open(&path).map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?;
+        let len = file.metadata().map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?.len();
+        if len != s.size {
+            return Err(RuntimeError::Model(loip_model::ModelError::Truncated {
+                path,
+                what: format!("slice is {len} bytes, manifest says {}", s.size),
+            }));
+        }
+        let mut buf = AlignedBuf::new(s.size as usize, 4096)?;
+        file.read_exact_at(buf.as_mut_slice(), 0).map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?;
+        check_crc(&path, s, crc32fast::hash(buf.as_slice()))?;
+        let idx = self.bufs.len();
+        for t in &s.tensors {
+            self.views.insert(t.name.clone(), (idx, t.dtype()?, t.shape.clone(), t.offset as usize, t.nbytes as usize));
+        }
+        self.bytes += s.size;
+        self.bufs.push(buf);
+        Ok(())
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl TensorSource for Resident {
+    fn tensor(&self, name: &str) -> Result<(DType, Vec<usize>, &[u8]), EngineError> {
+        let (b, d, shape, off, n) =
+            self.views.get(name).ok_or_else(|| EngineError::Invalid(format!("tensor {name} is not resident here")))?;
+        Ok((*d, shape.clone(), &self.bufs[*b].as_slice()[*off..*off + *n]))
+    }
+}
