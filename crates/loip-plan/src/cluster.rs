@@ -209,7 +209,7 @@ fn duration_field(field: &str, v: &NumOrStr) -> Result<f64, ConfigError> {
     }
 }
 
-fn require<'a, T>(field: String, v: &'a Option<T>) -> Result<&'a T, ConfigError> {
+fn require<T>(field: String, v: &Option<T>) -> Result<&T, ConfigError> {
     v.as_ref().ok_or(ConfigError::Missing { field })
 }
 

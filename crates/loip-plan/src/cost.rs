@@ -322,12 +322,7 @@ pub fn apply(plan: &mut Plan, cost: &Cost) {
 /// First threshold `TS¹ = ⌊Left / (layers·κ)⌋` (design §6): tokens of KV a device can hold
 /// with `left_bytes = Mem − M(0)` free, `layers = s·n_i` layers, `κ` bytes per token per layer.
 pub fn first_threshold(left_bytes: u64, layers: u64, kv_bytes_per_token: u64) -> u64 {
-    let per_token = layers * kv_bytes_per_token;
-    if per_token == 0 {
-        u64::MAX
-    } else {
-        left_bytes / per_token
-    }
+    left_bytes.checked_div(layers * kv_bytes_per_token).unwrap_or(u64::MAX)
 }
 
 /// KV headroom of one device after placement (design §6).

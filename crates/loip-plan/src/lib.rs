@@ -9,6 +9,8 @@
 //! link profiles, shipped presets), [`cluster`] (cluster files), [`plan`], [`cost`],
 //! [`planners`], [`render`] (tables), [`error`].
 #![deny(missing_docs)]
+// `x % d == 0` instead of `is_multiple_of`: the workspace's rust-version is 1.85.
+#![allow(clippy::manual_is_multiple_of)]
 
 pub mod cluster;
 pub mod cost;

@@ -90,11 +90,11 @@ pub fn parse_bandwidth(input: &str) -> Result<f64, ParseError> {
 /// Parses a duration into seconds (`>= 0`): `s`, `ms`, `us`/`µs`, `ns`; a plain number is seconds.
 pub fn parse_duration(input: &str) -> Result<f64, ParseError> {
     let (value, unit) = split_number(input)?;
-    let mult = match unit {
+    let div = match unit {
         "" | "s" => 1.0,
-        "ms" => 1e-3,
-        "us" | "µs" => 1e-6,
-        "ns" => 1e-9,
+        "ms" => 1e3,
+        "us" | "µs" => 1e6,
+        "ns" => 1e9,
         _ => {
             return Err(ParseError::BadUnit {
                 input: input.to_string(),
@@ -103,7 +103,7 @@ pub fn parse_duration(input: &str) -> Result<f64, ParseError> {
             })
         }
     };
-    Ok(value * mult)
+    Ok(value / div)
 }
 
 /// Formats bytes with a binary unit, e.g. `13.2 GiB`.
@@ -158,7 +158,7 @@ mod tests {
 
     #[test]
     fn duration() {
-        assert!((parse_duration("2ms").unwrap() - 0.002).abs() < 1e-15);
+        assert_eq!(parse_duration("2ms").unwrap(), 0.002);
         assert!((parse_duration("150us").unwrap() - 150e-6).abs() < 1e-15);
         assert_eq!(parse_duration("1").unwrap(), 1.0);
         assert!(parse_duration("-1ms").is_err());

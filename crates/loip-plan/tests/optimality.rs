@@ -2,6 +2,8 @@
 //! prediction equals a brute-force enumeration of every allocation under the cost model of
 //! design §3, written here independently of the library, and it never exceeds a budget.
 
+#![allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+
 mod common;
 
 use common::{instance, Instance};

@@ -175,10 +175,14 @@ fn validate_rejects_hand_edits() {
     q.devices[0].stages[0].layers.swap(0, 1);
     assert!(matches!(q.validate(&shape, &cluster), Err(PlanError::Invalid(PlanInvalid::LayerOrder { .. }))));
 
+    // A model with one more layer than the plan places.
+    let mut longer = shape.clone();
+    longer.layers += 1;
+    assert!(matches!(p.validate(&longer, &cluster), Err(PlanError::Invalid(PlanInvalid::LayerCount { placed: 40, layers: 41 }))));
+
     let mut q = p.clone();
-    q.devices[1].stages.last_mut().unwrap().layers.pop();
-    eprintln!("{:?} {}", q.validate(&shape, &cluster), render::plan_table(&p));
-    assert!(matches!(q.validate(&shape, &cluster), Err(PlanError::Invalid(PlanInvalid::LayerCount { .. }))));
+    q.devices[1].stages[0].layers.clear();
+    assert!(matches!(q.validate(&shape, &cluster), Err(PlanError::Invalid(PlanInvalid::EmptyStage { .. }))));
 
     let mut q = p.clone();
     q.stages_per_device += 1;
@@ -246,4 +250,27 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn render_tables() {
+    let shape = llama70b();
+    let cluster = preset_cluster(&["orin32", "orin32", "nx16"], 100.0);
+    let req = PlanRequest { context: 4096, allow_drop: false, ..PlanRequest::default() };
+    let p = loip_plan::plan("loip", &shape, &cluster, &req).unwrap();
+    let t = render::plan_table(&p);
+    for d in &p.devices {
+        assert!(t.contains(&d.name), "{t}");
+    }
+    assert!(t.contains("ms/token") && t.contains("GiB") && t.contains("[E]") && t.contains("[H]"), "{t}");
+    assert!(t.contains("(off:"), "a 70B plan on these budgets offloads: {t}");
+    let rows = plan_all(&shape, &cluster, &req);
+    let c = render::compare_table(&rows);
+    for (name, _) in &rows {
+        assert!(c.contains(name.as_str()), "{c}");
+    }
+    assert!(c.contains("best"), "{c}");
+    // One stage's summary: ranges and offloaded blocks.
+    let st = loip_plan::StagePlan::with_offload(10, 5, 2, 3);
+    assert_eq!(render::stage_summary(&st), "10-14 (off: A13-14 P12-14)");
 }

@@ -83,6 +83,8 @@ pub struct DeviceSpec {
     pub max_step_tokens: usize,
     /// most sequences in one step (sizes the logits buffer)
     pub max_step_seqs: usize,
+    /// longest context of one sequence, tokens (sizes the attention scratch)
+    pub context: usize,
 }
 
 /// How the device's budget is spent, bytes.
@@ -117,12 +119,18 @@ pub struct Device {
     pub tf: Transformer,
     resident: Resident,
     loader: Option<Loader>,
-    groups: Vec<Option<usize>>, // stage → loader group
+    groups: Vec<Vec<(Vec<SliceKind>, usize)>>, // per stage: (offloaded blocks, loader group)
     /// the KV cache of every layer this device holds
     pub kv: KvCache,
     spec: DeviceSpec,
     mem: MemoryReport,
     times: StepTimes,
+}
+
+/// The first loader group of the first stage after `k` (wrapping) that has one.
+fn next_group(groups: &[Vec<(Vec<SliceKind>, usize)>], k: usize) -> Option<usize> {
+    let s = groups.len();
+    (1..=s).map(|d| (k + d) % s).find_map(|j| groups[j].first().map(|(_, g)| *g))
 }
 
 /// The stored type of the model's embedding, from the manifest.
@@ -172,13 +180,20 @@ impl Device {
                     resident_slices.push(get(SliceKind::Mlp(l.layer))?);
                 }
             }
+            // Overlapped: one group per stage (the slot holds the stage's offloaded blocks).
+            // On demand: one group per block (a one-block buffer, loaded when needed).
+            let mut stage_groups = Vec::new();
             let off = stage.offloaded();
-            if off.is_empty() {
-                groups.push(None);
-            } else {
-                groups.push(Some(group_slices.len()));
+            if spec.overlap && !off.is_empty() {
+                stage_groups.push((off.clone(), group_slices.len()));
                 group_slices.push(off.into_iter().map(get).collect::<Result<_, _>>()?);
+            } else {
+                for kind in off {
+                    stage_groups.push((vec![kind], group_slices.len()));
+                    group_slices.push(vec![get(kind)?]);
+                }
             }
+            groups.push(stage_groups);
         }
         if spec.embed {
             resident_slices.push(get(SliceKind::Embed)?);
@@ -189,8 +204,7 @@ impl Device {
         let slot_need: u64 =
             group_slices.iter().map(|g| g.iter().map(|s| s.size).sum::<u64>()).max().unwrap_or(0);
         let resident_need: u64 = resident_slices.iter().map(|s| s.size).sum();
-        let context = cfg.max_position_embeddings;
-        let working = working_bytes(manifest, spec.max_step_tokens, spec.max_step_seqs, context.min(8192));
+        let working = working_bytes(manifest, spec.max_step_tokens, spec.max_step_seqs, spec.context);
         let fixed = resident_need + slot_need + working;
         let kv_budget = match spec.mem_budget {
             Some(b) if fixed > b => {
@@ -249,10 +263,9 @@ impl Device {
         self.spec.stages.len()
     }
 
-    /// The group of the first stage after `k` (wrapping) that has offloaded blocks.
+    /// The first loader group of the first stage after `k` (wrapping) that has one.
     fn next_group(&self, k: usize) -> Option<usize> {
-        let s = self.groups.len();
-        (1..=s).map(|d| (k + d) % s).find_map(|j| self.groups[j])
+        next_group(&self.groups, k)
     }
 
     /// Embeds `ids` into `(ids.len(), hidden)`.
@@ -270,51 +283,57 @@ impl Device {
         Ok(self.kv.reserve(tokens)?)
     }
 
-    /// Runs stage `k` on `x: (batch.len(), hidden)` in place.
+    /// Runs stage `k` on `x: (batch.len(), hidden)` in place, then releases the slot and (when
+    /// overlapping) starts loading the next stage's offloaded blocks.
     pub fn run_stage(&mut self, k: usize, x: &mut [f32], batch: &[TokenPos]) -> Result<(), RuntimeError> {
+        self.run_stage_with(k, x, batch, true)
+    }
+
+    /// Runs stage `k` and keeps its offloaded blocks in the slot, for another micro-batch that
+    /// passes the same stage next (bursty traffic: loads are amortised over the sequences).
+    pub fn run_stage_keep(&mut self, k: usize, x: &mut [f32], batch: &[TokenPos]) -> Result<(), RuntimeError> {
+        self.run_stage_with(k, x, batch, false)
+    }
+
+    fn run_stage_with(&mut self, k: usize, x: &mut [f32], batch: &[TokenPos], release: bool) -> Result<(), RuntimeError> {
         let Device { tf, resident, loader, groups, kv, spec, times, .. } = self;
         let stage = spec.stages.get(k).ok_or_else(|| RuntimeError::Invalid(format!("no stage {k} on this device")))?;
-        let group = groups[k];
-        // Index (layer position * 2 + block) of the last offloaded block of the stage.
-        let last_off = stage
-            .layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| [(2 * i, l.attn), (2 * i + 1, l.mlp)])
-            .filter(|(_, p)| *p == BlockPlacement::Offloaded)
-            .map(|(i, _)| i)
-            .last();
-        let mut view = None;
         let cfg = &tf.cfg;
-        for (i, l) in stage.layers.iter().enumerate() {
-            for (b, placement) in [(0, l.attn), (1, l.mlp)] {
-                let idx = 2 * i + b;
-                if placement == BlockPlacement::Offloaded && view.is_none() {
-                    let (Some(ld), Some(g)) = (loader.as_mut(), group) else {
-                        return Err(RuntimeError::Invalid("offloaded block without a loader".into()));
+        // The loader group of each offloaded block, and the last block of each group.
+        let group_of = |kind: SliceKind| groups[k].iter().find(|(ks, _)| ks.contains(&kind)).map(|(_, g)| *g);
+        let last_of = |g: usize| groups[k].iter().find(|(_, gg)| *gg == g).and_then(|(ks, _)| ks.last().copied());
+        let mut view: Option<(usize, crate::loader::GroupView<'_>)> = None;
+        for l in &stage.layers {
+            for (kind, placement) in [(SliceKind::Attn(l.layer), l.attn), (SliceKind::Mlp(l.layer), l.mlp)] {
+                let offloaded = placement == BlockPlacement::Offloaded;
+                if offloaded && view.as_ref().map(|v| v.0) != group_of(kind) {
+                    let (Some(ld), Some(g)) = (loader.as_mut(), group_of(kind)) else {
+                        return Err(RuntimeError::Invalid(format!("offloaded block {} without a loader", kind.id())));
                     };
-                    view = Some(ld.wait(g)?);
+                    view = Some((g, ld.wait(g)?));
                 }
                 let t = Instant::now();
-                match (b, placement, &view) {
-                    (0, BlockPlacement::Offloaded, Some(v)) => {
+                match (kind, offloaded.then_some(()).and(view.as_ref())) {
+                    (SliceKind::Attn(_), Some((_, v))) => {
                         tf.attention(l.layer, &AttnWeights::bind(v, cfg, l.layer)?, x, batch, kv)?
                     }
-                    (0, _, _) => tf.attention(l.layer, &AttnWeights::bind(resident, cfg, l.layer)?, x, batch, kv)?,
-                    (_, BlockPlacement::Offloaded, Some(v)) => tf.mlp(&MlpWeights::bind(v, cfg, l.layer)?, x)?,
-                    _ => tf.mlp(&MlpWeights::bind(resident, cfg, l.layer)?, x)?,
+                    (SliceKind::Attn(_), None) => {
+                        tf.attention(l.layer, &AttnWeights::bind(resident, cfg, l.layer)?, x, batch, kv)?
+                    }
+                    (_, Some((_, v))) => tf.mlp(&MlpWeights::bind(v, cfg, l.layer)?, x)?,
+                    (_, None) => tf.mlp(&MlpWeights::bind(resident, cfg, l.layer)?, x)?,
                 }
                 times.compute_s += t.elapsed().as_secs_f64();
-                if Some(idx) == last_off {
+                let Some(g) = view.as_ref().map(|v| v.0) else { continue };
+                if offloaded && last_of(g) == Some(kind) {
                     view = None;
-                    if let Some(ld) = loader.as_ref() {
+                    if let Some(ld) = loader.as_mut() {
                         times.loaded_bytes += ld.last.bytes;
-                    }
-                    if spec.overlap {
-                        let s = groups.len();
-                        let next = (1..=s).map(|d| (k + d) % s).find_map(|j| groups[j]);
-                        if let (Some(ld), Some(g)) = (loader.as_mut(), next) {
-                            ld.start(g)?;
+                        let last_group_of_stage = groups[k].last().map(|(_, gg)| *gg) == Some(g);
+                        if spec.overlap && release && last_group_of_stage {
+                            if let Some(next) = next_group(groups, k) {
+                                ld.start(next)?;
+                            }
                         }
                     }
                 }

@@ -84,7 +84,7 @@ enum Loaded {
     /// direct: the slot holds the group
     Slot(usize, LoadStats),
     /// conventional: one owned buffer per tensor
-    Owned(usize, HashMap<String, (DType, Vec<usize>, Vec<u8>)>, LoadStats),
+    Owned(usize, Owned, LoadStats),
 }
 
 /// A background loader of slice groups.
@@ -96,6 +96,8 @@ pub struct Loader {
     tx: Sender<Cmd>,
     rx: Receiver<Result<Loaded, RuntimeError>>,
     pending: Option<usize>,                   // group being loaded
+    in_slot: Option<usize>,                   // group fully loaded and not overwritten since
+    owned: Owned,                             // conventional: the tensors of `in_slot`
     thread: Option<JoinHandle<()>>,
     /// total seconds `wait` blocked (load stall), for the breakdown
     pub stall_s: f64,
@@ -107,7 +109,7 @@ pub struct Loader {
 pub struct GroupView<'a> {
     slot: Option<&'a [u8]>,
     views: Option<&'a HashMap<String, View>>,
-    owned: HashMap<String, (DType, Vec<usize>, Vec<u8>)>,
+    owned: Option<&'a Owned>,
 }
 
 impl TensorSource for GroupView<'_> {
@@ -117,7 +119,7 @@ impl TensorSource for GroupView<'_> {
                 return Ok((v.dtype, v.shape.clone(), &slot[v.offset..v.offset + v.nbytes]));
             }
         }
-        if let Some((d, s, b)) = self.owned.get(name) {
+        if let Some((d, s, b)) = self.owned.and_then(|o| o.get(name)) {
             return Ok((*d, s.clone(), b));
         }
         Err(EngineError::Invalid(format!("tensor {name} is not in the loaded group")))
@@ -164,7 +166,20 @@ impl Loader {
             .name("loip-loader".into())
             .spawn(move || loader_thread(kind, layouts, slot_ptr, cmd_rx, res_tx))
             .map_err(|e| RuntimeError::Io { path: PathBuf::from("<loader thread>"), source: e })?;
-        Ok(Loader { kind, groups: files, views, slot, tx, rx, pending: None, thread: Some(thread), stall_s: 0.0, last: LoadStats::default() })
+        Ok(Loader {
+            kind,
+            groups: files,
+            views,
+            slot,
+            tx,
+            rx,
+            pending: None,
+            in_slot: None,
+            owned: HashMap::new(),
+            thread: Some(thread),
+            stall_s: 0.0,
+            last: LoadStats::default(),
+        })
     }
 
     /// Bytes of the slot (0 for the conventional loader, which allocates per load).
@@ -185,7 +200,7 @@ impl Loader {
     /// Starts loading `group` in the background. Any previous group's view must be gone
     /// (enforced by the borrow of `self`).
     pub fn start(&mut self, group: usize) -> Result<(), RuntimeError> {
-        if self.pending == Some(group) {
+        if self.pending == Some(group) || (self.pending.is_none() && self.in_slot == Some(group)) {
             return Ok(());
         }
         if self.pending.is_some() {
@@ -197,6 +212,8 @@ impl Loader {
         }
         self.tx.send(Cmd::Load(group)).map_err(|_| RuntimeError::LoaderGone)?;
         self.pending = Some(group);
+        self.in_slot = None;
+        self.owned.clear();
         Ok(())
     }
 
@@ -208,22 +225,31 @@ impl Loader {
         r
     }
 
-    /// Waits for `group` (starting it if it was not started) and returns its tensors.
+    /// Waits for `group` (starting it if it was not started) and returns its tensors. A group
+    /// still in the slot from the previous wait is returned without reading it again.
     pub fn wait(&mut self, group: usize) -> Result<GroupView<'_>, RuntimeError> {
-        if self.pending != Some(group) {
-            self.start(group)?;
-        }
-        match self.collect()? {
-            Loaded::Slot(g, stats) if g == group => {
-                self.last = stats;
-                Ok(GroupView { slot: self.slot.as_ref().map(|s| s.as_slice()), views: self.views.get(group), owned: HashMap::new() })
+        if !(self.pending.is_none() && self.in_slot == Some(group)) {
+            if self.pending != Some(group) {
+                self.start(group)?;
             }
-            Loaded::Owned(g, owned, stats) if g == group => {
-                self.last = stats;
-                Ok(GroupView { slot: None, views: None, owned })
+            match self.collect()? {
+                Loaded::Slot(g, stats) if g == group => self.last = stats,
+                Loaded::Owned(g, owned, stats) if g == group => {
+                    self.last = stats;
+                    self.owned = owned;
+                }
+                _ => return Err(RuntimeError::Invalid("loader answered for another group".into())),
             }
-            _ => Err(RuntimeError::Invalid("loader answered for another group".into())),
+            self.in_slot = Some(group);
         }
+        Ok(match self.kind {
+            LoaderKind::Direct => GroupView {
+                slot: self.slot.as_ref().map(|s| s.as_slice()),
+                views: self.views.get(group),
+                owned: None,
+            },
+            LoaderKind::Conventional => GroupView { slot: None, views: None, owned: Some(&self.owned) },
+        })
     }
 }
 

@@ -135,6 +135,7 @@ pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runti
         mem_budget: opts.mem_budget,
         max_step_tokens: opts.max_step_tokens,
         max_step_seqs: 1,
+        context: opts.context,
     })
 }
 

@@ -1,1 +1,33 @@
-//! placeholder
+//! Discrete-event simulator of LOIP and its baselines on modelled edge devices (design §8).
+//!
+//! Pure and deterministic: no I/O except [`plot`] and [`report`] writing files the caller
+//! names, and randomness only from seeded ChaCha generators (the dynamic bandwidth trace).
+//!
+//! Data flow: a [`loip_plan::Plan`] (or a tensor-parallel [`tp::TpPlacement`]) + a
+//! [`loip_plan::Cluster`] + a [`SimConfig`] → [`pipeline::simulate_pipeline`] /
+//! [`tp::simulate_tp`] → [`SimReport`]. [`methods`] turns a method name into a plan and a
+//! policy; [`experiments`] runs the paper-scale experiments of design §10 and [`report`] /
+//! [`plot`] write their tables and figures.
+//!
+//! Modules: [`engine`] (event queue, resources, task graph), [`compute`] (block times),
+//! [`bandwidth`] (constant and dynamic links), [`adapt`] (memory over time, online adaptation),
+//! [`pipeline`], [`tp`], [`methods`], [`experiments`], [`report`], [`plot`], [`shapes`].
+#![deny(missing_docs)]
+
+mod adapt;
+pub mod bandwidth;
+pub mod compute;
+pub mod engine;
+pub mod error;
+pub mod methods;
+pub mod pipeline;
+pub mod shapes;
+pub mod sim;
+pub mod tp;
+
+pub use bandwidth::{Bandwidth, BandwidthTrace};
+pub use error::SimError;
+pub use methods::{run_method, Method, MethodRun};
+pub use pipeline::simulate_pipeline;
+pub use shapes::{shape, shape_names};
+pub use sim::{AdaptConfig, AdaptEvent, KvPolicy, MemorySample, SimConfig, SimReport, Status};

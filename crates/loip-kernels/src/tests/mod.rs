@@ -1,1 +1,189 @@
-//! In-crate tests (SIMD levels compared bit for bit).
+//! In-crate tests: every SIMD level this CPU runs must give the same bits as the portable
+//! canonical path, for every kernel and odd shapes (tails, remainders, tiles).
+
+use crate::attention::attention_at;
+use crate::canon;
+use crate::dispatch;
+use crate::dtype::{DType, Matrix};
+use crate::elementwise::rmsnorm_at;
+use crate::matmul::matmul_at;
+use crate::simd::{supported, Level};
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const LEVELS: [Level; 3] = [Level::Scalar, Level::Avx2, Level::Avx512];
+
+const ALL: [DType; 8] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q4K,
+    DType::Q6K,
+];
+
+/// Random bytes with finite f16 scales (the exact helper of the integration tests, reduced).
+fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let rb = dtype.row_bytes(cols).expect("whole blocks");
+    let mut data = vec![0u8; rows * rb];
+    let put = |b: &mut [u8], at: usize, v: f32| b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+    match dtype {
+        DType::F32 => data
+            .chunks_exact_mut(4)
+            .for_each(|c| c.copy_from_slice(&rng.gen_range(-1.0f32..1.0).to_le_bytes())),
+        DType::F16 | DType::BF16 => {
+            for c in data.chunks_exact_mut(2) {
+                let v = rng.gen_range(-1.0f32..1.0);
+                let bits = if dtype == DType::F16 { f16::from_f32(v).to_bits() } else { half::bf16::from_f32(v).to_bits() };
+                c.copy_from_slice(&bits.to_le_bytes());
+            }
+        }
+        _ => {
+            rng.fill(&mut data[..]);
+            for b in data.chunks_exact_mut(dtype.block_bytes()) {
+                let d = rng.gen_range(-0.05f32..0.05);
+                let m = rng.gen_range(-0.05f32..0.05);
+                match dtype {
+                    DType::Q8_0 | DType::Q4_0 => put(b, 0, d),
+                    DType::Q4_1 | DType::Q4K => {
+                        put(b, 0, d);
+                        put(b, 2, m);
+                    }
+                    _ => put(b, 208, d),
+                }
+            }
+        }
+    }
+    data
+}
+
+fn random_f32(n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-2.0f32..2.0)).collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Column counts exercising every remainder path of `dtype`.
+fn col_cases(dtype: DType) -> Vec<usize> {
+    match dtype.block_elems() {
+        1 => vec![1, 7, 16, 17, 48, 63, 64, 65, 100, 576, 1000],
+        32 => vec![32, 64, 96, 160, 256, 288, 576, 1536],
+        _ => vec![256, 512, 768, 1536],
+    }
+}
+
+#[test]
+fn matmul_levels_bit_identical() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for dtype in ALL {
+        for cols in col_cases(dtype) {
+            for (rows, n) in [(1, 1), (5, 1), (9, 2), (13, 5), (4, 4), (67, 3)] {
+                let data = random_matrix(dtype, rows, cols, &mut rng);
+                let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
+                let x = random_f32(n * cols, &mut rng);
+                let mut want = vec![0f32; n * rows];
+                matmul_at(Level::Scalar, &w, &x, &mut want).expect("matmul");
+                for level in LEVELS.into_iter().filter(|&l| supported(l)) {
+                    let mut y = vec![f32::NAN; n * rows];
+                    matmul_at(level, &w, &x, &mut y).expect("matmul");
+                    assert_eq!(bits(&y), bits(&want), "{dtype} {rows}x{cols} n={n} {level:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scalar_path_is_canonical_dot_of_dequantized_row() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    for dtype in ALL {
+        let cols = col_cases(dtype)[1];
+        let data = random_matrix(dtype, 3, cols, &mut rng);
+        let w = Matrix::new(dtype, 3, cols, &data).expect("shape");
+        let x = random_f32(cols, &mut rng);
+        let mut y = vec![0f32; 3];
+        matmul_at(Level::Scalar, &w, &x, &mut y).expect("matmul");
+        let mut row = vec![0f32; cols];
+        for r in 0..3 {
+            crate::dequant_row(&w, r, &mut row).expect("row");
+            assert_eq!(y[r].to_bits(), canon::dot_f32(&row, &x).to_bits(), "{dtype}");
+        }
+    }
+}
+
+#[test]
+fn dot_exp_silu_axpy_levels_bit_identical() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for len in [0, 1, 5, 8, 15, 16, 17, 31, 64, 65, 130, 1000] {
+        let a = random_f32(len, &mut rng);
+        let b = random_f32(len, &mut rng);
+        // exp inputs across the whole range, with the special values
+        let mut e: Vec<f32> = (0..len).map(|_| rng.gen_range(-120.0f32..100.0)).collect();
+        for (i, s) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, -86.6, 88.72].iter().enumerate() {
+            if i < e.len() {
+                e[i] = *s;
+            }
+        }
+        let want_dot = canon::dot_f32(&a, &b);
+        let want_exp: Vec<f32> = e.iter().map(|&v| canon::exp(v)).collect();
+        let mut want_silu = a.clone();
+        crate::elementwise::silu_mul_scalar(&mut want_silu, &b);
+        for level in LEVELS.into_iter().filter(|&l| supported(l)) {
+            assert_eq!(dispatch::dot_f32(level, &a, &b).to_bits(), want_dot.to_bits(), "dot {len} {level:?}");
+            let mut got = e.clone();
+            dispatch::exp_inplace(level, &mut got);
+            for (g, w) in got.iter().zip(&want_exp) {
+                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "exp {level:?}: {g} vs {w}");
+            }
+            let mut s = a.clone();
+            dispatch::silu_mul(level, &mut s, &b);
+            assert_eq!(bits(&s), bits(&want_silu), "silu {len} {level:?}");
+            let mut y = b.clone();
+            dispatch::axpy(level, 0.37, &a, &mut y);
+            let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| 0.37f32.mul_add(*x, *y)).collect();
+            assert_eq!(bits(&y), bits(&want), "axpy {len} {level:?}");
+        }
+    }
+}
+
+#[test]
+fn attention_and_rmsnorm_levels_bit_identical() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    for (n_ctx, n_heads, n_kv, hd) in [(1, 1, 1, 16), (7, 4, 2, 64), (33, 9, 3, 64), (100, 8, 8, 24), (300, 6, 1, 128)] {
+        let q = random_f32(n_heads * hd, &mut rng);
+        let k = random_f32(n_ctx * n_kv * hd, &mut rng);
+        let v = random_f32(n_ctx * n_kv * hd, &mut rng);
+        let mut want = vec![0f32; n_heads * hd];
+        attention_at(Level::Scalar, &q, &k, &v, n_ctx, n_heads, n_kv, hd, &mut want);
+        for level in LEVELS.into_iter().filter(|&l| supported(l)) {
+            let mut out = vec![0f32; n_heads * hd];
+            attention_at(level, &q, &k, &v, n_ctx, n_heads, n_kv, hd, &mut out);
+            assert_eq!(bits(&out), bits(&want), "attention {n_ctx} {n_heads} {level:?}");
+        }
+    }
+    for len in [1, 17, 576, 2048] {
+        let x = random_f32(len, &mut rng);
+        let w = random_f32(len, &mut rng);
+        let mut want = vec![0f32; len];
+        rmsnorm_at(Level::Scalar, &x, &w, 1e-5, &mut want);
+        for level in LEVELS.into_iter().filter(|&l| supported(l)) {
+            let mut out = vec![0f32; len];
+            rmsnorm_at(level, &x, &w, 1e-5, &mut out);
+            assert_eq!(bits(&out), bits(&want), "rmsnorm {len} {level:?}");
+        }
+    }
+}
+
+#[test]
+fn unsupported_level_falls_back() {
+    // asking for any level is safe: unsupported ones run the scalar path
+    let a = [1.0f32; 40];
+    for level in LEVELS {
+        assert_eq!(dispatch::dot_f32(level, &a, &a), 40.0);
+    }
+}

@@ -19,6 +19,9 @@ pub struct PpOffload;
 /// EdgeShard: latency DP over devices under memory, no offloading.
 pub struct EdgeShard;
 
+/// One device's share: (cluster index, layers per stage, offloaded attention, offloaded MLP).
+type Alloc = (usize, u32, u32, u32);
+
 fn role(j: usize, k: usize) -> (bool, bool) {
     (j == 0, j + 1 == k)
 }
@@ -34,7 +37,7 @@ impl Planner for LoipUniform {
         let ctx = Ctx::new(shape, cluster, req)?;
         let k = cluster.devices.len();
         let idx: Vec<usize> = (0..k).collect();
-        let mut best: Option<(f64, u32, Vec<(usize, u32, u32, u32)>)> = None;
+        let mut best: Option<(f64, u32, Vec<Alloc>)> = None;
         for s in divisors(shape.layers) {
             let per_stage = shape.layers / s;
             if (per_stage as usize) < k {

@@ -115,7 +115,7 @@ pub(crate) fn g_tables(ctx: &Ctx, s: u32, per_stage: u32) -> Vec<[Vec<GEntry>; 4
 /// Least `Σ n_j t_j` with `1 ≤ n_j ≤ caps[j]`, `Σ n_j = total`; `order` lists `j` by `t_j`.
 fn greedy(order: &[usize], caps: &[u32], t: &[f64], total: u32, n: &mut [u32]) -> Option<f64> {
     let k = caps.len() as u32;
-    if total < k || caps.iter().any(|&c| c == 0) {
+    if total < k || caps.contains(&0) {
         return None;
     }
     let mut left = total - k;

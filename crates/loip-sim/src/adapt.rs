@@ -1,0 +1,366 @@
+//! Memory of pipeline devices over a run, and LOIP's online adaptation (design §6).
+//!
+//! Memory of device `i` while step `t` runs (`n_t = b·(prompt + t + 1)` KV tokens held over
+//! all sequences):
+//!
+//! ```text
+//! M_i = base_i                          retained blocks + slot + embedding/head + buffers
+//!     + (n_t − b·e) · L_i · κ            KV cache; e tokens per sequence evicted (recomputed)
+//!     − lent_i · (L_i − 2·n_i^max) · κ   KV lent to a peer: all stages but two buffers
+//!     + Σ_lenders lent_j · L_j · κ       KV borrowed from peers
+//! ```
+//!
+//! (`L_i` layers, `n_i^max` layers of its largest stage.) Lent KV of a stage is sent after the
+//! stage runs and fetched back while the stage before it runs, so a lender keeps two stages'
+//! worth in memory at any time; the design's formula counts all `s` stages as freed, which a
+//! real device cannot reach. Lending therefore needs `s ≥ 3`.
+//!
+//! Decisions for step `t` are made when step `t − 2` ends (the runtime prefetches one step
+//! ahead), from measured step time and bandwidth:
+//! 1. shrink lending at once when the measured bandwidth no longer carries it (changes under
+//!    `n_ts` tokens are ignored);
+//! 2. for every device over budget (least slack first): if the cheapest threshold switch —
+//!    offload `α`/`β` more attention/MLP blocks per stage, or bring one back, chosen for the
+//!    smallest `g = ld + w·span` whose memory lasts `horizon` more tokens — adds no predicted
+//!    stall, switch; otherwise lend enough KV (at least `n_ts` more tokens) to the peer with
+//!    the most spare memory if the idle link time carries it (Eq. 8); otherwise switch;
+//! 3. evict and recompute what still does not fit (the baselines only do this).
+
+use crate::compute::DeviceModel;
+use crate::sim::{AdaptConfig, AdaptEvent, KvPolicy, MemorySample};
+use loip_plan::cost;
+use loip_plan::{ExecMode, LoaderProfile, ModelShape, Pattern, StagePlan};
+
+/// Memory and offload state of one pipeline device.
+#[derive(Debug, Clone)]
+pub(crate) struct DevState {
+    /// Budget.  // bytes
+    pub budget: u64,
+    /// Current stage layouts.
+    pub stages: Vec<StagePlan>,
+    /// Holds the embedding / the head.
+    pub embed: bool,
+    pub head: bool,
+    /// Layers on the device.
+    pub layers: u64,
+    /// Largest stage.  // layers
+    pub n_max: u32,
+    /// Lending: (peer index, tokens lent).
+    pub lend: Option<(usize, u64)>,
+    /// Peak memory seen.  // bytes
+    pub peak: u64,
+}
+
+/// What the simulator measured over the last completed step.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Measure {
+    /// Duration of the step.  // seconds
+    pub step_s: f64,
+    /// Bandwidth measured on the links during it.  // bytes/s
+    pub bandwidth: f64,
+}
+
+/// The adaptation state of a pipeline run.
+pub(crate) struct Adapter<'a> {
+    pub shape: &'a ModelShape,
+    pub mode: ExecMode,
+    pub pattern: Pattern,
+    pub b: u32,
+    pub policy: KvPolicy,
+    pub cfg: AdaptConfig,
+    pub prompt: u32,
+    pub steps: u32,
+    pub latency: f64,
+    pub devs: Vec<DevState>,
+    pub models: Vec<DeviceModel<'a>>,
+    pub loaders: Vec<LoaderProfile>,
+    /// Tokens per sequence evicted and recomputed in every pass.
+    pub evict: u32,
+    pub events: Vec<AdaptEvent>,
+}
+
+fn counts_max(stages: &[StagePlan]) -> (u32, u32) {
+    stages.iter().map(|s| s.counts()).fold((0, 0), |acc, (_, a, m)| (acc.0.max(a), acc.1.max(m)))
+}
+
+impl<'a> Adapter<'a> {
+    /// KV tokens held over all sequences while step `step` runs.  // tokens
+    pub fn tokens(&self, step: u32) -> u64 {
+        self.b as u64 * (self.prompt as u64 + step as u64 + 1)
+    }
+
+    fn kv_pt(&self, i: usize) -> u64 {
+        self.devs[i].layers * self.shape.kv_bytes_per_token
+    }
+
+    /// Bytes freed per lent token on device `i` (0 when it cannot lend).  // bytes
+    fn lend_saving_pt(&self, i: usize) -> u64 {
+        let d = &self.devs[i];
+        d.layers.saturating_sub(2 * d.n_max as u64) * self.shape.kv_bytes_per_token
+    }
+
+    /// Weights, slot and buffers of `stages` on device `i`.  // bytes
+    pub fn base(&self, i: usize, stages: &[StagePlan]) -> u64 {
+        let d = &self.devs[i];
+        cost::device_memory(self.shape, self.mode, stages, d.embed, d.head, 0, self.b)
+    }
+
+    fn borrowed(&self, p: usize) -> u64 {
+        (0..self.devs.len())
+            .filter_map(|j| match self.devs[j].lend {
+                Some((q, tok)) if q == p => Some(tok * self.kv_pt(j)),
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// Memory of device `i` at `tokens` KV tokens with layout `base` bytes.  // bytes
+    fn mem_with(&self, i: usize, base: u64, tokens: u64) -> u64 {
+        let kv = tokens.saturating_sub(self.b as u64 * self.evict as u64) * self.kv_pt(i);
+        let lent = self.devs[i].lend.map(|l| l.1).unwrap_or(0) * self.lend_saving_pt(i);
+        (base + kv + self.borrowed(i)).saturating_sub(lent)
+    }
+
+    /// Memory of device `i` at `tokens` with its current layout.  // bytes
+    pub fn mem(&self, i: usize, tokens: u64) -> u64 {
+        self.mem_with(i, self.base(i, &self.devs[i].stages), tokens)
+    }
+
+    /// `TS¹` of device `i`: KV tokens it can hold with its initial layout.  // tokens
+    pub fn first_threshold(&self, i: usize) -> Option<u64> {
+        let kv = self.kv_pt(i);
+        let base = self.base(i, &self.devs[i].stages);
+        (kv > 0).then(|| self.devs[i].budget.saturating_sub(base) / kv)
+    }
+
+    /// Per-device (attention, MLP) block times at `step`.  // seconds
+    fn block_times(&self, step: u32) -> Vec<(f64, f64)> {
+        let n = self.prompt as u64 + step as u64 + 1;
+        let tok = 1 + self.evict;
+        self.models.iter().map(|m| (m.attn(1, tok, n, 1.0), m.mlp(tok, 1.0))).collect()
+    }
+
+    /// Uncovered load per round of device `i` with `a`/`m` offloaded per stage (overlapped,
+    /// the cost model's closed form with measured bandwidth).  // seconds
+    fn predicted_stall(&self, i: usize, a: u32, m: u32, times: &[(f64, f64)], bw: f64) -> f64 {
+        let nd = self.devs.len();
+        let hop = if nd > 1 { (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64 / bw + self.latency } else { 0.0 };
+        let per_dev: Vec<f64> =
+            (0..nd).map(|j| self.devs[j].n_max as f64 * (times[j].0 + times[j].1)).collect();
+        let sum_c: f64 = per_dev.iter().sum();
+        let c = nd as f64 * hop;
+        let (ta, tm) = times[i];
+        let (a, m) = (a.min(self.devs[i].n_max), m.min(self.devs[i].n_max));
+        let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
+        let ld = self.loaders[i].load_time(bytes, a + m);
+        let off = cost::span(a, m, ta, tm);
+        match self.pattern {
+            Pattern::Sporadic => (ld + off - sum_c - c).max(0.0),
+            Pattern::Bursty => {
+                let bf = self.b as f64;
+                let busiest = per_dev.iter().map(|&x| bf * (x + hop)).fold(0.0, f64::max);
+                let p = (sum_c + c).max(busiest);
+                (ld + bf * off - p).max(0.0)
+            }
+        }
+    }
+
+    /// Stages of device `i` with `a`/`m` offloaded blocks per stage (capped per stage).
+    fn layout(&self, i: usize, a: u32, m: u32) -> Vec<StagePlan> {
+        self.devs[i]
+            .stages
+            .iter()
+            .map(|s| {
+                let n = s.layers.len() as u32;
+                let first = s.layers.first().map(|l| l.layer).unwrap_or(0);
+                StagePlan::with_offload(first, n, a.min(n), m.min(n))
+            })
+            .collect()
+    }
+
+    /// The cheapest layout of device `i` whose memory holds `tokens`: smallest `g`, then the
+    /// fewest changed blocks. `None` if even offloading everything does not fit.
+    fn best_switch(&self, i: usize, tokens: u64, times: &[(f64, f64)]) -> Option<(u32, u32)> {
+        let n = self.devs[i].n_max;
+        let (ca, cm) = counts_max(&self.devs[i].stages);
+        let (ta, tm) = times[i];
+        let w = if self.pattern == Pattern::Bursty { self.b as f64 } else { 1.0 };
+        let mut best: Option<(f64, u32, u32, u32)> = None;
+        for a in 0..=n {
+            for m in 0..=n {
+                let base = self.base(i, &self.layout(i, a, m));
+                if self.mem_with(i, base, tokens) > self.devs[i].budget {
+                    continue;
+                }
+                let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
+                let g = self.loaders[i].load_time(bytes, a + m) + w * cost::span(a, m, ta, tm);
+                let moved = a.abs_diff(ca) + m.abs_diff(cm);
+                if best.is_none_or(|b| (g, moved) < (b.0, b.1)) {
+                    best = Some((g, moved, a, m));
+                }
+            }
+        }
+        best.map(|b| (b.2, b.3))
+    }
+
+    fn switch(&mut self, i: usize, step: u32, to: (u32, u32)) {
+        let from = counts_max(&self.devs[i].stages);
+        if from == to {
+            return;
+        }
+        self.devs[i].stages = self.layout(i, to.0, to.1);
+        let tokens = self.tokens(step);
+        self.events.push(AdaptEvent::Switch { step, device: i, tokens, from, to });
+    }
+
+    /// Activation bytes device `i` sends per step.  // bytes
+    fn traffic(&self, i: usize) -> f64 {
+        let s = self.devs[i].stages.len() as f64;
+        s * self.b as f64 * (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64
+    }
+
+    /// Spare memory of `p` for borrowed KV until the end of the run.  // bytes
+    fn spare(&self, p: usize) -> u64 {
+        let last = self.tokens(self.steps.saturating_sub(1));
+        self.devs[p].budget.saturating_sub(self.mem(p, last))
+    }
+
+    /// Most tokens device `i` can lend to `p` (Eq. 8 on egress ports, and `p`'s memory).  // tokens
+    fn lend_cap(&self, i: usize, p: usize, m: &Measure) -> u64 {
+        let per_tok = self.kv_pt(i) as f64;
+        if per_tok <= 0.0 {
+            return 0;
+        }
+        let window = m.bandwidth * m.step_s;
+        let fetches_on_p: f64 = (0..self.devs.len())
+            .filter(|&j| j != i)
+            .filter_map(|j| match self.devs[j].lend {
+                Some((q, tok)) if q == p => Some(tok as f64 * self.kv_pt(j) as f64),
+                _ => None,
+            })
+            .sum();
+        let free = (window - self.traffic(i)).min(window - self.traffic(p) - fetches_on_p).max(0.0);
+        let link = (self.cfg.lend_link_fraction * free / per_tok).floor() as u64;
+        let own = self.devs[i].lend.filter(|l| l.0 == p).map(|l| l.1 * self.kv_pt(i)).unwrap_or(0);
+        let memory = (self.spare(p) + own) / self.kv_pt(i);
+        link.min(memory)
+    }
+
+    fn set_lend(&mut self, i: usize, step: u32, lend: Option<(usize, u64)>) {
+        let lend = lend.filter(|l| l.1 > 0);
+        if self.devs[i].lend != lend {
+            let (peer, tokens) = lend.or(self.devs[i].lend.map(|l| (l.0, 0))).unwrap_or((i, 0));
+            self.devs[i].lend = lend;
+            self.events.push(AdaptEvent::Lend { step, device: i, peer, tokens });
+        }
+    }
+
+    /// Makes the decisions for step `step` (see the module docs).
+    pub fn decide(&mut self, step: u32, measure: Option<Measure>) {
+        let nd = self.devs.len();
+        let tok = self.tokens(step);
+        let adaptive = matches!(self.policy, KvPolicy::Adaptive { .. });
+        let lending = matches!(self.policy, KvPolicy::Adaptive { lending: true }) && self.mode == ExecMode::Overlapped;
+        let times = self.block_times(step);
+        let n_ts = self.cfg.min_change_tokens as u64;
+        // 1. Shrink lending the link no longer carries.
+        if let Some(m) = &measure {
+            for i in 0..nd {
+                if let Some((p, cur)) = self.devs[i].lend {
+                    let cap = self.lend_cap(i, p, m);
+                    if cap + n_ts <= cur || (cap < cur && cap == 0) {
+                        self.set_lend(i, step, Some((p, cap)));
+                    }
+                }
+            }
+        }
+        // 2. Devices over budget, least slack first.
+        if adaptive {
+            let mut order: Vec<usize> = (0..nd).collect();
+            order.sort_by_key(|&i| (self.devs[i].budget as i128 - self.mem(i, tok) as i128, i));
+            let horizon = self.tokens((step + self.cfg.horizon_tokens).min(self.steps.saturating_sub(1)).max(step));
+            let bw = measure.map(|m| m.bandwidth).unwrap_or(f64::INFINITY);
+            for i in order {
+                let over = self.mem(i, tok).saturating_sub(self.devs[i].budget);
+                if over == 0 {
+                    continue;
+                }
+                let sw = self.best_switch(i, horizon, &times).or_else(|| self.best_switch(i, tok, &times));
+                let (ca, cm) = counts_max(&self.devs[i].stages);
+                let stall_now = self.predicted_stall(i, ca, cm, &times, bw);
+                let free = sw.is_some_and(|(a, m)| self.predicted_stall(i, a, m, &times, bw) <= stall_now + 1e-12);
+                let saving = self.lend_saving_pt(i);
+                if lending && !free && saving > 0 {
+                    if let Some(m) = &measure {
+                        let cur = self.devs[i].lend;
+                        let peer = cur.map(|l| l.0).or_else(|| {
+                            (0..nd)
+                                .filter(|&p| p != i && self.devs[p].lend.is_none())
+                                .max_by_key(|&p| (self.spare(p), std::cmp::Reverse(p)))
+                        });
+                        if let Some(p) = peer {
+                            let have = cur.map(|l| l.1).unwrap_or(0);
+                            let need = have + over.div_ceil(saving);
+                            let cap = self.lend_cap(i, p, m);
+                            if cap >= need {
+                                self.set_lend(i, step, Some((p, (need.max(have + n_ts)).min(cap))));
+                                continue;
+                            }
+                        }
+                    }
+                }
+                match sw {
+                    Some(to) => self.switch(i, step, to),
+                    None => {
+                        let n = self.devs[i].n_max;
+                        self.switch(i, step, (n, n));
+                    }
+                }
+            }
+        }
+        // 3. Evict and recompute what still does not fit.
+        let mut evict = self.evict;
+        for i in 0..nd {
+            let kv = self.kv_pt(i);
+            if kv == 0 {
+                continue;
+            }
+            let over = self.mem(i, tok).saturating_sub(self.devs[i].budget);
+            if over > 0 {
+                let more = over.div_ceil(kv).div_ceil(self.b as u64) as u32;
+                evict = evict.max(self.evict + more);
+            }
+        }
+        if evict != self.evict {
+            self.evict = evict;
+            self.events.push(AdaptEvent::Evict { step, tokens: evict });
+        }
+        for i in 0..nd {
+            let m = self.mem(i, tok);
+            self.devs[i].peak = self.devs[i].peak.max(m);
+        }
+    }
+
+    /// Memory sample of device `i` while step `step` runs, stamped `time_s`.
+    pub fn sample(&self, i: usize, step: u32, time_s: f64) -> MemorySample {
+        let tokens = self.tokens(step);
+        let weights = self.base(i, &self.devs[i].stages);
+        let kv_pt = self.kv_pt(i);
+        let evicted = (self.b as u64 * self.evict as u64).min(tokens) * kv_pt;
+        let lent_tok = self.devs[i].lend.map(|l| l.1).unwrap_or(0);
+        let kv_lent = lent_tok * self.lend_saving_pt(i);
+        let kv_local = (tokens * kv_pt).saturating_sub(evicted).saturating_sub(kv_lent);
+        let kv_borrowed = self.borrowed(i);
+        MemorySample {
+            time_s,
+            step,
+            tokens,
+            total: weights + kv_local + kv_borrowed,
+            weights,
+            kv_local,
+            kv_lent,
+            kv_borrowed,
+            kv_evicted: evicted,
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The methods compared (design §9): each is a plan (from the planner crate, or a
+//! tensor-parallel placement built in [`crate::tp`]) plus an execution mode and a KV policy.
+//!
+//! | method | placement | execution | KV overflow |
+//! |---|---|---|---|
+//! | `loip` | planner `loip` | overlapped slot loads | thresholds + lending (§6) |
+//! | `loip-no-kvtransfer` | planner `loip` | overlapped | thresholds only |
+//! | `loip-uniform` | planner `loip-uniform` | overlapped | thresholds + lending |
+//! | `loip-conventional-load` | planner `loip-conventional-load` | overlapped, conventional loader | thresholds + lending |
+//! | `pp` | planner `pp` | no offloading | evict + recompute |
+//! | `pp-offload` | planner `pp-offload` (conventional loader) | sequential loads | evict + recompute |
+//! | `edgeshard` | planner `edgeshard` | no offloading | evict + recompute |
+//! | `galaxy` | [`TpKind::Galaxy`] | TP, ring syncs | evict + recompute |
+//! | `tpi-llm` | [`TpKind::TpiLlm`] | TP, star syncs, window from disk | evict + recompute |
+//! | `tpi-llm-offload` | [`TpKind::TpiLlmOffload`] | as `tpi-llm` | stream more layers |
+//!
+//! **Planned context.** The LOIP family is placed for the KV it holds when decoding starts
+//! (`b · prompt` tokens) and adapts online as it grows (design §6: thresholds count from the
+//! placement). The baselines are placed for the whole run (`b · (prompt + output)`) when
+//! that fits — their best case, no recomputation — and otherwise for the prompt, handling the
+//! overflow as in the table. A method is OOM when it cannot place its weights even then.
+//! Baselines that read from disk (`pp-offload`, TPI-LLM) use the conventional loader: the
+//! O_DIRECT slot path is LOIP's own (design §5).
+
+use crate::error::SimError;
+use crate::pipeline::simulate_pipeline;
+use crate::sim::{KvPolicy, SimConfig, SimReport};
+use crate::tp::{place_tp, simulate_tp, TpKind};
+use loip_plan::{Cluster, LoaderKind, ModelShape, Plan, PlanError, PlanRequest};
+use serde::{Deserialize, Serialize};
+
+/// A method of the comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// LOIP.
+    Loip,
+    /// LOIP without KV lending.
+    LoipNoKvtransfer,
+    /// LOIP with uniform consecutive layers instead of the scheduler.
+    LoipUniform,
+    /// LOIP with the conventional loading path.
+    LoipConventionalLoad,
+    /// Pipeline parallelism.
+    Pp,
+    /// Conventional pipeline + offloading.
+    PpOffload,
+    /// EdgeShard.
+    Edgeshard,
+    /// Galaxy.
+    Galaxy,
+    /// TPI-LLM.
+    TpiLlm,
+    /// TPI-LLM streaming more layers instead of recomputing.
+    TpiLlmOffload,
+}
+
+impl Method {
+    /// Every method.
+    pub const ALL: [Method; 10] = [
+        Method::Loip,
+        Method::Pp,
+        Method::PpOffload,
+        Method::Edgeshard,
+        Method::Galaxy,
+        Method::TpiLlm,
+        Method::TpiLlmOffload,
+        Method::LoipNoKvtransfer,
+        Method::LoipUniform,
+        Method::LoipConventionalLoad,
+    ];
+    /// The seven methods of the main comparison.
+    pub const MAIN: [Method; 7] =
+        [Method::Loip, Method::Pp, Method::PpOffload, Method::Edgeshard, Method::Galaxy, Method::TpiLlm, Method::TpiLlmOffload];
+    /// LOIP and its three ablations.
+    pub const ABLATION: [Method; 4] =
+        [Method::Loip, Method::LoipNoKvtransfer, Method::LoipUniform, Method::LoipConventionalLoad];
+
+    /// Name as used on the command line and in outputs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Loip => "loip",
+            Method::LoipNoKvtransfer => "loip-no-kvtransfer",
+            Method::LoipUniform => "loip-uniform",
+            Method::LoipConventionalLoad => "loip-conventional-load",
+            Method::Pp => "pp",
+            Method::PpOffload => "pp-offload",
+            Method::Edgeshard => "edgeshard",
+            Method::Galaxy => "galaxy",
+            Method::TpiLlm => "tpi-llm",
+            Method::TpiLlmOffload => "tpi-llm-offload",
+        }
+    }
+
+    /// The method called `name`.
+    pub fn from_name(name: &str) -> Result<Method, SimError> {
+        Method::ALL.into_iter().find(|m| m.name() == name).ok_or_else(|| SimError::UnknownMethod {
+            name: name.to_string(),
+            known: Method::ALL.map(|m| m.name()).join(", "),
+        })
+    }
+
+    /// Whether it belongs to the LOIP family (adaptive, planned for the prompt).
+    pub fn is_loip(self) -> bool {
+        matches!(self, Method::Loip | Method::LoipNoKvtransfer | Method::LoipUniform | Method::LoipConventionalLoad)
+    }
+
+    /// Its planner in the planner crate, `None` for the tensor-parallel ones.
+    pub fn planner(self) -> Option<&'static str> {
+        Some(match self {
+            Method::Loip | Method::LoipNoKvtransfer => "loip",
+            Method::LoipUniform => "loip-uniform",
+            Method::LoipConventionalLoad => "loip-conventional-load",
+            Method::Pp => "pp",
+            Method::PpOffload => "pp-offload",
+            Method::Edgeshard => "edgeshard",
+            Method::Galaxy | Method::TpiLlm | Method::TpiLlmOffload => return None,
+        })
+    }
+
+    /// Its tensor-parallel kind, if it is one.
+    pub fn tp_kind(self) -> Option<TpKind> {
+        match self {
+            Method::Galaxy => Some(TpKind::Galaxy),
+            Method::TpiLlm => Some(TpKind::TpiLlm),
+            Method::TpiLlmOffload => Some(TpKind::TpiLlmOffload),
+            _ => None,
+        }
+    }
+
+    /// How it handles KV overflow.
+    pub fn kv_policy(self) -> KvPolicy {
+        match self {
+            Method::Loip | Method::LoipUniform | Method::LoipConventionalLoad => KvPolicy::Adaptive { lending: true },
+            Method::LoipNoKvtransfer => KvPolicy::Adaptive { lending: false },
+            _ => KvPolicy::Recompute,
+        }
+    }
+
+    /// Loader its planner is asked to price with.
+    pub fn loader(self) -> LoaderKind {
+        match self {
+            Method::PpOffload | Method::LoipConventionalLoad => LoaderKind::Conventional,
+            _ => LoaderKind::Direct,
+        }
+    }
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Outcome of one method on one setup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MethodRun {
+    /// The simulation.
+    pub report: SimReport,
+    /// The planner's plan (pipeline methods that could be placed).
+    pub plan: Option<Plan>,
+    /// Cost-model prediction of the plan at its planned context.  // milliseconds
+    pub predicted_ms_per_token: Option<f64>,
+    /// KV tokens (all sequences) the placement was sized for.  // tokens
+    pub planned_tokens: Option<u64>,
+}
+
+fn oom(note: String) -> MethodRun {
+    MethodRun { report: SimReport::oom(note), plan: None, predicted_ms_per_token: None, planned_tokens: None }
+}
+
+/// Plans and simulates `method`. The cluster's link is taken from `cfg` (bandwidth of the
+/// first step, `cfg.latency`): planners see what the runtime would measure at start-up.
+pub fn run_method(method: Method, shape: &ModelShape, cluster: &Cluster, cfg: &SimConfig) -> Result<MethodRun, SimError> {
+    let mut cluster = cluster.clone();
+    cluster.link.bandwidth = cfg.bandwidth.at(0);
+    cluster.link.latency = cfg.latency;
+    let b = cfg.sequences.max(1);
+    let prompt = b as u64 * cfg.prompt_tokens as u64;
+    let full = b as u64 * (cfg.prompt_tokens as u64 + cfg.output_tokens as u64);
+    let mut cfg = cfg.clone();
+    cfg.kv_policy = method.kv_policy();
+    if let Some(kind) = method.tp_kind() {
+        return match place_tp(kind, shape, &cluster, b, prompt, full, cfg.tpi_window_layers) {
+            Ok(place) => {
+                let report = simulate_tp(&place, shape, &cluster, &cfg)?;
+                Ok(MethodRun { report, plan: None, predicted_ms_per_token: None, planned_tokens: Some(place.planned_tokens) })
+            }
+            Err(note) => Ok(oom(note)),
+        };
+    }
+    let Some(planner) = method.planner() else {
+        return Err(SimError::Invalid { field: "method", reason: format!("{method} has no planner") });
+    };
+    let contexts: &[u64] = if method.is_loip() { &[prompt] } else { &[full, prompt] };
+    let mut last_err = None;
+    for &context in contexts {
+        let req = PlanRequest {
+            context,
+            pattern: cfg.pattern,
+            micro_batches: Some(b),
+            loader: method.loader(),
+            allow_drop: true,
+        };
+        match loip_plan::plan(planner, shape, &cluster, &req) {
+            Ok(plan) => {
+                let report = simulate_pipeline(&plan, shape, &cluster, &cfg)?;
+                return Ok(MethodRun {
+                    report,
+                    predicted_ms_per_token: Some(plan.predicted_ms_per_token),
+                    planned_tokens: Some(context),
+                    plan: Some(plan),
+                });
+            }
+            Err(e @ PlanError::DoesNotFit { .. }) => last_err = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(oom(last_err.map(|e| e.to_string()).unwrap_or_default()))
+}

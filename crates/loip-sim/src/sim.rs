@@ -1,0 +1,272 @@
+//! What a simulation takes and what it reports.
+//!
+//! A run decodes `output_tokens` tokens for each of `sequences` requests whose prompts
+//! (`prompt_tokens` each) are already in the KV cache: the prompt phase is not simulated, and
+//! ms/token is decode time per generated token, `(end of the last step) / (steps · sequences)`.
+//! Sporadic traffic is one sequence; bursty traffic is `|D|` sequences in flight, each a
+//! micro-batch of one (pipeline methods) or together one batch (tensor-parallel methods).
+
+use crate::bandwidth::BandwidthTrace;
+use loip_plan::Pattern;
+use serde::{Deserialize, Serialize};
+
+/// What a method does when the KV cache outgrows its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvPolicy {
+    /// LOIP's online adaptation (design §6): thresholds with block offloading, KV lending
+    /// when `lending`, eviction + recomputation only when nothing else frees enough.
+    Adaptive {
+        /// Whether KV lending to a peer is allowed.
+        lending: bool,
+    },
+    /// Evict the oldest KV and recompute it in every forward pass (the baselines).
+    Recompute,
+}
+
+/// Knobs of the online adaptation (design §6).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdaptConfig {
+    /// Lending changes smaller than this are ignored (`n_ts`).  // tokens
+    pub min_change_tokens: u32,
+    /// A threshold switch frees memory for at least this many more tokens per sequence.  // tokens
+    pub horizon_tokens: u32,
+    /// Fraction of the idle link time that lent KV may use (Eq. 8 with a safety margin).
+    pub lend_link_fraction: f64,
+}
+
+impl Default for AdaptConfig {
+    fn default() -> Self {
+        AdaptConfig { min_change_tokens: 16, horizon_tokens: 32, lend_link_fraction: 0.5 }
+    }
+}
+
+/// Everything a run needs besides the plan and the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimConfig {
+    /// Prompt tokens per sequence, in the KV cache when decoding starts.  // tokens
+    pub prompt_tokens: u32,
+    /// Tokens decoded per sequence.  // tokens
+    pub output_tokens: u32,
+    /// Request pattern.
+    pub pattern: Pattern,
+    /// Sequences in flight: 1 for sporadic, `|D|` for bursty by default.
+    pub sequences: u32,
+    /// KV overflow handling.
+    pub kv_policy: KvPolicy,
+    /// Adaptation knobs.
+    pub adapt: AdaptConfig,
+    /// Link bandwidth per decoding step.
+    pub bandwidth: BandwidthTrace,
+    /// Link latency per transfer.  // seconds
+    pub latency: f64,
+    /// Stop early once the mean is clearly over the OOT limit (saves time on hopeless runs).
+    pub stop_when_oot: bool,
+    /// Record memory per device at every step.
+    pub record_memory: bool,
+    /// Sliding window of TPI-LLM, in layers streamed ahead.
+    pub tpi_window_layers: u32,
+}
+
+impl SimConfig {
+    /// A config with the defaults used by the experiments.
+    pub fn new(pattern: Pattern, sequences: u32, bandwidth: BandwidthTrace, latency: f64) -> SimConfig {
+        SimConfig {
+            prompt_tokens: 512,
+            output_tokens: 128,
+            pattern,
+            sequences: sequences.max(1),
+            kv_policy: KvPolicy::Adaptive { lending: true },
+            adapt: AdaptConfig::default(),
+            bandwidth,
+            latency,
+            stop_when_oot: true,
+            record_memory: false,
+            tpi_window_layers: 2,
+        }
+    }
+
+    /// OOT limit of the pattern: 5 s/token sporadic, 2 s/token bursty.  // milliseconds
+    pub fn oot_limit_ms(&self) -> f64 {
+        oot_limit_ms(self.pattern)
+    }
+}
+
+/// OOT limit of a pattern: 5 s/token sporadic, 2 s/token bursty.  // milliseconds
+pub fn oot_limit_ms(pattern: Pattern) -> f64 {
+    match pattern {
+        Pattern::Sporadic => 5000.0,
+        Pattern::Bursty => 2000.0,
+    }
+}
+
+/// Outcome class of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Ran to the end within the time limit.
+    Ok,
+    /// The method cannot place its weights.
+    Oom,
+    /// Slower than the pattern's limit.
+    Oot,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Status::Ok => "ok",
+            Status::Oom => "oom",
+            Status::Oot => "oot",
+        })
+    }
+}
+
+/// One sample of a device's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MemorySample {
+    /// Virtual time (end of the step).  // seconds
+    pub time_s: f64,
+    /// Decoding step.
+    pub step: u32,
+    /// KV tokens the device's layers hold, summed over sequences (before lending).  // tokens
+    pub tokens: u64,
+    /// Total memory in use.  // bytes
+    pub total: u64,
+    /// Weights (retained blocks, slot, embedding/head) and working buffers.  // bytes
+    pub weights: u64,
+    /// KV cache held locally.  // bytes
+    pub kv_local: u64,
+    /// KV this device has lent to a peer (not held here).  // bytes
+    pub kv_lent: u64,
+    /// KV peers have lent to this device (held here).  // bytes
+    pub kv_borrowed: u64,
+    /// KV evicted (to be recomputed).  // bytes
+    pub kv_evicted: u64,
+}
+
+/// What the online adaptation did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AdaptEvent {
+    /// A threshold was reached: offloaded blocks per stage changed.
+    Switch {
+        /// Step it applies from.
+        step: u32,
+        /// Device index in the plan.
+        device: usize,
+        /// KV tokens held when it triggered.  // tokens
+        tokens: u64,
+        /// (attention, MLP) offloaded per stage before.
+        from: (u32, u32),
+        /// After.
+        to: (u32, u32),
+    },
+    /// KV lending started or changed.
+    Lend {
+        /// Step it applies from.
+        step: u32,
+        /// Lending device.
+        device: usize,
+        /// Borrowing device.
+        peer: usize,
+        /// Tokens lent per stage (0: stopped).  // tokens
+        tokens: u64,
+    },
+    /// KV evicted, recomputed in every pass.
+    Evict {
+        /// Step it applies from.
+        step: u32,
+        /// Tokens recomputed per sequence per pass.  // tokens
+        tokens: u32,
+    },
+}
+
+impl AdaptEvent {
+    /// The step the event applies from.
+    pub fn step(&self) -> u32 {
+        match self {
+            AdaptEvent::Switch { step, .. } | AdaptEvent::Lend { step, .. } | AdaptEvent::Evict { step, .. } => *step,
+        }
+    }
+}
+
+/// Per-device totals of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceReport {
+    /// Device name.
+    pub name: String,
+    /// Budget.  // bytes
+    pub budget: u64,
+    /// Highest memory in use.  // bytes
+    pub peak_memory: u64,
+    /// First threshold `TS¹` at the start: KV tokens it can hold, if it holds any KV.  // tokens
+    pub first_threshold: Option<u64>,
+    /// Compute busy time.  // seconds
+    pub compute_s: f64,
+    /// SSD loader busy time.  // seconds
+    pub load_s: f64,
+    /// Bytes sent on its egress port (activations and lent KV; collectives excluded).  // bytes
+    pub bytes_sent: f64,
+}
+
+/// Result of one simulated run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimReport {
+    /// ok / oom / oot.
+    pub status: Status,
+    /// Why OOM, when it is.
+    pub note: Option<String>,
+    /// Decode time per generated token (all sequences).  // milliseconds
+    pub ms_per_token: f64,
+    /// The same over the second half of the steps only.  // milliseconds
+    pub steady_ms_per_token: f64,
+    /// Steps simulated (fewer than asked when stopped as OOT).
+    pub steps: u32,
+    /// End time of every step.  // seconds
+    pub step_end_s: Vec<f64>,
+    /// Per device.
+    pub devices: Vec<DeviceReport>,
+    /// Adaptation events.
+    pub events: Vec<AdaptEvent>,
+    /// Memory per device per step, when recorded (outer index: device).
+    pub memory: Vec<Vec<MemorySample>>,
+}
+
+impl SimReport {
+    /// A report for a run that could not start.
+    pub fn oom(note: String) -> SimReport {
+        SimReport {
+            status: Status::Oom,
+            note: Some(note),
+            ms_per_token: f64::NAN,
+            steady_ms_per_token: f64::NAN,
+            steps: 0,
+            step_end_s: Vec::new(),
+            devices: Vec::new(),
+            events: Vec::new(),
+            memory: Vec::new(),
+        }
+    }
+
+    /// Mean ms/token over steps `from..to` (end exclusive), all sequences.  // milliseconds
+    pub fn window_ms_per_token(&self, from: usize, to: usize, sequences: u32) -> f64 {
+        let to = to.min(self.step_end_s.len());
+        if to <= from {
+            return f64::NAN;
+        }
+        let start = if from == 0 { 0.0 } else { self.step_end_s[from - 1] };
+        (self.step_end_s[to - 1] - start) * 1e3 / ((to - from) as f64 * sequences.max(1) as f64)
+    }
+
+    /// Fills `ms_per_token`, `steady_ms_per_token`, `steps` and `status` from the step times.
+    pub(crate) fn finish(&mut self, sequences: u32, limit_ms: f64, wanted_steps: u32) {
+        let n = self.step_end_s.len();
+        self.steps = n as u32;
+        self.ms_per_token = self.window_ms_per_token(0, n, sequences);
+        self.steady_ms_per_token = self.window_ms_per_token(n / 2, n, sequences);
+        if self.status == Status::Ok && (self.steps < wanted_steps || self.ms_per_token > limit_ms) {
+            self.status = Status::Oot;
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Tensor-parallel baselines: Galaxy and TPI-LLM (design §9). The planner crate has no TP
+//! planners, so their placements are built here.
+//!
+//! **Sharding.** Every layer is split over all devices by speed (layers per second at one
+//! token): device `i` gets a fraction `f_i` of the attention heads, of the MLP columns and of
+//! the KV cache. Fractions are continuous; a real split rounds to whole KV-head groups (8 for
+//! the GQA models), which would only make TP slower. The first device also holds the
+//! embedding and the LM head, runs the head and broadcasts the next input.
+//!
+//! **Synchronisation.** Each layer syncs twice (after attention, after MLP):
+//! - Galaxy: ring reduce-scatter + all-gather, `2(N−1)` hops of `T·h/N` bytes;
+//! - TPI-LLM: star all-reduce through device 1, gather (`T·h` per worker, in parallel) then
+//!   broadcast (`(N−1)·T·h` on device 1's port), 2 hops;
+//!
+//! with `T` the tokens in the batch (`b` sequences × (1 + recomputed)). A sync starts when the
+//! slowest shard is done. Galaxy's overlap of communication with compute is not modelled.
+//!
+//! **Memory.** Galaxy needs every shard resident (fractions capped by memory, water-filled);
+//! TPI-LLM keeps as many of its layer shards resident as fit and streams the rest from SSD
+//! through a sliding window of `w` layer shards (conventional loader: TPI-LLM has no
+//! O_DIRECT slot path), the load of a streamed layer waiting for the window slot of the layer
+//! `w` before it. KV overflow: Galaxy and `tpi-llm` evict and recompute (every device runs the
+//! evicted tokens again, from the embedding); `tpi-llm-offload` streams more layers instead.
+
+use crate::compute::DeviceModel;
+use crate::engine::{Engine, TaskId, Work};
+use crate::error::SimError;
+use crate::sim::{AdaptEvent, DeviceReport, SimConfig, SimReport, Status};
+use loip_plan::{Cluster, LoaderKind, ModelShape};
+use serde::{Deserialize, Serialize};
+
+/// Which tensor-parallel system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TpKind {
+    /// Galaxy: all shards resident, ring collectives.
+    Galaxy,
+    /// TPI-LLM: sliding window from disk, star all-reduce, recompute on KV overflow.
+    TpiLlm,
+    /// TPI-LLM streaming more layers instead of recomputing.
+    TpiLlmOffload,
+}
+
+/// A tensor-parallel placement over all cluster devices (in cluster order).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TpPlacement {
+    /// System.
+    pub kind: TpKind,
+    /// Fraction of every layer on each device; sums to 1.
+    pub frac: Vec<f64>,
+    /// Layer shards kept resident on each device (the rest are streamed).
+    pub resident: Vec<u32>,
+    /// Sliding window of streamed layer shards.
+    pub window: u32,
+    /// KV tokens (all sequences) the placement was sized for.  // tokens
+    pub planned_tokens: u64,
+}
+
+/// Memory of device `i` holding fraction `f`, `r` resident layer shards.  // bytes
+fn tp_mem(shape: &ModelShape, i: usize, f: f64, r: u32, window: u32, tokens: u64, b: u32) -> u64 {
+    let l = shape.layers;
+    let layer = f * shape.layer_bytes() as f64;
+    let held = if r >= l { l } else { r + window };
+    let fixed = if i == 0 { shape.embed_bytes + shape.head_bytes_on(true) } else { 0 };
+    let kv = f * (shape.kv_bytes_per_token * l as u64 * tokens) as f64;
+    (layer * held as f64 + kv) as u64 + fixed + shape.working_bytes(b)
+}
+
+/// Most resident layer shards that fit at `tokens` (`None`: not even the window fits).
+fn max_resident(shape: &ModelShape, i: usize, f: f64, window: u32, tokens: u64, b: u32, budget: u64) -> Option<u32> {
+    let l = shape.layers;
+    if tp_mem(shape, i, f, l, window, tokens, b) <= budget {
+        return Some(l);
+    }
+    let r = (0..l).rev().find(|&r| tp_mem(shape, i, f, r, window, tokens, b) <= budget)?;
+    Some(if r + window >= l { l } else { r })
+}
+
+/// Water-fills `speed`-proportional fractions under per-device caps; `None` if the caps sum
+/// below 1.
+fn water_fill(speed: &[f64], cap: &[f64]) -> Option<Vec<f64>> {
+    if cap.iter().sum::<f64>() < 1.0 - 1e-12 {
+        return None;
+    }
+    let n = speed.len();
+    let mut f = vec![0.0; n];
+    let mut fixed = vec![false; n];
+    loop {
+        let left = 1.0 - (0..n).filter(|&i| fixed[i]).map(|i| f[i]).sum::<f64>();
+        let sp: f64 = (0..n).filter(|&i| !fixed[i]).map(|i| speed[i]).sum();
+        let mut changed = false;
+        let free: Vec<usize> = (0..n).filter(|&i| !fixed[i]).collect();
+        for i in free {
+            f[i] = left * speed[i] / sp;
+            if f[i] > cap[i] {
+                f[i] = cap[i];
+                fixed[i] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return Some(f);
+        }
+    }
+}
+
+/// Builds the placement of `kind`: sized for `full_tokens` KV tokens when that fits, else
+/// for `prompt_tokens` (KV growth then handled at run time). `Err` says why it is OOM.
+pub fn place_tp(
+    kind: TpKind,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    b: u32,
+    prompt_tokens: u64,
+    full_tokens: u64,
+    window: u32,
+) -> Result<TpPlacement, String> {
+    let nd = cluster.devices.len();
+    let n_ctx = prompt_tokens / b.max(1) as u64;
+    let speed: Vec<f64> = cluster.devices.iter().map(|d| DeviceModel::new(&d.profile, shape).speed(n_ctx)).collect();
+    let budgets: Vec<u64> = cluster.devices.iter().map(|d| d.budget()).collect();
+    match kind {
+        TpKind::Galaxy => {
+            for tokens in [full_tokens, prompt_tokens] {
+                let cap: Vec<f64> = (0..nd)
+                    .map(|i| {
+                        let fixed = tp_mem(shape, i, 0.0, shape.layers, 0, tokens, b);
+                        let per_frac = tp_mem(shape, i, 1.0, shape.layers, 0, tokens, b) - fixed;
+                        budgets[i].saturating_sub(fixed) as f64 / per_frac.max(1) as f64
+                    })
+                    .collect();
+                if let Some(frac) = water_fill(&speed, &cap) {
+                    let frac: Vec<f64> = frac.iter().zip(&cap).map(|(f, c)| f.min(*c)).collect();
+                    return Ok(TpPlacement { kind, frac, resident: vec![shape.layers; nd], window: 0, planned_tokens: tokens });
+                }
+            }
+            let need = shape.total_bytes() as f64 / 1e9;
+            Err(format!("all shards must be resident: {need:.1} GB of weights do not fit the devices' budgets"))
+        }
+        TpKind::TpiLlm | TpKind::TpiLlmOffload => {
+            let total: f64 = speed.iter().sum();
+            let frac: Vec<f64> = speed.iter().map(|s| s / total).collect();
+            let fits_full = (0..nd).all(|i| tp_mem(shape, i, frac[i], shape.layers, 0, full_tokens, b) <= budgets[i]);
+            let tokens = if fits_full { full_tokens } else { prompt_tokens };
+            let mut resident = Vec::with_capacity(nd);
+            for i in 0..nd {
+                match max_resident(shape, i, frac[i], window, tokens, b, budgets[i]) {
+                    Some(r) => resident.push(r),
+                    None => {
+                        return Err(format!(
+                            "device `{}` cannot hold a window of {window} layer shards (+ embedding/head on the first)",
+                            cluster.devices[i].name
+                        ))
+                    }
+                }
+            }
+            Ok(TpPlacement { kind, frac, resident, window, planned_tokens: tokens })
+        }
+    }
+}
+
+/// Simulates a tensor-parallel placement.
+pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, cfg: &SimConfig) -> Result<SimReport, SimError> {
+    let nd = cluster.devices.len();
+    if place.frac.len() != nd || place.resident.len() != nd {
+        return Err(SimError::Invalid { field: "placement", reason: "one fraction per cluster device".into() });
+    }
+    let b = cfg.sequences.max(1);
+    let steps = cfg.output_tokens.max(1);
+    let l = shape.layers;
+    let models: Vec<DeviceModel> = cluster.devices.iter().map(|d| DeviceModel::new(&d.profile, shape)).collect();
+    let loader_kind = LoaderKind::Conventional;
+    let budgets: Vec<u64> = cluster.devices.iter().map(|d| d.budget()).collect();
+    let mut eng = Engine::new(cfg.bandwidth.at(0), cfg.latency);
+    let comp: Vec<_> = (0..nd).map(|_| eng.resource()).collect();
+    let loaders: Vec<_> = (0..nd).map(|_| eng.resource()).collect();
+    let mut resident = place.resident.clone();
+    let mut evict = 0u32;
+    let mut events = Vec::new();
+    let mut peak = vec![0u64; nd];
+    // Per device: mlp tasks of streamed layers, in stream order (window release).
+    let mut released: Vec<std::collections::VecDeque<TaskId>> = vec![Default::default(); nd];
+    let mut input: Option<TaskId> = None;
+    let mut ends = Vec::with_capacity(steps as usize);
+    let h = shape.act_bytes_per_token as f64;
+    let limit = cfg.oot_limit_ms();
+    let mut report = SimReport::oom(String::new());
+    report.status = Status::Ok;
+    report.note = None;
+    let mut emitted = 0u32;
+    let mut emit = |t: u32, eng: &mut Engine, resident: &mut Vec<u32>, evict: &mut u32, input: &mut Option<TaskId>| -> TaskId {
+        let tokens = b as u64 * (cfg.prompt_tokens as u64 + t as u64 + 1);
+        // KV overflow: stream more (tpi-llm-offload), then evict and recompute.
+        if place.kind == TpKind::TpiLlmOffload {
+            for i in 0..nd {
+                let tok_held = tokens.saturating_sub(b as u64 * *evict as u64);
+                if let Some(r) = max_resident(shape, i, place.frac[i], place.window.max(1), tok_held, b, budgets[i]) {
+                    resident[i] = resident[i].min(r);
+                } else {
+                    resident[i] = 0;
+                }
+            }
+        }
+        let mut e = *evict;
+        for i in 0..nd {
+            let w = if resident[i] >= l { 0 } else { place.window.max(1) };
+            let m = tp_mem(shape, i, place.frac[i], resident[i], w, tokens.saturating_sub(b as u64 * e as u64), b);
+            if m > budgets[i] {
+                let per_tok = (place.frac[i] * (shape.kv_bytes_per_token * l as u64) as f64).max(1.0);
+                let more = (((m - budgets[i]) as f64 / per_tok).ceil() as u64).div_ceil(b as u64) as u32;
+                e += more;
+            }
+        }
+        if e != *evict {
+            *evict = e;
+            events.push(AdaptEvent::Evict { step: t, tokens: e });
+        }
+        for i in 0..nd {
+            let w = if resident[i] >= l { 0 } else { place.window.max(1) };
+            let m = tp_mem(shape, i, place.frac[i], resident[i], w, tokens.saturating_sub(b as u64 * *evict as u64), b);
+            peak[i] = peak[i].max(m);
+        }
+        let tok = (b * (1 + *evict)) as f64;
+        let n_ctx = cfg.prompt_tokens as u64 + t as u64 + 1;
+        let sync = |eng: &mut Engine, deps: &[TaskId]| -> TaskId {
+            let n = nd as f64;
+            let work = match place.kind {
+                TpKind::Galaxy => Work::Collective { bytes: 2.0 * (n - 1.0) / n * tok * h, hops: 2.0 * (n - 1.0) },
+                _ => Work::Collective { bytes: n * tok * h, hops: 2.0 },
+            };
+            eng.task(None, if nd > 1 { work } else { Work::Secs(0.0) }, deps)
+        };
+        let mut prev = *input;
+        for layer in 0..l {
+            let mut loads = vec![None; nd];
+            for i in 0..nd {
+                if layer >= resident[i] {
+                    let q = released[i].len();
+                    let w = place.window.max(1) as usize;
+                    let deps: Vec<TaskId> = if q >= w { vec![released[i][q - w]] } else { Vec::new() };
+                    let bytes = (place.frac[i] * shape.layer_bytes() as f64) as u64;
+                    let secs = cluster.devices[i].profile.loader(loader_kind).load_time(bytes, 2);
+                    loads[i] = Some(eng.task(Some(loaders[i]), Work::Secs(secs), &deps));
+                }
+            }
+            let attn: Vec<TaskId> = (0..nd)
+                .map(|i| {
+                    let deps: Vec<TaskId> = prev.into_iter().chain(loads[i]).collect();
+                    let secs = models[i].attn(b, 1 + *evict, n_ctx, place.frac[i]);
+                    eng.task(Some(comp[i]), Work::Secs(secs), &deps)
+                })
+                .collect();
+            let sa = sync(eng, &attn);
+            let mlp: Vec<TaskId> = (0..nd)
+                .map(|i| {
+                    let secs = models[i].mlp(tok as u32, place.frac[i]);
+                    let t = eng.task(Some(comp[i]), Work::Secs(secs), &[sa]);
+                    if loads[i].is_some() {
+                        released[i].push_back(t);
+                        if released[i].len() > 64 {
+                            released[i].pop_front();
+                            released[i].shrink_to(64);
+                        }
+                    }
+                    t
+                })
+                .collect();
+            prev = Some(sync(eng, &mlp));
+        }
+        let head = eng.task(Some(comp[0]), Work::Secs(models[0].head(b)), &prev.into_iter().collect::<Vec<_>>());
+        let bcast = if nd > 1 {
+            eng.task(None, Work::Collective { bytes: (nd - 1) as f64 * b as f64 * h, hops: 1.0 }, &[head])
+        } else {
+            head
+        };
+        *input = Some(bcast);
+        bcast
+    };
+    for t in 0..steps.min(2) {
+        ends.push(emit(t, &mut eng, &mut resident, &mut evict, &mut input));
+        emitted += 1;
+    }
+    for t in 0..steps {
+        let end = eng.run_until(ends[t as usize])?;
+        report.step_end_s.push(end);
+        eng.set_bandwidth(cfg.bandwidth.at(t + 1));
+        let mean_ms = end * 1e3 / ((t + 1) as f64 * b as f64);
+        if cfg.stop_when_oot && t >= 7 && mean_ms > 1.2 * limit {
+            break;
+        }
+        if emitted < steps {
+            ends.push(emit(emitted, &mut eng, &mut resident, &mut evict, &mut input));
+            emitted += 1;
+        }
+    }
+    report.finish(b, limit, steps);
+    report.events = events;
+    report.devices = (0..nd)
+        .map(|i| DeviceReport {
+            name: cluster.devices[i].name.clone(),
+            budget: budgets[i],
+            peak_memory: peak[i],
+            first_threshold: None,
+            compute_s: eng.busy(comp[i]),
+            load_s: eng.busy(loaders[i]),
+            bytes_sent: 0.0,
+        })
+        .collect();
+    Ok(report)
+}
