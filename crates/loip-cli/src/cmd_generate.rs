@@ -1,6 +1,7 @@
 //! `loip generate`, `loip logits`, `loip fetch`: the single-device engine.
 
 use std::io::Write;
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -126,8 +127,9 @@ pub struct Prepared {
 }
 
 /// Tokenizes the prompt (or takes its ids) and builds the generation options.
-pub fn prepare(ckpt: &loip_model::Checkpoint, p: &PromptArgs) -> Result<Prepared> {
-    let tokenizer = match model_load::tokenizer(ckpt) {
+pub fn prepare(info: model_load::ModelInfo, p: &PromptArgs) -> Result<Prepared> {
+    let model_load::ModelInfo { config, tokenizer, chat } = info;
+    let tokenizer = match tokenizer {
         Ok(t) => Some(t),
         Err(e) if p.prompt_ids.is_some() => {
             tracing::warn!("no tokenizer ({e:#}); output is ids only");
@@ -139,7 +141,7 @@ pub fn prepare(ckpt: &loip_model::Checkpoint, p: &PromptArgs) -> Result<Prepared
         (Some(ids), _) => ids.clone(),
         (None, Some(tok)) => {
             let text = if p.chat {
-                let tpl = model_load::chat_template(ckpt)?.context("the model has no chat template")?;
+                let tpl = chat?.context("the model has no chat template")?;
                 tpl.render(&[ChatMessage { role: "user".into(), content: p.prompt.clone() }], true)?
             } else {
                 p.prompt.clone()
@@ -151,11 +153,11 @@ pub fn prepare(ckpt: &loip_model::Checkpoint, p: &PromptArgs) -> Result<Prepared
     if prompt_ids.is_empty() {
         bail!("the prompt encodes to no tokens");
     }
-    let vocab = ckpt.config.vocab_size;
+    let vocab = config.vocab_size;
     if let Some(bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
         bail!("prompt id {bad} is outside the vocabulary of {vocab} tokens");
     }
-    let eos_ids = if p.ignore_eos { vec![] } else { ckpt.config.eos_token_ids.clone() };
+    let eos_ids = if p.ignore_eos { vec![] } else { config.eos_token_ids.clone() };
     let sampling = SamplingParams { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, seed: p.seed };
     sampling.validate()?;
     Ok(Prepared {
@@ -216,12 +218,17 @@ impl<'t> Printer<'t> {
 
 /// `loip generate`.
 pub fn generate(a: GenerateArgs) -> Result<()> {
-    if a.offload.sliced() {
+    if a.offload.sliced() || Path::new(&a.model).join(loip_model::slice::MANIFEST).is_file() {
         return generate_sliced(a);
     }
     let ckpt = model_load::open(&a.model)?;
     let model = Model::from_checkpoint(&ckpt)?;
-    let prep = prepare(&ckpt, &a.prompt)?;
+    let info = model_load::ModelInfo {
+        config: ckpt.config.clone(),
+        tokenizer: model_load::tokenizer(&ckpt),
+        chat: model_load::chat_template(&ckpt),
+    };
+    let prep = prepare(info, &a.prompt)?;
     let mut printer = Printer::new(prep.tokenizer.as_ref(), a.prompt.stop.clone(), a.json);
     let mut gen = Generator::new(&model, None);
     let out = run_generate(&mut gen, 0, &prep.prompt_ids, &prep.opts, &mut |id| printer.on_token(id))?;
@@ -235,12 +242,8 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
 fn generate_sliced(a: GenerateArgs) -> Result<()> {
     use loip_runtime::local::{LocalModel, LocalOptions};
     let dir = crate::cmd_split::slices_for(&a.model)?;
-    // Tokenize with the original checkpoint (mmap'd only for its tokenizer metadata), then
-    // drop it so its pages do not count against the budget.
-    let prep = {
-        let ckpt = model_load::open(&a.model)?;
-        prepare(&ckpt, &a.prompt)?
-    };
+    // The slice directory carries the config and tokenizer; the checkpoint is not opened.
+    let prep = prepare(model_load::info(&dir.to_string_lossy())?, &a.prompt)?;
     let mem_budget = a.offload.mem.as_deref().map(loip_plan::parse_bytes).transpose()?;
     let opts = LocalOptions {
         mem_budget,

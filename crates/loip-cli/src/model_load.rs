@@ -4,13 +4,40 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use loip_model::chat::ChatTemplate;
+use loip_model::slice::{Manifest, MANIFEST};
 use loip_model::tokenizer::Tokenizer;
-use loip_model::Checkpoint;
+use loip_model::{Checkpoint, ModelConfig};
 
 /// A checkpoint opened from `smollm2` or a local path.
 pub fn open(model: &str) -> Result<Checkpoint> {
     let path = loip_model::fetch::resolve_model(model)?;
     Checkpoint::open(&path).with_context(|| format!("opening model {}", path.display()))
+}
+
+/// What a request needs besides weights: config, tokenizer, chat template.
+pub struct ModelInfo {
+    /// hyper-parameters
+    pub config: ModelConfig,
+    /// tokenizer, when the model has one
+    pub tokenizer: Result<Tokenizer>,
+    /// chat template, when the model has one
+    pub chat: Result<Option<ChatTemplate>>,
+}
+
+/// Config, tokenizer and chat template of a checkpoint or a slice directory.
+pub fn info(model: &str) -> Result<ModelInfo> {
+    let p = Path::new(model);
+    if p.join(MANIFEST).is_file() {
+        let m = Manifest::load(p)?;
+        let tok = p.join("tokenizer.json");
+        return Ok(ModelInfo {
+            config: m.config,
+            tokenizer: Tokenizer::from_file(&tok).with_context(|| format!("loading tokenizer {}", tok.display())),
+            chat: ChatTemplate::from_hf_dir(p).map_err(Into::into),
+        });
+    }
+    let ckpt = open(model)?;
+    Ok(ModelInfo { tokenizer: tokenizer(&ckpt), chat: chat_template(&ckpt), config: ckpt.config.clone() })
 }
 
 /// The model's tokenizer: `tokenizer.json` beside an HF checkpoint, or the GGUF vocabulary.

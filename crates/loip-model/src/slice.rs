@@ -41,7 +41,8 @@ pub enum SliceKind {
     Attn(usize),
     /// MLP block of a layer (post-attention norm, gate/up/down)
     Mlp(usize),
-    /// final norm and LM head (the embedding matrix when tied)
+    /// final norm and LM head (just the norm when tied: the device holding the head then
+    /// also holds the embedding slice)
     Head,
 }
 
@@ -168,13 +169,12 @@ impl Manifest {
 }
 
 /// The slice a canonical tensor name belongs to.
-pub fn slice_of(name: &str, tied: bool) -> Option<SliceKind> {
+pub fn slice_of(name: &str) -> Option<SliceKind> {
     match name {
         "model.embed_tokens.weight" => return Some(SliceKind::Embed),
         "model.norm.weight" | "lm_head.weight" => return Some(SliceKind::Head),
         _ => {}
     }
-    let _ = tied;
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, suffix) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
@@ -230,17 +230,13 @@ pub fn split(ckpt: &Checkpoint, out: &Path, progress: SplitProgress) -> Result<S
         }
     }
     fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
-    let tied = ckpt.config.tie_word_embeddings;
     let mut groups: std::collections::BTreeMap<SliceKind, Vec<&str>> = Default::default();
     for name in ckpt.tensors.keys() {
-        let kind = slice_of(name, tied).ok_or_else(|| ModelError::BadHeader {
+        let kind = slice_of(name).ok_or_else(|| ModelError::BadHeader {
             path: ckpt.dir_or_file.clone(),
             reason: format!("tensor {name} belongs to no block"),
         })?;
         groups.entry(kind).or_default().push(name);
-    }
-    if tied {
-        groups.entry(SliceKind::Head).or_default().push("model.embed_tokens.weight");
     }
     let total: u64 = groups.values().flatten().filter_map(|n| ckpt.tensors.get(*n)).map(|t| t.nbytes).sum();
     let mut done = 0u64;
@@ -263,8 +259,49 @@ pub fn split(ckpt: &Checkpoint, out: &Path, progress: SplitProgress) -> Result<S
         path: out.join(MANIFEST),
         reason: e.to_string(),
     })?;
+    write_tokenizer_files(ckpt, out)?;
     write_atomic(&out.join(MANIFEST), text.as_bytes())?;
     Ok(SplitOutcome::Written)
+}
+
+/// Puts the tokenizer and chat template beside the slices, so a slice directory is a
+/// complete model for `loip generate`: HF files are copied; a GGUF's vocabulary becomes a
+/// `tokenizer.json` and its template a `tokenizer_config.json`. A model without a tokenizer
+/// is fine (ids only).
+fn write_tokenizer_files(ckpt: &Checkpoint, out: &Path) -> Result<(), ModelError> {
+    const HF_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json"];
+    match &ckpt.gguf_metadata {
+        None => {
+            for f in HF_FILES {
+                let src = ckpt.dir_or_file.join(f);
+                if src.is_file() {
+                    let dst = out.join(f);
+                    fs::copy(&src, &dst).map_err(|e| ModelError::io(&dst, e))?;
+                }
+            }
+        }
+        Some(meta) => {
+            let Ok(tok) = crate::tokenizer::Tokenizer::from_gguf_metadata(meta) else { return Ok(()) };
+            if let Ok(json) = tok.to_json() {
+                write_atomic(&out.join("tokenizer.json"), json.as_bytes())?;
+            }
+            let name = |key: &str| meta.get_u32(key).and_then(|id| tok.id_to_token(id));
+            let mut cfg = serde_json::Map::new();
+            let fields = [
+                ("chat_template", meta.get_str("tokenizer.chat_template").map(str::to_string)),
+                ("bos_token", name("tokenizer.ggml.bos_token_id")),
+                ("eos_token", name("tokenizer.ggml.eos_token_id")),
+            ];
+            for (k, v) in fields {
+                if let Some(v) = v {
+                    cfg.insert(k.into(), v.into());
+                }
+            }
+            let cfg = serde_json::Value::Object(cfg);
+            write_atomic(&out.join("tokenizer_config.json"), cfg.to_string().as_bytes())?;
+        }
+    }
+    Ok(())
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {

@@ -316,6 +316,11 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
     }
+
+    /// The tokenizer as `tokenizer.json` text (what [`Tokenizer::from_file`] reads back).
+    pub fn to_json(&self) -> Result<String, TokenizerError> {
+        self.inner.to_string(false).map_err(TokenizerError::Encode)
+    }
 }
 
 /// Which pre-tokenizer a `tokenizer.ggml.pre` name stands for.

@@ -160,7 +160,8 @@ impl StagePlan {
     }
 }
 
-/// What one device runs.
+/// What one device runs. The figures after `stages` are derived (by [`cost::evaluate`]);
+/// a hand-written plan may omit them and call [`Plan::reprice`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DevicePlan {
     /// Device name (as in the cluster).
@@ -172,18 +173,25 @@ pub struct DevicePlan {
     /// Its stages, in execution order.
     pub stages: Vec<StagePlan>,
     /// Memory at the planned context: retained + slot + embedding/head + KV + buffers.  // bytes
+    #[serde(default)]
     pub memory_bytes: u64,
     /// Its budget (profile budget − reservation).  // bytes
+    #[serde(default)]
     pub budget_bytes: u64,
     /// Slot size: largest stage's offloaded bytes (one block in sequential mode).  // bytes
+    #[serde(default)]
     pub slot_bytes: u64,
     /// KV cache at the planned context.  // bytes
+    #[serde(default)]
     pub kv_bytes: u64,
     /// Its compute per generated token (all its stages).  // milliseconds
+    #[serde(default)]
     pub compute_ms: f64,
     /// Its SSD load time per generated token.  // milliseconds
+    #[serde(default)]
     pub load_ms: f64,
     /// Load time it leaves uncovered per generated token (round stalls it causes).  // milliseconds
+    #[serde(default)]
     pub stall_ms: f64,
 }
 
@@ -239,8 +247,10 @@ pub struct Plan {
     #[serde(default)]
     pub dropped: Vec<DroppedDevice>,
     /// Predicted time per generated token.  // milliseconds
+    #[serde(default)]
     pub predicted_ms_per_token: f64,
     /// Its breakdown; the parts add up to `predicted_ms_per_token`.
+    #[serde(default)]
     pub breakdown: CostBreakdown,
 }
 
@@ -274,6 +284,14 @@ impl Plan {
     /// Total layers placed.
     pub fn layer_count(&self) -> u32 {
         self.devices.iter().map(|d| d.layer_count()).sum()
+    }
+
+    /// Recomputes the derived figures (prediction, breakdown, per-device memory and times)
+    /// with the cost model, e.g. after a hand edit or for another cluster's link.
+    pub fn reprice(&mut self, shape: &ModelShape, cluster: &Cluster) -> Result<(), PlanError> {
+        let c = cost::evaluate(self, shape, cluster)?;
+        cost::apply(self, &c);
+        Ok(())
     }
 
     /// Pretty JSON.

@@ -244,9 +244,14 @@ proptest! {
     fn every_plan_is_valid_and_adds_up(inst in instance(4, 10)) {
         let cluster = inst.cluster();
         for (name, r) in plan_all(&inst.shape, &cluster, &inst.request()) {
-            if let Ok(p) = r {
-                p.validate(&inst.shape, &cluster).map_err(|e| TestCaseError::fail(format!("{name}: {e}")))?;
-                prop_assert!((p.breakdown.total_ms() - p.predicted_ms_per_token).abs() <= 1e-9 * p.predicted_ms_per_token.max(1e-9));
+            match r {
+                Ok(p) => {
+                    p.validate(&inst.shape, &cluster).map_err(|e| TestCaseError::fail(format!("{name}: {e}")))?;
+                    prop_assert!((p.breakdown.total_ms() - p.predicted_ms_per_token).abs() <= 1e-9 * p.predicted_ms_per_token.max(1e-9));
+                }
+                Err(PlanError::DoesNotFit { lacks_bytes, .. }) => prop_assert!(lacks_bytes > 0, "{name}: lacks 0 bytes"),
+                Err(PlanError::BadRequest(_)) => prop_assert!(inst.shape.layers < inst.devs.len() as u32),
+                Err(e) => prop_assert!(false, "{name}: {e}"),
             }
         }
     }
@@ -273,4 +278,30 @@ fn render_tables() {
     // One stage's summary: ranges and offloaded blocks.
     let st = loip_plan::StagePlan::with_offload(10, 5, 2, 3);
     assert_eq!(render::stage_summary(&st), "10-14 (off: A13-14 P12-14)");
+}
+
+#[test]
+fn hand_written_plan_without_derived_fields() {
+    let shape = loip_plan::ModelShape::from_dims("tiny", 64, 128, 4, 4, 2, 16, 100, true, 2.0, 2);
+    let cluster = preset_cluster(&["orin32", "nx16"], 100.0);
+    let text = r#"{
+      "shape": "tiny", "planner": "hand", "stages_per_device": 2, "pattern": "sporadic",
+      "context": 128, "micro_batches": 1, "mode": "overlapped", "loader": "direct",
+      "devices": [
+        { "name": "orin32-0", "holds_embedding": true, "holds_head": false, "stages": [
+            { "layers": [ { "layer": 0, "attn": "retained", "mlp": "retained" } ] },
+            { "layers": [ { "layer": 2, "attn": "retained", "mlp": "offloaded" } ] } ] },
+        { "name": "nx16-1", "holds_embedding": false, "holds_head": true, "stages": [
+            { "layers": [ { "layer": 1, "attn": "retained", "mlp": "retained" } ] },
+            { "layers": [ { "layer": 3, "attn": "offloaded", "mlp": "offloaded" } ] } ] }
+      ]
+    }"#;
+    let mut p = Plan::from_json(text).unwrap();
+    p.validate(&shape, &cluster).unwrap();
+    p.reprice(&shape, &cluster).unwrap();
+    assert!(p.predicted_ms_per_token > 0.0);
+    assert_eq!(p.devices[1].slot_bytes, shape.layer_bytes());
+    assert_eq!(p.devices[0].slot_bytes, shape.mlp_bytes);
+    let order: Vec<_> = p.stage_order().into_iter().map(|r| (r.device, r.stage, r.layers)).collect();
+    assert_eq!(order, vec![(0, 0, 0..1), (1, 0, 1..2), (0, 1, 2..3), (1, 1, 3..4)]);
 }

@@ -195,7 +195,8 @@ impl Device {
             }
             groups.push(stage_groups);
         }
-        if spec.embed {
+        // A tied head computes with the embedding matrix.
+        if spec.embed || (spec.head && cfg.tie_word_embeddings) {
             resident_slices.push(get(SliceKind::Embed)?);
         }
         if spec.head {

@@ -39,7 +39,7 @@ pub fn shape_from_checkpoint(name: &str, ckpt: &Checkpoint) -> ModelShape {
     let sum = |kind: SliceKind| -> u64 {
         ckpt.tensors
             .values()
-            .filter(|t| loip_model::slice::slice_of(&t.name, c.tie_word_embeddings) == Some(kind))
+            .filter(|t| loip_model::slice::slice_of(&t.name) == Some(kind))
             .map(|t| t.nbytes)
             .sum()
     };
@@ -60,6 +60,6 @@ pub fn shape_from_manifest(name: &str, m: &Manifest) -> ModelShape {
     s.attn_bytes = size(SliceKind::Attn(0));
     s.mlp_bytes = size(SliceKind::Mlp(0));
     s.embed_bytes = size(SliceKind::Embed);
-    s.head_bytes = size(SliceKind::Head);
+    s.head_bytes = size(SliceKind::Head) + if c.tie_word_embeddings { s.embed_bytes } else { 0 };
     s
 }

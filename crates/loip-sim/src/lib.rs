@@ -19,6 +19,7 @@ pub mod bandwidth;
 pub mod compute;
 pub mod engine;
 pub mod error;
+pub mod experiments;
 pub mod methods;
 pub mod pipeline;
 pub mod shapes;

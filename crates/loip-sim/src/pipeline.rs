@@ -105,6 +105,24 @@ impl Pipeline<'_> {
         seg.0 as f64 * ta + seg.1 as f64 * tm
     }
 
+    /// Hands micro-batch `j`'s output of stage task `lt` on device `i` on: the activation to
+    /// the next device, or (after the last stage) the LM head and the token back to device 1.
+    #[allow(clippy::too_many_arguments)]
+    fn hand_on(&mut self, i: usize, j: usize, lt: TaskId, global_last: bool, h: f64, t_head: f64, incoming: &mut [Option<TaskId>], ends: &mut Vec<TaskId>) {
+        let nd = self.devs.len();
+        incoming[j] = Some(if global_last {
+            let hd = self.eng.task(Some(self.devs[i].comp), Work::Secs(t_head), &[lt]);
+            let tok = if nd > 1 { self.eng.task(Some(self.devs[i].egress), Work::Transfer(4.0), &[hd]) } else { hd };
+            self.token[j] = Some(tok);
+            ends.push(tok);
+            tok
+        } else if nd == 1 {
+            lt
+        } else {
+            self.eng.task(Some(self.devs[i].egress), Work::Transfer(h), &[lt])
+        });
+    }
+
     /// Decides and emits every task of decoding step `t`.
     fn emit_step(&mut self, t: u32, measure: Option<Measure>) {
         self.ad.decide(t, measure);
@@ -118,10 +136,13 @@ impl Pipeline<'_> {
         let s = self.ad.devs.iter().map(|d| d.stages.len()).max().unwrap_or(0);
         let mut incoming: Vec<Option<TaskId>> = self.token.clone();
         let last_dev = nd - 1;
+        let t_head = self.ad.models[last_dev].head(1);
+        let mut ends = Vec::with_capacity(b);
         for k in 0..s {
             for i in 0..nd {
                 let Some(stage) = self.ad.devs[i].stages.get(k) else { continue };
                 let seg = segments(stage, self.shape);
+                let stage_layers = stage.layers.len() as f64;
                 let model = self.ad.models[i];
                 let (ta, tm) = (model.attn(1, 1 + e, n_ctx, 1.0), model.mlp(1 + e, 1.0));
                 let loader = self.ad.loaders[i];
@@ -145,8 +166,8 @@ impl Pipeline<'_> {
                             self.eng.task(Some(self.devs[i].loader), Work::Secs(secs), &deps)
                         });
                         let mut last_run = None;
-                        for inc in incoming.iter().take(b) {
-                            let mut deps: Vec<TaskId> = inc.iter().copied().chain(fetch).collect();
+                        for j in 0..b {
+                            let mut deps: Vec<TaskId> = incoming[j].iter().copied().chain(fetch).collect();
                             let mut prev = None;
                             if seg.pre != (0, 0) || load.is_none() {
                                 let p = self.eng.task(Some(comp), Work::Secs(Self::dur(seg.pre, ta, tm)), &deps);
@@ -162,7 +183,10 @@ impl Pipeline<'_> {
                                     prev = Some(self.eng.task(Some(comp), Work::Secs(Self::dur(seg.post, ta, tm)), &[r]));
                                 }
                             }
-                            last_tasks.extend(prev);
+                            if let Some(lt) = prev {
+                                last_tasks.push(lt);
+                                self.hand_on(i, j, lt, global_last, h, t_head, &mut incoming, &mut ends);
+                            }
                         }
                         if last_run.is_some() {
                             self.devs[i].slot_free = last_run;
@@ -179,6 +203,9 @@ impl Pipeline<'_> {
                             }
                         }
                         if seg.run_blocks.is_empty() {
+                            for (j, &lt) in pres.iter().enumerate() {
+                                self.hand_on(i, j, lt, global_last, h, t_head, &mut incoming, &mut ends);
+                            }
                             last_tasks = pres;
                         } else {
                             let mut deps = pres;
@@ -191,45 +218,27 @@ impl Pipeline<'_> {
                                 let c = self.eng.task(Some(comp), Work::Secs(b as f64 * t1), &deps);
                                 deps = vec![c];
                             }
-                            for _ in 0..b {
+                            for j in 0..b {
                                 let post = if seg.post != (0, 0) {
                                     self.eng.task(Some(comp), Work::Secs(Self::dur(seg.post, ta, tm)), &deps)
                                 } else {
                                     deps[0]
                                 };
                                 last_tasks.push(post);
+                                self.hand_on(i, j, post, global_last, h, t_head, &mut incoming, &mut ends);
                             }
                         }
                     }
                 }
-                // Activations to the next stage's device.
-                for (j, &lt) in last_tasks.iter().enumerate().take(b) {
-                    incoming[j] = Some(if global_last || nd == 1 {
-                        lt
-                    } else {
-                        self.eng.task(Some(self.devs[i].egress), Work::Transfer(h), &[lt])
-                    });
-                }
                 // KV lent after the stage's last micro-batch.
                 if let Some((peer, tokens)) = self.ad.devs[i].lend {
-                    let bytes = tokens as f64 * stage.layers.len() as f64 * kv;
+                    let bytes = tokens as f64 * stage_layers * kv;
                     if let Some(&lt) = last_tasks.last() {
                         let send = self.eng.background(self.devs[i].egress, Work::Transfer(bytes), &[lt]);
                         self.devs[i].lent[k] = Some((send, bytes, peer));
                     }
                 }
             }
-        }
-        // LM head and token return.
-        let head_dev = last_dev;
-        let t_head = self.ad.models[head_dev].head(1);
-        let mut ends = Vec::with_capacity(b);
-        for (j, inc) in incoming.iter().enumerate().take(b) {
-            let deps: Vec<TaskId> = inc.iter().copied().collect();
-            let hd = self.eng.task(Some(self.devs[head_dev].comp), Work::Secs(t_head), &deps);
-            let tok = if nd > 1 { self.eng.task(Some(self.devs[head_dev].egress), Work::Transfer(4.0), &[hd]) } else { hd };
-            self.token[j] = Some(tok);
-            ends.push(tok);
         }
         let end = self.eng.task(None, Work::Secs(0.0), &ends);
         self.step_end.push(end);

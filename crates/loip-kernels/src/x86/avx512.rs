@@ -34,7 +34,9 @@ trait Quant {
     unsafe fn prepare(p: *const u8) -> Self::State;
     /// chunk `k` (< CHUNKS) of the unit at `p`
     unsafe fn chunk(p: *const u8, s: &Self::State, k: usize) -> Chunk;
-    /// the two groups of a trailing 32-element block (types with 32-element blocks only)
+    /// 32-element-block types: the 64 elements of two blocks outside a whole unit
+    unsafe fn pair(p: *const u8) -> Chunk;
+    /// 32-element-block types: the two groups of one block outside a whole unit
     unsafe fn half(p: *const u8) -> [__m512; 2];
 }
 
@@ -65,6 +67,36 @@ unsafe fn u8x16(p: *const u8) -> __m512i {
     _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
 }
 
+/// The f16 scales of 8 blocks (`stride` bytes apart) at once: 8 × 2 f16 words at `p`
+/// (Q4_1's `d, m`) or, with `PAIR = false`, 8 × 1 word (`d`), converted to f32.
+///
+/// Kept in memory: each use is then a broadcast load instead of a register shuffle, which is
+/// the scarce resource of these kernels.
+#[inline(always)]
+unsafe fn scales8<const PAIR: bool>(p: *const u8, stride: usize) -> [f32; 16] {
+    let mut out = [0f32; 16];
+    if PAIR {
+        let mut raw = [0u32; 8];
+        for (i, v) in raw.iter_mut().enumerate() {
+            *v = read_unaligned(p.add(stride * i) as *const u32);
+        }
+        _mm512_storeu_ps(out.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(raw.as_ptr() as *const __m256i)));
+    } else {
+        let mut raw = [0u16; 8];
+        for (i, v) in raw.iter_mut().enumerate() {
+            *v = read_unaligned(p.add(stride * i) as *const u16);
+        }
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(raw.as_ptr() as *const __m128i)));
+    }
+    out
+}
+
+/// Scale `i` of a [`scales8`] array, read through memory (see there).
+#[inline(always)]
+unsafe fn scale(s: &[f32; 16], i: usize) -> __m512 {
+    _mm512_set1_ps(*std::hint::black_box(s.as_ptr()).add(i))
+}
+
 /// One Q4_0 / Q4_1 block: a 16-entry table of the exact values, indexed by nibble.
 #[inline(always)]
 unsafe fn q4_groups(table: __m512, qs: *const u8) -> [__m512; 2] {
@@ -73,88 +105,100 @@ unsafe fn q4_groups(table: __m512, qs: *const u8) -> [__m512; 2] {
     [_mm512_permutexvar_ps(q, table), _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table)]
 }
 
-struct Q40;
-impl Q40 {
-    #[inline(always)]
-    unsafe fn block(p: *const u8) -> [__m512; 2] {
-        // (q - 8) * d
-        let iota_m8 = _mm512_sub_ps(iota(), _mm512_set1_ps(8.0));
-        q4_groups(_mm512_mul_ps(iota_m8, f16_splat(p)), p.add(2))
-    }
+/// Two 32-element blocks as one chunk.
+#[inline(always)]
+fn join(a: [__m512; 2], b: [__m512; 2]) -> Chunk {
+    [a[0], a[1], b[0], b[1]]
 }
+
+/// (q - 8) as f32, the Q4_0 table before scaling.
+#[inline(always)]
+unsafe fn iota_m8() -> __m512 {
+    _mm512_sub_ps(iota(), _mm512_set1_ps(8.0))
+}
+
+struct Q40;
 impl Quant for Q40 {
-    const CHUNKS: usize = 1;
-    const UNIT_BYTES: usize = 36;
-    type State = ();
+    const CHUNKS: usize = 4;
+    const UNIT_BYTES: usize = 8 * 18;
+    type State = [f32; 16];
     #[inline(always)]
-    unsafe fn prepare(_p: *const u8) {}
+    unsafe fn prepare(p: *const u8) -> [f32; 16] {
+        scales8::<false>(p, 18)
+    }
     #[inline(always)]
-    unsafe fn chunk(p: *const u8, _s: &(), _k: usize) -> Chunk {
-        let [a, b] = Q40::block(p);
-        let [c, d] = Q40::block(p.add(18));
-        [a, b, c, d]
+    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
+        // (q - 8) * d; (q - 8) * d is exact, so the table holds the exact values
+        let b = |i: usize| q4_groups(_mm512_mul_ps(iota_m8(), scale(s, i)), p.add(18 * i + 2));
+        join(b(2 * k), b(2 * k + 1))
+    }
+    #[inline(always)]
+    unsafe fn pair(p: *const u8) -> Chunk {
+        join(Q40::half(p), Q40::half(p.add(18)))
     }
     #[inline(always)]
     unsafe fn half(p: *const u8) -> [__m512; 2] {
-        Q40::block(p)
+        q4_groups(_mm512_mul_ps(iota_m8(), f16_splat(p)), p.add(2))
     }
 }
 
 struct Q41;
-impl Q41 {
+impl Quant for Q41 {
+    const CHUNKS: usize = 4;
+    const UNIT_BYTES: usize = 8 * 20;
+    type State = [f32; 16];
     #[inline(always)]
-    unsafe fn block(p: *const u8) -> [__m512; 2] {
-        // q * d + m, as a table
+    unsafe fn prepare(p: *const u8) -> [f32; 16] {
+        scales8::<true>(p, 20)
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
+        // q * d + m: q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
+        let b = |i: usize| q4_groups(_mm512_fmadd_ps(iota(), scale(s, 2 * i), scale(s, 2 * i + 1)), p.add(20 * i + 4));
+        join(b(2 * k), b(2 * k + 1))
+    }
+    #[inline(always)]
+    unsafe fn pair(p: *const u8) -> Chunk {
+        join(Q41::half(p), Q41::half(p.add(20)))
+    }
+    #[inline(always)]
+    unsafe fn half(p: *const u8) -> [__m512; 2] {
         let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(read_unaligned(p as *const i32)));
         let d = _mm512_broadcastss_ps(dm);
         let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
-        q4_groups(_mm512_add_ps(_mm512_mul_ps(iota(), d), m), p.add(4))
-    }
-}
-impl Quant for Q41 {
-    const CHUNKS: usize = 1;
-    const UNIT_BYTES: usize = 40;
-    type State = ();
-    #[inline(always)]
-    unsafe fn prepare(_p: *const u8) {}
-    #[inline(always)]
-    unsafe fn chunk(p: *const u8, _s: &(), _k: usize) -> Chunk {
-        let [a, b] = Q41::block(p);
-        let [c, d] = Q41::block(p.add(20));
-        [a, b, c, d]
-    }
-    #[inline(always)]
-    unsafe fn half(p: *const u8) -> [__m512; 2] {
-        Q41::block(p)
+        q4_groups(_mm512_fmadd_ps(iota(), d, m), p.add(4))
     }
 }
 
-struct Q80;
-impl Q80 {
-    #[inline(always)]
-    unsafe fn block(p: *const u8) -> [__m512; 2] {
-        // q * d
-        let d = f16_splat(p);
-        let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2) as *const __m128i));
-        let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(18) as *const __m128i));
-        [_mm512_mul_ps(_mm512_cvtepi32_ps(q0), d), _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d)]
-    }
+/// One Q8_0 block's 32 values `q * d` (exact).
+#[inline(always)]
+unsafe fn q8_groups(d: __m512, qs: *const u8) -> [__m512; 2] {
+    let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(qs as *const __m128i));
+    let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16) as *const __m128i));
+    [_mm512_mul_ps(_mm512_cvtepi32_ps(q0), d), _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d)]
 }
+
+struct Q80;
 impl Quant for Q80 {
-    const CHUNKS: usize = 1;
-    const UNIT_BYTES: usize = 68;
-    type State = ();
+    const CHUNKS: usize = 4;
+    const UNIT_BYTES: usize = 8 * 34;
+    type State = [f32; 16];
     #[inline(always)]
-    unsafe fn prepare(_p: *const u8) {}
+    unsafe fn prepare(p: *const u8) -> [f32; 16] {
+        scales8::<false>(p, 34)
+    }
     #[inline(always)]
-    unsafe fn chunk(p: *const u8, _s: &(), _k: usize) -> Chunk {
-        let [a, b] = Q80::block(p);
-        let [c, d] = Q80::block(p.add(34));
-        [a, b, c, d]
+    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
+        let b = |i: usize| q8_groups(scale(s, i), p.add(34 * i + 2));
+        join(b(2 * k), b(2 * k + 1))
+    }
+    #[inline(always)]
+    unsafe fn pair(p: *const u8) -> Chunk {
+        join(Q80::half(p), Q80::half(p.add(34)))
     }
     #[inline(always)]
     unsafe fn half(p: *const u8) -> [__m512; 2] {
-        Q80::block(p)
+        q8_groups(f16_splat(p), p.add(2))
     }
 }
 
@@ -197,6 +241,10 @@ impl Quant for Q4K {
             _mm512_permutexvar_ps(_mm512_srli_epi32(b0, 4), hi),
             _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), hi),
         ]
+    }
+    #[inline(always)]
+    unsafe fn pair(_p: *const u8) -> Chunk {
+        unreachable!("Q4_K rows are whole 256-element blocks")
     }
     #[inline(always)]
     unsafe fn half(_p: *const u8) -> [__m512; 2] {
@@ -267,6 +315,10 @@ impl Quant for Q6K {
             w[i] = _mm512_mul_ps(_mm512_set1_ps(s[4 * k + i]), v);
         }
         w
+    }
+    #[inline(always)]
+    unsafe fn pair(_p: *const u8) -> Chunk {
+        unreachable!("Q6_K rows are whole 256-element blocks")
     }
     #[inline(always)]
     unsafe fn half(_p: *const u8) -> [__m512; 2] {
@@ -390,12 +442,22 @@ unsafe fn dot_quant<Q: Quant, const R: usize, const N: usize>(
             }
         }
     }
-    if cols % unit_elems != 0 {
-        // one trailing 32-element block: canonical groups 4·units, 4·units + 1 -> acc 0, 1
-        let x = load_x::<N, 2>(&xs, units * unit_elems);
+    // 32-element-block types: whole block pairs, then one block, after the last whole unit
+    let rest = cols - units * unit_elems;
+    let (mut e, mut off) = (units * unit_elems, units * Q::UNIT_BYTES);
+    for _ in 0..rest / 64 {
+        let x = load_x::<N, 4>(&xs, e);
         for r in 0..R {
-            let w = Q::half(rows[r].add(units * Q::UNIT_BYTES));
-            fma_groups(&mut acc[r], &w, &x, 0);
+            fma_groups(&mut acc[r], &Q::pair(rows[r].add(off)), &x, 0);
+        }
+        e += 64;
+        off += Q::UNIT_BYTES / Q::CHUNKS;
+    }
+    if rest % 64 != 0 {
+        // canonical groups 4k, 4k + 1 -> accumulators 0, 1
+        let x = load_x::<N, 2>(&xs, e);
+        for r in 0..R {
+            fma_groups(&mut acc[r], &Q::half(rows[r].add(off)), &x, 0);
         }
     }
     finish(&acc)

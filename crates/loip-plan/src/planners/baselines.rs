@@ -60,7 +60,31 @@ impl Planner for LoipUniform {
             }
         }
         let Some((_, s, alloc)) = best else {
-            return Err(does_not_fit(&ctx, self.name(), &divisors(shape.layers), &|s, n, e, h| ctx.mem(s, n, n, n, e, h)));
+            // Closest miss: the uniform split (everything offloaded) with the smallest deficit.
+            let mut miss: Option<(i128, usize)> = None;
+            for s in divisors(shape.layers).into_iter().filter(|&s| (shape.layers / s) as usize >= k) {
+                let per_stage = shape.layers / s;
+                let worst = (0..k)
+                    .map(|j| {
+                        let n = per_stage / k as u32 + u32::from((j as u32) < per_stage % k as u32);
+                        let (e, h) = role(j, k);
+                        (ctx.mem(s, n, n, n, e, h) as i128 - ctx.budgets[j] as i128, j)
+                    })
+                    .max();
+                if let Some(w) = worst.filter(|w| w.0 > 0) {
+                    if miss.is_none_or(|m| w.0 < m.0) {
+                        miss = Some(w);
+                    }
+                }
+            }
+            return Err(match miss {
+                Some((deficit, j)) => PlanError::DoesNotFit {
+                    planner: self.name().into(),
+                    device: cluster.devices[j].name.clone(),
+                    lacks_bytes: deficit as u64,
+                },
+                None => does_not_fit(&ctx, self.name(), &divisors(shape.layers), &|s, n, e, h| ctx.mem(s, n, n, n, e, h)),
+            });
         };
         build_plan(&ctx, self.name(), s, &alloc, ExecMode::Overlapped, Vec::new())
     }

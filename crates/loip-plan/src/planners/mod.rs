@@ -238,17 +238,18 @@ pub(crate) fn build_plan(
     Ok(plan)
 }
 
-/// The closest miss when nothing fits: spreads layers over all devices (in order, at least
-/// one each) to maximise the smallest headroom, with `min_mem(s, n, embed, head)` the least
-/// memory a device needs for `n` layers per stage; returns the device with
-/// the largest deficit over the candidate stage counts `ss`.
+/// The closest miss when nothing fits: spreads layers over the devices (in order, at least
+/// one each; only the first `L` devices when there are more devices than layers) to maximise
+/// the smallest headroom, with `min_mem(s, n, embed, head)` the least memory a device needs
+/// for `n` layers per stage; returns the device with the largest deficit over the candidate
+/// stage counts `ss`.
 pub(crate) fn does_not_fit(
     ctx: &Ctx,
     planner: &str,
     ss: &[u32],
     min_mem: &dyn Fn(u32, u32, bool, bool) -> u64,
 ) -> PlanError {
-    let nd = ctx.cluster.devices.len();
+    let nd = ctx.cluster.devices.len().min(ctx.shape.layers as usize);
     let mut best: Option<(i128, usize)> = None; // (largest deficit, device)
     for &s in ss {
         let per_stage = ctx.shape.layers / s;
@@ -256,9 +257,7 @@ pub(crate) fn does_not_fit(
             continue;
         }
         let mut n = vec![1u32; nd];
-        let head = |j: usize, n: u32| {
-            ctx.budgets[j] as i128 - min_mem(s, n, j == 0, j + 1 == nd) as i128
-        };
+        let head = |j: usize, n: u32| ctx.budgets[j] as i128 - min_mem(s, n, j == 0, j + 1 == nd) as i128;
         for _ in nd as u32..per_stage {
             let j = (0..nd).max_by_key(|&j| (head(j, n[j] + 1), std::cmp::Reverse(j))).unwrap_or(0);
             n[j] += 1;
@@ -269,6 +268,13 @@ pub(crate) fn does_not_fit(
         }
     }
     let (deficit, j) = best.unwrap_or((0, 0));
+    if deficit <= 0 && ctx.cluster.devices.len() > ctx.shape.layers as usize {
+        return PlanError::BadRequest(format!(
+            "{} devices but only {} layers: every device in a plan needs a layer; allow dropping devices",
+            ctx.cluster.devices.len(),
+            ctx.shape.layers
+        ));
+    }
     PlanError::DoesNotFit {
         planner: planner.to_string(),
         device: ctx.cluster.devices[j].name.clone(),

@@ -1,0 +1,231 @@
+//! A worker's slice store: the slice files it was given, checked by checksum, kept across
+//! restarts so a restarted worker is not sent its weights again.
+//!
+//! Layout: `DIR/*.slice` (files named as in the model's manifest), `DIR/manifest.json` (the
+//! last model loaded, for people), `DIR/.verified.json` (file → size, mtime, CRC-32 of the
+//! files verified so far). At start-up every slice is verified, reusing the cached CRC of a
+//! file whose size and mtime did not change, so restarts are fast; a file that fails to read
+//! is left out of the inventory. A slice being received is written to `NAME.part`, its CRC
+//! checked against the manifest entry, synced, then renamed into place, so a crash never
+//! leaves a half-written slice under its real name.
+//!
+//! File names come from the peer: only `[A-Za-z0-9._-]` names ending in `.slice`, not
+//! starting with a dot, are accepted, so nothing is written outside `DIR`.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use loip_model::slice::{Manifest, SliceEntry, MANIFEST};
+use serde::{Deserialize, Serialize};
+
+use crate::wire::StoredSlice;
+use crate::RuntimeError;
+
+const CACHE: &str = ".verified.json";
+/// Largest slice a worker accepts, bytes.
+pub const MAX_SLICE_BYTES: u64 = 64 << 30;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Held {
+    size: u64,
+    mtime_ns: u64,
+    crc32: String,
+}
+
+/// The slice files of one worker.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    held: BTreeMap<String, Held>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
+    move |source| RuntimeError::Io { path: path.to_path_buf(), source }
+}
+
+fn mtime_ns(m: &fs::Metadata) -> u64 {
+    m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Whether a peer-given file name is acceptable in the store.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name.ends_with(".slice")
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+fn file_crc(path: &Path) -> Result<u32, RuntimeError> {
+    let mut f = File::open(path).map_err(io(path))?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            return Ok(h.finalize());
+        }
+        h.update(&buf[..n]);
+    }
+}
+
+impl Store {
+    /// Opens (creating) the store in `dir` and verifies what it holds.
+    pub fn open(dir: &Path) -> Result<Store, RuntimeError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let cached: BTreeMap<String, Held> = fs::read(dir.join(CACHE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let mut held = BTreeMap::new();
+        for e in fs::read_dir(dir).map_err(io(dir))? {
+            let e = e.map_err(io(dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = e.path();
+            if name.ends_with(".part") {
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            if !valid_name(&name) {
+                continue;
+            }
+            let Ok(meta) = e.metadata() else { continue };
+            let (size, mtime) = (meta.len(), mtime_ns(&meta));
+            let h = match cached.get(&name) {
+                Some(c) if c.size == size && c.mtime_ns == mtime => c.clone(),
+                _ => match file_crc(&path) {
+                    Ok(crc) => Held { size, mtime_ns: mtime, crc32: format!("{crc:08x}") },
+                    Err(err) => {
+                        tracing::warn!("store: leaving out {name}: {err}");
+                        continue;
+                    }
+                },
+            };
+            held.insert(name, h);
+        }
+        let s = Store { dir: dir.to_path_buf(), held };
+        s.save_cache()?;
+        Ok(s)
+    }
+
+    fn save_cache(&self) -> Result<(), RuntimeError> {
+        let tmp = self.dir.join(format!("{CACHE}.tmp"));
+        let text = serde_json::to_vec_pretty(&self.held).map_err(|e| RuntimeError::Invalid(e.to_string()))?;
+        fs::write(&tmp, text).map_err(io(&tmp))?;
+        fs::rename(&tmp, self.dir.join(CACHE)).map_err(io(&tmp))
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Verified slices held.
+    pub fn inventory(&self) -> Vec<StoredSlice> {
+        self.held.iter().map(|(f, h)| StoredSlice { file: f.clone(), size: h.size, crc32: h.crc32.clone() }).collect()
+    }
+
+    /// Whether the store holds exactly this slice.
+    pub fn has(&self, e: &SliceEntry) -> bool {
+        self.held.get(&e.file).is_some_and(|h| h.size == e.size && h.crc32 == e.crc32)
+    }
+
+    /// Starts receiving `entry`'s file.
+    pub fn begin(&self, entry: &SliceEntry) -> Result<SliceWriter, RuntimeError> {
+        if !valid_name(&entry.file) {
+            return Err(RuntimeError::Invalid(format!("refusing slice file name {:?}", entry.file)));
+        }
+        if entry.size > MAX_SLICE_BYTES {
+            return Err(RuntimeError::Invalid(format!("slice {} of {} bytes is over the limit", entry.file, entry.size)));
+        }
+        let tmp = self.dir.join(format!("{}.part", entry.file));
+        let file = File::create(&tmp).map_err(io(&tmp))?;
+        Ok(SliceWriter { entry: entry.clone(), tmp, file, crc: crc32fast::Hasher::new(), written: 0, done: false })
+    }
+
+    /// Records a finished slice (from [`SliceWriter::finish`]).
+    fn record(&mut self, file: &str, h: Held) -> Result<(), RuntimeError> {
+        self.held.insert(file.to_string(), h);
+        self.save_cache()
+    }
+
+    /// Writes the model's manifest beside the slices (informational).
+    pub fn save_manifest(&self, m: &Manifest) -> Result<(), RuntimeError> {
+        let path = self.dir.join(MANIFEST);
+        let text = serde_json::to_vec_pretty(m).map_err(|e| RuntimeError::Invalid(e.to_string()))?;
+        let tmp = self.dir.join("manifest.json.tmp");
+        fs::write(&tmp, text).map_err(io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io(&path))
+    }
+}
+
+/// A slice being received.
+#[derive(Debug)]
+pub struct SliceWriter {
+    entry: SliceEntry,
+    tmp: PathBuf,
+    file: File,
+    crc: crc32fast::Hasher,
+    written: u64,
+    done: bool,
+}
+
+impl SliceWriter {
+    /// Bytes still expected.
+    pub fn remaining(&self) -> u64 {
+        self.entry.size - self.written
+    }
+
+    /// Appends a chunk; more bytes than announced is an error.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), RuntimeError> {
+        if bytes.len() as u64 > self.remaining() {
+            return Err(RuntimeError::Invalid(format!("more bytes than the {} announced for {}", self.entry.size, self.entry.file)));
+        }
+        self.file.write_all(bytes).map_err(io(&self.tmp))?;
+        self.crc.update(bytes);
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Checks the CRC, syncs, renames into place and records the slice in `store`.
+    pub fn finish(mut self, store: &mut Store) -> Result<(), RuntimeError> {
+        let (entry, tmp) = (self.entry.clone(), self.tmp.clone());
+        if self.written != entry.size {
+            return Err(RuntimeError::Invalid(format!("{}: {} of {} bytes received", entry.file, self.written, entry.size)));
+        }
+        let got = format!("{:08x}", self.crc.clone().finalize());
+        if got != entry.crc32 {
+            return Err(RuntimeError::Model(loip_model::ModelError::Checksum { path: tmp, expected: entry.crc32, actual: got }));
+        }
+        self.file.sync_all().map_err(io(&tmp))?;
+        let path = store.dir.join(&entry.file);
+        fs::rename(&tmp, &path).map_err(io(&path))?;
+        self.done = true;
+        let meta = fs::metadata(&path).map_err(io(&path))?;
+        store.record(&entry.file, Held { size: meta.len(), mtime_ns: mtime_ns(&meta), crc32: got })
+    }
+}
+
+impl Drop for SliceWriter {
+    fn drop(&mut self) {
+        // An abandoned or refused transfer leaves no partial file.
+        if !self.done {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_confined_to_the_store() {
+        assert!(valid_name("layer-003-attn.slice"));
+        for bad in ["../x.slice", "a/b.slice", ".hidden.slice", "x.txt", "", "a b.slice"] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+}

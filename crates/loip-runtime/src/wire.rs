@@ -1,0 +1,730 @@
+//! The wire protocol between the coordinator and its workers.
+//!
+//! Every message is one frame: `[u32 LE payload_len][u8 kind][payload]`, with
+//! `payload_len ≤ MAX_FRAME` (64 MiB). A reader never allocates more than the bound and
+//! never trusts a length it has not checked; a malformed frame is an error for that
+//! connection only (the caller closes it), never a panic.
+//!
+//! | kind | payload |
+//! |---|---|
+//! | `Hello` | `b"LOIP"`, u32 LE protocol version, u8 role (0 coordinator, 1 worker) |
+//! | `Control` | JSON of [`ToWorker`] or [`ToCoordinator`] |
+//! | `Step` | binary [`StepHeader`] then the step's input: u32 LE token ids (embed) or f32 LE hidden rows |
+//! | `Output` | binary [`OutputHeader`] then f32 LE rows (hidden states or logits) |
+//! | `SliceData` | raw bytes of the slice announced by the last [`ToWorker::PutSlice`] (≤ 8 MiB each) |
+//! | `Bulk` | filler bytes of a bandwidth measurement |
+//! | `Error` | UTF-8 text; the sender closes the connection after it |
+//!
+//! Session: both sides send `Hello` first; a peer with another magic or version is refused
+//! with an `Error` frame naming both versions. The worker then sends
+//! [`ToCoordinator::Challenge`] with a random nonce; the coordinator answers
+//! [`ToWorker::Auth`] with `HMAC-SHA256(token, nonce)` and its own nonce; the worker checks
+//! the MAC (a wrong token is refused with an `Error` frame) and answers
+//! [`ToCoordinator::Welcome`] with its MAC of the coordinator's nonce and its inventory, so
+//! each side knows the other holds the token.
+//!
+//! Lossless: activations travel as the exact bytes of little-endian f32 values; nothing on
+//! the wire is ever rounded, quantized or compressed.
+
+use std::time::Duration;
+
+use loip_engine::TokenPos;
+use loip_model::slice::{Manifest, SliceEntry};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::executor::{DeviceSpec, MemoryReport};
+use crate::net::throttle::Throttle;
+
+/// Magic of the `Hello` frame.
+pub const MAGIC: [u8; 4] = *b"LOIP";
+/// Version of this protocol; peers must match exactly.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest payload of one frame, bytes.
+pub const MAX_FRAME: usize = 64 << 20;
+/// Largest `SliceData` chunk, bytes.
+pub const SLICE_CHUNK: usize = 8 << 20;
+/// Bytes of a frame header (length + kind).
+pub const HEADER_BYTES: usize = 5;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// version handshake
+    Hello = 1,
+    /// JSON control message
+    Control = 2,
+    /// a step for a worker: header + input rows
+    Step = 3,
+    /// a worker's result: header + output rows
+    Output = 4,
+    /// bytes of a slice file being shipped
+    SliceData = 5,
+    /// bandwidth-measurement filler
+    Bulk = 6,
+    /// a fatal error message; the connection closes after it
+    Error = 7,
+}
+
+impl FrameKind {
+    fn from_u8(k: u8) -> Option<FrameKind> {
+        Some(match k {
+            1 => FrameKind::Hello,
+            2 => FrameKind::Control,
+            3 => FrameKind::Step,
+            4 => FrameKind::Output,
+            5 => FrameKind::SliceData,
+            6 => FrameKind::Bulk,
+            7 => FrameKind::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    /// its kind
+    pub kind: FrameKind,
+    /// its payload (at most [`MAX_FRAME`] bytes)
+    pub payload: Vec<u8>,
+}
+
+/// Errors of one connection. A [`NetError`] adds which device it was.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// The peer closed the connection.
+    #[error("the connection was closed")]
+    Closed,
+    /// An I/O error on the socket.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Nothing arrived in time.
+    #[error("timed out after {0:?} waiting for {1}")]
+    Timeout(Duration, &'static str),
+    /// A frame longer than the bound.
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// announced payload length, bytes
+        len: u64,
+        /// the limit, bytes
+        max: usize,
+    },
+    /// A frame kind this version does not know (usually garbage on the socket).
+    #[error("unknown frame kind {0} (not a LOIP peer, or a corrupt stream)")]
+    BadKind(u8),
+    /// The peer does not speak LOIP.
+    #[error("the peer is not a LOIP peer (bad hello)")]
+    NotLoip,
+    /// The peer speaks another protocol version.
+    #[error("protocol version mismatch: this side speaks LOIP v{ours}, the peer v{theirs}")]
+    VersionMismatch {
+        /// our version
+        ours: u32,
+        /// theirs
+        theirs: u32,
+    },
+    /// Authentication failed.
+    #[error("authentication refused: {0}")]
+    AuthRefused(String),
+    /// A frame whose content is malformed or unexpected here.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The peer sent an `Error` frame (and closes).
+    #[error("the peer reported: {0}")]
+    Remote(String),
+}
+
+/// A connection error that names the device: every network failure the coordinator reports
+/// is one of these.
+#[derive(Debug, Error)]
+#[error("device {device} ({addr}): {source}")]
+pub struct NetError {
+    /// device name
+    pub device: String,
+    /// its address
+    pub addr: String,
+    /// what went wrong
+    #[source]
+    pub source: WireError,
+}
+
+impl NetError {
+    /// Wraps `source` with the device's identity.
+    pub fn new(device: &str, addr: &str, source: WireError) -> NetError {
+        NetError { device: device.to_string(), addr: addr.to_string(), source }
+    }
+}
+
+/// Reads one frame, refusing payloads over `max` bytes before allocating.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Frame, WireError> {
+    let mut head = [0u8; HEADER_BYTES];
+    let mut got = 0;
+    while got < HEADER_BYTES {
+        let n = r.read(&mut head[got..]).await?;
+        if n == 0 {
+            return Err(if got == 0 { WireError::Closed } else { WireError::Protocol("truncated frame header".into()) });
+        }
+        got += n;
+    }
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as u64;
+    if len > max as u64 {
+        return Err(WireError::TooLarge { len, max });
+    }
+    let kind = FrameKind::from_u8(head[4]).ok_or(WireError::BadKind(head[4]))?;
+    let mut payload = vec![0u8; len as usize];
+    r.read_exact(&mut payload).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => WireError::Protocol(format!("truncated frame: {len} bytes announced")),
+        _ => WireError::Io(e),
+    })?;
+    Ok(Frame { kind, payload })
+}
+
+/// Reads one frame within `timeout`.
+pub async fn read_frame_timeout<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+    timeout: Duration,
+    what: &'static str,
+) -> Result<Frame, WireError> {
+    tokio::time::timeout(timeout, read_frame(r, max)).await.map_err(|_| WireError::Timeout(timeout, what))?
+}
+
+/// Writes one frame (after waiting for the throttle's budget, if any).
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: FrameKind,
+    payload: &[u8],
+    throttle: Option<&Throttle>,
+) -> Result<(), WireError> {
+    if payload.len() > MAX_FRAME {
+        return Err(WireError::TooLarge { len: payload.len() as u64, max: MAX_FRAME });
+    }
+    if let Some(t) = throttle {
+        t.take(HEADER_BYTES + payload.len()).await;
+    }
+    let mut head = [0u8; HEADER_BYTES];
+    head[..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    head[4] = kind as u8;
+    if payload.len() <= 64 << 10 {
+        let mut buf = Vec::with_capacity(HEADER_BYTES + payload.len());
+        buf.extend_from_slice(&head);
+        buf.extend_from_slice(payload);
+        w.write_all(&buf).await?;
+    } else {
+        w.write_all(&head).await?;
+        w.write_all(payload).await?;
+    }
+    w.flush().await?;
+    Ok(())
+}
+
+/// Which end of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// the coordinator
+    Coordinator = 0,
+    /// a worker
+    Worker = 1,
+}
+
+/// The `Hello` payload of `role` at `version`.
+pub fn hello_payload(role: Role, version: u32) -> Vec<u8> {
+    let mut p = MAGIC.to_vec();
+    p.extend_from_slice(&version.to_le_bytes());
+    p.push(role as u8);
+    p
+}
+
+/// Checks a peer's `Hello` frame: magic and exact version.
+pub fn check_hello(f: &Frame) -> Result<(), WireError> {
+    if f.kind == FrameKind::Error {
+        return Err(WireError::Remote(String::from_utf8_lossy(&f.payload).into_owned()));
+    }
+    if f.kind != FrameKind::Hello || f.payload.len() != 9 || f.payload[..4] != MAGIC {
+        return Err(WireError::NotLoip);
+    }
+    let theirs = u32::from_le_bytes([f.payload[4], f.payload[5], f.payload[6], f.payload[7]]);
+    if theirs != PROTOCOL_VERSION {
+        return Err(WireError::VersionMismatch { ours: PROTOCOL_VERSION, theirs });
+    }
+    Ok(())
+}
+
+/// A slice file a worker holds and has verified.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredSlice {
+    /// file name in the store
+    pub file: String,
+    /// bytes
+    pub size: u64,
+    /// CRC-32 (IEEE), hex, as in the manifest
+    pub crc32: String,
+}
+
+/// What a worker says about itself after authentication.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// its name (`--name`, else the host name)
+    pub name: String,
+    /// build version of the worker
+    pub version: String,
+    /// its memory budget (`--mem`), bytes
+    pub mem_budget: u64,
+    /// compute threads
+    pub threads: usize,
+    /// its outgoing bandwidth limit, bytes/s (`--bandwidth`), if emulated
+    pub bandwidth_limit: Option<f64>,
+    /// verified slices in its store
+    pub store: Vec<StoredSlice>,
+}
+
+/// Block timings a worker measured on its own hardware (see `net::profile`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeResult {
+    /// `(context n, seconds)`: one attention block at micro-batch 1  // seconds
+    pub attn: Vec<(u64, f64)>,
+    /// one MLP block at micro-batch 1  // seconds
+    pub mlp_s: f64,
+    /// direct loader (β bytes/s, λ s)
+    pub direct: loip_plan::LoaderProfile,
+    /// conventional loader
+    pub conventional: loip_plan::LoaderProfile,
+    /// seconds the probe took
+    pub took_s: f64,
+}
+
+/// Control messages from the coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)]
+pub enum ToWorker {
+    /// answer to [`ToCoordinator::Challenge`]
+    Auth {
+        /// HMAC-SHA256(token, worker nonce), hex
+        mac: String,
+        /// the coordinator's nonce for the worker to sign, hex
+        nonce: String,
+    },
+    /// round-trip probe; answered with `Pong`
+    Ping {
+        /// echoed
+        id: u64,
+    },
+    /// the coordinator now sends `bytes` in `Bulk` frames; answered with `BulkReceived`
+    BulkSend {
+        /// bytes that follow
+        bytes: u64,
+    },
+    /// the worker sends `bytes` in `Bulk` frames, then `BulkSent`
+    BulkFetch {
+        /// bytes asked
+        bytes: u64,
+    },
+    /// a slice file follows in `SliceData` frames; answered with `Stored`
+    PutSlice {
+        /// its manifest entry (name, size, CRC)
+        entry: SliceEntry,
+    },
+    /// measure block and load times on layer 0's slices (which the worker must hold)
+    Probe {
+        /// the model
+        manifest: Manifest,
+    },
+    /// open the device for a plan; answered with `Loaded`
+    Load {
+        /// the model
+        manifest: Manifest,
+        /// what this device runs
+        spec: DeviceSpec,
+    },
+    /// forget these sequences' KV cache
+    Release {
+        /// sequence ids
+        seqs: Vec<u64>,
+    },
+    /// end of session (the worker keeps listening)
+    Bye,
+}
+
+/// Control messages from a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToCoordinator {
+    /// first message: sign this
+    Challenge {
+        /// random nonce, hex
+        nonce: String,
+    },
+    /// authenticated
+    Welcome {
+        /// HMAC-SHA256(token, coordinator nonce), hex
+        mac: String,
+        /// about the worker
+        info: WorkerInfo,
+    },
+    /// answer to `Ping`
+    Pong {
+        /// echoed
+        id: u64,
+    },
+    /// all bulk bytes arrived
+    BulkReceived {
+        /// bytes counted
+        bytes: u64,
+    },
+    /// all bulk bytes were sent
+    BulkSent {
+        /// bytes sent
+        bytes: u64,
+    },
+    /// a slice is stored and verified
+    Stored {
+        /// its file name
+        file: String,
+    },
+    /// probe results
+    Probed(ProbeResult),
+    /// the device is open
+    Loaded {
+        /// how its budget is spent
+        memory: MemoryReport,
+    },
+    /// a request failed; the connection stays usable
+    Failed {
+        /// the step it was about, if any
+        step: Option<u64>,
+        /// why
+        message: String,
+    },
+}
+
+/// Encodes a control message.
+pub fn control_payload<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
+    serde_json::to_vec(msg).map_err(|e| WireError::Protocol(format!("cannot encode a control message: {e}")))
+}
+
+/// Decodes a control frame's payload.
+pub fn parse_control<T: for<'de> Deserialize<'de>>(f: &Frame) -> Result<T, WireError> {
+    match f.kind {
+        FrameKind::Control => {
+            serde_json::from_slice(&f.payload).map_err(|e| WireError::Protocol(format!("bad control message: {e}")))
+        }
+        FrameKind::Error => Err(WireError::Remote(String::from_utf8_lossy(&f.payload).into_owned())),
+        k => Err(WireError::Protocol(format!("expected a control frame, got {k:?}"))),
+    }
+}
+
+/// Header of a `Step` frame: what a worker runs on the rows that follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepHeader {
+    /// coordinator-unique id, echoed in the output
+    pub step: u64,
+    /// input is token ids: embed them first (first device)
+    pub embed: bool,
+    /// finish with the final norm and LM head on `rows` (last device)
+    pub head: bool,
+    /// keep the last stage's offloaded blocks in the slot: another sequence passes it next
+    pub keep: bool,
+    /// local stage indices to run, in order
+    pub stages: Vec<u16>,
+    /// one entry per input row
+    pub batch: Vec<TokenPos>,
+    /// rows whose logits to return (with `head`)
+    pub rows: Vec<u32>,
+}
+
+/// Bounds on a step header (far above any real step).
+const MAX_STAGES: usize = 4096;
+const MAX_TOKENS: usize = 1 << 20;
+
+const FLAG_EMBED: u8 = 1;
+const FLAG_HEAD: u8 = 2;
+const FLAG_KEEP: u8 = 4;
+
+/// A bounds-checked little-endian reader over a payload.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
+        let end = end.ok_or_else(|| WireError::Protocol(format!("frame ends early at byte {}", self.buf.len())))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn f64(&mut self) -> Result<f64, WireError> {
+        Ok(f64::from_bits(self.u64()?))
+    }
+    fn count(&mut self, max: usize, what: &str) -> Result<usize, WireError> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(WireError::Protocol(format!("{n} {what} (at most {max})")));
+        }
+        Ok(n)
+    }
+    fn rest(&self) -> &'a [u8] {
+        &self.buf[self.pos..]
+    }
+}
+
+/// The payload of a `Step` frame: header, then `data` (u32 ids or f32 rows, little endian).
+pub fn encode_step(h: &StepHeader, data: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(32 + 2 * h.stages.len() + 12 * h.batch.len() + 4 * h.rows.len() + data.len());
+    p.extend_from_slice(&h.step.to_le_bytes());
+    let flags = (h.embed as u8 * FLAG_EMBED) | (h.head as u8 * FLAG_HEAD) | (h.keep as u8 * FLAG_KEEP);
+    p.push(flags);
+    p.extend_from_slice(&(h.stages.len() as u32).to_le_bytes());
+    for &s in &h.stages {
+        p.extend_from_slice(&s.to_le_bytes());
+    }
+    p.extend_from_slice(&(h.batch.len() as u32).to_le_bytes());
+    for t in &h.batch {
+        p.extend_from_slice(&t.seq.to_le_bytes());
+        p.extend_from_slice(&(t.pos as u32).to_le_bytes());
+    }
+    p.extend_from_slice(&(h.rows.len() as u32).to_le_bytes());
+    for &r in &h.rows {
+        p.extend_from_slice(&r.to_le_bytes());
+    }
+    p.extend_from_slice(data);
+    p
+}
+
+/// Parses a `Step` payload; returns the header and the input bytes. Structure only: the
+/// worker checks the input length against its model.
+pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
+    let mut c = Cursor { buf: payload, pos: 0 };
+    let step = c.u64()?;
+    let flags = c.u8()?;
+    if flags & !(FLAG_EMBED | FLAG_HEAD | FLAG_KEEP) != 0 {
+        return Err(WireError::Protocol(format!("unknown step flags {flags:#x}")));
+    }
+    let n = c.count(MAX_STAGES, "stages")?;
+    let stages = (0..n).map(|_| c.u16()).collect::<Result<Vec<_>, _>>()?;
+    let n = c.count(MAX_TOKENS, "tokens")?;
+    let mut batch = Vec::with_capacity(n.min(payload.len() / 12));
+    for _ in 0..n {
+        batch.push(TokenPos { seq: c.u64()?, pos: c.u32()? as usize });
+    }
+    let n = c.count(batch.len(), "head rows")?;
+    let rows = (0..n).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?;
+    if rows.iter().any(|&r| r as usize >= batch.len()) {
+        return Err(WireError::Protocol("a head row outside the step".into()));
+    }
+    let h = StepHeader {
+        step,
+        embed: flags & FLAG_EMBED != 0,
+        head: flags & FLAG_HEAD != 0,
+        keep: flags & FLAG_KEEP != 0,
+        stages,
+        batch,
+        rows,
+    };
+    Ok((h, c.rest()))
+}
+
+/// Where a worker's time for one step went.  // seconds
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobTimes {
+    /// waiting in the worker's queue behind other steps  // seconds
+    pub queued_s: f64,
+    /// computing blocks  // seconds
+    pub compute_s: f64,
+    /// waiting for the loader (uncovered load)  // seconds
+    pub stall_s: f64,
+    /// from the frame's arrival to the output being handed to the socket  // seconds
+    pub total_s: f64,
+    /// bytes loaded from the SSD  // bytes
+    pub loaded_bytes: u64,
+}
+
+/// Header of an `Output` frame.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OutputHeader {
+    /// the step it answers
+    pub step: u64,
+    /// rows are logits (else hidden states)
+    pub logits: bool,
+    /// rows
+    pub rows: u32,
+    /// floats per row (hidden size or vocabulary)
+    pub cols: u32,
+    /// worker-side times
+    pub times: JobTimes,
+}
+
+/// Bytes of an encoded [`OutputHeader`].
+pub const OUTPUT_HEADER_BYTES: usize = 8 + 1 + 4 + 4 + 4 * 8 + 8;
+
+/// Writes an `Output` header in front of `data` (f32 LE, rows × cols).
+pub fn encode_output(h: &OutputHeader, data: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(OUTPUT_HEADER_BYTES + data.len());
+    p.extend_from_slice(&h.step.to_le_bytes());
+    p.push(h.logits as u8);
+    p.extend_from_slice(&h.rows.to_le_bytes());
+    p.extend_from_slice(&h.cols.to_le_bytes());
+    for v in [h.times.queued_s, h.times.compute_s, h.times.stall_s, h.times.total_s] {
+        p.extend_from_slice(&v.to_bits().to_le_bytes());
+    }
+    p.extend_from_slice(&h.times.loaded_bytes.to_le_bytes());
+    p.extend_from_slice(data);
+    p
+}
+
+/// Parses an `Output` payload, checking that the data is exactly rows × cols floats.
+pub fn decode_output(payload: &[u8]) -> Result<(OutputHeader, &[u8]), WireError> {
+    let mut c = Cursor { buf: payload, pos: 0 };
+    let step = c.u64()?;
+    let logits = match c.u8()? {
+        0 => false,
+        1 => true,
+        k => return Err(WireError::Protocol(format!("bad output kind {k}"))),
+    };
+    let rows = c.u32()?;
+    let cols = c.u32()?;
+    let mut t = [0f64; 4];
+    for v in &mut t {
+        *v = c.f64()?;
+    }
+    let loaded_bytes = c.u64()?;
+    let data = c.rest();
+    if data.len() as u64 != rows as u64 * cols as u64 * 4 {
+        return Err(WireError::Protocol(format!("output of {rows}×{cols} floats carries {} bytes", data.len())));
+    }
+    let times = JobTimes { queued_s: t[0], compute_s: t[1], stall_s: t[2], total_s: t[3], loaded_bytes };
+    Ok((OutputHeader { step, logits, rows, cols, times }, data))
+}
+
+/// Exact little-endian bytes of `v`.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 4);
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+/// The f32 values of exact little-endian bytes (`b.len()` must be a multiple of 4).
+pub fn bytes_f32(b: &[u8]) -> Result<Vec<f32>, WireError> {
+    if b.len() % 4 != 0 {
+        return Err(WireError::Protocol(format!("{} bytes are not whole f32 values", b.len())));
+    }
+    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// Little-endian u32 token ids.
+pub fn u32_bytes(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Token ids from little-endian bytes.
+pub fn bytes_u32(b: &[u8]) -> Result<Vec<u32>, WireError> {
+    if b.len() % 4 != 0 {
+        return Err(WireError::Protocol(format!("{} bytes are not whole u32 ids", b.len())));
+    }
+    Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// HMAC-SHA256 (RFC 2104) of `msg` under `key`.
+pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut k = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        k[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        k[..key.len()].copy_from_slice(key);
+    }
+    let mut inner = Sha256::new();
+    inner.update(k.map(|b| b ^ 0x36));
+    inner.update(msg);
+    let ih = inner.finalize();
+    let mut outer = Sha256::new();
+    outer.update(k.map(|b| b ^ 0x5c));
+    outer.update(ih);
+    outer.finalize().into()
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A fresh random nonce, hex.
+pub fn nonce() -> String {
+    hex(&rand::random::<[u8; 32]>())
+}
+
+/// The MAC a peer holding `token` gives for `nonce`, hex.
+pub fn auth_mac(token: Option<&str>, nonce: &str) -> String {
+    hex(&hmac_sha256(token.unwrap_or("").as_bytes(), nonce.as_bytes()))
+}
+
+/// Compares two strings in time independent of where they differ.
+pub fn ct_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_matches_rfc4231_case_2() {
+        let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
+        assert_eq!(hex(&mac), "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    }
+
+    #[test]
+    fn step_round_trips_and_rejects_truncation() {
+        let h = StepHeader {
+            step: 7,
+            embed: false,
+            head: true,
+            keep: true,
+            stages: vec![0, 2],
+            batch: vec![TokenPos { seq: 3, pos: 9 }, TokenPos { seq: 3, pos: 10 }],
+            rows: vec![1],
+        };
+        let data = f32_bytes(&[1.5, -0.0, f32::MIN_POSITIVE, 3.0]);
+        let p = encode_step(&h, &data);
+        let (h2, d2) = decode_step(&p).unwrap();
+        assert_eq!(h2, h);
+        assert_eq!(d2, &data[..]);
+        for cut in 0..p.len() - data.len() {
+            assert!(decode_step(&p[..cut]).is_err(), "cut at {cut}");
+        }
+        let out = OutputHeader { step: 7, logits: true, rows: 1, cols: 4, times: JobTimes::default() };
+        let p = encode_output(&out, &data);
+        let (o2, d) = decode_output(&p).unwrap();
+        assert_eq!(o2, out);
+        assert_eq!(bytes_f32(d).unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            [1.5f32, -0.0, f32::MIN_POSITIVE, 3.0].iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert!(decode_output(&p[..p.len() - 1]).is_err());
+    }
+}

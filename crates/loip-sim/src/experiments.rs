@@ -1,0 +1,355 @@
+//! The paper-scale experiments of design §10, as data, and their runner.
+//!
+//! | experiment | setups | methods | bandwidth (Mbit/s) |
+//! |---|---|---|---|
+//! | `memory-constrained` | 70B on Orin64 + 3×Orin32 + NX16, reservations (i), (ii), (iii) | the seven | 100, 200 |
+//! | `end-to-end` | 13B on Orin32 + NX16; 32B on Orin64 + Orin32 + NX16; 70B on 2×Orin64 + Orin32 + NX16 | the seven | 100, 200 |
+//! | `dynamic-bandwidth` | the end-to-end setups | the seven | 50–250, changing every 4–32 tokens |
+//! | `ablation` | 70B on 2×Orin64 + Orin32 + NX16 | loip and its three ablations | 100, 200, dynamic |
+//!
+//! Every experiment runs both patterns (sporadic: one sequence; bursty: `|D|` sequences).
+//! Devices are the planner crate's Jetson presets; link latency 2 ms (as in
+//! `examples/clusters/`). Runs are independent and executed in parallel; results come back
+//! in a fixed order, so the output does not depend on scheduling.
+
+use crate::bandwidth::Bandwidth;
+use crate::error::SimError;
+use crate::methods::{run_method, Method, MethodRun};
+use crate::shapes::shape;
+use crate::sim::{SimConfig, Status};
+use loip_plan::profile::preset;
+use loip_plan::{Cluster, LinkProfile, Pattern};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A device of a setup: (name, preset, reserved bytes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SetupDevice {
+    /// Device name.
+    pub name: String,
+    /// Planner-crate preset (`orin64`, `orin32`, `nx16`).
+    pub preset: String,
+    /// Memory reserved for other programs.  // bytes
+    pub reserve: u64,
+}
+
+/// A model on a set of devices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Setup {
+    /// Short name used in tables, e.g. `70b-4dev`.
+    pub name: String,
+    /// Built-in shape name.
+    pub shape: String,
+    /// Devices in pipeline order.
+    pub devices: Vec<SetupDevice>,
+}
+
+impl Setup {
+    fn new(name: &str, shape: &str, devices: &[(&str, &str, f64)]) -> Setup {
+        Setup {
+            name: name.to_string(),
+            shape: shape.to_string(),
+            devices: devices
+                .iter()
+                .map(|&(n, p, gb)| SetupDevice { name: n.to_string(), preset: p.to_string(), reserve: (gb * 1e9) as u64 })
+                .collect(),
+        }
+    }
+
+    /// The cluster (link bandwidth/latency are set per run).
+    pub fn cluster(&self) -> Result<Cluster, SimError> {
+        let mut devices = Vec::with_capacity(self.devices.len());
+        for d in &self.devices {
+            let p = preset(&d.preset).ok_or_else(|| SimError::Invalid { field: "preset", reason: format!("unknown preset `{}`", d.preset) })?;
+            devices.push((d.name.clone(), p));
+        }
+        let mut c = Cluster::new(devices, LinkProfile { bandwidth: 12.5e6, latency: 2e-3 });
+        for (dev, sd) in c.devices.iter_mut().zip(&self.devices) {
+            dev.reserve = sd.reserve;
+        }
+        Ok(c)
+    }
+}
+
+/// One experiment of design §10.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Experiment {
+    /// Name (`memory-constrained`, …).
+    pub name: String,
+    /// What it shows.
+    pub title: String,
+    /// Setups.
+    pub setups: Vec<Setup>,
+    /// Methods compared.
+    pub methods: Vec<Method>,
+    /// Bandwidths.
+    pub bandwidths: Vec<Bandwidth>,
+    /// Patterns.
+    pub patterns: Vec<Pattern>,
+}
+
+/// Names accepted by [`experiments`] (`all` runs every one).
+pub const EXPERIMENT_NAMES: [&str; 5] = ["memory-constrained", "end-to-end", "dynamic-bandwidth", "ablation", "all"];
+
+fn mem_constrained_setups() -> Vec<Setup> {
+    let base = |name: &str, r64: f64, r32: f64, rnx: f64| {
+        Setup::new(
+            name,
+            "llama3.3-70b",
+            &[("orin64", "orin64", r64), ("orin32-a", "orin32", r32), ("orin32-b", "orin32", r32), ("orin32-c", "orin32", 0.0), ("nx16", "nx16", rnx)],
+        )
+    };
+    vec![base("70b-5dev-i", 0.0, 0.0, 0.0), base("70b-5dev-ii", 0.0, 3.0, 0.0), base("70b-5dev-iii", 5.0, 3.0, 1.0)]
+}
+
+fn end_to_end_setups() -> Vec<Setup> {
+    vec![
+        Setup::new("13b-2dev", "llama2-13b", &[("orin32", "orin32", 0.0), ("nx16", "nx16", 0.0)]),
+        Setup::new("32b-3dev", "qwen3-32b", &[("orin64", "orin64", 0.0), ("orin32", "orin32", 0.0), ("nx16", "nx16", 0.0)]),
+        Setup::new(
+            "70b-4dev",
+            "llama3.3-70b",
+            &[("orin64-a", "orin64", 0.0), ("orin64-b", "orin64", 0.0), ("orin32", "orin32", 0.0), ("nx16", "nx16", 0.0)],
+        ),
+    ]
+}
+
+/// The experiments called `name` (`all`: every one).
+pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
+    let both = vec![Pattern::Sporadic, Pattern::Bursty];
+    let fixed = vec![Bandwidth::Mbps(100.0), Bandwidth::Mbps(200.0)];
+    let make = |n: &str| -> Option<Experiment> {
+        Some(match n {
+            "memory-constrained" => Experiment {
+                name: n.into(),
+                title: "Extremely memory-constrained: LLaMA-3.3-70B on Orin64 + 3×Orin32 + NX16, memory reserved (i) none, (ii) 3 GB on two Orin32, (iii) (ii) + 5 GB on Orin64 + 1 GB on NX16".into(),
+                setups: mem_constrained_setups(),
+                methods: Method::MAIN.to_vec(),
+                bandwidths: fixed.clone(),
+                patterns: both.clone(),
+            },
+            "end-to-end" => Experiment {
+                name: n.into(),
+                title: "End-to-end: LLaMA-2-13B on Orin32 + NX16; Qwen3-32B on Orin64 + Orin32 + NX16; LLaMA-3.3-70B on 2×Orin64 + Orin32 + NX16".into(),
+                setups: end_to_end_setups(),
+                methods: Method::MAIN.to_vec(),
+                bandwidths: fixed.clone(),
+                patterns: both.clone(),
+            },
+            "dynamic-bandwidth" => Experiment {
+                name: n.into(),
+                title: "Dynamic bandwidth: a new bandwidth uniform in 50–250 Mbit/s every 4–32 tokens, end-to-end setups".into(),
+                setups: end_to_end_setups(),
+                methods: Method::MAIN.to_vec(),
+                bandwidths: vec![Bandwidth::PAPER_DYNAMIC],
+                patterns: both.clone(),
+            },
+            "ablation" => Experiment {
+                name: n.into(),
+                title: "Ablation: LLaMA-3.3-70B on 2×Orin64 + Orin32 + NX16 without KV transfer, without the scheduler, without the optimized loading path".into(),
+                setups: end_to_end_setups().into_iter().filter(|s| s.name == "70b-4dev").collect(),
+                methods: Method::ABLATION.to_vec(),
+                bandwidths: vec![Bandwidth::Mbps(100.0), Bandwidth::Mbps(200.0), Bandwidth::PAPER_DYNAMIC],
+                patterns: both.clone(),
+            },
+            _ => return None,
+        })
+    };
+    if name == "all" {
+        return Ok(EXPERIMENT_NAMES[..4].iter().filter_map(|n| make(n)).collect());
+    }
+    make(name).map(|e| vec![e]).ok_or_else(|| SimError::UnknownExperiment { name: name.to_string(), known: EXPERIMENT_NAMES.join(", ") })
+}
+
+/// Settings shared by every run of an experiment set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExperimentConfig {
+    /// Prompt tokens per sequence.  // tokens
+    pub prompt_tokens: u32,
+    /// Output tokens per sequence.  // tokens
+    pub output_tokens: u32,
+    /// Link latency.  // seconds
+    pub latency: f64,
+    /// Seed of the dynamic bandwidth traces.
+    pub seed: u64,
+}
+
+impl Default for ExperimentConfig {
+    fn default() -> Self {
+        ExperimentConfig { prompt_tokens: 512, output_tokens: 128, latency: 2e-3, seed: 2024 }
+    }
+}
+
+/// One result row: (experiment, setup, method, pattern, bandwidth).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Experiment name.
+    pub experiment: String,
+    /// Setup name.
+    pub setup: String,
+    /// Method name.
+    pub method: String,
+    /// `sporadic` or `bursty`.
+    pub pattern: Pattern,
+    /// Fixed bandwidth, `None` for dynamic.  // Mbit/s
+    pub bandwidth_mbps: Option<f64>,
+    /// ok / oom / oot.
+    pub status: Status,
+    /// Simulated decode time per token, when ok.  // milliseconds
+    pub ms_per_token: Option<f64>,
+    /// The cost model's prediction for the plan at its planned context (pipeline methods).  // milliseconds
+    pub predicted_ms_per_token: Option<f64>,
+    /// Why OOM.
+    pub note: Option<String>,
+    /// Threshold switches, lending changes, evictions during the run.
+    pub switches: usize,
+    /// Lending changes.
+    pub lends: usize,
+    /// Tokens recomputed per sequence per pass at the end.  // tokens
+    pub evicted_tokens: u32,
+    /// Stages per device (pipeline methods).
+    pub stages: Option<u32>,
+}
+
+/// A run kept for the memory-over-time plot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryRun {
+    /// Which run.
+    pub experiment: String,
+    /// Setup.
+    pub setup: String,
+    /// Pattern.
+    pub pattern: Pattern,
+    /// Bandwidth label.
+    pub bandwidth: String,
+    /// The full run.
+    pub run: MethodRun,
+}
+
+/// Everything an experiment set produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    /// The experiments, as run.
+    pub experiments: Vec<Experiment>,
+    /// One record per (experiment, setup, method, pattern, bandwidth), in that order.
+    pub records: Vec<Record>,
+    /// The LOIP run with the most adaptation, for the memory plot.
+    pub memory_run: Option<MemoryRun>,
+    /// Settings.
+    pub config: ExperimentConfig,
+}
+
+struct Job {
+    exp: usize,
+    setup: usize,
+    method: Method,
+    pattern: Pattern,
+    bw: Bandwidth,
+}
+
+fn seed_for(base: u64, setup: &str) -> u64 {
+    // FNV-1a of the setup name, mixed with the base seed: one trace per setup.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in setup.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^ base
+}
+
+/// The config of one run of `setup` with `pattern` and `bw`.
+pub fn run_config(cfg: &ExperimentConfig, setup: &Setup, pattern: Pattern, bw: Bandwidth) -> SimConfig {
+    let b = match pattern {
+        Pattern::Sporadic => 1,
+        Pattern::Bursty => setup.devices.len() as u32,
+    };
+    let trace = bw.trace(cfg.output_tokens, seed_for(cfg.seed, &setup.name));
+    let mut c = SimConfig::new(pattern, b, trace, cfg.latency);
+    c.prompt_tokens = cfg.prompt_tokens;
+    c.output_tokens = cfg.output_tokens;
+    c
+}
+
+/// Runs `exps`; `progress(done, total)` is called after every run (from worker threads).
+pub fn run_experiments(exps: Vec<Experiment>, cfg: &ExperimentConfig, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Results, SimError> {
+    let mut jobs = Vec::new();
+    for (ei, e) in exps.iter().enumerate() {
+        for (si, _) in e.setups.iter().enumerate() {
+            for &pattern in &e.patterns {
+                for &bw in &e.bandwidths {
+                    for &method in &e.methods {
+                        jobs.push(Job { exp: ei, setup: si, method, pattern, bw });
+                    }
+                }
+            }
+        }
+    }
+    let total = jobs.len();
+    let done = AtomicUsize::new(0);
+    let runs: Vec<Result<MethodRun, SimError>> = jobs
+        .par_iter()
+        .map(|j| {
+            let setup = &exps[j.exp].setups[j.setup];
+            let shape = shape(&setup.shape)?;
+            let cluster = setup.cluster()?;
+            let mut sc = run_config(cfg, setup, j.pattern, j.bw);
+            sc.record_memory = j.method == Method::Loip;
+            let r = run_method(j.method, &shape, &cluster, &sc);
+            progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
+            r
+        })
+        .collect();
+    let mut records = Vec::with_capacity(total);
+    let mut memory_run: Option<(usize, usize)> = None; // (score, job index)
+    let mut kept = Vec::with_capacity(total);
+    for (idx, (j, run)) in jobs.iter().zip(runs).enumerate() {
+        let run = run?;
+        let e = &exps[j.exp];
+        let setup = &e.setups[j.setup];
+        let r = &run.report;
+        let switches = r.events.iter().filter(|e| matches!(e, crate::sim::AdaptEvent::Switch { .. })).count();
+        let lends = r.events.iter().filter(|e| matches!(e, crate::sim::AdaptEvent::Lend { .. })).count();
+        let evicted = r
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                crate::sim::AdaptEvent::Evict { tokens, .. } => Some(*tokens),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if j.method == Method::Loip && r.status == Status::Ok {
+            let score = 2 * lends.min(1) * 1000 + switches + lends;
+            if memory_run.is_none_or(|m| score > m.0) {
+                memory_run = Some((score, idx));
+            }
+        }
+        records.push(Record {
+            experiment: e.name.clone(),
+            setup: setup.name.clone(),
+            method: j.method.name().to_string(),
+            pattern: j.pattern,
+            bandwidth_mbps: j.bw.fixed_mbps(),
+            status: r.status,
+            ms_per_token: (r.status == Status::Ok).then_some(r.ms_per_token),
+            predicted_ms_per_token: run.predicted_ms_per_token,
+            note: r.note.clone(),
+            switches,
+            lends,
+            evicted_tokens: evicted,
+            stages: run.plan.as_ref().map(|p| p.stages_per_device),
+        });
+        kept.push(run);
+    }
+    let memory_run = memory_run.map(|(_, idx)| {
+        let j = &jobs[idx];
+        MemoryRun {
+            experiment: exps[j.exp].name.clone(),
+            setup: exps[j.exp].setups[j.setup].name.clone(),
+            pattern: j.pattern,
+            bandwidth: j.bw.label(),
+            run: kept.swap_remove(idx),
+        }
+    });
+    Ok(Results { experiments: exps, records, memory_run, config: cfg.clone() })
+}
