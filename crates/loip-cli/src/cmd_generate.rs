@@ -71,7 +71,8 @@ pub struct OffloadArgs {
     /// Memory budget, e.g. `300MiB`: keep what fits resident, stream the rest from slice files.
     #[arg(long)]
     pub mem: Option<String>,
-    /// Which blocks to offload: auto (what the budget needs, last layers first), none, mlp, attn, all.
+    /// Which blocks to offload: auto (what the budget needs, last layers first), none, mlp,
+    /// attn, all, or alternate (every other layer).
     #[arg(long, default_value = "auto")]
     pub offload_blocks: loip_runtime::local::OffloadRule,
     /// Loading path for offloaded blocks: direct (io_uring, O_DIRECT, one slot) or conventional.

@@ -1,5 +1,6 @@
 //! `loip`: lossless LLM inference over a few memory-constrained edge devices.
 
+mod cmd_bench;
 mod cmd_generate;
 mod cmd_plan;
 mod cmd_split;
@@ -37,6 +38,8 @@ enum Command {
     Synth(cmd_synth::SynthArgs),
     /// Split a model into per-block slice files for offloading (or verify a split).
     Split(cmd_split::SplitArgs),
+    /// Benchmarks: engine decode, block loading, single-device offloading.
+    Bench(cmd_bench::BenchArgs),
     /// Plan stages, layers and offloaded blocks for a cluster, and predict ms/token.
     Plan(cmd_plan::PlanArgs),
 }
@@ -62,5 +65,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Synth(a) => cmd_synth::run(a),
         Command::Plan(a) => cmd_plan::run(a),
         Command::Split(a) => cmd_split::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
     }
 }

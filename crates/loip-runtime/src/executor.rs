@@ -88,7 +88,7 @@ pub struct DeviceSpec {
 }
 
 /// How the device's budget is spent, bytes.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct MemoryReport {
     /// the budget (0: unlimited)
     pub budget: u64,
@@ -103,7 +103,7 @@ pub struct MemoryReport {
 }
 
 /// Time spent by the device, seconds, since the last reset.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepTimes {
     /// computing blocks
     pub compute_s: f64,
@@ -111,6 +111,8 @@ pub struct StepTimes {
     pub stall_s: f64,
     /// bytes loaded
     pub loaded_bytes: u64,
+    /// seconds the loader spent reading
+    pub load_s: f64,
 }
 
 /// A device ready to run its stages.
@@ -255,6 +257,7 @@ impl Device {
         let mut t = std::mem::take(&mut self.times);
         if let Some(l) = self.loader.as_mut() {
             t.stall_s = std::mem::take(&mut l.stall_s);
+            t.load_s = std::mem::take(&mut l.busy_s);
         }
         t
     }

@@ -30,6 +30,9 @@ pub enum OffloadRule {
     Attn,
     /// every block
     All,
+    /// both blocks of every other layer (odd layers): half the model offloaded, each load
+    /// overlapping the next resident layer's compute
+    Alternate,
 }
 
 impl std::str::FromStr for OffloadRule {
@@ -41,7 +44,8 @@ impl std::str::FromStr for OffloadRule {
             "mlp" => OffloadRule::Mlp,
             "attn" | "attention" => OffloadRule::Attn,
             "all" => OffloadRule::All,
-            _ => return Err(format!("unknown offload rule {s:?}; expected auto, none, mlp, attn or all")),
+            "alternate" => OffloadRule::Alternate,
+            _ => return Err(format!("unknown offload rule {s:?}; expected auto, none, mlp, attn, all or alternate")),
         })
     }
 }
@@ -71,7 +75,7 @@ fn size(m: &Manifest, k: SliceKind) -> Result<u64, RuntimeError> {
 pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, RuntimeError> {
     let n = m.config.num_layers;
     let (attn_off, mlp_off) = match opts.rule {
-        OffloadRule::None | OffloadRule::Auto => (false, false),
+        OffloadRule::None | OffloadRule::Auto | OffloadRule::Alternate => (false, false),
         OffloadRule::Mlp => (false, true),
         OffloadRule::Attn => (true, false),
         OffloadRule::All => (true, true),
@@ -79,6 +83,12 @@ pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runti
     let place = |off: bool| if off { BlockPlacement::Offloaded } else { BlockPlacement::Resident };
     let mut layers: Vec<StageLayer> =
         (0..n).map(|layer| StageLayer { layer, attn: place(attn_off), mlp: place(mlp_off) }).collect();
+    if opts.rule == OffloadRule::Alternate {
+        for l in layers.iter_mut().filter(|l| l.layer % 2 == 1) {
+            l.attn = BlockPlacement::Offloaded;
+            l.mlp = BlockPlacement::Offloaded;
+        }
+    }
     let kv_bytes = opts.context as u64 * n as u64 * 2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4;
     let working = working_bytes(m, opts.max_step_tokens, 1, opts.context);
     let need = |layers: &[StageLayer]| -> Result<u64, RuntimeError> {

@@ -1,0 +1,196 @@
+//! `loip bench`: benchmark programs that print tables (never timed assertions).
+//!
+//! - `engine`: decode ms/token of the single-device engine at 1 and 2 threads.
+//! - `loader`: one block's load latency and GB/s from a cold cache, direct vs conventional,
+//!   and load + compute of that block.
+//! - `offload`: decode ms/token of one device with half its layers offloaded, with and
+//!   without overlap and with the conventional loader, next to the ideal max(compute, load).
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use loip_engine::generate::{generate, Flow};
+use loip_engine::weights::MlpWeights;
+use loip_engine::{GenerateOptions, Generator, Model, SamplingParams, StepBackend};
+use loip_model::slice::{Manifest, SliceKind};
+use loip_runtime::loader::{drop_cache, Loader};
+use loip_runtime::local::{LocalModel, LocalOptions, OffloadRule};
+use loip_runtime::LoaderKind;
+use serde_json::json;
+
+/// Arguments of `loip bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchWhat,
+    /// Also write the results as JSON to this file.
+    #[arg(long, global = true)]
+    out: Option<std::path::PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchWhat {
+    /// Decode ms/token of the in-memory engine at 1 and 2 threads.
+    Engine {
+        /// Model: `smollm2`, an HF directory or a GGUF file.
+        #[arg(long, default_value = "smollm2")]
+        model: String,
+        /// Tokens to decode per measurement.
+        #[arg(long, default_value_t = 64)]
+        tokens: usize,
+    },
+    /// One block's load from a cold cache, direct vs conventional.
+    Loader {
+        /// A slice directory (`loip split`), or a model to split into the cache.
+        #[arg(long)]
+        model: String,
+        /// Loads per loader.
+        #[arg(long, default_value_t = 8)]
+        repeats: usize,
+    },
+    /// Decode with half the layers offloaded: overlap, no overlap, conventional.
+    Offload {
+        /// A slice directory (`loip split`), or a model to split into the cache.
+        #[arg(long)]
+        model: String,
+        /// Tokens to decode per measurement.
+        #[arg(long, default_value_t = 8)]
+        tokens: usize,
+    },
+}
+
+/// `loip bench`.
+pub fn run(a: BenchArgs) -> Result<()> {
+    let result = match a.what {
+        BenchWhat::Engine { model, tokens } => engine(&model, tokens)?,
+        BenchWhat::Loader { model, repeats } => loader(&model, repeats)?,
+        BenchWhat::Offload { model, tokens } => offload(&model, tokens)?,
+    };
+    if let Some(path) = a.out {
+        std::fs::write(&path, serde_json::to_string_pretty(&result)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn greedy(max: usize) -> GenerateOptions {
+    GenerateOptions { max_tokens: max, sampling: SamplingParams::default(), eos_ids: vec![], min_tokens: 0 }
+}
+
+fn decode_ms<B: StepBackend>(b: &mut B, tokens: usize) -> Result<f64> {
+    let out = generate(b, 0, &[1, 2, 3, 4], &greedy(tokens + 1), &mut |_| Flow::Continue)?;
+    Ok(out.decode_ms_per_token)
+}
+
+fn engine(model: &str, tokens: usize) -> Result<serde_json::Value> {
+    let ckpt = crate::model_load::open(model)?;
+    let m = Model::from_checkpoint(&ckpt)?;
+    let mut rows = vec![];
+    println!("| model | threads | decode ms/token | tokens/s |\n|---|---|---|---|");
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+        let ms = pool.install(|| -> Result<f64> {
+            let mut g = Generator::new(&m, None);
+            decode_ms(&mut g, 4)?; // warm-up
+            let mut g = Generator::new(&m, None);
+            decode_ms(&mut g, tokens)
+        })?;
+        println!("| {model} | {threads} | {ms:.2} | {:.1} |", 1e3 / ms);
+        rows.push(json!({"model": model, "threads": threads, "decode_ms_per_token": ms}));
+    }
+    Ok(json!(rows))
+}
+
+fn loader(model: &str, repeats: usize) -> Result<serde_json::Value> {
+    let dir = crate::cmd_split::slices_for(model)?;
+    let m = Manifest::load(&dir)?;
+    let blocks: Vec<_> = (0..2)
+        .map(|l| m.slice(SliceKind::Mlp(l)).cloned().context("the model needs two layers"))
+        .collect::<Result<_>>()?;
+    let tf = loip_engine::forward::Transformer::new(m.config.clone(), m.qk_permuted, loip_kernels::DType::F32);
+    println!("| loader | block bytes | load ms | GB/s | load + compute ms |\n|---|---|---|---|---|");
+    let mut rows = vec![];
+    for kind in [LoaderKind::Direct, LoaderKind::Conventional] {
+        let groups = vec![vec![blocks[0].clone()], vec![blocks[1].clone()]];
+        let mut ld = Loader::new(kind, &dir, &groups)?;
+        let (mut load_s, mut total_s, mut bytes) = (0.0, 0.0, 0u64);
+        for i in 0..repeats {
+            let g = i % 2;
+            drop_cache(&dir.join(&blocks[g].file));
+            let t = Instant::now();
+            ld.start(g)?;
+            let view = ld.wait(g)?;
+            let w = MlpWeights::bind(&view, &m.config, g)?;
+            let mut x = vec![0.01f32; m.config.hidden_size];
+            tf.mlp(&w, &mut x)?;
+            total_s += t.elapsed().as_secs_f64();
+            drop(view);
+            load_s += ld.last.load_s;
+            bytes += ld.last.bytes;
+        }
+        let n = repeats as f64;
+        let gbps = bytes as f64 / load_s / 1e9;
+        println!(
+            "| {kind:?} | {} | {:.2} | {gbps:.2} | {:.2} |",
+            bytes / repeats as u64,
+            load_s / n * 1e3,
+            total_s / n * 1e3
+        );
+        rows.push(json!({"loader": kind, "block_bytes": bytes / repeats as u64, "load_ms": load_s / n * 1e3,
+            "gb_per_s": gbps, "load_plus_compute_ms": total_s / n * 1e3}));
+    }
+    Ok(json!(rows))
+}
+
+fn offload(model: &str, tokens: usize) -> Result<serde_json::Value> {
+    let dir = crate::cmd_split::slices_for(model)?;
+    let m = Manifest::load(&dir)?;
+    let opts = |rule, loader, overlap| LocalOptions {
+        mem_budget: None,
+        rule,
+        loader,
+        overlap,
+        context: 4 + tokens + 2,
+        max_step_tokens: 4,
+    };
+    let offloaded: u64 = (0..m.config.num_layers)
+        .filter(|l| l % 2 == 1)
+        .flat_map(|l| [SliceKind::Attn(l), SliceKind::Mlp(l)])
+        .filter_map(|k| m.slice(k).map(|s| s.size))
+        .sum();
+    // Compute alone: everything resident.
+    let mut all = LocalModel::open(&dir, &opts(OffloadRule::None, LoaderKind::Direct, true))?;
+    decode_ms(&mut all, 2)?;
+    let compute_ms = decode_ms(&mut all, tokens)?;
+    drop(all);
+    // Load alone: the direct loader's measured bandwidth on those blocks.
+    let mut rows = vec![];
+    println!(
+        "offloaded {:.0} MB per token ({} of {} layers)\n| run | decode ms/token | load stall ms/token | ideal max(compute, load) ms |\n|---|---|---|---|",
+        offloaded as f64 / 1e6,
+        m.config.num_layers / 2,
+        m.config.num_layers
+    );
+    println!("| all resident (compute) | {compute_ms:.1} | 0 | | 0 | |");
+    for (name, loader, overlap) in [
+        ("direct, overlapped", LoaderKind::Direct, true),
+        ("direct, not overlapped", LoaderKind::Direct, false),
+        ("conventional, overlapped", LoaderKind::Conventional, true),
+        ("conventional, not overlapped", LoaderKind::Conventional, false),
+    ] {
+        let mut lm = LocalModel::open(&dir, &opts(OffloadRule::Alternate, loader, overlap))?;
+        decode_ms(&mut lm, 1)?;
+        lm.device.take_times();
+        let ms = decode_ms(&mut lm, tokens)?;
+        let times = lm.device.take_times();
+        let load_gbps = times.loaded_bytes as f64 / times.load_s.max(1e-9) / 1e9;
+        let stall = times.stall_s * 1e3 / (tokens + 1) as f64;
+        let load_ms = times.load_s * 1e3 / (tokens + 1) as f64;
+        let ideal = compute_ms.max(load_ms);
+        println!("| {name} | {ms:.1} | {load_ms:.1} | {load_gbps:.2} | {stall:.1} | {ideal:.1} |");
+        rows.push(json!({"run": name, "decode_ms_per_token": ms, "stall_ms_per_token": stall,
+            "ideal_ms_per_token": ideal, "compute_ms_per_token": compute_ms, "load_ms_per_token": load_ms,
+            "offloaded_bytes_per_token": offloaded, "effective_load_gb_per_s": load_gbps}));
+    }
+    Ok(json!(rows))
+}
