@@ -161,6 +161,7 @@ fn offload(model: &str, tokens: usize) -> Result<serde_json::Value> {
     // Compute alone: everything resident.
     let mut all = LocalModel::open(&dir, &opts(OffloadRule::None, LoaderKind::Direct, true))?;
     decode_ms(&mut all, 2)?;
+    all.device.kv.remove(0);
     let compute_ms = decode_ms(&mut all, tokens)?;
     drop(all);
     // Load alone: the direct loader's measured bandwidth on those blocks.
@@ -180,6 +181,7 @@ fn offload(model: &str, tokens: usize) -> Result<serde_json::Value> {
     ] {
         let mut lm = LocalModel::open(&dir, &opts(OffloadRule::Alternate, loader, overlap))?;
         decode_ms(&mut lm, 1)?;
+        lm.device.kv.remove(0);
         lm.device.take_times();
         let ms = decode_ms(&mut lm, tokens)?;
         let times = lm.device.take_times();

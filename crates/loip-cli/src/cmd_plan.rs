@@ -54,10 +54,12 @@ pub struct PlanArgs {
 }
 
 fn read_cluster(path: &Path) -> Result<Cluster> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading cluster file {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading cluster file {}", path.display()))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut load = |p: &str| std::fs::read_to_string(base.join(p)).map_err(|e| e.to_string());
-    Cluster::from_toml_str(&text, &mut load).with_context(|| format!("in cluster file {}", path.display()))
+    Cluster::from_toml_str(&text, &mut load)
+        .with_context(|| format!("in cluster file {}", path.display()))
 }
 
 /// Runs `loip plan`.
@@ -67,12 +69,16 @@ pub fn run(args: PlanArgs) -> Result<()> {
     }
     let mut cluster = read_cluster(&args.cluster)?;
     if let Some(bw) = &args.bandwidth {
-        cluster.link.bandwidth = loip_plan::parse_bandwidth(bw).with_context(|| format!("--bandwidth {bw}"))?;
+        cluster.link.bandwidth =
+            loip_plan::parse_bandwidth(bw).with_context(|| format!("--bandwidth {bw}"))?;
     }
     let shape = crate::model_shape::resolve_shape(args.model.as_deref(), args.shape.as_deref())?;
     let d = &cluster.defaults;
     let pattern = match &args.pattern {
-        Some(p) => p.parse::<Pattern>().map_err(anyhow::Error::msg).context("--pattern")?,
+        Some(p) => p
+            .parse::<Pattern>()
+            .map_err(anyhow::Error::msg)
+            .context("--pattern")?,
         None => d.pattern.unwrap_or_default(),
     };
     let loader = match args.loader.as_deref() {
@@ -82,7 +88,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
         None => d.loader.unwrap_or_default(),
     };
     let req = PlanRequest {
-        context: args.context.or(d.context).unwrap_or(PlanRequest::default().context),
+        context: args
+            .context
+            .or(d.context)
+            .unwrap_or(PlanRequest::default().context),
         pattern,
         micro_batches: args.micro_batches.or(d.micro_batches),
         loader,
@@ -112,10 +121,15 @@ pub fn run(args: PlanArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let name = args.planner.as_deref().or(d.planner.as_deref()).unwrap_or("loip");
+    let name = args
+        .planner
+        .as_deref()
+        .or(d.planner.as_deref())
+        .unwrap_or("loip");
     let plan = loip_plan::plan(name, &shape, &cluster, &req)?;
     if let Some(out) = &args.out {
-        std::fs::write(out, plan.to_json()).with_context(|| format!("writing {}", out.display()))?;
+        std::fs::write(out, plan.to_json())
+            .with_context(|| format!("writing {}", out.display()))?;
     }
     if args.json {
         println!("{}", plan.to_json());

@@ -33,7 +33,10 @@
 
 use crate::error::ConfigError;
 use crate::plan::Pattern;
-use crate::profile::{preset, preset_names, ComputeModel, DeviceProfile, LinkProfile, LoaderKind, LoaderProfile, Loaders, Roofline};
+use crate::profile::{
+    preset, preset_names, ComputeModel, DeviceProfile, LinkProfile, LoaderKind, LoaderProfile,
+    Loaders, Roofline,
+};
 use crate::units::{parse_bandwidth, parse_bytes, parse_duration};
 use serde::{Deserialize, Serialize};
 
@@ -153,7 +156,15 @@ impl Cluster {
     /// A cluster from devices given as (name, profile), no reservations.
     pub fn new(devices: Vec<(String, DeviceProfile)>, link: LinkProfile) -> Cluster {
         Cluster {
-            devices: devices.into_iter().map(|(name, profile)| Device { name, profile, reserve: 0, addr: None }).collect(),
+            devices: devices
+                .into_iter()
+                .map(|(name, profile)| Device {
+                    name,
+                    profile,
+                    reserve: 0,
+                    addr: None,
+                })
+                .collect(),
             link,
             defaults: PlanDefaults::default(),
         }
@@ -165,8 +176,10 @@ impl Cluster {
         text: &str,
         load_profile: &mut dyn FnMut(&str) -> Result<String, String>,
     ) -> Result<Cluster, ConfigError> {
-        let raw: RawCluster =
-            toml::from_str(text).map_err(|e| ConfigError::Syntax { what: "cluster file".into(), reason: e.to_string() })?;
+        let raw: RawCluster = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            what: "cluster file".into(),
+            reason: e.to_string(),
+        })?;
         raw.validate(load_profile)
     }
 
@@ -182,7 +195,10 @@ impl Cluster {
 }
 
 fn invalid(field: &str, reason: impl std::fmt::Display) -> ConfigError {
-    ConfigError::Invalid { field: field.to_string(), reason: reason.to_string() }
+    ConfigError::Invalid {
+        field: field.to_string(),
+        reason: reason.to_string(),
+    }
 }
 
 fn bytes_field(field: &str, v: &NumOrStr) -> Result<u64, ConfigError> {
@@ -214,21 +230,37 @@ fn require<T>(field: String, v: &Option<T>) -> Result<&T, ConfigError> {
 }
 
 impl RawDevice {
-    fn resolve(&self, i: usize, load_profile: &mut dyn FnMut(&str) -> Result<String, String>) -> Result<Device, ConfigError> {
+    fn resolve(
+        &self,
+        i: usize,
+        load_profile: &mut dyn FnMut(&str) -> Result<String, String>,
+    ) -> Result<Device, ConfigError> {
         let f = |name: &str| format!("device[{i}].{name}");
         let name = require(f("name"), &self.name)?.trim().to_string();
         if name.is_empty() {
             return Err(invalid(&f("name"), "must not be empty"));
         }
-        let sources = [self.profile.is_some(), self.preset.is_some()].iter().filter(|&&b| b).count();
+        let sources = [self.profile.is_some(), self.preset.is_some()]
+            .iter()
+            .filter(|&&b| b)
+            .count();
         if sources > 1 {
-            return Err(invalid(&f("profile"), "give either `profile` or `preset`, not both"));
+            return Err(invalid(
+                &f("profile"),
+                "give either `profile` or `preset`, not both",
+            ));
         }
         let mut profile = if let Some(path) = &self.profile {
-            let text = load_profile(path).map_err(|e| invalid(&f("profile"), format!("cannot read `{path}`: {e}")))?;
-            DeviceProfile::from_json(&text).map_err(|e| invalid(&f("profile"), format!("`{path}`: {e}")))?
+            let text = load_profile(path)
+                .map_err(|e| invalid(&f("profile"), format!("cannot read `{path}`: {e}")))?;
+            DeviceProfile::from_json(&text)
+                .map_err(|e| invalid(&f("profile"), format!("`{path}`: {e}")))?
         } else if let Some(p) = &self.preset {
-            preset(p).ok_or_else(|| ConfigError::UnknownPreset { field: f("preset"), name: p.clone(), valid: preset_names().join(", ") })?
+            preset(p).ok_or_else(|| ConfigError::UnknownPreset {
+                field: f("preset"),
+                name: p.clone(),
+                valid: preset_names().join(", "),
+            })?
         } else {
             let mem = bytes_field(&f("mem"), require(f("mem"), &self.mem)?)?;
             let mem_bw = bandwidth_field(&f("mem_bw"), require(f("mem_bw"), &self.mem_bw)?)?;
@@ -260,10 +292,21 @@ impl RawDevice {
             DeviceProfile {
                 name: name.clone(),
                 mem_budget: mem,
-                compute: ComputeModel::Roofline(Roofline { mem_bw, peak_flops, efficiency, block_overhead }),
+                compute: ComputeModel::Roofline(Roofline {
+                    mem_bw,
+                    peak_flops,
+                    efficiency,
+                    block_overhead,
+                }),
                 loader: Loaders {
-                    direct: LoaderProfile { bandwidth: ssd, per_read_overhead: ssd_overhead },
-                    conventional: LoaderProfile { bandwidth: conv_bw, per_read_overhead: conv_overhead },
+                    direct: LoaderProfile {
+                        bandwidth: ssd,
+                        per_read_overhead: ssd_overhead,
+                    },
+                    conventional: LoaderProfile {
+                        bandwidth: conv_bw,
+                        per_read_overhead: conv_overhead,
+                    },
                 },
                 sources: vec!["inline values in the cluster file".into()],
             }
@@ -276,7 +319,10 @@ impl RawDevice {
                 ("ssd", self.ssd.is_some()),
             ];
             if let Some((k, _)) = inline_only.iter().find(|(_, set)| *set) {
-                return Err(invalid(&f(k), "only allowed for inline devices (without `profile`/`preset`)"));
+                return Err(invalid(
+                    &f(k),
+                    "only allowed for inline devices (without `profile`/`preset`)",
+                ));
             }
             if let Some(m) = &self.mem {
                 profile.mem_budget = bytes_field(&f("mem"), m)?;
@@ -292,33 +338,56 @@ impl RawDevice {
         if reserve >= profile.mem_budget {
             return Err(invalid(&f("reserve"), "reservation leaves no memory"));
         }
-        Ok(Device { name, profile, reserve, addr: self.addr.clone() })
+        Ok(Device {
+            name,
+            profile,
+            reserve,
+            addr: self.addr.clone(),
+        })
     }
 }
 
 impl RawCluster {
     /// Validates every field and resolves presets and profile files.
-    pub fn validate(&self, load_profile: &mut dyn FnMut(&str) -> Result<String, String>) -> Result<Cluster, ConfigError> {
+    pub fn validate(
+        &self,
+        load_profile: &mut dyn FnMut(&str) -> Result<String, String>,
+    ) -> Result<Cluster, ConfigError> {
         if self.device.is_empty() {
-            return Err(ConfigError::Missing { field: "device".into() });
+            return Err(ConfigError::Missing {
+                field: "device".into(),
+            });
         }
         let mut devices = Vec::with_capacity(self.device.len());
         for (i, d) in self.device.iter().enumerate() {
             let dev = d.resolve(i, load_profile)?;
             if devices.iter().any(|x: &Device| x.name == dev.name) {
-                return Err(invalid(&format!("device[{i}].name"), format!("`{}` is used twice", dev.name)));
+                return Err(invalid(
+                    &format!("device[{i}].name"),
+                    format!("`{}` is used twice", dev.name),
+                ));
             }
             devices.push(dev);
         }
         let link = require("link".into(), &self.link)?;
-        let bandwidth = bandwidth_field("link.bandwidth", require("link.bandwidth".into(), &link.bandwidth)?)?;
-        let latency = duration_field("link.latency", require("link.latency".into(), &link.latency)?)?;
+        let bandwidth = bandwidth_field(
+            "link.bandwidth",
+            require("link.bandwidth".into(), &link.bandwidth)?,
+        )?;
+        let latency = duration_field(
+            "link.latency",
+            require("link.latency".into(), &link.latency)?,
+        )?;
         let mut defaults = PlanDefaults::default();
         if let Some(p) = &self.plan {
             if let Some(name) = &p.planner {
                 let valid = crate::planners::planner_names();
                 if !valid.contains(&name.as_str()) {
-                    return Err(ConfigError::UnknownPlanner { field: "plan.planner".into(), name: name.clone(), valid: valid.join(", ") });
+                    return Err(ConfigError::UnknownPlanner {
+                        field: "plan.planner".into(),
+                        name: name.clone(),
+                        valid: valid.join(", "),
+                    });
                 }
                 defaults.planner = Some(name.clone());
             }
@@ -345,6 +414,10 @@ impl RawCluster {
                 });
             }
         }
-        Ok(Cluster { devices, link: LinkProfile { bandwidth, latency }, defaults })
+        Ok(Cluster {
+            devices,
+            link: LinkProfile { bandwidth, latency },
+            defaults,
+        })
     }
 }

@@ -96,7 +96,13 @@ pub fn per_sequence_context(context: u64, micro_batches: u32) -> u64 {
 }
 
 /// Block times of `device` for `shape` at the plan parameters.
-pub fn block_times(device: &Device, shape: &ModelShape, context: u64, micro_batches: u32, loader: crate::profile::LoaderKind) -> BlockTimes {
+pub fn block_times(
+    device: &Device,
+    shape: &ModelShape,
+    context: u64,
+    micro_batches: u32,
+    loader: crate::profile::LoaderKind,
+) -> BlockTimes {
     let n = per_sequence_context(context, micro_batches);
     BlockTimes {
         attn: device.profile.attn_time(shape, 1, n),
@@ -130,19 +136,33 @@ pub fn stage_span(stage: &StagePlan, t_attn: f64, t_mlp: f64) -> f64 {
         }
     };
     let blocks = 2 * stage.layers.len();
-    let Some(first) = (0..blocks).find(|&i| offloaded(i)) else { return 0.0 };
+    let Some(first) = (0..blocks).find(|&i| offloaded(i)) else {
+        return 0.0;
+    };
     let last = (0..blocks).rev().find(|&i| offloaded(i)).unwrap_or(first);
-    (first..=last).map(|i| if i % 2 == 0 { t_attn } else { t_mlp }).sum()
+    (first..=last)
+        .map(|i| if i % 2 == 0 { t_attn } else { t_mlp })
+        .sum()
 }
 
 /// Slot bytes for a device's stages: the largest stage's offloaded bytes (overlapped), or the
 /// largest single offloaded block (sequential).  // bytes
 pub fn slot_bytes(mode: ExecMode, stages: &[StagePlan], shape: &ModelShape) -> u64 {
     match mode {
-        ExecMode::Overlapped => stages.iter().map(|s| s.offloaded_bytes(shape)).max().unwrap_or(0),
+        ExecMode::Overlapped => stages
+            .iter()
+            .map(|s| s.offloaded_bytes(shape))
+            .max()
+            .unwrap_or(0),
         ExecMode::Sequential => {
-            let any_a = stages.iter().flat_map(|s| &s.layers).any(|l| l.attn.is_offloaded());
-            let any_m = stages.iter().flat_map(|s| &s.layers).any(|l| l.mlp.is_offloaded());
+            let any_a = stages
+                .iter()
+                .flat_map(|s| &s.layers)
+                .any(|l| l.attn.is_offloaded());
+            let any_m = stages
+                .iter()
+                .flat_map(|s| &s.layers)
+                .any(|l| l.mlp.is_offloaded());
             (if any_a { shape.attn_bytes } else { 0 }).max(if any_m { shape.mlp_bytes } else { 0 })
         }
     }
@@ -163,8 +183,16 @@ pub fn device_memory(
     let layers: u64 = stages.iter().map(|s| s.layers.len() as u64).sum();
     retained
         + slot_bytes(mode, stages, shape)
-        + if holds_embedding { shape.embed_bytes } else { 0 }
-        + if holds_head { shape.head_bytes_on(holds_embedding) } else { 0 }
+        + if holds_embedding {
+            shape.embed_bytes
+        } else {
+            0
+        }
+        + if holds_head {
+            shape.head_bytes_on(holds_embedding)
+        } else {
+            0
+        }
         + context * layers * shape.kv_bytes_per_token
         + shape.working_bytes(micro_batches)
 }
@@ -172,7 +200,17 @@ pub fn device_memory(
 /// Memory of a device with `s` identical stages of `n` layers, `a`/`m` offloaded blocks each,
 /// in overlapped mode (the planner's closed form; equals [`device_memory`]).  // bytes
 #[allow(clippy::too_many_arguments)]
-pub fn stage_memory(shape: &ModelShape, s: u32, n: u32, a: u32, m: u32, embed: bool, head: bool, context: u64, micro_batches: u32) -> u64 {
+pub fn stage_memory(
+    shape: &ModelShape,
+    s: u32,
+    n: u32,
+    a: u32,
+    m: u32,
+    embed: bool,
+    head: bool,
+    context: u64,
+    micro_batches: u32,
+) -> u64 {
     let (s, n) = (s as u64, n as u64);
     let off = a as u64 * shape.attn_bytes + m as u64 * shape.mlp_bytes;
     s * n * shape.layer_bytes() - (s - 1) * off
@@ -206,16 +244,28 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
     let devs: Vec<&Device> = plan
         .devices
         .iter()
-        .map(|d| cluster.device(&d.name).ok_or_else(|| PlanError::UnknownDevice(d.name.clone())))
+        .map(|d| {
+            cluster
+                .device(&d.name)
+                .ok_or_else(|| PlanError::UnknownDevice(d.name.clone()))
+        })
         .collect::<Result<_, _>>()?;
-    let times: Vec<BlockTimes> = devs.iter().map(|d| block_times(d, shape, plan.context, b, plan.loader)).collect();
+    let times: Vec<BlockTimes> = devs
+        .iter()
+        .map(|d| block_times(d, shape, plan.context, b, plan.loader))
+        .collect();
     let nd = devs.len();
     let c = round_comm(shape, cluster, nd);
     let e = per_hop_comm(shape, cluster, nd);
     let bf = b as f64;
     let bursty = plan.pattern == Pattern::Bursty;
     let per_tok = if bursty { bf } else { 1.0 };
-    let rounds = plan.devices.iter().map(|d| d.stages.len()).max().unwrap_or(0);
+    let rounds = plan
+        .devices
+        .iter()
+        .map(|d| d.stages.len())
+        .max()
+        .unwrap_or(0);
     let mut total = CostBreakdown::default();
     let mut dev_compute = vec![0.0; nd];
     let mut dev_load = vec![0.0; nd];
@@ -235,10 +285,20 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
             dev_load[i] += ld[i] / per_tok;
         }
         let sum_c: f64 = ci.iter().sum();
-        let (bi, max_ci) = ci.iter().copied().enumerate().fold((0, f64::MIN), |acc, (i, v)| if v > acc.1 { (i, v) } else { acc });
-        let (compute, comm, uncov, stall_of): (f64, f64, f64, Vec<f64>) = match (plan.mode, bursty) {
+        let (bi, max_ci) = ci
+            .iter()
+            .copied()
+            .enumerate()
+            .fold(
+                (0, f64::MIN),
+                |acc, (i, v)| if v > acc.1 { (i, v) } else { acc },
+            );
+        let (compute, comm, uncov, stall_of): (f64, f64, f64, Vec<f64>) = match (plan.mode, bursty)
+        {
             (ExecMode::Overlapped, false) => {
-                let stalls: Vec<f64> = (0..nd).map(|i| (ld[i] + off[i] - sum_c - c).max(0.0)).collect();
+                let stalls: Vec<f64> = (0..nd)
+                    .map(|i| (ld[i] + off[i] - sum_c - c).max(0.0))
+                    .collect();
                 let u = stalls.iter().copied().fold(0.0, f64::max);
                 (sum_c, c, u, stalls)
             }
@@ -246,7 +306,9 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
                 let pass = sum_c + c;
                 let busiest = bf * (max_ci + e);
                 let p = pass.max(busiest);
-                let stalls: Vec<f64> = (0..nd).map(|i| (ld[i] + bf * off[i] - p).max(0.0)).collect();
+                let stalls: Vec<f64> = (0..nd)
+                    .map(|i| (ld[i] + bf * off[i] - p).max(0.0))
+                    .collect();
                 let u = stalls.iter().copied().fold(0.0, f64::max);
                 if pass >= busiest {
                     (sum_c, c, u, stalls)
@@ -286,7 +348,15 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
         .enumerate()
         .map(|(i, d)| {
             let layers: u64 = d.stages.iter().map(|s| s.layers.len() as u64).sum();
-            let mem = device_memory(shape, plan.mode, &d.stages, d.holds_embedding, d.holds_head, plan.context, b);
+            let mem = device_memory(
+                shape,
+                plan.mode,
+                &d.stages,
+                d.holds_embedding,
+                d.holds_head,
+                plan.context,
+                b,
+            );
             let kv = plan.context * layers * shape.kv_bytes_per_token;
             DeviceCost {
                 name: d.name.clone(),
@@ -301,7 +371,11 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
             }
         })
         .collect();
-    Ok(Cost { ms_per_token: total.total_ms(), breakdown: total, devices })
+    Ok(Cost {
+        ms_per_token: total.total_ms(),
+        breakdown: total,
+        devices,
+    })
 }
 
 /// Writes an evaluation into the plan's prediction fields.
@@ -322,7 +396,9 @@ pub fn apply(plan: &mut Plan, cost: &Cost) {
 /// First threshold `TS¹ = ⌊Left / (layers·κ)⌋` (design §6): tokens of KV a device can hold
 /// with `left_bytes = Mem − M(0)` free, `layers = s·n_i` layers, `κ` bytes per token per layer.
 pub fn first_threshold(left_bytes: u64, layers: u64, kv_bytes_per_token: u64) -> u64 {
-    left_bytes.checked_div(layers * kv_bytes_per_token).unwrap_or(u64::MAX)
+    left_bytes
+        .checked_div(layers * kv_bytes_per_token)
+        .unwrap_or(u64::MAX)
 }
 
 /// KV headroom of one device after placement (design §6).
@@ -337,7 +413,11 @@ pub struct Threshold {
 }
 
 /// First thresholds of every plan device.
-pub fn thresholds(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Vec<Threshold>, PlanError> {
+pub fn thresholds(
+    plan: &Plan,
+    shape: &ModelShape,
+    cluster: &Cluster,
+) -> Result<Vec<Threshold>, PlanError> {
     let c = evaluate(plan, shape, cluster)?;
     Ok(plan
         .devices
@@ -348,7 +428,11 @@ pub fn thresholds(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<
             Threshold {
                 name: d.name.clone(),
                 left_bytes: left,
-                first_threshold: first_threshold(left, d.layer_count() as u64, shape.kv_bytes_per_token),
+                first_threshold: first_threshold(
+                    left,
+                    d.layer_count() as u64,
+                    shape.kv_bytes_per_token,
+                ),
             }
         })
         .collect())

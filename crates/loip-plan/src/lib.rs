@@ -1,12 +1,12 @@
 //! Planning for LOIP: device profiles, the cost model, the exact allocation scheduler and the
 //! baseline planners. Pure logic, no I/O: callers read files and pass text in.
 //!
-//! Data flow: [`ModelShape`] + [`Cluster`] (+ [`PlanRequest`]) → a planner ([`plan`]) →
+//! Data flow: [`ModelShape`] + [`Cluster`] (+ [`PlanRequest`]) → a planner ([`plan()`]) →
 //! [`Plan`] (JSON round-trippable, checked by [`Plan::validate`]) → runtime / simulator.
 //! [`cost::evaluate`] prices any plan; every planner's prediction comes from it.
 //!
 //! Modules: [`units`] (byte/bandwidth/duration strings), [`shape`], [`profile`] (device and
-//! link profiles, shipped presets), [`cluster`] (cluster files), [`plan`], [`cost`],
+//! link profiles, shipped presets), [`cluster`] (cluster files), [`mod@plan`], [`cost`],
 //! [`planners`], [`render`] (tables), [`error`].
 #![deny(missing_docs)]
 // `x % d == 0` instead of `is_multiple_of`: the workspace's rust-version is 1.85.
@@ -25,7 +25,9 @@ pub mod units;
 pub use cluster::{Cluster, Device, RawCluster};
 pub use cost::{evaluate, Cost, CostBreakdown, DeviceCost};
 pub use error::{ConfigError, ParseError, PlanError, PlanInvalid};
-pub use plan::{DevicePlan, DroppedDevice, ExecMode, LayerPlan, Pattern, Plan, Residency, StagePlan, StageRef};
+pub use plan::{
+    DevicePlan, DroppedDevice, ExecMode, LayerPlan, Pattern, Plan, Residency, StagePlan, StageRef,
+};
 pub use planners::{plan, planner, planner_names, PlanRequest, Planner};
 pub use profile::{ComputeModel, DeviceProfile, LinkProfile, LoaderKind, LoaderProfile};
 pub use shape::ModelShape;

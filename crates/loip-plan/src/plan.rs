@@ -132,7 +132,11 @@ impl StagePlan {
     pub fn with_offload(first: u32, n: u32, a: u32, m: u32) -> StagePlan {
         let (a, m) = (a.min(n), m.min(n));
         let mut layers: Vec<LayerPlan> = (first..first + n)
-            .map(|layer| LayerPlan { layer, attn: Residency::Retained, mlp: Residency::Retained })
+            .map(|layer| LayerPlan {
+                layer,
+                attn: Residency::Retained,
+                mlp: Residency::Retained,
+            })
             .collect();
         let n = n as usize;
         let (a, m) = (a as usize, m as usize);
@@ -257,12 +261,21 @@ pub struct Plan {
 impl Plan {
     /// Stages in global execution order: (device, stage, layers).
     pub fn stage_order(&self) -> Vec<StageRef> {
-        let s = self.devices.iter().map(|d| d.stages.len()).max().unwrap_or(0);
+        let s = self
+            .devices
+            .iter()
+            .map(|d| d.stages.len())
+            .max()
+            .unwrap_or(0);
         let mut out = Vec::new();
         for stage in 0..s {
             for (device, d) in self.devices.iter().enumerate() {
                 if let Some(st) = d.stages.get(stage) {
-                    out.push(StageRef { device, stage, layers: st.layer_range() });
+                    out.push(StageRef {
+                        device,
+                        stage,
+                        layers: st.layer_range(),
+                    });
                 }
             }
         }
@@ -271,14 +284,19 @@ impl Plan {
 
     /// Index into [`Plan::devices`] of the device running `layer`.
     pub fn device_of_layer(&self, layer: u32) -> Option<usize> {
-        self.devices
-            .iter()
-            .position(|d| d.stages.iter().any(|s| s.layers.iter().any(|l| l.layer == layer)))
+        self.devices.iter().position(|d| {
+            d.stages
+                .iter()
+                .any(|s| s.layers.iter().any(|l| l.layer == layer))
+        })
     }
 
     /// Slot bytes of device `device` (index into [`Plan::devices`]).  // bytes
     pub fn slot_bytes(&self, shape: &ModelShape, device: usize) -> u64 {
-        self.devices.get(device).map(|d| cost::slot_bytes(self.mode, &d.stages, shape)).unwrap_or(0)
+        self.devices
+            .get(device)
+            .map(|d| cost::slot_bytes(self.mode, &d.stages, shape))
+            .unwrap_or(0)
     }
 
     /// Total layers placed.
@@ -308,7 +326,11 @@ impl Plan {
     /// stage counts, embedding/head placement, devices known, memory within budget.
     pub fn validate(&self, shape: &ModelShape, cluster: &Cluster) -> Result<(), PlanError> {
         if self.shape != shape.name {
-            return Err(PlanInvalid::ShapeMismatch { plan: self.shape.clone(), model: shape.name.clone() }.into());
+            return Err(PlanInvalid::ShapeMismatch {
+                plan: self.shape.clone(),
+                model: shape.name.clone(),
+            }
+            .into());
         }
         if self.devices.is_empty() {
             return Err(PlanInvalid::NoDevice.into());
@@ -321,27 +343,50 @@ impl Plan {
         }
         let mut last_idx = None;
         for (i, d) in self.devices.iter().enumerate() {
-            let idx = cluster.index_of(&d.name).ok_or_else(|| PlanError::UnknownDevice(d.name.clone()))?;
+            let idx = cluster
+                .index_of(&d.name)
+                .ok_or_else(|| PlanError::UnknownDevice(d.name.clone()))?;
             if self.devices[..i].iter().any(|x| x.name == d.name) {
                 return Err(PlanInvalid::DuplicateDevice(d.name.clone()).into());
             }
             if last_idx.is_some_and(|l| idx < l) {
-                return Err(PlanInvalid::Roles(format!("device `{}` is out of cluster order", d.name)).into());
+                return Err(PlanInvalid::Roles(format!(
+                    "device `{}` is out of cluster order",
+                    d.name
+                ))
+                .into());
             }
             last_idx = Some(idx);
             if d.stages.len() != self.stages_per_device as usize {
-                return Err(PlanInvalid::StageCount { device: d.name.clone(), got: d.stages.len(), expected: self.stages_per_device }.into());
+                return Err(PlanInvalid::StageCount {
+                    device: d.name.clone(),
+                    got: d.stages.len(),
+                    expected: self.stages_per_device,
+                }
+                .into());
             }
             if let Some(stage) = d.stages.iter().position(|s| s.layers.is_empty()) {
-                return Err(PlanInvalid::EmptyStage { device: d.name.clone(), stage }.into());
+                return Err(PlanInvalid::EmptyStage {
+                    device: d.name.clone(),
+                    stage,
+                }
+                .into());
             }
             let first = i == 0;
             let last = i + 1 == self.devices.len();
             if d.holds_embedding != first {
-                return Err(PlanInvalid::Roles(format!("embedding must be on the first device only (device `{}`)", d.name)).into());
+                return Err(PlanInvalid::Roles(format!(
+                    "embedding must be on the first device only (device `{}`)",
+                    d.name
+                ))
+                .into());
             }
             if d.holds_head != last {
-                return Err(PlanInvalid::Roles(format!("head must be on the last device only (device `{}`)", d.name)).into());
+                return Err(PlanInvalid::Roles(format!(
+                    "head must be on the last device only (device `{}`)",
+                    d.name
+                ))
+                .into());
             }
         }
         let mut expected = 0u32;
@@ -349,18 +394,33 @@ impl Plan {
             let d = &self.devices[r.device];
             for l in &d.stages[r.stage].layers {
                 if l.layer != expected {
-                    return Err(PlanInvalid::LayerOrder { device: d.name.clone(), stage: r.stage, expected, found: l.layer }.into());
+                    return Err(PlanInvalid::LayerOrder {
+                        device: d.name.clone(),
+                        stage: r.stage,
+                        expected,
+                        found: l.layer,
+                    }
+                    .into());
                 }
                 expected += 1;
             }
         }
         if expected != shape.layers {
-            return Err(PlanInvalid::LayerCount { placed: expected, layers: shape.layers }.into());
+            return Err(PlanInvalid::LayerCount {
+                placed: expected,
+                layers: shape.layers,
+            }
+            .into());
         }
         let c = cost::evaluate(self, shape, cluster)?;
         for d in &c.devices {
             if d.memory_bytes > d.budget_bytes {
-                return Err(PlanInvalid::OverBudget { device: d.name.clone(), need: d.memory_bytes, budget: d.budget_bytes }.into());
+                return Err(PlanInvalid::OverBudget {
+                    device: d.name.clone(),
+                    need: d.memory_bytes,
+                    budget: d.budget_bytes,
+                }
+                .into());
             }
         }
         Ok(())

@@ -179,7 +179,12 @@ fn interp(xs: &[f64], ys: &[f64], x: f64) -> f64 {
 impl MeasuredTimes {
     fn attn_at(&self, b: u32, n: u64) -> f64 {
         let ns: Vec<f64> = self.attn.n.iter().map(|&v| v as f64).collect();
-        let per_b: Vec<f64> = self.attn.seconds.iter().map(|row| interp(&ns, row, n as f64)).collect();
+        let per_b: Vec<f64> = self
+            .attn
+            .seconds
+            .iter()
+            .map(|row| interp(&ns, row, n as f64))
+            .collect();
         let bs: Vec<f64> = self.attn.b.iter().map(|&v| v as f64).collect();
         interp(&bs, &per_b, b as f64)
     }
@@ -217,7 +222,10 @@ impl DeviceProfile {
         ns.dedup();
         let mut seconds = vec![vec![(0.0, 0u32); ns.len()]; bs.len()];
         for &(b, n, t) in &attn_samples {
-            let (i, j) = (bs.binary_search(&b).unwrap_or(0), ns.binary_search(&n).unwrap_or(0));
+            let (i, j) = (
+                bs.binary_search(&b).unwrap_or(0),
+                ns.binary_search(&n).unwrap_or(0),
+            );
             seconds[i][j].0 += t;
             seconds[i][j].1 += 1;
         }
@@ -225,7 +233,9 @@ impl DeviceProfile {
         for (i, row) in seconds.iter().enumerate() {
             for (j, &(sum, count)) in row.iter().enumerate() {
                 if count == 0 {
-                    return Err(ConfigError::Missing { field: format!("attn sample (b={}, n={})", bs[i], ns[j]) });
+                    return Err(ConfigError::Missing {
+                        field: format!("attn sample (b={}, n={})", bs[i], ns[j]),
+                    });
                 }
                 grid[i][j] = sum / count as f64;
             }
@@ -246,10 +256,20 @@ impl DeviceProfile {
                 model: shape.name.clone(),
                 attn_bytes: shape.attn_bytes,
                 mlp_bytes: shape.mlp_bytes,
-                attn: AttnGrid { b: bs, n: ns, seconds: grid },
-                mlp: MlpGrid { b: mb, seconds: msum.iter().map(|&(s, c)| s / c as f64).collect() },
+                attn: AttnGrid {
+                    b: bs,
+                    n: ns,
+                    seconds: grid,
+                },
+                mlp: MlpGrid {
+                    b: mb,
+                    seconds: msum.iter().map(|&(s, c)| s / c as f64).collect(),
+                },
             }),
-            loader: Loaders { direct, conventional },
+            loader: Loaders {
+                direct,
+                conventional,
+            },
             sources: vec!["measured by `loip profile`".to_string()],
         };
         profile.validate()?;
@@ -258,9 +278,14 @@ impl DeviceProfile {
 
     /// Checks grids, bandwidths and efficiencies; errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |field: &str, reason: &str| ConfigError::Invalid { field: field.to_string(), reason: reason.to_string() };
+        let bad = |field: &str, reason: &str| ConfigError::Invalid {
+            field: field.to_string(),
+            reason: reason.to_string(),
+        };
         if self.name.trim().is_empty() {
-            return Err(ConfigError::Missing { field: "name".into() });
+            return Err(ConfigError::Missing {
+                field: "name".into(),
+            });
         }
         if self.mem_budget == 0 {
             return Err(bad("mem_budget", "must be positive"));
@@ -283,17 +308,30 @@ impl DeviceProfile {
             ComputeModel::Measured(m) => {
                 let a = &m.attn;
                 if a.b.is_empty() || a.n.is_empty() || !increasing(&a.b) || !increasing(&a.n) {
-                    return Err(bad("compute.attn", "b and n must be non-empty and strictly increasing"));
+                    return Err(bad(
+                        "compute.attn",
+                        "b and n must be non-empty and strictly increasing",
+                    ));
                 }
                 if a.seconds.len() != a.b.len() || a.seconds.iter().any(|r| r.len() != a.n.len()) {
-                    return Err(bad("compute.attn.seconds", "must have b.len() rows of n.len() values"));
+                    return Err(bad(
+                        "compute.attn.seconds",
+                        "must have b.len() rows of n.len() values",
+                    ));
                 }
-                if a.seconds.iter().flatten().any(|&t| !(t >= 0.0 && t.is_finite())) {
+                if a.seconds
+                    .iter()
+                    .flatten()
+                    .any(|&t| !(t >= 0.0 && t.is_finite()))
+                {
                     return Err(bad("compute.attn.seconds", "times must be finite and >= 0"));
                 }
                 let p = &m.mlp;
                 if p.b.is_empty() || !increasing(&p.b) || p.seconds.len() != p.b.len() {
-                    return Err(bad("compute.mlp", "b must be non-empty, increasing, one time each"));
+                    return Err(bad(
+                        "compute.mlp",
+                        "b must be non-empty, increasing, one time each",
+                    ));
                 }
                 if p.seconds.iter().any(|&t| !(t >= 0.0 && t.is_finite())) {
                     return Err(bad("compute.mlp.seconds", "times must be finite and >= 0"));
@@ -303,7 +341,10 @@ impl DeviceProfile {
                 }
             }
         }
-        for (field, l) in [("loader.direct", &self.loader.direct), ("loader.conventional", &self.loader.conventional)] {
+        for (field, l) in [
+            ("loader.direct", &self.loader.direct),
+            ("loader.conventional", &self.loader.conventional),
+        ] {
             if !(l.bandwidth > 0.0 && l.bandwidth.is_finite()) {
                 return Err(bad(&format!("{field}.bandwidth"), "must be positive"));
             }
@@ -317,9 +358,12 @@ impl DeviceProfile {
     /// Attention block time `t^A(b, n)` for `shape`: `b` sequences, `n` cached tokens each.  // seconds
     pub fn attn_time(&self, shape: &ModelShape, b: u32, n: u64) -> f64 {
         match &self.compute {
-            ComputeModel::Measured(m) => m.attn_at(b, n) * shape.attn_bytes as f64 / m.attn_bytes as f64,
+            ComputeModel::Measured(m) => {
+                m.attn_at(b, n) * shape.attn_bytes as f64 / m.attn_bytes as f64
+            }
             ComputeModel::Roofline(r) => {
-                let bytes = shape.attn_bytes as f64 + (b as u64 * n * shape.kv_bytes_per_token) as f64;
+                let bytes =
+                    shape.attn_bytes as f64 + (b as u64 * n * shape.kv_bytes_per_token) as f64;
                 let flops = b as f64 * (shape.attn_proj_flops() + shape.attn_ctx_flops(n));
                 (bytes / r.mem_bw).max(flops / r.peak_flops) / r.efficiency + r.block_overhead
             }
@@ -353,8 +397,10 @@ impl DeviceProfile {
 
     /// Parses and validates a JSON profile.
     pub fn from_json(text: &str) -> Result<DeviceProfile, ConfigError> {
-        let p: DeviceProfile = serde_json::from_str(text)
-            .map_err(|e| ConfigError::Syntax { what: "device profile".into(), reason: e.to_string() })?;
+        let p: DeviceProfile = serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
+            what: "device profile".into(),
+            reason: e.to_string(),
+        })?;
         p.validate()?;
         Ok(p)
     }
@@ -362,10 +408,22 @@ impl DeviceProfile {
 
 /// Shipped profiles: (preset name, JSON text).
 const PRESETS: &[(&str, &str)] = &[
-    ("orin64", include_str!("../profiles/jetson-agx-orin-64gb.json")),
-    ("orin32", include_str!("../profiles/jetson-agx-orin-32gb.json")),
-    ("nx16", include_str!("../profiles/jetson-xavier-nx-16gb.json")),
-    ("host-zen5-2c", include_str!("../profiles/host-zen5-2c.json")),
+    (
+        "orin64",
+        include_str!("../profiles/jetson-agx-orin-64gb.json"),
+    ),
+    (
+        "orin32",
+        include_str!("../profiles/jetson-agx-orin-32gb.json"),
+    ),
+    (
+        "nx16",
+        include_str!("../profiles/jetson-xavier-nx-16gb.json"),
+    ),
+    (
+        "host-zen5-2c",
+        include_str!("../profiles/host-zen5-2c.json"),
+    ),
 ];
 
 /// Names accepted by [`preset`].
@@ -375,7 +433,10 @@ pub fn preset_names() -> Vec<&'static str> {
 
 /// A shipped device profile by preset name (`orin64`, `orin32`, `nx16`, `host-zen5-2c`).
 pub fn preset(name: &str) -> Option<DeviceProfile> {
-    PRESETS.iter().find(|p| p.0 == name).and_then(|p| DeviceProfile::from_json(p.1).ok())
+    PRESETS
+        .iter()
+        .find(|p| p.0 == name)
+        .and_then(|p| DeviceProfile::from_json(p.1).ok())
 }
 
 #[cfg(test)]
@@ -396,13 +457,22 @@ mod tests {
 
     #[test]
     fn measured_interpolates() {
-        let l = LoaderProfile { bandwidth: 1e9, per_read_overhead: 0.0 };
+        let l = LoaderProfile {
+            bandwidth: 1e9,
+            per_read_overhead: 0.0,
+        };
         let s = shape();
         let p = DeviceProfile::from_measurements(
             "m",
             1 << 30,
             &s,
-            vec![(1, 100, 1.0), (1, 200, 2.0), (2, 100, 3.0), (2, 200, 4.0), (1, 100, 1.0)],
+            vec![
+                (1, 100, 1.0),
+                (1, 200, 2.0),
+                (2, 100, 3.0),
+                (2, 200, 4.0),
+                (1, 100, 1.0),
+            ],
             vec![(1, 0.5), (4, 2.0)],
             l,
             l,
@@ -412,7 +482,15 @@ mod tests {
         assert!((p.attn_time(&s, 2, 300) - 5.0).abs() < 1e-12);
         assert!((p.attn_time(&s, 1, 50) - 0.5).abs() < 1e-12);
         assert!((p.mlp_time(&s, 2) - 1.0).abs() < 1e-12);
-        let err = DeviceProfile::from_measurements("m", 1, &s, vec![(1, 1, 1.0), (2, 2, 1.0)], vec![(1, 1.0)], l, l);
+        let err = DeviceProfile::from_measurements(
+            "m",
+            1,
+            &s,
+            vec![(1, 1, 1.0), (2, 2, 1.0)],
+            vec![(1, 1.0)],
+            l,
+            l,
+        );
         assert!(err.is_err());
     }
 }

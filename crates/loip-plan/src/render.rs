@@ -9,9 +9,18 @@ use std::fmt::Write;
 /// `20-39 (off: A38-39 P37-39)`.
 pub fn stage_summary(stage: &StagePlan) -> String {
     let r = stage.layer_range();
-    let mut s = if r.end == r.start + 1 { format!("{}", r.start) } else { format!("{}-{}", r.start, r.end - 1) };
+    let mut s = if r.end == r.start + 1 {
+        format!("{}", r.start)
+    } else {
+        format!("{}-{}", r.start, r.end - 1)
+    };
     let ranges = |pick: fn(&crate::plan::LayerPlan) -> Residency| -> String {
-        let idx: Vec<u32> = stage.layers.iter().filter(|l| pick(l).is_offloaded()).map(|l| l.layer).collect();
+        let idx: Vec<u32> = stage
+            .layers
+            .iter()
+            .filter(|l| pick(l).is_offloaded())
+            .map(|l| l.layer)
+            .collect();
         let mut parts = Vec::new();
         let mut i = 0;
         while i < idx.len() {
@@ -19,7 +28,11 @@ pub fn stage_summary(stage: &StagePlan) -> String {
             while j + 1 < idx.len() && idx[j + 1] == idx[j] + 1 {
                 j += 1;
             }
-            parts.push(if i == j { format!("{}", idx[i]) } else { format!("{}-{}", idx[i], idx[j]) });
+            parts.push(if i == j {
+                format!("{}", idx[i])
+            } else {
+                format!("{}-{}", idx[i], idx[j])
+            });
             i = j + 1;
         }
         parts.join(",")
@@ -47,7 +60,11 @@ pub fn plan_table(plan: &Plan) -> String {
         "plan `{}` for {}: {} stage(s)/device, {} context {} tokens, b = {}, {:?} loads, {:?} loader",
         plan.planner, plan.shape, plan.stages_per_device, plan.pattern, plan.context, plan.micro_batches, plan.mode, plan.loader
     );
-    let _ = writeln!(out, "{:<18} {:>6} {:>9} {:>9} {:>22} {:>9} {:>9} {:>9}  stages", "device", "layers", "resident", "offload", "memory / budget", "compute", "load", "stall");
+    let _ = writeln!(
+        out,
+        "{:<18} {:>6} {:>9} {:>9} {:>22} {:>9} {:>9} {:>9}  stages",
+        "device", "layers", "resident", "offload", "memory / budget", "compute", "load", "stall"
+    );
     for d in &plan.devices {
         let (mut res, mut off) = (0u32, 0u32);
         for l in d.stages.iter().flat_map(|s| &s.layers) {
@@ -66,7 +83,11 @@ pub fn plan_table(plan: &Plan) -> String {
         if d.holds_head {
             name.push_str(" [H]");
         }
-        let mem = format!("{} / {}", format_bytes(d.memory_bytes), format_bytes(d.budget_bytes));
+        let mem = format!(
+            "{} / {}",
+            format_bytes(d.memory_bytes),
+            format_bytes(d.budget_bytes)
+        );
         let stages: Vec<String> = d.stages.iter().map(stage_summary).collect();
         let _ = writeln!(
             out,
@@ -98,7 +119,11 @@ pub fn plan_table(plan: &Plan) -> String {
 /// or `error`.
 pub fn compare_table(results: &[(String, Result<Plan, PlanError>)]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:<24} {:>10} {:>9} {:>9} {:>9} {:>7} {:>8}  note", "planner", "ms/token", "compute", "comm", "uncov", "stages", "devices");
+    let _ = writeln!(
+        out,
+        "{:<24} {:>10} {:>9} {:>9} {:>9} {:>7} {:>8}  note",
+        "planner", "ms/token", "compute", "comm", "uncov", "stages", "devices"
+    );
     let best = results
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok().map(|p| p.predicted_ms_per_token))
@@ -107,7 +132,11 @@ pub fn compare_table(results: &[(String, Result<Plan, PlanError>)]) -> String {
         match r {
             Ok(p) => {
                 let b = &p.breakdown;
-                let note = if p.predicted_ms_per_token <= best { "best".to_string() } else { format!("{:.2}x", p.predicted_ms_per_token / best) };
+                let note = if p.predicted_ms_per_token <= best {
+                    "best".to_string()
+                } else {
+                    format!("{:.2}x", p.predicted_ms_per_token / best)
+                };
                 let _ = writeln!(
                     out,
                     "{:<24} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>8}  {}",
@@ -121,8 +150,19 @@ pub fn compare_table(results: &[(String, Result<Plan, PlanError>)]) -> String {
                     note
                 );
             }
-            Err(PlanError::DoesNotFit { device, lacks_bytes, .. }) => {
-                let _ = writeln!(out, "{:<24} {:>10}  {} lacks {}", name, "OOM", device, format_bytes(*lacks_bytes));
+            Err(PlanError::DoesNotFit {
+                device,
+                lacks_bytes,
+                ..
+            }) => {
+                let _ = writeln!(
+                    out,
+                    "{:<24} {:>10}  {} lacks {}",
+                    name,
+                    "OOM",
+                    device,
+                    format_bytes(*lacks_bytes)
+                );
             }
             Err(e) => {
                 let _ = writeln!(out, "{:<24} {:>10}  {}", name, "error", e);

@@ -121,11 +121,12 @@ impl ModelShape {
     /// intermediates (`2·intermediate`) and the logits (`vocab`); plus 16 MiB of fixed scratch
     /// (attention scores, allocator slack). Every device reserves the same amount.
     pub fn working_bytes(&self, b: u32) -> u64 {
-        let per_seq = 4 * (3 * self.hidden
-            + self.heads * self.head_dim
-            + 2 * self.kv_heads * self.head_dim
-            + 2 * self.intermediate
-            + self.vocab);
+        let per_seq = 4
+            * (3 * self.hidden
+                + self.heads * self.head_dim
+                + 2 * self.kv_heads * self.head_dim
+                + 2 * self.intermediate
+                + self.vocab);
         b.max(1) as u64 * per_seq + (16 << 20)
     }
 
@@ -153,7 +154,19 @@ mod tests {
 
     #[test]
     fn llama70b_sizes() {
-        let s = ModelShape::from_dims("llama3.3-70b", 8192, 28672, 80, 64, 8, 128, 128256, false, 2.0, 2);
+        let s = ModelShape::from_dims(
+            "llama3.3-70b",
+            8192,
+            28672,
+            80,
+            64,
+            8,
+            128,
+            128256,
+            false,
+            2.0,
+            2,
+        );
         // q, o: 8192·8192; k, v: 8192·1024; norm 8192 → 151 011 328 params.
         assert_eq!(s.attn_bytes, 2 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 8192));
         assert_eq!(s.mlp_bytes, 2 * (3 * 8192 * 28672 + 8192));

@@ -18,7 +18,9 @@ fn split_number(input: &str) -> Result<(f64, &str), ParseError> {
         .map(|(i, _)| i)
         .unwrap_or(s.len());
     let num: String = s[..end].chars().filter(|&c| c != '_').collect();
-    let value: f64 = num.parse().map_err(|_| ParseError::BadNumber(input.to_string()))?;
+    let value: f64 = num
+        .parse()
+        .map_err(|_| ParseError::BadNumber(input.to_string()))?;
     if !value.is_finite() || value < 0.0 {
         return Err(ParseError::NotPositive(input.to_string()));
     }
@@ -46,7 +48,10 @@ fn prefix_multiplier(p: &str) -> Option<f64> {
 pub fn parse_bytes(input: &str) -> Result<u64, ParseError> {
     const ACCEPTED: &str = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB";
     let (value, unit) = split_number(input)?;
-    let prefix = unit.strip_suffix('B').or_else(|| unit.strip_suffix('b')).unwrap_or(unit);
+    let prefix = unit
+        .strip_suffix('B')
+        .or_else(|| unit.strip_suffix('b'))
+        .unwrap_or(unit);
     let mult = prefix_multiplier(prefix).ok_or_else(|| ParseError::BadUnit {
         input: input.to_string(),
         unit: unit.to_string(),
@@ -63,18 +68,29 @@ pub fn parse_bytes(input: &str) -> Result<u64, ParseError> {
 /// `bps`, `Mbps`, `Mb/s`, `Gbit/s`...; bytes as `B/s`, `kB/s`, `MB/s`, `GB/s`, `MiB/s`,
 /// `GiB/s`... A plain number is bytes per second.
 pub fn parse_bandwidth(input: &str) -> Result<f64, ParseError> {
-    const ACCEPTED: &str = "bit, kbit, mbit, gbit, Mbps, Mb/s, Gbit/s, B/s, kB/s, MB/s, GB/s, MiB/s, GiB/s";
+    const ACCEPTED: &str =
+        "bit, kbit, mbit, gbit, Mbps, Mb/s, Gbit/s, B/s, kB/s, MB/s, GB/s, MiB/s, GiB/s";
     let (value, unit) = split_number(input)?;
-    let bad = || ParseError::BadUnit { input: input.to_string(), unit: unit.to_string(), accepted: ACCEPTED };
+    let bad = || ParseError::BadUnit {
+        input: input.to_string(),
+        unit: unit.to_string(),
+        accepted: ACCEPTED,
+    };
     let (prefix, bits) = if unit.is_empty() {
         ("", false)
-    } else if let Some(p) = unit.strip_suffix("bit/s").or_else(|| unit.strip_suffix("bit")) {
+    } else if let Some(p) = unit
+        .strip_suffix("bit/s")
+        .or_else(|| unit.strip_suffix("bit"))
+    {
         (p, true)
     } else if let Some(p) = unit.strip_suffix("bps") {
         (p, true)
     } else if let Some(p) = unit.strip_suffix("b/s") {
         (p, true)
-    } else if let Some(p) = unit.strip_suffix("B/s").or_else(|| unit.strip_suffix("Bps")) {
+    } else if let Some(p) = unit
+        .strip_suffix("B/s")
+        .or_else(|| unit.strip_suffix("Bps"))
+    {
         (p, false)
     } else {
         return Err(bad());
@@ -109,7 +125,12 @@ pub fn parse_duration(input: &str) -> Result<f64, ParseError> {
 /// Formats bytes with a binary unit, e.g. `13.2 GiB`.
 pub fn format_bytes(bytes: u64) -> String {
     let b = bytes as f64;
-    let units = [("TiB", 1024f64.powi(4)), ("GiB", 1024f64.powi(3)), ("MiB", 1024f64.powi(2)), ("KiB", 1024.0)];
+    let units = [
+        ("TiB", 1024f64.powi(4)),
+        ("GiB", 1024f64.powi(3)),
+        ("MiB", 1024f64.powi(2)),
+        ("KiB", 1024.0),
+    ];
     for (name, size) in units {
         if b >= size {
             return format!("{:.1} {name}", b / size);

@@ -36,7 +36,8 @@ fn examples_parse_and_plan() {
         let text = std::fs::read_to_string(&path).unwrap();
         let base = path.parent().unwrap().to_path_buf();
         let mut load = |p: &str| std::fs::read_to_string(base.join(p)).map_err(|e| e.to_string());
-        let cluster = Cluster::from_toml_str(&text, &mut load).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let cluster = Cluster::from_toml_str(&text, &mut load)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         let shape = if name.contains("13b") {
             common::llama13b()
@@ -45,13 +46,22 @@ fn examples_parse_and_plan() {
         } else if name.contains("70b") {
             common::llama70b()
         } else {
-            loip_plan::ModelShape::from_dims("llama-1b", 2048, 5632, 22, 32, 4, 64, 32000, false, 2.0, 2)
+            loip_plan::ModelShape::from_dims(
+                "llama-1b", 2048, 5632, 22, 32, 4, 64, 32000, false, 2.0, 2,
+            )
         };
         for pattern in [Pattern::Sporadic, Pattern::Bursty] {
-            let req = PlanRequest { context: cluster.defaults.context.unwrap_or(2048), pattern, ..PlanRequest::default() };
+            let req = PlanRequest {
+                context: cluster.defaults.context.unwrap_or(2048),
+                pattern,
+                ..PlanRequest::default()
+            };
             let results = plan_all(&shape, &cluster, &req);
             let loip = results.iter().find(|r| r.0 == "loip").unwrap();
-            let p = loip.1.as_ref().unwrap_or_else(|e| panic!("{name}: loip: {e}"));
+            let p = loip
+                .1
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{name}: loip: {e}"));
             p.validate(&shape, &cluster).unwrap();
         }
     }
@@ -88,7 +98,13 @@ pattern = \"bursty\"
 "
     );
     let profile = loip_plan::profile::preset("nx16").unwrap().to_json();
-    let mut load = |p: &str| if p == "p.json" { Ok(profile.clone()) } else { Err("missing".to_string()) };
+    let mut load = |p: &str| {
+        if p == "p.json" {
+            Ok(profile.clone())
+        } else {
+            Err("missing".to_string())
+        }
+    };
     let c = Cluster::from_toml_str(&text, &mut load).unwrap();
     assert_eq!(c.devices.len(), 3);
     assert_eq!(c.devices[0].reserve, 5_000_000_000);
@@ -107,14 +123,34 @@ pattern = \"bursty\"
 #[test]
 fn missing_fields_are_named() {
     err_naming(LINK, "device");
-    err_naming(&format!("{LINK}[[device]]\npreset = \"orin64\"\n"), "device[0].name");
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"orin64\"\n[[device]]\npreset = \"nx16\"\n"), "device[1].name");
+    err_naming(
+        &format!("{LINK}[[device]]\npreset = \"orin64\"\n"),
+        "device[0].name",
+    );
+    err_naming(
+        &format!(
+            "{LINK}[[device]]\nname = \"a\"\npreset = \"orin64\"\n[[device]]\npreset = \"nx16\"\n"
+        ),
+        "device[1].name",
+    );
     err_naming("[[device]]\nname = \"a\"\npreset = \"orin64\"\n", "link");
-    err_naming("[link]\nlatency = \"2ms\"\n[[device]]\nname = \"a\"\npreset = \"orin64\"\n", "link.bandwidth");
-    err_naming("[link]\nbandwidth = \"1gbit\"\n[[device]]\nname = \"a\"\npreset = \"orin64\"\n", "link.latency");
+    err_naming(
+        "[link]\nlatency = \"2ms\"\n[[device]]\nname = \"a\"\npreset = \"orin64\"\n",
+        "link.bandwidth",
+    );
+    err_naming(
+        "[link]\nbandwidth = \"1gbit\"\n[[device]]\nname = \"a\"\npreset = \"orin64\"\n",
+        "link.latency",
+    );
     // Inline device without its required values.
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\nmem = \"8GiB\"\n"), "device[0].mem_bw");
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\nmem_bw = \"40GB/s\"\n"), "device[0].mem");
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\nmem = \"8GiB\"\n"),
+        "device[0].mem_bw",
+    );
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\nmem_bw = \"40GB/s\"\n"),
+        "device[0].mem",
+    );
     err_naming(&format!("{LINK}[[device]]\nname = \"a\"\nmem = \"8GiB\"\nmem_bw = \"40GB/s\"\npeak_flops = 1e12\n"), "device[0].ssd");
 }
 
@@ -122,39 +158,87 @@ fn missing_fields_are_named() {
 fn zero_or_negative_bandwidth_is_rejected() {
     let dev = "[[device]]\nname = \"a\"\npreset = \"orin64\"\n";
     for bw in ["\"0mbit\"", "\"-100mbit\"", "0", "-5", "0.0"] {
-        let msg = err_naming(&format!("[link]\nbandwidth = {bw}\nlatency = \"2ms\"\n{dev}"), "link.bandwidth");
-        assert!(msg.contains("positive") || msg.contains("negative"), "{msg}");
+        let msg = err_naming(
+            &format!("[link]\nbandwidth = {bw}\nlatency = \"2ms\"\n{dev}"),
+            "link.bandwidth",
+        );
+        assert!(
+            msg.contains("positive") || msg.contains("negative"),
+            "{msg}"
+        );
     }
-    err_naming(&format!("[link]\nbandwidth = \"100 furlongs\"\nlatency = \"2ms\"\n{dev}"), "link.bandwidth");
-    err_naming(&format!("[link]\nbandwidth = \"100mbit\"\nlatency = \"-2ms\"\n{dev}"), "link.latency");
-    let inline = "[[device]]\nname = \"a\"\nmem = \"8GiB\"\nmem_bw = \"40GB/s\"\npeak_flops = 1e12\n";
+    err_naming(
+        &format!("[link]\nbandwidth = \"100 furlongs\"\nlatency = \"2ms\"\n{dev}"),
+        "link.bandwidth",
+    );
+    err_naming(
+        &format!("[link]\nbandwidth = \"100mbit\"\nlatency = \"-2ms\"\n{dev}"),
+        "link.latency",
+    );
+    let inline =
+        "[[device]]\nname = \"a\"\nmem = \"8GiB\"\nmem_bw = \"40GB/s\"\npeak_flops = 1e12\n";
     err_naming(&format!("{LINK}{inline}ssd = \"0MB/s\"\n"), "device[0].ssd");
-    err_naming(&format!("{LINK}{inline}ssd = \"-2GB/s\"\n"), "device[0].ssd");
+    err_naming(
+        &format!("{LINK}{inline}ssd = \"-2GB/s\"\n"),
+        "device[0].ssd",
+    );
     err_naming(&format!("{LINK}[[device]]\nname = \"a\"\nmem = \"8GiB\"\nmem_bw = 0\npeak_flops = 1e12\nssd = \"1GB/s\"\n"), "device[0].mem_bw");
 }
 
 #[test]
 fn unknown_names_are_rejected() {
-    let msg = err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"orin128\"\n"), "device[0].preset");
+    let msg = err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\npreset = \"orin128\"\n"),
+        "device[0].preset",
+    );
     assert!(msg.contains("orin64") && msg.contains("nx16"), "{msg}");
-    let msg = err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"orin64\"\n[plan]\nplanner = \"magic\"\n"), "plan.planner");
+    let msg = err_naming(
+        &format!(
+            "{LINK}[[device]]\nname = \"a\"\npreset = \"orin64\"\n[plan]\nplanner = \"magic\"\n"
+        ),
+        "plan.planner",
+    );
     assert!(msg.contains("loip") && msg.contains("edgeshard"), "{msg}");
     err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"orin64\"\n[plan]\npattern = \"sometimes\"\n"), "plan.pattern");
     // A misspelt key is an error, not silently ignored.
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"orin64\"\nreserv = \"1GB\"\n"), "reserv");
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\npreset = \"orin64\"\nreserv = \"1GB\"\n"),
+        "reserv",
+    );
 }
 
 #[test]
 fn other_bad_values() {
     err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"orin64\"\n[[device]]\nname = \"a\"\npreset = \"nx16\"\n"), "device[1].name");
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\nreserve = \"20GB\"\n"), "device[0].reserve");
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\nreserve = \"-1GB\"\n"), "device[0].reserve");
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\nprofile = \"x.json\"\n"), "device[0].profile");
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\nprofile = \"x.json\"\n"), "device[0].profile");
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\nmem_bw = \"1GB/s\"\n"), "device[0].mem_bw");
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\nreserve = \"20GB\"\n"),
+        "device[0].reserve",
+    );
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\nreserve = \"-1GB\"\n"),
+        "device[0].reserve",
+    );
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\nprofile = \"x.json\"\n"),
+        "device[0].profile",
+    );
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\nprofile = \"x.json\"\n"),
+        "device[0].profile",
+    );
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\nmem_bw = \"1GB/s\"\n"),
+        "device[0].mem_bw",
+    );
     err_naming(&format!("{LINK}[[device]]\nname = \"a\"\nmem = \"8GiB\"\nmem_bw = \"4GB/s\"\npeak_flops = 1e12\nssd = \"1GB/s\"\nefficiency = 1.5\n"), "device[0].efficiency");
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\n[plan]\ncontext = -1\n"), "plan.context");
-    err_naming(&format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\n[plan]\nmicro_batches = 0\n"), "plan.micro_batches");
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\n[plan]\ncontext = -1\n"),
+        "plan.context",
+    );
+    err_naming(
+        &format!("{LINK}[[device]]\nname = \"a\"\npreset = \"nx16\"\n[plan]\nmicro_batches = 0\n"),
+        "plan.micro_batches",
+    );
     let bad_profile = "{\"name\": \"x\", \"mem_budget\": 1000}";
     let text = format!("{LINK}[[device]]\nname = \"a\"\nprofile = \"p.json\"\n");
     let e = Cluster::from_toml_str(&text, &mut |_| Ok(bad_profile.to_string())).unwrap_err();

@@ -13,7 +13,11 @@ use proptest::prelude::*;
 /// Every composition of `total` into `k` parts ≥ 1.
 fn compositions(total: u32, k: usize) -> Vec<Vec<u32>> {
     if k == 1 {
-        return if total >= 1 { vec![vec![total]] } else { vec![] };
+        return if total >= 1 {
+            vec![vec![total]]
+        } else {
+            vec![]
+        };
     }
     let mut out = Vec::new();
     for first in 1..total {
@@ -30,7 +34,9 @@ fn subsets(d: usize, allow_drop: bool) -> Vec<Vec<usize>> {
     if !allow_drop {
         return vec![(0..d).collect()];
     }
-    (1..(1u32 << d)).map(|m| (0..d).filter(|i| m & (1 << i) != 0).collect()).collect()
+    (1..(1u32 << d))
+        .map(|m| (0..d).filter(|i| m & (1 << i) != 0).collect())
+        .collect()
 }
 
 /// Design §3 `span(a, m)`.
@@ -56,7 +62,11 @@ fn brute_force(inst: &Instance) -> Option<f64> {
     let mut best: Option<f64> = None;
     for set in subsets(inst.devs.len(), inst.allow_drop) {
         let k = set.len();
-        let hop = if k > 1 { sh.act_bytes_per_token as f64 / inst.bandwidth + inst.latency } else { 0.0 };
+        let hop = if k > 1 {
+            sh.act_bytes_per_token as f64 / inst.bandwidth + inst.latency
+        } else {
+            0.0
+        };
         let c = k as f64 * hop;
         for s in (1..=l).filter(|s| l % s == 0) {
             let per_stage = l / s;
@@ -93,7 +103,11 @@ fn brute_force(inst: &Instance) -> Option<f64> {
                             if mem > budget {
                                 continue;
                             }
-                            let ld = if a + m == 0 { 0.0 } else { off as f64 / beta + d.overhead * (a + m) as f64 };
+                            let ld = if a + m == 0 {
+                                0.0
+                            } else {
+                                off as f64 / beta + d.overhead * (a + m) as f64
+                            };
                             let w = if bursty { bf } else { 1.0 };
                             best_g = best_g.min(ld + w * span(a, m, d.t_attn, d.t_mlp));
                         }
@@ -158,7 +172,11 @@ fn check_memory(inst: &Instance, plan: &loip_plan::Plan) {
             + inst.context * layers * sh.kv_bytes_per_token
             + sh.working_bytes(inst.b_eff());
         assert_eq!(mem, d.memory_bytes, "device {}", d.name);
-        assert!(mem <= inst.budget(&inst.devs[idx]), "device {} over budget", d.name);
+        assert!(
+            mem <= inst.budget(&inst.devs[idx]),
+            "device {} over budget",
+            d.name
+        );
     }
 }
 

@@ -15,10 +15,19 @@ fn le(a: f64, b: f64) -> bool {
 
 fn paper_setups() -> Vec<(loip_plan::ModelShape, loip_plan::Cluster)> {
     vec![
-        (llama70b(), preset_cluster(&["orin64", "orin32", "orin32", "orin32", "nx16"], 100.0)),
+        (
+            llama70b(),
+            preset_cluster(&["orin64", "orin32", "orin32", "orin32", "nx16"], 100.0),
+        ),
         (llama13b(), preset_cluster(&["orin32", "nx16"], 100.0)),
-        (qwen32b(), preset_cluster(&["orin64", "orin32", "nx16"], 200.0)),
-        (llama70b(), preset_cluster(&["orin64", "orin64", "orin32", "nx16"], 200.0)),
+        (
+            qwen32b(),
+            preset_cluster(&["orin64", "orin32", "nx16"], 200.0),
+        ),
+        (
+            llama70b(),
+            preset_cluster(&["orin64", "orin64", "orin32", "nx16"], 200.0),
+        ),
         (llama70b(), preset_cluster(&["orin32", "nx16"], 100.0)),
     ]
 }
@@ -29,19 +38,34 @@ fn breakdown_adds_up_for_every_planner() {
     for (shape, cluster) in paper_setups() {
         for pattern in [Pattern::Sporadic, Pattern::Bursty] {
             for context in [0, 2048, 16384] {
-                let req = PlanRequest { context, pattern, ..PlanRequest::default() };
+                let req = PlanRequest {
+                    context,
+                    pattern,
+                    ..PlanRequest::default()
+                };
                 for (name, r) in plan_all(&shape, &cluster, &req) {
                     let Ok(p) = r else { continue };
                     planned += 1;
                     let b = &p.breakdown;
-                    assert!((b.total_ms() - p.predicted_ms_per_token).abs() < 1e-9 * p.predicted_ms_per_token, "{name}");
-                    assert!(b.compute_ms > 0.0 && b.comm_ms >= 0.0 && b.uncovered_load_ms >= 0.0, "{name}");
-                    p.validate(&shape, &cluster).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    assert!(
+                        (b.total_ms() - p.predicted_ms_per_token).abs()
+                            < 1e-9 * p.predicted_ms_per_token,
+                        "{name}"
+                    );
+                    assert!(
+                        b.compute_ms > 0.0 && b.comm_ms >= 0.0 && b.uncovered_load_ms >= 0.0,
+                        "{name}"
+                    );
+                    p.validate(&shape, &cluster)
+                        .unwrap_or_else(|e| panic!("{name}: {e}"));
                     let again = cost::evaluate(&p, &shape, &cluster).unwrap();
                     assert_eq!(again.ms_per_token, p.predicted_ms_per_token);
                     if p.mode == ExecMode::Sequential && pattern == Pattern::Sporadic {
                         let loads: f64 = p.devices.iter().map(|d| d.load_ms).sum();
-                        assert!((loads - b.uncovered_load_ms).abs() < 1e-6, "{name}: sequential loads are all uncovered");
+                        assert!(
+                            (loads - b.uncovered_load_ms).abs() < 1e-6,
+                            "{name}: sequential loads are all uncovered"
+                        );
                     }
                 }
             }
@@ -54,9 +78,19 @@ fn breakdown_adds_up_for_every_planner() {
 fn loip_is_best_in_its_search_space() {
     for (shape, cluster) in paper_setups() {
         for pattern in [Pattern::Sporadic, Pattern::Bursty] {
-            let req = PlanRequest { context: 4096, pattern, ..PlanRequest::default() };
+            let req = PlanRequest {
+                context: 4096,
+                pattern,
+                ..PlanRequest::default()
+            };
             let results = plan_all(&shape, &cluster, &req);
-            let loip = results.iter().find(|r| r.0 == "loip").unwrap().1.as_ref().map(|p| p.predicted_ms_per_token);
+            let loip = results
+                .iter()
+                .find(|r| r.0 == "loip")
+                .unwrap()
+                .1
+                .as_ref()
+                .map(|p| p.predicted_ms_per_token);
             for (name, r) in &results {
                 // pp-offload runs in sequential mode, outside loip's space; the loader ablation
                 // is priced differently.
@@ -64,8 +98,14 @@ fn loip_is_best_in_its_search_space() {
                     continue;
                 }
                 if let Ok(p) = r {
-                    let l = *loip.as_ref().unwrap_or_else(|e| panic!("loip failed where {name} planned: {e}"));
-                    assert!(le(l, p.predicted_ms_per_token), "{name} {} beats loip {l}", p.predicted_ms_per_token);
+                    let l = *loip
+                        .as_ref()
+                        .unwrap_or_else(|e| panic!("loip failed where {name} planned: {e}"));
+                    assert!(
+                        le(l, p.predicted_ms_per_token),
+                        "{name} {} beats loip {l}",
+                        p.predicted_ms_per_token
+                    );
                 }
             }
         }
@@ -80,7 +120,10 @@ fn memory_constrained_70b_offloads_and_fits() {
     for (i, r) in [(0, 5e9), (1, 3e9), (2, 3e9), (4, 1e9)] {
         cluster.devices[i].reserve = r as u64;
     }
-    let req = PlanRequest { context: 4096, ..PlanRequest::default() };
+    let req = PlanRequest {
+        context: 4096,
+        ..PlanRequest::default()
+    };
     let p = loip_plan::plan("loip", &shape, &cluster, &req).unwrap();
     p.validate(&shape, &cluster).unwrap();
     for d in &p.devices {
@@ -98,7 +141,11 @@ fn does_not_fit_names_device_and_bytes() {
     let req = PlanRequest::default();
     for name in planner_names() {
         match loip_plan::plan(name, &shape, &cluster, &req) {
-            Err(PlanError::DoesNotFit { device, lacks_bytes, planner }) => {
+            Err(PlanError::DoesNotFit {
+                device,
+                lacks_bytes,
+                planner,
+            }) => {
                 assert_eq!(device, "nx16-0");
                 assert!(lacks_bytes > 0, "{name}");
                 assert_eq!(planner, name);
@@ -112,9 +159,22 @@ fn does_not_fit_names_device_and_bytes() {
 
 #[test]
 fn unknown_planner_lists_valid_names() {
-    let err = loip_plan::plan("magic", &llama13b(), &preset_cluster(&["orin32"], 100.0), &PlanRequest::default()).unwrap_err();
+    let err = loip_plan::plan(
+        "magic",
+        &llama13b(),
+        &preset_cluster(&["orin32"], 100.0),
+        &PlanRequest::default(),
+    )
+    .unwrap_err();
     let msg = err.to_string();
-    for n in ["loip", "loip-paper", "loip-uniform", "pp", "pp-offload", "edgeshard"] {
+    for n in [
+        "loip",
+        "loip-paper",
+        "loip-uniform",
+        "pp",
+        "pp-offload",
+        "edgeshard",
+    ] {
         assert!(msg.contains(n), "{msg}");
     }
 }
@@ -123,9 +183,16 @@ fn unknown_planner_lists_valid_names() {
 fn plan_helpers_and_json_round_trip() {
     let shape = llama70b();
     let cluster = preset_cluster(&["orin32", "orin32", "nx16"], 100.0);
-    let req = PlanRequest { context: 2048, allow_drop: false, ..PlanRequest::default() };
+    let req = PlanRequest {
+        context: 2048,
+        allow_drop: false,
+        ..PlanRequest::default()
+    };
     let p = loip_plan::plan("loip", &shape, &cluster, &req).unwrap();
-    assert!(p.stages_per_device > 1, "70B on 72 GiB must offload with several stages");
+    assert!(
+        p.stages_per_device > 1,
+        "70B on 72 GiB must offload with several stages"
+    );
     let back = Plan::from_json(&p.to_json()).unwrap();
     assert_eq!(back, p);
     back.validate(&shape, &cluster).unwrap();
@@ -145,14 +212,22 @@ fn plan_helpers_and_json_round_trip() {
     assert_eq!(next, shape.layers);
     assert_eq!(p.device_of_layer(shape.layers), None);
     for (i, d) in p.devices.iter().enumerate() {
-        let largest = d.stages.iter().map(|s| s.offloaded_bytes(&shape)).max().unwrap();
+        let largest = d
+            .stages
+            .iter()
+            .map(|s| s.offloaded_bytes(&shape))
+            .max()
+            .unwrap();
         assert_eq!(p.slot_bytes(&shape, i), largest);
         assert_eq!(d.slot_bytes, largest);
     }
     // Thresholds: TS¹ = ⌊Left / (s·n·κ)⌋ and the KV at the planned context fits under it.
     for t in cost::thresholds(&p, &shape, &cluster).unwrap() {
         let d = p.devices.iter().find(|d| d.name == t.name).unwrap();
-        assert_eq!(t.first_threshold, t.left_bytes / (d.layer_count() as u64 * shape.kv_bytes_per_token));
+        assert_eq!(
+            t.first_threshold,
+            t.left_bytes / (d.layer_count() as u64 * shape.kv_bytes_per_token)
+        );
         assert!(t.first_threshold >= p.context);
     }
 }
@@ -161,7 +236,11 @@ fn plan_helpers_and_json_round_trip() {
 fn validate_rejects_hand_edits() {
     let shape = llama13b();
     let cluster = preset_cluster(&["orin32", "nx16"], 100.0);
-    let req = PlanRequest { context: 1024, allow_drop: false, ..PlanRequest::default() };
+    let req = PlanRequest {
+        context: 1024,
+        allow_drop: false,
+        ..PlanRequest::default()
+    };
     let p = loip_plan::plan("loip", &shape, &cluster, &req).unwrap();
     p.validate(&shape, &cluster).unwrap();
 
@@ -173,40 +252,76 @@ fn validate_rejects_hand_edits() {
 
     let mut q = p.clone();
     q.devices[0].stages[0].layers.swap(0, 1);
-    assert!(matches!(q.validate(&shape, &cluster), Err(PlanError::Invalid(PlanInvalid::LayerOrder { .. }))));
+    assert!(matches!(
+        q.validate(&shape, &cluster),
+        Err(PlanError::Invalid(PlanInvalid::LayerOrder { .. }))
+    ));
 
     // A model with one more layer than the plan places.
     let mut longer = shape.clone();
     longer.layers += 1;
-    assert!(matches!(p.validate(&longer, &cluster), Err(PlanError::Invalid(PlanInvalid::LayerCount { placed: 40, layers: 41 }))));
+    assert!(matches!(
+        p.validate(&longer, &cluster),
+        Err(PlanError::Invalid(PlanInvalid::LayerCount {
+            placed: 40,
+            layers: 41
+        }))
+    ));
 
     let mut q = p.clone();
     q.devices[1].stages[0].layers.clear();
-    assert!(matches!(q.validate(&shape, &cluster), Err(PlanError::Invalid(PlanInvalid::EmptyStage { .. }))));
+    assert!(matches!(
+        q.validate(&shape, &cluster),
+        Err(PlanError::Invalid(PlanInvalid::EmptyStage { .. }))
+    ));
 
     let mut q = p.clone();
     q.stages_per_device += 1;
-    assert!(matches!(q.validate(&shape, &cluster), Err(PlanError::Invalid(PlanInvalid::StageCount { .. }))));
+    assert!(matches!(
+        q.validate(&shape, &cluster),
+        Err(PlanError::Invalid(PlanInvalid::StageCount { .. }))
+    ));
 
     let mut q = p.clone();
     q.devices[0].holds_head = true;
-    assert!(matches!(q.validate(&shape, &cluster), Err(PlanError::Invalid(PlanInvalid::Roles(_)))));
+    assert!(matches!(
+        q.validate(&shape, &cluster),
+        Err(PlanError::Invalid(PlanInvalid::Roles(_)))
+    ));
 
     let mut q = p.clone();
     q.devices[0].name = "nobody".into();
-    assert!(matches!(q.validate(&shape, &cluster), Err(PlanError::UnknownDevice(_))));
+    assert!(matches!(
+        q.validate(&shape, &cluster),
+        Err(PlanError::UnknownDevice(_))
+    ));
 
     // Over budget: retain every block and give the NX all but one layer.
     let mut q = p.clone();
-    let all: Vec<_> = q.devices.iter().flat_map(|d| d.stages.iter().flat_map(|s| s.layers.clone())).collect();
+    let all: Vec<_> = q
+        .devices
+        .iter()
+        .flat_map(|d| d.stages.iter().flat_map(|s| s.layers.clone()))
+        .collect();
     q.stages_per_device = 1;
-    q.devices[0].stages = vec![loip_plan::StagePlan { layers: all[..1].to_vec() }];
-    q.devices[1].stages = vec![loip_plan::StagePlan { layers: all[1..].to_vec() }];
-    for l in q.devices.iter_mut().flat_map(|d| d.stages.iter_mut().flat_map(|s| s.layers.iter_mut())) {
+    q.devices[0].stages = vec![loip_plan::StagePlan {
+        layers: all[..1].to_vec(),
+    }];
+    q.devices[1].stages = vec![loip_plan::StagePlan {
+        layers: all[1..].to_vec(),
+    }];
+    for l in q
+        .devices
+        .iter_mut()
+        .flat_map(|d| d.stages.iter_mut().flat_map(|s| s.layers.iter_mut()))
+    {
         l.attn = Residency::Retained;
         l.mlp = Residency::Retained;
     }
-    assert!(matches!(q.validate(&shape, &cluster), Err(PlanError::Invalid(PlanInvalid::OverBudget { .. }))));
+    assert!(matches!(
+        q.validate(&shape, &cluster),
+        Err(PlanError::Invalid(PlanInvalid::OverBudget { .. }))
+    ));
 }
 
 proptest! {
@@ -261,14 +376,24 @@ proptest! {
 fn render_tables() {
     let shape = llama70b();
     let cluster = preset_cluster(&["orin32", "orin32", "nx16"], 100.0);
-    let req = PlanRequest { context: 4096, allow_drop: false, ..PlanRequest::default() };
+    let req = PlanRequest {
+        context: 4096,
+        allow_drop: false,
+        ..PlanRequest::default()
+    };
     let p = loip_plan::plan("loip", &shape, &cluster, &req).unwrap();
     let t = render::plan_table(&p);
     for d in &p.devices {
         assert!(t.contains(&d.name), "{t}");
     }
-    assert!(t.contains("ms/token") && t.contains("GiB") && t.contains("[E]") && t.contains("[H]"), "{t}");
-    assert!(t.contains("(off:"), "a 70B plan on these budgets offloads: {t}");
+    assert!(
+        t.contains("ms/token") && t.contains("GiB") && t.contains("[E]") && t.contains("[H]"),
+        "{t}"
+    );
+    assert!(
+        t.contains("(off:"),
+        "a 70B plan on these budgets offloads: {t}"
+    );
     let rows = plan_all(&shape, &cluster, &req);
     let c = render::compare_table(&rows);
     for (name, _) in &rows {
@@ -302,6 +427,13 @@ fn hand_written_plan_without_derived_fields() {
     assert!(p.predicted_ms_per_token > 0.0);
     assert_eq!(p.devices[1].slot_bytes, shape.layer_bytes());
     assert_eq!(p.devices[0].slot_bytes, shape.mlp_bytes);
-    let order: Vec<_> = p.stage_order().into_iter().map(|r| (r.device, r.stage, r.layers)).collect();
-    assert_eq!(order, vec![(0, 0, 0..1), (1, 0, 1..2), (0, 1, 2..3), (1, 1, 3..4)]);
+    let order: Vec<_> = p
+        .stage_order()
+        .into_iter()
+        .map(|r| (r.device, r.stage, r.layers))
+        .collect();
+    assert_eq!(
+        order,
+        vec![(0, 0, 0..1), (1, 0, 1..2), (0, 1, 2..3), (1, 1, 3..4)]
+    );
 }

@@ -12,7 +12,9 @@ use crate::shape::ModelShape;
 
 /// Interleaved + block offloading with uniform consecutive layers (no scheduler).
 pub struct LoipUniform;
-/// Pipeline parallelism, compute-proportional within memory, no offloading.
+/// Pipeline parallelism: every device gets a layer, the rest go where they finish soonest
+/// (compute-proportional) within memory; no offloading. Drops only devices that cannot hold a
+/// layer.
 pub struct Pp;
 /// Conventional pipeline + offloading: whole layers, loads not overlapped.
 pub struct PpOffload;
@@ -33,7 +35,12 @@ impl Planner for LoipUniform {
     fn describe(&self) -> &'static str {
         "interleaved + offloading, the same layer count on every device (ablation)"
     }
-    fn plan(&self, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError> {
+    fn plan(
+        &self,
+        shape: &ModelShape,
+        cluster: &Cluster,
+        req: &PlanRequest,
+    ) -> Result<Plan, PlanError> {
         let ctx = Ctx::new(shape, cluster, req)?;
         let k = cluster.devices.len();
         let idx: Vec<usize> = (0..k).collect();
@@ -43,7 +50,9 @@ impl Planner for LoipUniform {
             if (per_stage as usize) < k {
                 continue;
             }
-            let n: Vec<u32> = (0..k as u32).map(|j| per_stage / k as u32 + u32::from(j < per_stage % k as u32)).collect();
+            let n: Vec<u32> = (0..k as u32)
+                .map(|j| per_stage / k as u32 + u32::from(j < per_stage % k as u32))
+                .collect();
             let entries: Vec<_> = (0..k)
                 .map(|j| {
                     let (e, h) = role(j, k);
@@ -56,19 +65,31 @@ impl Planner for LoipUniform {
             let g: Vec<f64> = entries.iter().map(|e| e.g).collect();
             let v = ctx.closed_form(s, &idx, &n, &g);
             if best.as_ref().is_none_or(|b| v < b.0) {
-                best = Some((v, s, (0..k).map(|j| (j, n[j], entries[j].a, entries[j].m)).collect()));
+                best = Some((
+                    v,
+                    s,
+                    (0..k)
+                        .map(|j| (j, n[j], entries[j].a, entries[j].m))
+                        .collect(),
+                ));
             }
         }
         let Some((_, s, alloc)) = best else {
             // Closest miss: the uniform split (everything offloaded) with the smallest deficit.
             let mut miss: Option<(i128, usize)> = None;
-            for s in divisors(shape.layers).into_iter().filter(|&s| (shape.layers / s) as usize >= k) {
+            for s in divisors(shape.layers)
+                .into_iter()
+                .filter(|&s| (shape.layers / s) as usize >= k)
+            {
                 let per_stage = shape.layers / s;
                 let worst = (0..k)
                     .map(|j| {
                         let n = per_stage / k as u32 + u32::from((j as u32) < per_stage % k as u32);
                         let (e, h) = role(j, k);
-                        (ctx.mem(s, n, n, n, e, h) as i128 - ctx.budgets[j] as i128, j)
+                        (
+                            ctx.mem(s, n, n, n, e, h) as i128 - ctx.budgets[j] as i128,
+                            j,
+                        )
                     })
                     .max();
                 if let Some(w) = worst.filter(|w| w.0 > 0) {
@@ -83,10 +104,19 @@ impl Planner for LoipUniform {
                     device: cluster.devices[j].name.clone(),
                     lacks_bytes: deficit as u64,
                 },
-                None => does_not_fit(&ctx, self.name(), &divisors(shape.layers), &|s, n, e, h| ctx.mem(s, n, n, n, e, h)),
+                None => does_not_fit(&ctx, self.name(), &divisors(shape.layers), &|s, n, e, h| {
+                    ctx.mem(s, n, n, n, e, h)
+                }),
             });
         };
-        build_plan(&ctx, self.name(), s, &alloc, ExecMode::Overlapped, Vec::new())
+        build_plan(
+            &ctx,
+            self.name(),
+            s,
+            &alloc,
+            ExecMode::Overlapped,
+            Vec::new(),
+        )
     }
 }
 
@@ -104,7 +134,12 @@ impl Planner for Pp {
     fn describe(&self) -> &'static str {
         "pipeline parallelism: one stage per device, layers by compute speed within memory"
     }
-    fn plan(&self, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError> {
+    fn plan(
+        &self,
+        shape: &ModelShape,
+        cluster: &Cluster,
+        req: &PlanRequest,
+    ) -> Result<Plan, PlanError> {
         let ctx = Ctx::new(shape, cluster, req)?;
         let mut used: Vec<usize> = (0..cluster.devices.len()).collect();
         let mut dropped = Vec::new();
@@ -114,35 +149,46 @@ impl Planner for Pp {
             if k == 0 {
                 return Err(fail());
             }
-            let caps: Vec<u32> = (0..k).map(|j| {
-                let (e, h) = role(j, k);
-                cap_no_offload(&ctx, used[j], e, h)
-            }).collect();
-            // Layers one at a time to the device that finishes its share soonest.
-            let mut n = vec![0u32; k];
-            for _ in 0..shape.layers {
-                let pick = (0..k)
-                    .filter(|&j| n[j] < caps[j])
-                    .min_by(|&x, &y| {
-                        let fx = (n[x] + 1) as f64 * ctx.layer_time(used[x]);
-                        let fy = (n[y] + 1) as f64 * ctx.layer_time(used[y]);
-                        fx.total_cmp(&fy).then(x.cmp(&y))
-                    });
+            let caps: Vec<u32> = (0..k)
+                .map(|j| {
+                    let (e, h) = role(j, k);
+                    cap_no_offload(&ctx, used[j], e, h)
+                })
+                .collect();
+            if let Some(j) = (0..k).find(|&j| caps[j] == 0) {
+                let i = used.remove(j);
+                dropped.push(DroppedDevice {
+                    name: cluster.devices[i].name.clone(),
+                    reason: "cannot hold one layer without offloading".into(),
+                });
+                continue;
+            }
+            if shape.layers < k as u32 {
+                let j = (0..k)
+                    .max_by(|&x, &y| ctx.layer_time(used[x]).total_cmp(&ctx.layer_time(used[y])))
+                    .unwrap_or(0);
+                let i = used.remove(j);
+                dropped.push(DroppedDevice {
+                    name: cluster.devices[i].name.clone(),
+                    reason: "fewer layers than devices; slowest left out".into(),
+                });
+                continue;
+            }
+            // One layer each, then one at a time to the device that finishes its share soonest.
+            let mut n = vec![1u32; k];
+            for _ in k as u32..shape.layers {
+                let pick = (0..k).filter(|&j| n[j] < caps[j]).min_by(|&x, &y| {
+                    let fx = (n[x] + 1) as f64 * ctx.layer_time(used[x]);
+                    let fy = (n[y] + 1) as f64 * ctx.layer_time(used[y]);
+                    fx.total_cmp(&fy).then(x.cmp(&y))
+                });
                 match pick {
                     Some(j) => n[j] += 1,
                     None => return Err(fail()),
                 }
             }
-            let idle: Vec<usize> = (0..k).filter(|&j| n[j] == 0).collect();
-            if idle.is_empty() {
-                let alloc: Vec<_> = (0..k).map(|j| (used[j], n[j], 0, 0)).collect();
-                return build_plan(&ctx, self.name(), 1, &alloc, ExecMode::Overlapped, dropped);
-            }
-            for &j in idle.iter().rev() {
-                let i = used.remove(j);
-                let reason = if caps[j] == 0 { "cannot hold one layer without offloading" } else { "too slow to be given a layer" };
-                dropped.push(DroppedDevice { name: cluster.devices[i].name.clone(), reason: reason.into() });
-            }
+            let alloc: Vec<_> = (0..k).map(|j| (used[j], n[j], 0, 0)).collect();
+            return build_plan(&ctx, self.name(), 1, &alloc, ExecMode::Overlapped, dropped);
         }
     }
 }
@@ -168,7 +214,12 @@ impl Planner for PpOffload {
     fn describe(&self) -> &'static str {
         "conventional pipeline + offloading: one stage per device, whole layers loaded after the resident ones"
     }
-    fn plan(&self, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError> {
+    fn plan(
+        &self,
+        shape: &ModelShape,
+        cluster: &Cluster,
+        req: &PlanRequest,
+    ) -> Result<Plan, PlanError> {
         let ctx = Ctx::new(shape, cluster, req)?;
         let k = cluster.devices.len();
         let l = shape.layers as usize;
@@ -177,7 +228,9 @@ impl Planner for PpOffload {
             let (e, h) = role(j, k);
             let off = seq_offload(&ctx, j, n, e, h)?;
             let t = &ctx.times[j];
-            let ld = t.loader.load_time(off as u64 * shape.layer_bytes(), 2 * off);
+            let ld = t
+                .loader
+                .load_time(off as u64 * shape.layer_bytes(), 2 * off);
             Some((n as f64 * ctx.layer_time(j) + ld, off))
         };
         let mut dp = vec![vec![f64::INFINITY; l + 1]; k + 1];
@@ -189,7 +242,11 @@ impl Planner for PpOffload {
                     continue;
                 }
                 // The last device must take every remaining layer.
-                let range = if j + 1 == k { (l - done)..=(l - done) } else { 1..=(l - done) };
+                let range = if j + 1 == k {
+                    (l - done)..=(l - done)
+                } else {
+                    1..=(l - done)
+                };
                 for n in range {
                     if n == 0 {
                         continue;
@@ -206,7 +263,9 @@ impl Planner for PpOffload {
         }
         if !dp[k][l].is_finite() {
             return Err(does_not_fit(&ctx, self.name(), &[1], &|_, n, e, h| {
-                ctx.mem(1, n, 0, 0, e, h).saturating_sub(n as u64 * shape.layer_bytes()) + shape.attn_bytes.max(shape.mlp_bytes)
+                ctx.mem(1, n, 0, 0, e, h)
+                    .saturating_sub(n as u64 * shape.layer_bytes())
+                    + shape.attn_bytes.max(shape.mlp_bytes)
             }));
         }
         let mut alloc = vec![(0usize, 0u32, 0u32, 0u32); k];
@@ -216,7 +275,14 @@ impl Planner for PpOffload {
             alloc[j] = (j, n, off, off);
             done -= n as usize;
         }
-        build_plan(&ctx, self.name(), 1, &alloc, ExecMode::Sequential, Vec::new())
+        build_plan(
+            &ctx,
+            self.name(),
+            1,
+            &alloc,
+            ExecMode::Sequential,
+            Vec::new(),
+        )
     }
 }
 
@@ -287,7 +353,12 @@ impl Planner for EdgeShard {
     fn describe(&self) -> &'static str {
         "EdgeShard: DP partition over devices minimising latency under memory, no offloading"
     }
-    fn plan(&self, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError> {
+    fn plan(
+        &self,
+        shape: &ModelShape,
+        cluster: &Cluster,
+        req: &PlanRequest,
+    ) -> Result<Plan, PlanError> {
         let ctx = Ctx::new(shape, cluster, req)?;
         let k = cluster.devices.len();
         let l = shape.layers;
@@ -309,7 +380,10 @@ impl Planner for EdgeShard {
             let c = cost::round_comm(shape, cluster, used.len());
             if bursty {
                 let ee = cost::per_hop_comm(shape, cluster, used.len());
-                let busiest = used.iter().map(|&(j, n)| bf * (n as f64 * ctx.layer_time(j) + ee)).fold(0.0, f64::max);
+                let busiest = used
+                    .iter()
+                    .map(|&(j, n)| bf * (n as f64 * ctx.layer_time(j) + ee))
+                    .fold(0.0, f64::max);
                 (sum_t + c).max(busiest) / bf
             } else {
                 sum_t + c
@@ -319,7 +393,10 @@ impl Planner for EdgeShard {
             if !bursty {
                 // Σ n·t + |used|·e = C + c, exactly the DP's objective.
                 if let Some((_, used)) = edgeshard_dp(&ctx, e, f64::INFINITY) {
-                    let sum_t: f64 = used.iter().map(|&(j, n)| n as f64 * ctx.layer_time(j)).sum();
+                    let sum_t: f64 = used
+                        .iter()
+                        .map(|&(j, n)| n as f64 * ctx.layer_time(j))
+                        .sum();
                     let v = total(sum_t, &used);
                     if best.as_ref().is_none_or(|b| v < b.0) {
                         best = Some((v, used));
@@ -336,7 +413,8 @@ impl Planner for EdgeShard {
                 let (mut lo, mut hi) = (0usize, cands.len());
                 while lo < hi {
                     let mid = (lo + hi) / 2;
-                    let crossed = run(mid).is_some_and(|(sum_with_hops, _)| bf * cands[mid] >= sum_with_hops);
+                    let crossed =
+                        run(mid).is_some_and(|(sum_with_hops, _)| bf * cands[mid] >= sum_with_hops);
                     if crossed {
                         hi = mid;
                     } else {
@@ -346,7 +424,10 @@ impl Planner for EdgeShard {
                 for bi in [lo.wrapping_sub(1), lo] {
                     if bi < cands.len() {
                         if let Some((_, used)) = run(bi) {
-                            let sum_t: f64 = used.iter().map(|&(j, n)| n as f64 * ctx.layer_time(j)).sum();
+                            let sum_t: f64 = used
+                                .iter()
+                                .map(|&(j, n)| n as f64 * ctx.layer_time(j))
+                                .sum();
                             let v = total(sum_t, &used);
                             if best.as_ref().is_none_or(|b| v < b.0) {
                                 best = Some((v, used));
@@ -357,13 +438,16 @@ impl Planner for EdgeShard {
             }
         }
         let Some((_, used)) = best else {
-            return Err(does_not_fit(&ctx, self.name(), &[1], &|_, n, e, h| ctx.mem(1, n, 0, 0, e, h)));
+            return Err(does_not_fit(&ctx, self.name(), &[1], &|_, n, e, h| {
+                ctx.mem(1, n, 0, 0, e, h)
+            }));
         };
         let dropped = (0..k)
             .filter(|j| !used.iter().any(|u| u.0 == *j))
             .map(|j| DroppedDevice {
                 name: cluster.devices[j].name.clone(),
-                reason: "left out by the EdgeShard DP (faster without it, or no room for a layer)".into(),
+                reason: "left out by the EdgeShard DP (faster without it, or no room for a layer)"
+                    .into(),
             })
             .collect();
         let alloc: Vec<_> = used.iter().map(|&(j, n)| (j, n, 0, 0)).collect();

@@ -39,7 +39,12 @@ impl Planner for Loip {
     fn describe(&self) -> &'static str {
         "exact scheduler: interleaved stages, block-level offloading, optimal for the cost model"
     }
-    fn plan(&self, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError> {
+    fn plan(
+        &self,
+        shape: &ModelShape,
+        cluster: &Cluster,
+        req: &PlanRequest,
+    ) -> Result<Plan, PlanError> {
         exact_plan(shape, cluster, req, self.name())
     }
 }
@@ -51,8 +56,16 @@ impl Planner for LoipConventionalLoad {
     fn describe(&self) -> &'static str {
         "loip with the conventional (read, parse, copy) loader"
     }
-    fn plan(&self, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError> {
-        let req = PlanRequest { loader: LoaderKind::Conventional, ..req.clone() };
+    fn plan(
+        &self,
+        shape: &ModelShape,
+        cluster: &Cluster,
+        req: &PlanRequest,
+    ) -> Result<Plan, PlanError> {
+        let req = PlanRequest {
+            loader: LoaderKind::Conventional,
+            ..req.clone()
+        };
         exact_plan(shape, cluster, &req, self.name())
     }
 }
@@ -65,7 +78,11 @@ pub(crate) struct GEntry {
     pub m: u32,
 }
 
-const INFEASIBLE: GEntry = GEntry { g: f64::INFINITY, a: 0, m: 0 };
+const INFEASIBLE: GEntry = GEntry {
+    g: f64::INFINITY,
+    a: 0,
+    m: 0,
+};
 
 /// Least `g` for `n` layers per stage on cluster device `i` with `s` stages.
 pub(crate) fn best_blocks(ctx: &Ctx, s: u32, i: usize, n: u32, embed: bool, head: bool) -> GEntry {
@@ -106,7 +123,9 @@ pub(crate) fn g_tables(ctx: &Ctx, s: u32, per_stage: u32) -> Vec<[Vec<GEntry>; 4
     (0..ctx.cluster.devices.len())
         .map(|i| {
             std::array::from_fn(|role| {
-                (1..=per_stage).map(|n| best_blocks(ctx, s, i, n, role & 1 != 0, role & 2 != 0)).collect()
+                (1..=per_stage)
+                    .map(|n| best_blocks(ctx, s, i, n, role & 1 != 0, role & 2 != 0))
+                    .collect()
             })
         })
         .collect()
@@ -132,7 +151,12 @@ fn greedy(order: &[usize], caps: &[u32], t: &[f64], total: u32, n: &mut [u32]) -
 }
 
 /// Best (seconds per token, layers per device) for devices `idx` (in order) and `s`.
-pub(crate) fn solve_subset(ctx: &Ctx, s: u32, idx: &[usize], tables: &[[Vec<GEntry>; 4]]) -> Option<(f64, Vec<u32>)> {
+pub(crate) fn solve_subset(
+    ctx: &Ctx,
+    s: u32,
+    idx: &[usize],
+    tables: &[[Vec<GEntry>; 4]],
+) -> Option<(f64, Vec<u32>)> {
     let k = idx.len();
     let per_stage = ctx.shape.layers / s;
     if (per_stage as usize) < k || k == 0 {
@@ -148,7 +172,11 @@ pub(crate) fn solve_subset(ctx: &Ctx, s: u32, idx: &[usize], tables: &[[Vec<GEnt
     let t: Vec<f64> = idx.iter().map(|&i| ctx.layer_time(i)).collect();
     let mut order: Vec<usize> = (0..k).collect();
     order.sort_by(|&x, &y| t[x].total_cmp(&t[y]).then(x.cmp(&y)));
-    let mut cands: Vec<f64> = rows.iter().flat_map(|r| r.iter().map(|e| e.g)).filter(|g| g.is_finite()).collect();
+    let mut cands: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| r.iter().map(|e| e.g))
+        .filter(|g| g.is_finite())
+        .collect();
     cands.sort_by(f64::total_cmp);
     cands.dedup();
     let sf = s as f64;
@@ -157,8 +185,15 @@ pub(crate) fn solve_subset(ctx: &Ctx, s: u32, idx: &[usize], tables: &[[Vec<GEnt
     let bf = ctx.b as f64;
     let bursty = ctx.req.pattern == Pattern::Bursty;
     // Bottleneck candidates (bursty): n·t_j + e for every j and n.
-    let per_dev_b: Vec<Vec<f64>> = t.iter().map(|&tj| (1..=max_n).map(|n| n as f64 * tj + e).collect()).collect();
-    let mut b_cands: Vec<f64> = if bursty { per_dev_b.iter().flatten().copied().collect() } else { Vec::new() };
+    let per_dev_b: Vec<Vec<f64>> = t
+        .iter()
+        .map(|&tj| (1..=max_n).map(|n| n as f64 * tj + e).collect())
+        .collect();
+    let mut b_cands: Vec<f64> = if bursty {
+        per_dev_b.iter().flatten().copied().collect()
+    } else {
+        Vec::new()
+    };
     b_cands.sort_by(f64::total_cmp);
     b_cands.dedup();
 
@@ -168,9 +203,17 @@ pub(crate) fn solve_subset(ctx: &Ctx, s: u32, idx: &[usize], tables: &[[Vec<GEnt
     let mut caps_b = vec![0u32; k];
     let actual = |n: &[u32]| -> f64 {
         let sum_c: f64 = n.iter().zip(&t).map(|(&n, &t)| n as f64 * t).sum();
-        let max_g = n.iter().zip(&rows).map(|(&n, r)| r[n as usize - 1].g).fold(0.0, f64::max);
+        let max_g = n
+            .iter()
+            .zip(&rows)
+            .map(|(&n, r)| r[n as usize - 1].g)
+            .fold(0.0, f64::max);
         if bursty {
-            let busiest = n.iter().zip(&t).map(|(&n, &t)| bf * (n as f64 * t + e)).fold(0.0, f64::max);
+            let busiest = n
+                .iter()
+                .zip(&t)
+                .map(|(&n, &t)| bf * (n as f64 * t + e))
+                .fold(0.0, f64::max);
             sf * (sum_c + c).max(busiest).max(max_g) / bf
         } else {
             sf * (c + sum_c.max(max_g - c))
@@ -237,11 +280,19 @@ fn subsets(nd: usize, allow_drop: bool) -> Vec<Vec<usize>> {
     }
     let mut masks: Vec<u32> = (1..(1u32 << nd)).collect();
     masks.sort_by_key(|m| (std::cmp::Reverse(m.count_ones()), std::cmp::Reverse(*m)));
-    masks.iter().map(|m| (0..nd).filter(|i| m & (1 << i) != 0).collect()).collect()
+    masks
+        .iter()
+        .map(|m| (0..nd).filter(|i| m & (1 << i) != 0).collect())
+        .collect()
 }
 
 /// Runs the exact scheduler.
-pub(crate) fn exact_plan(shape: &ModelShape, cluster: &Cluster, req: &PlanRequest, name: &str) -> Result<Plan, PlanError> {
+pub(crate) fn exact_plan(
+    shape: &ModelShape,
+    cluster: &Cluster,
+    req: &PlanRequest,
+    name: &str,
+) -> Result<Plan, PlanError> {
     let ctx = Ctx::new(shape, cluster, req)?;
     let nd = cluster.devices.len();
     let sets = subsets(nd, req.allow_drop);
@@ -263,7 +314,9 @@ pub(crate) fn exact_plan(shape: &ModelShape, cluster: &Cluster, req: &PlanReques
     }
     let Some((v, s, set, n)) = best else {
         let ss = divisors(shape.layers);
-        return Err(does_not_fit(&ctx, name, &ss, &|s, n, e, h| ctx.mem(s, n, n, n, e, h)));
+        return Err(does_not_fit(&ctx, name, &ss, &|s, n, e, h| {
+            ctx.mem(s, n, n, n, e, h)
+        }));
     };
     let k = set.len();
     let tables = g_tables(&ctx, s, shape.layers / s);

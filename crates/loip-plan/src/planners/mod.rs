@@ -44,7 +44,13 @@ pub struct PlanRequest {
 
 impl Default for PlanRequest {
     fn default() -> Self {
-        PlanRequest { context: 1024, pattern: Pattern::Sporadic, micro_batches: None, loader: LoaderKind::Direct, allow_drop: true }
+        PlanRequest {
+            context: 1024,
+            pattern: Pattern::Sporadic,
+            micro_batches: None,
+            loader: LoaderKind::Direct,
+            allow_drop: true,
+        }
     }
 }
 
@@ -53,7 +59,10 @@ impl PlanRequest {
     pub fn micro_batches_for(&self, cluster: &Cluster) -> u32 {
         match self.pattern {
             Pattern::Sporadic => 1,
-            Pattern::Bursty => self.micro_batches.unwrap_or(cluster.devices.len() as u32).max(1),
+            Pattern::Bursty => self
+                .micro_batches
+                .unwrap_or(cluster.devices.len() as u32)
+                .max(1),
         }
     }
 }
@@ -65,7 +74,12 @@ pub trait Planner: Sync {
     /// One-line description.
     fn describe(&self) -> &'static str;
     /// Plans `shape` on `cluster`.
-    fn plan(&self, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError>;
+    fn plan(
+        &self,
+        shape: &ModelShape,
+        cluster: &Cluster,
+        req: &PlanRequest,
+    ) -> Result<Plan, PlanError>;
 }
 
 static PLANNERS: &[&dyn Planner] = &[
@@ -90,20 +104,36 @@ pub fn planners() -> &'static [&'static dyn Planner] {
 
 /// The planner called `name`; unknown names list the valid ones.
 pub fn planner(name: &str) -> Result<&'static dyn Planner, PlanError> {
-    PLANNERS.iter().copied().find(|p| p.name() == name).ok_or_else(|| PlanError::UnknownPlanner {
-        name: name.to_string(),
-        valid: planner_names().iter().map(|s| s.to_string()).collect(),
-    })
+    PLANNERS
+        .iter()
+        .copied()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| PlanError::UnknownPlanner {
+            name: name.to_string(),
+            valid: planner_names().iter().map(|s| s.to_string()).collect(),
+        })
 }
 
 /// Runs the planner called `name`.
-pub fn plan(name: &str, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError> {
+pub fn plan(
+    name: &str,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    req: &PlanRequest,
+) -> Result<Plan, PlanError> {
     planner(name)?.plan(shape, cluster, req)
 }
 
 /// Runs every planner (for `--compare`).
-pub fn plan_all(shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Vec<(String, Result<Plan, PlanError>)> {
-    PLANNERS.iter().map(|p| (p.name().to_string(), p.plan(shape, cluster, req))).collect()
+pub fn plan_all(
+    shape: &ModelShape,
+    cluster: &Cluster,
+    req: &PlanRequest,
+) -> Vec<(String, Result<Plan, PlanError>)> {
+    PLANNERS
+        .iter()
+        .map(|p| (p.name().to_string(), p.plan(shape, cluster, req)))
+        .collect()
 }
 
 /// Shared inputs of the planners: block times and budgets per cluster device.
@@ -117,7 +147,11 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(shape: &'a ModelShape, cluster: &'a Cluster, req: &'a PlanRequest) -> Result<Ctx<'a>, PlanError> {
+    pub fn new(
+        shape: &'a ModelShape,
+        cluster: &'a Cluster,
+        req: &'a PlanRequest,
+    ) -> Result<Ctx<'a>, PlanError> {
         if cluster.devices.is_empty() {
             return Err(PlanError::EmptyCluster);
         }
@@ -125,12 +159,25 @@ impl<'a> Ctx<'a> {
             return Err(PlanError::BadRequest("model has no layer".into()));
         }
         if req.micro_batches == Some(0) {
-            return Err(PlanError::BadRequest("micro_batches must be at least 1".into()));
+            return Err(PlanError::BadRequest(
+                "micro_batches must be at least 1".into(),
+            ));
         }
         let b = req.micro_batches_for(cluster);
-        let times = cluster.devices.iter().map(|d| cost::block_times(d, shape, req.context, b, req.loader)).collect();
+        let times = cluster
+            .devices
+            .iter()
+            .map(|d| cost::block_times(d, shape, req.context, b, req.loader))
+            .collect();
         let budgets = cluster.devices.iter().map(|d| d.budget()).collect();
-        Ok(Ctx { shape, cluster, req, b, times, budgets })
+        Ok(Ctx {
+            shape,
+            cluster,
+            req,
+            b,
+            times,
+            budgets,
+        })
     }
 
     /// Per-layer compute `t^A + t^P` of cluster device `i`.  // seconds
@@ -155,7 +202,17 @@ impl<'a> Ctx<'a> {
 
     /// Memory of cluster device `i` with `s` stages of (n, a, m) in overlapped mode.  // bytes
     pub fn mem(&self, s: u32, n: u32, a: u32, m: u32, embed: bool, head: bool) -> u64 {
-        cost::stage_memory(self.shape, s, n, a, m, embed, head, self.req.context, self.b)
+        cost::stage_memory(
+            self.shape,
+            s,
+            n,
+            a,
+            m,
+            embed,
+            head,
+            self.req.context,
+            self.b,
+        )
     }
 
     /// Closed-form seconds per token for identical stages: `n[j]` layers per stage and
@@ -164,7 +221,11 @@ impl<'a> Ctx<'a> {
         let nd = idx.len();
         let c = cost::round_comm(self.shape, self.cluster, nd);
         let e = cost::per_hop_comm(self.shape, self.cluster, nd);
-        let comp: Vec<f64> = idx.iter().zip(n).map(|(&i, &n)| n as f64 * self.layer_time(i)).collect();
+        let comp: Vec<f64> = idx
+            .iter()
+            .zip(n)
+            .map(|(&i, &n)| n as f64 * self.layer_time(i))
+            .collect();
         let sum_c: f64 = comp.iter().sum();
         let max_g = g.iter().copied().fold(0.0, f64::max);
         match self.req.pattern {
@@ -215,7 +276,9 @@ pub(crate) fn build_plan(
     for k in 0..s {
         let mut first = k * per_stage;
         for (j, &(_, n, a, m)) in alloc.iter().enumerate() {
-            devices[j].stages.push(StagePlan::with_offload(first, n, a, m));
+            devices[j]
+                .stages
+                .push(StagePlan::with_offload(first, n, a, m));
             first += n;
         }
     }
@@ -257,9 +320,12 @@ pub(crate) fn does_not_fit(
             continue;
         }
         let mut n = vec![1u32; nd];
-        let head = |j: usize, n: u32| ctx.budgets[j] as i128 - min_mem(s, n, j == 0, j + 1 == nd) as i128;
+        let head =
+            |j: usize, n: u32| ctx.budgets[j] as i128 - min_mem(s, n, j == 0, j + 1 == nd) as i128;
         for _ in nd as u32..per_stage {
-            let j = (0..nd).max_by_key(|&j| (head(j, n[j] + 1), std::cmp::Reverse(j))).unwrap_or(0);
+            let j = (0..nd)
+                .max_by_key(|&j| (head(j, n[j] + 1), std::cmp::Reverse(j)))
+                .unwrap_or(0);
             n[j] += 1;
         }
         let (worst, j) = (0..nd).map(|j| (-head(j, n[j]), j)).max().unwrap_or((0, 0));

@@ -28,7 +28,12 @@ impl Planner for LoipPaper {
     fn describe(&self) -> &'static str {
         "paper's Alg. 1: greedy memory fill, DP on leftover layers, bottleneck refinement"
     }
-    fn plan(&self, shape: &ModelShape, cluster: &Cluster, req: &PlanRequest) -> Result<Plan, PlanError> {
+    fn plan(
+        &self,
+        shape: &ModelShape,
+        cluster: &Cluster,
+        req: &PlanRequest,
+    ) -> Result<Plan, PlanError> {
         let ctx = Ctx::new(shape, cluster, req)?;
         let nd = cluster.devices.len();
         let idx: Vec<usize> = (0..nd).collect();
@@ -43,7 +48,13 @@ impl Planner for LoipPaper {
             let rows: Vec<&Vec<GEntry>> = (0..nd)
                 .map(|j| &tables[j][usize::from(j == 0) | (usize::from(j + 1 == nd) << 1)])
                 .collect();
-            let g_of = |j: usize, n: u32| if n == 0 { f64::INFINITY } else { rows[j][n as usize - 1].g };
+            let g_of = |j: usize, n: u32| {
+                if n == 0 {
+                    f64::INFINITY
+                } else {
+                    rows[j][n as usize - 1].g
+                }
+            };
             // 1. Greedy fill without offloading.
             let mut n = vec![1u32; nd];
             let mut left = per_stage - nd as u32;
@@ -70,7 +81,9 @@ impl Planner for LoipPaper {
                                 continue;
                             }
                             let cand = (pg.max(g), pc + y as f64 * t[j]);
-                            if cand.0 < dp[j + 1][x].0 || (cand.0 == dp[j + 1][x].0 && cand.1 < dp[j + 1][x].1) {
+                            if cand.0 < dp[j + 1][x].0
+                                || (cand.0 == dp[j + 1][x].0 && cand.1 < dp[j + 1][x].1)
+                            {
                                 dp[j + 1][x] = cand;
                                 choice[j + 1][x] = y;
                             }
@@ -104,7 +117,9 @@ impl Planner for LoipPaper {
                 let from = if max_g - c > comp {
                     (0..nd).max_by(|&x, &y| g[x].total_cmp(&g[y])).unwrap_or(0)
                 } else {
-                    (0..nd).max_by(|&x, &y| (n[x] as f64 * t[x]).total_cmp(&(n[y] as f64 * t[y]))).unwrap_or(0)
+                    (0..nd)
+                        .max_by(|&x, &y| (n[x] as f64 * t[x]).total_cmp(&(n[y] as f64 * t[y])))
+                        .unwrap_or(0)
                 };
                 if n[from] <= 1 {
                     break;
@@ -133,9 +148,23 @@ impl Planner for LoipPaper {
             }
         }
         let Some((_, s, n, entries)) = best else {
-            return Err(does_not_fit(&ctx, self.name(), &divisors(shape.layers), &|s, n, e, h| ctx.mem(s, n, n, n, e, h)));
+            return Err(does_not_fit(
+                &ctx,
+                self.name(),
+                &divisors(shape.layers),
+                &|s, n, e, h| ctx.mem(s, n, n, n, e, h),
+            ));
         };
-        let alloc: Vec<_> = (0..nd).map(|j| (j, n[j], entries[j].a, entries[j].m)).collect();
-        build_plan(&ctx, self.name(), s, &alloc, ExecMode::Overlapped, Vec::new())
+        let alloc: Vec<_> = (0..nd)
+            .map(|j| (j, n[j], entries[j].a, entries[j].m))
+            .collect();
+        build_plan(
+            &ctx,
+            self.name(),
+            s,
+            &alloc,
+            ExecMode::Overlapped,
+            Vec::new(),
+        )
     }
 }

@@ -7,15 +7,51 @@ use loip_plan::{Cluster, DeviceProfile, LinkProfile, ModelShape, Pattern};
 use proptest::prelude::*;
 
 pub fn llama70b() -> ModelShape {
-    ModelShape::from_dims("llama3.3-70b", 8192, 28672, 80, 64, 8, 128, 128256, false, 2.0, 2)
+    ModelShape::from_dims(
+        "llama3.3-70b",
+        8192,
+        28672,
+        80,
+        64,
+        8,
+        128,
+        128256,
+        false,
+        2.0,
+        2,
+    )
 }
 
 pub fn llama13b() -> ModelShape {
-    ModelShape::from_dims("llama2-13b", 5120, 13824, 40, 40, 40, 128, 32000, false, 2.0, 2)
+    ModelShape::from_dims(
+        "llama2-13b",
+        5120,
+        13824,
+        40,
+        40,
+        40,
+        128,
+        32000,
+        false,
+        2.0,
+        2,
+    )
 }
 
 pub fn qwen32b() -> ModelShape {
-    ModelShape::from_dims("qwen3-32b", 5120, 25600, 64, 64, 8, 128, 151936, false, 2.0, 2)
+    ModelShape::from_dims(
+        "qwen3-32b",
+        5120,
+        25600,
+        64,
+        64,
+        8,
+        128,
+        151936,
+        false,
+        2.0,
+        2,
+    )
 }
 
 pub fn preset_cluster(names: &[&str], mbit: f64) -> Cluster {
@@ -24,17 +60,23 @@ pub fn preset_cluster(names: &[&str], mbit: f64) -> Cluster {
         .enumerate()
         .map(|(i, n)| (format!("{n}-{i}"), preset(n).expect("preset")))
         .collect();
-    Cluster::new(devices, LinkProfile { bandwidth: mbit * 1e6 / 8.0, latency: 2e-3 })
+    Cluster::new(
+        devices,
+        LinkProfile {
+            bandwidth: mbit * 1e6 / 8.0,
+            latency: 2e-3,
+        },
+    )
 }
 
 /// One random device: per-block times, loader, memory as a fraction of the model.
 #[derive(Debug, Clone)]
 pub struct DevSpec {
-    pub t_attn: f64,      // seconds
-    pub t_mlp: f64,       // seconds
+    pub t_attn: f64,         // seconds
+    pub t_mlp: f64,          // seconds
     pub load_per_layer: f64, // seconds to read one layer
-    pub overhead: f64,    // seconds per read
-    pub mem_frac: f64,    // budget = W + mem_frac · (weights + KV)
+    pub overhead: f64,       // seconds per read
+    pub mem_frac: f64,       // budget = W + mem_frac · (weights + KV)
 }
 
 /// A random small instance.
@@ -82,7 +124,10 @@ impl Instance {
             .iter()
             .enumerate()
             .map(|(i, d)| {
-                let loader = LoaderProfile { bandwidth: s.layer_bytes() as f64 / d.load_per_layer, per_read_overhead: d.overhead };
+                let loader = LoaderProfile {
+                    bandwidth: s.layer_bytes() as f64 / d.load_per_layer,
+                    per_read_overhead: d.overhead,
+                };
                 let p = DeviceProfile::from_measurements(
                     format!("hw{i}"),
                     self.budget(d),
@@ -96,14 +141,33 @@ impl Instance {
                 (format!("d{i}"), p)
             })
             .collect();
-        Cluster::new(devices, LinkProfile { bandwidth: self.bandwidth, latency: self.latency })
+        Cluster::new(
+            devices,
+            LinkProfile {
+                bandwidth: self.bandwidth,
+                latency: self.latency,
+            },
+        )
     }
 }
 
 pub fn dev_spec() -> impl Strategy<Value = DevSpec> {
-    (1e-4..1e-2f64, 1e-4..2e-2f64, 1e-5..2e-2f64, prop_oneof![Just(0.0), 0.0..1e-3f64], 0.12..1.0f64).prop_map(
-        |(t_attn, t_mlp, load_per_layer, overhead, mem_frac)| DevSpec { t_attn, t_mlp, load_per_layer, overhead, mem_frac },
+    (
+        1e-4..1e-2f64,
+        1e-4..2e-2f64,
+        1e-5..2e-2f64,
+        prop_oneof![Just(0.0), 0.0..1e-3f64],
+        0.12..1.0f64,
     )
+        .prop_map(
+            |(t_attn, t_mlp, load_per_layer, overhead, mem_frac)| DevSpec {
+                t_attn,
+                t_mlp,
+                load_per_layer,
+                overhead,
+                mem_frac,
+            },
+        )
 }
 
 pub fn instance(max_devices: usize, max_layers: u32) -> impl Strategy<Value = Instance> {
@@ -121,14 +185,41 @@ pub fn instance(max_devices: usize, max_layers: u32) -> impl Strategy<Value = In
         1u32..=4,
         prop_oneof![3 => Just(true), 1 => Just(false)],
     )
-        .prop_map(|(layers, hidden, inter, vocab, tied, devs, bandwidth, latency, context, pattern, b, allow_drop)| Instance {
-            shape: ModelShape::from_dims("rand", hidden, inter, layers, 4, 2, hidden / 4, vocab, tied, 2.0, 2),
-            devs,
-            bandwidth,
-            latency,
-            context,
-            pattern,
-            b,
-            allow_drop,
-        })
+        .prop_map(
+            |(
+                layers,
+                hidden,
+                inter,
+                vocab,
+                tied,
+                devs,
+                bandwidth,
+                latency,
+                context,
+                pattern,
+                b,
+                allow_drop,
+            )| Instance {
+                shape: ModelShape::from_dims(
+                    "rand",
+                    hidden,
+                    inter,
+                    layers,
+                    4,
+                    2,
+                    hidden / 4,
+                    vocab,
+                    tied,
+                    2.0,
+                    2,
+                ),
+                devs,
+                bandwidth,
+                latency,
+                context,
+                pattern,
+                b,
+                allow_drop,
+            },
+        )
 }
