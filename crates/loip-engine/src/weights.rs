@@ -5,6 +5,7 @@
 //! nothing is copied or converted.
 
 use loip_kernels::{DType, Matrix};
+use loip_model::names::{layer_tensor_name as layer_tensor, suffix, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
 use loip_model::{Checkpoint, ModelConfig};
 
 use crate::EngineError;
@@ -39,30 +40,6 @@ fn vector<'a, S: TensorSource + ?Sized>(src: &'a S, name: &str, len: usize) -> R
     Ok(Matrix::new(dtype, 1, len, bytes)?)
 }
 
-/// Canonical name of a per-layer tensor, e.g. `model.layers.3.self_attn.q_proj.weight`.
-pub fn layer_tensor(layer: usize, suffix: &str) -> String {
-    format!("model.layers.{layer}.{suffix}")
-}
-
-/// Suffixes of the attention block's tensors (norm included), in file order.
-pub const ATTN_TENSORS: [&str; 7] = [
-    "input_layernorm.weight",
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight",
-];
-
-/// Suffixes of the MLP block's tensors (norm included), in file order.
-pub const MLP_TENSORS: [&str; 4] = [
-    "post_attention_layernorm.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-];
-
 /// One layer's attention block.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnWeights<'a> {
@@ -91,18 +68,18 @@ impl<'a> AttnWeights<'a> {
         let n = |s: &str| layer_tensor(layer, s);
         let (q_norm, k_norm) = if cfg.qk_norm {
             (
-                Some(vector(src, &n("self_attn.q_norm.weight"), cfg.head_dim)?),
-                Some(vector(src, &n("self_attn.k_norm.weight"), cfg.head_dim)?),
+                Some(vector(src, &n(suffix::Q_NORM), cfg.head_dim)?),
+                Some(vector(src, &n(suffix::K_NORM), cfg.head_dim)?),
             )
         } else {
             (None, None)
         };
         Ok(AttnWeights {
-            input_norm: vector(src, &n("input_layernorm.weight"), h)?,
-            q: matrix(src, &n("self_attn.q_proj.weight"), qd, h)?,
-            k: matrix(src, &n("self_attn.k_proj.weight"), kvd, h)?,
-            v: matrix(src, &n("self_attn.v_proj.weight"), kvd, h)?,
-            o: matrix(src, &n("self_attn.o_proj.weight"), h, qd)?,
+            input_norm: vector(src, &n(suffix::INPUT_LAYERNORM), h)?,
+            q: matrix(src, &n(suffix::Q_PROJ), qd, h)?,
+            k: matrix(src, &n(suffix::K_PROJ), kvd, h)?,
+            v: matrix(src, &n(suffix::V_PROJ), kvd, h)?,
+            o: matrix(src, &n(suffix::O_PROJ), h, qd)?,
             q_norm,
             k_norm,
         })
@@ -128,10 +105,10 @@ impl<'a> MlpWeights<'a> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let n = |s: &str| layer_tensor(layer, s);
         Ok(MlpWeights {
-            post_norm: vector(src, &n("post_attention_layernorm.weight"), h)?,
-            gate: matrix(src, &n("mlp.gate_proj.weight"), i, h)?,
-            up: matrix(src, &n("mlp.up_proj.weight"), i, h)?,
-            down: matrix(src, &n("mlp.down_proj.weight"), h, i)?,
+            post_norm: vector(src, &n(suffix::POST_ATTENTION_LAYERNORM), h)?,
+            gate: matrix(src, &n(suffix::GATE_PROJ), i, h)?,
+            up: matrix(src, &n(suffix::UP_PROJ), i, h)?,
+            down: matrix(src, &n(suffix::DOWN_PROJ), h, i)?,
         })
     }
 }
@@ -152,16 +129,9 @@ impl<'a> LayerWeights<'a> {
     }
 }
 
-/// Name of the token embedding.
-pub const EMBED_TENSOR: &str = "model.embed_tokens.weight";
-/// Name of the final norm.
-pub const NORM_TENSOR: &str = "model.norm.weight";
-/// Name of the untied LM head.
-pub const LM_HEAD_TENSOR: &str = "lm_head.weight";
-
 /// Binds the token embedding, (vocab, hidden).
 pub fn bind_embedding<'a, S: TensorSource + ?Sized>(src: &'a S, cfg: &ModelConfig) -> Result<Matrix<'a>, EngineError> {
-    matrix(src, EMBED_TENSOR, cfg.vocab_size, cfg.hidden_size)
+    matrix(src, EMBED_TOKENS, cfg.vocab_size, cfg.hidden_size)
 }
 
 /// Final norm and LM head.
@@ -176,9 +146,9 @@ pub struct HeadWeights<'a> {
 impl<'a> HeadWeights<'a> {
     /// Binds the final norm and the LM head (the embedding when the config ties them).
     pub fn bind<S: TensorSource + ?Sized>(src: &'a S, cfg: &ModelConfig) -> Result<Self, EngineError> {
-        let name = if cfg.tie_word_embeddings { EMBED_TENSOR } else { LM_HEAD_TENSOR };
+        let name = if cfg.tie_word_embeddings { EMBED_TOKENS } else { LM_HEAD };
         Ok(HeadWeights {
-            norm: vector(src, NORM_TENSOR, cfg.hidden_size)?,
+            norm: vector(src, FINAL_NORM, cfg.hidden_size)?,
             lm_head: matrix(src, name, cfg.vocab_size, cfg.hidden_size)?,
         })
     }

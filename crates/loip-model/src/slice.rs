@@ -170,14 +170,14 @@ impl Manifest {
 
 /// The slice a canonical tensor name belongs to.
 pub fn slice_of(name: &str) -> Option<SliceKind> {
-    match name {
-        "model.embed_tokens.weight" => return Some(SliceKind::Embed),
-        "model.norm.weight" | "lm_head.weight" => return Some(SliceKind::Head),
-        _ => {}
+    use crate::names::{parse_layer_tensor_name, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
+    if name == EMBED_TOKENS {
+        return Some(SliceKind::Embed);
     }
-    let rest = name.strip_prefix("model.layers.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
+    if name == FINAL_NORM || name == LM_HEAD {
+        return Some(SliceKind::Head);
+    }
+    let (layer, suffix) = parse_layer_tensor_name(name)?;
     if suffix.starts_with("input_layernorm.") || suffix.starts_with("self_attn.") {
         Some(SliceKind::Attn(layer))
     } else if suffix.starts_with("post_attention_layernorm.") || suffix.starts_with("mlp.") {
