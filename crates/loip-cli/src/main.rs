@@ -3,6 +3,7 @@
 mod cmd_bench;
 mod cmd_generate;
 mod cmd_plan;
+mod cmd_simulate;
 mod cmd_split;
 mod cmd_synth;
 mod model_load;
@@ -36,6 +37,8 @@ enum Command {
     Fetch(cmd_generate::FetchArgs),
     /// Write a random-weight checkpoint of a real architecture's shape (for benchmarks).
     Synth(cmd_synth::SynthArgs),
+    /// Simulate plans at paper scale (Jetson devices, 13B-70B models) and run the experiments.
+    Simulate(cmd_simulate::SimulateArgs),
     /// Split a model into per-block slice files for offloading (or verify a split).
     Split(cmd_split::SplitArgs),
     /// Benchmarks: engine decode, block loading, single-device offloading.
@@ -66,5 +69,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plan(a) => cmd_plan::run(a),
         Command::Split(a) => cmd_split::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::Simulate(a) => cmd_simulate::run(a),
     }
 }

@@ -6,14 +6,17 @@
 //! ```text
 //! M_i = base_i                          retained blocks + slot + embedding/head + buffers
 //!     + (n_t − b·e) · L_i · κ            KV cache; e tokens per sequence evicted (recomputed)
-//!     − lent_i · (L_i − 2·n_i^max) · κ   KV lent to a peer: all stages but two buffers
+//!     − lent_i · (L_i − n_i^max) · κ     KV lent to a peer: all stages but one buffer
 //!     + Σ_lenders lent_j · L_j · κ       KV borrowed from peers
 //! ```
 //!
 //! (`L_i` layers, `n_i^max` layers of its largest stage.) Lent KV of a stage is sent after the
-//! stage runs and fetched back while the stage before it runs, so a lender keeps two stages'
-//! worth in memory at any time; the design's formula counts all `s` stages as freed, which a
-//! real device cannot reach. Lending therefore needs `s ≥ 3`.
+//! stage runs; the next stage's lent KV is fetched back into the same buffer once that send
+//! is done, before the next stage runs (a streaming swap through one stage-sized buffer). So
+//! a lender always holds one stage's lent part: the design's formula counts all `s` stages as
+//! freed, which a real device cannot reach, and lending needs `s ≥ 2`. Send and fetch share
+//! the device's idle window between two of its stages, `T_round − C_i`, which is Eq. 8:
+//! `n_trans ≤ (bw·(T_round − C_i) − traffic) / (2·n_i·κ)`.
 //!
 //! Decisions for step `t` are made when step `t − 2` ends (the runtime prefetches one step
 //! ahead), from measured step time and bandwidth:
@@ -21,7 +24,7 @@
 //!    `n_ts` tokens are ignored);
 //! 2. for every device over budget (least slack first): if the cheapest threshold switch —
 //!    offload `α`/`β` more attention/MLP blocks per stage, or bring one back, chosen for the
-//!    smallest `g = ld + w·span` whose memory lasts `horizon` more tokens — adds no predicted
+//!    smallest `g = ld + span` whose memory lasts `horizon` more tokens — adds no predicted
 //!    stall, switch; otherwise lend enough KV (at least `n_ts` more tokens) to the peer with
 //!    the most spare memory if the idle link time carries it (Eq. 8); otherwise switch;
 //! 3. evict and recompute what still does not fit (the baselines only do this).
@@ -80,7 +83,10 @@ pub(crate) struct Adapter<'a> {
 }
 
 fn counts_max(stages: &[StagePlan]) -> (u32, u32) {
-    stages.iter().map(|s| s.counts()).fold((0, 0), |acc, (_, a, m)| (acc.0.max(a), acc.1.max(m)))
+    stages
+        .iter()
+        .map(|s| s.counts())
+        .fold((0, 0), |acc, (_, a, m)| (acc.0.max(a), acc.1.max(m)))
 }
 
 impl<'a> Adapter<'a> {
@@ -96,7 +102,7 @@ impl<'a> Adapter<'a> {
     /// Bytes freed per lent token on device `i` (0 when it cannot lend).  // bytes
     fn lend_saving_pt(&self, i: usize) -> u64 {
         let d = &self.devs[i];
-        d.layers.saturating_sub(2 * d.n_max as u64) * self.shape.kv_bytes_per_token
+        d.layers.saturating_sub(d.n_max as u64) * self.shape.kv_bytes_per_token
     }
 
     /// Weights, slot and buffers of `stages` on device `i`.  // bytes
@@ -137,16 +143,26 @@ impl<'a> Adapter<'a> {
     fn block_times(&self, step: u32) -> Vec<(f64, f64)> {
         let n = self.prompt as u64 + step as u64 + 1;
         let tok = 1 + self.evict;
-        self.models.iter().map(|m| (m.attn(1, tok, n, 1.0), m.mlp(tok, 1.0))).collect()
+        self.models
+            .iter()
+            .map(|m| (m.attn(1, tok, n, 1.0), m.mlp(tok, 1.0)))
+            .collect()
     }
 
-    /// Uncovered load per round of device `i` with `a`/`m` offloaded per stage (overlapped,
-    /// the cost model's closed form with measured bandwidth).  // seconds
+    /// Uncovered load per round of device `i` with `a`/`m` offloaded per stage (overlapped),
+    /// as the simulator sees it: sporadic, the slot is free for `C − off + c`; bursty, it
+    /// holds a stage's blocks from the first micro-batch's run to the last one's, so it is free
+    /// for `P − (b−1)·C_i − off` (the cost model's `P − b·off` overstates that window).  // seconds
     fn predicted_stall(&self, i: usize, a: u32, m: u32, times: &[(f64, f64)], bw: f64) -> f64 {
         let nd = self.devs.len();
-        let hop = if nd > 1 { (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64 / bw + self.latency } else { 0.0 };
-        let per_dev: Vec<f64> =
-            (0..nd).map(|j| self.devs[j].n_max as f64 * (times[j].0 + times[j].1)).collect();
+        let hop = if nd > 1 {
+            (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64 / bw + self.latency
+        } else {
+            0.0
+        };
+        let per_dev: Vec<f64> = (0..nd)
+            .map(|j| self.devs[j].n_max as f64 * (times[j].0 + times[j].1))
+            .collect();
         let sum_c: f64 = per_dev.iter().sum();
         let c = nd as f64 * hop;
         let (ta, tm) = times[i];
@@ -160,7 +176,7 @@ impl<'a> Adapter<'a> {
                 let bf = self.b as f64;
                 let busiest = per_dev.iter().map(|&x| bf * (x + hop)).fold(0.0, f64::max);
                 let p = (sum_c + c).max(busiest);
-                (ld + bf * off - p).max(0.0)
+                (ld + (bf - 1.0) * per_dev[i] + off - p).max(0.0)
             }
         }
     }
@@ -178,13 +194,13 @@ impl<'a> Adapter<'a> {
             .collect()
     }
 
-    /// The cheapest layout of device `i` whose memory holds `tokens`: smallest `g`, then the
-    /// fewest changed blocks. `None` if even offloading everything does not fit.
+    /// The cheapest layout of device `i` whose memory holds `tokens`: smallest `g = ld + off`
+    /// (what its stall grows with, in both patterns), then the fewest changed blocks. `None`
+    /// if even offloading everything does not fit.
     fn best_switch(&self, i: usize, tokens: u64, times: &[(f64, f64)]) -> Option<(u32, u32)> {
         let n = self.devs[i].n_max;
         let (ca, cm) = counts_max(&self.devs[i].stages);
         let (ta, tm) = times[i];
-        let w = if self.pattern == Pattern::Bursty { self.b as f64 } else { 1.0 };
         let mut best: Option<(f64, u32, u32, u32)> = None;
         for a in 0..=n {
             for m in 0..=n {
@@ -193,7 +209,7 @@ impl<'a> Adapter<'a> {
                     continue;
                 }
                 let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
-                let g = self.loaders[i].load_time(bytes, a + m) + w * cost::span(a, m, ta, tm);
+                let g = self.loaders[i].load_time(bytes, a + m) + cost::span(a, m, ta, tm);
                 let moved = a.abs_diff(ca) + m.abs_diff(cm);
                 if best.is_none_or(|b| (g, moved) < (b.0, b.1)) {
                     best = Some((g, moved, a, m));
@@ -210,13 +226,18 @@ impl<'a> Adapter<'a> {
         }
         self.devs[i].stages = self.layout(i, to.0, to.1);
         let tokens = self.tokens(step);
-        self.events.push(AdaptEvent::Switch { step, device: i, tokens, from, to });
+        self.events.push(AdaptEvent::Switch {
+            step,
+            device: i,
+            tokens,
+            from,
+            to,
+        });
     }
 
-    /// Activation bytes device `i` sends per step.  // bytes
-    fn traffic(&self, i: usize) -> f64 {
-        let s = self.devs[i].stages.len() as f64;
-        s * self.b as f64 * (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64
+    /// Activation bytes device `i` sends per round (one stage, all micro-batches).  // bytes
+    fn traffic(&self) -> f64 {
+        self.b as f64 * (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64
     }
 
     /// Spare memory of `p` for borrowed KV until the end of the run.  // bytes
@@ -225,33 +246,51 @@ impl<'a> Adapter<'a> {
         self.devs[p].budget.saturating_sub(self.mem(p, last))
     }
 
-    /// Most tokens device `i` can lend to `p` (Eq. 8 on egress ports, and `p`'s memory).  // tokens
-    fn lend_cap(&self, i: usize, p: usize, m: &Measure) -> u64 {
-        let per_tok = self.kv_pt(i) as f64;
-        if per_tok <= 0.0 {
+    /// Most tokens device `i` can lend to `p`: Eq. 8 over the idle window between two of its
+    /// stages (send and fetch in turn), and `p`'s spare memory.  // tokens
+    fn lend_cap(&self, i: usize, p: usize, m: &Measure, times: &[(f64, f64)]) -> u64 {
+        let d = &self.devs[i];
+        let s = d.stages.len().max(1) as f64;
+        let per_tok = d.n_max as f64 * self.shape.kv_bytes_per_token as f64;
+        if per_tok <= 0.0 || d.stages.len() < 2 {
             return 0;
         }
-        let window = m.bandwidth * m.step_s;
-        let fetches_on_p: f64 = (0..self.devs.len())
+        let round = m.step_s / s;
+        let busy = self.b as f64 * d.n_max as f64 * (times[i].0 + times[i].1);
+        // Other lenders' fetches also use p's port in the same window.
+        let others: f64 = (0..self.devs.len())
             .filter(|&j| j != i)
             .filter_map(|j| match self.devs[j].lend {
-                Some((q, tok)) if q == p => Some(tok as f64 * self.kv_pt(j) as f64),
+                Some((q, tok)) if q == p => Some(
+                    tok as f64 * self.devs[j].n_max as f64 * self.shape.kv_bytes_per_token as f64,
+                ),
                 _ => None,
             })
             .sum();
-        let free = (window - self.traffic(i)).min(window - self.traffic(p) - fetches_on_p).max(0.0);
-        let link = (self.cfg.lend_link_fraction * free / per_tok).floor() as u64;
-        let own = self.devs[i].lend.filter(|l| l.0 == p).map(|l| l.1 * self.kv_pt(i)).unwrap_or(0);
-        let memory = (self.spare(p) + own) / self.kv_pt(i);
+        let free = (m.bandwidth * (round - busy).max(0.0) - 2.0 * self.traffic() - others).max(0.0);
+        let link = (self.cfg.lend_link_fraction * free / (2.0 * per_tok)).floor() as u64;
+        let own = self.devs[i]
+            .lend
+            .filter(|l| l.0 == p)
+            .map(|l| l.1 * self.kv_pt(i))
+            .unwrap_or(0);
+        let memory = (self.spare(p) + own) / self.kv_pt(i).max(1);
         link.min(memory)
     }
 
     fn set_lend(&mut self, i: usize, step: u32, lend: Option<(usize, u64)>) {
         let lend = lend.filter(|l| l.1 > 0);
         if self.devs[i].lend != lend {
-            let (peer, tokens) = lend.or(self.devs[i].lend.map(|l| (l.0, 0))).unwrap_or((i, 0));
+            let (peer, tokens) = lend
+                .or(self.devs[i].lend.map(|l| (l.0, 0)))
+                .unwrap_or((i, 0));
             self.devs[i].lend = lend;
-            self.events.push(AdaptEvent::Lend { step, device: i, peer, tokens });
+            self.events.push(AdaptEvent::Lend {
+                step,
+                device: i,
+                peer,
+                tokens,
+            });
         }
     }
 
@@ -260,14 +299,15 @@ impl<'a> Adapter<'a> {
         let nd = self.devs.len();
         let tok = self.tokens(step);
         let adaptive = matches!(self.policy, KvPolicy::Adaptive { .. });
-        let lending = matches!(self.policy, KvPolicy::Adaptive { lending: true }) && self.mode == ExecMode::Overlapped;
+        let lending = matches!(self.policy, KvPolicy::Adaptive { lending: true })
+            && self.mode == ExecMode::Overlapped;
         let times = self.block_times(step);
         let n_ts = self.cfg.min_change_tokens as u64;
         // 1. Shrink lending the link no longer carries.
         if let Some(m) = &measure {
             for i in 0..nd {
                 if let Some((p, cur)) = self.devs[i].lend {
-                    let cap = self.lend_cap(i, p, m);
+                    let cap = self.lend_cap(i, p, m, &times);
                     if cap + n_ts <= cur || (cap < cur && cap == 0) {
                         self.set_lend(i, step, Some((p, cap)));
                     }
@@ -278,17 +318,25 @@ impl<'a> Adapter<'a> {
         if adaptive {
             let mut order: Vec<usize> = (0..nd).collect();
             order.sort_by_key(|&i| (self.devs[i].budget as i128 - self.mem(i, tok) as i128, i));
-            let horizon = self.tokens((step + self.cfg.horizon_tokens).min(self.steps.saturating_sub(1)).max(step));
+            let horizon = self.tokens(
+                (step + self.cfg.horizon_tokens)
+                    .min(self.steps.saturating_sub(1))
+                    .max(step),
+            );
             let bw = measure.map(|m| m.bandwidth).unwrap_or(f64::INFINITY);
             for i in order {
                 let over = self.mem(i, tok).saturating_sub(self.devs[i].budget);
                 if over == 0 {
                     continue;
                 }
-                let sw = self.best_switch(i, horizon, &times).or_else(|| self.best_switch(i, tok, &times));
+                let sw = self
+                    .best_switch(i, horizon, &times)
+                    .or_else(|| self.best_switch(i, tok, &times));
                 let (ca, cm) = counts_max(&self.devs[i].stages);
                 let stall_now = self.predicted_stall(i, ca, cm, &times, bw);
-                let free = sw.is_some_and(|(a, m)| self.predicted_stall(i, a, m, &times, bw) <= stall_now + 1e-12);
+                let free = sw.is_some_and(|(a, m)| {
+                    self.predicted_stall(i, a, m, &times, bw) <= stall_now + 1e-12
+                });
                 let saving = self.lend_saving_pt(i);
                 if lending && !free && saving > 0 {
                     if let Some(m) = &measure {
@@ -301,7 +349,7 @@ impl<'a> Adapter<'a> {
                         if let Some(p) = peer {
                             let have = cur.map(|l| l.1).unwrap_or(0);
                             let need = have + over.div_ceil(saving);
-                            let cap = self.lend_cap(i, p, m);
+                            let cap = self.lend_cap(i, p, m, &times);
                             if cap >= need {
                                 self.set_lend(i, step, Some((p, (need.max(have + n_ts)).min(cap))));
                                 continue;
@@ -333,7 +381,10 @@ impl<'a> Adapter<'a> {
         }
         if evict != self.evict {
             self.evict = evict;
-            self.events.push(AdaptEvent::Evict { step, tokens: evict });
+            self.events.push(AdaptEvent::Evict {
+                step,
+                tokens: evict,
+            });
         }
         for i in 0..nd {
             let m = self.mem(i, tok);
@@ -349,7 +400,9 @@ impl<'a> Adapter<'a> {
         let evicted = (self.b as u64 * self.evict as u64).min(tokens) * kv_pt;
         let lent_tok = self.devs[i].lend.map(|l| l.1).unwrap_or(0);
         let kv_lent = lent_tok * self.lend_saving_pt(i);
-        let kv_local = (tokens * kv_pt).saturating_sub(evicted).saturating_sub(kv_lent);
+        let kv_local = (tokens * kv_pt)
+            .saturating_sub(evicted)
+            .saturating_sub(kv_lent);
         let kv_borrowed = self.borrowed(i);
         MemorySample {
             time_s,

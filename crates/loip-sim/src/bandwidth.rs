@@ -35,8 +35,12 @@ pub enum Bandwidth {
 
 impl Bandwidth {
     /// The paper's dynamic setting: 50–250 Mbit/s, a change every 4–32 tokens.
-    pub const PAPER_DYNAMIC: Bandwidth =
-        Bandwidth::Dynamic { min_mbps: 50.0, max_mbps: 250.0, min_interval: 4, max_interval: 32 };
+    pub const PAPER_DYNAMIC: Bandwidth = Bandwidth::Dynamic {
+        min_mbps: 50.0,
+        max_mbps: 250.0,
+        min_interval: 4,
+        max_interval: 32,
+    };
 
     /// `Some(Mbit/s)` for a fixed bandwidth, `None` for a dynamic one.
     pub fn fixed_mbps(&self) -> Option<f64> {
@@ -57,8 +61,15 @@ impl Bandwidth {
     /// The trace for `steps` decoding steps, drawn with `seed`.
     pub fn trace(&self, steps: u32, seed: u64) -> BandwidthTrace {
         match *self {
-            Bandwidth::Mbps(m) => BandwidthTrace { changes: vec![(0, mbps_to_bytes(m))] },
-            Bandwidth::Dynamic { min_mbps, max_mbps, min_interval, max_interval } => {
+            Bandwidth::Mbps(m) => BandwidthTrace {
+                changes: vec![(0, mbps_to_bytes(m))],
+            },
+            Bandwidth::Dynamic {
+                min_mbps,
+                max_mbps,
+                min_interval,
+                max_interval,
+            } => {
                 let mut rng = ChaCha8Rng::seed_from_u64(seed);
                 let (lo, hi) = (min_interval.max(1), max_interval.max(min_interval.max(1)));
                 let mut changes = Vec::new();
@@ -84,12 +95,17 @@ pub struct BandwidthTrace {
 impl BandwidthTrace {
     /// A constant trace.  // bytes/s
     pub fn constant(bytes_per_s: f64) -> BandwidthTrace {
-        BandwidthTrace { changes: vec![(0, bytes_per_s)] }
+        BandwidthTrace {
+            changes: vec![(0, bytes_per_s)],
+        }
     }
 
     /// Bandwidth during decoding step `step`.  // bytes/s
     pub fn at(&self, step: u32) -> f64 {
-        let i = self.changes.partition_point(|c| c.0 <= step).saturating_sub(1);
+        let i = self
+            .changes
+            .partition_point(|c| c.0 <= step)
+            .saturating_sub(1);
         self.changes.get(i).map(|c| c.1).unwrap_or(1.0)
     }
 

@@ -46,8 +46,10 @@ impl<'a> DeviceModel<'a> {
         let s = self.shape;
         match &self.profile.compute {
             ComputeModel::Roofline(r) => {
-                let bytes = frac * (s.attn_bytes as f64 + seqs as f64 * (n * s.kv_bytes_per_token) as f64);
-                let flops = frac * (seqs * tokens) as f64 * (s.attn_proj_flops() + s.attn_ctx_flops(n));
+                let bytes =
+                    frac * (s.attn_bytes as f64 + seqs as f64 * (n * s.kv_bytes_per_token) as f64);
+                let flops =
+                    frac * (seqs * tokens) as f64 * (s.attn_proj_flops() + s.attn_ctx_flops(n));
                 (bytes / r.mem_bw).max(flops / r.peak_flops) / r.efficiency + r.block_overhead
             }
             ComputeModel::Measured(_) => self.profile.attn_time(s, seqs * tokens, n) * frac,
@@ -77,10 +79,12 @@ impl<'a> DeviceModel<'a> {
         match &self.profile.compute {
             ComputeModel::Roofline(r) => {
                 let flops = tokens * 2.0 * (s.vocab * s.hidden) as f64;
-                (s.head_bytes as f64 / r.mem_bw).max(flops / r.peak_flops) / r.efficiency + r.block_overhead
+                (s.head_bytes as f64 / r.mem_bw).max(flops / r.peak_flops) / r.efficiency
+                    + r.block_overhead
             }
             ComputeModel::Measured(_) => {
-                self.profile.mlp_time(s, tokens as u32) * s.head_bytes as f64 / s.mlp_bytes.max(1) as f64
+                self.profile.mlp_time(s, tokens as u32) * s.head_bytes as f64
+                    / s.mlp_bytes.max(1) as f64
             }
         }
     }

@@ -240,7 +240,10 @@ impl Engine {
                 t.ready_at = t.ready_at.max(e);
             } else {
                 pending += 1;
-                self.edges.push(Edge { to: id, next: self.tasks[d as usize].first_edge });
+                self.edges.push(Edge {
+                    to: id,
+                    next: self.tasks[d as usize].first_edge,
+                });
                 self.tasks[d as usize].first_edge = self.edges.len() as u32 - 1;
             }
         }
@@ -262,7 +265,13 @@ impl Engine {
     fn push(&mut self, time: f64, task: TaskId, kind: EvKind) {
         self.seq += 1;
         let version = self.tasks[task as usize].version;
-        self.events.push(Reverse(Event { time, seq: self.seq, task, version, kind }));
+        self.events.push(Reverse(Event {
+            time,
+            seq: self.seq,
+            task,
+            version,
+            kind,
+        }));
     }
 
     fn make_ready(&mut self, id: TaskId) {
@@ -277,7 +286,9 @@ impl Engine {
                 let dur = match t.work {
                     Work::Secs(s) => s,
                     Work::Transfer(b) => b / self.bandwidth + self.latency,
-                    Work::Collective { bytes, hops } => bytes / self.bandwidth + hops * self.latency,
+                    Work::Collective { bytes, hops } => {
+                        bytes / self.bandwidth + hops * self.latency
+                    }
                 };
                 self.push(at + dur.max(0.0), id, EvKind::Done);
             }
@@ -396,11 +407,17 @@ impl Engine {
             match ev.kind {
                 EvKind::Done => self.complete(ev.task),
                 EvKind::Release => {
-                    let Some(r) = self.tasks[ev.task as usize].res else { continue };
+                    let Some(r) = self.tasks[ev.task as usize].res else {
+                        continue;
+                    };
                     let now = self.now;
                     let t = &mut self.tasks[ev.task as usize];
                     let seg = now - t.seg_start;
-                    let sent = if matches!(t.work, Work::Transfer(_)) { t.remaining } else { 0.0 };
+                    let sent = if matches!(t.work, Work::Transfer(_)) {
+                        t.remaining
+                    } else {
+                        0.0
+                    };
                     t.remaining = 0.0;
                     let is_transfer = matches!(t.work, Work::Transfer(_));
                     let rs = &mut self.resources[r.0 as usize];
@@ -466,7 +483,14 @@ mod tests {
     #[test]
     fn collective_uses_bandwidth_at_start() {
         let mut e = Engine::new(100.0, 0.01);
-        let c = e.task(None, Work::Collective { bytes: 100.0, hops: 2.0 }, &[]);
+        let c = e.task(
+            None,
+            Work::Collective {
+                bytes: 100.0,
+                hops: 2.0,
+            },
+            &[],
+        );
         assert!((e.run_until(c).unwrap() - 1.02).abs() < 1e-12);
     }
 }

@@ -6,8 +6,14 @@
 //! | `end-to-end` | 13B on Orin32 + NX16; 32B on Orin64 + Orin32 + NX16; 70B on 2×Orin64 + Orin32 + NX16 | the seven | 100, 200 |
 //! | `dynamic-bandwidth` | the end-to-end setups | the seven | 50–250, changing every 4–32 tokens |
 //! | `ablation` | 70B on 2×Orin64 + Orin32 + NX16 | loip and its three ablations | 100, 200, dynamic |
+//! | `long-context` | 70B on Orin64 + 3×Orin32 + NX16, reservation (iii), 1024 + 2048 tokens | the seven + `loip-no-kvtransfer` | 100, 200 |
 //!
-//! Every experiment runs both patterns (sporadic: one sequence; bursty: `|D|` sequences).
+//! Every experiment runs both patterns (sporadic: one sequence; bursty: `|D|` sequences)
+//! with fixed prompt and output lengths (default 512 + 512 tokens per sequence).
+//! `long-context` is our addition: in this model the paper's memory-constrained setups keep
+//! enough headroom that the KV cache of 512 + 512 tokens never reaches a threshold, so it
+//! decodes 2048 tokens after a 1024-token prompt to exercise the online adaptation (§6); the
+//! memory-over-time plot comes from it.
 //! Devices are the planner crate's Jetson presets; link latency 2 ms (as in
 //! `examples/clusters/`). Runs are independent and executed in parallel; results come back
 //! in a fixed order, so the output does not depend on scheduling.
@@ -52,7 +58,11 @@ impl Setup {
             shape: shape.to_string(),
             devices: devices
                 .iter()
-                .map(|&(n, p, gb)| SetupDevice { name: n.to_string(), preset: p.to_string(), reserve: (gb * 1e9) as u64 })
+                .map(|&(n, p, gb)| SetupDevice {
+                    name: n.to_string(),
+                    preset: p.to_string(),
+                    reserve: (gb * 1e9) as u64,
+                })
                 .collect(),
         }
     }
@@ -61,10 +71,19 @@ impl Setup {
     pub fn cluster(&self) -> Result<Cluster, SimError> {
         let mut devices = Vec::with_capacity(self.devices.len());
         for d in &self.devices {
-            let p = preset(&d.preset).ok_or_else(|| SimError::Invalid { field: "preset", reason: format!("unknown preset `{}`", d.preset) })?;
+            let p = preset(&d.preset).ok_or_else(|| SimError::Invalid {
+                field: "preset",
+                reason: format!("unknown preset `{}`", d.preset),
+            })?;
             devices.push((d.name.clone(), p));
         }
-        let mut c = Cluster::new(devices, LinkProfile { bandwidth: 12.5e6, latency: 2e-3 });
+        let mut c = Cluster::new(
+            devices,
+            LinkProfile {
+                bandwidth: 12.5e6,
+                latency: 2e-3,
+            },
+        );
         for (dev, sd) in c.devices.iter_mut().zip(&self.devices) {
             dev.reserve = sd.reserve;
         }
@@ -87,30 +106,66 @@ pub struct Experiment {
     pub bandwidths: Vec<Bandwidth>,
     /// Patterns.
     pub patterns: Vec<Pattern>,
+    /// Prompt and output tokens per sequence, when not the run's defaults.  // tokens
+    pub lengths: Option<(u32, u32)>,
 }
 
 /// Names accepted by [`experiments`] (`all` runs every one).
-pub const EXPERIMENT_NAMES: [&str; 5] = ["memory-constrained", "end-to-end", "dynamic-bandwidth", "ablation", "all"];
+pub const EXPERIMENT_NAMES: [&str; 6] = [
+    "memory-constrained",
+    "end-to-end",
+    "dynamic-bandwidth",
+    "ablation",
+    "long-context",
+    "all",
+];
 
 fn mem_constrained_setups() -> Vec<Setup> {
     let base = |name: &str, r64: f64, r32: f64, rnx: f64| {
         Setup::new(
             name,
             "llama3.3-70b",
-            &[("orin64", "orin64", r64), ("orin32-a", "orin32", r32), ("orin32-b", "orin32", r32), ("orin32-c", "orin32", 0.0), ("nx16", "nx16", rnx)],
+            &[
+                ("orin64", "orin64", r64),
+                ("orin32-a", "orin32", r32),
+                ("orin32-b", "orin32", r32),
+                ("orin32-c", "orin32", 0.0),
+                ("nx16", "nx16", rnx),
+            ],
         )
     };
-    vec![base("70b-5dev-i", 0.0, 0.0, 0.0), base("70b-5dev-ii", 0.0, 3.0, 0.0), base("70b-5dev-iii", 5.0, 3.0, 1.0)]
+    vec![
+        base("70b-5dev-i", 0.0, 0.0, 0.0),
+        base("70b-5dev-ii", 0.0, 3.0, 0.0),
+        base("70b-5dev-iii", 5.0, 3.0, 1.0),
+    ]
 }
 
 fn end_to_end_setups() -> Vec<Setup> {
     vec![
-        Setup::new("13b-2dev", "llama2-13b", &[("orin32", "orin32", 0.0), ("nx16", "nx16", 0.0)]),
-        Setup::new("32b-3dev", "qwen3-32b", &[("orin64", "orin64", 0.0), ("orin32", "orin32", 0.0), ("nx16", "nx16", 0.0)]),
+        Setup::new(
+            "13b-2dev",
+            "llama2-13b",
+            &[("orin32", "orin32", 0.0), ("nx16", "nx16", 0.0)],
+        ),
+        Setup::new(
+            "32b-3dev",
+            "qwen3-32b",
+            &[
+                ("orin64", "orin64", 0.0),
+                ("orin32", "orin32", 0.0),
+                ("nx16", "nx16", 0.0),
+            ],
+        ),
         Setup::new(
             "70b-4dev",
             "llama3.3-70b",
-            &[("orin64-a", "orin64", 0.0), ("orin64-b", "orin64", 0.0), ("orin32", "orin32", 0.0), ("nx16", "nx16", 0.0)],
+            &[
+                ("orin64-a", "orin64", 0.0),
+                ("orin64-b", "orin64", 0.0),
+                ("orin32", "orin32", 0.0),
+                ("nx16", "nx16", 0.0),
+            ],
         ),
     ]
 }
@@ -128,6 +183,7 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 methods: Method::MAIN.to_vec(),
                 bandwidths: fixed.clone(),
                 patterns: both.clone(),
+                lengths: None,
             },
             "end-to-end" => Experiment {
                 name: n.into(),
@@ -136,6 +192,7 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 methods: Method::MAIN.to_vec(),
                 bandwidths: fixed.clone(),
                 patterns: both.clone(),
+                lengths: None,
             },
             "dynamic-bandwidth" => Experiment {
                 name: n.into(),
@@ -144,6 +201,7 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 methods: Method::MAIN.to_vec(),
                 bandwidths: vec![Bandwidth::PAPER_DYNAMIC],
                 patterns: both.clone(),
+                lengths: None,
             },
             "ablation" => Experiment {
                 name: n.into(),
@@ -152,14 +210,32 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 methods: Method::ABLATION.to_vec(),
                 bandwidths: vec![Bandwidth::Mbps(100.0), Bandwidth::Mbps(200.0), Bandwidth::PAPER_DYNAMIC],
                 patterns: both.clone(),
+                lengths: None,
+            },
+            "long-context" => Experiment {
+                name: n.into(),
+                title: "Long context (our addition): LLaMA-3.3-70B on Orin64 + 3×Orin32 + NX16 with reservation (iii), 1024-token prompts, 2048 tokens decoded: KV growth reaches the thresholds".into(),
+                setups: mem_constrained_setups().into_iter().filter(|s| s.name == "70b-5dev-iii").collect(),
+                methods: Method::MAIN.iter().copied().chain([Method::LoipNoKvtransfer]).collect(),
+                bandwidths: fixed.clone(),
+                patterns: both.clone(),
+                lengths: Some((1024, 2048)),
             },
             _ => return None,
         })
     };
     if name == "all" {
-        return Ok(EXPERIMENT_NAMES[..4].iter().filter_map(|n| make(n)).collect());
+        return Ok(EXPERIMENT_NAMES[..5]
+            .iter()
+            .filter_map(|n| make(n))
+            .collect());
     }
-    make(name).map(|e| vec![e]).ok_or_else(|| SimError::UnknownExperiment { name: name.to_string(), known: EXPERIMENT_NAMES.join(", ") })
+    make(name)
+        .map(|e| vec![e])
+        .ok_or_else(|| SimError::UnknownExperiment {
+            name: name.to_string(),
+            known: EXPERIMENT_NAMES.join(", "),
+        })
 }
 
 /// Settings shared by every run of an experiment set.
@@ -177,7 +253,12 @@ pub struct ExperimentConfig {
 
 impl Default for ExperimentConfig {
     fn default() -> Self {
-        ExperimentConfig { prompt_tokens: 512, output_tokens: 128, latency: 2e-3, seed: 2024 }
+        ExperimentConfig {
+            prompt_tokens: 512,
+            output_tokens: 512,
+            latency: 2e-3,
+            seed: 2024,
+        }
     }
 }
 
@@ -257,28 +338,46 @@ fn seed_for(base: u64, setup: &str) -> u64 {
     h ^ base
 }
 
-/// The config of one run of `setup` with `pattern` and `bw`.
-pub fn run_config(cfg: &ExperimentConfig, setup: &Setup, pattern: Pattern, bw: Bandwidth) -> SimConfig {
+/// The config of one run of `setup` with `pattern` and `bw`; `lengths` overrides the
+/// prompt and output tokens of `cfg`.
+pub fn run_config(
+    cfg: &ExperimentConfig,
+    setup: &Setup,
+    pattern: Pattern,
+    bw: Bandwidth,
+    lengths: Option<(u32, u32)>,
+) -> SimConfig {
     let b = match pattern {
         Pattern::Sporadic => 1,
         Pattern::Bursty => setup.devices.len() as u32,
     };
-    let trace = bw.trace(cfg.output_tokens, seed_for(cfg.seed, &setup.name));
+    let (prompt, output) = lengths.unwrap_or((cfg.prompt_tokens, cfg.output_tokens));
+    let trace = bw.trace(output, seed_for(cfg.seed, &setup.name));
     let mut c = SimConfig::new(pattern, b, trace, cfg.latency);
-    c.prompt_tokens = cfg.prompt_tokens;
-    c.output_tokens = cfg.output_tokens;
+    c.prompt_tokens = prompt;
+    c.output_tokens = output;
     c
 }
 
 /// Runs `exps`; `progress(done, total)` is called after every run (from worker threads).
-pub fn run_experiments(exps: Vec<Experiment>, cfg: &ExperimentConfig, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Results, SimError> {
+pub fn run_experiments(
+    exps: Vec<Experiment>,
+    cfg: &ExperimentConfig,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<Results, SimError> {
     let mut jobs = Vec::new();
     for (ei, e) in exps.iter().enumerate() {
         for (si, _) in e.setups.iter().enumerate() {
             for &pattern in &e.patterns {
                 for &bw in &e.bandwidths {
                     for &method in &e.methods {
-                        jobs.push(Job { exp: ei, setup: si, method, pattern, bw });
+                        jobs.push(Job {
+                            exp: ei,
+                            setup: si,
+                            method,
+                            pattern,
+                            bw,
+                        });
                     }
                 }
             }
@@ -292,7 +391,7 @@ pub fn run_experiments(exps: Vec<Experiment>, cfg: &ExperimentConfig, progress: 
             let setup = &exps[j.exp].setups[j.setup];
             let shape = shape(&setup.shape)?;
             let cluster = setup.cluster()?;
-            let mut sc = run_config(cfg, setup, j.pattern, j.bw);
+            let mut sc = run_config(cfg, setup, j.pattern, j.bw, exps[j.exp].lengths);
             sc.record_memory = j.method == Method::Loip;
             let r = run_method(j.method, &shape, &cluster, &sc);
             progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
@@ -307,8 +406,16 @@ pub fn run_experiments(exps: Vec<Experiment>, cfg: &ExperimentConfig, progress: 
         let e = &exps[j.exp];
         let setup = &e.setups[j.setup];
         let r = &run.report;
-        let switches = r.events.iter().filter(|e| matches!(e, crate::sim::AdaptEvent::Switch { .. })).count();
-        let lends = r.events.iter().filter(|e| matches!(e, crate::sim::AdaptEvent::Lend { .. })).count();
+        let switches = r
+            .events
+            .iter()
+            .filter(|e| matches!(e, crate::sim::AdaptEvent::Switch { .. }))
+            .count();
+        let lends = r
+            .events
+            .iter()
+            .filter(|e| matches!(e, crate::sim::AdaptEvent::Lend { .. }))
+            .count();
         let evicted = r
             .events
             .iter()
@@ -351,5 +458,10 @@ pub fn run_experiments(exps: Vec<Experiment>, cfg: &ExperimentConfig, progress: 
             run: kept.swap_remove(idx),
         }
     });
-    Ok(Results { experiments: exps, records, memory_run, config: cfg.clone() })
+    Ok(Results {
+        experiments: exps,
+        records,
+        memory_run,
+        config: cfg.clone(),
+    })
 }

@@ -1,7 +1,9 @@
 //! Discrete-event simulator of LOIP and its baselines on modelled edge devices (design §8).
 //!
-//! Pure and deterministic: no I/O except [`plot`] and [`report`] writing files the caller
-//! names, and randomness only from seeded ChaCha generators (the dynamic bandwidth trace).
+//! Pure and deterministic: no I/O except [`plot`] writing the figure files the caller names
+//! ([`report`] returns strings), and randomness only from seeded ChaCha generators (the
+//! dynamic bandwidth traces, [`testkit`]'s random clusters). The same inputs give the same
+//! report, whatever the number of threads running the experiments.
 //!
 //! Data flow: a [`loip_plan::Plan`] (or a tensor-parallel [`tp::TpPlacement`]) + a
 //! [`loip_plan::Cluster`] + a [`SimConfig`] → [`pipeline::simulate_pipeline`] /
@@ -11,10 +13,15 @@
 //!
 //! Modules: [`engine`] (event queue, resources, task graph), [`compute`] (block times),
 //! [`bandwidth`] (constant and dynamic links), [`adapt`] (memory over time, online adaptation),
-//! [`pipeline`], [`tp`], [`methods`], [`experiments`], [`report`], [`plot`], [`shapes`].
+//! [`pipeline`], [`tp`], [`methods`], [`experiments`], [`report`], [`plot`], [`shapes`]
+//! (built-in model shapes), [`testkit`] (seeded random clusters for checks), [`sim`]
+//! (configuration and report types), [`error`].
+//!
+//! Results of the paper-scale experiments and how they compare with the paper's claims:
+//! `crates/loip-sim/RESULTS.md`.
 #![deny(missing_docs)]
 
-mod adapt;
+pub mod adapt;
 pub mod bandwidth;
 pub mod compute;
 pub mod engine;
@@ -22,8 +29,11 @@ pub mod error;
 pub mod experiments;
 pub mod methods;
 pub mod pipeline;
+pub mod plot;
+pub mod report;
 pub mod shapes;
 pub mod sim;
+pub mod testkit;
 pub mod tp;
 
 pub use bandwidth::{Bandwidth, BandwidthTrace};

@@ -70,11 +70,22 @@ impl Method {
         Method::LoipConventionalLoad,
     ];
     /// The seven methods of the main comparison.
-    pub const MAIN: [Method; 7] =
-        [Method::Loip, Method::Pp, Method::PpOffload, Method::Edgeshard, Method::Galaxy, Method::TpiLlm, Method::TpiLlmOffload];
+    pub const MAIN: [Method; 7] = [
+        Method::Loip,
+        Method::Pp,
+        Method::PpOffload,
+        Method::Edgeshard,
+        Method::Galaxy,
+        Method::TpiLlm,
+        Method::TpiLlmOffload,
+    ];
     /// LOIP and its three ablations.
-    pub const ABLATION: [Method; 4] =
-        [Method::Loip, Method::LoipNoKvtransfer, Method::LoipUniform, Method::LoipConventionalLoad];
+    pub const ABLATION: [Method; 4] = [
+        Method::Loip,
+        Method::LoipNoKvtransfer,
+        Method::LoipUniform,
+        Method::LoipConventionalLoad,
+    ];
 
     /// Name as used on the command line and in outputs.
     pub fn name(self) -> &'static str {
@@ -94,15 +105,24 @@ impl Method {
 
     /// The method called `name`.
     pub fn from_name(name: &str) -> Result<Method, SimError> {
-        Method::ALL.into_iter().find(|m| m.name() == name).ok_or_else(|| SimError::UnknownMethod {
-            name: name.to_string(),
-            known: Method::ALL.map(|m| m.name()).join(", "),
-        })
+        Method::ALL
+            .into_iter()
+            .find(|m| m.name() == name)
+            .ok_or_else(|| SimError::UnknownMethod {
+                name: name.to_string(),
+                known: Method::ALL.map(|m| m.name()).join(", "),
+            })
     }
 
     /// Whether it belongs to the LOIP family (adaptive, planned for the prompt).
     pub fn is_loip(self) -> bool {
-        matches!(self, Method::Loip | Method::LoipNoKvtransfer | Method::LoipUniform | Method::LoipConventionalLoad)
+        matches!(
+            self,
+            Method::Loip
+                | Method::LoipNoKvtransfer
+                | Method::LoipUniform
+                | Method::LoipConventionalLoad
+        )
     }
 
     /// Its planner in the planner crate, `None` for the tensor-parallel ones.
@@ -131,7 +151,9 @@ impl Method {
     /// How it handles KV overflow.
     pub fn kv_policy(self) -> KvPolicy {
         match self {
-            Method::Loip | Method::LoipUniform | Method::LoipConventionalLoad => KvPolicy::Adaptive { lending: true },
+            Method::Loip | Method::LoipUniform | Method::LoipConventionalLoad => {
+                KvPolicy::Adaptive { lending: true }
+            }
             Method::LoipNoKvtransfer => KvPolicy::Adaptive { lending: false },
             _ => KvPolicy::Recompute,
         }
@@ -166,12 +188,22 @@ pub struct MethodRun {
 }
 
 fn oom(note: String) -> MethodRun {
-    MethodRun { report: SimReport::oom(note), plan: None, predicted_ms_per_token: None, planned_tokens: None }
+    MethodRun {
+        report: SimReport::oom(note),
+        plan: None,
+        predicted_ms_per_token: None,
+        planned_tokens: None,
+    }
 }
 
 /// Plans and simulates `method`. The cluster's link is taken from `cfg` (bandwidth of the
 /// first step, `cfg.latency`): planners see what the runtime would measure at start-up.
-pub fn run_method(method: Method, shape: &ModelShape, cluster: &Cluster, cfg: &SimConfig) -> Result<MethodRun, SimError> {
+pub fn run_method(
+    method: Method,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    cfg: &SimConfig,
+) -> Result<MethodRun, SimError> {
     let mut cluster = cluster.clone();
     cluster.link.bandwidth = cfg.bandwidth.at(0);
     cluster.link.latency = cfg.latency;
@@ -181,18 +213,38 @@ pub fn run_method(method: Method, shape: &ModelShape, cluster: &Cluster, cfg: &S
     let mut cfg = cfg.clone();
     cfg.kv_policy = method.kv_policy();
     if let Some(kind) = method.tp_kind() {
-        return match place_tp(kind, shape, &cluster, b, prompt, full, cfg.tpi_window_layers) {
+        return match place_tp(
+            kind,
+            shape,
+            &cluster,
+            b,
+            prompt,
+            full,
+            cfg.tpi_window_layers,
+        ) {
             Ok(place) => {
                 let report = simulate_tp(&place, shape, &cluster, &cfg)?;
-                Ok(MethodRun { report, plan: None, predicted_ms_per_token: None, planned_tokens: Some(place.planned_tokens) })
+                Ok(MethodRun {
+                    report,
+                    plan: None,
+                    predicted_ms_per_token: None,
+                    planned_tokens: Some(place.planned_tokens),
+                })
             }
             Err(note) => Ok(oom(note)),
         };
     }
     let Some(planner) = method.planner() else {
-        return Err(SimError::Invalid { field: "method", reason: format!("{method} has no planner") });
+        return Err(SimError::Invalid {
+            field: "method",
+            reason: format!("{method} has no planner"),
+        });
     };
-    let contexts: &[u64] = if method.is_loip() { &[prompt] } else { &[full, prompt] };
+    let contexts: &[u64] = if method.is_loip() {
+        &[prompt]
+    } else {
+        &[full, prompt]
+    };
     let mut last_err = None;
     for &context in contexts {
         let req = PlanRequest {

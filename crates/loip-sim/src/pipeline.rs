@@ -12,9 +12,9 @@
 //! - activations (`(1 + e)·h` bytes) go from a stage to the next device on the sender's egress
 //!   port; the last stage's device runs the LM head and returns the token id (4 bytes) to the
 //!   first device;
-//! - lent KV (see [`crate::adapt`]) leaves after a stage's last micro-batch and comes back
-//!   while the device's previous stage runs, as background transfers that never delay an
-//!   activation; a stage waits for its KV to be back.
+//! - lent KV (see [`crate::adapt`]) leaves after a stage's last micro-batch; the next stage's
+//!   lent KV comes back into the same buffer once that send is done. Both are background
+//!   transfers that never delay an activation; a stage waits for its KV to be back.
 //!
 //! Compute, loader and egress port of each device serve their tasks in program order
 //! (step, stage, micro-batch), so a faster link or device never delays anything.
@@ -82,8 +82,8 @@ struct Dev {
     slot_free: Option<TaskId>,
     /// Per stage: (send task, bytes, peer) of KV lent after its last run.
     lent: Vec<Option<(TaskId, f64, usize)>>,
-    /// Per stage: task that delivered mb 0's input in the latest emitted step.
-    input: Vec<Option<TaskId>>,
+    /// The latest lent-KV send of this device (its buffer is free once it is done).
+    last_send: Option<TaskId>,
 }
 
 struct Pipeline<'a> {
@@ -108,53 +108,86 @@ impl Pipeline<'_> {
     /// Hands micro-batch `j`'s output of stage task `lt` on device `i` on: the activation to
     /// the next device, or (after the last stage) the LM head and the token back to device 1.
     #[allow(clippy::too_many_arguments)]
-    fn hand_on(&mut self, i: usize, j: usize, lt: TaskId, global_last: bool, h: f64, t_head: f64, incoming: &mut [Option<TaskId>], ends: &mut Vec<TaskId>) {
+    fn hand_on(
+        &mut self,
+        i: usize,
+        j: usize,
+        lt: TaskId,
+        global_last: bool,
+        h: f64,
+        t_head: f64,
+        incoming: &mut [Option<TaskId>],
+        ends: &mut Vec<TaskId>,
+    ) {
         let nd = self.devs.len();
         incoming[j] = Some(if global_last {
-            let hd = self.eng.task(Some(self.devs[i].comp), Work::Secs(t_head), &[lt]);
-            let tok = if nd > 1 { self.eng.task(Some(self.devs[i].egress), Work::Transfer(4.0), &[hd]) } else { hd };
+            let hd = self
+                .eng
+                .task(Some(self.devs[i].comp), Work::Secs(t_head), &[lt]);
+            let tok = if nd > 1 {
+                self.eng
+                    .task(Some(self.devs[i].egress), Work::Transfer(4.0), &[hd])
+            } else {
+                hd
+            };
             self.token[j] = Some(tok);
             ends.push(tok);
             tok
         } else if nd == 1 {
             lt
         } else {
-            self.eng.task(Some(self.devs[i].egress), Work::Transfer(h), &[lt])
+            self.eng
+                .task(Some(self.devs[i].egress), Work::Transfer(h), &[lt])
         });
     }
 
     /// Decides and emits every task of decoding step `t`.
     fn emit_step(&mut self, t: u32, measure: Option<Measure>) {
         self.ad.decide(t, measure);
-        self.pending.push_back((0..self.devs.len()).map(|i| self.ad.sample(i, t, f64::NAN)).collect());
+        self.pending.push_back(
+            (0..self.devs.len())
+                .map(|i| self.ad.sample(i, t, f64::NAN))
+                .collect(),
+        );
         let nd = self.devs.len();
         let b = self.b as usize;
         let e = self.ad.evict;
         let n_ctx = self.prompt as u64 + t as u64 + 1;
         let h = (1 + e) as f64 * self.shape.act_bytes_per_token as f64;
         let kv = self.shape.kv_bytes_per_token as f64;
-        let s = self.ad.devs.iter().map(|d| d.stages.len()).max().unwrap_or(0);
+        let s = self
+            .ad
+            .devs
+            .iter()
+            .map(|d| d.stages.len())
+            .max()
+            .unwrap_or(0);
         let mut incoming: Vec<Option<TaskId>> = self.token.clone();
         let last_dev = nd - 1;
         let t_head = self.ad.models[last_dev].head(1);
         let mut ends = Vec::with_capacity(b);
         for k in 0..s {
             for i in 0..nd {
-                let Some(stage) = self.ad.devs[i].stages.get(k) else { continue };
+                let Some(stage) = self.ad.devs[i].stages.get(k) else {
+                    continue;
+                };
                 let seg = segments(stage, self.shape);
                 let stage_layers = stage.layers.len() as f64;
                 let model = self.ad.models[i];
                 let (ta, tm) = (model.attn(1, 1 + e, n_ctx, 1.0), model.mlp(1 + e, 1.0));
                 let loader = self.ad.loaders[i];
                 let global_last = k + 1 == s && i == last_dev;
-                self.devs[i].input[k] = incoming[0];
-                // Lent KV of this stage comes back while the device's previous stage runs.
+                // Lent KV of this stage comes back once the previous send freed the buffer.
                 let mut fetch = None;
                 if let Some((send, bytes, peer)) = self.devs[i].lent[k].take() {
-                    let prev = (k + s - 1) % s;
-                    let mut deps = vec![send];
-                    deps.extend(self.devs[i].input[prev]);
-                    fetch = Some(self.eng.background(self.devs[peer].egress, Work::Transfer(bytes), &deps));
+                    let deps: Vec<TaskId> = std::iter::once(send)
+                        .chain(self.devs[i].last_send)
+                        .collect();
+                    fetch = Some(self.eng.background(
+                        self.devs[peer].egress,
+                        Work::Transfer(bytes),
+                        &deps,
+                    ));
                 }
                 let comp = self.devs[i].comp;
                 let mut last_tasks: Vec<TaskId> = Vec::with_capacity(b);
@@ -163,29 +196,52 @@ impl Pipeline<'_> {
                         let load = (seg.reads > 0).then(|| {
                             let deps: Vec<TaskId> = self.devs[i].slot_free.into_iter().collect();
                             let secs = loader.load_time(seg.off_bytes, seg.reads);
-                            self.eng.task(Some(self.devs[i].loader), Work::Secs(secs), &deps)
+                            self.eng
+                                .task(Some(self.devs[i].loader), Work::Secs(secs), &deps)
                         });
                         let mut last_run = None;
                         for j in 0..b {
-                            let mut deps: Vec<TaskId> = incoming[j].iter().copied().chain(fetch).collect();
+                            let mut deps: Vec<TaskId> =
+                                incoming[j].iter().copied().chain(fetch).collect();
                             let mut prev = None;
                             if seg.pre != (0, 0) || load.is_none() {
-                                let p = self.eng.task(Some(comp), Work::Secs(Self::dur(seg.pre, ta, tm)), &deps);
+                                let p = self.eng.task(
+                                    Some(comp),
+                                    Work::Secs(Self::dur(seg.pre, ta, tm)),
+                                    &deps,
+                                );
                                 prev = Some(p);
                                 deps = vec![p];
                             }
                             if let Some(l) = load {
                                 deps.push(l);
-                                let r = self.eng.task(Some(comp), Work::Secs(Self::dur(seg.run, ta, tm)), &deps);
+                                let r = self.eng.task(
+                                    Some(comp),
+                                    Work::Secs(Self::dur(seg.run, ta, tm)),
+                                    &deps,
+                                );
                                 last_run = Some(r);
                                 prev = Some(r);
                                 if seg.post != (0, 0) {
-                                    prev = Some(self.eng.task(Some(comp), Work::Secs(Self::dur(seg.post, ta, tm)), &[r]));
+                                    prev = Some(self.eng.task(
+                                        Some(comp),
+                                        Work::Secs(Self::dur(seg.post, ta, tm)),
+                                        &[r],
+                                    ));
                                 }
                             }
                             if let Some(lt) = prev {
                                 last_tasks.push(lt);
-                                self.hand_on(i, j, lt, global_last, h, t_head, &mut incoming, &mut ends);
+                                self.hand_on(
+                                    i,
+                                    j,
+                                    lt,
+                                    global_last,
+                                    h,
+                                    t_head,
+                                    &mut incoming,
+                                    &mut ends,
+                                );
                             }
                         }
                         if last_run.is_some() {
@@ -197,22 +253,43 @@ impl Pipeline<'_> {
                         for inc in incoming.iter().take(b) {
                             let deps: Vec<TaskId> = inc.iter().copied().chain(fetch).collect();
                             if seg.pre != (0, 0) || seg.run_blocks.is_empty() {
-                                pres.push(self.eng.task(Some(comp), Work::Secs(Self::dur(seg.pre, ta, tm)), &deps));
+                                pres.push(self.eng.task(
+                                    Some(comp),
+                                    Work::Secs(Self::dur(seg.pre, ta, tm)),
+                                    &deps,
+                                ));
                             } else {
                                 pres.extend(deps);
                             }
                         }
                         if seg.run_blocks.is_empty() {
                             for (j, &lt) in pres.iter().enumerate() {
-                                self.hand_on(i, j, lt, global_last, h, t_head, &mut incoming, &mut ends);
+                                self.hand_on(
+                                    i,
+                                    j,
+                                    lt,
+                                    global_last,
+                                    h,
+                                    t_head,
+                                    &mut incoming,
+                                    &mut ends,
+                                );
                             }
                             last_tasks = pres;
                         } else {
                             let mut deps = pres;
                             for &(is_attn, off) in &seg.run_blocks {
-                                let (bytes, t1) = if is_attn { (self.shape.attn_bytes, ta) } else { (self.shape.mlp_bytes, tm) };
+                                let (bytes, t1) = if is_attn {
+                                    (self.shape.attn_bytes, ta)
+                                } else {
+                                    (self.shape.mlp_bytes, tm)
+                                };
                                 if off {
-                                    let l = self.eng.task(Some(self.devs[i].loader), Work::Secs(loader.load_time(bytes, 1)), &deps);
+                                    let l = self.eng.task(
+                                        Some(self.devs[i].loader),
+                                        Work::Secs(loader.load_time(bytes, 1)),
+                                        &deps,
+                                    );
                                     deps = vec![l];
                                 }
                                 let c = self.eng.task(Some(comp), Work::Secs(b as f64 * t1), &deps);
@@ -220,12 +297,25 @@ impl Pipeline<'_> {
                             }
                             for j in 0..b {
                                 let post = if seg.post != (0, 0) {
-                                    self.eng.task(Some(comp), Work::Secs(Self::dur(seg.post, ta, tm)), &deps)
+                                    self.eng.task(
+                                        Some(comp),
+                                        Work::Secs(Self::dur(seg.post, ta, tm)),
+                                        &deps,
+                                    )
                                 } else {
                                     deps[0]
                                 };
                                 last_tasks.push(post);
-                                self.hand_on(i, j, post, global_last, h, t_head, &mut incoming, &mut ends);
+                                self.hand_on(
+                                    i,
+                                    j,
+                                    post,
+                                    global_last,
+                                    h,
+                                    t_head,
+                                    &mut incoming,
+                                    &mut ends,
+                                );
                             }
                         }
                     }
@@ -234,8 +324,11 @@ impl Pipeline<'_> {
                 if let Some((peer, tokens)) = self.ad.devs[i].lend {
                     let bytes = tokens as f64 * stage_layers * kv;
                     if let Some(&lt) = last_tasks.last() {
-                        let send = self.eng.background(self.devs[i].egress, Work::Transfer(bytes), &[lt]);
+                        let send =
+                            self.eng
+                                .background(self.devs[i].egress, Work::Transfer(bytes), &[lt]);
                         self.devs[i].lent[k] = Some((send, bytes, peer));
+                        self.devs[i].last_send = Some(send);
                     }
                 }
             }
@@ -247,16 +340,26 @@ impl Pipeline<'_> {
 
 /// Simulates `plan` on `cluster` (devices looked up by name). OOM when a device's weights,
 /// slot and buffers exceed its budget; KV growth is then handled by `cfg.kv_policy`.
-pub fn simulate_pipeline(plan: &Plan, shape: &ModelShape, cluster: &Cluster, cfg: &SimConfig) -> Result<SimReport, SimError> {
+pub fn simulate_pipeline(
+    plan: &Plan,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    cfg: &SimConfig,
+) -> Result<SimReport, SimError> {
     let mut profiles = Vec::with_capacity(plan.devices.len());
     let mut budgets = Vec::with_capacity(plan.devices.len());
     for d in &plan.devices {
-        let dev = cluster.device(&d.name).ok_or_else(|| loip_plan::PlanError::UnknownDevice(d.name.clone()))?;
+        let dev = cluster
+            .device(&d.name)
+            .ok_or_else(|| loip_plan::PlanError::UnknownDevice(d.name.clone()))?;
         profiles.push(&dev.profile);
         budgets.push(dev.budget());
     }
     if plan.devices.is_empty() || plan.devices.iter().any(|d| d.stages.is_empty()) {
-        return Err(SimError::Invalid { field: "plan", reason: "a device has no stage".into() });
+        return Err(SimError::Invalid {
+            field: "plan",
+            reason: "a device has no stage".into(),
+        });
     }
     let b = cfg.sequences.max(1);
     let steps = cfg.output_tokens.max(1);
@@ -270,7 +373,12 @@ pub fn simulate_pipeline(plan: &Plan, shape: &ModelShape, cluster: &Cluster, cfg
             embed: d.holds_embedding,
             head: d.holds_head,
             layers: d.layer_count() as u64,
-            n_max: d.stages.iter().map(|s| s.layers.len() as u32).max().unwrap_or(0),
+            n_max: d
+                .stages
+                .iter()
+                .map(|s| s.layers.len() as u32)
+                .max()
+                .unwrap_or(0),
             lend: None,
             peak: 0,
         })
@@ -286,7 +394,10 @@ pub fn simulate_pipeline(plan: &Plan, shape: &ModelShape, cluster: &Cluster, cfg
         steps,
         latency: cfg.latency,
         devs,
-        models: profiles.iter().map(|p| DeviceModel::new(p, shape)).collect(),
+        models: profiles
+            .iter()
+            .map(|p| DeviceModel::new(p, shape))
+            .collect(),
         loaders: profiles.iter().map(|p| *p.loader(plan.loader)).collect(),
         evict: 0,
         events: Vec::new(),
@@ -300,7 +411,9 @@ pub fn simulate_pipeline(plan: &Plan, shape: &ModelShape, cluster: &Cluster, cfg
             )));
         }
     }
-    let thresholds: Vec<Option<u64>> = (0..plan.devices.len()).map(|i| ad.first_threshold(i)).collect();
+    let thresholds: Vec<Option<u64>> = (0..plan.devices.len())
+        .map(|i| ad.first_threshold(i))
+        .collect();
     let mut eng = Engine::new(cfg.bandwidth.at(0), cfg.latency);
     let s = ad.devs.iter().map(|d| d.stages.len()).max().unwrap_or(1);
     let pdevs: Vec<Dev> = (0..plan.devices.len())
@@ -310,7 +423,7 @@ pub fn simulate_pipeline(plan: &Plan, shape: &ModelShape, cluster: &Cluster, cfg
             egress: eng.resource(),
             slot_free: None,
             lent: vec![None; s],
-            input: vec![None; s],
+            last_send: None,
         })
         .collect();
     let mut p = Pipeline {
@@ -344,7 +457,10 @@ pub fn simulate_pipeline(plan: &Plan, shape: &ModelShape, cluster: &Cluster, cfg
                 }
             }
         }
-        let measure = Measure { step_s: end - prev_end, bandwidth: p.eng.bandwidth() };
+        let measure = Measure {
+            step_s: end - prev_end,
+            bandwidth: p.eng.bandwidth(),
+        };
         prev_end = end;
         p.eng.set_bandwidth(cfg.bandwidth.at(t + 1));
         let mean_ms = end * 1e3 / ((t + 1) as f64 * b as f64);

@@ -37,7 +37,11 @@ pub struct AdaptConfig {
 
 impl Default for AdaptConfig {
     fn default() -> Self {
-        AdaptConfig { min_change_tokens: 16, horizon_tokens: 32, lend_link_fraction: 0.5 }
+        AdaptConfig {
+            min_change_tokens: 16,
+            horizon_tokens: 32,
+            lend_link_fraction: 0.5,
+        }
     }
 }
 
@@ -70,7 +74,12 @@ pub struct SimConfig {
 
 impl SimConfig {
     /// A config with the defaults used by the experiments.
-    pub fn new(pattern: Pattern, sequences: u32, bandwidth: BandwidthTrace, latency: f64) -> SimConfig {
+    pub fn new(
+        pattern: Pattern,
+        sequences: u32,
+        bandwidth: BandwidthTrace,
+        latency: f64,
+    ) -> SimConfig {
         SimConfig {
             prompt_tokens: 512,
             output_tokens: 128,
@@ -186,7 +195,9 @@ impl AdaptEvent {
     /// The step the event applies from.
     pub fn step(&self) -> u32 {
         match self {
-            AdaptEvent::Switch { step, .. } | AdaptEvent::Lend { step, .. } | AdaptEvent::Evict { step, .. } => *step,
+            AdaptEvent::Switch { step, .. }
+            | AdaptEvent::Lend { step, .. }
+            | AdaptEvent::Evict { step, .. } => *step,
         }
     }
 }
@@ -255,7 +266,11 @@ impl SimReport {
         if to <= from {
             return f64::NAN;
         }
-        let start = if from == 0 { 0.0 } else { self.step_end_s[from - 1] };
+        let start = if from == 0 {
+            0.0
+        } else {
+            self.step_end_s[from - 1]
+        };
         (self.step_end_s[to - 1] - start) * 1e3 / ((to - from) as f64 * sequences.max(1) as f64)
     }
 
@@ -265,7 +280,8 @@ impl SimReport {
         self.steps = n as u32;
         self.ms_per_token = self.window_ms_per_token(0, n, sequences);
         self.steady_ms_per_token = self.window_ms_per_token(n / 2, n, sequences);
-        if self.status == Status::Ok && (self.steps < wanted_steps || self.ms_per_token > limit_ms) {
+        if self.status == Status::Ok && (self.steps < wanted_steps || self.ms_per_token > limit_ms)
+        {
             self.status = Status::Oot;
         }
     }

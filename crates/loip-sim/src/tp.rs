@@ -61,18 +61,32 @@ fn tp_mem(shape: &ModelShape, i: usize, f: f64, r: u32, window: u32, tokens: u64
     let l = shape.layers;
     let layer = f * shape.layer_bytes() as f64;
     let held = if r >= l { l } else { r + window };
-    let fixed = if i == 0 { shape.embed_bytes + shape.head_bytes_on(true) } else { 0 };
+    let fixed = if i == 0 {
+        shape.embed_bytes + shape.head_bytes_on(true)
+    } else {
+        0
+    };
     let kv = f * (shape.kv_bytes_per_token * l as u64 * tokens) as f64;
     (layer * held as f64 + kv) as u64 + fixed + shape.working_bytes(b)
 }
 
 /// Most resident layer shards that fit at `tokens` (`None`: not even the window fits).
-fn max_resident(shape: &ModelShape, i: usize, f: f64, window: u32, tokens: u64, b: u32, budget: u64) -> Option<u32> {
+fn max_resident(
+    shape: &ModelShape,
+    i: usize,
+    f: f64,
+    window: u32,
+    tokens: u64,
+    b: u32,
+    budget: u64,
+) -> Option<u32> {
     let l = shape.layers;
     if tp_mem(shape, i, f, l, window, tokens, b) <= budget {
         return Some(l);
     }
-    let r = (0..l).rev().find(|&r| tp_mem(shape, i, f, r, window, tokens, b) <= budget)?;
+    let r = (0..l)
+        .rev()
+        .find(|&r| tp_mem(shape, i, f, r, window, tokens, b) <= budget)?;
     Some(if r + window >= l { l } else { r })
 }
 
@@ -117,7 +131,11 @@ pub fn place_tp(
 ) -> Result<TpPlacement, String> {
     let nd = cluster.devices.len();
     let n_ctx = prompt_tokens / b.max(1) as u64;
-    let speed: Vec<f64> = cluster.devices.iter().map(|d| DeviceModel::new(&d.profile, shape).speed(n_ctx)).collect();
+    let speed: Vec<f64> = cluster
+        .devices
+        .iter()
+        .map(|d| DeviceModel::new(&d.profile, shape).speed(n_ctx))
+        .collect();
     let budgets: Vec<u64> = cluster.devices.iter().map(|d| d.budget()).collect();
     match kind {
         TpKind::Galaxy => {
@@ -131,7 +149,13 @@ pub fn place_tp(
                     .collect();
                 if let Some(frac) = water_fill(&speed, &cap) {
                     let frac: Vec<f64> = frac.iter().zip(&cap).map(|(f, c)| f.min(*c)).collect();
-                    return Ok(TpPlacement { kind, frac, resident: vec![shape.layers; nd], window: 0, planned_tokens: tokens });
+                    return Ok(TpPlacement {
+                        kind,
+                        frac,
+                        resident: vec![shape.layers; nd],
+                        window: 0,
+                        planned_tokens: tokens,
+                    });
                 }
             }
             let need = shape.total_bytes() as f64 / 1e9;
@@ -140,8 +164,13 @@ pub fn place_tp(
         TpKind::TpiLlm | TpKind::TpiLlmOffload => {
             let total: f64 = speed.iter().sum();
             let frac: Vec<f64> = speed.iter().map(|s| s / total).collect();
-            let fits_full = (0..nd).all(|i| tp_mem(shape, i, frac[i], shape.layers, 0, full_tokens, b) <= budgets[i]);
-            let tokens = if fits_full { full_tokens } else { prompt_tokens };
+            let fits_full = (0..nd)
+                .all(|i| tp_mem(shape, i, frac[i], shape.layers, 0, full_tokens, b) <= budgets[i]);
+            let tokens = if fits_full {
+                full_tokens
+            } else {
+                prompt_tokens
+            };
             let mut resident = Vec::with_capacity(nd);
             for i in 0..nd {
                 match max_resident(shape, i, frac[i], window, tokens, b, budgets[i]) {
@@ -154,21 +183,39 @@ pub fn place_tp(
                     }
                 }
             }
-            Ok(TpPlacement { kind, frac, resident, window, planned_tokens: tokens })
+            Ok(TpPlacement {
+                kind,
+                frac,
+                resident,
+                window,
+                planned_tokens: tokens,
+            })
         }
     }
 }
 
 /// Simulates a tensor-parallel placement.
-pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, cfg: &SimConfig) -> Result<SimReport, SimError> {
+pub fn simulate_tp(
+    place: &TpPlacement,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    cfg: &SimConfig,
+) -> Result<SimReport, SimError> {
     let nd = cluster.devices.len();
     if place.frac.len() != nd || place.resident.len() != nd {
-        return Err(SimError::Invalid { field: "placement", reason: "one fraction per cluster device".into() });
+        return Err(SimError::Invalid {
+            field: "placement",
+            reason: "one fraction per cluster device".into(),
+        });
     }
     let b = cfg.sequences.max(1);
     let steps = cfg.output_tokens.max(1);
     let l = shape.layers;
-    let models: Vec<DeviceModel> = cluster.devices.iter().map(|d| DeviceModel::new(&d.profile, shape)).collect();
+    let models: Vec<DeviceModel> = cluster
+        .devices
+        .iter()
+        .map(|d| DeviceModel::new(&d.profile, shape))
+        .collect();
     let loader_kind = LoaderKind::Conventional;
     let budgets: Vec<u64> = cluster.devices.iter().map(|d| d.budget()).collect();
     let mut eng = Engine::new(cfg.bandwidth.at(0), cfg.latency);
@@ -188,13 +235,26 @@ pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, c
     report.status = Status::Ok;
     report.note = None;
     let mut emitted = 0u32;
-    let mut emit = |t: u32, eng: &mut Engine, resident: &mut Vec<u32>, evict: &mut u32, input: &mut Option<TaskId>| -> TaskId {
+    let mut emit = |t: u32,
+                    eng: &mut Engine,
+                    resident: &mut Vec<u32>,
+                    evict: &mut u32,
+                    input: &mut Option<TaskId>|
+     -> TaskId {
         let tokens = b as u64 * (cfg.prompt_tokens as u64 + t as u64 + 1);
         // KV overflow: stream more (tpi-llm-offload), then evict and recompute.
         if place.kind == TpKind::TpiLlmOffload {
             for i in 0..nd {
                 let tok_held = tokens.saturating_sub(b as u64 * *evict as u64);
-                if let Some(r) = max_resident(shape, i, place.frac[i], place.window.max(1), tok_held, b, budgets[i]) {
+                if let Some(r) = max_resident(
+                    shape,
+                    i,
+                    place.frac[i],
+                    place.window.max(1),
+                    tok_held,
+                    b,
+                    budgets[i],
+                ) {
                     resident[i] = resident[i].min(r);
                 } else {
                     resident[i] = 0;
@@ -203,11 +263,25 @@ pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, c
         }
         let mut e = *evict;
         for i in 0..nd {
-            let w = if resident[i] >= l { 0 } else { place.window.max(1) };
-            let m = tp_mem(shape, i, place.frac[i], resident[i], w, tokens.saturating_sub(b as u64 * e as u64), b);
+            let w = if resident[i] >= l {
+                0
+            } else {
+                place.window.max(1)
+            };
+            let m = tp_mem(
+                shape,
+                i,
+                place.frac[i],
+                resident[i],
+                w,
+                tokens.saturating_sub(b as u64 * e as u64),
+                b,
+            );
             if m > budgets[i] {
-                let per_tok = (place.frac[i] * (shape.kv_bytes_per_token * l as u64) as f64).max(1.0);
-                let more = (((m - budgets[i]) as f64 / per_tok).ceil() as u64).div_ceil(b as u64) as u32;
+                let per_tok =
+                    (place.frac[i] * (shape.kv_bytes_per_token * l as u64) as f64).max(1.0);
+                let more =
+                    (((m - budgets[i]) as f64 / per_tok).ceil() as u64).div_ceil(b as u64) as u32;
                 e += more;
             }
         }
@@ -216,8 +290,20 @@ pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, c
             events.push(AdaptEvent::Evict { step: t, tokens: e });
         }
         for i in 0..nd {
-            let w = if resident[i] >= l { 0 } else { place.window.max(1) };
-            let m = tp_mem(shape, i, place.frac[i], resident[i], w, tokens.saturating_sub(b as u64 * *evict as u64), b);
+            let w = if resident[i] >= l {
+                0
+            } else {
+                place.window.max(1)
+            };
+            let m = tp_mem(
+                shape,
+                i,
+                place.frac[i],
+                resident[i],
+                w,
+                tokens.saturating_sub(b as u64 * *evict as u64),
+                b,
+            );
             peak[i] = peak[i].max(m);
         }
         let tok = (b * (1 + *evict)) as f64;
@@ -225,8 +311,14 @@ pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, c
         let sync = |eng: &mut Engine, deps: &[TaskId]| -> TaskId {
             let n = nd as f64;
             let work = match place.kind {
-                TpKind::Galaxy => Work::Collective { bytes: 2.0 * (n - 1.0) / n * tok * h, hops: 2.0 * (n - 1.0) },
-                _ => Work::Collective { bytes: n * tok * h, hops: 2.0 },
+                TpKind::Galaxy => Work::Collective {
+                    bytes: 2.0 * (n - 1.0) / n * tok * h,
+                    hops: 2.0 * (n - 1.0),
+                },
+                _ => Work::Collective {
+                    bytes: n * tok * h,
+                    hops: 2.0,
+                },
             };
             eng.task(None, if nd > 1 { work } else { Work::Secs(0.0) }, deps)
         };
@@ -237,9 +329,16 @@ pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, c
                 if layer >= resident[i] {
                     let q = released[i].len();
                     let w = place.window.max(1) as usize;
-                    let deps: Vec<TaskId> = if q >= w { vec![released[i][q - w]] } else { Vec::new() };
+                    let deps: Vec<TaskId> = if q >= w {
+                        vec![released[i][q - w]]
+                    } else {
+                        Vec::new()
+                    };
                     let bytes = (place.frac[i] * shape.layer_bytes() as f64) as u64;
-                    let secs = cluster.devices[i].profile.loader(loader_kind).load_time(bytes, 2);
+                    let secs = cluster.devices[i]
+                        .profile
+                        .loader(loader_kind)
+                        .load_time(bytes, 2);
                     loads[i] = Some(eng.task(Some(loaders[i]), Work::Secs(secs), &deps));
                 }
             }
@@ -267,9 +366,20 @@ pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, c
                 .collect();
             prev = Some(sync(eng, &mlp));
         }
-        let head = eng.task(Some(comp[0]), Work::Secs(models[0].head(b)), &prev.into_iter().collect::<Vec<_>>());
+        let head = eng.task(
+            Some(comp[0]),
+            Work::Secs(models[0].head(b)),
+            &prev.into_iter().collect::<Vec<_>>(),
+        );
         let bcast = if nd > 1 {
-            eng.task(None, Work::Collective { bytes: (nd - 1) as f64 * b as f64 * h, hops: 1.0 }, &[head])
+            eng.task(
+                None,
+                Work::Collective {
+                    bytes: (nd - 1) as f64 * b as f64 * h,
+                    hops: 1.0,
+                },
+                &[head],
+            )
         } else {
             head
         };
@@ -289,7 +399,13 @@ pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, c
             break;
         }
         if emitted < steps {
-            ends.push(emit(emitted, &mut eng, &mut resident, &mut evict, &mut input));
+            ends.push(emit(
+                emitted,
+                &mut eng,
+                &mut resident,
+                &mut evict,
+                &mut input,
+            ));
             emitted += 1;
         }
     }
@@ -307,4 +423,94 @@ pub fn simulate_tp(place: &TpPlacement, shape: &ModelShape, cluster: &Cluster, c
         })
         .collect();
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bandwidth::BandwidthTrace;
+    use loip_plan::profile::preset;
+    use loip_plan::{LinkProfile, Pattern};
+
+    fn cluster(presets: &[&str]) -> Cluster {
+        let devices = presets
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("d{i}"), preset(p).unwrap()))
+            .collect();
+        Cluster::new(
+            devices,
+            LinkProfile {
+                bandwidth: 12.5e6,
+                latency: 2e-3,
+            },
+        )
+    }
+
+    #[test]
+    fn water_fill_respects_caps() {
+        let f = water_fill(&[1.0, 1.0, 2.0], &[0.2, 1.0, 1.0]).unwrap();
+        assert!((f.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert!((f[0] - 0.2).abs() < 1e-12 && (f[2] - 2.0 * f[1]).abs() < 1e-12);
+        assert!(water_fill(&[1.0, 1.0], &[0.3, 0.3]).is_none());
+    }
+
+    #[test]
+    fn galaxy_needs_every_shard_in_memory() {
+        let sh = crate::shapes::shape("llama3.3-70b").unwrap();
+        let ok = place_tp(
+            TpKind::Galaxy,
+            &sh,
+            &cluster(&["orin64", "orin64", "orin32", "nx16"]),
+            1,
+            512,
+            1024,
+            2,
+        )
+        .unwrap();
+        assert!((ok.frac.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        assert!(place_tp(
+            TpKind::Galaxy,
+            &sh,
+            &cluster(&["orin32", "nx16"]),
+            1,
+            512,
+            1024,
+            2
+        )
+        .is_err());
+        // TPI-LLM streams what does not fit instead.
+        let tpi = place_tp(
+            TpKind::TpiLlm,
+            &sh,
+            &cluster(&["orin32", "nx16"]),
+            1,
+            512,
+            1024,
+            2,
+        )
+        .unwrap();
+        assert!(tpi.resident.iter().all(|&r| r < sh.layers));
+    }
+
+    #[test]
+    fn ring_is_cheaper_in_bytes_star_in_hops() {
+        let sh = crate::shapes::shape("llama2-13b").unwrap();
+        let c = cluster(&["orin64", "orin64", "orin64", "orin64"]);
+        let run = |kind, latency: f64| {
+            let p = place_tp(kind, &sh, &c, 1, 256, 300, 2).unwrap();
+            let mut cfg = SimConfig::new(
+                Pattern::Sporadic,
+                1,
+                BandwidthTrace::constant(12.5e6),
+                latency,
+            );
+            cfg.prompt_tokens = 256;
+            cfg.output_tokens = 4;
+            simulate_tp(&p, &sh, &c, &cfg).unwrap().ms_per_token
+        };
+        // Without latency the ring moves fewer bytes; with 5 ms per hop the star's 2 hops win.
+        assert!(run(TpKind::Galaxy, 0.0) < run(TpKind::TpiLlm, 0.0));
+        assert!(run(TpKind::Galaxy, 5e-3) > run(TpKind::TpiLlm, 5e-3));
+    }
 }

@@ -1,0 +1,263 @@
+//! Hand-computed timelines of small plans: what overlaps with what.
+
+use loip_plan::profile::{ComputeModel, DeviceProfile, LoaderProfile, Loaders, Roofline};
+use loip_plan::{
+    cost, Cluster, DevicePlan, ExecMode, LinkProfile, LoaderKind, ModelShape, Pattern, Plan,
+    StagePlan,
+};
+use loip_sim::bandwidth::BandwidthTrace;
+use loip_sim::compute::DeviceModel;
+use loip_sim::{shape, simulate_pipeline, KvPolicy, SimConfig, SimReport};
+
+const SSD: f64 = 1e9; // bytes/s
+
+fn device(name: &str) -> (String, DeviceProfile) {
+    device_ssd(name, SSD)
+}
+
+fn device_ssd(name: &str, ssd: f64) -> (String, DeviceProfile) {
+    let loader = LoaderProfile {
+        bandwidth: ssd,
+        per_read_overhead: 0.0,
+    };
+    let p = DeviceProfile {
+        name: name.into(),
+        mem_budget: 1 << 40,
+        compute: ComputeModel::Roofline(Roofline {
+            mem_bw: 100e9,
+            peak_flops: 1e16,
+            efficiency: 1.0,
+            block_overhead: 0.0,
+        }),
+        loader: Loaders {
+            direct: loader,
+            conventional: loader,
+        },
+        sources: vec![],
+    };
+    (name.to_string(), p)
+}
+
+#[allow(clippy::too_many_arguments)]
+/// A plan of `s` stages of `n` layers per device with `(a, m)` offloaded per stage.
+fn plan(
+    shape: &ModelShape,
+    cluster: &Cluster,
+    s: u32,
+    n: u32,
+    a: u32,
+    m: u32,
+    mode: ExecMode,
+    pattern: Pattern,
+    b: u32,
+) -> Plan {
+    let nd = cluster.devices.len() as u32;
+    let devices = cluster
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(j, d)| DevicePlan {
+            name: d.name.clone(),
+            holds_embedding: j == 0,
+            holds_head: j as u32 + 1 == nd,
+            stages: (0..s)
+                .map(|k| StagePlan::with_offload((k * nd + j as u32) * n, n, a, m))
+                .collect(),
+            memory_bytes: 0,
+            budget_bytes: 0,
+            slot_bytes: 0,
+            kv_bytes: 0,
+            compute_ms: 0.0,
+            load_ms: 0.0,
+            stall_ms: 0.0,
+        })
+        .collect();
+    let mut p = Plan {
+        shape: shape.name.clone(),
+        planner: "test".into(),
+        stages_per_device: s,
+        pattern,
+        context: 256 * b as u64,
+        micro_batches: b,
+        mode,
+        loader: LoaderKind::Direct,
+        devices,
+        dropped: vec![],
+        predicted_ms_per_token: 0.0,
+        breakdown: Default::default(),
+    };
+    let c = cost::evaluate(&p, shape, cluster).unwrap();
+    cost::apply(&mut p, &c);
+    p
+}
+
+fn run(p: &Plan, shape: &ModelShape, cluster: &Cluster, b: u32) -> SimReport {
+    let mut cfg = SimConfig::new(
+        p.pattern,
+        b,
+        BandwidthTrace::constant(cluster.link.bandwidth),
+        cluster.link.latency,
+    );
+    cfg.prompt_tokens = 255;
+    cfg.output_tokens = 12;
+    cfg.kv_policy = KvPolicy::Recompute;
+    cfg.stop_when_oot = false;
+    simulate_pipeline(p, shape, cluster, &cfg).unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * b.abs().max(1e-3)
+}
+
+/// One device, two stages, the last MLP block of each offloaded. The load of the next stage
+/// starts when the current run ends and overlaps the next stage's retained blocks (and the
+/// LM head before stage 1). Per token: `2·t_P + max(R, ld) + max(R + head, ld)`, `R` the
+/// retained compute of a stage.
+#[test]
+fn overlapped_loads_hide_behind_retained_blocks() {
+    let sh = shape("llama2-7b").unwrap();
+    for (n, ssd, expect_stall) in [(16u32, 10e9, false), (16, SSD, true), (2, SSD, true)] {
+        let cluster = Cluster::new(
+            vec![device_ssd("d0", ssd)],
+            LinkProfile {
+                bandwidth: 1e9,
+                latency: 0.0,
+            },
+        );
+        let p = plan(
+            &sh,
+            &cluster,
+            32 / n,
+            n,
+            0,
+            1,
+            ExecMode::Overlapped,
+            Pattern::Sporadic,
+            1,
+        );
+        let r = run(&p, &sh, &cluster, 1);
+        let m = DeviceModel::new(&cluster.devices[0].profile, &sh);
+        let (head, s) = (m.head(1), (32 / n) as f64);
+        let ld = sh.mlp_bytes as f64 / ssd;
+        // Steady state: attention at the context of the last steps (grows by a token a step).
+        let (ta, tm) = (m.attn(1, 1, 256 + 11, 1.0), m.mlp(1, 1.0));
+        let retained = n as f64 * ta + (n - 1) as f64 * tm;
+        let per_token = s * tm + (s - 1.0) * retained.max(ld) + (retained + head).max(ld);
+        let got = r.step_end_s[11] - r.step_end_s[10];
+        assert!(
+            (got - per_token).abs() < 1e-4 * per_token,
+            "n = {n}: {got} vs {per_token}"
+        );
+        assert_eq!(ld > retained + head, expect_stall);
+    }
+}
+
+/// Conventional offloading (sequential): each offloaded block is read after the blocks before
+/// it ran, then computed: nothing overlaps.
+#[test]
+fn sequential_loads_are_not_hidden() {
+    let sh = shape("llama2-7b").unwrap();
+    let cluster = Cluster::new(
+        vec![device("d0")],
+        LinkProfile {
+            bandwidth: 1e9,
+            latency: 0.0,
+        },
+    );
+    let p = plan(
+        &sh,
+        &cluster,
+        1,
+        32,
+        2,
+        2,
+        ExecMode::Sequential,
+        Pattern::Sporadic,
+        1,
+    );
+    let r = run(&p, &sh, &cluster, 1);
+    let m = DeviceModel::new(&cluster.devices[0].profile, &sh);
+    let (ta, tm) = (m.attn(1, 1, 256 + 11, 1.0), m.mlp(1, 1.0));
+    let ld = 2.0 * (sh.attn_bytes + sh.mlp_bytes) as f64 / SSD;
+    let expect = 32.0 * (ta + tm) + ld + m.head(1);
+    let got = r.step_end_s[11] - r.step_end_s[10];
+    assert!(close(got, expect), "{got} vs {expect}");
+}
+
+/// Two devices, sporadic: a token crosses both links (activation out, token id back), each
+/// `bytes / bw + δ`; the cost model counts `h` both ways, the simulator the 4-byte token id.
+#[test]
+fn two_devices_pay_two_hops() {
+    let sh = shape("llama2-7b").unwrap();
+    let (bw, lat) = (12.5e6, 2e-3);
+    let cluster = Cluster::new(
+        vec![device("d0"), device("d1")],
+        LinkProfile {
+            bandwidth: bw,
+            latency: lat,
+        },
+    );
+    let p = plan(
+        &sh,
+        &cluster,
+        1,
+        16,
+        0,
+        0,
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    let r = run(&p, &sh, &cluster, 1);
+    let m = DeviceModel::new(&cluster.devices[0].profile, &sh);
+    let (ta, tm) = (m.attn(1, 1, 256 + 11, 1.0), m.mlp(1, 1.0));
+    let expect =
+        32.0 * (ta + tm) + m.head(1) + sh.act_bytes_per_token as f64 / bw + 4.0 / bw + 2.0 * lat;
+    let got = r.step_end_s[11] - r.step_end_s[10];
+    assert!(close(got, expect), "{got} vs {expect}");
+    // And the cost model, which prices the return hop like an activation and no head:
+    let model =
+        p.predicted_ms_per_token / 1e3 + m.head(1) - (sh.act_bytes_per_token as f64 - 4.0) / bw;
+    assert!((model - got).abs() < 0.01 * got, "{model} vs {got}");
+}
+
+/// Bursty, `b` micro-batches through one device's single slot: the slot holds a stage's
+/// blocks from the first micro-batch's run to the last one's, so the next load only overlaps
+/// what is left of the round — here nothing, and every load is exposed.
+#[test]
+fn bursty_slot_is_busy_until_the_last_micro_batch() {
+    let sh = shape("llama2-7b").unwrap();
+    let cluster = Cluster::new(
+        vec![device("d0")],
+        LinkProfile {
+            bandwidth: 1e9,
+            latency: 0.0,
+        },
+    );
+    let b = 4;
+    let p = plan(
+        &sh,
+        &cluster,
+        2,
+        16,
+        0,
+        1,
+        ExecMode::Overlapped,
+        Pattern::Bursty,
+        b,
+    );
+    let r = run(&p, &sh, &cluster, b);
+    let m = DeviceModel::new(&cluster.devices[0].profile, &sh);
+    let (ta, tm) = (m.attn(1, 1, 256 + 11, 1.0), m.mlp(1, 1.0));
+    let stage = 16.0 * (ta + tm);
+    let ld = sh.mlp_bytes as f64 / SSD;
+    // Per step: every micro-batch runs both stages and the head; each stage switch waits for
+    // its load minus the retained part of the first micro-batch that overlaps it.
+    let retained = stage - tm;
+    let expect = b as f64 * (2.0 * stage + m.head(1))
+        + (ld - retained).max(0.0)
+        + (ld - retained - m.head(1)).max(0.0);
+    let got = r.step_end_s[11] - r.step_end_s[10];
+    assert!(close(got, expect), "{got} vs {expect}");
+    assert!(ld > retained, "the load is exposed in this setting");
+}
