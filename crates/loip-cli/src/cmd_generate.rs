@@ -63,6 +63,8 @@ pub struct GenerateArgs {
     pub json: bool,
     #[command(flatten)]
     pub offload: OffloadArgs,
+    #[command(flatten)]
+    pub cluster: crate::cmd_serve::ClusterArgs,
 }
 
 /// Memory budget and offloading options of a single device.
@@ -219,6 +221,9 @@ impl<'t> Printer<'t> {
 
 /// `loip generate`.
 pub fn generate(a: GenerateArgs) -> Result<()> {
+    if a.cluster.cluster.is_some() {
+        return crate::cmd_serve::generate_on_cluster(&a.model, &a.prompt, a.json, a.offload.loader, &a.cluster);
+    }
     if a.offload.sliced() || Path::new(&a.model).join(loip_model::slice::MANIFEST).is_file() {
         return generate_sliced(a);
     }

@@ -2,10 +2,13 @@
 
 mod cmd_bench;
 mod cmd_generate;
+mod cmd_local;
 mod cmd_plan;
+mod cmd_serve;
 mod cmd_simulate;
 mod cmd_split;
 mod cmd_synth;
+mod cmd_worker;
 mod model_load;
 mod model_shape;
 
@@ -29,6 +32,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the whole system on this machine: N local workers, the coordinator, one generation.
+    Local(cmd_local::LocalArgs),
     /// Generate text on this machine, streaming it as it is produced.
     Generate(cmd_generate::GenerateArgs),
     /// Print the logits of every position of a prompt as JSON.
@@ -43,6 +48,10 @@ enum Command {
     Split(cmd_split::SplitArgs),
     /// Benchmarks: engine decode, block loading, single-device offloading.
     Bench(cmd_bench::BenchArgs),
+    /// Run this machine as one device of a cluster (serves one coordinator at a time).
+    Worker(cmd_worker::WorkerArgs),
+    /// Coordinate a cluster of workers: plan, ship slices, serve prompts from stdin.
+    Serve(cmd_serve::ServeArgs),
     /// Plan stages, layers and offloaded blocks for a cluster, and predict ms/token.
     Plan(cmd_plan::PlanArgs),
 }
@@ -62,6 +71,9 @@ fn run(cli: Cli) -> Result<()> {
         rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
     }
     match cli.command {
+        Command::Local(a) => cmd_local::run(a),
+        Command::Worker(a) => cmd_worker::run(a),
+        Command::Serve(a) => cmd_serve::serve(a),
         Command::Generate(a) => cmd_generate::generate(a),
         Command::Logits(a) => cmd_generate::logits(a),
         Command::Fetch(a) => cmd_generate::fetch(a),

@@ -29,7 +29,7 @@ pub const SLICE_ALIGN: u64 = 4096;
 pub const SLICE_MAGIC: &[u8; 8] = b"LOIPSLC1";
 /// Manifest file name inside a slice directory.
 pub const MANIFEST: &str = "manifest.json";
-const MANIFEST_VERSION: u32 = 1;
+const MANIFEST_VERSION: u32 = 2;
 
 /// What a slice holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

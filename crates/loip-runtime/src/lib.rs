@@ -1,17 +1,23 @@
-//! The device runtime: resident blocks, the slot loader, the stage executor, and (later) the
-//! worker, coordinator and wire protocol.
+//! The device runtime: resident blocks, the slot loader, the stage executor, and the
+//! distributed pipeline: wire protocol ([`wire`]), worker ([`worker`]), coordinator
+//! ([`coordinator`]) and cluster sessions ([`cluster_run`]).
 //!
 //! `unsafe` here is limited to the page-aligned buffer and the io_uring submissions of the
 //! direct loader; both document the protocol that makes them sound.
 #![deny(missing_docs)]
 
 pub mod aligned;
+pub mod cluster_run;
+pub mod coordinator;
 mod error;
 pub mod executor;
 pub mod local;
 pub mod loader;
+pub mod net;
 pub mod resident;
 pub mod shape;
+pub mod wire;
+pub mod worker;
 
 pub use error::RuntimeError;
 pub use executor::{BlockPlacement, Device, DeviceSpec, MemoryReport, StageSpec, StepTimes};

@@ -298,6 +298,10 @@ pub struct ProbeResult {
     pub took_s: f64,
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// Control messages from the coordinator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -334,6 +338,12 @@ pub enum ToWorker {
     Probe {
         /// the model
         manifest: Manifest,
+        /// time the attention and MLP blocks
+        #[serde(default = "yes")]
+        compute: bool,
+        /// time both loaders
+        #[serde(default = "yes")]
+        loads: bool,
     },
     /// open the device for a plan; answered with `Loaded`
     Load {
@@ -349,6 +359,27 @@ pub enum ToWorker {
     },
     /// end of session (the worker keeps listening)
     Bye,
+}
+
+/// How a worker's budget is spent, bytes (the wire form of [`MemoryReport`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceMemory {
+    /// the budget  // bytes
+    pub budget: u64,
+    /// resident blocks (incl. embedding / head)  // bytes
+    pub resident: u64,
+    /// the slot  // bytes
+    pub slot: u64,
+    /// working buffers  // bytes
+    pub working: u64,
+    /// left for the KV cache  // bytes
+    pub kv_budget: u64,
+}
+
+impl From<MemoryReport> for DeviceMemory {
+    fn from(m: MemoryReport) -> DeviceMemory {
+        DeviceMemory { budget: m.budget, resident: m.resident, slot: m.slot, working: m.working, kv_budget: m.kv_budget }
+    }
 }
 
 /// Control messages from a worker.
@@ -392,7 +423,7 @@ pub enum ToCoordinator {
     /// the device is open
     Loaded {
         /// how its budget is spent
-        memory: MemoryReport,
+        memory: DeviceMemory,
     },
     /// a request failed; the connection stays usable
     Failed {
@@ -631,7 +662,7 @@ pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 /// The f32 values of exact little-endian bytes (`b.len()` must be a multiple of 4).
 pub fn bytes_f32(b: &[u8]) -> Result<Vec<f32>, WireError> {
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return Err(WireError::Protocol(format!("{} bytes are not whole f32 values", b.len())));
     }
     Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
@@ -644,7 +675,7 @@ pub fn u32_bytes(v: &[u32]) -> Vec<u8> {
 
 /// Token ids from little-endian bytes.
 pub fn bytes_u32(b: &[u8]) -> Result<Vec<u32>, WireError> {
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return Err(WireError::Protocol(format!("{} bytes are not whole u32 ids", b.len())));
     }
     Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
@@ -698,6 +729,37 @@ mod tests {
     fn hmac_matches_rfc4231_case_2() {
         let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
         assert_eq!(hex(&mac), "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    }
+
+    #[test]
+    fn random_bytes_never_panic_a_decoder() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let valid = encode_step(
+            &StepHeader { step: 1, embed: true, head: true, keep: false, stages: vec![0], batch: vec![TokenPos { seq: 1, pos: 0 }], rows: vec![0] },
+            &[0; 4],
+        );
+        for i in 0..20_000 {
+            let mut b: Vec<u8> = if i % 2 == 0 {
+                (0..rng.gen_range(0..96)).map(|_| rng.gen()).collect()
+            } else {
+                let mut v = valid.clone();
+                let j = rng.gen_range(0..v.len());
+                v[j] = rng.gen();
+                v
+            };
+            let _ = decode_step(&b);
+            let _ = decode_output(&b);
+            let _ = bytes_f32(&b);
+            for kind in [FrameKind::Control, FrameKind::Hello, FrameKind::Error] {
+                let f = Frame { kind, payload: b.clone() };
+                let _ = parse_control::<ToWorker>(&f);
+                let _ = parse_control::<ToCoordinator>(&f);
+                let _ = check_hello(&f);
+            }
+            b.truncate(b.len() / 2);
+            let _ = decode_step(&b);
+        }
     }
 
     #[test]

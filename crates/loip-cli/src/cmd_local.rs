@@ -1,0 +1,379 @@
+//! `loip local`: the whole system on this machine. Starts N `loip worker` processes on
+//! loopback with the given memory budgets (by default budgets that force offloading), the
+//! coordinator, and one generation; prints the plan, the output, ms/token and its breakdown
+//! (compute, network, load stall). `--bandwidth` emulates a link limit in the transport.
+//!
+//! `--bench FILE` instead runs the end-to-end benchmark matrix (patterns × link limits ×
+//! planners) on the same devices, prints a table of measured vs predicted ms/token and
+//! writes the rows as JSON.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use loip_engine::generate::Flow;
+use loip_model::slice::{Manifest, SliceKind};
+use loip_plan::{DeviceProfile, Pattern};
+use loip_runtime::cluster_run::{Breakdown, Session, SessionOptions, WorkerProcess, WorkerSpec};
+use loip_runtime::LoaderKind;
+use serde::Serialize;
+
+use crate::cmd_generate::{prepare, report, PromptArgs, Printer};
+use crate::cmd_serve::{print_breakdown, print_setup};
+use crate::model_load;
+
+/// Arguments of `loip local`.
+#[derive(Args, Debug)]
+pub struct LocalArgs {
+    /// Model: `smollm2`, an HF directory, a GGUF file or a slice directory.
+    #[arg(long, short = 'm', default_value = "smollm2")]
+    pub model: String,
+    /// Number of worker processes (devices).
+    #[arg(long, default_value_t = 3)]
+    pub devices: usize,
+    /// Memory budget per device, e.g. `300MiB,200MiB,150MiB` (one value: all devices).
+    /// Default: budgets that hold only about 60% of the layers, so offloading is used.
+    #[arg(long, value_delimiter = ',')]
+    pub mem: Option<Vec<String>>,
+    /// Emulated link limit between the coordinator and each device, e.g. `100mbit`.
+    #[arg(long)]
+    pub bandwidth: Option<String>,
+    /// Planner: loip, loip-paper, loip-uniform, pp, pp-offload, edgeshard, …
+    #[arg(long, default_value = "loip")]
+    pub planner: String,
+    /// Loading path on the workers: direct or conventional.
+    #[arg(long, default_value = "direct")]
+    pub loader: LoaderKind,
+    /// Sequences generated at once (bursty traffic) from the same prompt.
+    #[arg(long, default_value_t = 1)]
+    pub concurrent: usize,
+    /// Keep the workers' slice stores here (reused by later runs) instead of a temp dir.
+    #[arg(long)]
+    pub store_root: Option<PathBuf>,
+    /// Print one JSON object (as `loip generate --json`, plus "plan" and "breakdown").
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    /// Run the benchmark matrix instead and write its rows to this JSON file.
+    #[arg(long)]
+    pub bench: Option<PathBuf>,
+    /// Benchmark link limits (`unlimited` or a bandwidth).
+    #[arg(long, value_delimiter = ',', default_value = "unlimited,200mbit,100mbit")]
+    pub bench_bandwidths: Vec<String>,
+    /// Benchmark planners.
+    #[arg(long, value_delimiter = ',', default_value = "loip,pp-offload,pp,edgeshard")]
+    pub bench_planners: Vec<String>,
+    /// Benchmark patterns.
+    #[arg(long, value_delimiter = ',', default_value = "sporadic,bursty")]
+    pub bench_patterns: Vec<String>,
+}
+
+/// Budgets that force offloading: working buffers, the embedding / head where they live,
+/// the KV cache, and 60% of an even share of the layers.  // bytes
+pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
+    let size = |k: SliceKind| m.slice(k).map_or(0, |s| s.size);
+    let layers: u64 = (0..m.config.num_layers).map(|l| size(SliceKind::Attn(l)) + size(SliceKind::Mlp(l))).sum();
+    let kv = context * m.config.num_layers as u64 * 2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4;
+    let base = (18 << 20) + kv;
+    (0..devices)
+        .map(|i| {
+            let mut b = base + layers * 6 / 10 / devices as u64;
+            if i == 0 {
+                b += size(SliceKind::Embed);
+            }
+            if i + 1 == devices {
+                b += size(SliceKind::Head) + if m.config.tie_word_embeddings && i != 0 { size(SliceKind::Embed) } else { 0 };
+            }
+            b
+        })
+        .collect()
+}
+
+fn budgets(a: &LocalArgs, m: &Manifest, context: u64) -> Result<Vec<u64>> {
+    match &a.mem {
+        None => Ok(default_budgets(m, a.devices, context)),
+        Some(v) if v.len() == 1 || v.len() == a.devices => {
+            let parsed = v.iter().map(|s| loip_plan::parse_bytes(s).with_context(|| format!("--mem {s}"))).collect::<Result<Vec<_>>>()?;
+            Ok((0..a.devices).map(|i| parsed[i.min(parsed.len() - 1)]).collect())
+        }
+        Some(v) => bail!("--mem has {} values for {} devices", v.len(), a.devices),
+    }
+}
+
+/// Worker processes of this binary on loopback; killed (and their temp stores removed) on drop.
+struct LocalWorkers {
+    procs: Vec<WorkerProcess>,
+    temp: Option<PathBuf>,
+}
+
+impl Drop for LocalWorkers {
+    fn drop(&mut self) {
+        self.procs.clear();
+        if let Some(t) = &self.temp {
+            let _ = std::fs::remove_dir_all(t);
+        }
+    }
+}
+
+fn spawn_local(budgets: &[u64], bandwidth: Option<f64>, token: &str, store_root: Option<&Path>) -> Result<LocalWorkers> {
+    let exe = std::env::current_exe().context("locating the loip binary")?;
+    let (root, temp) = match store_root {
+        Some(r) => (r.to_path_buf(), None),
+        None => {
+            let t = std::env::temp_dir().join(format!("loip-local-{}", std::process::id()));
+            (t.clone(), Some(t))
+        }
+    };
+    let mut procs = Vec::new();
+    for (i, b) in budgets.iter().enumerate() {
+        let name = format!("dev{}", i + 1);
+        let mut cmd = Command::new(&exe);
+        cmd.args(["worker", "--listen", "127.0.0.1:0", "--exit-with-parent", "--name", &name])
+            .arg("--mem")
+            .arg(b.to_string())
+            .arg("--store")
+            .arg(root.join(&name))
+            .env("LOIP_TOKEN", token);
+        if let Some(bw) = bandwidth {
+            cmd.arg("--bandwidth").arg(format!("{bw}"));
+        }
+        procs.push(WorkerProcess::spawn(cmd, Duration::from_secs(120))?);
+    }
+    Ok(LocalWorkers { procs, temp })
+}
+
+fn parse_bw(s: &str) -> Result<Option<f64>> {
+    if s == "unlimited" || s == "none" {
+        return Ok(None);
+    }
+    Ok(Some(loip_plan::parse_bandwidth(s).with_context(|| format!("bandwidth {s}"))?))
+}
+
+fn session_options(a: &LocalArgs, planner: &str, pattern: Pattern, bandwidth: Option<f64>, context: u64, max_step: usize, token: &str) -> SessionOptions {
+    let mut o = SessionOptions {
+        planner: planner.to_string(),
+        pattern,
+        micro_batches: (pattern == Pattern::Bursty).then_some(a.concurrent.max(1) as u32),
+        context,
+        max_step_tokens: max_step,
+        loader: a.loader,
+        shape_name: a.model.clone(),
+        // The emulated devices read from this machine's one SSD at the same time.
+        probe_loads_together: true,
+        ..Default::default()
+    };
+    o.connect.token = Some(token.to_string());
+    o.connect.bandwidth = bandwidth;
+    o
+}
+
+fn specs(w: &LocalWorkers, profiles: Option<&[DeviceProfile]>) -> Vec<WorkerSpec> {
+    w.procs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| WorkerSpec { profile: profiles.map(|ps| ps[i].clone()), ..WorkerSpec::new(format!("dev{}", i + 1), &p.addr) })
+        .collect()
+}
+
+/// `loip local`.
+pub fn run(a: LocalArgs) -> Result<()> {
+    if a.devices == 0 {
+        bail!("--devices must be at least 1");
+    }
+    let dir = crate::cmd_split::slices_for(&a.model)?;
+    let manifest = Manifest::load(&dir)?;
+    let prep = prepare(model_load::info(&dir.to_string_lossy())?, &a.prompt)?;
+    let n = a.concurrent.max(1);
+    let context = ((prep.prompt_ids.len() + prep.opts.max_tokens) * n) as u64;
+    let budgets = budgets(&a, &manifest, context)?;
+    if a.bench.is_some() {
+        return bench(&a, &dir, &budgets, &prep.prompt_ids, &prep.opts);
+    }
+    let bandwidth = a.bandwidth.as_deref().map(parse_bw).transpose()?.flatten();
+    let token = crate::cmd_local::random_token();
+    let workers = spawn_local(&budgets, bandwidth, &token, a.store_root.as_deref())?;
+    if !a.json {
+        let b: Vec<String> = budgets.iter().map(|&b| loip_plan::units::format_bytes(b)).collect();
+        eprintln!("{} workers on loopback, budgets {}", a.devices, b.join(", "));
+    }
+    let pattern = if n > 1 { Pattern::Bursty } else { Pattern::Sporadic };
+    let opts = session_options(&a, &a.planner, pattern, bandwidth, context, prep.prompt_ids.len(), &token);
+    let s = Session::start(&dir, specs(&workers, None), opts)?;
+    if !a.json {
+        print_setup(&s);
+    }
+    let mut extra = serde_json::Map::new();
+    extra.insert("plan".into(), serde_json::to_value(&s.plan)?);
+    extra.insert("devices".into(), serde_json::to_value(&s.reports)?);
+    let (out, text, measured) = if n == 1 {
+        let mut printer = Printer::new(prep.tokenizer.as_ref(), a.prompt.stop.clone(), a.json);
+        let out = s.generate(&prep.prompt_ids, &prep.opts, &mut |id| printer.on_token(id))?;
+        let ms = out.decode_ms_per_token;
+        (out, printer.finish(), ms)
+    } else {
+        let prompts = vec![prep.prompt_ids.clone(); n];
+        let t = Instant::now();
+        let outs = s.generate_many(&prompts, &prep.opts);
+        let wall = t.elapsed().as_secs_f64();
+        let outs = outs.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let tokens: usize = outs.iter().map(|o| o.new_ids.len()).sum();
+        let ms = outs.iter().map(|o| o.decode_ms_per_token).sum::<f64>() / (n * n) as f64;
+        extra.insert("sequences".into(), outs.iter().map(|o| o.new_ids.clone()).collect::<Vec<_>>().into());
+        extra.insert("bursty_wall_ms_per_token".into(), (wall * 1e3 / tokens.max(1) as f64).into());
+        let out = outs.into_iter().next().context("no sequence")?;
+        let mut printer = Printer::new(prep.tokenizer.as_ref(), vec![], a.json);
+        for &id in &out.new_ids {
+            if printer.on_token(id) == Flow::Stop {
+                break;
+            }
+        }
+        (out, printer.finish(), ms)
+    };
+    let b = Breakdown::of(&s.take_totals());
+    extra.insert("breakdown".into(), serde_json::to_value(b)?);
+    extra.insert("ms_per_token".into(), measured.into());
+    extra.insert("predicted_ms_per_token".into(), s.plan.predicted_ms_per_token.into());
+    report(&prep.prompt_ids, &out, text, a.json, Some(extra))?;
+    if !a.json {
+        print_breakdown(&b, measured, s.plan.predicted_ms_per_token);
+    }
+    s.shutdown();
+    drop(workers);
+    Ok(())
+}
+
+/// A random shared secret for the local workers.
+pub fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// One row of the benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    /// sporadic or bursty
+    pub pattern: String,
+    /// link limit (`unlimited` or bytes/s)
+    pub bandwidth: String,
+    /// planner
+    pub planner: String,
+    /// measured decode time per generated token  // milliseconds
+    pub measured_ms: Option<f64>,
+    /// the cost model's prediction for the plan  // milliseconds
+    pub predicted_ms: Option<f64>,
+    /// per decode step, from the pipeline
+    pub breakdown: Option<Breakdown>,
+    /// stages per device of the plan
+    pub stages_per_device: Option<u32>,
+    /// planner or runtime error (OOM for planners that cannot place the model)
+    pub error: Option<String>,
+}
+
+fn bench(a: &LocalArgs, dir: &Path, budgets: &[u64], prompt: &[u32], gen: &loip_engine::GenerateOptions) -> Result<()> {
+    let out = a.bench.clone().context("--bench")?;
+    let n = a.concurrent.max(3);
+    let token = random_token();
+    let mut rows = Vec::new();
+    let mut profiles: Option<Vec<DeviceProfile>> = None;
+    let store_root = a.store_root.clone().unwrap_or_else(|| loip_model::fetch::cache_dir().join("bench-stores"));
+    eprintln!("budgets: {}", budgets.iter().map(|&b| loip_plan::units::format_bytes(b)).collect::<Vec<_>>().join(", "));
+    for bw_s in &a.bench_bandwidths {
+        let bw = parse_bw(bw_s)?;
+        let workers = spawn_local(budgets, bw, &token, Some(&store_root))?;
+        for pat_s in &a.bench_patterns {
+            let pattern: Pattern = pat_s.parse().map_err(anyhow::Error::msg)?;
+            let seqs = if pattern == Pattern::Bursty { n } else { 1 };
+            let context = ((prompt.len() + gen.max_tokens) * seqs) as u64;
+            for planner in &a.bench_planners {
+                let mut row = BenchRow {
+                    pattern: pat_s.clone(),
+                    bandwidth: bw_s.clone(),
+                    planner: planner.clone(),
+                    measured_ms: None,
+                    predicted_ms: None,
+                    breakdown: None,
+                    stages_per_device: None,
+                    error: None,
+                };
+                let mut la = LocalArgs { concurrent: seqs, ..clone_args(a) };
+                la.model = a.model.clone();
+                let opts = session_options(&la, planner, pattern, bw, context, prompt.len(), &token);
+                match Session::start(dir, specs(&workers, profiles.as_deref()), opts) {
+                    Err(e) => row.error = Some(e.to_string()),
+                    Ok(s) => {
+                        if profiles.is_none() {
+                            profiles = Some(s.cluster.devices.iter().map(|d| d.profile.clone()).collect());
+                        }
+                        row.predicted_ms = Some(s.plan.predicted_ms_per_token);
+                        row.stages_per_device = Some(s.plan.stages_per_device);
+                        let prompts = vec![prompt.to_vec(); seqs];
+                        let outs = if seqs == 1 {
+                            vec![s.generate(prompt, gen, &mut |_| Flow::Continue)]
+                        } else {
+                            s.generate_many(&prompts, gen)
+                        };
+                        match outs.into_iter().collect::<Result<Vec<_>, _>>() {
+                            Ok(o) => {
+                                let ms = o.iter().map(|o| o.decode_ms_per_token).sum::<f64>() / (seqs * seqs) as f64;
+                                row.measured_ms = Some(ms);
+                                row.breakdown = Some(Breakdown::of(&s.take_totals()));
+                            }
+                            Err(e) => row.error = Some(e.to_string()),
+                        }
+                        s.shutdown();
+                    }
+                }
+                eprintln!(
+                    "{:>9} {:>10} {:>11}: measured {:>9} predicted {:>9} {}",
+                    row.pattern,
+                    row.bandwidth,
+                    row.planner,
+                    row.measured_ms.map_or("-".into(), |v| format!("{v:.1} ms")),
+                    row.predicted_ms.map_or("-".into(), |v| format!("{v:.1} ms")),
+                    row.error.as_deref().map(|e| format!("({e})")).unwrap_or_default()
+                );
+                rows.push(row);
+            }
+        }
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&rows)?).with_context(|| format!("writing {}", out.display()))?;
+    println!("| pattern | link | planner | measured ms/token | predicted ms/token | error |");
+    println!("|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            r.pattern,
+            r.bandwidth,
+            r.planner,
+            r.measured_ms.map_or("-".into(), |v| format!("{v:.1}")),
+            r.predicted_ms.map_or("-".into(), |v| format!("{v:.1}")),
+            r.error.as_deref().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+fn clone_args(a: &LocalArgs) -> LocalArgs {
+    LocalArgs {
+        model: a.model.clone(),
+        devices: a.devices,
+        mem: a.mem.clone(),
+        bandwidth: a.bandwidth.clone(),
+        planner: a.planner.clone(),
+        loader: a.loader,
+        concurrent: a.concurrent,
+        store_root: a.store_root.clone(),
+        json: a.json,
+        prompt: a.prompt.clone(),
+        bench: None,
+        bench_bandwidths: vec![],
+        bench_planners: vec![],
+        bench_patterns: vec![],
+    }
+}

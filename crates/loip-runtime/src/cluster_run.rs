@@ -1,0 +1,687 @@
+//! Bringing a cluster up and running requests on it: connect and authenticate every worker,
+//! measure the links, profile the devices that have no profile, plan, ship each worker only
+//! the slices it lacks, open the devices, then run generations over the [`Pipeline`].
+//!
+//! [`Session`] is the request path `loip serve`, `loip generate --cluster` and `loip local`
+//! share (and the HTTP server will call): [`Session::generate`] runs the engine's own
+//! generation loop over the pipeline, [`Session::generate_many`] several sequences at once
+//! (the bursty pattern), [`Session::replan`] rebuilds the pipeline over the devices still
+//! alive after a fault. Also here: plan → [`DeviceSpec`] and spawning `loip worker` child
+//! processes.
+//!
+//! The cost model's link is what a pipeline hop sees: with the coordinator relaying (star),
+//! one hop crosses two measured links, so the planner gets half the slowest measured
+//! bandwidth and twice the largest one-way latency.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use loip_engine::generate::{generate, Flow};
+use loip_engine::{EngineError, GenerateOptions, GenerateOutput};
+use loip_model::slice::{Manifest, SliceKind};
+use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest, Residency};
+use serde::Serialize;
+
+use crate::coordinator::{
+    next_seq_id, ClusterError, Conn, ConnectOptions, DeviceHealth, Endpoint, LinkStats, Pipeline, PipelineOptions,
+    Route, ShipStats, StepStats, Totals,
+};
+use crate::executor::{BlockPlacement, DeviceSpec, StageLayer, StageSpec};
+use crate::loader::LoaderKind;
+use crate::wire::{DeviceMemory, ProbeResult};
+use crate::RuntimeError;
+
+/// One worker of the cluster.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// name and address
+    pub endpoint: Endpoint,
+    /// its profile; `None`: measure it (a second or so, on layer 0 of the model)
+    pub profile: Option<DeviceProfile>,
+    /// memory budget the plan may use; `None`: what the worker reports (`--mem`)  // bytes
+    pub mem: Option<u64>,
+    /// memory kept free for other programs  // bytes
+    pub reserve: u64,
+}
+
+impl WorkerSpec {
+    /// A worker to profile, with the budget it reports.
+    pub fn new(name: impl Into<String>, addr: impl Into<String>) -> WorkerSpec {
+        WorkerSpec { endpoint: Endpoint { name: name.into(), addr: addr.into() }, profile: None, mem: None, reserve: 0 }
+    }
+}
+
+/// How to bring the cluster up.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// token, timeouts, emulated coordinator-side bandwidth
+    pub connect: ConnectOptions,
+    /// planner name (`loip`, `pp-offload`, …)
+    pub planner: String,
+    /// a fixed plan instead of planning (checked against the model and the cluster)
+    pub plan: Option<Plan>,
+    /// request pattern to plan for
+    pub pattern: Pattern,
+    /// sequences in flight (bursty)
+    pub micro_batches: Option<u32>,
+    /// planned context: KV tokens held, summed over sequences in flight  // tokens
+    pub context: u64,
+    /// most tokens in one step (the longest prompt; sizes working buffers)  // tokens
+    pub max_step_tokens: usize,
+    /// loading path on the workers
+    pub loader: LoaderKind,
+    /// the cost model's link; `None`: from the measured links (star-adjusted)
+    pub link: Option<LinkProfile>,
+    /// measure every link (latency, bandwidth both ways)
+    pub measure_links: bool,
+    /// let the planner leave devices out
+    pub allow_drop: bool,
+    /// a device that holds a step longer than this is declared gone
+    pub step_timeout: Duration,
+    /// the model's name in plans
+    pub shape_name: String,
+    /// measure the loaders of all probed devices at the same time (`loip local`: devices
+    /// emulated on one machine share its SSD and load at the same time in the pipeline);
+    /// block compute is always timed one device at a time
+    pub probe_loads_together: bool,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            connect: ConnectOptions::default(),
+            planner: "loip".into(),
+            plan: None,
+            pattern: Pattern::Sporadic,
+            micro_batches: None,
+            context: 1024,
+            max_step_tokens: 256,
+            loader: LoaderKind::Direct,
+            link: None,
+            measure_links: true,
+            allow_drop: true,
+            step_timeout: Duration::from_secs(300),
+            shape_name: "model".into(),
+            probe_loads_together: false,
+        }
+    }
+}
+
+/// What setup did on one device.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReport {
+    /// who
+    pub endpoint: Endpoint,
+    /// the budget the worker reports  // bytes
+    pub mem_budget: u64,
+    /// measured link
+    pub link: Option<LinkStats>,
+    /// probe results, when it was profiled
+    pub probe: Option<ProbeResult>,
+    /// slices sent or reused
+    pub shipped: ShipStats,
+    /// how its budget is spent, when it runs part of the plan
+    pub memory: Option<DeviceMemory>,
+}
+
+/// Per generated token, from the pipeline's decode steps.  // milliseconds
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Breakdown {
+    /// decode steps measured
+    pub steps: u64,
+    /// mean wall time of one decode step  // milliseconds
+    pub step_ms: f64,
+    /// block compute on the devices  // milliseconds
+    pub compute_ms: f64,
+    /// transfers, latency and relaying  // milliseconds
+    pub network_ms: f64,
+    /// waiting for SSD loads (uncovered)  // milliseconds
+    pub load_stall_ms: f64,
+    /// waiting behind other sequences in device queues (bursty)  // milliseconds
+    pub queued_ms: f64,
+    /// bytes read from SSDs per token  // bytes
+    pub loaded_bytes: f64,
+}
+
+impl Breakdown {
+    /// Means over the decode steps of `t`.
+    pub fn of(t: &Totals) -> Breakdown {
+        let n = t.decode_steps.max(1) as f64;
+        let d: &StepStats = &t.decode;
+        Breakdown {
+            steps: t.decode_steps,
+            step_ms: d.wall_s * 1e3 / n,
+            compute_ms: d.compute_s * 1e3 / n,
+            network_ms: d.network_s * 1e3 / n,
+            load_stall_ms: d.stall_s * 1e3 / n,
+            queued_ms: d.queued_s * 1e3 / n,
+            loaded_bytes: d.loaded_bytes as f64 / n,
+        }
+    }
+}
+
+/// The spec of plan device `i`: one stage per plan stage, residency per block.
+/// `context` is the longest context of one sequence (tokens).
+pub fn device_spec(
+    plan: &Plan,
+    i: usize,
+    loader: LoaderKind,
+    max_step_tokens: usize,
+    context: usize,
+    mem_budget: Option<u64>,
+) -> DeviceSpec {
+    let d = &plan.devices[i];
+    let place = |r: Residency| match r {
+        Residency::Retained => BlockPlacement::Resident,
+        Residency::Offloaded => BlockPlacement::Offloaded,
+    };
+    DeviceSpec {
+        stages: d
+            .stages
+            .iter()
+            .map(|s| StageSpec {
+                layers: s
+                    .layers
+                    .iter()
+                    .map(|l| StageLayer { layer: l.layer as usize, attn: place(l.attn), mlp: place(l.mlp) })
+                    .collect(),
+            })
+            .collect(),
+        embed: d.holds_embedding,
+        head: d.holds_head,
+        loader,
+        overlap: plan.mode == ExecMode::Overlapped,
+        mem_budget,
+        max_step_tokens: max_step_tokens.max(1),
+        max_step_seqs: 1,
+        context: context.max(1),
+    }
+}
+
+/// The slices plan device `i` reads: its layers' blocks, the embedding (first device, and a
+/// tied head's device) and the head (last device).
+pub fn device_slices(plan: &Plan, i: usize, tied: bool) -> Vec<SliceKind> {
+    let d = &plan.devices[i];
+    let mut v = Vec::new();
+    if d.holds_embedding || (d.holds_head && tied) {
+        v.push(SliceKind::Embed);
+    }
+    for s in &d.stages {
+        for l in &s.layers {
+            v.push(SliceKind::Attn(l.layer as usize));
+            v.push(SliceKind::Mlp(l.layer as usize));
+        }
+    }
+    if d.holds_head {
+        v.push(SliceKind::Head);
+    }
+    v
+}
+
+fn plan_loader(k: LoaderKind) -> loip_plan::LoaderKind {
+    match k {
+        LoaderKind::Direct => loip_plan::LoaderKind::Direct,
+        LoaderKind::Conventional => loip_plan::LoaderKind::Conventional,
+    }
+}
+
+/// A measured profile from a worker's probe.
+pub fn profile_from_probe(
+    name: &str,
+    mem_budget: u64,
+    shape: &loip_plan::ModelShape,
+    p: &ProbeResult,
+) -> Result<DeviceProfile, ClusterError> {
+    let attn = p.attn.iter().map(|&(n, s)| (1u32, n, s)).collect();
+    DeviceProfile::from_measurements(name, mem_budget, shape, attn, vec![(1, p.mlp_s)], p.direct, p.conventional)
+        .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))
+}
+
+/// The cost model's link for a star over `links`.
+pub fn star_link(links: &[LinkStats]) -> LinkProfile {
+    let bw = links.iter().flat_map(|l| [l.up_bps, l.down_bps]).fold(f64::INFINITY, f64::min);
+    let lat = links.iter().map(|l| l.latency_s).fold(0.0, f64::max);
+    if bw.is_finite() && bw > 0.0 {
+        LinkProfile { bandwidth: bw / 2.0, latency: 2.0 * lat }
+    } else {
+        LinkProfile { bandwidth: 125e6, latency: 1e-4 }
+    }
+}
+
+struct Setup {
+    pipeline: Pipeline,
+    plan: Plan,
+    cluster: Cluster,
+    shape: loip_plan::ModelShape,
+    reports: Vec<DeviceReport>,
+    profiles: Vec<(String, DeviceProfile)>,
+}
+
+async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], opts: &SessionOptions) -> Result<Setup, ClusterError> {
+    if workers.is_empty() {
+        return Err(ClusterError::Invalid("no worker to run on".into()));
+    }
+    let mut conns = Vec::new();
+    for w in workers {
+        conns.push(Conn::connect(&w.endpoint, &opts.connect).await?);
+    }
+    let mut reports: Vec<DeviceReport> = conns
+        .iter()
+        .map(|c| DeviceReport {
+            endpoint: c.endpoint.clone(),
+            mem_budget: c.info.mem_budget,
+            link: None,
+            probe: None,
+            shipped: ShipStats::default(),
+            memory: None,
+        })
+        .collect();
+    let mut links = Vec::new();
+    if opts.measure_links {
+        for (c, r) in conns.iter_mut().zip(&mut reports) {
+            let l = c.measure().await?;
+            r.link = Some(l);
+            links.push(l);
+        }
+    }
+    let shape = crate::shape::shape_from_manifest(&opts.shape_name, manifest);
+    // Probe the devices without a profile: blocks one at a time; loads with the blocks, or
+    // all together.
+    let together = opts.probe_loads_together;
+    let mut probes: Vec<Option<ProbeResult>> = vec![None; workers.len()];
+    for (i, (w, c)) in workers.iter().zip(&mut conns).enumerate() {
+        if w.profile.is_none() {
+            let s = c.ship(model_dir, manifest, &[SliceKind::Attn(0), SliceKind::Mlp(0)]).await?;
+            reports[i].shipped.sent.extend(s.sent);
+            reports[i].shipped.sent_bytes += s.sent_bytes;
+            probes[i] = Some(c.probe(manifest, true, !together).await?);
+        }
+    }
+    if together {
+        let mut tasks = Vec::new();
+        for (i, c) in std::mem::take(&mut conns).into_iter().enumerate() {
+            let m = manifest.clone();
+            let probe = probes[i].is_some();
+            tasks.push(tokio::spawn(async move {
+                let mut c = c;
+                let r = if probe { Some(c.probe(&m, false, true).await) } else { None };
+                (c, r)
+            }));
+        }
+        for (i, t) in tasks.into_iter().enumerate() {
+            let (c, r) = t.await.map_err(|e| ClusterError::Invalid(format!("probe task: {e}")))?;
+            conns.push(c);
+            if let (Some(r), Some(p)) = (r, probes[i].as_mut()) {
+                let r = r?;
+                p.direct = r.direct;
+                p.conventional = r.conventional;
+                p.took_s += r.took_s;
+            }
+        }
+    }
+    let mut devices = Vec::new();
+    let mut profiles = Vec::new();
+    for ((w, c), (r, p)) in workers.iter().zip(&conns).zip(reports.iter_mut().zip(probes)) {
+        let mem = w.mem.unwrap_or(c.info.mem_budget);
+        let mut profile = match (&w.profile, p) {
+            (Some(prof), _) => prof.clone(),
+            (None, Some(p)) => {
+                let prof = profile_from_probe(&w.endpoint.name, mem, &shape, &p)?;
+                r.probe = Some(p);
+                prof
+            }
+            (None, None) => return Err(ClusterError::Invalid(format!("device {} was not profiled", w.endpoint.name))),
+        };
+        profile.mem_budget = mem;
+        profiles.push((w.endpoint.name.clone(), profile.clone()));
+        devices.push(loip_plan::Device {
+            name: w.endpoint.name.clone(),
+            profile,
+            reserve: w.reserve,
+            addr: Some(w.endpoint.addr.clone()),
+        });
+    }
+    let link = opts.link.unwrap_or_else(|| star_link(&links));
+    let cluster = Cluster { devices, link, defaults: Default::default() };
+    let plan = match &opts.plan {
+        Some(p) => {
+            p.validate(&shape, &cluster)?;
+            p.clone()
+        }
+        None => {
+            let req = PlanRequest {
+                context: opts.context,
+                pattern: opts.pattern,
+                micro_batches: opts.micro_batches,
+                loader: plan_loader(opts.loader),
+                allow_drop: opts.allow_drop,
+            };
+            loip_plan::plan(&opts.planner, &shape, &cluster, &req)?
+        }
+    };
+    let route = Route::from_plan(&plan)?;
+    let mut slots: Vec<Option<Conn>> = conns.into_iter().map(Some).collect();
+    let mut plan_conns = Vec::new();
+    for (i, d) in plan.devices.iter().enumerate() {
+        let idx = workers
+            .iter()
+            .position(|w| w.endpoint.name == d.name)
+            .ok_or_else(|| ClusterError::Invalid(format!("the plan names device `{}`, which is not in the cluster", d.name)))?;
+        let mut c = slots[idx].take().ok_or_else(|| ClusterError::Invalid(format!("device `{}` appears twice in the plan", d.name)))?;
+        let kinds = device_slices(&plan, i, manifest.config.tie_word_embeddings);
+        let s = c.ship(model_dir, manifest, &kinds).await?;
+        let r = &mut reports[idx];
+        r.shipped.reused = s.reused;
+        r.shipped.sent_bytes += s.sent_bytes;
+        r.shipped.sent.extend(s.sent);
+        let context = (opts.context as usize).min(manifest.config.max_position_embeddings);
+        let spec = device_spec(&plan, i, opts.loader, opts.max_step_tokens, context, Some(c.info.mem_budget));
+        r.memory = Some(c.load(manifest, &spec).await?);
+        plan_conns.push(c);
+    }
+    for c in slots.into_iter().flatten() {
+        c.bye().await;
+    }
+    let popts = PipelineOptions {
+        step_timeout: opts.step_timeout,
+        hidden: manifest.config.hidden_size,
+        vocab: manifest.config.vocab_size,
+    };
+    let pipeline = Pipeline::start(plan_conns, route, popts);
+    Ok(Setup { pipeline, plan, cluster, shape, reports, profiles })
+}
+
+/// A cluster that is up: plan made, slices shipped, devices open, pipeline running.
+pub struct Session {
+    rt: tokio::runtime::Runtime,
+    pipeline: Pipeline,
+    /// the plan it runs
+    pub plan: Plan,
+    /// the model's shape as planned
+    pub shape: loip_plan::ModelShape,
+    /// the cluster as planned (profiles, measured link)
+    pub cluster: Cluster,
+    /// the model
+    pub manifest: Manifest,
+    /// what setup did per worker
+    pub reports: Vec<DeviceReport>,
+    /// seconds setup took  // seconds
+    pub setup_s: f64,
+    model_dir: PathBuf,
+    workers: Vec<WorkerSpec>,
+    opts: SessionOptions,
+}
+
+impl Session {
+    /// Brings the cluster up for the model in slice directory `model_dir`.
+    pub fn start(model_dir: &Path, workers: Vec<WorkerSpec>, opts: SessionOptions) -> Result<Session, ClusterError> {
+        let manifest = Manifest::load(model_dir).map_err(RuntimeError::from)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("loip-coord-io")
+            .build()
+            .map_err(|e| RuntimeError::Io { path: PathBuf::from("<tokio runtime>"), source: e })?;
+        let t = Instant::now();
+        let s = rt.block_on(setup(model_dir, &manifest, &workers, &opts))?;
+        let mut workers = workers;
+        remember_profiles(&mut workers, &s.profiles);
+        Ok(Session {
+            rt,
+            pipeline: s.pipeline,
+            plan: s.plan,
+            shape: s.shape,
+            cluster: s.cluster,
+            manifest,
+            reports: s.reports,
+            setup_s: t.elapsed().as_secs_f64(),
+            model_dir: model_dir.to_path_buf(),
+            workers,
+            opts,
+        })
+    }
+
+    /// The running pipeline (clone it to submit from several threads).
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// The tokio runtime the connections live on (for async callers).
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.rt
+    }
+
+    /// Each plan device's state.
+    pub fn health(&self) -> Vec<DeviceHealth> {
+        self.pipeline.health()
+    }
+
+    /// Generates for `prompt` with the engine's loop over the pipeline; the sequence's KV is
+    /// released on every device afterwards. Errors keep their device names.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> Flow,
+    ) -> Result<GenerateOutput, ClusterError> {
+        generate_on(&self.pipeline, prompt, opts, on_token)
+    }
+
+    /// Generates for several prompts at once, one thread each (the bursty pattern): their
+    /// steps are in flight together and pass the stages one after another.
+    pub fn generate_many(&self, prompts: &[Vec<u32>], opts: &GenerateOptions) -> Vec<Result<GenerateOutput, ClusterError>> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    let pipe = self.pipeline.clone();
+                    s.spawn(move || generate_on(&pipe, p, opts, &mut |_| Flow::Continue))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(ClusterError::Invalid("a generation thread panicked".into()))))
+                .collect()
+        })
+    }
+
+    /// Timing sums since the last call (then reset).
+    pub fn take_totals(&self) -> Totals {
+        self.pipeline.take_totals()
+    }
+
+    /// Rebuilds the pipeline over the devices still alive (dropping the gone ones from the
+    /// cluster) with the planner; fails if the model no longer fits. Returns the names of
+    /// the devices left out.
+    pub fn replan(&mut self) -> Result<Vec<String>, ClusterError> {
+        let gone: Vec<String> = self.health().into_iter().filter(|h| !h.alive).map(|h| h.endpoint.name).collect();
+        self.rt.block_on(self.pipeline.shutdown());
+        let workers: Vec<WorkerSpec> = self.workers.iter().filter(|w| !gone.contains(&w.endpoint.name)).cloned().collect();
+        let mut opts = self.opts.clone();
+        opts.plan = None;
+        let t = Instant::now();
+        let s = self.rt.block_on(setup(&self.model_dir, &self.manifest, &workers, &opts))?;
+        self.pipeline = s.pipeline;
+        self.plan = s.plan;
+        self.shape = s.shape;
+        self.cluster = s.cluster;
+        self.reports = s.reports;
+        self.setup_s = t.elapsed().as_secs_f64();
+        self.workers = workers;
+        remember_profiles(&mut self.workers, &s.profiles);
+        Ok(gone)
+    }
+
+    /// Says goodbye to every worker.
+    pub fn shutdown(self) {
+        self.rt.block_on(self.pipeline.shutdown());
+    }
+}
+
+fn remember_profiles(workers: &mut [WorkerSpec], profiles: &[(String, DeviceProfile)]) {
+    for w in workers {
+        if let Some((_, p)) = profiles.iter().find(|(n, _)| *n == w.endpoint.name) {
+            w.profile = Some(p.clone());
+        }
+    }
+}
+
+/// Generates on `pipe` (see [`Session::generate`]).
+pub fn generate_on(
+    pipe: &Pipeline,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> Flow,
+) -> Result<GenerateOutput, ClusterError> {
+    let seq = next_seq_id();
+    let mut be = ErrBackend { inner: pipe.backend(), pipe, error: None };
+    let r = generate(&mut be, seq, prompt, opts, on_token);
+    pipe.release(&[seq]);
+    match (r, be.error) {
+        (Ok(o), _) => Ok(o),
+        (Err(_), Some(e)) => Err(e),
+        (Err(e), None) => Err(ClusterError::Runtime(RuntimeError::Engine(e))),
+    }
+}
+
+/// Keeps the typed error of a failed step (the engine's loop only carries text).
+struct ErrBackend<'p> {
+    inner: crate::coordinator::PipelineBackend,
+    pipe: &'p Pipeline,
+    error: Option<ClusterError>,
+}
+
+impl loip_engine::StepBackend for ErrBackend<'_> {
+    fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
+        let last = ids.len().saturating_sub(1) as u32;
+        match self.pipe.step_blocking(seq, ids, start_pos, &[last]) {
+            Ok(out) => {
+                self.inner.last = Some(out.stats);
+                Ok(out.logits)
+            }
+            Err(e) => {
+                let text = e.to_string();
+                self.error = Some(e);
+                Err(EngineError::Backend(text))
+            }
+        }
+    }
+}
+
+/// A `loip worker` child process; killed when dropped.
+pub struct WorkerProcess {
+    child: Child,
+    /// the address it listens on
+    pub addr: String,
+    /// its lines on stdout after `listening on`, and stderr, are inherited / discarded
+    pub pid: u32,
+}
+
+impl WorkerProcess {
+    /// Spawns `cmd` (a `loip worker --listen HOST:0 …` command line) and waits up to
+    /// `timeout` for its `listening on ADDR` line on stdout.
+    pub fn spawn(mut cmd: Command, timeout: Duration) -> Result<WorkerProcess, ClusterError> {
+        cmd.stdout(Stdio::piped()).stdin(Stdio::null());
+        let mut child = cmd.spawn().map_err(|e| RuntimeError::Io { path: PathBuf::from(format!("{cmd:?}")), source: e })?;
+        let pid = child.id();
+        let Some(stdout) = child.stdout.take() else {
+            let _ = child.kill();
+            return Err(ClusterError::Invalid("worker without stdout".into()));
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if !sent {
+                    if let Some(a) = line.split("listening on ").nth(1) {
+                        let _ = tx.send(a.trim().to_string());
+                        sent = true;
+                    }
+                }
+            }
+        });
+        match rx.recv_timeout(timeout) {
+            Ok(addr) => Ok(WorkerProcess { child, addr, pid }),
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait().ok();
+                Err(ClusterError::Invalid(format!(
+                    "worker process {pid} did not report its address within {} s (exit status {status:?})",
+                    timeout.as_secs_f64()
+                )))
+            }
+        }
+    }
+
+    /// Kills it now (a fault test).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Layers `0..L` in `stages·devices` contiguous stages in round-robin order, as even as
+/// possible: a fixed plan for tests and hand-made runs. `offload(device, stage_len)` returns
+/// how many attention and MLP blocks to offload at the end of each stage of that device.
+pub fn uniform_plan(
+    shape_name: &str,
+    layers: u32,
+    devices: &[String],
+    stages_per_device: u32,
+    mode: ExecMode,
+    offload: &dyn Fn(usize, u32) -> (u32, u32),
+) -> Result<Plan, ClusterError> {
+    let nd = devices.len() as u32;
+    let total = nd * stages_per_device;
+    if nd == 0 || stages_per_device == 0 || total > layers {
+        return Err(ClusterError::Invalid(format!("{layers} layers cannot fill {total} stages")));
+    }
+    let mut plan_devices: Vec<loip_plan::DevicePlan> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, name)| loip_plan::DevicePlan {
+            name: name.clone(),
+            holds_embedding: i == 0,
+            holds_head: i + 1 == devices.len(),
+            stages: Vec::new(),
+            memory_bytes: 0,
+            budget_bytes: 0,
+            slot_bytes: 0,
+            kv_bytes: 0,
+            compute_ms: 0.0,
+            load_ms: 0.0,
+            stall_ms: 0.0,
+        })
+        .collect();
+    let mut first = 0u32;
+    for g in 0..total {
+        let n = layers / total + u32::from(g < layers % total);
+        let d = (g % nd) as usize;
+        let (a, m) = offload(d, n);
+        plan_devices[d].stages.push(loip_plan::StagePlan::with_offload(first, n, a, m));
+        first += n;
+    }
+    Ok(Plan {
+        shape: shape_name.to_string(),
+        planner: "manual".into(),
+        stages_per_device,
+        pattern: Pattern::Sporadic,
+        context: 0,
+        micro_batches: 1,
+        mode,
+        loader: loip_plan::LoaderKind::Direct,
+        devices: plan_devices,
+        dropped: Vec::new(),
+        predicted_ms_per_token: 0.0,
+        breakdown: Default::default(),
+    })
+}

@@ -1,0 +1,915 @@
+//! The coordinator's side of the cluster: authenticated connections to the workers (link
+//! measurement, slice shipping, probing, loading) and the [`Pipeline`] that runs steps over
+//! them.
+//!
+//! Topology: a star. The coordinator sends each hop of a step (one device, one or more of
+//! its stages) to the device that owns it, receives the hidden rows back and forwards the
+//! exact bytes to the next device; the last device returns the logits of the requested rows
+//! and sampling happens here. Several steps (different sequences) may be in flight at once:
+//! each device processes its steps first come, first served, so sequences traverse the
+//! pipeline one after another (the bursty pattern).
+//!
+//! Faults: a device that closes, errs or stops answering fails every step in flight with an
+//! error naming it; the pipeline then refuses new steps (the caller can re-plan over the
+//! remaining devices) but the coordinator process keeps running.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use loip_engine::{EngineError, StepBackend, TokenPos};
+use loip_model::slice::{Manifest, SliceKind};
+use serde::Serialize;
+use thiserror::Error;
+use tokio::io::AsyncReadExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::executor::DeviceSpec;
+use crate::net::throttle::Throttle;
+use crate::wire::{
+    self, DeviceMemory, Frame, FrameKind, NetError, ProbeResult, Role, StepHeader, ToCoordinator, ToWorker, WireError,
+    WorkerInfo,
+};
+use crate::worker::BULK_CHUNK;
+use crate::RuntimeError;
+
+/// Errors of the distributed runtime; every network failure names its device.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// Connecting to, talking to or authenticating a device failed.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// A device went away; the steps in flight failed.
+    #[error("device {device} ({addr}) is gone: {reason}")]
+    DeviceGone {
+        /// device name
+        device: String,
+        /// its address
+        addr: String,
+        /// what happened
+        reason: String,
+    },
+    /// A device could not run a step (the connection is fine).
+    #[error("device {device} ({addr}) failed the step: {message}")]
+    StepFailed {
+        /// device name
+        device: String,
+        /// its address
+        addr: String,
+        /// its message
+        message: String,
+    },
+    /// Planning failed.
+    #[error(transparent)]
+    Plan(#[from] loip_plan::PlanError),
+    /// A local runtime error.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A bad request or configuration.
+    #[error("{0}")]
+    Invalid(String),
+    /// The pipeline was shut down.
+    #[error("the pipeline is shut down")]
+    Stopped,
+}
+
+/// Where a worker listens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Endpoint {
+    /// device name (as in the cluster and the plan)
+    pub name: String,
+    /// `host:port`
+    pub addr: String,
+}
+
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// shared secret
+    pub token: Option<String>,
+    /// limit for TCP connect plus handshake (a busy worker is retried until then)
+    pub connect_timeout: Duration,
+    /// limit for a setup request (probe, load, one slice)
+    pub request_timeout: Duration,
+    /// emulated limit of the coordinator → worker direction, bytes/s
+    pub bandwidth: Option<f64>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            token: None,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(600),
+            bandwidth: None,
+        }
+    }
+}
+
+/// A measured link between the coordinator and one worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct LinkStats {
+    /// one-way latency, half the median round trip  // seconds
+    pub latency_s: f64,
+    /// coordinator → worker bulk bandwidth  // bytes/s
+    pub up_bps: f64,
+    /// worker → coordinator bulk bandwidth  // bytes/s
+    pub down_bps: f64,
+}
+
+/// What shipping a plan's slices to one worker did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ShipStats {
+    /// files sent
+    pub sent: Vec<String>,
+    /// bytes sent  // bytes
+    pub sent_bytes: u64,
+    /// files the worker already held (same size and CRC)
+    pub reused: usize,
+}
+
+/// An authenticated connection to one worker, used for setup.
+pub struct Conn {
+    /// who
+    pub endpoint: Endpoint,
+    /// what the worker said about itself
+    pub info: WorkerInfo,
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    throttle: Option<Throttle>,
+    request_timeout: Duration,
+}
+
+async fn handshake(stream: TcpStream, ep: &Endpoint, opts: &ConnectOptions) -> Result<Conn, WireError> {
+    let _ = stream.set_nodelay(true);
+    let (mut rd, mut wr) = stream.into_split();
+    let to = opts.connect_timeout;
+    wire::write_frame(&mut wr, FrameKind::Hello, &wire::hello_payload(Role::Coordinator, wire::PROTOCOL_VERSION), None).await?;
+    let hello = wire::read_frame_timeout(&mut rd, 64 << 10, to, "the worker's hello").await?;
+    wire::check_hello(&hello)?;
+    let f = wire::read_frame_timeout(&mut rd, 64 << 10, to, "the worker's challenge").await?;
+    let nonce = match wire::parse_control::<ToCoordinator>(&f)? {
+        ToCoordinator::Challenge { nonce } => nonce,
+        other => return Err(WireError::Protocol(format!("expected a challenge, got {other:?}"))),
+    };
+    let token = opts.token.as_deref();
+    let ours = wire::nonce();
+    let auth = ToWorker::Auth { mac: wire::auth_mac(token, &nonce), nonce: ours.clone() };
+    wire::write_frame(&mut wr, FrameKind::Control, &wire::control_payload(&auth)?, None).await?;
+    let f = wire::read_frame_timeout(&mut rd, wire::MAX_FRAME, to, "the worker's welcome").await?;
+    let info = match wire::parse_control::<ToCoordinator>(&f) {
+        Ok(ToCoordinator::Welcome { mac, info }) => {
+            if token.is_some() && !wire::ct_eq(&mac, &wire::auth_mac(token, &ours)) {
+                return Err(WireError::AuthRefused("the worker does not hold the shared token".into()));
+            }
+            info
+        }
+        Ok(other) => return Err(WireError::Protocol(format!("expected a welcome, got {other:?}"))),
+        Err(WireError::Remote(m)) if m.contains("authentication") => return Err(WireError::AuthRefused(m)),
+        Err(e) => return Err(e),
+    };
+    Ok(Conn {
+        endpoint: ep.clone(),
+        info,
+        rd,
+        wr,
+        throttle: opts.bandwidth.map(Throttle::new),
+        request_timeout: opts.request_timeout,
+    })
+}
+
+impl Conn {
+    /// Connects, checks the protocol version and authenticates both ways. A worker busy with
+    /// another coordinator is retried until `connect_timeout`.
+    pub async fn connect(ep: &Endpoint, opts: &ConnectOptions) -> Result<Conn, NetError> {
+        let err = |e: WireError| NetError::new(&ep.name, &ep.addr, e);
+        let deadline = Instant::now() + opts.connect_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let stream = match tokio::time::timeout(left, TcpStream::connect(&ep.addr)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(err(WireError::Io(e))),
+                Err(_) => return Err(err(WireError::Timeout(opts.connect_timeout, "the TCP connection"))),
+            };
+            match handshake(stream, ep, opts).await {
+                Err(WireError::Remote(m)) if m.starts_with("busy") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                r => return r.map_err(err),
+            }
+        }
+    }
+
+    fn err(&self, e: WireError) -> NetError {
+        NetError::new(&self.endpoint.name, &self.endpoint.addr, e)
+    }
+
+    async fn send(&mut self, msg: &ToWorker) -> Result<(), NetError> {
+        let p = wire::control_payload(msg).map_err(|e| self.err(e))?;
+        let r = wire::write_frame(&mut self.wr, FrameKind::Control, &p, self.throttle.as_ref()).await;
+        r.map_err(|e| self.err(e))
+    }
+
+    async fn send_frame(&mut self, kind: FrameKind, payload: &[u8]) -> Result<(), NetError> {
+        let r = wire::write_frame(&mut self.wr, kind, payload, self.throttle.as_ref()).await;
+        r.map_err(|e| self.err(e))
+    }
+
+    async fn read(&mut self, what: &'static str) -> Result<Frame, NetError> {
+        let r = wire::read_frame_timeout(&mut self.rd, wire::MAX_FRAME, self.request_timeout, what).await;
+        r.map_err(|e| self.err(e))
+    }
+
+    async fn recv(&mut self, what: &'static str) -> Result<ToCoordinator, NetError> {
+        let f = self.read(what).await?;
+        match wire::parse_control::<ToCoordinator>(&f) {
+            Ok(ToCoordinator::Failed { message, .. }) => Err(self.err(WireError::Remote(message))),
+            r => r.map_err(|e| self.err(e)),
+        }
+    }
+
+    /// Median round trip of a few pings.  // seconds
+    pub async fn rtt(&mut self) -> Result<f64, NetError> {
+        let mut v = Vec::new();
+        for id in 0..5 {
+            let t = Instant::now();
+            self.send(&ToWorker::Ping { id }).await?;
+            match self.recv("a pong").await? {
+                ToCoordinator::Pong { id: got } if got == id => v.push(t.elapsed().as_secs_f64()),
+                other => return Err(self.err(WireError::Protocol(format!("expected pong {id}, got {other:?}")))),
+            }
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        Ok(v[v.len() / 2])
+    }
+
+    /// Measures latency and bulk bandwidth both ways. Transfers grow ×4 from 256 KiB until
+    /// one takes at least 0.2 s (at most 64 MiB).
+    pub async fn measure(&mut self) -> Result<LinkStats, NetError> {
+        let rtt = self.rtt().await?;
+        #[allow(unused_assignments)]
+        let mut up = 0.0;
+        let mut size: u64 = 256 << 10;
+        loop {
+            let t = Instant::now();
+            self.send(&ToWorker::BulkSend { bytes: size }).await?;
+            let chunk = vec![0u8; BULK_CHUNK];
+            let mut left = size;
+            while left > 0 {
+                let n = left.min(BULK_CHUNK as u64) as usize;
+                self.send_frame(FrameKind::Bulk, &chunk[..n]).await?;
+                left -= n as u64;
+            }
+            match self.recv("the bulk acknowledgement").await? {
+                ToCoordinator::BulkReceived { .. } => {}
+                other => return Err(self.err(WireError::Protocol(format!("expected bulk receipt, got {other:?}")))),
+            }
+            let dt = (t.elapsed().as_secs_f64() - rtt).max(1e-6);
+            up = size as f64 / dt;
+            if dt >= 0.2 || size >= 64 << 20 {
+                break;
+            }
+            size *= 4;
+        }
+        #[allow(unused_assignments)]
+        let mut down = 0.0;
+        let mut size: u64 = 256 << 10;
+        loop {
+            let t = Instant::now();
+            self.send(&ToWorker::BulkFetch { bytes: size }).await?;
+            let mut got = 0u64;
+            loop {
+                let f = self.read("bulk data").await?;
+                match f.kind {
+                    FrameKind::Bulk => got += f.payload.len() as u64,
+                    _ => match wire::parse_control::<ToCoordinator>(&f).map_err(|e| self.err(e))? {
+                        ToCoordinator::BulkSent { .. } => break,
+                        other => return Err(self.err(WireError::Protocol(format!("expected bulk data, got {other:?}")))),
+                    },
+                }
+            }
+            let dt = (t.elapsed().as_secs_f64() - rtt).max(1e-6);
+            down = got as f64 / dt;
+            if dt >= 0.2 || size >= 64 << 20 {
+                break;
+            }
+            size *= 4;
+        }
+        Ok(LinkStats { latency_s: rtt / 2.0, up_bps: up, down_bps: down })
+    }
+
+    /// Sends the slices of `kinds` from `dir` that the worker does not hold with the same
+    /// size and CRC; the worker checks each one's CRC before keeping it.
+    pub async fn ship(&mut self, dir: &Path, manifest: &Manifest, kinds: &[SliceKind]) -> Result<ShipStats, NetError> {
+        let held: HashMap<String, (u64, String)> =
+            self.info.store.iter().map(|s| (s.file.clone(), (s.size, s.crc32.clone()))).collect();
+        let mut stats = ShipStats::default();
+        for &k in kinds {
+            let entry = manifest
+                .slice(k)
+                .cloned()
+                .ok_or_else(|| self.err(WireError::Protocol(format!("slice {} is not in the manifest", k.id()))))?;
+            if held.get(&entry.file) == Some(&(entry.size, entry.crc32.clone())) {
+                stats.reused += 1;
+                continue;
+            }
+            let path = dir.join(&entry.file);
+            let mut file = tokio::fs::File::open(&path).await.map_err(|e| self.err(WireError::Io(e)))?;
+            self.send(&ToWorker::PutSlice { entry: entry.clone() }).await?;
+            let mut left = entry.size;
+            let mut buf = vec![0u8; wire::SLICE_CHUNK];
+            while left > 0 {
+                let n = left.min(wire::SLICE_CHUNK as u64) as usize;
+                file.read_exact(&mut buf[..n]).await.map_err(|e| self.err(WireError::Io(e)))?;
+                self.send_frame(FrameKind::SliceData, &buf[..n]).await?;
+                left -= n as u64;
+            }
+            match self.recv("the slice receipt").await? {
+                ToCoordinator::Stored { file } if file == entry.file => {}
+                other => return Err(self.err(WireError::Protocol(format!("expected the receipt of {}, got {other:?}", entry.file)))),
+            }
+            self.info.store.retain(|s| s.file != entry.file);
+            self.info.store.push(wire::StoredSlice { file: entry.file.clone(), size: entry.size, crc32: entry.crc32.clone() });
+            stats.sent_bytes += entry.size;
+            stats.sent.push(entry.file);
+        }
+        Ok(stats)
+    }
+
+    /// Asks the worker to time layer 0's blocks (`compute`) and loads (`loads`); it must hold
+    /// those slices.
+    pub async fn probe(&mut self, manifest: &Manifest, compute: bool, loads: bool) -> Result<ProbeResult, NetError> {
+        self.send(&ToWorker::Probe { manifest: manifest.clone(), compute, loads }).await?;
+        match self.recv("probe results").await? {
+            ToCoordinator::Probed(r) => Ok(r),
+            other => Err(self.err(WireError::Protocol(format!("expected probe results, got {other:?}")))),
+        }
+    }
+
+    /// Opens the device for `spec`.
+    pub async fn load(&mut self, manifest: &Manifest, spec: &DeviceSpec) -> Result<DeviceMemory, NetError> {
+        self.send(&ToWorker::Load { manifest: manifest.clone(), spec: spec.clone() }).await?;
+        match self.recv("the device to open").await? {
+            ToCoordinator::Loaded { memory } => Ok(memory),
+            other => Err(self.err(WireError::Protocol(format!("expected loaded, got {other:?}")))),
+        }
+    }
+
+    /// Ends the session politely.
+    pub async fn bye(mut self) {
+        let _ = self.send(&ToWorker::Bye).await;
+    }
+}
+
+/// One visit of a step to a device: stages run back to back there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Hop {
+    /// index into the pipeline's devices
+    pub device: usize,
+    /// the device's local stage indices, in order
+    pub stages: Vec<u16>,
+    /// embed first (the first hop)
+    pub embed: bool,
+    /// finish with the head (the last hop)
+    pub head: bool,
+}
+
+/// The hops of one step, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Route {
+    /// hops in execution order
+    pub hops: Vec<Hop>,
+}
+
+impl Route {
+    /// The route of a plan: its stages in round-robin order, consecutive stages on the same
+    /// device merged into one hop.
+    pub fn from_plan(plan: &loip_plan::Plan) -> Result<Route, ClusterError> {
+        let mut hops: Vec<Hop> = Vec::new();
+        for r in plan.stage_order() {
+            match hops.last_mut() {
+                Some(h) if h.device == r.device => h.stages.push(r.stage as u16),
+                _ => hops.push(Hop { device: r.device, stages: vec![r.stage as u16], embed: false, head: false }),
+            }
+        }
+        let (Some(first), Some(last)) = (hops.first().map(|h| h.device), hops.last().map(|h| h.device)) else {
+            return Err(ClusterError::Invalid("the plan has no stage".into()));
+        };
+        if !plan.devices[first].holds_embedding || !plan.devices[last].holds_head {
+            return Err(ClusterError::Invalid("the plan's first stage must hold the embedding and its last the head".into()));
+        }
+        hops[0].embed = true;
+        if let Some(h) = hops.last_mut() {
+            h.head = true;
+        }
+        Ok(Route { hops })
+    }
+}
+
+/// Time of one step, seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StepStats {
+    /// tokens in the step
+    pub tokens: u64,
+    /// from submission to logits  // seconds
+    pub wall_s: f64,
+    /// block compute on the devices  // seconds
+    pub compute_s: f64,
+    /// waiting for loads on the devices  // seconds
+    pub stall_s: f64,
+    /// waiting in device queues behind other sequences  // seconds
+    pub queued_s: f64,
+    /// everything else: transfers, latency, relaying (wall − time inside the workers)  // seconds
+    pub network_s: f64,
+    /// bytes sent and received by the coordinator for this step  // bytes
+    pub bytes: u64,
+    /// bytes loaded from SSDs  // bytes
+    pub loaded_bytes: u64,
+}
+
+impl StepStats {
+    fn add(&mut self, o: &StepStats) {
+        self.tokens += o.tokens;
+        self.wall_s += o.wall_s;
+        self.compute_s += o.compute_s;
+        self.stall_s += o.stall_s;
+        self.queued_s += o.queued_s;
+        self.network_s += o.network_s;
+        self.bytes += o.bytes;
+        self.loaded_bytes += o.loaded_bytes;
+    }
+}
+
+/// Sums over steps, split into prompt steps and one-token (decode) steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Totals {
+    /// prompt steps
+    pub prompt_steps: u64,
+    /// their sums
+    pub prompt: StepStats,
+    /// decode steps
+    pub decode_steps: u64,
+    /// their sums
+    pub decode: StepStats,
+}
+
+/// The state of one device of the pipeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceHealth {
+    /// who
+    pub endpoint: Endpoint,
+    /// still connected and answering
+    pub alive: bool,
+    /// why not
+    pub reason: Option<String>,
+}
+
+/// Logits of one step and its timing.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// `(rows, vocab)`
+    pub logits: Vec<f32>,
+    /// timing
+    pub stats: StepStats,
+}
+
+enum Cmd {
+    Step { seq: u64, ids: Vec<u32>, start_pos: usize, rows: Vec<u32>, reply: oneshot::Sender<Result<StepOutput, ClusterError>> },
+    Release(Vec<u64>),
+    Shutdown(oneshot::Sender<()>),
+}
+
+struct Shared {
+    health: Mutex<Vec<DeviceHealth>>,
+    totals: Mutex<Totals>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// A running pipeline over connected, loaded workers. Cheap to clone; every clone submits
+/// to the same scheduler, so several sequences can be in flight from several threads.
+#[derive(Clone)]
+pub struct Pipeline {
+    tx: mpsc::UnboundedSender<Cmd>,
+    shared: Arc<Shared>,
+    vocab: usize,
+}
+
+/// Pipeline limits.
+#[derive(Debug, Clone, Copy)]
+pub struct PipelineOptions {
+    /// a device that holds a step longer than this is declared gone
+    pub step_timeout: Duration,
+    /// hidden size (checks every hidden output)
+    pub hidden: usize,
+    /// vocabulary size (checks every logits output)
+    pub vocab: usize,
+}
+
+impl Pipeline {
+    /// Starts the scheduler on the current tokio runtime over `conns` (in plan device order).
+    pub fn start(conns: Vec<Conn>, route: Route, opts: PipelineOptions) -> Pipeline {
+        let health = conns.iter().map(|c| DeviceHealth { endpoint: c.endpoint.clone(), alive: true, reason: None }).collect();
+        let shared = Arc::new(Shared { health: Mutex::new(health), totals: Mutex::new(Totals::default()) });
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(scheduler(conns, route, opts, rx, shared.clone()));
+        Pipeline { tx, shared, vocab: opts.vocab }
+    }
+
+    /// Runs one step of sequence `seq`: `ids` at positions `start_pos..`; returns the logits
+    /// of `rows` (indices into `ids`).
+    pub async fn step(&self, seq: u64, ids: &[u32], start_pos: usize, rows: &[u32]) -> Result<StepOutput, ClusterError> {
+        let rx = self.submit(seq, ids, start_pos, rows)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+
+    /// [`Pipeline::step`] for a thread outside the runtime.
+    pub fn step_blocking(&self, seq: u64, ids: &[u32], start_pos: usize, rows: &[u32]) -> Result<StepOutput, ClusterError> {
+        let rx = self.submit(seq, ids, start_pos, rows)?;
+        rx.blocking_recv().map_err(|_| ClusterError::Stopped)?
+    }
+
+    fn submit(
+        &self,
+        seq: u64,
+        ids: &[u32],
+        start_pos: usize,
+        rows: &[u32],
+    ) -> Result<oneshot::Receiver<Result<StepOutput, ClusterError>>, ClusterError> {
+        if ids.is_empty() {
+            return Err(ClusterError::Invalid("a step needs at least one token".into()));
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= ids.len()) {
+            return Err(ClusterError::Invalid(format!("row {r} of a {}-token step", ids.len())));
+        }
+        let (reply, rx) = oneshot::channel();
+        let cmd = Cmd::Step { seq, ids: ids.to_vec(), start_pos, rows: rows.to_vec(), reply };
+        self.tx.send(cmd).map_err(|_| ClusterError::Stopped)?;
+        Ok(rx)
+    }
+
+    /// Drops the KV cache of finished sequences on every device.
+    pub fn release(&self, seqs: &[u64]) {
+        let _ = self.tx.send(Cmd::Release(seqs.to_vec()));
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Each device's state.
+    pub fn health(&self) -> Vec<DeviceHealth> {
+        lock(&self.shared.health).clone()
+    }
+
+    /// Timing sums since the last call, then resets them.
+    pub fn take_totals(&self) -> Totals {
+        std::mem::take(&mut *lock(&self.shared.totals))
+    }
+
+    /// Says goodbye to the workers and closes every connection.
+    pub async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Shutdown(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// A [`StepBackend`] for the shared generation loop (call from outside the runtime).
+    pub fn backend(&self) -> PipelineBackend {
+        PipelineBackend { pipeline: self.clone(), last: None }
+    }
+}
+
+/// The pipeline as a [`StepBackend`]: `loip generate --cluster` and `loip local` run the
+/// engine's own generation loop over it.
+pub struct PipelineBackend {
+    pipeline: Pipeline,
+    /// timing of the last step
+    pub last: Option<StepStats>,
+}
+
+impl StepBackend for PipelineBackend {
+    fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
+        let last = ids.len().saturating_sub(1) as u32;
+        let out = self.pipeline.step_blocking(seq, ids, start_pos, &[last]).map_err(|e| EngineError::Backend(e.to_string()))?;
+        self.last = Some(out.stats);
+        Ok(out.logits)
+    }
+}
+
+enum Event {
+    Frame(usize, Frame),
+    Gone(usize, String),
+}
+
+struct InFlight {
+    seq: u64,
+    batch: Vec<TokenPos>,
+    rows: Vec<u32>,
+    hop: usize,
+    reply: oneshot::Sender<Result<StepOutput, ClusterError>>,
+    started: Instant,
+    sent: Instant,
+    stats: StepStats,
+    worker_s: f64,
+}
+
+struct Sched {
+    route: Route,
+    opts: PipelineOptions,
+    writers: Vec<mpsc::UnboundedSender<(FrameKind, Vec<u8>)>>,
+    alive: Vec<Option<String>>, // None: alive; Some(reason): gone
+    endpoints: Vec<Endpoint>,
+    inflight: BTreeMap<u64, InFlight>,
+    shared: Arc<Shared>,
+}
+
+impl Sched {
+    fn gone_error(&self, d: usize) -> ClusterError {
+        let ep = &self.endpoints[d];
+        ClusterError::DeviceGone {
+            device: ep.name.clone(),
+            addr: ep.addr.clone(),
+            reason: self.alive[d].clone().unwrap_or_default(),
+        }
+    }
+
+    /// Whether another sequence will pass hop `h`'s device at this same stage before the
+    /// device's next stage: then the device keeps the stage's blocks in the slot.
+    fn keep(&self, step: u64, h: usize) -> bool {
+        let d = self.route.hops[h].device;
+        let prev = self.route.hops[..h].iter().rposition(|x| x.device == d);
+        self.inflight.iter().any(|(&id, f)| id != step && f.hop < h && prev.is_none_or(|p| f.hop > p))
+    }
+
+    fn dispatch(&mut self, step: u64, data: Vec<u8>) {
+        let Some(f) = self.inflight.get(&step) else { return };
+        let h = f.hop;
+        let hop = &self.route.hops[h];
+        let d = hop.device;
+        if self.alive[d].is_some() {
+            let e = self.gone_error(d);
+            self.fail(step, e);
+            return;
+        }
+        let header = StepHeader {
+            step,
+            embed: hop.embed,
+            head: hop.head,
+            keep: self.keep(step, h),
+            stages: hop.stages.clone(),
+            batch: f.batch.clone(),
+            rows: if hop.head { f.rows.clone() } else { Vec::new() },
+        };
+        let payload = wire::encode_step(&header, &data);
+        let n = payload.len() as u64;
+        if self.writers[d].send((FrameKind::Step, payload)).is_err() {
+            self.mark_gone(d, "its connection closed".into());
+            return;
+        }
+        if let Some(f) = self.inflight.get_mut(&step) {
+            f.stats.bytes += n;
+            f.sent = Instant::now();
+        }
+    }
+
+    fn fail(&mut self, step: u64, e: ClusterError) {
+        if let Some(f) = self.inflight.remove(&step) {
+            let seq = f.seq;
+            let _ = f.reply.send(Err(e));
+            self.release(&[seq]);
+        }
+    }
+
+    fn release(&mut self, seqs: &[u64]) {
+        let Ok(p) = wire::control_payload(&ToWorker::Release { seqs: seqs.to_vec() }) else { return };
+        for (d, w) in self.writers.iter().enumerate() {
+            if self.alive[d].is_none() {
+                let _ = w.send((FrameKind::Control, p.clone()));
+            }
+        }
+    }
+
+    fn mark_gone(&mut self, d: usize, reason: String) {
+        if self.alive[d].is_some() {
+            return;
+        }
+        tracing::warn!("device {} ({}) is gone: {reason}", self.endpoints[d].name, self.endpoints[d].addr);
+        self.alive[d] = Some(reason.clone());
+        if let Some(h) = lock(&self.shared.health).get_mut(d) {
+            h.alive = false;
+            h.reason = Some(reason);
+        }
+        // Every step needs every device: fail them all.
+        let steps: Vec<u64> = self.inflight.keys().copied().collect();
+        for s in steps {
+            let e = self.gone_error(d);
+            self.fail(s, e);
+        }
+    }
+
+    fn on_frame(&mut self, d: usize, f: Frame) {
+        match f.kind {
+            FrameKind::Output => {
+                let parsed = wire::decode_output(&f.payload);
+                let (h, data) = match parsed {
+                    Ok(x) => x,
+                    Err(e) => return self.mark_gone(d, format!("sent a malformed output: {e}")),
+                };
+                let Some(fl) = self.inflight.get_mut(&h.step) else { return };
+                let hop = &self.route.hops[fl.hop];
+                if hop.device != d {
+                    return self.mark_gone(d, format!("answered step {} that is not at this device", h.step));
+                }
+                let (want_rows, want_cols) = if hop.head {
+                    (fl.rows.len() as u32, self.opts.vocab as u32)
+                } else {
+                    (fl.batch.len() as u32, self.opts.hidden as u32)
+                };
+                if h.logits != hop.head || h.rows != want_rows || h.cols != want_cols {
+                    return self.mark_gone(d, format!("answered with {}×{} values, expected {want_rows}×{want_cols}", h.rows, h.cols));
+                }
+                fl.stats.compute_s += h.times.compute_s;
+                fl.stats.stall_s += h.times.stall_s;
+                fl.stats.queued_s += h.times.queued_s;
+                fl.stats.loaded_bytes += h.times.loaded_bytes;
+                fl.stats.bytes += f.payload.len() as u64;
+                fl.worker_s += h.times.total_s;
+                if hop.head {
+                    let Some(mut fl) = self.inflight.remove(&h.step) else { return };
+                    let logits = match wire::bytes_f32(data) {
+                        Ok(l) => l,
+                        Err(e) => return self.mark_gone(d, e.to_string()),
+                    };
+                    fl.stats.wall_s = fl.started.elapsed().as_secs_f64();
+                    fl.stats.network_s = (fl.stats.wall_s - fl.worker_s).max(0.0);
+                    fl.stats.tokens = fl.batch.len() as u64;
+                    {
+                        let mut t = lock(&self.shared.totals);
+                        if fl.batch.len() == 1 {
+                            t.decode_steps += 1;
+                            t.decode.add(&fl.stats);
+                        } else {
+                            t.prompt_steps += 1;
+                            t.prompt.add(&fl.stats);
+                        }
+                    }
+                    let _ = fl.reply.send(Ok(StepOutput { logits, stats: fl.stats }));
+                } else {
+                    fl.hop += 1;
+                    let data = data.to_vec();
+                    self.dispatch(h.step, data);
+                }
+            }
+            FrameKind::Control => match wire::parse_control::<ToCoordinator>(&f) {
+                Ok(ToCoordinator::Failed { step: Some(s), message }) => {
+                    let ep = &self.endpoints[d];
+                    let e = ClusterError::StepFailed { device: ep.name.clone(), addr: ep.addr.clone(), message };
+                    self.fail(s, e);
+                }
+                Ok(ToCoordinator::Failed { step: None, message }) => tracing::warn!("device {}: {message}", self.endpoints[d].name),
+                Ok(ToCoordinator::Pong { .. }) => {}
+                Ok(other) => self.mark_gone(d, format!("sent an unexpected message: {other:?}")),
+                Err(e) => self.mark_gone(d, e.to_string()),
+            },
+            FrameKind::Error => self.mark_gone(d, format!("it reported: {}", String::from_utf8_lossy(&f.payload))),
+            k => self.mark_gone(d, format!("sent an unexpected {k:?} frame")),
+        }
+    }
+
+    fn check_timeouts(&mut self) {
+        let limit = self.opts.step_timeout;
+        let late: Vec<usize> = self
+            .inflight
+            .values()
+            .filter(|f| f.sent.elapsed() > limit)
+            .map(|f| self.route.hops[f.hop].device)
+            .collect();
+        for d in late {
+            self.mark_gone(d, format!("did not answer a step within {} s", limit.as_secs_f64()));
+        }
+    }
+}
+
+async fn scheduler(
+    conns: Vec<Conn>,
+    route: Route,
+    opts: PipelineOptions,
+    mut rx: mpsc::UnboundedReceiver<Cmd>,
+    shared: Arc<Shared>,
+) {
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<Event>();
+    let mut writers = Vec::new();
+    let mut endpoints = Vec::new();
+    let mut tasks = Vec::new();
+    for (d, c) in conns.into_iter().enumerate() {
+        let Conn { endpoint, mut rd, mut wr, throttle, .. } = c;
+        endpoints.push(endpoint);
+        let (wtx, mut wrx) = mpsc::unbounded_channel::<(FrameKind, Vec<u8>)>();
+        writers.push(wtx);
+        let ev = ev_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some((kind, p)) = wrx.recv().await {
+                if let Err(e) = wire::write_frame(&mut wr, kind, &p, throttle.as_ref()).await {
+                    let _ = ev.send(Event::Gone(d, format!("sending failed: {e}")));
+                    return;
+                }
+            }
+        }));
+        let ev = ev_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match wire::read_frame(&mut rd, wire::MAX_FRAME).await {
+                    Ok(f) => {
+                        if ev.send(Event::Frame(d, f)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(WireError::Closed) => {
+                        let _ = ev.send(Event::Gone(d, "it closed the connection".into()));
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = ev.send(Event::Gone(d, e.to_string()));
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    drop(ev_tx);
+    let n = writers.len();
+    let mut s = Sched { route, opts, writers, alive: vec![None; n], endpoints, inflight: BTreeMap::new(), shared };
+    let mut next_step: u64 = 1;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut done: Option<oneshot::Sender<()>> = None;
+    loop {
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                Some(Cmd::Step { seq, ids, start_pos, rows, reply }) => {
+                    if let Some(d) = s.alive.iter().position(|a| a.is_some()) {
+                        let _ = reply.send(Err(s.gone_error(d)));
+                        continue;
+                    }
+                    let step = next_step;
+                    next_step += 1;
+                    let batch = (0..ids.len()).map(|i| TokenPos { seq, pos: start_pos + i }).collect();
+                    let now = Instant::now();
+                    s.inflight.insert(step, InFlight {
+                        seq, batch, rows, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0,
+                    });
+                    s.dispatch(step, wire::u32_bytes(&ids));
+                }
+                Some(Cmd::Release(seqs)) => s.release(&seqs),
+                Some(Cmd::Shutdown(ack)) => { done = Some(ack); break; }
+                None => break,
+            },
+            ev = ev_rx.recv() => match ev {
+                Some(Event::Frame(d, f)) => s.on_frame(d, f),
+                Some(Event::Gone(d, reason)) => s.mark_gone(d, reason),
+                None => {}
+            },
+            _ = tick.tick() => s.check_timeouts(),
+        }
+    }
+    let steps: Vec<u64> = s.inflight.keys().copied().collect();
+    for st in steps {
+        s.fail(st, ClusterError::Stopped);
+    }
+    if let Ok(p) = wire::control_payload(&ToWorker::Bye) {
+        for w in &s.writers {
+            let _ = w.send((FrameKind::Control, p.clone()));
+        }
+    }
+    drop(s);
+    // Let the writers flush `Bye`, then close everything.
+    let deadline = tokio::time::sleep(Duration::from_secs(2));
+    tokio::pin!(deadline);
+    for t in tasks.iter_mut().step_by(2) {
+        tokio::select! { _ = &mut *t => {}, _ = &mut deadline => break }
+    }
+    for t in &tasks {
+        t.abort();
+    }
+    if let Some(ack) = done {
+        let _ = ack.send(());
+    }
+}
+
+/// A process-wide counter for sequence ids.
+pub fn next_seq_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
