@@ -4,6 +4,7 @@ mod cmd_bench;
 mod cmd_generate;
 mod cmd_local;
 mod cmd_plan;
+mod cmd_profile;
 mod cmd_serve;
 mod cmd_simulate;
 mod cmd_split;
@@ -52,6 +53,8 @@ enum Command {
     Worker(cmd_worker::WorkerArgs),
     /// Coordinate a cluster of workers: plan, ship slices, serve prompts from stdin.
     Serve(cmd_serve::ServeArgs),
+    /// Measure this machine (block times, loader bandwidth) as a planner device profile.
+    Profile(cmd_profile::ProfileArgs),
     /// Plan stages, layers and offloaded blocks for a cluster, and predict ms/token.
     Plan(cmd_plan::PlanArgs),
 }
@@ -81,6 +84,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plan(a) => cmd_plan::run(a),
         Command::Split(a) => cmd_split::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::Profile(a) => cmd_profile::run(a),
         Command::Simulate(a) => cmd_simulate::run(a),
     }
 }

@@ -14,6 +14,18 @@
 //! the per-block kernel-launch cost.) Decoding with small `b` is memory-bound, so `mem_bw`
 //! and `efficiency` dominate.
 //!
+//! The final norm + LM head (`H` bytes, one `vocab × hidden` matvec per token) runs once per
+//! token on the last device; [`DeviceProfile::head_time`] prices it:
+//!
+//! ```text
+//! roofline:  t^H(b) = max(H / mem_bw, b·2·vocab·hidden / peak_flops) / efficiency + overhead
+//! measured:  t^H(b) = head grid at b · H'/H_measured      when the profile measured the head
+//!            t^H(b) = t^P(b) · H / P                      otherwise (memory-bound scaling)
+//! ```
+//!
+//! (A 70B head is 2.1 GB: 59 ms per token on a Xavier NX.) The embedding lookup reads one
+//! row of `hidden` weights per token (16 KB for a 70B) and is left out as negligible.
+//!
 //! ```json
 //! {
 //!   "name": "jetson-agx-orin-64gb",
@@ -25,7 +37,8 @@
 //!                "block_overhead": 30e-6 },           // seconds per block
 //!   // or { "kind": "measured", "model": "llama-1b", "attn_bytes": .., "mlp_bytes": ..,
 //!   //      "attn": { "b": [1, 2], "n": [128, 1024], "seconds": [[..], [..]] },  // seconds[b][n]
-//!   //      "mlp":  { "b": [1, 2], "seconds": [.., ..] } }
+//!   //      "mlp":  { "b": [1, 2], "seconds": [.., ..] },
+//!   //      "head": { "bytes": .., "b": [1, 2], "seconds": [.., ..] } }   // optional
 //!   "loader": { "direct":       { "bandwidth": 2.0e9, "per_read_overhead": 1e-4 },   // B/s, s
 //!               "conventional": { "bandwidth": 1.0e9, "per_read_overhead": 1e-3 } },
 //!   "sources": ["..."]
@@ -98,6 +111,17 @@ pub struct MlpGrid {
     pub seconds: Vec<f64>,
 }
 
+/// Final norm + LM head time grid `seconds[i] = t^H(b[i])`, measured with a head of `bytes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeadGrid {
+    /// Bytes of the measured shape's final norm + LM head (for scaling).  // bytes
+    pub bytes: u64,
+    /// Micro-batch sizes, strictly increasing.
+    pub b: Vec<u32>,
+    /// Seconds per token batch.  // seconds
+    pub seconds: Vec<f64>,
+}
+
 /// Times measured on the device for one model shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MeasuredTimes {
@@ -111,6 +135,9 @@ pub struct MeasuredTimes {
     pub attn: AttnGrid,
     /// `t^P(b)`.
     pub mlp: MlpGrid,
+    /// `t^H(b)`, when measured; otherwise the head is priced as `t^P(b) · H / P`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<HeadGrid>,
 }
 
 /// A roofline compute model from public specifications.
@@ -193,6 +220,18 @@ impl MeasuredTimes {
         let bs: Vec<f64> = self.mlp.b.iter().map(|&v| v as f64).collect();
         interp(&bs, &self.mlp.seconds, b as f64)
     }
+
+    /// Head time for `shape` at `b`: the head grid scaled by head bytes, or the MLP grid
+    /// scaled by `H / P_measured`.  // seconds
+    fn head_for(&self, shape: &ModelShape, b: u32) -> f64 {
+        match &self.head {
+            Some(h) => {
+                let bs: Vec<f64> = h.b.iter().map(|&v| v as f64).collect();
+                interp(&bs, &h.seconds, b as f64) * shape.head_bytes as f64 / h.bytes as f64
+            }
+            None => self.mlp_at(b) * shape.head_bytes as f64 / self.mlp_bytes as f64,
+        }
+    }
 }
 
 fn increasing<T: PartialOrd>(v: &[T]) -> bool {
@@ -265,6 +304,7 @@ impl DeviceProfile {
                     b: mb,
                     seconds: msum.iter().map(|&(s, c)| s / c as f64).collect(),
                 },
+                head: None,
             }),
             loader: Loaders {
                 direct,
@@ -339,6 +379,20 @@ impl DeviceProfile {
                 if m.attn_bytes == 0 || m.mlp_bytes == 0 {
                     return Err(bad("compute.attn_bytes", "block bytes must be positive"));
                 }
+                if let Some(h) = &m.head {
+                    if h.b.is_empty() || !increasing(&h.b) || h.seconds.len() != h.b.len() {
+                        return Err(bad(
+                            "compute.head",
+                            "b must be non-empty, increasing, one time each",
+                        ));
+                    }
+                    if h.seconds.iter().any(|&t| !(t >= 0.0 && t.is_finite())) {
+                        return Err(bad("compute.head.seconds", "times must be finite and >= 0"));
+                    }
+                    if h.bytes == 0 {
+                        return Err(bad("compute.head.bytes", "must be positive"));
+                    }
+                }
             }
         }
         for (field, l) in [
@@ -377,6 +431,19 @@ impl DeviceProfile {
             ComputeModel::Roofline(r) => {
                 let bytes = shape.mlp_bytes as f64;
                 let flops = b as f64 * shape.mlp_flops();
+                (bytes / r.mem_bw).max(flops / r.peak_flops) / r.efficiency + r.block_overhead
+            }
+        }
+    }
+
+    /// Final norm + LM head time `t^H(b)` for `shape`, `b` tokens at once (module docs).
+    /// Its bytes are `H` whether or not the head is tied to the embedding.  // seconds
+    pub fn head_time(&self, shape: &ModelShape, b: u32) -> f64 {
+        match &self.compute {
+            ComputeModel::Measured(m) => m.head_for(shape, b),
+            ComputeModel::Roofline(r) => {
+                let bytes = shape.head_bytes as f64;
+                let flops = b as f64 * 2.0 * (shape.vocab * shape.hidden) as f64;
                 (bytes / r.mem_bw).max(flops / r.peak_flops) / r.efficiency + r.block_overhead
             }
         }
@@ -482,6 +549,20 @@ mod tests {
         assert!((p.attn_time(&s, 2, 300) - 5.0).abs() < 1e-12);
         assert!((p.attn_time(&s, 1, 50) - 0.5).abs() < 1e-12);
         assert!((p.mlp_time(&s, 2) - 1.0).abs() < 1e-12);
+        // No head measurement: the MLP time scaled by H / P.
+        let ratio = s.head_bytes as f64 / s.mlp_bytes as f64;
+        assert!((p.head_time(&s, 1) - 0.5 * ratio).abs() < 1e-12);
+        let mut q = p.clone();
+        if let ComputeModel::Measured(m) = &mut q.compute {
+            m.head = Some(HeadGrid {
+                bytes: s.head_bytes,
+                b: vec![1, 2],
+                seconds: vec![0.25, 0.5],
+            });
+        }
+        q.validate().unwrap();
+        assert!((q.head_time(&s, 2) - 0.5).abs() < 1e-12);
+        assert_eq!(DeviceProfile::from_json(&q.to_json()).unwrap(), q);
         let err = DeviceProfile::from_measurements(
             "m",
             1,

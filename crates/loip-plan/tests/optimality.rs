@@ -1,13 +1,15 @@
 //! `loip` is exact: on random small instances (≤ 4 devices, ≤ 10 layers, any s) its
-//! prediction equals a brute-force enumeration of every allocation under the cost model of
-//! design §3, written here independently of the library, and it never exceeds a budget.
+//! prediction equals a brute-force enumeration of every allocation under the cost model
+//! (design §3 with the LM head on the last device and the bursty slot window
+//! `P − (b−1)·C_i − off_i`; see `loip_plan::cost`), written here independently of the
+//! library, and it never exceeds a budget.
 
 #![allow(clippy::manual_is_multiple_of)] // rust-version 1.85
 
 mod common;
 
 use common::{instance, Instance};
-use loip_plan::{cost, Pattern, PlanError, Residency};
+use loip_plan::{cost, PlanError, Residency};
 use proptest::prelude::*;
 
 /// Every composition of `total` into `k` parts ≥ 1.
@@ -51,13 +53,26 @@ fn span(a: u32, m: u32, ta: f64, tp: f64) -> f64 {
     }
 }
 
+/// One round of the cost model: `comp[j]` compute per micro-batch, `g[j]` load + span of its
+/// offloaded blocks. The period without loads is one pass (`Σ comp + c`) or the busiest
+/// compute unit or egress port over `b` micro-batches; device `j`'s slot is busy for
+/// `(b−1)·comp[j] + span` of it and its load must fit in the rest.  // seconds
+fn round(comp: &[f64], g: &[f64], b: f64, c: f64, link: f64) -> f64 {
+    let pass = comp.iter().sum::<f64>() + c;
+    let busiest = comp.iter().fold(link, |m, &x| m.max(x)) * b;
+    let period = pass.max(busiest);
+    comp.iter()
+        .zip(g)
+        .map(|(&x, &g)| g + (b - 1.0) * x)
+        .fold(period, f64::max)
+}
+
 /// Brute-force optimum in ms/token, or None when nothing fits.
 fn brute_force(inst: &Instance) -> Option<f64> {
     let sh = &inst.shape;
     let l = sh.layers;
     let b = inst.b_eff();
     let bf = b as f64;
-    let bursty = inst.pattern == Pattern::Bursty;
     let (big_a, big_p) = (sh.attn_bytes, sh.mlp_bytes);
     let mut best: Option<f64> = None;
     for set in subsets(inst.devs.len(), inst.allow_drop) {
@@ -68,6 +83,14 @@ fn brute_force(inst: &Instance) -> Option<f64> {
             0.0
         };
         let c = k as f64 * hop;
+        let link = if k > 1 {
+            sh.act_bytes_per_token as f64 / inst.bandwidth
+        } else {
+            0.0
+        };
+        // LM head of the last device: a measured profile prices it as t^P · H / P.
+        let last = &inst.devs[*set.last().unwrap()];
+        let head_t = last.t_mlp * sh.head_bytes as f64 / sh.mlp_bytes as f64;
         for s in (1..=l).filter(|s| l % s == 0) {
             let per_stage = l / s;
             if (per_stage as usize) < k {
@@ -75,7 +98,7 @@ fn brute_force(inst: &Instance) -> Option<f64> {
             }
             'comp: for n in compositions(per_stage, k) {
                 let mut comp = Vec::new();
-                let mut max_g: f64 = 0.0;
+                let mut gs = Vec::new();
                 for (j, &i) in set.iter().enumerate() {
                     let d = &inst.devs[i];
                     let budget = inst.budget(d);
@@ -108,23 +131,20 @@ fn brute_force(inst: &Instance) -> Option<f64> {
                             } else {
                                 off as f64 / beta + d.overhead * (a + m) as f64
                             };
-                            let w = if bursty { bf } else { 1.0 };
-                            best_g = best_g.min(ld + w * span(a, m, d.t_attn, d.t_mlp));
+                            best_g = best_g.min(ld + span(a, m, d.t_attn, d.t_mlp));
                         }
                     }
                     if !best_g.is_finite() {
                         continue 'comp;
                     }
-                    max_g = max_g.max(best_g);
+                    gs.push(best_g);
                     comp.push(nj as f64 * (d.t_attn + d.t_mlp));
                 }
-                let sum_c: f64 = comp.iter().sum();
-                let t = if bursty {
-                    let busiest = comp.iter().map(|&x| bf * (x + hop)).fold(0.0, f64::max);
-                    s as f64 * (sum_c + c).max(busiest).max(max_g) / bf
-                } else {
-                    s as f64 * (c + sum_c.max(max_g - c))
-                };
+                // s − 1 rounds, then the last one with the head on the last device.
+                let plain = round(&comp, &gs, bf, c, link);
+                *comp.last_mut().unwrap() += head_t;
+                let with_head = round(&comp, &gs, bf, c, link);
+                let t = ((s - 1) as f64 * plain + with_head) / bf;
                 if best.is_none_or(|x| t < x) {
                     best = Some(t);
                 }

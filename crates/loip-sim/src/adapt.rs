@@ -24,15 +24,17 @@
 //!    `n_ts` tokens are ignored);
 //! 2. for every device over budget (least slack first): if the cheapest threshold switch —
 //!    offload `α`/`β` more attention/MLP blocks per stage, or bring one back, chosen for the
-//!    smallest `g = ld + span` whose memory lasts `horizon` more tokens — adds no predicted
-//!    stall, switch; otherwise lend enough KV (at least `n_ts` more tokens) to the peer with
-//!    the most spare memory if the idle link time carries it (Eq. 8); otherwise switch;
+//!    smallest `g = ld + span` whose memory lasts `horizon` more tokens — does not lengthen
+//!    the step the cost model predicts (`loip_plan::cost::overlapped_round`), switch; otherwise lend enough KV (at least `n_ts` more tokens) to the peer with
+//!    the most spare memory if the idle link time carries it (Eq. 8); otherwise switch (when
+//!    no layout lasts, offload every block if that frees anything — with one stage per
+//!    device it does not: the slot holds what is offloaded);
 //! 3. evict and recompute what still does not fit (the baselines only do this).
 
 use crate::compute::DeviceModel;
 use crate::sim::{AdaptConfig, AdaptEvent, KvPolicy, MemorySample};
 use loip_plan::cost;
-use loip_plan::{ExecMode, LoaderProfile, ModelShape, Pattern, StagePlan};
+use loip_plan::{ExecMode, LoaderProfile, ModelShape, StagePlan};
 
 /// Memory and offload state of one pipeline device.
 #[derive(Debug, Clone)]
@@ -67,7 +69,6 @@ pub(crate) struct Measure {
 pub(crate) struct Adapter<'a> {
     pub shape: &'a ModelShape,
     pub mode: ExecMode,
-    pub pattern: Pattern,
     pub b: u32,
     pub policy: KvPolicy,
     pub cfg: AdaptConfig,
@@ -149,36 +150,44 @@ impl<'a> Adapter<'a> {
             .collect()
     }
 
-    /// Uncovered load per round of device `i` with `a`/`m` offloaded per stage (overlapped),
-    /// as the simulator sees it: sporadic, the slot is free for `C − off + c`; bursty, it
-    /// holds a stage's blocks from the first micro-batch's run to the last one's, so it is free
-    /// for `P − (b−1)·C_i − off` (the cost model's `P − b·off` overstates that window).  // seconds
-    fn predicted_stall(&self, i: usize, a: u32, m: u32, times: &[(f64, f64)], bw: f64) -> f64 {
-        let nd = self.devs.len();
-        let hop = if nd > 1 {
-            (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64 / bw + self.latency
-        } else {
-            0.0
-        };
-        let per_dev: Vec<f64> = (0..nd)
-            .map(|j| self.devs[j].n_max as f64 * (times[j].0 + times[j].1))
-            .collect();
-        let sum_c: f64 = per_dev.iter().sum();
-        let c = nd as f64 * hop;
+    /// `g = ld + span` of `a`/`m` offloaded blocks per stage on device `i`.  // seconds
+    fn g(&self, i: usize, a: u32, m: u32, times: &[(f64, f64)]) -> f64 {
         let (ta, tm) = times[i];
         let (a, m) = (a.min(self.devs[i].n_max), m.min(self.devs[i].n_max));
         let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
-        let ld = self.loaders[i].load_time(bytes, a + m);
-        let off = cost::span(a, m, ta, tm);
-        match self.pattern {
-            Pattern::Sporadic => (ld + off - sum_c - c).max(0.0),
-            Pattern::Bursty => {
-                let bf = self.b as f64;
-                let busiest = per_dev.iter().map(|&x| bf * (x + hop)).fold(0.0, f64::max);
-                let p = (sum_c + c).max(busiest);
-                (ld + (bf - 1.0) * per_dev[i] + off - p).max(0.0)
-            }
-        }
+        self.loaders[i].load_time(bytes, a + m) + cost::span(a, m, ta, tm)
+    }
+
+    /// Predicted time of a step if device `i` offloads `a`/`m` blocks per stage and the others
+    /// keep their layouts (overlapped): the cost model's rounds ([`cost::overlapped_round`])
+    /// at the current block times and bandwidth, `s − 1` without the LM head and one with
+    /// it.  // seconds
+    fn predicted_step(&self, i: usize, a: u32, m: u32, times: &[(f64, f64)], bw: f64) -> f64 {
+        let nd = self.devs.len();
+        let act = (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64;
+        let (c, link) = if nd > 1 {
+            (nd as f64 * (act / bw + self.latency), act / bw)
+        } else {
+            (0.0, 0.0)
+        };
+        let mut parts: Vec<cost::DeviceRound> = (0..nd)
+            .map(|j| {
+                let (ja, jm) = if j == i {
+                    (a, m)
+                } else {
+                    counts_max(&self.devs[j].stages)
+                };
+                cost::DeviceRound {
+                    compute: self.devs[j].n_max as f64 * (times[j].0 + times[j].1),
+                    g: self.g(j, ja, jm, times),
+                }
+            })
+            .collect();
+        let rounds = self.devs[i].stages.len().max(1) as f64;
+        let plain = cost::overlapped_round(&parts, self.b, c, link).time;
+        parts[nd - 1].compute += self.models[nd - 1].head(1);
+        let with_head = cost::overlapped_round(&parts, self.b, c, link).time;
+        (rounds - 1.0) * plain + with_head
     }
 
     /// Stages of device `i` with `a`/`m` offloaded blocks per stage (capped per stage).
@@ -200,7 +209,6 @@ impl<'a> Adapter<'a> {
     fn best_switch(&self, i: usize, tokens: u64, times: &[(f64, f64)]) -> Option<(u32, u32)> {
         let n = self.devs[i].n_max;
         let (ca, cm) = counts_max(&self.devs[i].stages);
-        let (ta, tm) = times[i];
         let mut best: Option<(f64, u32, u32, u32)> = None;
         for a in 0..=n {
             for m in 0..=n {
@@ -208,8 +216,7 @@ impl<'a> Adapter<'a> {
                 if self.mem_with(i, base, tokens) > self.devs[i].budget {
                     continue;
                 }
-                let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
-                let g = self.loaders[i].load_time(bytes, a + m) + cost::span(a, m, ta, tm);
+                let g = self.g(i, a, m, times);
                 let moved = a.abs_diff(ca) + m.abs_diff(cm);
                 if best.is_none_or(|b| (g, moved) < (b.0, b.1)) {
                     best = Some((g, moved, a, m));
@@ -333,9 +340,9 @@ impl<'a> Adapter<'a> {
                     .best_switch(i, horizon, &times)
                     .or_else(|| self.best_switch(i, tok, &times));
                 let (ca, cm) = counts_max(&self.devs[i].stages);
-                let stall_now = self.predicted_stall(i, ca, cm, &times, bw);
+                let step_now = self.predicted_step(i, ca, cm, &times, bw);
                 let free = sw.is_some_and(|(a, m)| {
-                    self.predicted_stall(i, a, m, &times, bw) <= stall_now + 1e-12
+                    self.predicted_step(i, a, m, &times, bw) <= step_now * (1.0 + 1e-12)
                 });
                 let saving = self.lend_saving_pt(i);
                 if lending && !free && saving > 0 {
@@ -360,8 +367,14 @@ impl<'a> Adapter<'a> {
                 match sw {
                     Some(to) => self.switch(i, step, to),
                     None => {
+                        // Offload everything if that frees memory at all (with one stage per
+                        // device the slot holds what was offloaded, so it frees nothing and
+                        // only adds loads); eviction handles the rest.
                         let n = self.devs[i].n_max;
-                        self.switch(i, step, (n, n));
+                        let least = self.base(i, &self.layout(i, n, n));
+                        if least < self.base(i, &self.devs[i].stages) {
+                            self.switch(i, step, (n, n));
+                        }
                     }
                 }
             }

@@ -1,9 +1,9 @@
 //! Block compute times of one device, extended beyond what the cost model needs.
 //!
 //! The cost model prices one decoded token per sequence with the whole block on one device:
-//! `t^A(1, n)` and `t^P(1)` from [`DeviceProfile`]. For those arguments this module returns
-//! exactly the profile's numbers, so simulator and cost model agree by construction on the
-//! compute of a block. It adds what the simulator needs besides:
+//! `t^A(1, n)`, `t^P(1)` and the LM head `t^H(1)` from [`DeviceProfile`]. For those arguments
+//! this module returns exactly the profile's numbers, so simulator and cost model agree by
+//! construction on the compute of a block. It adds what the simulator needs besides:
 //!
 //! - **several tokens of one sequence** (recomputation of evicted KV: the current token plus
 //!   `e` recomputed ones): the weights and the sequence's KV are read once, FLOPs scale with
@@ -11,13 +11,11 @@
 //! - **several sequences at once** (tensor parallelism under bursty traffic): each sequence
 //!   reads its own KV;
 //! - **a fraction `f` of a block** (a tensor-parallel shard): weight and KV bytes and FLOPs
-//!   scale with `f`, the per-block overhead does not;
-//! - **the LM head**, which the cost model leaves out: `H` bytes read once, `2·vocab·hidden`
-//!   FLOPs per token.
+//!   scale with `f`, the per-block overhead does not.
 //!
 //! For roofline profiles these follow the roofline formula of `loip_plan::profile`; for
 //! measured profiles (grids in `b`) the extension is an approximation: the grid's time at
-//! `b = tokens` scaled by `f` (and, for the head, by `H / P`).
+//! `b = tokens` scaled by `f`.
 
 use loip_plan::{ComputeModel, DeviceProfile, ModelShape};
 
@@ -72,21 +70,10 @@ impl<'a> DeviceModel<'a> {
         }
     }
 
-    /// Final norm + LM head for `tokens` tokens (the cost model leaves it out).  // seconds
+    /// Final norm + LM head for `tokens` tokens: the profile's `t^H(tokens)`, as in the cost
+    /// model.  // seconds
     pub fn head(&self, tokens: u32) -> f64 {
-        let s = self.shape;
-        let tokens = tokens.max(1) as f64;
-        match &self.profile.compute {
-            ComputeModel::Roofline(r) => {
-                let flops = tokens * 2.0 * (s.vocab * s.hidden) as f64;
-                (s.head_bytes as f64 / r.mem_bw).max(flops / r.peak_flops) / r.efficiency
-                    + r.block_overhead
-            }
-            ComputeModel::Measured(_) => {
-                self.profile.mlp_time(s, tokens as u32) * s.head_bytes as f64
-                    / s.mlp_bytes.max(1) as f64
-            }
-        }
+        self.profile.head_time(self.shape, tokens.max(1))
     }
 
     /// Relative speed for tensor-parallel sharding: layers per second at one token.  // 1/s
@@ -115,5 +102,6 @@ mod tests {
         let half = m.attn(1, 2, 1000, 0.5);
         assert!(half > 0.45 * m.attn(1, 1, 1000, 1.0) && half < 0.55 * m.attn(1, 1, 1000, 1.0));
         assert!(m.head(1) > 0.0);
+        assert_eq!(m.head(1), p.head_time(&shape, 1));
     }
 }

@@ -315,7 +315,8 @@ pub struct Results {
     pub experiments: Vec<Experiment>,
     /// One record per (experiment, setup, method, pattern, bandwidth), in that order.
     pub records: Vec<Record>,
-    /// The LOIP run with the most adaptation, for the memory plot.
+    /// The LOIP run with the most adaptation (lending first, then switches, then eviction),
+    /// for the memory plot.
     pub memory_run: Option<MemoryRun>,
     /// Settings.
     pub config: ExperimentConfig,
@@ -426,7 +427,7 @@ pub fn run_experiments(
             .max()
             .unwrap_or(0);
         if j.method == Method::Loip && r.status == Status::Ok {
-            let score = 2 * lends.min(1) * 1000 + switches + lends;
+            let score = 2 * lends.min(1) * 1000 + switches + lends + usize::from(evicted > 0);
             if memory_run.is_none_or(|m| score > m.0) {
                 memory_run = Some((score, idx));
             }

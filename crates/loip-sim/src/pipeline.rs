@@ -386,7 +386,6 @@ pub fn simulate_pipeline(
     let ad = Adapter {
         shape,
         mode: plan.mode,
-        pattern: cfg.pattern,
         b,
         policy: cfg.kv_policy,
         cfg: cfg.adapt,

@@ -200,8 +200,10 @@ pub struct MemoryChart {
     pub title: String,
     /// Budget.  // bytes
     pub budget: u64,
-    /// `(time s, total, weights + buffers, KV lent)` per step.  // seconds, bytes
+    /// `(time s, total, weights + buffers, right-axis KV)` per step.  // seconds, bytes
     pub points: Vec<Point>,
+    /// What the right axis shows: `"lent to a peer"` or `"evicted"` (runs without lending).
+    pub right_axis: String,
     /// `(time s, label)` of threshold switches.
     pub switches: Vec<(f64, String)>,
 }
@@ -249,7 +251,7 @@ fn draw_memory<DB: DrawingBackend>(
         .map_err(|e| format!("{e:?}"))?;
     chart
         .configure_secondary_axes()
-        .y_desc("KV lent to a peer (MB)")
+        .y_desc(format!("KV {} (MB)", c.right_axis))
         .y_label_formatter(&|v| format!("{v:.1}"))
         .label_style(("sans-serif", 14))
         .draw()
@@ -289,7 +291,7 @@ fn draw_memory<DB: DrawingBackend>(
             green.stroke_width(2),
         )))
         .map_err(|e| format!("{e:?}"))?
-        .label("KV lent (right axis)")
+        .label(format!("KV {} (right axis)", c.right_axis))
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], green.stroke_width(2)));
     let orange = RGBColor(255, 127, 14);
     for (j, (t, label)) in c.switches.iter().enumerate() {
@@ -343,8 +345,16 @@ pub fn memory_chart_of(m: &MemoryRun) -> Option<MemoryChart> {
             })
             .count()
     };
-    let dev = (0..nd).max_by_key(|&i| (events_of(i), std::cmp::Reverse(i)))?;
+    // The device with the most switches and lending; ties: the fullest one at its peak.
+    let fullness = |i: usize| {
+        r.devices
+            .get(i)
+            .map(|d| (d.peak_memory as u128 * 1000) / d.budget.max(1) as u128)
+            .unwrap_or(0)
+    };
+    let dev = (0..nd).max_by_key(|&i| (events_of(i), fullness(i), std::cmp::Reverse(i)))?;
     let samples = &r.memory[dev];
+    let lent = samples.iter().any(|s| s.kv_lent > 0) || samples.iter().all(|s| s.kv_evicted == 0);
     let time_of = |step: u32| {
         samples
             .iter()
@@ -389,8 +399,12 @@ pub fn memory_chart_of(m: &MemoryRun) -> Option<MemoryChart> {
         budget: r.devices.get(dev).map(|d| d.budget).unwrap_or(0),
         points: samples
             .iter()
-            .map(|s| (s.time_s, s.total, s.weights, s.kv_lent))
+            .map(|s| {
+                let right = if lent { s.kv_lent } else { s.kv_evicted };
+                (s.time_s, s.total, s.weights, right)
+            })
             .collect(),
+        right_axis: if lent { "lent to a peer" } else { "evicted" }.to_string(),
         switches,
     })
 }

@@ -1,9 +1,8 @@
 //! Acceptance checks of the simulator: agreement with the cost model, determinism, OOM,
 //! monotonicity in bandwidth, and KV lending never hurting.
 
-use loip_plan::{Cluster, Pattern, Plan, PlanRequest};
+use loip_plan::{Cluster, Pattern, PlanRequest};
 use loip_sim::bandwidth::{Bandwidth, BandwidthTrace};
-use loip_sim::compute::DeviceModel;
 use loip_sim::experiments::{experiments, run_experiments, ExperimentConfig};
 use loip_sim::testkit::{random_cluster, random_request, steady_config};
 use loip_sim::tp::{place_tp, simulate_tp, TpKind};
@@ -11,52 +10,62 @@ use loip_sim::{
     report, run_method, shape, simulate_pipeline, AdaptEvent, KvPolicy, Method, SimConfig, Status,
 };
 
-/// LM head time of the plan's last device, which the cost model leaves out.  // milliseconds
-fn head_ms(plan: &Plan, cluster: &Cluster, shape: &loip_plan::ModelShape) -> f64 {
-    let last = cluster.device(&plan.devices.last().unwrap().name).unwrap();
-    DeviceModel::new(&last.profile, shape).head(1) * 1e3
+/// Simulates `loip`'s plan for `pattern` on random cluster `seed` in steady state at its
+/// planned context; returns (simulated, predicted) ms/token and a description, or `None`
+/// when nothing can be planned.
+fn steady_state(seed: u64, pattern: Pattern) -> Option<(f64, f64, String)> {
+    let cluster = random_cluster(seed);
+    let (name, ctx) = random_request(seed);
+    let sh = shape(name).unwrap();
+    let b = match pattern {
+        Pattern::Sporadic => 1,
+        Pattern::Bursty => cluster.devices.len() as u32,
+    };
+    let req = PlanRequest {
+        context: ctx,
+        pattern,
+        ..Default::default()
+    };
+    let plan = loip_plan::plan("loip", &sh, &cluster, &req).ok()?;
+    let steps = 12;
+    let mut cfg = steady_config(&cluster, ctx, steps);
+    cfg.pattern = pattern;
+    cfg.sequences = b;
+    // The KV held at the last step, b·(prompt + steps), is at most the planned context.
+    cfg.prompt_tokens = ((ctx / b as u64) as u32).saturating_sub(steps).max(1);
+    let r = simulate_pipeline(&plan, &sh, &cluster, &cfg).unwrap();
+    assert_ne!(r.status, Status::Oom, "seed {seed}");
+    assert!(
+        r.events.is_empty(),
+        "seed {seed} {pattern}: memory was planned for this context"
+    );
+    let sim = r.window_ms_per_token(4, steps as usize, b);
+    let what = format!(
+        "seed {seed} {pattern} ({name}, {} devices, s = {})",
+        plan.devices.len(),
+        plan.stages_per_device
+    );
+    Some((sim, plan.predicted_ms_per_token, what))
 }
 
-/// Sporadic steady state at the planned context agrees with the cost model on every `loip`
-/// plan of 200 random clusters. The cost model leaves out the LM head (up to 7% of a token on
-/// a Xavier NX with Qwen3-32B's 152k vocabulary); the simulator runs it, hidden behind load
-/// stalls or not. So the check is `pred·(1 − 2%) ≤ sim ≤ (pred + head)·(1 + 2%)`, and without
-/// the head it is within 5% of the cost model.
+/// For sporadic steady state, the simulator agrees with the planner's cost model within 5%
+/// on every `loip` plan of 200 random clusters (LM head included in both; the remaining
+/// difference is mostly the return hop, which the cost model prices as an activation and the
+/// simulator as a 4-byte token id).
 #[test]
 fn sporadic_steady_state_agrees_with_cost_model() {
     let mut checked = 0;
-    let mut worst_raw: f64 = 0.0;
+    let mut worst: f64 = 0.0;
     for seed in 0..200u64 {
-        let cluster = random_cluster(seed);
-        let (name, ctx) = random_request(seed);
-        let sh = shape(name).unwrap();
-        let req = PlanRequest {
-            context: ctx,
-            pattern: Pattern::Sporadic,
-            ..Default::default()
-        };
-        let Ok(plan) = loip_plan::plan("loip", &sh, &cluster, &req) else {
+        let Some((sim, pred, what)) = steady_state(seed, Pattern::Sporadic) else {
             continue;
         };
-        let steps = 12;
-        let mut cfg = steady_config(&cluster, ctx, steps);
-        cfg.prompt_tokens = (ctx as u32).saturating_sub(steps).max(1);
-        let r = simulate_pipeline(&plan, &sh, &cluster, &cfg).unwrap();
-        assert_ne!(r.status, Status::Oom, "seed {seed}");
+        let diff = sim / pred - 1.0;
         assert!(
-            r.events.is_empty(),
-            "seed {seed}: memory was planned for this context"
+            diff.abs() <= 0.05,
+            "{what}: simulated {sim:.2} ms/token, cost model {pred:.2}"
         );
-        let sim = r.window_ms_per_token(4, steps as usize, 1);
-        let pred = plan.predicted_ms_per_token;
-        let head = head_ms(&plan, &cluster, &sh);
-        assert!(
-            sim >= pred * 0.98 && sim <= (pred + head) * 1.02,
-            "seed {seed} ({name}, {} devices, s = {}): simulated {sim:.2} ms/token, cost model {pred:.2}, LM head {head:.2}",
-            plan.devices.len(),
-            plan.stages_per_device
-        );
-        worst_raw = worst_raw.max((sim / pred - 1.0).abs());
+        worst = worst.max(diff.abs());
         checked += 1;
     }
     assert!(
@@ -64,8 +73,48 @@ fn sporadic_steady_state_agrees_with_cost_model() {
         "only {checked} random clusters could be planned"
     );
     eprintln!(
-        "{checked} plans; largest raw difference {:.1}% (LM head)",
-        worst_raw * 100.0
+        "sporadic: {checked} plans, largest difference {:.2}%",
+        worst * 100.0
+    );
+}
+
+/// Bursty steady state (`|D|` sequences in flight) on the same 200 random clusters: every
+/// `loip` plan simulates within 10% of the cost model, and at least 95% of them within 5%.
+/// The cost model lets a device's slot be busy for `(b−1)·C_i + off_i` per round; a device
+/// that is not the bottleneck receives its micro-batches further apart than `C_i`, holds its
+/// slot longer and can stall where the model says its load is hidden (up to 9% slower than
+/// predicted on these clusters; see `loip_plan::cost`).
+#[test]
+fn bursty_steady_state_agrees_with_cost_model() {
+    let mut checked = 0;
+    let mut within_5 = 0;
+    let (mut lo, mut hi): (f64, f64) = (0.0, 0.0);
+    for seed in 0..200u64 {
+        let Some((sim, pred, what)) = steady_state(seed, Pattern::Bursty) else {
+            continue;
+        };
+        let diff = sim / pred - 1.0;
+        assert!(
+            diff.abs() <= 0.10,
+            "{what}: simulated {sim:.2} ms/token, cost model {pred:.2}"
+        );
+        within_5 += usize::from(diff.abs() <= 0.05);
+        lo = lo.min(diff);
+        hi = hi.max(diff);
+        checked += 1;
+    }
+    assert!(
+        checked >= 150,
+        "only {checked} random clusters could be planned"
+    );
+    assert!(
+        within_5 * 100 >= 95 * checked,
+        "only {within_5} of {checked} bursty plans within 5%"
+    );
+    eprintln!(
+        "bursty: {checked} plans, {within_5} within 5%, simulated/predicted − 1 in [{:+.2}%, {:+.2}%]",
+        lo * 100.0,
+        hi * 100.0
     );
 }
 
@@ -298,7 +347,7 @@ fn kv_lending_never_makes_loip_slower() {
         }
         assert!(
             with.ms_per_token <= without.ms_per_token * (1.0 + 1e-9),
-            "{name} on {} devices, {pattern}, {mbps:.0} Mbit/s: with lending {:.3} ms/token, without {:.3}",
+            "{name} on {} devices, {pattern}, {mbps:.0} Mbit/s: with lending {:.9} ms/token, without {:.9}",
             cluster.devices.len(),
             with.ms_per_token,
             without.ms_per_token

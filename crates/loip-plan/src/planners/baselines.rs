@@ -174,12 +174,21 @@ impl Planner for Pp {
                 });
                 continue;
             }
-            // One layer each, then one at a time to the device that finishes its share soonest.
+            // One layer each, then one at a time to the device that finishes its share soonest
+            // (the last one also runs the LM head).
             let mut n = vec![1u32; k];
+            let finish = |j: usize, layers: u32| {
+                layers as f64 * ctx.layer_time(used[j])
+                    + if j + 1 == k {
+                        ctx.head_time(used[j])
+                    } else {
+                        0.0
+                    }
+            };
             for _ in k as u32..shape.layers {
                 let pick = (0..k).filter(|&j| n[j] < caps[j]).min_by(|&x, &y| {
-                    let fx = (n[x] + 1) as f64 * ctx.layer_time(used[x]);
-                    let fy = (n[y] + 1) as f64 * ctx.layer_time(used[y]);
+                    let fx = finish(x, n[x] + 1);
+                    let fy = finish(y, n[y] + 1);
                     fx.total_cmp(&fy).then(x.cmp(&y))
                 });
                 match pick {
@@ -287,9 +296,10 @@ impl Planner for PpOffload {
 }
 
 /// EdgeShard DP: least cost of placing all layers on devices in order (skipping allowed),
-/// each used device a contiguous block within `cap`, with per-device cost `n·t_j + e`
-/// restricted to `n·t_j + e ≤ bound`. Returns (Σ (n·t + e), used (j, n)) for the best plan
-/// using at least two devices.
+/// each used device a contiguous block within `cap`, with per-device cost `n·t_j + e` (plus
+/// the LM head `t^H_j` on the device that takes the last layer) and its compute
+/// `n·t_j (+ t^H_j) ≤ bound`. Returns (Σ cost = C + c, used (j, n)) for the best plan using at
+/// least two devices.
 fn edgeshard_dp(ctx: &Ctx, e: f64, bound: f64) -> Option<(f64, Vec<(usize, u32)>)> {
     let k = ctx.cluster.devices.len();
     let l = ctx.shape.layers as usize;
@@ -299,6 +309,7 @@ fn edgeshard_dp(ctx: &Ctx, e: f64, bound: f64) -> Option<(f64, Vec<(usize, u32)>
     dp[0][0][0] = 0.0;
     for j in 0..k {
         let t = ctx.layer_time(j);
+        let head_t = ctx.head_time(j);
         for done in 0..=l {
             for u in 0..3 {
                 let cur = dp[j][done][u];
@@ -312,14 +323,15 @@ fn edgeshard_dp(ctx: &Ctx, e: f64, bound: f64) -> Option<(f64, Vec<(usize, u32)>
                 for n in 1..=(l - done) {
                     let embed = done == 0;
                     let head = done + n == l;
-                    if n as f64 * t + e > bound {
-                        break;
+                    let busy = n as f64 * t + if head { head_t } else { 0.0 };
+                    if busy > bound {
+                        break; // busy grows with n (the head comes with the largest n)
                     }
                     if n as u32 > cap_no_offload(ctx, j, embed, head) {
                         continue;
                     }
                     let nu = (u + 1).min(2);
-                    let cand = cur + n as f64 * t + e;
+                    let cand = cur + busy + e;
                     if cand < dp[j + 1][done + n][nu] {
                         dp[j + 1][done + n][nu] = cand;
                         from[j + 1][done + n][nu] = (n as u32, u as u8);
@@ -364,48 +376,45 @@ impl Planner for EdgeShard {
         let l = shape.layers;
         let bf = ctx.b as f64;
         let bursty = req.pattern == Pattern::Bursty;
+        // Every candidate is priced by the cost model (one stage, nothing offloaded).
+        let total = |used: &[(usize, u32)]| -> f64 {
+            let idx: Vec<usize> = used.iter().map(|u| u.0).collect();
+            let n: Vec<u32> = used.iter().map(|u| u.1).collect();
+            ctx.closed_form(1, &idx, &n, &vec![0.0; used.len()])
+        };
         // Single-device plans (no communication).
         let mut best: Option<(f64, Vec<(usize, u32)>)> = None;
         for j in 0..k {
             if cap_no_offload(&ctx, j, true, true) >= l {
-                let v = l as f64 * ctx.layer_time(j);
+                let used = vec![(j, l)];
+                let v = total(&used);
                 if best.as_ref().is_none_or(|b| v < b.0) {
-                    best = Some((v, vec![(j, l)]));
+                    best = Some((v, used));
                 }
             }
         }
-        // Plans on two or more devices: c = |used|·e is additive over used devices.
+        // Plans on two or more devices: c = |used|·e is additive over used devices, and the
+        // DP's objective is Σ (n·t + e) + t^H = C + c with the head.
         let e = shape.act_bytes_per_token as f64 / cluster.link.bandwidth + cluster.link.latency;
-        let total = |sum_t: f64, used: &[(usize, u32)]| -> f64 {
-            let c = cost::round_comm(shape, cluster, used.len());
-            if bursty {
-                let ee = cost::per_hop_comm(shape, cluster, used.len());
-                let busiest = used
-                    .iter()
-                    .map(|&(j, n)| bf * (n as f64 * ctx.layer_time(j) + ee))
-                    .fold(0.0, f64::max);
-                (sum_t + c).max(busiest) / bf
-            } else {
-                sum_t + c
-            }
-        };
+        let link = cost::link_time(shape, cluster, 2);
         if k >= 2 {
             if !bursty {
-                // Σ n·t + |used|·e = C + c, exactly the DP's objective.
                 if let Some((_, used)) = edgeshard_dp(&ctx, e, f64::INFINITY) {
-                    let sum_t: f64 = used
-                        .iter()
-                        .map(|&(j, n)| n as f64 * ctx.layer_time(j))
-                        .sum();
-                    let v = total(sum_t, &used);
+                    let v = total(&used);
                     if best.as_ref().is_none_or(|b| v < b.0) {
                         best = Some((v, used));
                     }
                 }
             } else {
+                // Bursty: bound the busiest device's compute B; the round is
+                // max(C + c, b·max(B, h/bw)), so binary-search the B where b·max(B, h/bw)
+                // overtakes the least C + c under that bound.
                 let mut cands: Vec<f64> = (0..k)
                     .flat_map(|j| (1..=l).map(move |n| (j, n)))
-                    .map(|(j, n)| n as f64 * ctx.layer_time(j) + e)
+                    .flat_map(|(j, n)| {
+                        let busy = n as f64 * ctx.layer_time(j);
+                        [busy, busy + ctx.head_time(j)]
+                    })
                     .collect();
                 cands.sort_by(f64::total_cmp);
                 cands.dedup();
@@ -414,7 +423,7 @@ impl Planner for EdgeShard {
                 while lo < hi {
                     let mid = (lo + hi) / 2;
                     let crossed =
-                        run(mid).is_some_and(|(sum_with_hops, _)| bf * cands[mid] >= sum_with_hops);
+                        run(mid).is_some_and(|(pass, _)| bf * cands[mid].max(link) >= pass);
                     if crossed {
                         hi = mid;
                     } else {
@@ -424,11 +433,7 @@ impl Planner for EdgeShard {
                 for bi in [lo.wrapping_sub(1), lo] {
                     if bi < cands.len() {
                         if let Some((_, used)) = run(bi) {
-                            let sum_t: f64 = used
-                                .iter()
-                                .map(|&(j, n)| n as f64 * ctx.layer_time(j))
-                                .sum();
-                            let v = total(sum_t, &used);
+                            let v = total(&used);
                             if best.as_ref().is_none_or(|b| v < b.0) {
                                 best = Some((v, used));
                             }

@@ -1,29 +1,43 @@
-//! `loip`: the exact allocation scheduler of design §4.
+//! `loip`: the exact allocation scheduler of design §4, for the cost model of [`crate::cost`].
 //!
 //! For each stage count `s` dividing `L` and each device `i` (and its role: holds the
-//! embedding, the head, both or neither), `G_i(n)` is the least `g = ld + w·span` over block
-//! choices `(a, m)` whose memory fits (`w = 1` sporadic, `b` bursty). For fixed `a` the
-//! least `m` that fits is optimal because `g` grows with `a` and `m`, so `G_i(n)` costs
-//! `O(n)`. `G_i` is non-decreasing in `n` (dropping a layer never needs more memory), so
-//! for a bound `Λ` on `max_i g_i` the feasible layer counts of device `i` are `1..=cap_i(Λ)`.
+//! embedding, the head, both or neither), `G_i(n)` is the least `g = ld + span` over block
+//! choices `(a, m)` whose memory fits. For fixed `a` the least `m` that fits is optimal
+//! because `g` grows with `a` and `m`, so `G_i(n)` costs `O(n)`. `G_i` is non-decreasing in
+//! `n` (dropping a layer never needs more memory).
 //!
-//! - Sporadic: `T = s·(c + max(Σ n_i t_i, max_i g_i − c))`. For each candidate `Λ` (the
-//!   finite values of `G`), the least `Σ n_i t_i` under `1 ≤ n_i ≤ cap_i`, `Σ n_i = L/s` is a
-//!   linear problem solved greedily (fill the fastest devices first); this is the design's
-//!   DP over devices, solved in closed form.
-//! - Bursty: `T = s·max(C + c, b·max_i (n_i t_i + h/bw + δ), max_i g_i) / b`. For each `Λ`,
-//!   the bottleneck bound `B` is searched over its candidate values; `C(B)` does not grow
-//!   with `B` and `b·B` grows, so a binary search finds the best `B`.
+//! With identical stages, `n_j` layers per stage on used device `j` (per-layer time `t_j`),
+//! `C = Σ n_j t_j`, `t^H` the head time of the last used device `L`, `b` micro-batches
+//! (1 sporadic), `c` one pass over the links and `ℓ = h/bw`, the cost model gives
 //!
-//! The optimum has `Λ` (and `B`) equal to one of the candidates, so the search is exact for
-//! the cost model. All ordered subsets of up to 10 devices are tried (larger clusters: all
+//! ```text
+//! X_j(n)  = max(b·n·t_j, G_j(n) + (b−1)·n·t_j)                       device j's own demand on a round
+//! X'_L(n) = max(b·(n·t_L + t^H), G_L(n) + (b−1)·(n·t_L + t^H))        the same in the round with the head
+//! T = [ (s−1)·max(C + c, b·ℓ, max_j X_j)  +  max(C + t^H + c, b·ℓ, max_{j≠L} X_j, X'_L) ] / b
+//! ```
+//!
+//! `X_j` is non-decreasing in `n`, so for a bound `Λ ≥ max_j X_j` the feasible layer counts of
+//! device `j` are `1..=cap_j(Λ)`. For each candidate `Λ` (the finite values of the `X_j`, in
+//! increasing order, stopping once `s·Λ/b` exceeds the best found), replacing `max_j X_j`
+//! by `Λ` in `T` gives an upper bound that is tight at the optimum's own `Λ`:
+//!
+//! - sporadic (`b = 1`): `X'_L ≤ max(C + t^H, Λ)`, so the bound depends on the allocation only
+//!   through `C`; the least `C` under `1 ≤ n_j ≤ cap_j`, `Σ n_j = L/s` is a linear problem
+//!   solved greedily (fill the fastest devices first) — the design's DP over devices in
+//!   closed form;
+//! - bursty: the bound also depends on `n_L` through `X'_L`, so every `n_L ≤ cap_L` is tried,
+//!   the other devices filled greedily with the rest (a prefix sum of the greedy fill gives
+//!   all of them in `O(L/s)`).
+//!
+//! So the search is exact for the cost model; `tests/optimality.rs` checks it against a
+//! brute force. All ordered subsets of up to 10 devices are tried (larger clusters: all
 //! devices and every single drop); a dropped device is reported with the reason.
 
 use super::{build_plan, divisors, does_not_fit, Ctx, PlanRequest, Planner};
 use crate::cluster::Cluster;
 use crate::cost;
 use crate::error::PlanError;
-use crate::plan::{DroppedDevice, ExecMode, Pattern, Plan};
+use crate::plan::{DroppedDevice, ExecMode, Plan};
 use crate::profile::LoaderKind;
 use crate::shape::ModelShape;
 
@@ -131,23 +145,23 @@ pub(crate) fn g_tables(ctx: &Ctx, s: u32, per_stage: u32) -> Vec<[Vec<GEntry>; 4
         .collect()
 }
 
-/// Least `Σ n_j t_j` with `1 ≤ n_j ≤ caps[j]`, `Σ n_j = total`; `order` lists `j` by `t_j`.
+/// Least `Σ n_j t_j` with `1 ≤ n_j ≤ caps[j]`, `Σ n_j = total`, over the devices in `order`
+/// (sorted by `t_j`, fastest first); writes the `n_j` of those devices.
 fn greedy(order: &[usize], caps: &[u32], t: &[f64], total: u32, n: &mut [u32]) -> Option<f64> {
-    let k = caps.len() as u32;
-    if total < k || caps.contains(&0) {
+    let k = order.len() as u32;
+    if total < k || order.iter().any(|&j| caps[j] == 0) {
         return None;
     }
     let mut left = total - k;
-    n.iter_mut().for_each(|x| *x = 1);
     for &j in order {
         let add = (caps[j] - 1).min(left);
-        n[j] += add;
+        n[j] = 1 + add;
         left -= add;
     }
     if left > 0 {
         return None;
     }
-    Some(n.iter().zip(t).map(|(&n, &t)| n as f64 * t).sum())
+    Some(order.iter().map(|&j| n[j] as f64 * t[j]).sum())
 }
 
 /// Best (seconds per token, layers per device) for devices `idx` (in order) and `s`.
@@ -162,72 +176,73 @@ pub(crate) fn solve_subset(
     if (per_stage as usize) < k || k == 0 {
         return None;
     }
+    let last = k - 1;
     let max_n = (per_stage as usize - k + 1).min(per_stage as usize);
     let rows: Vec<&[GEntry]> = (0..k)
         .map(|j| {
-            let role = usize::from(j == 0) | (usize::from(j + 1 == k) << 1);
+            let role = usize::from(j == 0) | (usize::from(j == last) << 1);
             &tables[idx[j]][role][..max_n]
         })
         .collect();
     let t: Vec<f64> = idx.iter().map(|&i| ctx.layer_time(i)).collect();
-    let mut order: Vec<usize> = (0..k).collect();
-    order.sort_by(|&x, &y| t[x].total_cmp(&t[y]).then(x.cmp(&y)));
-    let mut cands: Vec<f64> = rows
+    let head = ctx.head_time(idx[last]);
+    // X_j(n) and X'_L(n), index n − 1.
+    let x: Vec<Vec<f64>> = (0..k)
+        .map(|j| {
+            rows[j]
+                .iter()
+                .enumerate()
+                .map(|(n0, e)| ctx.demand((n0 + 1) as f64 * t[j], e.g))
+                .collect()
+        })
+        .collect();
+    let x_head: Vec<f64> = rows[last]
         .iter()
-        .flat_map(|r| r.iter().map(|e| e.g))
-        .filter(|g| g.is_finite())
+        .enumerate()
+        .map(|(n0, e)| ctx.demand((n0 + 1) as f64 * t[last] + head, e.g))
+        .collect();
+    let mut cands: Vec<f64> = x
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
         .collect();
     cands.sort_by(f64::total_cmp);
     cands.dedup();
     let sf = s as f64;
-    let c = cost::round_comm(ctx.shape, ctx.cluster, k);
-    let e = cost::per_hop_comm(ctx.shape, ctx.cluster, k);
     let bf = ctx.b as f64;
-    let bursty = ctx.req.pattern == Pattern::Bursty;
-    // Bottleneck candidates (bursty): n·t_j + e for every j and n.
-    let per_dev_b: Vec<Vec<f64>> = t
-        .iter()
-        .map(|&tj| (1..=max_n).map(|n| n as f64 * tj + e).collect())
-        .collect();
-    let mut b_cands: Vec<f64> = if bursty {
-        per_dev_b.iter().flatten().copied().collect()
-    } else {
-        Vec::new()
+    let c = cost::round_comm(ctx.shape, ctx.cluster, k);
+    let busy_link = bf * cost::link_time(ctx.shape, ctx.cluster, k);
+    // T with max_j X_j bounded by `lam` (the others' by `lam_other`) and X'_L = `xl`.
+    let total = |sum_c: f64, lam: f64, lam_other: f64, xl: f64| -> f64 {
+        let plain = (sum_c + c).max(busy_link).max(lam);
+        let with_head = (sum_c + head + c).max(busy_link).max(lam_other).max(xl);
+        ((sf - 1.0) * plain + with_head) / bf
     };
-    b_cands.sort_by(f64::total_cmp);
-    b_cands.dedup();
+    let actual = |n: &[u32]| -> f64 {
+        let sum_c: f64 = n.iter().zip(&t).map(|(&n, &t)| n as f64 * t).sum();
+        let lam_other = (0..last)
+            .map(|j| x[j][n[j] as usize - 1])
+            .fold(0.0, f64::max);
+        let lam = lam_other.max(x[last][n[last] as usize - 1]);
+        total(sum_c, lam, lam_other, x_head[n[last] as usize - 1])
+    };
+    let mut order: Vec<usize> = (0..k).collect();
+    order.sort_by(|&a, &b| t[a].total_cmp(&t[b]).then(a.cmp(&b)));
+    let others: Vec<usize> = order.iter().copied().filter(|&j| j != last).collect();
 
     let mut best: Option<(f64, Vec<u32>)> = None;
     let mut n = vec![0u32; k];
     let mut caps = vec![0u32; k];
-    let mut caps_b = vec![0u32; k];
-    let actual = |n: &[u32]| -> f64 {
-        let sum_c: f64 = n.iter().zip(&t).map(|(&n, &t)| n as f64 * t).sum();
-        let max_g = n
-            .iter()
-            .zip(&rows)
-            .map(|(&n, r)| r[n as usize - 1].g)
-            .fold(0.0, f64::max);
-        if bursty {
-            let busiest = n
-                .iter()
-                .zip(&t)
-                .map(|(&n, &t)| bf * (n as f64 * t + e))
-                .fold(0.0, f64::max);
-            sf * (sum_c + c).max(busiest).max(max_g) / bf
-        } else {
-            sf * (c + sum_c.max(max_g - c))
-        }
-    };
+    let mut fill: Vec<f64> = Vec::with_capacity(per_stage as usize + 1);
     for &lam in &cands {
-        let lower = if bursty { sf * lam / bf } else { sf * lam };
-        if best.as_ref().is_some_and(|b| lower >= b.0) {
+        if best.as_ref().is_some_and(|b| sf * lam / bf >= b.0) {
             break;
         }
         for j in 0..k {
-            caps[j] = rows[j].partition_point(|e| e.g <= lam) as u32;
+            caps[j] = x[j].partition_point(|&v| v <= lam) as u32;
         }
-        if !bursty {
+        if ctx.b == 1 {
             if greedy(&order, &caps, &t, per_stage, &mut n).is_some() {
                 let v = actual(&n);
                 if best.as_ref().is_none_or(|b| v < b.0) {
@@ -236,30 +251,41 @@ pub(crate) fn solve_subset(
             }
             continue;
         }
-        // Bursty: binary search over the bottleneck bound B.
-        let mut eval_b = |bi: usize, n: &mut [u32]| -> Option<f64> {
-            let bound = b_cands[bi];
-            for j in 0..k {
-                caps_b[j] = caps[j].min(per_dev_b[j].partition_point(|&v| v <= bound) as u32);
-            }
-            greedy(&order, &caps_b, &t, per_stage, n)
-        };
-        let (mut lo, mut hi) = (0usize, b_cands.len());
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            let crossed = eval_b(mid, &mut n).is_some_and(|sum| bf * b_cands[mid] >= sum + c);
-            if crossed {
-                hi = mid;
-            } else {
-                lo = mid + 1;
+        // Bursty: try every n_L; the others take the rest greedily. fill[r] = least extra
+        // compute of the others for r layers beyond one each.
+        if others.iter().any(|&j| caps[j] == 0) {
+            continue;
+        }
+        fill.clear();
+        fill.push(0.0);
+        'fill: for &j in &others {
+            for _ in 1..caps[j] {
+                if fill.len() > per_stage as usize {
+                    break 'fill;
+                }
+                let prev = fill[fill.len() - 1];
+                fill.push(prev + t[j]);
             }
         }
-        for bi in [lo.wrapping_sub(1), lo] {
-            if bi < b_cands.len() && eval_b(bi, &mut n).is_some() {
-                let v = actual(&n);
-                if best.as_ref().is_none_or(|b| v < b.0) {
-                    best = Some((v, n.clone()));
-                }
+        let base: f64 = others.iter().map(|&j| t[j]).sum();
+        let mut pick: Option<(f64, u32)> = None;
+        for nl in 1..=caps[last] {
+            let Some(r) = (per_stage as usize).checked_sub(nl as usize + others.len()) else {
+                break;
+            };
+            let Some(&extra) = fill.get(r) else { continue };
+            let sum_c = base + extra + nl as f64 * t[last];
+            let v = total(sum_c, lam, lam, x_head[nl as usize - 1]);
+            if pick.is_none_or(|p| v < p.0) {
+                pick = Some((v, nl));
+            }
+        }
+        let Some((_, nl)) = pick else { continue };
+        n[last] = nl;
+        if greedy(&others, &caps, &t, per_stage - nl, &mut n).is_some() {
+            let v = actual(&n);
+            if best.as_ref().is_none_or(|b| v < b.0) {
+                best = Some((v, n.clone()));
             }
         }
     }

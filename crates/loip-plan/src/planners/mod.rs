@@ -185,19 +185,24 @@ impl<'a> Ctx<'a> {
         self.times[i].attn + self.times[i].mlp
     }
 
-    /// Offloaded-span weight: 1 (sporadic) or `b` (bursty: the slot is busy for b spans).
-    pub fn span_weight(&self) -> f64 {
-        match self.req.pattern {
-            Pattern::Sporadic => 1.0,
-            Pattern::Bursty => self.b as f64,
-        }
+    /// Final norm + LM head time of cluster device `i` (when it is last).  // seconds
+    pub fn head_time(&self, i: usize) -> f64 {
+        self.times[i].head
     }
 
-    /// `g = ld + w·span` of `a`/`m` offloaded blocks on cluster device `i`.  // seconds
+    /// `g = ld + span` of `a`/`m` offloaded blocks per stage on cluster device `i`.  // seconds
     pub fn g(&self, i: usize, a: u32, m: u32) -> f64 {
         let t = &self.times[i];
         let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
-        t.loader.load_time(bytes, a + m) + self.span_weight() * cost::span(a, m, t.attn, t.mlp)
+        t.loader.load_time(bytes, a + m) + cost::span(a, m, t.attn, t.mlp)
+    }
+
+    /// What one device alone forces a round to last (the cost model's per-device terms):
+    /// `max(b·C, g + (b−1)·C)` with `C` its compute for one micro-batch (`∞` if `g` is).
+    /// Non-decreasing in `C` and `g`.  // seconds
+    pub fn demand(&self, compute: f64, g: f64) -> f64 {
+        let bf = self.b as f64;
+        (bf * compute).max(g + (bf - 1.0) * compute)
     }
 
     /// Memory of cluster device `i` with `s` stages of (n, a, m) in overlapped mode.  // bytes
@@ -216,26 +221,28 @@ impl<'a> Ctx<'a> {
     }
 
     /// Closed-form seconds per token for identical stages: `n[j]` layers per stage and
-    /// `g[j] = ld + w·span` on used device `j` (cluster index `idx[j]`).  // seconds
+    /// `g[j] = ld + span` on used device `j` (cluster index `idx[j]`, the last one holds the
+    /// head). Equals [`cost::evaluate`] of the built plan: `s − 1` rounds without the head
+    /// and one with it, each [`cost::overlapped_round`].  // seconds
     pub fn closed_form(&self, s: u32, idx: &[usize], n: &[u32], g: &[f64]) -> f64 {
         let nd = idx.len();
         let c = cost::round_comm(self.shape, self.cluster, nd);
-        let e = cost::per_hop_comm(self.shape, self.cluster, nd);
-        let comp: Vec<f64> = idx
+        let link = cost::link_time(self.shape, self.cluster, nd);
+        let mut parts: Vec<cost::DeviceRound> = idx
             .iter()
             .zip(n)
-            .map(|(&i, &n)| n as f64 * self.layer_time(i))
+            .zip(g)
+            .map(|((&i, &n), &g)| cost::DeviceRound {
+                compute: n as f64 * self.layer_time(i),
+                g,
+            })
             .collect();
-        let sum_c: f64 = comp.iter().sum();
-        let max_g = g.iter().copied().fold(0.0, f64::max);
-        match self.req.pattern {
-            Pattern::Sporadic => s as f64 * (c + sum_c.max(max_g - c)),
-            Pattern::Bursty => {
-                let bf = self.b as f64;
-                let busiest = comp.iter().map(|&x| bf * (x + e)).fold(0.0, f64::max);
-                s as f64 * (sum_c + c).max(busiest).max(max_g) / bf
-            }
+        let plain = cost::overlapped_round(&parts, self.b, c, link).time;
+        if let (Some(p), Some(&l)) = (parts.last_mut(), idx.last()) {
+            p.compute += self.head_time(l);
         }
+        let with_head = cost::overlapped_round(&parts, self.b, c, link).time;
+        ((s as f64 - 1.0) * plain + with_head) / self.b as f64
     }
 }
 

@@ -4,7 +4,7 @@
 //! 1. **greedy fill**: devices, fastest first, take as many layers per stage as fit without
 //!    offloading (every device at least one);
 //! 2. **DP on leftover layers**: layers that fit nowhere are spread over the devices to
-//!    minimise the largest `g = ld + w·span` (ties: least compute);
+//!    minimise the largest `g = ld + span` (ties: least compute);
 //! 3. **bottleneck refinement**: move one layer at a time away from the bottleneck device
 //!    (largest `g` when loads dominate, else largest compute) while the prediction improves.
 //!

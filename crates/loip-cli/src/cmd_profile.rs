@@ -1,0 +1,58 @@
+//! `loip profile`: measure this machine as a device profile for the planner (design §7).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use loip_model::slice::Manifest;
+
+/// Arguments of `loip profile`.
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    /// Model to time blocks of: `smollm2`, an HF directory, a GGUF file or a slice directory.
+    #[arg(long, short = 'm', default_value = "smollm2")]
+    pub model: String,
+    /// Where to write the profile JSON.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Device name recorded in the profile.
+    #[arg(long, default_value = "this-machine")]
+    pub name: String,
+    /// Memory the engine may use on this device (default: MemAvailable).
+    #[arg(long)]
+    pub mem: Option<String>,
+}
+
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// `loip profile`.
+pub fn run(a: ProfileArgs) -> Result<()> {
+    let dir = crate::cmd_split::slices_for(&a.model)?;
+    let manifest = Manifest::load(&dir)?;
+    let shape = loip_runtime::shape::shape_from_manifest(&a.model, &manifest);
+    let mem = match &a.mem {
+        Some(m) => loip_plan::parse_bytes(m)?,
+        None => mem_available().context("cannot read MemAvailable; give --mem")?,
+    };
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message("timing attention and MLP blocks, then both loaders");
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let probe = loip_runtime::net::probe::probe(&dir, &manifest, true, true)?;
+    bar.finish_and_clear();
+    let profile = loip_runtime::cluster_run::profile_from_probe(&a.name, mem, &shape, &probe)?;
+    std::fs::write(&a.out, profile.to_json()).with_context(|| format!("writing {}", a.out.display()))?;
+    eprintln!(
+        "measured in {:.1} s: t^A(1,1) {:.3} ms, t^P(1) {:.3} ms, direct {:.2} GB/s, conventional {:.2} GB/s",
+        probe.took_s,
+        probe.attn.first().map_or(0.0, |a| a.1 * 1e3),
+        probe.mlp_s * 1e3,
+        probe.direct.bandwidth / 1e9,
+        probe.conventional.bandwidth / 1e9
+    );
+    println!("{}", a.out.display());
+    Ok(())
+}
