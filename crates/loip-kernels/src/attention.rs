@@ -28,23 +28,52 @@ struct Shape {
     stride: usize,
 }
 
-fn check(q: &[f32], k: &[f32], v: &[f32], n_ctx: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize, out: &[f32]) -> Shape {
-    assert!(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "attention: n_heads must be a multiple of n_kv_heads");
+#[allow(clippy::too_many_arguments)]
+fn check(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_ctx: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    out: &[f32],
+) -> Shape {
+    assert!(
+        n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+        "attention: n_heads must be a multiple of n_kv_heads"
+    );
     let stride = n_kv_heads * head_dim;
     assert_eq!(q.len(), n_heads * head_dim, "attention: q length");
     assert_eq!(out.len(), n_heads * head_dim, "attention: out length");
-    assert!(k.len() >= n_ctx * stride && v.len() >= n_ctx * stride, "attention: k/v shorter than n_ctx positions");
-    Shape { n_ctx, head_dim, group: n_heads / n_kv_heads, stride }
+    assert!(
+        k.len() >= n_ctx * stride && v.len() >= n_ctx * stride,
+        "attention: k/v shorter than n_ctx positions"
+    );
+    Shape {
+        n_ctx,
+        head_dim,
+        group: n_heads / n_kv_heads,
+        stride,
+    }
 }
 
 /// The canonical sum (equal to the canonical dot with a vector of ones).
-fn sum(s: &[f32]) -> f32 {
+pub(crate) fn sum(s: &[f32]) -> f32 {
     let mut acc = [[0f32; LANES]; ACCS];
     let full = s.len() / LANES * LANES;
-    for (g, c) in s[..full].chunks_exact(LANES).enumerate() {
-        let a = &mut acc[g % ACCS];
+    let mut chunks = s[..full].chunks_exact(LANES * ACCS);
+    for c in &mut chunks {
+        // constant indices: the compiler keeps this in vector registers
+        for (a, g) in acc.iter_mut().zip(c.chunks_exact(LANES)) {
+            for l in 0..LANES {
+                a[l] += g[l];
+            }
+        }
+    }
+    for (a, g) in acc.iter_mut().zip(chunks.remainder().chunks_exact(LANES)) {
         for l in 0..LANES {
-            a[l] += c[l];
+            a[l] += g[l];
         }
     }
     let r = canon::reduce(&acc);
@@ -55,27 +84,64 @@ fn sum(s: &[f32]) -> f32 {
     }
 }
 
-/// One head: `qh`: `head_dim`; `out_h`: `head_dim`; `scores`: scratch of `n_ctx`.
-fn head(level: Level, sh: Shape, h: usize, qh: &[f32], k: &[f32], v: &[f32], out_h: &mut [f32], scores: &mut Vec<f32>) {
-    let hd = sh.head_dim;
-    let off = (h / sh.group) * hd;
-    out_h.fill(0.0);
-    if sh.n_ctx == 0 {
+/// Positions per block: the query heads of one task read a block of K (or V) rows while it
+/// is in cache (`POS_BLOCK × head_dim × 4` bytes).
+const POS_BLOCK: usize = 128;
+
+/// Query heads `h0 .. h0 + out.len() / head_dim`, all on the same kv head.
+///
+/// `q`: those heads' queries; `out`: their outputs; `scores`: scratch of `heads × n_ctx`.
+#[allow(clippy::too_many_arguments)]
+fn heads(
+    level: Level,
+    sh: Shape,
+    h0: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let (hd, n) = (sh.head_dim, sh.n_ctx);
+    let nh = out.len() / hd;
+    let off = (h0 / sh.group) * hd; // the kv head's columns
+    out.fill(0.0);
+    if n == 0 {
         return;
     }
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
     scores.clear();
-    scores.extend((0..sh.n_ctx).map(|t| {
-        let kt = &k[t * sh.stride + off..t * sh.stride + off + hd];
-        dispatch::dot_f32(level, kt, qh) * scale
-    }));
-    let m = scores.iter().fold(f32::NEG_INFINITY, |m, &s| vmax(s, m));
-    scores.iter_mut().for_each(|s| *s -= m);
-    dispatch::exp_inplace(level, scores);
-    let total = sum(scores);
-    for (t, &e) in scores.iter().enumerate() {
-        let vt = &v[t * sh.stride + off..t * sh.stride + off + hd];
-        dispatch::axpy(level, e / total, vt, out_h);
+    scores.resize(nh * n, 0.0);
+    // scores, block by block so that each K block is read from memory once for all heads
+    for t0 in (0..n).step_by(POS_BLOCK) {
+        let t1 = (t0 + POS_BLOCK).min(n);
+        let kb = &k[t0 * sh.stride + off..];
+        for (i, s) in scores.chunks_exact_mut(n).enumerate() {
+            dispatch::dot_rows(
+                level,
+                &q[i * hd..(i + 1) * hd],
+                kb,
+                sh.stride,
+                &mut s[t0..t1],
+            );
+        }
+    }
+    // softmax per head
+    for s in scores.chunks_exact_mut(n) {
+        s.iter_mut().for_each(|x| *x *= scale);
+        let m = s.iter().fold(f32::NEG_INFINITY, |m, &x| vmax(x, m));
+        s.iter_mut().for_each(|x| *x -= m);
+        dispatch::exp_inplace(level, s);
+        let total = sum(s);
+        s.iter_mut().for_each(|e| *e /= total);
+    }
+    // weighted sums of V rows, block by block, in increasing position
+    for t0 in (0..n).step_by(POS_BLOCK) {
+        let t1 = (t0 + POS_BLOCK).min(n);
+        let vb = &v[t0 * sh.stride + off..];
+        for (s, oh) in scores.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
+            dispatch::weighted_rows(level, &s[t0..t1], vb, sh.stride, oh);
+        }
     }
 }
 
@@ -89,8 +155,27 @@ fn head(level: Level, sh: Shape, h: usize, qh: &[f32], k: &[f32], v: &[f32], out
 /// # Panics
 /// If the lengths do not match the shape or `n_heads` is not a multiple of `n_kv_heads > 0`.
 #[allow(clippy::too_many_arguments)]
-pub fn attention(q: &[f32], k: &[f32], v: &[f32], n_ctx: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize, out: &mut [f32]) {
-    attention_at(simd::current(), q, k, v, n_ctx, n_heads, n_kv_heads, head_dim, out)
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_ctx: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) {
+    attention_at(
+        simd::current(),
+        q,
+        k,
+        v,
+        n_ctx,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        out,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -109,24 +194,74 @@ pub(crate) fn attention_at(
     if head_dim == 0 {
         return;
     }
+    let threads = rayon::current_num_threads();
     let work = n_ctx.saturating_mul(n_heads).saturating_mul(head_dim);
-    if rayon::current_num_threads() <= 1 || work < PAR_MIN_WORK || n_heads < 2 {
-        let mut scores = Vec::with_capacity(n_ctx);
-        for (h, oh) in out.chunks_exact_mut(head_dim).enumerate() {
-            head(level, sh, h, &q[h * head_dim..(h + 1) * head_dim], k, v, oh, &mut scores);
+    if threads <= 1 || work < PAR_MIN_WORK || n_heads < 2 {
+        let mut scores = Vec::new();
+        for (i, o) in out.chunks_mut(sh.group * head_dim).enumerate() {
+            let h0 = i * sh.group;
+            heads(
+                level,
+                sh,
+                h0,
+                &q[h0 * head_dim..(h0 + sh.group) * head_dim],
+                k,
+                v,
+                o,
+                &mut scores,
+            );
         }
     } else {
-        out.par_chunks_mut(head_dim).enumerate().for_each_init(
-            || Vec::with_capacity(n_ctx),
-            |scores, (h, oh)| head(level, sh, h, &q[h * head_dim..(h + 1) * head_dim], k, v, oh, scores),
-        );
+        // a task is a run of query heads of one kv head; split groups until there are at
+        // least two tasks per thread (results do not depend on the split)
+        let splits = (2 * threads).div_ceil(n_kv_heads).clamp(1, sh.group);
+        let task_heads = sh.group.div_ceil(splits);
+        let tasks: Vec<(usize, usize)> = (0..n_kv_heads)
+            .flat_map(|kv| {
+                (0..sh.group)
+                    .step_by(task_heads)
+                    .map(move |j| (kv * sh.group + j, task_heads.min(sh.group - j)))
+            })
+            .collect();
+        // one output slice per task, in head order
+        let mut outs = Vec::with_capacity(tasks.len());
+        let mut rest = &mut out[..];
+        for &(_, nh) in &tasks {
+            let (a, b) = rest.split_at_mut(nh * head_dim);
+            outs.push(a);
+            rest = b;
+        }
+        tasks
+            .into_par_iter()
+            .zip(outs)
+            .for_each_init(Vec::new, |scores, ((h0, nh), o)| {
+                heads(
+                    level,
+                    sh,
+                    h0,
+                    &q[h0 * head_dim..(h0 + nh) * head_dim],
+                    k,
+                    v,
+                    o,
+                    scores,
+                )
+            });
     }
 }
 
 /// Plain scalar reference of [`attention`]: sequential dot products, `f32::exp`, sequential
 /// sums, `acc += p * v`. Same arguments and panics.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_ref(q: &[f32], k: &[f32], v: &[f32], n_ctx: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize, out: &mut [f32]) {
+pub fn attention_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_ctx: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) {
     let sh = check(q, k, v, n_ctx, n_heads, n_kv_heads, head_dim, out);
     let scale = (1.0 / (head_dim as f64).sqrt()) as f32;
     for h in 0..n_heads {

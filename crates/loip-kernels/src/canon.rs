@@ -15,6 +15,14 @@
 //! - The tail is accumulated sequentially, `t = fma(w[j], x[j], t)` from `+0.0`, and added
 //!   last: `sum + t` (only when the tail is not empty).
 //!
+//! The dequantized weights are the exact values of `dequant`. A SIMD path may compute them
+//! differently (a 16-entry table, or `fma(q, d, m)` instead of `q * d + m`) only where the
+//! result is provably identical: `q * d` is exact for every ggml type (at most 24 significant
+//! bits), so one rounding of `q * d + m` gives the same value either way.
+//!
+//! **Attention** uses the canonical dot per (head, position), the canonical exp, the canonical
+//! sum (the dot with ones) and, for the value rows, one fma per element in increasing position.
+//!
 //! **exp** ([`exp`]): a Cephes-style range reduction and degree-6 polynomial built only from
 //! correctly rounded operations (add, mul, fma, comparisons), accurate to about 1 ulp.
 //! Results below about 2.4e-38 (inputs below -86.6) are flushed to `+0.0`; inputs above
@@ -139,7 +147,7 @@ pub(crate) mod exp_consts {
         8.333_452e-3,
         4.166_579_6e-2,
         1.666_666_5e-1,
-        5.000_000_1e-1,
+        0.5, // Cephes' 5.0000001201e-1 rounded to f32
     ];
 }
 

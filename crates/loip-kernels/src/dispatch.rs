@@ -21,7 +21,15 @@ fn usable(level: Level) -> Level {
 ///
 /// `data`: `out.len() / n` rows of `cols` elements of `dtype`; `x`: `n × cols`.
 /// Panics if the lengths disagree (callers validate shapes first).
-pub(crate) fn rows(level: Level, dtype: DType, data: &[u8], cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+pub(crate) fn rows(
+    level: Level,
+    dtype: DType,
+    data: &[u8],
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
     assert!(n > 0 && cols % dtype.block_elems() == 0, "bad matmul shape");
     assert_eq!(x.len(), n * cols, "x length");
     assert_eq!(out.len() % n, 0, "out length");
@@ -48,11 +56,56 @@ pub(crate) fn dot_f32(level: Level, a: &[f32], b: &[f32]) -> f32 {
     match usable(level) {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; equal lengths.
-        Level::Avx512 => unsafe { crate::x86::avx512::dot_f32(a, b) },
+        Level::Avx512 => unsafe { crate::x86::avx512_act::dot_f32(a, b) },
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; equal lengths.
         Level::Avx2 => unsafe { crate::x86::avx2::dot_f32(a, b) },
         _ => crate::canon::dot_f32(a, b),
+    }
+}
+
+/// `out[t]` = canonical dot of `q` with row `t` of `k` (rows `stride` apart, `q.len()` long).
+/// Panics if `k` is too short.
+pub(crate) fn dot_rows(level: Level, q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(last * stride + q.len() <= k.len(), "dot_rows: k too short");
+    }
+    match usable(level) {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: features detected; every row read is inside `k` (checked above).
+        Level::Avx512 => unsafe { crate::x86::avx512_act::dot_rows(q, k, stride, out) },
+        level => {
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = dot_f32(level, q, &k[t * stride..t * stride + q.len()]);
+            }
+        }
+    }
+}
+
+/// `out[i] = fma(p[t], v[t * stride + i], out[i])` for `t = 0, 1, ..` in order (the weighted sum
+/// of value rows; `out` is its own start value). Panics if `v` is too short.
+pub(crate) fn weighted_rows(level: Level, p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+    if let Some(last) = p.len().checked_sub(1) {
+        assert!(
+            last * stride + out.len() <= v.len(),
+            "weighted_rows: v too short"
+        );
+    }
+    match usable(level) {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: features detected; every row read is inside `v` (checked above).
+        Level::Avx512 => unsafe { crate::x86::avx512_act::weighted_rows(p, v, stride, out) },
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: features detected; every row read is inside `v` (checked above).
+        Level::Avx2 => unsafe { crate::x86::avx2::weighted_rows(p, v, stride, out) },
+        _ => {
+            for (t, &pt) in p.iter().enumerate() {
+                let row = &v[t * stride..t * stride + out.len()];
+                out.iter_mut()
+                    .zip(row)
+                    .for_each(|(o, &x)| *o = pt.mul_add(x, *o));
+            }
+        }
     }
 }
 
@@ -61,7 +114,7 @@ pub(crate) fn exp_inplace(level: Level, s: &mut [f32]) {
     match usable(level) {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected.
-        Level::Avx512 => unsafe { crate::x86::avx512::exp_inplace(s) },
+        Level::Avx512 => unsafe { crate::x86::avx512_act::exp_inplace(s) },
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected.
         Level::Avx2 => unsafe { crate::x86::avx2::exp_inplace(s) },
@@ -75,24 +128,10 @@ pub(crate) fn silu_mul(level: Level, gate: &mut [f32], up: &[f32]) {
     match usable(level) {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; equal lengths.
-        Level::Avx512 => unsafe { crate::x86::avx512::silu_mul(gate, up) },
+        Level::Avx512 => unsafe { crate::x86::avx512_act::silu_mul(gate, up) },
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; equal lengths.
         Level::Avx2 => unsafe { crate::x86::avx2::silu_mul(gate, up) },
         _ => crate::elementwise::silu_mul_scalar(gate, up),
-    }
-}
-
-/// `y[i] = fma(a, x[i], y[i])`. Panics if the lengths differ.
-pub(crate) fn axpy(level: Level, a: f32, x: &[f32], y: &mut [f32]) {
-    assert_eq!(x.len(), y.len(), "axpy lengths");
-    match usable(level) {
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        // SAFETY: features detected; equal lengths.
-        Level::Avx512 => unsafe { crate::x86::avx512::axpy(a, x, y) },
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        // SAFETY: features detected; equal lengths.
-        Level::Avx2 => unsafe { crate::x86::avx2::axpy(a, x, y) },
-        _ => y.iter_mut().zip(x).for_each(|(yv, &xv)| *yv = a.mul_add(xv, *yv)),
     }
 }

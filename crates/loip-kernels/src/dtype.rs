@@ -137,7 +137,11 @@ impl DType {
     pub fn row_bytes(self, cols: usize) -> Result<usize, KernelError> {
         let block = self.block_elems();
         if cols % block != 0 {
-            return Err(KernelError::PartialBlock { dtype: self, cols, block });
+            return Err(KernelError::PartialBlock {
+                dtype: self,
+                cols,
+                block,
+            });
         }
         Ok(cols / block * self.block_bytes())
     }
@@ -166,13 +170,29 @@ pub struct Matrix<'a> {
 
 impl<'a> Matrix<'a> {
     /// Checks that `data` holds exactly `rows × cols` elements of `dtype`.
-    pub fn new(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
+    pub fn new(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, KernelError> {
         // saturating: a shape too large to address can never match a real buffer
         let expected = dtype.row_bytes(cols)?.saturating_mul(rows);
         if data.len() != expected {
-            return Err(KernelError::WrongSize { dtype, rows, cols, expected, got: data.len() });
+            return Err(KernelError::WrongSize {
+                dtype,
+                rows,
+                cols,
+                expected,
+                got: data.len(),
+            });
         }
-        Ok(Matrix { dtype, rows, cols, data })
+        Ok(Matrix {
+            dtype,
+            rows,
+            cols,
+            data,
+        })
     }
 
     /// Checks that `data` has exactly `rows × row_bytes(cols)` bytes (the fields are public, so a

@@ -17,7 +17,10 @@ pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 pub(crate) fn rmsnorm_at(level: Level, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    assert!(x.len() == weight.len() && x.len() == out.len(), "rmsnorm: lengths differ");
+    assert!(
+        x.len() == weight.len() && x.len() == out.len(),
+        "rmsnorm: lengths differ"
+    );
     if x.is_empty() {
         return;
     }
@@ -53,7 +56,10 @@ pub(crate) fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
 /// If `x.len()` is odd or `cos`/`sin` are not `x.len() / 2` long.
 pub fn rope_half(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let h = x.len() / 2;
-    assert!(x.len() % 2 == 0 && cos.len() == h && sin.len() == h, "rope_half: lengths");
+    assert!(
+        x.len() % 2 == 0 && cos.len() == h && sin.len() == h,
+        "rope_half: lengths"
+    );
     let (a, b) = x.split_at_mut(h);
     for i in 0..h {
         let (x0, x1, c, s) = (a[i], b[i], cos[i], sin[i]);

@@ -14,10 +14,12 @@
 //! fixed polynomial. So two machines with different SIMD support also agree bit for bit.
 //!
 //! Layout: `dtype` (types, errors, `Matrix`), `dequant` (exact scalar dequantization),
-//! `canon` (the canonical order, portable), `x86::{avx512, avx2}` (SIMD kernels),
+//! `canon` (the canonical order, portable), `x86::{avx512, avx512_act, avx2}` (SIMD kernels),
 //! `dispatch` (safe level → kernel), `matmul`, `attention`, `elementwise`, `simd` (run-time
 //! detection), and `ops` (the public entry points, re-exported here).
 #![deny(missing_docs)]
+// `is_multiple_of` needs Rust 1.87; the workspace supports 1.85
+#![allow(clippy::manual_is_multiple_of)]
 
 mod dtype;
 pub use dtype::{DType, KernelError, Matrix};

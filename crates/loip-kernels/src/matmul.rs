@@ -13,25 +13,40 @@ use rayon::prelude::*;
 /// Below this many weight elements a matmul runs on the calling thread (task overhead
 /// would dominate).
 const PAR_MIN_ELEMS: usize = 1 << 16;
-/// Fewest rows per rayon task.
-const MIN_TASK_ROWS: usize = 16;
+/// Below this many weight elements a matmul is split into one task per thread; above, into
+/// four per thread (for balance when a thread is also busy elsewhere).
+const FEW_TASKS_ELEMS: usize = 1 << 21;
+/// Task boundaries are multiples of this many rows (the kernels' row tile).
+const TASK_ROW_ALIGN: usize = 4;
 
 /// Checks the shapes of a matmul and returns the number of tokens `n`.
 fn check(w: &Matrix, x: &[f32], y: &[f32]) -> Result<usize, KernelError> {
     w.validate()?;
     if w.cols == 0 {
         if !x.is_empty() {
-            return Err(KernelError::NotMultiple { what: "x", len: x.len(), cols: 0 });
+            return Err(KernelError::NotMultiple {
+                what: "x",
+                len: x.len(),
+                cols: 0,
+            });
         }
         return Ok(0);
     }
     if x.len() % w.cols != 0 {
-        return Err(KernelError::NotMultiple { what: "x", len: x.len(), cols: w.cols });
+        return Err(KernelError::NotMultiple {
+            what: "x",
+            len: x.len(),
+            cols: w.cols,
+        });
     }
     let n = x.len() / w.cols;
     let expected = n.saturating_mul(w.rows);
     if y.len() != expected {
-        return Err(KernelError::Length { what: "y", expected, got: y.len() });
+        return Err(KernelError::Length {
+            what: "y",
+            expected,
+            got: y.len(),
+        });
     }
     Ok(n)
 }
@@ -51,7 +66,12 @@ pub fn matmul(w: &Matrix, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
 }
 
 /// [`matmul`] on an explicit SIMD level (tests compare levels).
-pub(crate) fn matmul_at(level: Level, w: &Matrix, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+pub(crate) fn matmul_at(
+    level: Level,
+    w: &Matrix,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), KernelError> {
     let n = check(w, x, y)?;
     if n == 0 || w.rows == 0 {
         return Ok(());
@@ -70,15 +90,24 @@ pub(crate) fn matmul_at(level: Level, w: &Matrix, x: &[f32], y: &mut [f32]) -> R
     };
 
     let threads = rayon::current_num_threads();
-    if threads <= 1 || rows.saturating_mul(cols) < PAR_MIN_ELEMS || rows < 2 * MIN_TASK_ROWS {
+    let elems = rows.saturating_mul(cols);
+    let tasks = match elems {
+        _ if threads <= 1 || rows < 2 * TASK_ROW_ALIGN => 1,
+        e if e < PAR_MIN_ELEMS => 1,
+        e if e < FEW_TASKS_ELEMS => threads,
+        _ => 4 * threads,
+    };
+    if tasks == 1 {
         kernel(w.data, out);
     } else {
-        let task_rows = rows.div_ceil(threads * 4).max(MIN_TASK_ROWS);
-        out.par_chunks_mut(task_rows * n).enumerate().for_each(|(i, o)| {
-            let r0 = i * task_rows;
-            let r1 = r0 + o.len() / n;
-            kernel(&w.data[r0 * rb..r1 * rb], o);
-        });
+        let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);
+        out.par_chunks_mut(task_rows * n)
+            .enumerate()
+            .for_each(|(i, o)| {
+                let r0 = i * task_rows;
+                let r1 = r0 + o.len() / n;
+                kernel(&w.data[r0 * rb..r1 * rb], o);
+            });
     }
 
     if n > 1 {
@@ -117,17 +146,26 @@ pub fn matmul_ref(w: &Matrix, x: &[f32], y: &mut [f32]) -> Result<(), KernelErro
 }
 
 /// Dequantizes row `r` of `w` into `out` (`out.len() == w.cols`), exactly as ggml / Hugging
-/// Face do (see [`crate::dequant`] for the formulas).
+/// Face do: `Q8_0` `q·d`; `Q4_0` `(q − 8)·d`; `Q4_1` `q·d + m` (low nibbles are elements
+/// 0..16 of a block, high nibbles 16..32); `Q4_K` `(d·sc)·q − dmin·m` with ggml's 6-bit
+/// scales; `Q6_K` `(d·sc)·(q − 32)`; f16/bf16 widened exactly.
 ///
 /// # Errors
 /// [`KernelError`] if `w` is inconsistent, `r >= w.rows` or `out.len() != w.cols`.
 pub fn dequant_row(w: &Matrix, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
     w.validate()?;
     if r >= w.rows {
-        return Err(KernelError::RowOutOfRange { row: r, rows: w.rows });
+        return Err(KernelError::RowOutOfRange {
+            row: r,
+            rows: w.rows,
+        });
     }
     if out.len() != w.cols {
-        return Err(KernelError::Length { what: "out", expected: w.cols, got: out.len() });
+        return Err(KernelError::Length {
+            what: "out",
+            expected: w.cols,
+            got: out.len(),
+        });
     }
     let rb = w.dtype.row_bytes(w.cols)?;
     dequant_into(w.dtype, &w.data[r * rb..(r + 1) * rb], out);

@@ -13,10 +13,16 @@ pub(crate) enum Level {
     /// portable Rust, `f32::mul_add`
     Scalar,
     /// AVX2 + FMA + F16C, 256-bit
-    #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "x86")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "x86")),
+        allow(dead_code)
+    )]
     Avx2,
     /// AVX-512F (+ AVX2, FMA, F16C), 512-bit
-    #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "x86")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "x86")),
+        allow(dead_code)
+    )]
     Avx512,
 }
 
@@ -78,12 +84,12 @@ pub(crate) fn current() -> Level {
 /// Whether `level` can run on this CPU (tests ask for each level explicitly).
 #[cfg(test)]
 pub(crate) fn supported(level: Level) -> bool {
-    match (level, detected()) {
-        (Level::Scalar, _) => true,
-        (Level::Avx2, Level::Avx2 | Level::Avx512) => true,
-        (Level::Avx512, Level::Avx512) => true,
-        _ => false,
-    }
+    matches!(
+        (level, detected()),
+        (Level::Scalar, _)
+            | (Level::Avx2, Level::Avx2 | Level::Avx512)
+            | (Level::Avx512, Level::Avx512)
+    )
 }
 
 /// Which SIMD path the kernels use at run time: `"avx512"`, `"avx2"` or `"scalar"`.

@@ -6,8 +6,8 @@ mod common;
 use common::{random_f32, random_matrix, ALL};
 use half::{bf16, f16};
 use loip_kernels::{
-    attention, attention_ref, dequant_row, matmul, matmul_ref, rmsnorm, rope_half, silu_mul, simd_level, DType,
-    KernelError, Matrix,
+    attention, attention_ref, dequant_row, matmul, matmul_ref, rmsnorm, rope_half, silu_mul,
+    simd_level, DType, KernelError, Matrix,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -22,7 +22,10 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 fn pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool")
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool")
 }
 
 /// Checks `got` against the reference with a tolerance relative to `Σ |w x|` per output.
@@ -32,9 +35,17 @@ fn assert_close(w: &Matrix, x: &[f32], got: &[f32], want: &[f32], rel: f32) {
     for r in 0..w.rows {
         dequant_row(w, r, &mut row).expect("row");
         for t in 0..n {
-            let scale: f32 = row.iter().zip(&x[t * w.cols..]).map(|(a, b)| (a * b).abs()).sum();
+            let scale: f32 = row
+                .iter()
+                .zip(&x[t * w.cols..])
+                .map(|(a, b)| (a * b).abs())
+                .sum();
             let (g, e) = (got[t * w.rows + r], want[t * w.rows + r]);
-            assert!((g - e).abs() <= rel * scale + 1e-30, "{} row {r} token {t}: {g} vs {e} (scale {scale})", w.dtype);
+            assert!(
+                (g - e).abs() <= rel * scale + 1e-30,
+                "{} row {r} token {t}: {g} vs {e} (scale {scale})",
+                w.dtype
+            );
         }
     }
 }
@@ -121,7 +132,11 @@ fn matmul_batch_equals_single_tokens() {
         for t in 0..3 {
             let mut y1 = vec![0f32; rows];
             matmul(&w, &x[t * cols..(t + 1) * cols], &mut y1).expect("matmul");
-            assert_eq!(bits(&y1), bits(&y3[t * rows..(t + 1) * rows]), "{dtype} token {t}");
+            assert_eq!(
+                bits(&y1),
+                bits(&y3[t * rows..(t + 1) * rows]),
+                "{dtype} token {t}"
+            );
         }
     }
 }
@@ -138,7 +153,9 @@ fn matmul_independent_of_thread_count() {
             let x = random_f32(n * cols, &mut g);
             let run = |threads| {
                 let mut y = vec![0f32; n * rows];
-                pool(threads).install(|| matmul(&w, &x, &mut y)).expect("matmul");
+                pool(threads)
+                    .install(|| matmul(&w, &x, &mut y))
+                    .expect("matmul");
                 bits(&y)
             };
             assert_eq!(run(1), run(2), "{dtype} n={n}");
@@ -150,7 +167,12 @@ fn matmul_independent_of_thread_count() {
 #[test]
 fn attention_matches_reference_and_is_thread_independent() {
     let mut g = rng(14);
-    for (n_ctx, n_heads, n_kv, hd) in [(1, 4, 2, 16), (17, 9, 3, 64), (513, 8, 2, 64), (64, 4, 4, 100)] {
+    for (n_ctx, n_heads, n_kv, hd) in [
+        (1, 4, 2, 16),
+        (17, 9, 3, 64),
+        (513, 8, 2, 64),
+        (64, 4, 4, 100),
+    ] {
         let q = random_f32(n_heads * hd, &mut g);
         let k = random_f32(n_ctx * n_kv * hd, &mut g);
         let v = random_f32(n_ctx * n_kv * hd, &mut g);
@@ -189,7 +211,16 @@ fn attention_grouped_heads_share_kv() {
     };
     let (mut a, mut b) = (vec![0f32; n_heads * hd], vec![0f32; n_heads * hd]);
     attention(&q, &k, &v, n_ctx, n_heads, n_kv, hd, &mut a);
-    attention(&q, &expand(&k), &expand(&v), n_ctx, n_heads, n_heads, hd, &mut b);
+    attention(
+        &q,
+        &expand(&k),
+        &expand(&v),
+        n_ctx,
+        n_heads,
+        n_heads,
+        hd,
+        &mut b,
+    );
     assert_eq!(bits(&a), bits(&b));
     // one position: the output is that position's value row
     let mut one = vec![0f32; n_heads * hd];
@@ -211,7 +242,10 @@ fn rmsnorm_silu_rope_match_formulas() {
     let inv = 1.0 / (ms + 1e-5).sqrt();
     for i in 0..576 {
         let e = x[i] as f64 * inv * w[i] as f64;
-        assert!((out[i] as f64 - e).abs() <= 1e-6 * (1.0 + e.abs()), "rmsnorm {i}");
+        assert!(
+            (out[i] as f64 - e).abs() <= 1e-6 * (1.0 + e.abs()),
+            "rmsnorm {i}"
+        );
     }
 
     let mut gate: Vec<f32> = random_f32(1000, &mut g).iter().map(|v| v * 20.0).collect();
@@ -222,12 +256,19 @@ fn rmsnorm_silu_rope_match_formulas() {
     for i in 0..gate.len() {
         let v = gate[i] as f64;
         let e = v / (1.0 + (-v).exp()) * up[i] as f64;
-        assert!((s[i] as f64 - e).abs() <= 1e-6 * (1.0 + e.abs()), "silu {}: {} vs {e}", gate[i], s[i]);
+        assert!(
+            (s[i] as f64 - e).abs() <= 1e-6 * (1.0 + e.abs()),
+            "silu {}: {} vs {e}",
+            gate[i],
+            s[i]
+        );
     }
 
     let mut h = random_f32(64, &mut g);
     let orig = h.clone();
-    let (cos, sin): (Vec<f32>, Vec<f32>) = (0..32).map(|i| ((i as f32 * 0.1).cos(), (i as f32 * 0.1).sin())).unzip();
+    let (cos, sin): (Vec<f32>, Vec<f32>) = (0..32)
+        .map(|i| ((i as f32 * 0.1).cos(), (i as f32 * 0.1).sin()))
+        .unzip();
     rope_half(&mut h, &cos, &sin);
     for i in 0..32 {
         assert_eq!(h[i], orig[i] * cos[i] - orig[i + 32] * sin[i]);
@@ -254,10 +295,16 @@ fn dequant_float_types() {
     let vals = [1.5f32, -2.25, 0.0, 65504.0, 1e-3, -7.0];
     let f32b: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
     assert_eq!(dequant(DType::F32, 6, &f32b), vals);
-    let f16s: Vec<u8> = vals.iter().flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes()).collect();
+    let f16s: Vec<u8> = vals
+        .iter()
+        .flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes())
+        .collect();
     let want: Vec<f32> = vals.iter().map(|v| f16::from_f32(*v).to_f32()).collect();
     assert_eq!(dequant(DType::F16, 6, &f16s), want);
-    let bf: Vec<u8> = vals.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect();
+    let bf: Vec<u8> = vals
+        .iter()
+        .flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes())
+        .collect();
     let want: Vec<f32> = vals.iter().map(|v| bf16::from_f32(*v).to_f32()).collect();
     assert_eq!(dequant(DType::BF16, 6, &bf), want);
 }
@@ -265,7 +312,9 @@ fn dequant_float_types() {
 #[test]
 fn dequant_q8_0_block() {
     let mut b = f16b(0.5).to_vec();
-    let qs: Vec<i8> = (0..32).map(|j| [-128i8, -1, 0, 1, 127, 5, -7, 64][j % 8]).collect();
+    let qs: Vec<i8> = (0..32)
+        .map(|j| [-128i8, -1, 0, 1, 127, 5, -7, 64][j % 8])
+        .collect();
     b.extend(qs.iter().map(|&q| q as u8));
     let out = dequant(DType::Q8_0, 32, &b);
     assert_eq!(&out[..8], &[-64.0, -0.5, 0.0, 0.5, 63.5, 2.5, -3.5, 32.0]);
@@ -310,10 +359,8 @@ fn dequant_q4_k_block() {
     let sc: [u8; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
     let mn: [u8; 8] = [1, 3, 5, 7, 9, 11, 13, 15];
     let mut scales = [0u8; 12];
-    for j in 0..4 {
-        scales[j] = sc[j];
-        scales[j + 4] = mn[j];
-    }
+    scales[..4].copy_from_slice(&sc[..4]);
+    scales[4..8].copy_from_slice(&mn[..4]);
     for j in 4..8 {
         scales[j + 4] = sc[j] | (mn[j] << 4);
     }
@@ -345,7 +392,8 @@ fn dequant_q6_k_block() {
             let q = |o: usize| levels[j + l + o];
             ql[64 * h + l] = (q(0) & 0xF) | ((q(64) & 0xF) << 4);
             ql[64 * h + l + 32] = (q(32) & 0xF) | ((q(96) & 0xF) << 4);
-            qh[32 * h + l] = (q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6);
+            qh[32 * h + l] =
+                (q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6);
         }
     }
     let sc: [i8; 16] = std::array::from_fn(|g| g as i8 - 8);
@@ -371,21 +419,63 @@ fn bad_shapes_are_errors() {
     let data = vec![0u8; 4 * 34];
     let w = Matrix::new(DType::Q8_0, 2, 64, &data).expect("shape");
     let mut y = vec![0f32; 2];
-    assert!(matches!(matmul(&w, &[0.0; 63], &mut y), Err(KernelError::NotMultiple { .. })));
-    assert!(matches!(matmul(&w, &[0.0; 64], &mut [0.0; 3]), Err(KernelError::Length { .. })));
-    assert!(matches!(matmul_ref(&w, &[0.0; 128], &mut y), Err(KernelError::Length { .. })));
-    assert!(matches!(Matrix::new(DType::Q4K, 1, 100, &data), Err(KernelError::PartialBlock { .. })));
-    assert!(matches!(Matrix::new(DType::Q8_0, 3, 64, &data), Err(KernelError::WrongSize { .. })));
+    assert!(matches!(
+        matmul(&w, &[0.0; 63], &mut y),
+        Err(KernelError::NotMultiple { .. })
+    ));
+    assert!(matches!(
+        matmul(&w, &[0.0; 64], &mut [0.0; 3]),
+        Err(KernelError::Length { .. })
+    ));
+    assert!(matches!(
+        matmul_ref(&w, &[0.0; 128], &mut y),
+        Err(KernelError::Length { .. })
+    ));
+    assert!(matches!(
+        Matrix::new(DType::Q4K, 1, 100, &data),
+        Err(KernelError::PartialBlock { .. })
+    ));
+    assert!(matches!(
+        Matrix::new(DType::Q8_0, 3, 64, &data),
+        Err(KernelError::WrongSize { .. })
+    ));
     // a hand-built inconsistent Matrix is rejected, not read out of bounds
-    let bad = Matrix { dtype: DType::Q8_0, rows: 5, cols: 64, data: &data };
-    assert!(matches!(matmul(&bad, &[0.0; 64], &mut [0.0; 5]), Err(KernelError::WrongSize { .. })));
-    let bad = Matrix { dtype: DType::Q4_0, rows: 1, cols: 33, data: &data[..18] };
-    assert!(matches!(matmul(&bad, &[0.0; 33], &mut [0.0; 1]), Err(KernelError::PartialBlock { .. })));
-    let bad = Matrix { dtype: DType::F32, rows: usize::MAX, cols: 4, data: &data };
+    let bad = Matrix {
+        dtype: DType::Q8_0,
+        rows: 5,
+        cols: 64,
+        data: &data,
+    };
+    assert!(matches!(
+        matmul(&bad, &[0.0; 64], &mut [0.0; 5]),
+        Err(KernelError::WrongSize { .. })
+    ));
+    let bad = Matrix {
+        dtype: DType::Q4_0,
+        rows: 1,
+        cols: 33,
+        data: &data[..18],
+    };
+    assert!(matches!(
+        matmul(&bad, &[0.0; 33], &mut [0.0; 1]),
+        Err(KernelError::PartialBlock { .. })
+    ));
+    let bad = Matrix {
+        dtype: DType::F32,
+        rows: usize::MAX,
+        cols: 4,
+        data: &data,
+    };
     assert!(matmul(&bad, &[0.0; 4], &mut [0.0; 1]).is_err());
     let mut out = vec![0f32; 64];
-    assert!(matches!(dequant_row(&w, 2, &mut out), Err(KernelError::RowOutOfRange { .. })));
-    assert!(matches!(dequant_row(&w, 0, &mut out[..10]), Err(KernelError::Length { .. })));
+    assert!(matches!(
+        dequant_row(&w, 2, &mut out),
+        Err(KernelError::RowOutOfRange { .. })
+    ));
+    assert!(matches!(
+        dequant_row(&w, 0, &mut out[..10]),
+        Err(KernelError::Length { .. })
+    ));
     // n = 0 is a no-op
     assert!(matmul(&w, &[], &mut []).is_ok());
 }

@@ -29,7 +29,9 @@ const ALL: [DType; 8] = [
 fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
     let rb = dtype.row_bytes(cols).expect("whole blocks");
     let mut data = vec![0u8; rows * rb];
-    let put = |b: &mut [u8], at: usize, v: f32| b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+    let put = |b: &mut [u8], at: usize, v: f32| {
+        b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes())
+    };
     match dtype {
         DType::F32 => data
             .chunks_exact_mut(4)
@@ -37,7 +39,11 @@ fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -
         DType::F16 | DType::BF16 => {
             for c in data.chunks_exact_mut(2) {
                 let v = rng.gen_range(-1.0f32..1.0);
-                let bits = if dtype == DType::F16 { f16::from_f32(v).to_bits() } else { half::bf16::from_f32(v).to_bits() };
+                let bits = if dtype == DType::F16 {
+                    f16::from_f32(v).to_bits()
+                } else {
+                    half::bf16::from_f32(v).to_bits()
+                };
                 c.copy_from_slice(&bits.to_le_bytes());
             }
         }
@@ -91,7 +97,11 @@ fn matmul_levels_bit_identical() {
                 for level in LEVELS.into_iter().filter(|&l| supported(l)) {
                     let mut y = vec![f32::NAN; n * rows];
                     matmul_at(level, &w, &x, &mut y).expect("matmul");
-                    assert_eq!(bits(&y), bits(&want), "{dtype} {rows}x{cols} n={n} {level:?}");
+                    assert_eq!(
+                        bits(&y),
+                        bits(&want),
+                        "{dtype} {rows}x{cols} n={n} {level:?}"
+                    );
                 }
             }
         }
@@ -109,22 +119,33 @@ fn scalar_path_is_canonical_dot_of_dequantized_row() {
         let mut y = vec![0f32; 3];
         matmul_at(Level::Scalar, &w, &x, &mut y).expect("matmul");
         let mut row = vec![0f32; cols];
-        for r in 0..3 {
+        for (r, yr) in y.iter().enumerate() {
             crate::dequant_row(&w, r, &mut row).expect("row");
-            assert_eq!(y[r].to_bits(), canon::dot_f32(&row, &x).to_bits(), "{dtype}");
+            assert_eq!(yr.to_bits(), canon::dot_f32(&row, &x).to_bits(), "{dtype}");
         }
     }
 }
 
 #[test]
-fn dot_exp_silu_axpy_levels_bit_identical() {
+fn dot_exp_silu_rows_levels_bit_identical() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     for len in [0, 1, 5, 8, 15, 16, 17, 31, 64, 65, 130, 1000] {
         let a = random_f32(len, &mut rng);
         let b = random_f32(len, &mut rng);
         // exp inputs across the whole range, with the special values
         let mut e: Vec<f32> = (0..len).map(|_| rng.gen_range(-120.0f32..100.0)).collect();
-        for (i, s) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, -86.6, 88.72].iter().enumerate() {
+        for (i, s) in [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            -86.6,
+            88.72,
+        ]
+        .iter()
+        .enumerate()
+        {
             if i < e.len() {
                 e[i] = *s;
             }
@@ -134,19 +155,36 @@ fn dot_exp_silu_axpy_levels_bit_identical() {
         let mut want_silu = a.clone();
         crate::elementwise::silu_mul_scalar(&mut want_silu, &b);
         for level in LEVELS.into_iter().filter(|&l| supported(l)) {
-            assert_eq!(dispatch::dot_f32(level, &a, &b).to_bits(), want_dot.to_bits(), "dot {len} {level:?}");
+            assert_eq!(
+                dispatch::dot_f32(level, &a, &b).to_bits(),
+                want_dot.to_bits(),
+                "dot {len} {level:?}"
+            );
             let mut got = e.clone();
             dispatch::exp_inplace(level, &mut got);
             for (g, w) in got.iter().zip(&want_exp) {
-                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "exp {level:?}: {g} vs {w}");
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "exp {level:?}: {g} vs {w}"
+                );
             }
             let mut s = a.clone();
             dispatch::silu_mul(level, &mut s, &b);
             assert_eq!(bits(&s), bits(&want_silu), "silu {len} {level:?}");
-            let mut y = b.clone();
-            dispatch::axpy(level, 0.37, &a, &mut y);
-            let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| 0.37f32.mul_add(*x, *y)).collect();
-            assert_eq!(bits(&y), bits(&want), "axpy {len} {level:?}");
+            // rows of `len` columns, stride len + 3, 5 rows
+            let stride = len + 3;
+            let rows = random_f32(5 * stride, &mut rng);
+            let p = random_f32(5, &mut rng);
+            let mut want = vec![0f32; 5];
+            dispatch::dot_rows(Level::Scalar, &a, &rows, stride, &mut want);
+            let mut got = vec![0f32; 5];
+            dispatch::dot_rows(level, &a, &rows, stride, &mut got);
+            assert_eq!(bits(&got), bits(&want), "dot_rows {len} {level:?}");
+            let mut want = b.clone();
+            dispatch::weighted_rows(Level::Scalar, &p, &rows, stride, &mut want);
+            let mut got = b.clone();
+            dispatch::weighted_rows(level, &p, &rows, stride, &mut got);
+            assert_eq!(bits(&got), bits(&want), "weighted_rows {len} {level:?}");
         }
     }
 }
@@ -154,16 +192,36 @@ fn dot_exp_silu_axpy_levels_bit_identical() {
 #[test]
 fn attention_and_rmsnorm_levels_bit_identical() {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    for (n_ctx, n_heads, n_kv, hd) in [(1, 1, 1, 16), (7, 4, 2, 64), (33, 9, 3, 64), (100, 8, 8, 24), (300, 6, 1, 128)] {
+    for (n_ctx, n_heads, n_kv, hd) in [
+        (1, 1, 1, 16),
+        (7, 4, 2, 64),
+        (33, 9, 3, 64),
+        (100, 8, 8, 24),
+        (300, 6, 1, 128),
+    ] {
         let q = random_f32(n_heads * hd, &mut rng);
         let k = random_f32(n_ctx * n_kv * hd, &mut rng);
         let v = random_f32(n_ctx * n_kv * hd, &mut rng);
         let mut want = vec![0f32; n_heads * hd];
-        attention_at(Level::Scalar, &q, &k, &v, n_ctx, n_heads, n_kv, hd, &mut want);
+        attention_at(
+            Level::Scalar,
+            &q,
+            &k,
+            &v,
+            n_ctx,
+            n_heads,
+            n_kv,
+            hd,
+            &mut want,
+        );
         for level in LEVELS.into_iter().filter(|&l| supported(l)) {
             let mut out = vec![0f32; n_heads * hd];
             attention_at(level, &q, &k, &v, n_ctx, n_heads, n_kv, hd, &mut out);
-            assert_eq!(bits(&out), bits(&want), "attention {n_ctx} {n_heads} {level:?}");
+            assert_eq!(
+                bits(&out),
+                bits(&want),
+                "attention {n_ctx} {n_heads} {level:?}"
+            );
         }
     }
     for len in [1, 17, 576, 2048] {
@@ -185,5 +243,19 @@ fn unsupported_level_falls_back() {
     let a = [1.0f32; 40];
     for level in LEVELS {
         assert_eq!(dispatch::dot_f32(level, &a, &a), 40.0);
+    }
+}
+
+#[test]
+fn softmax_sum_is_canonical_dot_with_ones() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for len in [0, 1, 15, 16, 17, 63, 64, 65, 100, 129, 1000, 2048] {
+        let s: Vec<f32> = (0..len).map(|_| rng.gen_range(0.0f32..1.0)).collect();
+        let ones = vec![1.0f32; len];
+        assert_eq!(
+            crate::attention::sum(&s).to_bits(),
+            canon::dot_f32(&s, &ones).to_bits(),
+            "len {len}"
+        );
     }
 }

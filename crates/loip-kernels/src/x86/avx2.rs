@@ -12,7 +12,7 @@ use std::arch::x86::*;
 use std::arch::x86_64::*;
 
 use crate::canon::exp_consts as ec;
-use crate::dequant::scale_min_k4;
+use crate::dequant::unpack_scales_k4;
 use crate::dtype::DType;
 use std::ptr::read_unaligned;
 
@@ -51,7 +51,12 @@ unsafe fn nibbles(qs: *const u8) -> [__m256i; 4] {
     let m = _mm256_set1_epi32(0xF);
     let a = u8x8(qs);
     let b = u8x8(qs.add(8));
-    [_mm256_and_si256(a, m), _mm256_and_si256(b, m), _mm256_srli_epi32(a, 4), _mm256_srli_epi32(b, 4)]
+    [
+        _mm256_and_si256(a, m),
+        _mm256_and_si256(b, m),
+        _mm256_srli_epi32(a, 4),
+        _mm256_srli_epi32(b, 4),
+    ]
 }
 
 /// A quantized type, read one block (32 or 256 elements) at a time.
@@ -150,12 +155,13 @@ impl Quant for Q4K {
     unsafe fn prepare(p: *const u8) -> [f32; 16] {
         let d = f16_scalar(p);
         let dmin = f16_scalar(p.add(2));
-        let scales = std::slice::from_raw_parts(p.add(4), 12);
+        let [sc, m] = unpack_scales_k4(p.add(4));
+        let sc = [sc[0].to_le_bytes(), sc[1].to_le_bytes()];
+        let m = [m[0].to_le_bytes(), m[1].to_le_bytes()];
         let mut s = [0f32; 16];
         for k in 0..8 {
-            let (sc, m) = scale_min_k4(k, scales);
-            s[k] = d * sc as f32;
-            s[8 + k] = dmin * m as f32;
+            s[k] = d * sc[k / 4][k % 4] as f32;
+            s[8 + k] = dmin * m[k / 4][k % 4] as f32;
         }
         s
     }
@@ -163,13 +169,35 @@ impl Quant for Q4K {
     unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
         // (d * sc) * q - dmin * m; low nibbles: sub-block 2k, high nibbles: 2k + 1
         let (d1, m1) = (_mm256_set1_ps(s[2 * k]), _mm256_set1_ps(s[8 + 2 * k]));
-        let (d2, m2) = (_mm256_set1_ps(s[2 * k + 1]), _mm256_set1_ps(s[8 + 2 * k + 1]));
+        let (d2, m2) = (
+            _mm256_set1_ps(s[2 * k + 1]),
+            _mm256_set1_ps(s[8 + 2 * k + 1]),
+        );
         let q = p.add(16 + 32 * k);
         let mask = _mm256_set1_epi32(0xF);
         let b = [u8x8(q), u8x8(q.add(8)), u8x8(q.add(16)), u8x8(q.add(24))];
-        let lo = |v| _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), d1), m1);
-        let hi = |v| _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d2), m2);
-        [lo(b[0]), lo(b[1]), lo(b[2]), lo(b[3]), hi(b[0]), hi(b[1]), hi(b[2]), hi(b[3])]
+        let lo = |v| {
+            _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), d1),
+                m1,
+            )
+        };
+        let hi = |v| {
+            _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d2),
+                m2,
+            )
+        };
+        [
+            lo(b[0]),
+            lo(b[1]),
+            lo(b[2]),
+            lo(b[3]),
+            hi(b[0]),
+            hi(b[1]),
+            hi(b[2]),
+            hi(b[3]),
+        ]
     }
     #[inline(always)]
     unsafe fn block32(_p: *const u8) -> [Group; 2] {
@@ -201,7 +229,7 @@ impl Quant for Q6K {
         let m2 = _mm256_set1_epi32(0x30);
         let c32 = _mm256_set1_epi32(32);
         let mut w = [_mm256_setzero_ps(); 8];
-        for j in 0..8 {
+        for (j, wj) in w.iter_mut().enumerate() {
             // half j of the chunk: group i = j / 2, bytes (j % 2) * 8 within the group
             let i = j / 2;
             let l = u8x8(ql.add(16 * i + 8 * (j % 2)));
@@ -213,7 +241,7 @@ impl Quant for Q6K {
                 _ => (_mm256_srli_epi32(l, 4), _mm256_srli_epi32(hb, 2)),
             };
             let q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_and_si256(high, m2)), c32);
-            w[j] = _mm256_mul_ps(_mm256_set1_ps(s[4 * k + i]), _mm256_cvtepi32_ps(q));
+            *wj = _mm256_mul_ps(_mm256_set1_ps(s[4 * k + i]), _mm256_cvtepi32_ps(q));
         }
         w
     }
@@ -275,7 +303,12 @@ unsafe fn reduce(a: &[__m256; 8]) -> f32 {
 
 /// `acc[j] = fma(w[j], x[e + 8 j ..], acc[j])` for `j < J`.
 #[inline(always)]
-unsafe fn fma_halves<const J: usize>(acc: &mut [__m256; 8], w: &[__m256; J], x: *const f32, e: usize) {
+unsafe fn fma_halves<const J: usize>(
+    acc: &mut [__m256; 8],
+    w: &[__m256; J],
+    x: *const f32,
+    e: usize,
+) {
     for j in 0..J {
         acc[j] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x.add(e + 8 * j)), acc[j]);
     }
@@ -320,10 +353,22 @@ unsafe fn dot_float<F: Float>(row: *const u8, cols: usize, x: *const f32) -> f32
         }
         fma_halves(&mut acc, &w, x, 64 * c);
     }
-    for g in 4 * chunks..groups {
-        let a = 2 * (g % 4);
-        acc[a] = _mm256_fmadd_ps(F::half(row, 2 * g), _mm256_loadu_ps(x.add(16 * g)), acc[a]);
-        acc[a + 1] = _mm256_fmadd_ps(F::half(row, 2 * g + 1), _mm256_loadu_ps(x.add(16 * g + 8)), acc[a + 1]);
+    // the last 1..3 groups go to accumulators 0.. (constant indices keep `acc` in registers)
+    let g0 = 4 * chunks;
+    for i in 0..3 {
+        let g = g0 + i;
+        if g < groups {
+            acc[2 * i] = _mm256_fmadd_ps(
+                F::half(row, 2 * g),
+                _mm256_loadu_ps(x.add(16 * g)),
+                acc[2 * i],
+            );
+            acc[2 * i + 1] = _mm256_fmadd_ps(
+                F::half(row, 2 * g + 1),
+                _mm256_loadu_ps(x.add(16 * g + 8)),
+                acc[2 * i + 1],
+            );
+        }
     }
     let mut out = reduce(&acc);
     let tail = 16 * groups;
@@ -341,22 +386,72 @@ unsafe fn dot_float<F: Float>(row: *const u8, cols: usize, x: *const f32) -> f32
     out
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_quant<Q: Quant>(data: &[u8], rb: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
-    for (r, o) in out.chunks_exact_mut(n).enumerate() {
-        for (t, v) in o.iter_mut().enumerate() {
-            *v = dot_quant::<Q>(data.as_ptr().add(r * rb), cols, x.as_ptr().add(t * cols));
+/// `out[r * n + t] = dot(row r, token t)` for all rows and tokens; a tile of rows stays in
+/// cache while every token passes.
+#[inline(always)]
+unsafe fn rows_with(
+    dot: impl Fn(*const u8, *const f32) -> f32,
+    data: &[u8],
+    rb: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let rows = out.len() / n;
+    let tile = if n == 1 {
+        rows.max(1)
+    } else {
+        crate::x86::batch_tile_rows(rb)
+    };
+    for r0 in (0..rows).step_by(tile) {
+        let r1 = (r0 + tile).min(rows);
+        for t in 0..n {
+            for r in r0..r1 {
+                out[r * n + t] = dot(data.as_ptr().add(r * rb), x.as_ptr().add(t * cols));
+            }
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_float<F: Float>(data: &[u8], rb: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
-    for (r, o) in out.chunks_exact_mut(n).enumerate() {
-        for (t, v) in o.iter_mut().enumerate() {
-            *v = dot_float::<F>(data.as_ptr().add(r * rb), cols, x.as_ptr().add(t * cols));
-        }
-    }
+unsafe fn rows_quant<Q: Quant>(
+    data: &[u8],
+    rb: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    rows_with(
+        |p, xp| dot_quant::<Q>(p, cols, xp),
+        data,
+        rb,
+        cols,
+        x,
+        n,
+        out,
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_float<F: Float>(
+    data: &[u8],
+    rb: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    rows_with(
+        |p, xp| dot_float::<F>(p, cols, xp),
+        data,
+        rb,
+        cols,
+        x,
+        n,
+        out,
+    )
 }
 
 /// `out[r * n + t]` = canonical dot of row `r` of `data` with row `t` of `x` (`n × cols`).
@@ -364,7 +459,14 @@ unsafe fn rows_float<F: Float>(data: &[u8], rb: usize, cols: usize, x: &[f32], n
 /// # Safety
 /// AVX2/FMA/F16C available; `data.len() == out.len() / n * row_bytes(cols)`,
 /// `x.len() == n * cols`, `cols` a multiple of the block size, `n > 0`.
-pub(crate) unsafe fn rows(dtype: DType, data: &[u8], cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+pub(crate) unsafe fn rows(
+    dtype: DType,
+    data: &[u8],
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
     let rb = crate::dequant::prefix_bytes(dtype, cols);
     debug_assert!(n > 0 && x.len() == n * cols && data.len() == out.len() / n * rb);
     match dtype {
@@ -392,7 +494,10 @@ pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// Canonical exp of 8 lanes (see [`crate::canon::exp`]).
 #[inline(always)]
 unsafe fn exp8(x: __m256) -> __m256 {
-    let xc = _mm256_max_ps(_mm256_set1_ps(ec::LO), _mm256_min_ps(_mm256_set1_ps(ec::HI), x));
+    let xc = _mm256_max_ps(
+        _mm256_set1_ps(ec::LO),
+        _mm256_min_ps(_mm256_set1_ps(ec::HI), x),
+    );
     let magic = _mm256_set1_ps(ec::MAGIC);
     let t = _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(ec::LOG2E)), magic);
     let nf = _mm256_sub_ps(t, magic);
@@ -405,7 +510,10 @@ unsafe fn exp8(x: __m256) -> __m256 {
     let r2 = _mm256_mul_ps(r, r);
     let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
     let n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic));
-    let scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(126)), 23));
+    let scale = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(n, _mm256_set1_epi32(126)),
+        23,
+    ));
     let res = _mm256_mul_ps(_mm256_mul_ps(y, scale), _mm256_set1_ps(2.0));
     let lo = _mm256_cmp_ps(x, _mm256_set1_ps(ec::LO), _CMP_LT_OQ);
     let res = _mm256_blendv_ps(res, _mm256_setzero_ps(), lo);
@@ -441,25 +549,48 @@ pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
         let v = _mm256_loadu_ps(gc.as_ptr());
         let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
         let s = _mm256_div_ps(v, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(gc.as_mut_ptr(), _mm256_mul_ps(s, _mm256_loadu_ps(uc.as_ptr())));
+        _mm256_storeu_ps(
+            gc.as_mut_ptr(),
+            _mm256_mul_ps(s, _mm256_loadu_ps(uc.as_ptr())),
+        );
     }
     crate::elementwise::silu_mul_scalar(g.into_remainder(), u.remainder());
 }
 
-/// `y[i] = fma(a, x[i], y[i])`.
+/// `out[i] = fma(p[t], v[t * stride + i], out[i])` for `t = 0, 1, ..` in order.
 ///
 /// # Safety
-/// AVX2/FMA/F16C available; equal lengths.
+/// AVX2/FMA/F16C available; `v` holds every row read.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    let av = _mm256_set1_ps(a);
-    let mut yc = y.chunks_exact_mut(8);
-    let mut xc = x.chunks_exact(8);
-    for (yv, xv) in (&mut yc).zip(&mut xc) {
-        let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(xv.as_ptr()), _mm256_loadu_ps(yv.as_ptr()));
-        _mm256_storeu_ps(yv.as_mut_ptr(), r);
+pub(crate) unsafe fn weighted_rows(p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+    let hd = out.len();
+    debug_assert!(p.is_empty() || (p.len() - 1) * stride + hd <= v.len());
+    let vp = v.as_ptr();
+    // 32 columns (4 registers) at a time, all rows
+    let mut c = 0;
+    while c + 32 <= hd {
+        let o = out.as_mut_ptr().add(c);
+        let mut acc = [
+            _mm256_loadu_ps(o),
+            _mm256_loadu_ps(o.add(8)),
+            _mm256_loadu_ps(o.add(16)),
+            _mm256_loadu_ps(o.add(24)),
+        ];
+        for (t, &pt) in p.iter().enumerate() {
+            let pv = _mm256_set1_ps(pt);
+            let row = vp.add(t * stride + c);
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * i)), *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(o.add(8 * i), *a);
+        }
+        c += 32;
     }
-    for (yv, &xv) in yc.into_remainder().iter_mut().zip(xc.remainder()) {
-        *yv = a.mul_add(xv, *yv);
+    for (i, o) in out.iter_mut().enumerate().skip(c) {
+        for (t, &pt) in p.iter().enumerate() {
+            *o = pt.mul_add(*vp.add(t * stride + i), *o);
+        }
     }
 }

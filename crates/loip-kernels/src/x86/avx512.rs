@@ -12,8 +12,7 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use crate::canon::exp_consts as ec;
-use crate::dequant::scale_min_k4;
+use crate::dequant::unpack_scales_k4;
 use crate::dtype::DType;
 use std::ptr::read_unaligned;
 
@@ -23,17 +22,18 @@ type Chunk = [__m512; 4];
 // ---------------------------------------------------------------------------------------------
 // dequantization of the stored types
 
-/// A quantized type, read in units of whole blocks covering a multiple of 64 elements.
+/// A quantized type, read in units of 256 elements (8 blocks of 32, or one super-block).
+///
+/// The scales of a unit are converted to f32 in a separate pass over a segment of units and
+/// kept in a stack buffer: each use is then a broadcast load (`vbroadcastss` or an embedded
+/// `{1to16}` operand) rather than a register shuffle, the scarce resource of these kernels.
 trait Quant {
-    /// 64-element chunks per unit
-    const CHUNKS: usize;
-    /// bytes per unit
+    /// bytes per unit of 256 elements
     const UNIT_BYTES: usize;
-    /// per-unit scales, computed once per unit
-    type State: Copy;
-    unsafe fn prepare(p: *const u8) -> Self::State;
-    /// chunk `k` (< CHUNKS) of the unit at `p`
-    unsafe fn chunk(p: *const u8, s: &Self::State, k: usize) -> Chunk;
+    /// Writes 16 f32 scale values per unit for `units` consecutive units at `p` to `out`.
+    unsafe fn scales(p: *const u8, units: usize, out: *mut f32);
+    /// 64-element chunk `k` (< 4) of the unit at `p`, whose scales are at `s`
+    unsafe fn chunk(p: *const u8, s: *const f32, k: usize) -> Chunk;
     /// 32-element-block types: the 64 elements of two blocks outside a whole unit
     unsafe fn pair(p: *const u8) -> Chunk;
     /// 32-element-block types: the two groups of one block outside a whole unit
@@ -47,18 +47,17 @@ unsafe fn iota() -> __m512 {
     )
 }
 
+/// (q - 8) as f32, the Q4_0 table before scaling.
+#[inline(always)]
+unsafe fn iota_m8() -> __m512 {
+    _mm512_sub_ps(iota(), _mm512_set1_ps(8.0))
+}
+
 /// f16 at `p` (2 bytes), broadcast.
 #[inline(always)]
 unsafe fn f16_splat(p: *const u8) -> __m512 {
     let h = read_unaligned(p as *const u16) as i32;
     _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)))
-}
-
-/// f16 at `p` as a scalar f32.
-#[inline(always)]
-unsafe fn f16_scalar(p: *const u8) -> f32 {
-    let h = read_unaligned(p as *const u16) as i32;
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)))
 }
 
 /// 16 bytes at `p`, zero-extended to 16 × i32.
@@ -67,34 +66,30 @@ unsafe fn u8x16(p: *const u8) -> __m512i {
     _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
 }
 
-/// The f16 scales of 8 blocks (`stride` bytes apart) at once: 8 × 2 f16 words at `p`
-/// (Q4_1's `d, m`) or, with `PAIR = false`, 8 × 1 word (`d`), converted to f32.
-///
-/// Kept in memory: each use is then a broadcast load instead of a register shuffle, which is
-/// the scarce resource of these kernels.
+/// Scale `i` of a unit's scales, broadcast (a load from the scale buffer).
 #[inline(always)]
-unsafe fn scales8<const PAIR: bool>(p: *const u8, stride: usize) -> [f32; 16] {
-    let mut out = [0f32; 16];
-    if PAIR {
-        let mut raw = [0u32; 8];
-        for (i, v) in raw.iter_mut().enumerate() {
-            *v = read_unaligned(p.add(stride * i) as *const u32);
-        }
-        _mm512_storeu_ps(out.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(raw.as_ptr() as *const __m256i)));
-    } else {
-        let mut raw = [0u16; 8];
-        for (i, v) in raw.iter_mut().enumerate() {
-            *v = read_unaligned(p.add(stride * i) as *const u16);
-        }
-        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(raw.as_ptr() as *const __m128i)));
-    }
-    out
+unsafe fn splat(s: *const f32, i: usize) -> __m512 {
+    _mm512_set1_ps(*s.add(i))
 }
 
-/// Scale `i` of a [`scales8`] array, read through memory (see there).
+/// Converts the f16 scale words of 8 blocks per unit (`stride` bytes apart, the first at `p`):
+/// one word `d` per block (`PAIR = false`, to `out[0..8]` of each unit) or two, `d, m`
+/// (to `out[2i], out[2i + 1]`).
 #[inline(always)]
-unsafe fn scale(s: &[f32; 16], i: usize) -> __m512 {
-    _mm512_set1_ps(*std::hint::black_box(s.as_ptr()).add(i))
+unsafe fn block_scales<const PAIR: bool>(p: *const u8, stride: usize, units: usize, out: *mut f32) {
+    for u in 0..units {
+        let q = |i: usize| p.add(stride * (8 * u + i));
+        let o = out.add(16 * u);
+        if PAIR {
+            let w = |i: usize| read_unaligned(q(i) as *const i32);
+            let v = _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
+            _mm512_storeu_ps(o, _mm512_cvtph_ps(v));
+        } else {
+            let w = |i: usize| read_unaligned(q(i) as *const i16);
+            let v = _mm_setr_epi16(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
+            _mm256_storeu_ps(o, _mm256_cvtph_ps(v));
+        }
+    }
 }
 
 /// One Q4_0 / Q4_1 block: a 16-entry table of the exact values, indexed by nibble.
@@ -102,7 +97,21 @@ unsafe fn scale(s: &[f32; 16], i: usize) -> __m512 {
 unsafe fn q4_groups(table: __m512, qs: *const u8) -> [__m512; 2] {
     let q = u8x16(qs);
     // vpermps uses only the low 4 bits of each index: the low nibble needs no mask
-    [_mm512_permutexvar_ps(q, table), _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table)]
+    [
+        _mm512_permutexvar_ps(q, table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table),
+    ]
+}
+
+/// One Q8_0 block's 32 values `q * d` (exact).
+#[inline(always)]
+unsafe fn q8_groups(d: __m512, qs: *const u8) -> [__m512; 2] {
+    let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(qs as *const __m128i));
+    let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16) as *const __m128i));
+    [
+        _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d),
+        _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d),
+    ]
 }
 
 /// Two 32-element blocks as one chunk.
@@ -111,25 +120,17 @@ fn join(a: [__m512; 2], b: [__m512; 2]) -> Chunk {
     [a[0], a[1], b[0], b[1]]
 }
 
-/// (q - 8) as f32, the Q4_0 table before scaling.
-#[inline(always)]
-unsafe fn iota_m8() -> __m512 {
-    _mm512_sub_ps(iota(), _mm512_set1_ps(8.0))
-}
-
 struct Q40;
 impl Quant for Q40 {
-    const CHUNKS: usize = 4;
     const UNIT_BYTES: usize = 8 * 18;
-    type State = [f32; 16];
     #[inline(always)]
-    unsafe fn prepare(p: *const u8) -> [f32; 16] {
-        scales8::<false>(p, 18)
+    unsafe fn scales(p: *const u8, units: usize, out: *mut f32) {
+        block_scales::<false>(p, 18, units, out)
     }
     #[inline(always)]
-    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
-        // (q - 8) * d; (q - 8) * d is exact, so the table holds the exact values
-        let b = |i: usize| q4_groups(_mm512_mul_ps(iota_m8(), scale(s, i)), p.add(18 * i + 2));
+    unsafe fn chunk(p: *const u8, s: *const f32, k: usize) -> Chunk {
+        // (q - 8) * d is exact: the table holds the exact values
+        let b = |i: usize| q4_groups(_mm512_mul_ps(iota_m8(), splat(s, i)), p.add(18 * i + 2));
         join(b(2 * k), b(2 * k + 1))
     }
     #[inline(always)]
@@ -144,17 +145,20 @@ impl Quant for Q40 {
 
 struct Q41;
 impl Quant for Q41 {
-    const CHUNKS: usize = 4;
     const UNIT_BYTES: usize = 8 * 20;
-    type State = [f32; 16];
     #[inline(always)]
-    unsafe fn prepare(p: *const u8) -> [f32; 16] {
-        scales8::<true>(p, 20)
+    unsafe fn scales(p: *const u8, units: usize, out: *mut f32) {
+        block_scales::<true>(p, 20, units, out)
     }
     #[inline(always)]
-    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
-        // q * d + m: q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
-        let b = |i: usize| q4_groups(_mm512_fmadd_ps(iota(), scale(s, 2 * i), scale(s, 2 * i + 1)), p.add(20 * i + 4));
+    unsafe fn chunk(p: *const u8, s: *const f32, k: usize) -> Chunk {
+        // q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
+        let b = |i: usize| {
+            q4_groups(
+                _mm512_fmadd_ps(iota(), splat(s, 2 * i), splat(s, 2 * i + 1)),
+                p.add(20 * i + 4),
+            )
+        };
         join(b(2 * k), b(2 * k + 1))
     }
     #[inline(always)]
@@ -170,27 +174,16 @@ impl Quant for Q41 {
     }
 }
 
-/// One Q8_0 block's 32 values `q * d` (exact).
-#[inline(always)]
-unsafe fn q8_groups(d: __m512, qs: *const u8) -> [__m512; 2] {
-    let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(qs as *const __m128i));
-    let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(qs.add(16) as *const __m128i));
-    [_mm512_mul_ps(_mm512_cvtepi32_ps(q0), d), _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d)]
-}
-
 struct Q80;
 impl Quant for Q80 {
-    const CHUNKS: usize = 4;
     const UNIT_BYTES: usize = 8 * 34;
-    type State = [f32; 16];
     #[inline(always)]
-    unsafe fn prepare(p: *const u8) -> [f32; 16] {
-        scales8::<false>(p, 34)
+    unsafe fn scales(_p: *const u8, _units: usize, _out: *mut f32) {
+        // measured faster with per-block register broadcasts
     }
     #[inline(always)]
-    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
-        let b = |i: usize| q8_groups(scale(s, i), p.add(34 * i + 2));
-        join(b(2 * k), b(2 * k + 1))
+    unsafe fn chunk(p: *const u8, _s: *const f32, k: usize) -> Chunk {
+        Q80::pair(p.add(68 * k))
     }
     #[inline(always)]
     unsafe fn pair(p: *const u8) -> Chunk {
@@ -204,34 +197,33 @@ impl Quant for Q80 {
 
 struct Q4K;
 impl Quant for Q4K {
-    const CHUNKS: usize = 4;
     const UNIT_BYTES: usize = 144;
-    /// `[d * sc_k for k in 0..8] ++ [dmin * m_k for k in 0..8]`
-    type State = [f32; 16];
+    /// `d * sc_k` for the 8 sub-blocks `k`, then `-(dmin * m_k)`
     #[inline(always)]
-    unsafe fn prepare(p: *const u8) -> [f32; 16] {
-        let d = f16_scalar(p);
-        let dmin = f16_scalar(p.add(2));
-        let scales = std::slice::from_raw_parts(p.add(4), 12);
-        let mut s = [0f32; 16];
-        for k in 0..8 {
-            let (sc, m) = scale_min_k4(k, scales);
-            s[k] = d * sc as f32;
-            s[8 + k] = dmin * m as f32;
+    unsafe fn scales(p: *const u8, units: usize, out: *mut f32) {
+        for u in 0..units {
+            let b = p.add(144 * u);
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(read_unaligned(b as *const i32)));
+            let d = _mm512_broadcastss_ps(dm);
+            let neg_dmin = _mm512_sub_ps(
+                _mm512_setzero_ps(),
+                _mm512_broadcastss_ps(_mm_movehdup_ps(dm)),
+            );
+            let [sc, m] = unpack_scales_k4(b.add(4));
+            let q = _mm_setr_epi32(sc[0] as i32, sc[1] as i32, m[0] as i32, m[1] as i32);
+            let v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+            _mm512_storeu_ps(
+                out.add(16 * u),
+                _mm512_mul_ps(v, _mm512_mask_blend_ps(0xFF00, d, neg_dmin)),
+            );
         }
-        s
     }
     #[inline(always)]
-    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
-        // (d * sc) * q - dmin * m, as two tables (low nibbles: sub-block 2k, high: 2k + 1)
-        let lo = _mm512_sub_ps(
-            _mm512_mul_ps(iota(), _mm512_set1_ps(s[2 * k])),
-            _mm512_set1_ps(s[8 + 2 * k]),
-        );
-        let hi = _mm512_sub_ps(
-            _mm512_mul_ps(iota(), _mm512_set1_ps(s[2 * k + 1])),
-            _mm512_set1_ps(s[8 + 2 * k + 1]),
-        );
+    unsafe fn chunk(p: *const u8, s: *const f32, k: usize) -> Chunk {
+        // (d * sc) * q - dmin * m as two tables (low nibbles: sub-block 2k, high: 2k + 1);
+        // (d * sc) * q is exact, so one fma rounds like ggml's d1 * q - m1
+        let lo = _mm512_fmadd_ps(iota(), splat(s, 2 * k), splat(s, 8 + 2 * k));
+        let hi = _mm512_fmadd_ps(iota(), splat(s, 2 * k + 1), splat(s, 8 + 2 * k + 1));
         let q = p.add(16 + 32 * k);
         let b0 = u8x16(q);
         let b1 = u8x16(q.add(16));
@@ -254,28 +246,32 @@ impl Quant for Q4K {
 
 struct Q6K;
 impl Quant for Q6K {
-    const CHUNKS: usize = 4;
     const UNIT_BYTES: usize = 210;
     /// `d * sc_g` for the 16 groups
-    type State = [f32; 16];
     #[inline(always)]
-    unsafe fn prepare(p: *const u8) -> [f32; 16] {
-        let d = f16_scalar(p.add(208));
-        let mut s = [0f32; 16];
-        for (g, v) in s.iter_mut().enumerate() {
-            *v = d * (*p.add(192 + g) as i8) as f32;
+    unsafe fn scales(p: *const u8, units: usize, out: *mut f32) {
+        for u in 0..units {
+            let b = p.add(210 * u);
+            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                b.add(192) as *const __m128i
+            )));
+            // d * sc, as ggml (d * sc[is]) before multiplying by q
+            _mm512_storeu_ps(out.add(16 * u), _mm512_mul_ps(f16_splat(b.add(208)), sc));
         }
-        s
     }
     #[inline(always)]
-    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
+    unsafe fn chunk(p: *const u8, s: *const f32, k: usize) -> Chunk {
         let h = k / 2;
         let ql = p.add(64 * h);
         let qh = p.add(128 + 32 * h);
-        let l = [u8x16(ql), u8x16(ql.add(16)), u8x16(ql.add(32)), u8x16(ql.add(48))];
+        let l = [
+            u8x16(ql),
+            u8x16(ql.add(16)),
+            u8x16(ql.add(32)),
+            u8x16(ql.add(48)),
+        ];
         let (h0, h1) = (u8x16(qh), u8x16(qh.add(16)));
         let m4 = _mm512_set1_epi32(0xF);
-        let m2 = _mm512_set1_epi32(0x30);
         // 6-bit q = 4 bits of ql | 2 bits of qh moved to bits 4-5
         let (low, high) = if k % 2 == 0 {
             // low nibbles; qh bits 0-1 (groups 0, 1) and 2-3 (groups 2, 3)
@@ -305,14 +301,13 @@ impl Quant for Q6K {
                 [h0, h1, _mm512_srli_epi32(h0, 2), _mm512_srli_epi32(h1, 2)],
             )
         };
-        let mut q = [_mm512_setzero_si512(); 4];
-        for i in 0..4 {
-            q[i] = _mm512_or_si512(low[i], _mm512_and_si512(high[i], m2));
-        }
+        let m2 = _mm512_set1_epi32(0x30);
         let mut w = [_mm512_setzero_ps(); 4];
         for i in 0..4 {
-            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q[i], _mm512_set1_epi32(32)));
-            w[i] = _mm512_mul_ps(_mm512_set1_ps(s[4 * k + i]), v);
+            let q = _mm512_or_si512(low[i], _mm512_and_si512(high[i], m2));
+            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)));
+            // (d * sc) * q, as ggml
+            w[i] = _mm512_mul_ps(splat(s, 4 * k + i), v);
         }
         w
     }
@@ -327,14 +322,14 @@ impl Quant for Q6K {
 }
 
 /// A float type, read one 16-element group at a time.
-trait Float {
+pub(super) trait Float {
     const ELEM_BYTES: usize;
     const DTYPE: DType;
     /// group `g` of the row at `p`
     unsafe fn group(p: *const u8, g: usize) -> __m512;
 }
 
-struct F32;
+pub(super) struct F32;
 impl Float for F32 {
     const ELEM_BYTES: usize = 4;
     const DTYPE: DType = DType::F32;
@@ -380,16 +375,44 @@ unsafe fn reduce(a: &[__m512; 4]) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(z, _mm_shuffle_ps(z, z, 1))) // l + l+1
 }
 
+/// The canonical lane tree (16 → 1) of four 16-lane vectors at once; returns the four sums.
+/// Same pairs and order as [`reduce`] after its accumulator combination.
+#[inline(always)]
+pub(super) unsafe fn reduce4(v: [__m512; 4]) -> __m128 {
+    // lanes l + l+8: 128-bit blocks (0,1) + (2,3) of two vectors side by side
+    let w01 = _mm512_add_ps(
+        _mm512_shuffle_f32x4(v[0], v[1], 0x44),
+        _mm512_shuffle_f32x4(v[0], v[1], 0xEE),
+    );
+    let w23 = _mm512_add_ps(
+        _mm512_shuffle_f32x4(v[2], v[3], 0x44),
+        _mm512_shuffle_f32x4(v[2], v[3], 0xEE),
+    );
+    // lanes l + l+4: block t now holds the four partial sums of vector t
+    let z = _mm512_add_ps(
+        _mm512_shuffle_f32x4(w01, w23, 0x88),
+        _mm512_shuffle_f32x4(w01, w23, 0xDD),
+    );
+    // l + l+2, then l + l+1, within each block
+    let z = _mm512_add_ps(z, _mm512_shuffle_ps(z, z, 0x4E));
+    let z = _mm512_add_ps(z, _mm512_shuffle_ps(z, z, 0x01));
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, z))
+}
+
 /// Accumulators of R rows × N tokens: `[row][token][canonical accumulator]`.
 type Acc<const R: usize, const N: usize> = [[[__m512; 4]; N]; R];
 
 /// The `G` groups of activations at element `e` for each token.
 #[inline(always)]
-unsafe fn load_x<const N: usize, const G: usize>(xs: &[*const f32; N], e: usize) -> [[__m512; G]; N] {
+unsafe fn load_x<const N: usize, const G: usize>(
+    xs: &[*const f32; N],
+    e: usize,
+) -> [[__m512; G]; N] {
     let mut v = [[_mm512_setzero_ps(); G]; N];
-    for t in 0..N {
-        for i in 0..G {
-            v[t][i] = _mm512_loadu_ps(xs[t].add(e + 16 * i));
+    for (vt, x) in v.iter_mut().zip(xs) {
+        for (i, vi) in vt.iter_mut().enumerate() {
+            *vi = _mm512_loadu_ps(x.add(e + 16 * i));
         }
     }
     v
@@ -397,7 +420,12 @@ unsafe fn load_x<const N: usize, const G: usize>(xs: &[*const f32; N], e: usize)
 
 /// `acc[t][a0 + i] = fma(w[i], x[t][i], acc[t][a0 + i])` for every token and group `i < G`.
 #[inline(always)]
-unsafe fn fma_groups<const N: usize, const G: usize>(acc: &mut [[__m512; 4]; N], w: &[__m512; G], x: &[[__m512; G]; N], a0: usize) {
+unsafe fn fma_groups<const N: usize, const G: usize>(
+    acc: &mut [[__m512; 4]; N],
+    w: &[__m512; G],
+    x: &[[__m512; G]; N],
+    a0: usize,
+) {
     for t in 0..N {
         for i in 0..G {
             acc[t][a0 + i] = _mm512_fmadd_ps(w[i], x[t][i], acc[t][a0 + i]);
@@ -405,10 +433,22 @@ unsafe fn fma_groups<const N: usize, const G: usize>(acc: &mut [[__m512; 4]; N],
     }
 }
 
-/// Reduces every accumulator set.
+/// Reduces every accumulator set (four rows of one token share one lane tree).
 #[inline(always)]
 unsafe fn finish<const R: usize, const N: usize>(acc: &Acc<R, N>) -> [[f32; N]; R] {
     let mut out = [[0f32; N]; R];
+    if R == 4 && N == 1 {
+        let v: [__m512; 4] = std::array::from_fn(|r| {
+            let a = &acc[r][0];
+            _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
+        });
+        let mut s = [0f32; 4];
+        _mm_storeu_ps(s.as_mut_ptr(), reduce4(v));
+        for (o, v) in out.iter_mut().zip(s) {
+            o[0] = v;
+        }
+        return out;
+    }
     for r in 0..R {
         for t in 0..N {
             out[r][t] = reduce(&acc[r][t]);
@@ -416,6 +456,9 @@ unsafe fn finish<const R: usize, const N: usize>(acc: &Acc<R, N>) -> [[f32; N]; 
     }
     out
 }
+
+/// Units per segment of the scale pre-pass (4096 elements).
+const SEG_UNITS: usize = 16;
 
 /// Canonical dots of R quantized rows (`cols` elements each) with N activation rows.
 /// Each activation chunk is loaded once and used by all R rows.
@@ -425,33 +468,46 @@ unsafe fn dot_quant<Q: Quant, const R: usize, const N: usize>(
     cols: usize,
     xs: [*const f32; N],
 ) -> [[f32; N]; R] {
-    let unit_elems = Q::CHUNKS * 64;
-    let units = cols / unit_elems;
+    let units = cols / 256;
     let mut acc: Acc<R, N> = [[[_mm512_setzero_ps(); 4]; N]; R];
-    for u in 0..units {
-        let off = u * Q::UNIT_BYTES;
-        let mut st = [Q::prepare(rows[0].add(off)); R];
-        for r in 1..R {
-            st[r] = Q::prepare(rows[r].add(off));
+    // f32 scales of one segment, 16 per unit; only the entries written by `Q::scales` are read
+    let mut sc = [[std::mem::MaybeUninit::<f32>::uninit(); 16 * SEG_UNITS]; R];
+    let mut u0 = 0;
+    while u0 < units {
+        let nu = (units - u0).min(SEG_UNITS);
+        for r in 0..R {
+            Q::scales(
+                rows[r].add(u0 * Q::UNIT_BYTES),
+                nu,
+                sc[r].as_mut_ptr() as *mut f32,
+            );
         }
-        for k in 0..Q::CHUNKS {
-            let x = load_x::<N, 4>(&xs, (u * Q::CHUNKS + k) * 64);
-            for r in 0..R {
-                let w = Q::chunk(rows[r].add(off), &st[r], k);
-                fma_groups(&mut acc[r], &w, &x, 0);
+        for u in u0..u0 + nu {
+            let off = u * Q::UNIT_BYTES;
+            for k in 0..4 {
+                let x = load_x::<N, 4>(&xs, (4 * u + k) * 64);
+                for r in 0..R {
+                    let w = Q::chunk(
+                        rows[r].add(off),
+                        (sc[r].as_ptr() as *const f32).add(16 * (u - u0)),
+                        k,
+                    );
+                    fma_groups(&mut acc[r], &w, &x, 0);
+                }
             }
         }
+        u0 += nu;
     }
     // 32-element-block types: whole block pairs, then one block, after the last whole unit
-    let rest = cols - units * unit_elems;
-    let (mut e, mut off) = (units * unit_elems, units * Q::UNIT_BYTES);
+    let rest = cols - units * 256;
+    let (mut e, mut off) = (units * 256, units * Q::UNIT_BYTES);
     for _ in 0..rest / 64 {
         let x = load_x::<N, 4>(&xs, e);
         for r in 0..R {
             fma_groups(&mut acc[r], &Q::pair(rows[r].add(off)), &x, 0);
         }
         e += 64;
-        off += Q::UNIT_BYTES / Q::CHUNKS;
+        off += Q::UNIT_BYTES / 4;
     }
     if rest % 64 != 0 {
         // canonical groups 4k, 4k + 1 -> accumulators 0, 1
@@ -465,7 +521,7 @@ unsafe fn dot_quant<Q: Quant, const R: usize, const N: usize>(
 
 /// Canonical dots of R float rows with N activation rows (any `cols`).
 #[inline(always)]
-unsafe fn dot_float<F: Float, const R: usize, const N: usize>(
+pub(super) unsafe fn dot_float<F: Float, const R: usize, const N: usize>(
     rows: [*const u8; R],
     cols: usize,
     xs: [*const f32; N],
@@ -477,14 +533,23 @@ unsafe fn dot_float<F: Float, const R: usize, const N: usize>(
         let x = load_x::<N, 4>(&xs, 64 * c);
         for r in 0..R {
             let p = rows[r];
-            let w = [F::group(p, 4 * c), F::group(p, 4 * c + 1), F::group(p, 4 * c + 2), F::group(p, 4 * c + 3)];
+            let w = [
+                F::group(p, 4 * c),
+                F::group(p, 4 * c + 1),
+                F::group(p, 4 * c + 2),
+                F::group(p, 4 * c + 3),
+            ];
             fma_groups(&mut acc[r], &w, &x, 0);
         }
     }
-    for g in 4 * chunks..groups {
-        let x = load_x::<N, 1>(&xs, 16 * g);
-        for r in 0..R {
-            fma_groups(&mut acc[r], &[F::group(rows[r], g)], &x, g % 4);
+    // the last 1..3 groups go to accumulators 0.. (constant indices keep `acc` in registers)
+    let g0 = 4 * chunks;
+    for i in 0..3 {
+        if g0 + i < groups {
+            let x = load_x::<N, 1>(&xs, 16 * (g0 + i));
+            for r in 0..R {
+                fma_groups(&mut acc[r], &[F::group(rows[r], g0 + i)], &x, i);
+            }
         }
     }
     let mut out = finish(&acc);
@@ -493,7 +558,8 @@ unsafe fn dot_float<F: Float, const R: usize, const N: usize>(
         let n = cols - tail;
         for r in 0..R {
             let mut buf = [0f32; 16]; // the dequantized tail (< 16 elements)
-            let bytes = std::slice::from_raw_parts(rows[r].add(tail * F::ELEM_BYTES), n * F::ELEM_BYTES);
+            let bytes =
+                std::slice::from_raw_parts(rows[r].add(tail * F::ELEM_BYTES), n * F::ELEM_BYTES);
             crate::dequant::dequant_into(F::DTYPE, bytes, &mut buf[..n]);
             for t in 0..N {
                 let mut s = 0f32;
@@ -547,24 +613,102 @@ macro_rules! rows_fn {
     ($name:ident, $bound:ident, $dot:ident) => {
         /// `out[r * n + t]` = canonical dot of row `r` of `data` with token `t` of `x`.
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-        unsafe fn $name<T: $bound>(data: &[u8], rb: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+        unsafe fn $name<T: $bound>(
+            data: &[u8],
+            rb: usize,
+            cols: usize,
+            x: &[f32],
+            n: usize,
+            out: &mut [f32],
+        ) {
             let rows = out.len() / n;
             if n == 1 {
                 let full = rows / TILE_ROWS * TILE_ROWS;
-                tiles::<TILE_ROWS, 1>(|p, xs| $dot::<T, TILE_ROWS, 1>(p, cols, xs), data, rb, cols, x, 0, 1, out, 0, full);
-                tiles::<1, 1>(|p, xs| $dot::<T, 1, 1>(p, cols, xs), data, rb, cols, x, 0, 1, out, full, rows);
+                tiles::<TILE_ROWS, 1>(
+                    |p, xs| $dot::<T, TILE_ROWS, 1>(p, cols, xs),
+                    data,
+                    rb,
+                    cols,
+                    x,
+                    0,
+                    1,
+                    out,
+                    0,
+                    full,
+                );
+                tiles::<1, 1>(
+                    |p, xs| $dot::<T, 1, 1>(p, cols, xs),
+                    data,
+                    rb,
+                    cols,
+                    x,
+                    0,
+                    1,
+                    out,
+                    full,
+                    rows,
+                );
                 return;
             }
-            let mut t0 = 0;
-            while t0 < n {
-                let step = (n - t0).min(4);
-                match step {
-                    4 => tiles::<1, 4>(|p, xs| $dot::<T, 1, 4>(p, cols, xs), data, rb, cols, x, t0, n, out, 0, rows),
-                    3 => tiles::<1, 3>(|p, xs| $dot::<T, 1, 3>(p, cols, xs), data, rb, cols, x, t0, n, out, 0, rows),
-                    2 => tiles::<1, 2>(|p, xs| $dot::<T, 1, 2>(p, cols, xs), data, rb, cols, x, t0, n, out, 0, rows),
-                    _ => tiles::<1, 1>(|p, xs| $dot::<T, 1, 1>(p, cols, xs), data, rb, cols, x, t0, n, out, 0, rows),
+            // batches: a tile of rows stays in cache while every block of 4 tokens passes
+            let tile = crate::x86::batch_tile_rows(rb);
+            for r0 in (0..rows).step_by(tile) {
+                let r1 = (r0 + tile).min(rows);
+                let mut t0 = 0;
+                while t0 < n {
+                    let step = (n - t0).min(4);
+                    match step {
+                        4 => tiles::<1, 4>(
+                            |p, xs| $dot::<T, 1, 4>(p, cols, xs),
+                            data,
+                            rb,
+                            cols,
+                            x,
+                            t0,
+                            n,
+                            out,
+                            r0,
+                            r1,
+                        ),
+                        3 => tiles::<1, 3>(
+                            |p, xs| $dot::<T, 1, 3>(p, cols, xs),
+                            data,
+                            rb,
+                            cols,
+                            x,
+                            t0,
+                            n,
+                            out,
+                            r0,
+                            r1,
+                        ),
+                        2 => tiles::<1, 2>(
+                            |p, xs| $dot::<T, 1, 2>(p, cols, xs),
+                            data,
+                            rb,
+                            cols,
+                            x,
+                            t0,
+                            n,
+                            out,
+                            r0,
+                            r1,
+                        ),
+                        _ => tiles::<1, 1>(
+                            |p, xs| $dot::<T, 1, 1>(p, cols, xs),
+                            data,
+                            rb,
+                            cols,
+                            x,
+                            t0,
+                            n,
+                            out,
+                            r0,
+                            r1,
+                        ),
+                    }
+                    t0 += step;
                 }
-                t0 += step;
             }
         }
     };
@@ -578,7 +722,14 @@ rows_fn!(rows_float, Float, dot_float);
 /// # Safety
 /// AVX-512F/AVX2/FMA/F16C available; `data.len() == out.len() / n * row_bytes(cols)`,
 /// `x.len() == n * cols`, `cols` a multiple of the block size, `n > 0`.
-pub(crate) unsafe fn rows(dtype: DType, data: &[u8], cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+pub(crate) unsafe fn rows(
+    dtype: DType,
+    data: &[u8],
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
     let rb = crate::dequant::prefix_bytes(dtype, cols);
     debug_assert!(n > 0 && x.len() == n * cols && data.len() == out.len() / n * rb);
     match dtype {
@@ -590,94 +741,5 @@ pub(crate) unsafe fn rows(dtype: DType, data: &[u8], cols: usize, x: &[f32], n: 
         DType::Q4_1 => rows_quant::<Q41>(data, rb, cols, x, n, out),
         DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
         DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// f32 vector helpers for attention and activations
-
-/// Canonical dot product of two f32 slices of equal length.
-///
-/// # Safety
-/// AVX-512F/AVX2/FMA/F16C available.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    dot_float::<F32, 1, 1>([a.as_ptr() as *const u8], a.len(), [b.as_ptr()])[0][0]
-}
-
-/// Canonical exp of 16 lanes (see [`crate::canon::exp`]).
-#[inline(always)]
-unsafe fn exp16(x: __m512) -> __m512 {
-    let xc = _mm512_max_ps(_mm512_set1_ps(ec::LO), _mm512_min_ps(_mm512_set1_ps(ec::HI), x));
-    let magic = _mm512_set1_ps(ec::MAGIC);
-    let t = _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(ec::LOG2E)), magic);
-    let nf = _mm512_sub_ps(t, magic);
-    let r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-ec::LN2_HI), xc);
-    let r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-ec::LN2_LO), r);
-    let mut p = _mm512_set1_ps(ec::P[0]);
-    for &c in &ec::P[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    }
-    let r2 = _mm512_mul_ps(r, r);
-    let y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
-    let n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(magic));
-    let scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(126)), 23));
-    let res = _mm512_mul_ps(_mm512_mul_ps(y, scale), _mm512_set1_ps(2.0));
-    let lo = _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::LO), _CMP_LT_OQ);
-    let res = _mm512_mask_blend_ps(lo, res, _mm512_setzero_ps());
-    let hi = _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::HI), _CMP_GT_OQ);
-    _mm512_mask_blend_ps(hi, res, _mm512_set1_ps(f32::INFINITY))
-}
-
-/// `s[i] = exp(s[i])` (canonical exp).
-///
-/// # Safety
-/// AVX-512F/AVX2/FMA/F16C available.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(crate) unsafe fn exp_inplace(s: &mut [f32]) {
-    let mut chunks = s.chunks_exact_mut(16);
-    for c in &mut chunks {
-        let v = exp16(_mm512_loadu_ps(c.as_ptr()));
-        _mm512_storeu_ps(c.as_mut_ptr(), v);
-    }
-    for v in chunks.into_remainder() {
-        *v = crate::canon::exp(*v);
-    }
-}
-
-/// `gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i]`.
-///
-/// # Safety
-/// AVX-512F/AVX2/FMA/F16C available; equal lengths.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    let one = _mm512_set1_ps(1.0);
-    let mut g = gate.chunks_exact_mut(16);
-    let mut u = up.chunks_exact(16);
-    for (gc, uc) in (&mut g).zip(&mut u) {
-        let v = _mm512_loadu_ps(gc.as_ptr());
-        let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));
-        let s = _mm512_div_ps(v, _mm512_add_ps(one, e));
-        _mm512_storeu_ps(gc.as_mut_ptr(), _mm512_mul_ps(s, _mm512_loadu_ps(uc.as_ptr())));
-    }
-    crate::elementwise::silu_mul_scalar(g.into_remainder(), u.remainder());
-}
-
-/// `y[i] = fma(a, x[i], y[i])`.
-///
-/// # Safety
-/// AVX-512F/AVX2/FMA/F16C available; equal lengths.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    let av = _mm512_set1_ps(a);
-    let mut yc = y.chunks_exact_mut(16);
-    let mut xc = x.chunks_exact(16);
-    for (yv, xv) in (&mut yc).zip(&mut xc) {
-        let r = _mm512_fmadd_ps(av, _mm512_loadu_ps(xv.as_ptr()), _mm512_loadu_ps(yv.as_ptr()));
-        _mm512_storeu_ps(yv.as_mut_ptr(), r);
-    }
-    for (yv, &xv) in yc.into_remainder().iter_mut().zip(xc.remainder()) {
-        *yv = a.mul_add(xv, *yv);
     }
 }

@@ -30,7 +30,9 @@ pub fn random_f32(n: usize, rng: &mut impl Rng) -> Vec<f32> {
 /// The bytes of a `rows × cols` matrix of `dtype` with random values and sane scales
 /// (finite, normal f16 scales of either sign).
 pub fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut impl Rng) -> Vec<u8> {
-    let rb = dtype.row_bytes(cols).expect("cols is a multiple of the block size");
+    let rb = dtype
+        .row_bytes(cols)
+        .expect("cols is a multiple of the block size");
     let mut data = vec![0u8; rows * rb];
     match dtype {
         DType::F32 => {
@@ -40,12 +42,20 @@ pub fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut impl Rng)
         }
         DType::F16 => {
             for c in data.chunks_exact_mut(2) {
-                c.copy_from_slice(&f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits().to_le_bytes());
+                c.copy_from_slice(
+                    &f16::from_f32(rng.gen_range(-1.0f32..1.0))
+                        .to_bits()
+                        .to_le_bytes(),
+                );
             }
         }
         DType::BF16 => {
             for c in data.chunks_exact_mut(2) {
-                c.copy_from_slice(&bf16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits().to_le_bytes());
+                c.copy_from_slice(
+                    &bf16::from_f32(rng.gen_range(-1.0f32..1.0))
+                        .to_bits()
+                        .to_le_bytes(),
+                );
             }
         }
         _ => {
@@ -54,7 +64,11 @@ pub fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut impl Rng)
             for b in data.chunks_exact_mut(bb) {
                 let mut scale = || {
                     let s: f32 = rng.gen_range(0.002f32..0.05);
-                    if rng.gen_bool(0.5) { s } else { -s }
+                    if rng.gen_bool(0.5) {
+                        s
+                    } else {
+                        -s
+                    }
                 };
                 match dtype {
                     DType::Q8_0 | DType::Q4_0 => put_f16(b, 0, scale()),
