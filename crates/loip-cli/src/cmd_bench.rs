@@ -167,7 +167,7 @@ fn offload(model: &str, tokens: usize) -> Result<serde_json::Value> {
     // Load alone: the direct loader's measured bandwidth on those blocks.
     let mut rows = vec![];
     println!(
-        "offloaded {:.0} MB per token ({} of {} layers)\n| run | decode ms/token | load stall ms/token | ideal max(compute, load) ms |\n|---|---|---|---|",
+        "offloaded {:.0} MB per token ({} of {} layers)\n| run | decode ms/token | load ms/token | load GB/s | stall ms/token | ideal max(compute, load) ms |\n|---|---|---|---|---|---|",
         offloaded as f64 / 1e6,
         m.config.num_layers / 2,
         m.config.num_layers

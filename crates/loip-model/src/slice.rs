@@ -141,7 +141,7 @@ impl Manifest {
         if m.version != MANIFEST_VERSION {
             return Err(ModelError::BadHeader {
                 path,
-                reason: format!("manifest version {} (this build reads {MANIFEST_VERSION})", m.version),
+                reason: format!("manifest version {} (this build reads {MANIFEST_VERSION}); re-run `loip split`", m.version),
             });
         }
         m.config.validate()?;
