@@ -51,7 +51,7 @@
 //! on random clusters this formula is between 9 % below and 3 % above the simulator
 //! (`loip-sim`, which runs the slot event by event) for bursty plans with offloading forced
 //! onto every device, and within 10 % (5 % for 199 of 200) on `loip`'s own plans; see
-//! `crates/loip-sim/RESULTS.md`.
+//! README.md (section "Paper-scale experiments in the simulator").
 //!
 //! **The LM head** runs after the last stage on the last device, for every micro-batch, so
 //! it is part of that device's compute in the last round: it lengthens the pass, counts in

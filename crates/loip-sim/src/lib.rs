@@ -18,7 +18,7 @@
 //! (configuration and report types), [`error`].
 //!
 //! Results of the paper-scale experiments and how they compare with the paper's claims:
-//! `crates/loip-sim/RESULTS.md`.
+//! README.md (section "Paper-scale experiments in the simulator").
 #![deny(missing_docs)]
 
 pub mod adapt;
