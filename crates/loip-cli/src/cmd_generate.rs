@@ -74,7 +74,7 @@ pub struct OffloadArgs {
     #[arg(long)]
     pub mem: Option<String>,
     /// Which blocks to offload: auto (what the budget needs, last layers first), none, mlp,
-    /// attn, all, or alternate (every other layer).
+    /// attn, all, alternate (every other layer), or plan (the `loip` planner decides; needs --mem).
     #[arg(long, default_value = "auto")]
     pub offload_blocks: loip_runtime::local::OffloadRule,
     /// Loading path for offloaded blocks: direct (io_uring, O_DIRECT, one slot) or conventional.

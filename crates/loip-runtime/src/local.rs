@@ -33,6 +33,9 @@ pub enum OffloadRule {
     /// both blocks of every other layer (odd layers): half the model offloaded, each load
     /// overlapping the next resident layer's compute
     Alternate,
+    /// what the `loip` planner chooses for this one device under the budget (stage count and
+    /// blocks), with this machine's preset profile (`host-zen5-2c`) for its times
+    Plan,
 }
 
 impl std::str::FromStr for OffloadRule {
@@ -45,7 +48,8 @@ impl std::str::FromStr for OffloadRule {
             "attn" | "attention" => OffloadRule::Attn,
             "all" => OffloadRule::All,
             "alternate" => OffloadRule::Alternate,
-            _ => return Err(format!("unknown offload rule {s:?}; expected auto, none, mlp, attn, all or alternate")),
+            "plan" => OffloadRule::Plan,
+            _ => return Err(format!("unknown offload rule {s:?}; expected auto, none, mlp, attn, all, alternate or plan")),
         })
     }
 }
@@ -73,9 +77,12 @@ fn size(m: &Manifest, k: SliceKind) -> Result<u64, RuntimeError> {
 
 /// The single-device spec for `opts` on the model in `m`.
 pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, RuntimeError> {
+    if opts.rule == OffloadRule::Plan {
+        return planned_spec(m, opts);
+    }
     let n = m.config.num_layers;
     let (attn_off, mlp_off) = match opts.rule {
-        OffloadRule::None | OffloadRule::Auto | OffloadRule::Alternate => (false, false),
+        OffloadRule::None | OffloadRule::Auto | OffloadRule::Alternate | OffloadRule::Plan => (false, false),
         OffloadRule::Mlp => (false, true),
         OffloadRule::Attn => (true, false),
         OffloadRule::All => (true, true),
@@ -147,6 +154,31 @@ pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runti
         max_step_seqs: 1,
         context: opts.context,
     })
+}
+
+/// The `loip` planner's choice for a one-device cluster under the budget.
+fn planned_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, RuntimeError> {
+    let budget = opts.mem_budget.ok_or_else(|| RuntimeError::Invalid("--offload-blocks plan needs --mem".into()))?;
+    let mut profile = loip_plan::profile::preset("host-zen5-2c")
+        .ok_or_else(|| RuntimeError::Invalid("the host-zen5-2c profile preset is missing".into()))?;
+    profile.mem_budget = budget;
+    let link = loip_plan::LinkProfile { bandwidth: 1e12, latency: 0.0 };
+    let cluster = loip_plan::Cluster::new(vec![("this-device".into(), profile)], link);
+    let shape = crate::shape::shape_from_manifest("model", m);
+    let req = loip_plan::PlanRequest {
+        context: opts.context as u64,
+        loader: match opts.loader {
+            LoaderKind::Direct => loip_plan::LoaderKind::Direct,
+            LoaderKind::Conventional => loip_plan::LoaderKind::Conventional,
+        },
+        ..Default::default()
+    };
+    let plan = loip_plan::plan("loip", &shape, &cluster, &req)
+        .map_err(|e| RuntimeError::OverBudget { budget, detail: e.to_string() })?;
+    let mut spec =
+        crate::cluster_run::device_spec(&plan, 0, opts.loader, opts.max_step_tokens, opts.context, Some(budget));
+    spec.overlap = opts.overlap;
+    Ok(spec)
 }
 
 /// A whole model on one device, run from its slice directory.

@@ -99,6 +99,27 @@ fn generation_through_slices_matches_reference_tokens() {
 }
 
 #[test]
+fn planner_chosen_single_device_placement_is_bit_identical() {
+    let ckpt = Checkpoint::open(&fixture("tiny-qwen3")).unwrap();
+    let dir = TempDir::new("plan");
+    split(&ckpt, &dir.0);
+    let model = Model::from_checkpoint(&ckpt).unwrap();
+    let mut gen = loip_engine::Generator::new(&model, None);
+    let prompt = [3, 1, 4, 1, 5, 9, 2, 6];
+    let want = trace(&mut gen, &prompt);
+    // A budget too small for everything resident (the planner's working-buffer allowance is
+    // 16 MiB), so the plan offloads.
+    let free = LocalModel::open(&dir.0, &opts(OffloadRule::None, LoaderKind::Direct, true)).unwrap().device.memory();
+    let mut o = opts(OffloadRule::Plan, LoaderKind::Direct, true);
+    let mlp = slice::Manifest::load(&dir.0).unwrap().slice(slice::SliceKind::Mlp(0)).unwrap().size;
+    o.mem_budget = Some(free.resident + (16 << 20) - 2 * mlp);
+    let mut local = LocalModel::open(&dir.0, &o).unwrap();
+    assert!(local.device.memory().slot > 0, "{:?}", local.device.memory());
+    let got = trace(&mut local, &prompt);
+    assert_eq!(got, want);
+}
+
+#[test]
 fn split_twice_is_harmless_and_verify_passes() {
     let ckpt = Checkpoint::open(&fixture("tiny-qwen3")).unwrap();
     let dir = TempDir::new("twice");
