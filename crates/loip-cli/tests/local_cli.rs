@@ -61,7 +61,7 @@ fn local_matches_one_device_and_reports_plan_and_breakdown() {
 }
 
 #[test]
-fn serve_runs_stdin_prompts_on_workers_and_refuses_a_wrong_token() {
+fn serve_runs_stdin_prompts_on_workers_refuses_a_wrong_token_and_leaves_out_an_unreachable_one() {
     if !has_commands() {
         return;
     }
@@ -122,10 +122,87 @@ fn serve_runs_stdin_prompts_on_workers_and_refuses_a_wrong_token() {
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("wrong token") && err.contains("w1"), "{err}");
+    // A third device nobody answers for: left out, said so, the others serve.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let with_dead = dir.join("cluster-dead.toml");
+    std::fs::write(&with_dead, format!("{}[[device]]\nname = \"w3\"\naddr = \"{dead}\"\n", std::fs::read_to_string(&cluster).unwrap())).unwrap();
+    let mut serve = loip()
+        .args(["serve", "--model", &model, "--cluster"])
+        .arg(&with_dead)
+        .args(["--token", "tok", "--json", "-n", "5", "--ignore-eos", "--planner", "loip-uniform"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(serve.stdin.as_mut().unwrap(), "[3, 1, 4, 1, 5]").unwrap();
+    drop(serve.stdin.take());
+    let out = serve.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("w3") && err.contains("unreachable") && err.contains(&dead), "{err}");
+    let line = String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with('{')).map(str::to_string).expect("an answer");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&line).unwrap()["new_ids"], want["new_ids"]);
     for mut w in workers {
         let _ = w.kill();
         let _ = w.wait();
     }
     std::thread::sleep(Duration::from_millis(10));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Children of `pid` (from /proc).
+fn children(pid: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // pid (comm) state ppid …; comm may hold spaces, so split after the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|r| r.1) else { continue };
+        let ppid: u32 = rest.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        if ppid == pid {
+            v.extend(e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()));
+        }
+    }
+    v
+}
+
+#[test]
+fn local_on_ctrl_c_kills_its_workers_and_removes_its_temp_dir() {
+    if !has_commands() {
+        return;
+    }
+    let model = fixture("tiny-llama");
+    // A slow emulated link keeps the generation running long enough to interrupt it.
+    let mut child = loip()
+        .args(["local", "--model", &model, "--mem", "64MiB", "--prompt-ids", "1,5,9,23", "-n", "200", "--ignore-eos"])
+        .args(["--bandwidth", "20kbit"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let temp = std::env::temp_dir().join(format!("loip-local-{pid}"));
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("workers on loopback") {
+        line.clear();
+    }
+    assert!(line.contains("workers on loopback"), "loip local did not start its workers");
+    let workers = children(pid);
+    assert_eq!(workers.len(), 3, "{workers:?}");
+    assert!(temp.exists());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap().success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "{rest}");
+    assert!(rest.contains("interrupted"), "{rest}");
+    assert!(!temp.exists(), "{} left behind", temp.display());
+    for w in workers {
+        // Gone, or a zombie about to be reaped by init.
+        let state = std::fs::read_to_string(format!("/proc/{w}/stat")).unwrap_or_default();
+        let st = state.rsplit_once(')').and_then(|r| r.1.split_whitespace().next().map(str::to_string));
+        assert!(st.is_none() || st.as_deref() == Some("Z"), "worker {w} still running: {state}");
+    }
 }

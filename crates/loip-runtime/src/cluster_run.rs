@@ -9,6 +9,11 @@
 //! alive after a fault. Also here: plan → [`DeviceSpec`] and spawning `loip worker` child
 //! processes.
 //!
+//! A worker that cannot be reached at start (refused, reset, no answer in time) is left out
+//! when the planner chooses the devices (no fixed plan, `allow_drop`): the plan is made over
+//! the others and lists it in `Plan::dropped` with the reason; a worker that answers but
+//! refuses (wrong token) is still an error.
+//!
 //! The cost model's link is what a pipeline hop sees: with the coordinator relaying (star),
 //! one hop crosses two measured links, so the planner gets half the slowest measured
 //! bandwidth and twice the largest one-way latency.
@@ -30,7 +35,7 @@ use crate::coordinator::{
 };
 use crate::executor::{BlockPlacement, DeviceSpec, StageLayer, StageSpec};
 use crate::loader::LoaderKind;
-use crate::wire::{DeviceMemory, ProbeResult};
+use crate::wire::{DeviceMemory, NetError, ProbeResult, WireError};
 use crate::RuntimeError;
 
 /// One worker of the cluster.
@@ -250,6 +255,39 @@ pub fn star_link(links: &[LinkStats]) -> LinkProfile {
     }
 }
 
+/// Whether `e` (from connecting) means nobody answered at the address: refused, reset,
+/// unreachable, or no answer in time.
+fn is_unreachable(e: &WireError) -> bool {
+    matches!(e, WireError::Io(_) | WireError::Timeout(..) | WireError::Closed)
+}
+
+/// Sends SIGKILL to process `pid` (a worker child), ignoring errors.
+pub fn kill_pid(pid: u32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+    }
+}
+
+/// Runs `cleanup` on the first SIGINT or SIGTERM, then exits with status 130; the handlers
+/// are installed before this returns and are watched from a background thread.
+pub fn on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (mut int, mut term) = rt.block_on(async { Ok::<_, std::io::Error>((signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?)) })?;
+    std::thread::Builder::new().name("loip-signals".into()).spawn(move || {
+        rt.block_on(async {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        });
+        cleanup();
+        std::process::exit(130);
+    })?;
+    Ok(())
+}
+
 struct Setup {
     pipeline: Pipeline,
     plan: Plan,
@@ -263,10 +301,37 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
     if workers.is_empty() {
         return Err(ClusterError::Invalid("no worker to run on".into()));
     }
+    // A worker that cannot be reached is left out when the planner may choose the devices
+    // (no fixed plan, dropping allowed): the model may still fit on the others. A worker
+    // that answers but refuses (wrong token, other version) is an error.
     let mut conns = Vec::new();
+    let mut reachable = Vec::new();
+    let mut unreachable: Vec<(Endpoint, NetError)> = Vec::new();
+    let may_leave_out = opts.plan.is_none() && opts.allow_drop;
     for w in workers {
-        conns.push(Conn::connect(&w.endpoint, &opts.connect).await?);
+        match Conn::connect(&w.endpoint, &opts.connect).await {
+            Ok(c) => {
+                conns.push(c);
+                reachable.push(w.clone());
+            }
+            Err(e) if may_leave_out && is_unreachable(&e.source) => {
+                tracing::warn!("leaving out {e}");
+                unreachable.push((w.endpoint.clone(), e));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
+    if conns.is_empty() && !unreachable.is_empty() {
+        return Err(unreachable.remove(0).1.into());
+    }
+    let workers = &reachable[..];
+    let left_out = |e: ClusterError| -> ClusterError {
+        if unreachable.is_empty() {
+            return e;
+        }
+        let names: Vec<String> = unreachable.iter().map(|(ep, _)| format!("{} ({})", ep.name, ep.addr)).collect();
+        ClusterError::Invalid(format!("{e} (planned without the unreachable {})", names.join(", ")))
+    };
     let mut reports: Vec<DeviceReport> = conns
         .iter()
         .map(|c| DeviceReport {
@@ -358,9 +423,16 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
                 loader: plan_loader(opts.loader),
                 allow_drop: opts.allow_drop,
             };
-            loip_plan::plan(&opts.planner, &shape, &cluster, &req)?
+            loip_plan::plan(&opts.planner, &shape, &cluster, &req).map_err(|e| left_out(e.into()))?
         }
     };
+    let mut plan = plan;
+    for (ep, e) in &unreachable {
+        plan.dropped.push(loip_plan::plan::DroppedDevice {
+            name: ep.name.clone(),
+            reason: format!("unreachable at start ({}): {}", ep.addr, e.source),
+        });
+    }
     let route = Route::from_plan(&plan)?;
     let mut slots: Vec<Option<Conn>> = conns.into_iter().map(Some).collect();
     let mut plan_conns = Vec::new();

@@ -633,6 +633,10 @@ struct Sched {
     alive: Vec<Option<String>>, // None: alive; Some(reason): gone
     endpoints: Vec<Endpoint>,
     inflight: BTreeMap<u64, InFlight>,
+    /// steps held at the pipeline's entry until the current wave has left it (see `admit`)
+    parked: Vec<(u64, Vec<u8>)>,
+    /// while admitting a wave: more of its steps enter right after the one being sent
+    entry_behind: bool,
     shared: Arc<Shared>,
 }
 
@@ -648,10 +652,18 @@ impl Sched {
 
     /// Whether another sequence will pass hop `h`'s device at this same stage before the
     /// device's next stage: then the device keeps the stage's blocks in the slot.
+    ///
+    /// A step at the device's previous hop (`prev`) is still queued or running there, ahead
+    /// of this one, and reaches hop `h` after it; one before `prev` passes the device at an
+    /// earlier stage first, which reloads the slot anyway. At the pipeline's entry, steps of
+    /// the same wave admitted right after this one (`entry_behind`) follow it.
     fn keep(&self, step: u64, h: usize) -> bool {
         let d = self.route.hops[h].device;
         let prev = self.route.hops[..h].iter().rposition(|x| x.device == d);
-        self.inflight.iter().any(|(&id, f)| id != step && f.hop < h && prev.is_none_or(|p| f.hop > p))
+        (h == 0 && self.entry_behind)
+            || self.inflight.iter().any(|(&id, f)| {
+                id != step && f.hop < h && prev.is_none_or(|p| f.hop >= p) && !self.parked.iter().any(|(q, _)| *q == id)
+            })
     }
 
     fn dispatch(&mut self, step: u64, data: Vec<u8>) {
@@ -691,6 +703,48 @@ impl Sched {
             let _ = f.reply.send(Err(e));
             self.release(&[seq]);
         }
+        self.parked.retain(|(s, _)| *s != step);
+        self.admit_parked();
+    }
+
+    /// Whether a step is in the pipeline past its first hop.
+    fn wave_in_flight(&self) -> bool {
+        self.inflight.iter().any(|(id, f)| f.hop > 0 && !self.parked.iter().any(|(p, _)| p == id))
+    }
+
+    /// A new step enters the pipeline at once, unless steps of other sequences are already
+    /// past its first hop: then it waits until they have all come back. Sequences in flight
+    /// together thus go through the stages as one wave, back to back, and each device keeps
+    /// a stage's offloaded blocks in its slot while the whole wave passes (the bursty pattern
+    /// of the cost model, design §3: loads amortised over the `b` sequences). Without this the
+    /// sequences drift apart around the ring and every one reloads every stage.
+    fn admit(&mut self, step: u64, data: Vec<u8>) {
+        if self.wave_in_flight() {
+            self.parked.push((step, data));
+        } else {
+            self.dispatch(step, data);
+        }
+    }
+
+    fn admit_parked(&mut self) {
+        if self.parked.is_empty() || self.wave_in_flight() {
+            return;
+        }
+        let now = Instant::now();
+        let wave = std::mem::take(&mut self.parked);
+        let n = wave.len();
+        for (i, (step, data)) in wave.into_iter().enumerate() {
+            self.entry_behind = i + 1 < n;
+            if let Some(f) = self.inflight.get_mut(&step) {
+                // Time waiting for the wave counts as queueing, not as network.
+                let waited = f.started.elapsed().as_secs_f64();
+                f.stats.queued_s += waited;
+                f.worker_s += waited;
+                f.sent = now;
+                self.dispatch(step, data);
+            }
+        }
+        self.entry_behind = false;
     }
 
     fn release(&mut self, seqs: &[u64]) {
@@ -767,6 +821,7 @@ impl Sched {
                         }
                     }
                     let _ = fl.reply.send(Ok(StepOutput { logits, stats: fl.stats }));
+                    self.admit_parked();
                 } else {
                     fl.hop += 1;
                     let data = data.to_vec();
@@ -793,8 +848,9 @@ impl Sched {
         let limit = self.opts.step_timeout;
         let late: Vec<usize> = self
             .inflight
-            .values()
-            .filter(|f| f.sent.elapsed() > limit)
+            .iter()
+            .filter(|(id, f)| f.sent.elapsed() > limit && !self.parked.iter().any(|(p, _)| p == *id))
+            .map(|(_, f)| f)
             .map(|f| self.route.hops[f.hop].device)
             .collect();
         for d in late {
@@ -851,7 +907,7 @@ async fn scheduler(
     }
     drop(ev_tx);
     let n = writers.len();
-    let mut s = Sched { route, opts, writers, alive: vec![None; n], endpoints, inflight: BTreeMap::new(), shared };
+    let mut s = Sched { route, opts, writers, alive: vec![None; n], endpoints, inflight: BTreeMap::new(), parked: Vec::new(), entry_behind: false, shared };
     let mut next_step: u64 = 1;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut done: Option<oneshot::Sender<()>> = None;
@@ -870,7 +926,7 @@ async fn scheduler(
                     s.inflight.insert(step, InFlight {
                         seq, batch, rows, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0,
                     });
-                    s.dispatch(step, wire::u32_bytes(&ids));
+                    s.admit(step, wire::u32_bytes(&ids));
                 }
                 Some(Cmd::Release(seqs)) => s.release(&seqs),
                 Some(Cmd::Shutdown(ack)) => { done = Some(ack); break; }

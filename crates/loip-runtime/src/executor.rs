@@ -258,6 +258,7 @@ impl Device {
         if let Some(l) = self.loader.as_mut() {
             t.stall_s = std::mem::take(&mut l.stall_s);
             t.load_s = std::mem::take(&mut l.busy_s);
+            t.loaded_bytes = std::mem::take(&mut l.loaded_bytes);
         }
         t
     }
@@ -332,7 +333,6 @@ impl Device {
                 if offloaded && last_of(g) == Some(kind) {
                     view = None;
                     if let Some(ld) = loader.as_mut() {
-                        times.loaded_bytes += ld.last.bytes;
                         let last_group_of_stage = groups[k].last().map(|(_, gg)| *gg) == Some(g);
                         if spec.overlap && release && last_group_of_stage {
                             if let Some(next) = next_group(groups, k) {

@@ -103,6 +103,8 @@ pub struct Loader {
     pub stall_s: f64,
     /// total seconds the loader thread spent reading (and checking) groups
     pub busy_s: f64,
+    /// total bytes read from disk
+    pub loaded_bytes: u64,
     /// statistics of the last load
     pub last: LoadStats,
 }
@@ -181,6 +183,7 @@ impl Loader {
             thread: Some(thread),
             stall_s: 0.0,
             busy_s: 0.0,
+            loaded_bytes: 0,
             last: LoadStats::default(),
         })
     }
@@ -220,6 +223,12 @@ impl Loader {
         Ok(())
     }
 
+    fn account(&mut self, stats: LoadStats) {
+        self.last = stats;
+        self.busy_s += stats.load_s;
+        self.loaded_bytes += stats.bytes;
+    }
+
     fn collect(&mut self) -> Result<Loaded, RuntimeError> {
         let t = Instant::now();
         let r = self.rx.recv().map_err(|_| RuntimeError::LoaderGone)?;
@@ -236,13 +245,9 @@ impl Loader {
                 self.start(group)?;
             }
             match self.collect()? {
-                Loaded::Slot(g, stats) if g == group => {
-                    self.last = stats;
-                    self.busy_s += stats.load_s;
-                }
+                Loaded::Slot(g, stats) if g == group => self.account(stats),
                 Loaded::Owned(g, owned, stats) if g == group => {
-                    self.last = stats;
-                    self.busy_s += stats.load_s;
+                    self.account(stats);
                     self.owned = owned;
                 }
                 _ => return Err(RuntimeError::Invalid("loader answered for another group".into())),

@@ -162,3 +162,40 @@ fn a_restarted_worker_keeps_its_slices_and_a_damaged_one_is_sent_again() {
     let shipped = run(&third);
     assert_eq!(shipped.sent, vec![victim.clone()]);
 }
+
+#[test]
+fn an_unreachable_worker_at_start_is_left_out_when_the_model_fits_on_the_others() {
+    let path = fixture("tiny-llama");
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let slices = slices_of(&path, "tiny-llama");
+    let prompt = [1u32, 5, 9, 23, 42];
+    let (want, _) = reference(&ckpt, &prompt, &greedy(6));
+    let root = scratch("unreachable");
+    let workers = spawn_workers(&root, 2, 1 << 30, Some("u"));
+    // An address nobody listens on: bind a port, then close it.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut sp = specs(&workers);
+    sp.insert(1, WorkerSpec { profile: loip_plan::profile::preset("host-zen5-2c"), ..WorkerSpec::new("dev-dead", &dead) });
+    let mut o = opts(plan(2, 1, 4), Some("u"));
+    o.plan = None;
+    // With a fixed plan the devices are given: an unreachable one is an error naming it.
+    let fixed = {
+        let mut f = opts(plan(3, 1, 4), Some("u"));
+        f.plan.as_mut().unwrap().devices[1].name = "dev-dead".into();
+        f
+    };
+    let err = Session::start(&slices, sp.clone(), fixed).err().expect("fixed plan over a dead device");
+    assert!(err.to_string().contains("dev-dead"), "{err}");
+    // Planned over the reachable ones, saying which device was left out and why.
+    let s = Session::start(&slices, sp, o).unwrap();
+    assert!(s.plan.devices.iter().all(|d| d.name != "dev-dead"), "{:?}", s.plan.devices);
+    let d = s.plan.dropped.iter().find(|d| d.name == "dev-dead").expect("reported as left out");
+    assert!(d.reason.contains("unreachable") && d.reason.contains(&dead), "{}", d.reason);
+    assert_eq!(s.reports.len(), 2);
+    let out = s.generate(&prompt, &greedy(6), &mut |_| Flow::Continue).unwrap();
+    assert_eq!(out.new_ids, want);
+    s.shutdown();
+}

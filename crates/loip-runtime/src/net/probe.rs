@@ -58,7 +58,7 @@ pub fn probe(dir: &Path, m: &Manifest, compute: bool, loads: bool) -> Result<Pro
     let (direct, conventional) = if loads {
         let (attn0, mlp0) = (entry(m, SliceKind::Attn(0))?, entry(m, SliceKind::Mlp(0))?);
         let groups = vec![vec![attn0.clone()], vec![mlp0.clone()], vec![attn0, mlp0]];
-        (loader_profile(LoaderKind::Direct, dir, &groups, 2)?, loader_profile(LoaderKind::Conventional, dir, &groups, 1)?)
+        (loader_profile(LoaderKind::Direct, dir, &groups, 5)?, loader_profile(LoaderKind::Conventional, dir, &groups, 3)?)
     } else {
         (zero, zero)
     };
@@ -119,17 +119,33 @@ fn time_blocks(dir: &Path, m: &Manifest) -> Result<(Vec<(u64, f64)>, f64), Runti
     Ok((attn, mlp_s))
 }
 
-/// Fits `time = bytes / β + reads · λ` to loads of `groups` (least squares; λ ≥ 0).
+/// Fits `time = bytes / β + reads · λ` to loads of `groups` (least squares over the median
+/// time of each group; λ ≥ 0).
+///
+/// The run reuses one warm slot and one io_uring for every load, so the probe does too: one
+/// untimed pass over all groups first touches the slot's pages (the first write into a fresh
+/// slot page-faults on every page, tens of ms for a 70 MB MLP block, which the least-squares
+/// fit would otherwise book as a per-read overhead λ) and sets the ring up. Each group is then
+/// timed `reps` times and only its median enters the fit, so one slow read (another device
+/// probing the same disk, a writeback flush) does not turn into a large λ.
 fn loader_profile(kind: LoaderKind, dir: &Path, groups: &[Vec<SliceEntry>], reps: usize) -> Result<LoaderProfile, RuntimeError> {
     let mut ld = Loader::new(kind, dir, groups)?;
-    let mut samples = Vec::new(); // (bytes, reads, seconds)
+    for g in 0..groups.len() {
+        ld.start(g)?;
+        ld.wait(g)?;
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); groups.len()];
+    let mut bytes = vec![0f64; groups.len()];
     for _ in 0..reps {
-        for (g, slices) in groups.iter().enumerate() {
+        for g in 0..groups.len() {
             ld.start(g)?;
             ld.wait(g)?;
-            samples.push((ld.last.bytes as f64, slices.len() as f64, ld.last.load_s.max(1e-9)));
+            bytes[g] = ld.last.bytes as f64;
+            times[g].push(ld.last.load_s.max(1e-9));
         }
     }
+    let samples: Vec<(f64, f64, f64)> =
+        groups.iter().enumerate().map(|(g, slices)| (bytes[g], slices.len() as f64, median(times[g].clone()))).collect();
     Ok(fit_loader(&samples))
 }
 
