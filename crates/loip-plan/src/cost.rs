@@ -11,6 +11,16 @@
 //! g_i^k = ld_i^k + off_i^k                          C^k = Σ_i C_i^k
 //! c       s  one pass over the links, |D|·(h/bw + δ) (0 on one device)
 //! ℓ       s  one activation on an egress port, h/bw (0 on one device)
+//! e_i     s  device i's hop out of its stage, h/bw + δ (0 on one device)
+//! ```
+//!
+//! In the last round (the one with the LM head) the wrap-around hop is the token's return
+//! trip, last device → first device, carrying `r` bytes ([`ModelShape::return_bytes_per_token`];
+//! `h` unless set; `vocab·4` for the full logits the runtime sends today, 4 for a sampled
+//! token id), so there `c`, `ℓ` and the head device's `e_i` are
+//!
+//! ```text
+//! c_H = (|D|−1)·(h/bw + δ) + r/bw + δ      ℓ_H = max(h, r)/bw      e_i = r/bw + δ
 //! ```
 //!
 //! the overlapped round ([`overlapped_round`]) and the sequential one are
@@ -19,7 +29,7 @@
 //! overlapped:  P_k     = max(C^k + c, b·max(max_i C_i^k, ℓ))
 //!              round_k = max(P_k, max_i (g_i^k + (b−1)·C_i^k))         (= P_k + uncovered)
 //! sequential, sporadic:  round_k = c + Σ_i (C_i^k + ld_i^k)
-//! sequential, bursty:    round_k = max(C^k + c + Σ_i ld_i^k, max_i (b·(C_i^k + h/bw + δ) + ld_i^k))
+//! sequential, bursty:    round_k = max(C^k + c + Σ_i ld_i^k, max_i b·(C_i^k + ld_i^k + e_i))
 //! ms/token = Σ_k round_k / b
 //! ```
 //!
@@ -59,9 +69,19 @@
 //! window in which the first stage's loads of the next token are hidden. The embedding
 //! lookup (one row per token) is left out as negligible.
 //!
-//! The sequential bursty round (conventional offloading, `pp-offload` only) is a rough
-//! bound: the simulator runs each offloaded block once for all micro-batches, so an
-//! offloading device holds the whole batch back, and the formula is up to ~35 % optimistic.
+//! **The return trip** is one hop per generated token (per micro-batch in bursty mode): it
+//! lengthens the last round's pass by `(r − h)/bw` and, bursty, the last device's egress port
+//! sends `b` of them per round. It counts as communication and is 0 on one device.
+//!
+//! **The sequential bursty round** (conventional pipeline + offloading, `pp-offload` only):
+//! each sequence runs through a stage on its own, and its offloaded blocks are read again into
+//! the one-block buffer each time, after the blocks before them ran; nothing hides a load. A
+//! device is therefore busy `b·(C_i + ld_i + e_i)` per round (compute, its reads and its
+//! sends, in turn), and one micro-batch's pass is `C + c + Σ ld`; the round is the larger.
+//! Per generated token a device reads its offloaded blocks once (`ld_i`, not `ld_i / b`).
+//! This is how the distributed runtime runs a stage. `loip-sim` instead reads each offloaded
+//! block once for all micro-batches (then computes it `b` times), so it simulates
+//! `pp-offload` faster than this formula whenever loads matter.
 //!
 //! With identical stages, `s` rounds of which the last carries the head, this is the closed
 //! form the exact scheduler minimises (`planners::exact`). Attention time is taken at
@@ -282,6 +302,41 @@ pub fn round_comm(shape: &ModelShape, cluster: &Cluster, devices: usize) -> f64 
     }
 }
 
+/// The token's return trip, last device → first device once per generated token,
+/// `r/bw + δ` with `r` = [`ModelShape::return_bytes_per_token`]; 0 on a single device.  // seconds
+pub fn return_comm(shape: &ModelShape, cluster: &Cluster, devices: usize) -> f64 {
+    if devices <= 1 {
+        0.0
+    } else {
+        shape.return_bytes_per_token() as f64 / cluster.link.bandwidth + cluster.link.latency
+    }
+}
+
+/// Communication of the last round (the one with the LM head), whose wrap-around hop is the
+/// return trip: `c_H = (|D|−1)·(h/bw + δ) + r/bw + δ`, 0 on a single device.  // seconds
+pub fn last_round_comm(shape: &ModelShape, cluster: &Cluster, devices: usize) -> f64 {
+    if devices <= 1 {
+        0.0
+    } else {
+        (devices - 1) as f64 * per_hop_comm(shape, cluster, devices)
+            + return_comm(shape, cluster, devices)
+    }
+}
+
+/// Time the busiest egress port is occupied per micro-batch in the last round,
+/// `ℓ_H = max(h, r)/bw` (the last device sends `r` instead of `h`), 0 on a single
+/// device.  // seconds
+pub fn last_link_time(shape: &ModelShape, cluster: &Cluster, devices: usize) -> f64 {
+    if devices <= 1 {
+        0.0
+    } else {
+        shape
+            .act_bytes_per_token
+            .max(shape.return_bytes_per_token()) as f64
+            / cluster.link.bandwidth
+    }
+}
+
 /// One activation transfer `h/bw + δ`, 0 on a single device.  // seconds
 pub fn per_hop_comm(shape: &ModelShape, cluster: &Cluster, devices: usize) -> f64 {
     if devices <= 1 {
@@ -374,6 +429,9 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
     let c = round_comm(shape, cluster, nd);
     let e = per_hop_comm(shape, cluster, nd);
     let link = link_time(shape, cluster, nd);
+    let c_last = last_round_comm(shape, cluster, nd);
+    let e_ret = return_comm(shape, cluster, nd);
+    let link_last = last_link_time(shape, cluster, nd);
     let bf = b as f64;
     let bursty = plan.pattern == Pattern::Bursty;
     let per_tok = if bursty { bf } else { 1.0 };
@@ -388,6 +446,19 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
     let mut dev_load = vec![0.0; nd];
     let mut dev_stall = vec![0.0; nd];
     for k in 0..rounds {
+        let last_round = k + 1 == rounds;
+        let (c, link) = if last_round {
+            (c_last, link_last)
+        } else {
+            (c, link)
+        };
+        // Per device: what its hop out of this round costs one micro-batch (the return trip
+        // for the head's device in the last round).
+        let hop: Vec<f64> = plan
+            .devices
+            .iter()
+            .map(|d| if last_round && d.holds_head { e_ret } else { e })
+            .collect();
         let mut ci = vec![0.0; nd];
         let mut ld = vec![0.0; nd];
         let mut off = vec![0.0; nd];
@@ -402,9 +473,16 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
             ld[i] = t.loader.load_time(st.offloaded_bytes(shape), a + m);
             off[i] = stage_span(st, t.attn, t.mlp);
         }
+        // Sequential mode reads every offloaded block once per micro-batch; overlapped mode
+        // once per round for all of them.
+        let ld_per_tok = if plan.mode == ExecMode::Sequential {
+            1.0
+        } else {
+            per_tok
+        };
         for i in 0..nd {
             dev_compute[i] += ci[i];
-            dev_load[i] += ld[i] / per_tok;
+            dev_load[i] += ld[i] / ld_per_tok;
         }
         let sum_c: f64 = ci.iter().sum();
         let (compute, comm, uncov, stall_of): (f64, f64, f64, Vec<f64>) = match plan.mode {
@@ -426,14 +504,14 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
                 let sum_ld: f64 = ld.iter().sum();
                 let pass = sum_c + c + sum_ld;
                 let (wi, worst) = (0..nd)
-                    .map(|i| (i, bf * (ci[i] + e) + ld[i]))
+                    .map(|i| (i, bf * (ci[i] + ld[i] + hop[i])))
                     .fold((0, f64::MIN), |acc, x| if x.1 > acc.1 { x } else { acc });
                 if pass >= worst {
                     (sum_c, c, sum_ld, ld.clone())
                 } else {
                     let mut st = vec![0.0; nd];
-                    st[wi] = ld[wi];
-                    (bf * ci[wi], bf * e, ld[wi], st)
+                    st[wi] = bf * ld[wi];
+                    (bf * ci[wi], bf * hop[wi], bf * ld[wi], st)
                 }
             }
         };

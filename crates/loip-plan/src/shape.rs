@@ -46,6 +46,12 @@ pub struct ModelShape {
     /// Final norm + LM head bytes `H = hidden·w + vocab·hidden·w` (a tied head still needs its
     /// own copy when the last device is not the first; see [`ModelShape::head_bytes_on`]).  // bytes
     pub head_bytes: u64,
+    /// Bytes the last device sends back to the first device per generated token after the
+    /// last stage (the token's return trip), or `None` for the default; see
+    /// [`ModelShape::return_bytes_per_token`].
+    /// `Some(4)` models a sampled token id (design), `None` what the runtime sends today.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_bytes: Option<u64>,
 }
 
 impl ModelShape {
@@ -91,7 +97,31 @@ impl ModelShape {
             act_bytes_per_token: hidden * 4,
             embed_bytes: bytes(vocab * hidden),
             head_bytes: bytes(hidden + vocab * hidden),
+            return_bytes: None,
         }
+    }
+
+    /// Bytes of the token's return trip `r` (last device → first device, once per generated
+    /// token): [`ModelShape::return_bytes`] if set, else `h` ([`ModelShape::act_bytes_per_token`]).
+    ///
+    /// Candidates: the last position's full f32 logits, `vocab·4`
+    /// ([`ModelShape::logits_return_bytes`], what the distributed runtime sends to its
+    /// coordinator today), or a sampled token id, 4 bytes (the design, and what `loip-sim`
+    /// simulates). The default stays `h` because `loip-sim`'s agreement tests pin the cost
+    /// model's return hop at `h`.  // bytes
+    pub fn return_bytes_per_token(&self) -> u64 {
+        self.return_bytes.unwrap_or(self.act_bytes_per_token)
+    }
+
+    /// Full f32 logits of one position, `vocab·4`: what the runtime returns today.  // bytes
+    pub fn logits_return_bytes(&self) -> u64 {
+        self.vocab * 4
+    }
+
+    /// The same shape with the return trip carrying `bytes` per generated token.
+    pub fn with_return_bytes(mut self, bytes: u64) -> ModelShape {
+        self.return_bytes = Some(bytes);
+        self
     }
 
     /// Bytes of one layer, attention + MLP.  // bytes

@@ -1,7 +1,8 @@
 //! `loip` is exact: on random small instances (≤ 4 devices, ≤ 10 layers, any s) its
 //! prediction equals a brute-force enumeration of every allocation under the cost model
-//! (design §3 with the LM head on the last device and the bursty slot window
-//! `P − (b−1)·C_i − off_i`; see `loip_plan::cost`), written here independently of the
+//! (design §3 with the LM head on the last device, the token's return trip of `r` bytes in
+//! the round with the head, and the bursty slot window `P − (b−1)·C_i − off_i`; see
+//! `loip_plan::cost`), written here independently of the
 //! library, and it never exceeds a budget.
 
 #![allow(clippy::manual_is_multiple_of)] // rust-version 1.85
@@ -67,6 +68,11 @@ fn round(comp: &[f64], g: &[f64], b: f64, c: f64, link: f64) -> f64 {
         .fold(period, f64::max)
 }
 
+/// Bytes of the token's return trip: the shape's `return_bytes`, by default `h` (an activation).
+fn return_bytes(sh: &loip_plan::ModelShape) -> u64 {
+    sh.return_bytes.unwrap_or(sh.hidden * 4)
+}
+
 /// Brute-force optimum in ms/token, or None when nothing fits.
 fn brute_force(inst: &Instance) -> Option<f64> {
     let sh = &inst.shape;
@@ -87,6 +93,17 @@ fn brute_force(inst: &Instance) -> Option<f64> {
             sh.act_bytes_per_token as f64 / inst.bandwidth
         } else {
             0.0
+        };
+        // The round with the head: its wrap-around hop is the token's return trip of `r`
+        // bytes, and the last device's egress port carries `r` instead of `h`.
+        let r = return_bytes(sh) as f64;
+        let (c_h, link_h) = if k > 1 {
+            (
+                (k - 1) as f64 * hop + r / inst.bandwidth + inst.latency,
+                (sh.act_bytes_per_token as f64).max(r) / inst.bandwidth,
+            )
+        } else {
+            (0.0, 0.0)
         };
         // LM head of the last device: a measured profile prices it as t^P · H / P.
         let last = &inst.devs[*set.last().unwrap()];
@@ -143,7 +160,7 @@ fn brute_force(inst: &Instance) -> Option<f64> {
                 // s − 1 rounds, then the last one with the head on the last device.
                 let plain = round(&comp, &gs, bf, c, link);
                 *comp.last_mut().unwrap() += head_t;
-                let with_head = round(&comp, &gs, bf, c, link);
+                let with_head = round(&comp, &gs, bf, c_h, link_h);
                 let t = ((s - 1) as f64 * plain + with_head) / bf;
                 if best.is_none_or(|x| t < x) {
                     best = Some(t);
@@ -208,7 +225,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 1000, .. ProptestConfig::default() })]
 
     #[test]
-    fn loip_equals_brute_force(inst in instance(4, 10)) {
+    fn loip_equals_brute_force(
+        inst in instance(4, 10),
+        ret in prop_oneof![Just(None), Just(Some(4u64)), (0u64..1 << 22).prop_map(Some)],
+    ) {
+        let mut inst = inst;
+        inst.shape.return_bytes = ret;
         let cluster = inst.cluster();
         let got = loip_plan::plan("loip", &inst.shape, &cluster, &inst.request());
         let want = brute_force(&inst);

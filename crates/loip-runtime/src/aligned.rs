@@ -25,7 +25,10 @@ impl AlignedBuf {
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         if ptr.is_null() {
-            return Err(RuntimeError::OutOfMemory { what: "aligned buffer".into(), bytes: size as u64 });
+            return Err(RuntimeError::OutOfMemory {
+                what: "aligned buffer".into(),
+                bytes: size as u64,
+            });
         }
         Ok(AlignedBuf { ptr, len, layout })
     }

@@ -26,12 +26,14 @@ use std::time::{Duration, Instant};
 use loip_engine::generate::{generate, Flow};
 use loip_engine::{EngineError, GenerateOptions, GenerateOutput};
 use loip_model::slice::{Manifest, SliceKind};
-use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest, Residency};
+use loip_plan::{
+    Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest, Residency,
+};
 use serde::Serialize;
 
 use crate::coordinator::{
-    next_seq_id, ClusterError, Conn, ConnectOptions, DeviceHealth, Endpoint, LinkStats, Pipeline, PipelineOptions,
-    Route, ShipStats, StepStats, Totals,
+    next_seq_id, ClusterError, Conn, ConnectOptions, DeviceHealth, Endpoint, LinkStats, Pipeline,
+    PipelineOptions, Route, ShipStats, StepStats, Totals,
 };
 use crate::executor::{BlockPlacement, DeviceSpec, StageLayer, StageSpec};
 use crate::loader::LoaderKind;
@@ -54,7 +56,15 @@ pub struct WorkerSpec {
 impl WorkerSpec {
     /// A worker to profile, with the budget it reports.
     pub fn new(name: impl Into<String>, addr: impl Into<String>) -> WorkerSpec {
-        WorkerSpec { endpoint: Endpoint { name: name.into(), addr: addr.into() }, profile: None, mem: None, reserve: 0 }
+        WorkerSpec {
+            endpoint: Endpoint {
+                name: name.into(),
+                addr: addr.into(),
+            },
+            profile: None,
+            mem: None,
+            reserve: 0,
+        }
     }
 }
 
@@ -190,7 +200,11 @@ pub fn device_spec(
                 layers: s
                     .layers
                     .iter()
-                    .map(|l| StageLayer { layer: l.layer as usize, attn: place(l.attn), mlp: place(l.mlp) })
+                    .map(|l| StageLayer {
+                        layer: l.layer as usize,
+                        attn: place(l.attn),
+                        mlp: place(l.mlp),
+                    })
                     .collect(),
             })
             .collect(),
@@ -240,25 +254,45 @@ pub fn profile_from_probe(
     p: &ProbeResult,
 ) -> Result<DeviceProfile, ClusterError> {
     let attn = p.attn.iter().map(|&(n, s)| (1u32, n, s)).collect();
-    DeviceProfile::from_measurements(name, mem_budget, shape, attn, vec![(1, p.mlp_s)], p.direct, p.conventional)
-        .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))
+    DeviceProfile::from_measurements(
+        name,
+        mem_budget,
+        shape,
+        attn,
+        vec![(1, p.mlp_s)],
+        p.direct,
+        p.conventional,
+    )
+    .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))
 }
 
 /// The cost model's link for a star over `links`.
 pub fn star_link(links: &[LinkStats]) -> LinkProfile {
-    let bw = links.iter().flat_map(|l| [l.up_bps, l.down_bps]).fold(f64::INFINITY, f64::min);
+    let bw = links
+        .iter()
+        .flat_map(|l| [l.up_bps, l.down_bps])
+        .fold(f64::INFINITY, f64::min);
     let lat = links.iter().map(|l| l.latency_s).fold(0.0, f64::max);
     if bw.is_finite() && bw > 0.0 {
-        LinkProfile { bandwidth: bw / 2.0, latency: 2.0 * lat }
+        LinkProfile {
+            bandwidth: bw / 2.0,
+            latency: 2.0 * lat,
+        }
     } else {
-        LinkProfile { bandwidth: 125e6, latency: 1e-4 }
+        LinkProfile {
+            bandwidth: 125e6,
+            latency: 1e-4,
+        }
     }
 }
 
 /// Whether `e` (from connecting) means nobody answered at the address: refused, reset,
 /// unreachable, or no answer in time.
 fn is_unreachable(e: &WireError) -> bool {
-    matches!(e, WireError::Io(_) | WireError::Timeout(..) | WireError::Closed)
+    matches!(
+        e,
+        WireError::Io(_) | WireError::Timeout(..) | WireError::Closed
+    )
 }
 
 /// Sends SIGKILL to process `pid` (a worker child), ignoring errors.
@@ -273,18 +307,27 @@ pub fn kill_pid(pid: u32) {
 /// are installed before this returns and are watched from a background thread.
 pub fn on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (mut int, mut term) = rt.block_on(async { Ok::<_, std::io::Error>((signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?)) })?;
-    std::thread::Builder::new().name("loip-signals".into()).spawn(move || {
-        rt.block_on(async {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        });
-        cleanup();
-        std::process::exit(130);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut int, mut term) = rt.block_on(async {
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        ))
     })?;
+    std::thread::Builder::new()
+        .name("loip-signals".into())
+        .spawn(move || {
+            rt.block_on(async {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            });
+            cleanup();
+            std::process::exit(130);
+        })?;
     Ok(())
 }
 
@@ -297,7 +340,12 @@ struct Setup {
     profiles: Vec<(String, DeviceProfile)>,
 }
 
-async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], opts: &SessionOptions) -> Result<Setup, ClusterError> {
+async fn setup(
+    model_dir: &Path,
+    manifest: &Manifest,
+    workers: &[WorkerSpec],
+    opts: &SessionOptions,
+) -> Result<Setup, ClusterError> {
     if workers.is_empty() {
         return Err(ClusterError::Invalid("no worker to run on".into()));
     }
@@ -329,8 +377,14 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
         if unreachable.is_empty() {
             return e;
         }
-        let names: Vec<String> = unreachable.iter().map(|(ep, _)| format!("{} ({})", ep.name, ep.addr)).collect();
-        ClusterError::Invalid(format!("{e} (planned without the unreachable {})", names.join(", ")))
+        let names: Vec<String> = unreachable
+            .iter()
+            .map(|(ep, _)| format!("{} ({})", ep.name, ep.addr))
+            .collect();
+        ClusterError::Invalid(format!(
+            "{e} (planned without the unreachable {})",
+            names.join(", ")
+        ))
     };
     let mut reports: Vec<DeviceReport> = conns
         .iter()
@@ -351,14 +405,26 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
             links.push(l);
         }
     }
+    // The last device returns the last position's full logits to the coordinator, which
+    // samples: that is the token's return trip on the wire.
     let shape = crate::shape::shape_from_manifest(&opts.shape_name, manifest);
+    let shape = {
+        let r = shape.logits_return_bytes();
+        shape.with_return_bytes(r)
+    };
     // Probe the devices without a profile: blocks one at a time; loads with the blocks, or
     // all together.
     let together = opts.probe_loads_together;
     let mut probes: Vec<Option<ProbeResult>> = vec![None; workers.len()];
     for (i, (w, c)) in workers.iter().zip(&mut conns).enumerate() {
         if w.profile.is_none() {
-            let s = c.ship(model_dir, manifest, &[SliceKind::Attn(0), SliceKind::Mlp(0)]).await?;
+            let s = c
+                .ship(
+                    model_dir,
+                    manifest,
+                    &[SliceKind::Attn(0), SliceKind::Mlp(0)],
+                )
+                .await?;
             reports[i].shipped.sent.extend(s.sent);
             reports[i].shipped.sent_bytes += s.sent_bytes;
             probes[i] = Some(c.probe(manifest, true, !together).await?);
@@ -371,12 +437,18 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
             let probe = probes[i].is_some();
             tasks.push(tokio::spawn(async move {
                 let mut c = c;
-                let r = if probe { Some(c.probe(&m, false, true).await) } else { None };
+                let r = if probe {
+                    Some(c.probe(&m, false, true).await)
+                } else {
+                    None
+                };
                 (c, r)
             }));
         }
         for (i, t) in tasks.into_iter().enumerate() {
-            let (c, r) = t.await.map_err(|e| ClusterError::Invalid(format!("probe task: {e}")))?;
+            let (c, r) = t
+                .await
+                .map_err(|e| ClusterError::Invalid(format!("probe task: {e}")))?;
             conns.push(c);
             if let (Some(r), Some(p)) = (r, probes[i].as_mut()) {
                 let r = r?;
@@ -388,7 +460,11 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
     }
     let mut devices = Vec::new();
     let mut profiles = Vec::new();
-    for ((w, c), (r, p)) in workers.iter().zip(&conns).zip(reports.iter_mut().zip(probes)) {
+    for ((w, c), (r, p)) in workers
+        .iter()
+        .zip(&conns)
+        .zip(reports.iter_mut().zip(probes))
+    {
         let mem = w.mem.unwrap_or(c.info.mem_budget);
         let mut profile = match (&w.profile, p) {
             (Some(prof), _) => prof.clone(),
@@ -397,7 +473,12 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
                 r.probe = Some(p);
                 prof
             }
-            (None, None) => return Err(ClusterError::Invalid(format!("device {} was not profiled", w.endpoint.name))),
+            (None, None) => {
+                return Err(ClusterError::Invalid(format!(
+                    "device {} was not profiled",
+                    w.endpoint.name
+                )))
+            }
         };
         profile.mem_budget = mem;
         profiles.push((w.endpoint.name.clone(), profile.clone()));
@@ -409,7 +490,11 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
         });
     }
     let link = opts.link.unwrap_or_else(|| star_link(&links));
-    let cluster = Cluster { devices, link, defaults: Default::default() };
+    let cluster = Cluster {
+        devices,
+        link,
+        defaults: Default::default(),
+    };
     let plan = match &opts.plan {
         Some(p) => {
             p.validate(&shape, &cluster)?;
@@ -423,7 +508,8 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
                 loader: plan_loader(opts.loader),
                 allow_drop: opts.allow_drop,
             };
-            loip_plan::plan(&opts.planner, &shape, &cluster, &req).map_err(|e| left_out(e.into()))?
+            loip_plan::plan(&opts.planner, &shape, &cluster, &req)
+                .map_err(|e| left_out(e.into()))?
         }
     };
     let mut plan = plan;
@@ -440,8 +526,15 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
         let idx = workers
             .iter()
             .position(|w| w.endpoint.name == d.name)
-            .ok_or_else(|| ClusterError::Invalid(format!("the plan names device `{}`, which is not in the cluster", d.name)))?;
-        let mut c = slots[idx].take().ok_or_else(|| ClusterError::Invalid(format!("device `{}` appears twice in the plan", d.name)))?;
+            .ok_or_else(|| {
+                ClusterError::Invalid(format!(
+                    "the plan names device `{}`, which is not in the cluster",
+                    d.name
+                ))
+            })?;
+        let mut c = slots[idx].take().ok_or_else(|| {
+            ClusterError::Invalid(format!("device `{}` appears twice in the plan", d.name))
+        })?;
         let kinds = device_slices(&plan, i, manifest.config.tie_word_embeddings);
         let s = c.ship(model_dir, manifest, &kinds).await?;
         let r = &mut reports[idx];
@@ -449,7 +542,14 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
         r.shipped.sent_bytes += s.sent_bytes;
         r.shipped.sent.extend(s.sent);
         let context = (opts.context as usize).min(manifest.config.max_position_embeddings);
-        let spec = device_spec(&plan, i, opts.loader, opts.max_step_tokens, context, Some(c.info.mem_budget));
+        let spec = device_spec(
+            &plan,
+            i,
+            opts.loader,
+            opts.max_step_tokens,
+            context,
+            Some(c.info.mem_budget),
+        );
         r.memory = Some(c.load(manifest, &spec).await?);
         plan_conns.push(c);
     }
@@ -462,7 +562,14 @@ async fn setup(model_dir: &Path, manifest: &Manifest, workers: &[WorkerSpec], op
         vocab: manifest.config.vocab_size,
     };
     let pipeline = Pipeline::start(plan_conns, route, popts);
-    Ok(Setup { pipeline, plan, cluster, shape, reports, profiles })
+    Ok(Setup {
+        pipeline,
+        plan,
+        cluster,
+        shape,
+        reports,
+        profiles,
+    })
 }
 
 /// A cluster that is up: plan made, slices shipped, devices open, pipeline running.
@@ -488,14 +595,21 @@ pub struct Session {
 
 impl Session {
     /// Brings the cluster up for the model in slice directory `model_dir`.
-    pub fn start(model_dir: &Path, workers: Vec<WorkerSpec>, opts: SessionOptions) -> Result<Session, ClusterError> {
+    pub fn start(
+        model_dir: &Path,
+        workers: Vec<WorkerSpec>,
+        opts: SessionOptions,
+    ) -> Result<Session, ClusterError> {
         let manifest = Manifest::load(model_dir).map_err(RuntimeError::from)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .thread_name("loip-coord-io")
             .build()
-            .map_err(|e| RuntimeError::Io { path: PathBuf::from("<tokio runtime>"), source: e })?;
+            .map_err(|e| RuntimeError::Io {
+                path: PathBuf::from("<tokio runtime>"),
+                source: e,
+            })?;
         let t = Instant::now();
         let s = rt.block_on(setup(model_dir, &manifest, &workers, &opts))?;
         let mut workers = workers;
@@ -543,7 +657,11 @@ impl Session {
 
     /// Generates for several prompts at once, one thread each (the bursty pattern): their
     /// steps are in flight together and pass the stages one after another.
-    pub fn generate_many(&self, prompts: &[Vec<u32>], opts: &GenerateOptions) -> Vec<Result<GenerateOutput, ClusterError>> {
+    pub fn generate_many(
+        &self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+    ) -> Vec<Result<GenerateOutput, ClusterError>> {
         std::thread::scope(|s| {
             let handles: Vec<_> = prompts
                 .iter()
@@ -554,7 +672,11 @@ impl Session {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(ClusterError::Invalid("a generation thread panicked".into()))))
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ClusterError::Invalid("a generation thread panicked".into()))
+                    })
+                })
                 .collect()
         })
     }
@@ -568,13 +690,25 @@ impl Session {
     /// cluster) with the planner; fails if the model no longer fits. Returns the names of
     /// the devices left out.
     pub fn replan(&mut self) -> Result<Vec<String>, ClusterError> {
-        let gone: Vec<String> = self.health().into_iter().filter(|h| !h.alive).map(|h| h.endpoint.name).collect();
+        let gone: Vec<String> = self
+            .health()
+            .into_iter()
+            .filter(|h| !h.alive)
+            .map(|h| h.endpoint.name)
+            .collect();
         self.rt.block_on(self.pipeline.shutdown());
-        let workers: Vec<WorkerSpec> = self.workers.iter().filter(|w| !gone.contains(&w.endpoint.name)).cloned().collect();
+        let workers: Vec<WorkerSpec> = self
+            .workers
+            .iter()
+            .filter(|w| !gone.contains(&w.endpoint.name))
+            .cloned()
+            .collect();
         let mut opts = self.opts.clone();
         opts.plan = None;
         let t = Instant::now();
-        let s = self.rt.block_on(setup(&self.model_dir, &self.manifest, &workers, &opts))?;
+        let s = self
+            .rt
+            .block_on(setup(&self.model_dir, &self.manifest, &workers, &opts))?;
         self.pipeline = s.pipeline;
         self.plan = s.plan;
         self.shape = s.shape;
@@ -608,7 +742,11 @@ pub fn generate_on(
     on_token: &mut dyn FnMut(u32) -> Flow,
 ) -> Result<GenerateOutput, ClusterError> {
     let seq = next_seq_id();
-    let mut be = ErrBackend { inner: pipe.backend(), pipe, error: None };
+    let mut be = ErrBackend {
+        inner: pipe.backend(),
+        pipe,
+        error: None,
+    };
     let r = generate(&mut be, seq, prompt, opts, on_token);
     pipe.release(&[seq]);
     match (r, be.error) {
@@ -656,7 +794,10 @@ impl WorkerProcess {
     /// `timeout` for its `listening on ADDR` line on stdout.
     pub fn spawn(mut cmd: Command, timeout: Duration) -> Result<WorkerProcess, ClusterError> {
         cmd.stdout(Stdio::piped()).stdin(Stdio::null());
-        let mut child = cmd.spawn().map_err(|e| RuntimeError::Io { path: PathBuf::from(format!("{cmd:?}")), source: e })?;
+        let mut child = cmd.spawn().map_err(|e| RuntimeError::Io {
+            path: PathBuf::from(format!("{cmd:?}")),
+            source: e,
+        })?;
         let pid = child.id();
         let Some(stdout) = child.stdout.take() else {
             let _ = child.kill();
@@ -715,7 +856,9 @@ pub fn uniform_plan(
     let nd = devices.len() as u32;
     let total = nd * stages_per_device;
     if nd == 0 || stages_per_device == 0 || total > layers {
-        return Err(ClusterError::Invalid(format!("{layers} layers cannot fill {total} stages")));
+        return Err(ClusterError::Invalid(format!(
+            "{layers} layers cannot fill {total} stages"
+        )));
     }
     let mut plan_devices: Vec<loip_plan::DevicePlan> = devices
         .iter()
@@ -739,7 +882,9 @@ pub fn uniform_plan(
         let n = layers / total + u32::from(g < layers % total);
         let d = (g % nd) as usize;
         let (a, m) = offload(d, n);
-        plan_devices[d].stages.push(loip_plan::StagePlan::with_offload(first, n, a, m));
+        plan_devices[d]
+            .stages
+            .push(loip_plan::StagePlan::with_offload(first, n, a, m));
         first += n;
     }
     Ok(Plan {

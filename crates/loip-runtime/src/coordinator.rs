@@ -31,8 +31,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::executor::DeviceSpec;
 use crate::net::throttle::Throttle;
 use crate::wire::{
-    self, DeviceMemory, Frame, FrameKind, NetError, ProbeResult, Role, StepHeader, ToCoordinator, ToWorker, WireError,
-    WorkerInfo,
+    self, DeviceMemory, Frame, FrameKind, NetError, ProbeResult, Role, StepHeader, ToCoordinator,
+    ToWorker, WireError, WorkerInfo,
 };
 use crate::worker::BULK_CHUNK;
 use crate::RuntimeError;
@@ -145,32 +145,63 @@ pub struct Conn {
     request_timeout: Duration,
 }
 
-async fn handshake(stream: TcpStream, ep: &Endpoint, opts: &ConnectOptions) -> Result<Conn, WireError> {
+async fn handshake(
+    stream: TcpStream,
+    ep: &Endpoint,
+    opts: &ConnectOptions,
+) -> Result<Conn, WireError> {
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
     let to = opts.connect_timeout;
-    wire::write_frame(&mut wr, FrameKind::Hello, &wire::hello_payload(Role::Coordinator, wire::PROTOCOL_VERSION), None).await?;
+    wire::write_frame(
+        &mut wr,
+        FrameKind::Hello,
+        &wire::hello_payload(Role::Coordinator, wire::PROTOCOL_VERSION),
+        None,
+    )
+    .await?;
     let hello = wire::read_frame_timeout(&mut rd, 64 << 10, to, "the worker's hello").await?;
     wire::check_hello(&hello)?;
     let f = wire::read_frame_timeout(&mut rd, 64 << 10, to, "the worker's challenge").await?;
     let nonce = match wire::parse_control::<ToCoordinator>(&f)? {
         ToCoordinator::Challenge { nonce } => nonce,
-        other => return Err(WireError::Protocol(format!("expected a challenge, got {other:?}"))),
+        other => {
+            return Err(WireError::Protocol(format!(
+                "expected a challenge, got {other:?}"
+            )))
+        }
     };
     let token = opts.token.as_deref();
     let ours = wire::nonce();
-    let auth = ToWorker::Auth { mac: wire::auth_mac(token, &nonce), nonce: ours.clone() };
-    wire::write_frame(&mut wr, FrameKind::Control, &wire::control_payload(&auth)?, None).await?;
+    let auth = ToWorker::Auth {
+        mac: wire::auth_mac(token, &nonce),
+        nonce: ours.clone(),
+    };
+    wire::write_frame(
+        &mut wr,
+        FrameKind::Control,
+        &wire::control_payload(&auth)?,
+        None,
+    )
+    .await?;
     let f = wire::read_frame_timeout(&mut rd, wire::MAX_FRAME, to, "the worker's welcome").await?;
     let info = match wire::parse_control::<ToCoordinator>(&f) {
         Ok(ToCoordinator::Welcome { mac, info }) => {
             if token.is_some() && !wire::ct_eq(&mac, &wire::auth_mac(token, &ours)) {
-                return Err(WireError::AuthRefused("the worker does not hold the shared token".into()));
+                return Err(WireError::AuthRefused(
+                    "the worker does not hold the shared token".into(),
+                ));
             }
             info
         }
-        Ok(other) => return Err(WireError::Protocol(format!("expected a welcome, got {other:?}"))),
-        Err(WireError::Remote(m)) if m.contains("authentication") => return Err(WireError::AuthRefused(m)),
+        Ok(other) => {
+            return Err(WireError::Protocol(format!(
+                "expected a welcome, got {other:?}"
+            )))
+        }
+        Err(WireError::Remote(m)) if m.contains("authentication") => {
+            return Err(WireError::AuthRefused(m))
+        }
         Err(e) => return Err(e),
     };
     Ok(Conn {
@@ -194,7 +225,12 @@ impl Conn {
             let stream = match tokio::time::timeout(left, TcpStream::connect(&ep.addr)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => return Err(err(WireError::Io(e))),
-                Err(_) => return Err(err(WireError::Timeout(opts.connect_timeout, "the TCP connection"))),
+                Err(_) => {
+                    return Err(err(WireError::Timeout(
+                        opts.connect_timeout,
+                        "the TCP connection",
+                    )))
+                }
             };
             match handshake(stream, ep, opts).await {
                 Err(WireError::Remote(m)) if m.starts_with("busy") && Instant::now() < deadline => {
@@ -211,7 +247,8 @@ impl Conn {
 
     async fn send(&mut self, msg: &ToWorker) -> Result<(), NetError> {
         let p = wire::control_payload(msg).map_err(|e| self.err(e))?;
-        let r = wire::write_frame(&mut self.wr, FrameKind::Control, &p, self.throttle.as_ref()).await;
+        let r =
+            wire::write_frame(&mut self.wr, FrameKind::Control, &p, self.throttle.as_ref()).await;
         r.map_err(|e| self.err(e))
     }
 
@@ -221,7 +258,8 @@ impl Conn {
     }
 
     async fn read(&mut self, what: &'static str) -> Result<Frame, NetError> {
-        let r = wire::read_frame_timeout(&mut self.rd, wire::MAX_FRAME, self.request_timeout, what).await;
+        let r = wire::read_frame_timeout(&mut self.rd, wire::MAX_FRAME, self.request_timeout, what)
+            .await;
         r.map_err(|e| self.err(e))
     }
 
@@ -241,7 +279,11 @@ impl Conn {
             self.send(&ToWorker::Ping { id }).await?;
             match self.recv("a pong").await? {
                 ToCoordinator::Pong { id: got } if got == id => v.push(t.elapsed().as_secs_f64()),
-                other => return Err(self.err(WireError::Protocol(format!("expected pong {id}, got {other:?}")))),
+                other => {
+                    return Err(self.err(WireError::Protocol(format!(
+                        "expected pong {id}, got {other:?}"
+                    ))))
+                }
             }
         }
         v.sort_by(|a, b| a.total_cmp(b));
@@ -267,7 +309,11 @@ impl Conn {
             }
             match self.recv("the bulk acknowledgement").await? {
                 ToCoordinator::BulkReceived { .. } => {}
-                other => return Err(self.err(WireError::Protocol(format!("expected bulk receipt, got {other:?}")))),
+                other => {
+                    return Err(self.err(WireError::Protocol(format!(
+                        "expected bulk receipt, got {other:?}"
+                    ))))
+                }
             }
             let dt = (t.elapsed().as_secs_f64() - rtt).max(1e-6);
             up = size as f64 / dt;
@@ -289,7 +335,11 @@ impl Conn {
                     FrameKind::Bulk => got += f.payload.len() as u64,
                     _ => match wire::parse_control::<ToCoordinator>(&f).map_err(|e| self.err(e))? {
                         ToCoordinator::BulkSent { .. } => break,
-                        other => return Err(self.err(WireError::Protocol(format!("expected bulk data, got {other:?}")))),
+                        other => {
+                            return Err(self.err(WireError::Protocol(format!(
+                                "expected bulk data, got {other:?}"
+                            ))))
+                        }
                     },
                 }
             }
@@ -300,41 +350,72 @@ impl Conn {
             }
             size *= 4;
         }
-        Ok(LinkStats { latency_s: rtt / 2.0, up_bps: up, down_bps: down })
+        Ok(LinkStats {
+            latency_s: rtt / 2.0,
+            up_bps: up,
+            down_bps: down,
+        })
     }
 
     /// Sends the slices of `kinds` from `dir` that the worker does not hold with the same
     /// size and CRC; the worker checks each one's CRC before keeping it.
-    pub async fn ship(&mut self, dir: &Path, manifest: &Manifest, kinds: &[SliceKind]) -> Result<ShipStats, NetError> {
-        let held: HashMap<String, (u64, String)> =
-            self.info.store.iter().map(|s| (s.file.clone(), (s.size, s.crc32.clone()))).collect();
+    pub async fn ship(
+        &mut self,
+        dir: &Path,
+        manifest: &Manifest,
+        kinds: &[SliceKind],
+    ) -> Result<ShipStats, NetError> {
+        let held: HashMap<String, (u64, String)> = self
+            .info
+            .store
+            .iter()
+            .map(|s| (s.file.clone(), (s.size, s.crc32.clone())))
+            .collect();
         let mut stats = ShipStats::default();
         for &k in kinds {
-            let entry = manifest
-                .slice(k)
-                .cloned()
-                .ok_or_else(|| self.err(WireError::Protocol(format!("slice {} is not in the manifest", k.id()))))?;
+            let entry = manifest.slice(k).cloned().ok_or_else(|| {
+                self.err(WireError::Protocol(format!(
+                    "slice {} is not in the manifest",
+                    k.id()
+                )))
+            })?;
             if held.get(&entry.file) == Some(&(entry.size, entry.crc32.clone())) {
                 stats.reused += 1;
                 continue;
             }
             let path = dir.join(&entry.file);
-            let mut file = tokio::fs::File::open(&path).await.map_err(|e| self.err(WireError::Io(e)))?;
-            self.send(&ToWorker::PutSlice { entry: entry.clone() }).await?;
+            let mut file = tokio::fs::File::open(&path)
+                .await
+                .map_err(|e| self.err(WireError::Io(e)))?;
+            self.send(&ToWorker::PutSlice {
+                entry: entry.clone(),
+            })
+            .await?;
             let mut left = entry.size;
             let mut buf = vec![0u8; wire::SLICE_CHUNK];
             while left > 0 {
                 let n = left.min(wire::SLICE_CHUNK as u64) as usize;
-                file.read_exact(&mut buf[..n]).await.map_err(|e| self.err(WireError::Io(e)))?;
+                file.read_exact(&mut buf[..n])
+                    .await
+                    .map_err(|e| self.err(WireError::Io(e)))?;
                 self.send_frame(FrameKind::SliceData, &buf[..n]).await?;
                 left -= n as u64;
             }
             match self.recv("the slice receipt").await? {
                 ToCoordinator::Stored { file } if file == entry.file => {}
-                other => return Err(self.err(WireError::Protocol(format!("expected the receipt of {}, got {other:?}", entry.file)))),
+                other => {
+                    return Err(self.err(WireError::Protocol(format!(
+                        "expected the receipt of {}, got {other:?}",
+                        entry.file
+                    ))))
+                }
             }
             self.info.store.retain(|s| s.file != entry.file);
-            self.info.store.push(wire::StoredSlice { file: entry.file.clone(), size: entry.size, crc32: entry.crc32.clone() });
+            self.info.store.push(wire::StoredSlice {
+                file: entry.file.clone(),
+                size: entry.size,
+                crc32: entry.crc32.clone(),
+            });
             stats.sent_bytes += entry.size;
             stats.sent.push(entry.file);
         }
@@ -343,20 +424,42 @@ impl Conn {
 
     /// Asks the worker to time layer 0's blocks (`compute`) and loads (`loads`); it must hold
     /// those slices.
-    pub async fn probe(&mut self, manifest: &Manifest, compute: bool, loads: bool) -> Result<ProbeResult, NetError> {
-        self.send(&ToWorker::Probe { manifest: manifest.clone(), compute, loads }).await?;
+    pub async fn probe(
+        &mut self,
+        manifest: &Manifest,
+        compute: bool,
+        loads: bool,
+    ) -> Result<ProbeResult, NetError> {
+        self.send(&ToWorker::Probe {
+            manifest: manifest.clone(),
+            compute,
+            loads,
+        })
+        .await?;
         match self.recv("probe results").await? {
             ToCoordinator::Probed(r) => Ok(r),
-            other => Err(self.err(WireError::Protocol(format!("expected probe results, got {other:?}")))),
+            other => Err(self.err(WireError::Protocol(format!(
+                "expected probe results, got {other:?}"
+            )))),
         }
     }
 
     /// Opens the device for `spec`.
-    pub async fn load(&mut self, manifest: &Manifest, spec: &DeviceSpec) -> Result<DeviceMemory, NetError> {
-        self.send(&ToWorker::Load { manifest: manifest.clone(), spec: spec.clone() }).await?;
+    pub async fn load(
+        &mut self,
+        manifest: &Manifest,
+        spec: &DeviceSpec,
+    ) -> Result<DeviceMemory, NetError> {
+        self.send(&ToWorker::Load {
+            manifest: manifest.clone(),
+            spec: spec.clone(),
+        })
+        .await?;
         match self.recv("the device to open").await? {
             ToCoordinator::Loaded { memory } => Ok(memory),
-            other => Err(self.err(WireError::Protocol(format!("expected loaded, got {other:?}")))),
+            other => Err(self.err(WireError::Protocol(format!(
+                "expected loaded, got {other:?}"
+            )))),
         }
     }
 
@@ -394,14 +497,24 @@ impl Route {
         for r in plan.stage_order() {
             match hops.last_mut() {
                 Some(h) if h.device == r.device => h.stages.push(r.stage as u16),
-                _ => hops.push(Hop { device: r.device, stages: vec![r.stage as u16], embed: false, head: false }),
+                _ => hops.push(Hop {
+                    device: r.device,
+                    stages: vec![r.stage as u16],
+                    embed: false,
+                    head: false,
+                }),
             }
         }
-        let (Some(first), Some(last)) = (hops.first().map(|h| h.device), hops.last().map(|h| h.device)) else {
+        let (Some(first), Some(last)) = (
+            hops.first().map(|h| h.device),
+            hops.last().map(|h| h.device),
+        ) else {
             return Err(ClusterError::Invalid("the plan has no stage".into()));
         };
         if !plan.devices[first].holds_embedding || !plan.devices[last].holds_head {
-            return Err(ClusterError::Invalid("the plan's first stage must hold the embedding and its last the head".into()));
+            return Err(ClusterError::Invalid(
+                "the plan's first stage must hold the embedding and its last the head".into(),
+            ));
         }
         hops[0].embed = true;
         if let Some(h) = hops.last_mut() {
@@ -479,7 +592,13 @@ pub struct StepOutput {
 }
 
 enum Cmd {
-    Step { seq: u64, ids: Vec<u32>, start_pos: usize, rows: Vec<u32>, reply: oneshot::Sender<Result<StepOutput, ClusterError>> },
+    Step {
+        seq: u64,
+        ids: Vec<u32>,
+        start_pos: usize,
+        rows: Vec<u32>,
+        reply: oneshot::Sender<Result<StepOutput, ClusterError>>,
+    },
     Release(Vec<u64>),
     Shutdown(oneshot::Sender<()>),
 }
@@ -519,22 +638,48 @@ pub struct PipelineOptions {
 impl Pipeline {
     /// Starts the scheduler on the current tokio runtime over `conns` (in plan device order).
     pub fn start(conns: Vec<Conn>, route: Route, opts: PipelineOptions) -> Pipeline {
-        let health = conns.iter().map(|c| DeviceHealth { endpoint: c.endpoint.clone(), alive: true, reason: None }).collect();
-        let shared = Arc::new(Shared { health: Mutex::new(health), totals: Mutex::new(Totals::default()) });
+        let health = conns
+            .iter()
+            .map(|c| DeviceHealth {
+                endpoint: c.endpoint.clone(),
+                alive: true,
+                reason: None,
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            health: Mutex::new(health),
+            totals: Mutex::new(Totals::default()),
+        });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(scheduler(conns, route, opts, rx, shared.clone()));
-        Pipeline { tx, shared, vocab: opts.vocab }
+        Pipeline {
+            tx,
+            shared,
+            vocab: opts.vocab,
+        }
     }
 
     /// Runs one step of sequence `seq`: `ids` at positions `start_pos..`; returns the logits
     /// of `rows` (indices into `ids`).
-    pub async fn step(&self, seq: u64, ids: &[u32], start_pos: usize, rows: &[u32]) -> Result<StepOutput, ClusterError> {
+    pub async fn step(
+        &self,
+        seq: u64,
+        ids: &[u32],
+        start_pos: usize,
+        rows: &[u32],
+    ) -> Result<StepOutput, ClusterError> {
         let rx = self.submit(seq, ids, start_pos, rows)?;
         rx.await.map_err(|_| ClusterError::Stopped)?
     }
 
     /// [`Pipeline::step`] for a thread outside the runtime.
-    pub fn step_blocking(&self, seq: u64, ids: &[u32], start_pos: usize, rows: &[u32]) -> Result<StepOutput, ClusterError> {
+    pub fn step_blocking(
+        &self,
+        seq: u64,
+        ids: &[u32],
+        start_pos: usize,
+        rows: &[u32],
+    ) -> Result<StepOutput, ClusterError> {
         let rx = self.submit(seq, ids, start_pos, rows)?;
         rx.blocking_recv().map_err(|_| ClusterError::Stopped)?
     }
@@ -547,13 +692,24 @@ impl Pipeline {
         rows: &[u32],
     ) -> Result<oneshot::Receiver<Result<StepOutput, ClusterError>>, ClusterError> {
         if ids.is_empty() {
-            return Err(ClusterError::Invalid("a step needs at least one token".into()));
+            return Err(ClusterError::Invalid(
+                "a step needs at least one token".into(),
+            ));
         }
         if let Some(&r) = rows.iter().find(|&&r| r as usize >= ids.len()) {
-            return Err(ClusterError::Invalid(format!("row {r} of a {}-token step", ids.len())));
+            return Err(ClusterError::Invalid(format!(
+                "row {r} of a {}-token step",
+                ids.len()
+            )));
         }
         let (reply, rx) = oneshot::channel();
-        let cmd = Cmd::Step { seq, ids: ids.to_vec(), start_pos, rows: rows.to_vec(), reply };
+        let cmd = Cmd::Step {
+            seq,
+            ids: ids.to_vec(),
+            start_pos,
+            rows: rows.to_vec(),
+            reply,
+        };
         self.tx.send(cmd).map_err(|_| ClusterError::Stopped)?;
         Ok(rx)
     }
@@ -588,7 +744,10 @@ impl Pipeline {
 
     /// A [`StepBackend`] for the shared generation loop (call from outside the runtime).
     pub fn backend(&self) -> PipelineBackend {
-        PipelineBackend { pipeline: self.clone(), last: None }
+        PipelineBackend {
+            pipeline: self.clone(),
+            last: None,
+        }
     }
 }
 
@@ -603,7 +762,10 @@ pub struct PipelineBackend {
 impl StepBackend for PipelineBackend {
     fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
         let last = ids.len().saturating_sub(1) as u32;
-        let out = self.pipeline.step_blocking(seq, ids, start_pos, &[last]).map_err(|e| EngineError::Backend(e.to_string()))?;
+        let out = self
+            .pipeline
+            .step_blocking(seq, ids, start_pos, &[last])
+            .map_err(|e| EngineError::Backend(e.to_string()))?;
         self.last = Some(out.stats);
         Ok(out.logits)
     }
@@ -662,12 +824,17 @@ impl Sched {
         let prev = self.route.hops[..h].iter().rposition(|x| x.device == d);
         (h == 0 && self.entry_behind)
             || self.inflight.iter().any(|(&id, f)| {
-                id != step && f.hop < h && prev.is_none_or(|p| f.hop >= p) && !self.parked.iter().any(|(q, _)| *q == id)
+                id != step
+                    && f.hop < h
+                    && prev.is_none_or(|p| f.hop >= p)
+                    && !self.parked.iter().any(|(q, _)| *q == id)
             })
     }
 
     fn dispatch(&mut self, step: u64, data: Vec<u8>) {
-        let Some(f) = self.inflight.get(&step) else { return };
+        let Some(f) = self.inflight.get(&step) else {
+            return;
+        };
         let h = f.hop;
         let hop = &self.route.hops[h];
         let d = hop.device;
@@ -709,7 +876,9 @@ impl Sched {
 
     /// Whether a step is in the pipeline past its first hop.
     fn wave_in_flight(&self) -> bool {
-        self.inflight.iter().any(|(id, f)| f.hop > 0 && !self.parked.iter().any(|(p, _)| p == id))
+        self.inflight
+            .iter()
+            .any(|(id, f)| f.hop > 0 && !self.parked.iter().any(|(p, _)| p == id))
     }
 
     /// A new step enters the pipeline at once, unless steps of other sequences are already
@@ -748,7 +917,11 @@ impl Sched {
     }
 
     fn release(&mut self, seqs: &[u64]) {
-        let Ok(p) = wire::control_payload(&ToWorker::Release { seqs: seqs.to_vec() }) else { return };
+        let Ok(p) = wire::control_payload(&ToWorker::Release {
+            seqs: seqs.to_vec(),
+        }) else {
+            return;
+        };
         for (d, w) in self.writers.iter().enumerate() {
             if self.alive[d].is_none() {
                 let _ = w.send((FrameKind::Control, p.clone()));
@@ -760,7 +933,11 @@ impl Sched {
         if self.alive[d].is_some() {
             return;
         }
-        tracing::warn!("device {} ({}) is gone: {reason}", self.endpoints[d].name, self.endpoints[d].addr);
+        tracing::warn!(
+            "device {} ({}) is gone: {reason}",
+            self.endpoints[d].name,
+            self.endpoints[d].addr
+        );
         self.alive[d] = Some(reason.clone());
         if let Some(h) = lock(&self.shared.health).get_mut(d) {
             h.alive = false;
@@ -782,10 +959,15 @@ impl Sched {
                     Ok(x) => x,
                     Err(e) => return self.mark_gone(d, format!("sent a malformed output: {e}")),
                 };
-                let Some(fl) = self.inflight.get_mut(&h.step) else { return };
+                let Some(fl) = self.inflight.get_mut(&h.step) else {
+                    return;
+                };
                 let hop = &self.route.hops[fl.hop];
                 if hop.device != d {
-                    return self.mark_gone(d, format!("answered step {} that is not at this device", h.step));
+                    return self.mark_gone(
+                        d,
+                        format!("answered step {} that is not at this device", h.step),
+                    );
                 }
                 let (want_rows, want_cols) = if hop.head {
                     (fl.rows.len() as u32, self.opts.vocab as u32)
@@ -793,7 +975,13 @@ impl Sched {
                     (fl.batch.len() as u32, self.opts.hidden as u32)
                 };
                 if h.logits != hop.head || h.rows != want_rows || h.cols != want_cols {
-                    return self.mark_gone(d, format!("answered with {}×{} values, expected {want_rows}×{want_cols}", h.rows, h.cols));
+                    return self.mark_gone(
+                        d,
+                        format!(
+                            "answered with {}×{} values, expected {want_rows}×{want_cols}",
+                            h.rows, h.cols
+                        ),
+                    );
                 }
                 fl.stats.compute_s += h.times.compute_s;
                 fl.stats.stall_s += h.times.stall_s;
@@ -802,7 +990,9 @@ impl Sched {
                 fl.stats.bytes += f.payload.len() as u64;
                 fl.worker_s += h.times.total_s;
                 if hop.head {
-                    let Some(mut fl) = self.inflight.remove(&h.step) else { return };
+                    let Some(mut fl) = self.inflight.remove(&h.step) else {
+                        return;
+                    };
                     let logits = match wire::bytes_f32(data) {
                         Ok(l) => l,
                         Err(e) => return self.mark_gone(d, e.to_string()),
@@ -820,7 +1010,10 @@ impl Sched {
                             t.prompt.add(&fl.stats);
                         }
                     }
-                    let _ = fl.reply.send(Ok(StepOutput { logits, stats: fl.stats }));
+                    let _ = fl.reply.send(Ok(StepOutput {
+                        logits,
+                        stats: fl.stats,
+                    }));
                     self.admit_parked();
                 } else {
                     fl.hop += 1;
@@ -829,17 +1022,30 @@ impl Sched {
                 }
             }
             FrameKind::Control => match wire::parse_control::<ToCoordinator>(&f) {
-                Ok(ToCoordinator::Failed { step: Some(s), message }) => {
+                Ok(ToCoordinator::Failed {
+                    step: Some(s),
+                    message,
+                }) => {
                     let ep = &self.endpoints[d];
-                    let e = ClusterError::StepFailed { device: ep.name.clone(), addr: ep.addr.clone(), message };
+                    let e = ClusterError::StepFailed {
+                        device: ep.name.clone(),
+                        addr: ep.addr.clone(),
+                        message,
+                    };
                     self.fail(s, e);
                 }
-                Ok(ToCoordinator::Failed { step: None, message }) => tracing::warn!("device {}: {message}", self.endpoints[d].name),
+                Ok(ToCoordinator::Failed {
+                    step: None,
+                    message,
+                }) => tracing::warn!("device {}: {message}", self.endpoints[d].name),
                 Ok(ToCoordinator::Pong { .. }) => {}
                 Ok(other) => self.mark_gone(d, format!("sent an unexpected message: {other:?}")),
                 Err(e) => self.mark_gone(d, e.to_string()),
             },
-            FrameKind::Error => self.mark_gone(d, format!("it reported: {}", String::from_utf8_lossy(&f.payload))),
+            FrameKind::Error => self.mark_gone(
+                d,
+                format!("it reported: {}", String::from_utf8_lossy(&f.payload)),
+            ),
             k => self.mark_gone(d, format!("sent an unexpected {k:?} frame")),
         }
     }
@@ -849,12 +1055,17 @@ impl Sched {
         let late: Vec<usize> = self
             .inflight
             .iter()
-            .filter(|(id, f)| f.sent.elapsed() > limit && !self.parked.iter().any(|(p, _)| p == *id))
+            .filter(|(id, f)| {
+                f.sent.elapsed() > limit && !self.parked.iter().any(|(p, _)| p == *id)
+            })
             .map(|(_, f)| f)
             .map(|f| self.route.hops[f.hop].device)
             .collect();
         for d in late {
-            self.mark_gone(d, format!("did not answer a step within {} s", limit.as_secs_f64()));
+            self.mark_gone(
+                d,
+                format!("did not answer a step within {} s", limit.as_secs_f64()),
+            );
         }
     }
 }
@@ -871,7 +1082,13 @@ async fn scheduler(
     let mut endpoints = Vec::new();
     let mut tasks = Vec::new();
     for (d, c) in conns.into_iter().enumerate() {
-        let Conn { endpoint, mut rd, mut wr, throttle, .. } = c;
+        let Conn {
+            endpoint,
+            mut rd,
+            mut wr,
+            throttle,
+            ..
+        } = c;
         endpoints.push(endpoint);
         let (wtx, mut wrx) = mpsc::unbounded_channel::<(FrameKind, Vec<u8>)>();
         writers.push(wtx);
@@ -907,7 +1124,17 @@ async fn scheduler(
     }
     drop(ev_tx);
     let n = writers.len();
-    let mut s = Sched { route, opts, writers, alive: vec![None; n], endpoints, inflight: BTreeMap::new(), parked: Vec::new(), entry_behind: false, shared };
+    let mut s = Sched {
+        route,
+        opts,
+        writers,
+        alive: vec![None; n],
+        endpoints,
+        inflight: BTreeMap::new(),
+        parked: Vec::new(),
+        entry_behind: false,
+        shared,
+    };
     let mut next_step: u64 = 1;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut done: Option<oneshot::Sender<()>> = None;

@@ -132,14 +132,20 @@ pub struct Device {
 /// The first loader group of the first stage after `k` (wrapping) that has one.
 fn next_group(groups: &[Vec<(Vec<SliceKind>, usize)>], k: usize) -> Option<usize> {
     let s = groups.len();
-    (1..=s).map(|d| (k + d) % s).find_map(|j| groups[j].first().map(|(_, g)| *g))
+    (1..=s)
+        .map(|d| (k + d) % s)
+        .find_map(|j| groups[j].first().map(|(_, g)| *g))
 }
 
 /// The stored type of the model's embedding, from the manifest.
 fn embed_dtype(m: &Manifest) -> Result<loip_kernels::DType, RuntimeError> {
     let t = m
         .slice(SliceKind::Embed)
-        .and_then(|s| s.tensors.iter().find(|t| t.name == loip_model::names::EMBED_TOKENS))
+        .and_then(|s| {
+            s.tensors
+                .iter()
+                .find(|t| t.name == loip_model::names::EMBED_TOKENS)
+        })
         .ok_or_else(|| RuntimeError::Invalid("the manifest has no embedding".into()))?;
     Ok(t.dtype()?)
 }
@@ -160,10 +166,9 @@ impl Device {
     pub fn open(dir: &Path, manifest: &Manifest, spec: DeviceSpec) -> Result<Device, RuntimeError> {
         let cfg = &manifest.config;
         let get = |k: SliceKind| -> Result<SliceEntry, RuntimeError> {
-            manifest
-                .slice(k)
-                .cloned()
-                .ok_or_else(|| RuntimeError::Invalid(format!("slice {} is not in the manifest", k.id())))
+            manifest.slice(k).cloned().ok_or_else(|| {
+                RuntimeError::Invalid(format!("slice {} is not in the manifest", k.id()))
+            })
         };
         let mut resident_slices = Vec::new();
         let mut groups = Vec::new();
@@ -172,7 +177,10 @@ impl Device {
         for stage in &spec.stages {
             for l in &stage.layers {
                 if l.layer >= cfg.num_layers {
-                    return Err(RuntimeError::Invalid(format!("layer {} of a {}-layer model", l.layer, cfg.num_layers)));
+                    return Err(RuntimeError::Invalid(format!(
+                        "layer {} of a {}-layer model",
+                        l.layer, cfg.num_layers
+                    )));
                 }
                 layers.push(l.layer);
                 if l.attn == BlockPlacement::Resident {
@@ -204,10 +212,18 @@ impl Device {
         if spec.head {
             resident_slices.push(get(SliceKind::Head)?);
         }
-        let slot_need: u64 =
-            group_slices.iter().map(|g| g.iter().map(|s| s.size).sum::<u64>()).max().unwrap_or(0);
+        let slot_need: u64 = group_slices
+            .iter()
+            .map(|g| g.iter().map(|s| s.size).sum::<u64>())
+            .max()
+            .unwrap_or(0);
         let resident_need: u64 = resident_slices.iter().map(|s| s.size).sum();
-        let working = working_bytes(manifest, spec.max_step_tokens, spec.max_step_seqs, spec.context);
+        let working = working_bytes(
+            manifest,
+            spec.max_step_tokens,
+            spec.max_step_seqs,
+            spec.context,
+        );
         let fixed = resident_need + slot_need + working;
         let kv_budget = match spec.mem_budget {
             Some(b) if fixed > b => {
@@ -223,12 +239,26 @@ impl Device {
             None => u64::MAX,
         };
         let resident = Resident::load(dir, &resident_slices)?;
-        let loader = if group_slices.is_empty() { None } else { Some(Loader::new(spec.loader, dir, &group_slices)?) };
+        let loader = if group_slices.is_empty() {
+            None
+        } else {
+            Some(Loader::new(spec.loader, dir, &group_slices)?)
+        };
         let kv_dim = cfg.num_kv_heads * cfg.head_dim;
         let kv = KvCache::new(layers, kv_dim, spec.mem_budget.map(|_| kv_budget));
-        let mem = MemoryReport { budget: spec.mem_budget.unwrap_or(0), resident: resident_need, slot: slot_need, working, kv_budget };
+        let mem = MemoryReport {
+            budget: spec.mem_budget.unwrap_or(0),
+            resident: resident_need,
+            slot: slot_need,
+            working,
+            kv_budget,
+        };
         let mut dev = Device {
-            tf: Transformer::new(cfg.clone(), manifest.qk_permuted, param_dtype_of(embed_dtype(manifest)?)),
+            tf: Transformer::new(
+                cfg.clone(),
+                manifest.qk_permuted,
+                param_dtype_of(embed_dtype(manifest)?),
+            ),
             resident,
             loader,
             groups,
@@ -290,30 +320,74 @@ impl Device {
 
     /// Runs stage `k` on `x: (batch.len(), hidden)` in place, then releases the slot and (when
     /// overlapping) starts loading the next stage's offloaded blocks.
-    pub fn run_stage(&mut self, k: usize, x: &mut [f32], batch: &[TokenPos]) -> Result<(), RuntimeError> {
+    pub fn run_stage(
+        &mut self,
+        k: usize,
+        x: &mut [f32],
+        batch: &[TokenPos],
+    ) -> Result<(), RuntimeError> {
         self.run_stage_with(k, x, batch, true)
     }
 
     /// Runs stage `k` and keeps its offloaded blocks in the slot, for another micro-batch that
     /// passes the same stage next (bursty traffic: loads are amortised over the sequences).
-    pub fn run_stage_keep(&mut self, k: usize, x: &mut [f32], batch: &[TokenPos]) -> Result<(), RuntimeError> {
+    pub fn run_stage_keep(
+        &mut self,
+        k: usize,
+        x: &mut [f32],
+        batch: &[TokenPos],
+    ) -> Result<(), RuntimeError> {
         self.run_stage_with(k, x, batch, false)
     }
 
-    fn run_stage_with(&mut self, k: usize, x: &mut [f32], batch: &[TokenPos], release: bool) -> Result<(), RuntimeError> {
-        let Device { tf, resident, loader, groups, kv, spec, times, .. } = self;
-        let stage = spec.stages.get(k).ok_or_else(|| RuntimeError::Invalid(format!("no stage {k} on this device")))?;
+    fn run_stage_with(
+        &mut self,
+        k: usize,
+        x: &mut [f32],
+        batch: &[TokenPos],
+        release: bool,
+    ) -> Result<(), RuntimeError> {
+        let Device {
+            tf,
+            resident,
+            loader,
+            groups,
+            kv,
+            spec,
+            times,
+            ..
+        } = self;
+        let stage = spec
+            .stages
+            .get(k)
+            .ok_or_else(|| RuntimeError::Invalid(format!("no stage {k} on this device")))?;
         let cfg = &tf.cfg;
         // The loader group of each offloaded block, and the last block of each group.
-        let group_of = |kind: SliceKind| groups[k].iter().find(|(ks, _)| ks.contains(&kind)).map(|(_, g)| *g);
-        let last_of = |g: usize| groups[k].iter().find(|(_, gg)| *gg == g).and_then(|(ks, _)| ks.last().copied());
+        let group_of = |kind: SliceKind| {
+            groups[k]
+                .iter()
+                .find(|(ks, _)| ks.contains(&kind))
+                .map(|(_, g)| *g)
+        };
+        let last_of = |g: usize| {
+            groups[k]
+                .iter()
+                .find(|(_, gg)| *gg == g)
+                .and_then(|(ks, _)| ks.last().copied())
+        };
         let mut view: Option<(usize, crate::loader::GroupView<'_>)> = None;
         for l in &stage.layers {
-            for (kind, placement) in [(SliceKind::Attn(l.layer), l.attn), (SliceKind::Mlp(l.layer), l.mlp)] {
+            for (kind, placement) in [
+                (SliceKind::Attn(l.layer), l.attn),
+                (SliceKind::Mlp(l.layer), l.mlp),
+            ] {
                 let offloaded = placement == BlockPlacement::Offloaded;
                 if offloaded && view.as_ref().map(|v| v.0) != group_of(kind) {
                     let (Some(ld), Some(g)) = (loader.as_mut(), group_of(kind)) else {
-                        return Err(RuntimeError::Invalid(format!("offloaded block {} without a loader", kind.id())));
+                        return Err(RuntimeError::Invalid(format!(
+                            "offloaded block {} without a loader",
+                            kind.id()
+                        )));
                     };
                     view = Some((g, ld.wait(g)?));
                 }
@@ -322,14 +396,20 @@ impl Device {
                     (SliceKind::Attn(_), Some((_, v))) => {
                         tf.attention(l.layer, &AttnWeights::bind(v, cfg, l.layer)?, x, batch, kv)?
                     }
-                    (SliceKind::Attn(_), None) => {
-                        tf.attention(l.layer, &AttnWeights::bind(resident, cfg, l.layer)?, x, batch, kv)?
-                    }
+                    (SliceKind::Attn(_), None) => tf.attention(
+                        l.layer,
+                        &AttnWeights::bind(resident, cfg, l.layer)?,
+                        x,
+                        batch,
+                        kv,
+                    )?,
                     (_, Some((_, v))) => tf.mlp(&MlpWeights::bind(v, cfg, l.layer)?, x)?,
                     (_, None) => tf.mlp(&MlpWeights::bind(resident, cfg, l.layer)?, x)?,
                 }
                 times.compute_s += t.elapsed().as_secs_f64();
-                let Some(g) = view.as_ref().map(|v| v.0) else { continue };
+                let Some(g) = view.as_ref().map(|v| v.0) else {
+                    continue;
+                };
                 if offloaded && last_of(g) == Some(kind) {
                     view = None;
                     if let Some(ld) = loader.as_mut() {
@@ -353,7 +433,8 @@ impl Device {
         let mut sel = Vec::with_capacity(rows.len() * h);
         for &r in rows {
             sel.extend_from_slice(
-                x.get(r * h..(r + 1) * h).ok_or_else(|| RuntimeError::Invalid(format!("no hidden row {r}")))?,
+                x.get(r * h..(r + 1) * h)
+                    .ok_or_else(|| RuntimeError::Invalid(format!("no hidden row {r}")))?,
             );
         }
         let w = HeadWeights::bind(&self.resident, &self.tf.cfg)?;

@@ -11,8 +11,8 @@ pub mod cluster_run;
 pub mod coordinator;
 mod error;
 pub mod executor;
-pub mod local;
 pub mod loader;
+pub mod local;
 pub mod net;
 pub mod resident;
 pub mod shape;
@@ -21,4 +21,4 @@ pub mod worker;
 
 pub use error::RuntimeError;
 pub use executor::{BlockPlacement, Device, DeviceSpec, MemoryReport, StageSpec, StepTimes};
-pub use loader::{LoaderKind, Loader};
+pub use loader::{Loader, LoaderKind};

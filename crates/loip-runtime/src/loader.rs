@@ -47,7 +47,9 @@ impl std::str::FromStr for LoaderKind {
         match s {
             "direct" => Ok(LoaderKind::Direct),
             "conventional" => Ok(LoaderKind::Conventional),
-            _ => Err(format!("unknown loader {s:?}; expected direct or conventional")),
+            _ => Err(format!(
+                "unknown loader {s:?}; expected direct or conventional"
+            )),
         }
     }
 }
@@ -90,14 +92,14 @@ enum Loaded {
 /// A background loader of slice groups.
 pub struct Loader {
     kind: LoaderKind,
-    groups: Vec<Vec<PathBuf>>,                // per group, its slice files
-    views: Vec<HashMap<String, View>>,        // direct: per group, tensor → slot view
-    slot: Option<AlignedBuf>,                 // direct: the one slot
+    groups: Vec<Vec<PathBuf>>,         // per group, its slice files
+    views: Vec<HashMap<String, View>>, // direct: per group, tensor → slot view
+    slot: Option<AlignedBuf>,          // direct: the one slot
     tx: Sender<Cmd>,
     rx: Receiver<Result<Loaded, RuntimeError>>,
-    pending: Option<usize>,                   // group being loaded
-    in_slot: Option<usize>,                   // group fully loaded and not overwritten since
-    owned: Owned,                             // conventional: the tensors of `in_slot`
+    pending: Option<usize>, // group being loaded
+    in_slot: Option<usize>, // group fully loaded and not overwritten since
+    owned: Owned,           // conventional: the tensors of `in_slot`
     thread: Option<JoinHandle<()>>,
     /// total seconds `wait` blocked (load stall), for the breakdown
     pub stall_s: f64,
@@ -120,20 +122,30 @@ impl TensorSource for GroupView<'_> {
     fn tensor(&self, name: &str) -> Result<(DType, Vec<usize>, &[u8]), EngineError> {
         if let (Some(slot), Some(views)) = (self.slot, self.views) {
             if let Some(v) = views.get(name) {
-                return Ok((v.dtype, v.shape.clone(), &slot[v.offset..v.offset + v.nbytes]));
+                return Ok((
+                    v.dtype,
+                    v.shape.clone(),
+                    &slot[v.offset..v.offset + v.nbytes],
+                ));
             }
         }
         if let Some((d, s, b)) = self.owned.and_then(|o| o.get(name)) {
             return Ok((*d, s.clone(), b));
         }
-        Err(EngineError::Invalid(format!("tensor {name} is not in the loaded group")))
+        Err(EngineError::Invalid(format!(
+            "tensor {name} is not in the loaded group"
+        )))
     }
 }
 
 impl Loader {
     /// A loader for `groups` (each a list of slice entries) in directory `dir`. The direct
     /// loader allocates its slot here, sized for the largest group.
-    pub fn new(kind: LoaderKind, dir: &Path, groups: &[Vec<SliceEntry>]) -> Result<Loader, RuntimeError> {
+    pub fn new(
+        kind: LoaderKind,
+        dir: &Path,
+        groups: &[Vec<SliceEntry>],
+    ) -> Result<Loader, RuntimeError> {
         let mut views = Vec::new();
         let mut files = Vec::new();
         let mut slot_bytes = 0usize;
@@ -148,7 +160,12 @@ impl Loader {
                     let dtype = t.dtype()?;
                     map.insert(
                         t.name.clone(),
-                        View { dtype, shape: t.shape.clone(), offset: off + t.offset as usize, nbytes: t.nbytes as usize },
+                        View {
+                            dtype,
+                            shape: t.shape.clone(),
+                            offset: off + t.offset as usize,
+                            nbytes: t.nbytes as usize,
+                        },
                     );
                 }
                 layout.push((path, off, s.clone()));
@@ -169,7 +186,10 @@ impl Loader {
         let thread = std::thread::Builder::new()
             .name("loip-loader".into())
             .spawn(move || loader_thread(kind, layouts, slot_ptr, cmd_rx, res_tx))
-            .map_err(|e| RuntimeError::Io { path: PathBuf::from("<loader thread>"), source: e })?;
+            .map_err(|e| RuntimeError::Io {
+                path: PathBuf::from("<loader thread>"),
+                source: e,
+            })?;
         Ok(Loader {
             kind,
             groups: files,
@@ -216,7 +236,9 @@ impl Loader {
         if group >= self.groups.len() {
             return Err(RuntimeError::Invalid(format!("no slice group {group}")));
         }
-        self.tx.send(Cmd::Load(group)).map_err(|_| RuntimeError::LoaderGone)?;
+        self.tx
+            .send(Cmd::Load(group))
+            .map_err(|_| RuntimeError::LoaderGone)?;
         self.pending = Some(group);
         self.in_slot = None;
         self.owned.clear();
@@ -250,7 +272,11 @@ impl Loader {
                     self.account(stats);
                     self.owned = owned;
                 }
-                _ => return Err(RuntimeError::Invalid("loader answered for another group".into())),
+                _ => {
+                    return Err(RuntimeError::Invalid(
+                        "loader answered for another group".into(),
+                    ))
+                }
             }
             self.in_slot = Some(group);
         }
@@ -260,7 +286,11 @@ impl Loader {
                 views: self.views.get(group),
                 owned: None,
             },
-            LoaderKind::Conventional => GroupView { slot: None, views: None, owned: Some(&self.owned) },
+            LoaderKind::Conventional => GroupView {
+                slot: None,
+                views: None,
+                owned: Some(&self.owned),
+            },
         })
     }
 }
@@ -302,10 +332,23 @@ fn loader_thread(
         let layout = &layouts[g];
         let res = match (kind, &slot) {
             (LoaderKind::Direct, Some(slot)) => load_direct(&mut ring, layout, slot).map(|bytes| {
-                Loaded::Slot(g, LoadStats { bytes, load_s: t.elapsed().as_secs_f64() })
+                Loaded::Slot(
+                    g,
+                    LoadStats {
+                        bytes,
+                        load_s: t.elapsed().as_secs_f64(),
+                    },
+                )
             }),
             _ => load_conventional(layout).map(|(owned, bytes)| {
-                Loaded::Owned(g, owned, LoadStats { bytes, load_s: t.elapsed().as_secs_f64() })
+                Loaded::Owned(
+                    g,
+                    owned,
+                    LoadStats {
+                        bytes,
+                        load_s: t.elapsed().as_secs_f64(),
+                    },
+                )
             }),
         };
         if tx.send(res).is_err() {
@@ -314,19 +357,35 @@ fn loader_thread(
     }
 }
 
-fn load_direct(ring: &mut Option<io_uring::IoUring>, layout: &Layout, slot: &SlotPtr) -> Result<u64, RuntimeError> {
+fn load_direct(
+    ring: &mut Option<io_uring::IoUring>,
+    layout: &Layout,
+    slot: &SlotPtr,
+) -> Result<u64, RuntimeError> {
     let mut total = 0u64;
     for (path, off, entry) in layout {
         let size = entry.size as usize;
         if off + size > slot.1 {
-            return Err(RuntimeError::Invalid(format!("{} does not fit the slot", path.display())));
+            return Err(RuntimeError::Invalid(format!(
+                "{} does not fit the slot",
+                path.display()
+            )));
         }
         let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)
             .open(path)
-            .map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?;
-        let len = file.metadata().map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?.len();
+            .map_err(|e| RuntimeError::Io {
+                path: path.clone(),
+                source: e,
+            })?;
+        let len = file
+            .metadata()
+            .map_err(|e| RuntimeError::Io {
+                path: path.clone(),
+                source: e,
+            })?
+            .len();
         if len != entry.size {
             return Err(RuntimeError::Model(loip_model::ModelError::Truncated {
                 path: path.clone(),
@@ -352,9 +411,17 @@ fn load_direct(ring: &mut Option<io_uring::IoUring>, layout: &Layout, slot: &Slo
 /// Reads the whole file into `dst` with several reads in flight; returns the CRC-32 of the
 /// bytes, computed chunk by chunk as reads complete (overlapping the remaining I/O) and
 /// combined in file order.
-fn read_uring(ring: &mut io_uring::IoUring, file: &File, dst: &mut [u8], path: &Path) -> Result<u32, RuntimeError> {
+fn read_uring(
+    ring: &mut io_uring::IoUring,
+    file: &File,
+    dst: &mut [u8],
+    path: &Path,
+) -> Result<u32, RuntimeError> {
     use io_uring::{opcode, types};
-    let io = |e: std::io::Error| RuntimeError::Io { path: path.to_path_buf(), source: e };
+    let io = |e: std::io::Error| RuntimeError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    };
     let fd = types::Fd(file.as_raw_fd());
     let n_chunks = dst.len().div_ceil(CHUNK);
     let base = dst.as_mut_ptr();
@@ -378,7 +445,10 @@ fn read_uring(ring: &mut io_uring::IoUring, file: &File, dst: &mut [u8], path: &
             in_flight += 1;
         }
         ring.submit_and_wait(1).map_err(io)?;
-        let cqes: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        let cqes: Vec<(u64, i32)> = ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
         for (idx, res) in cqes {
             in_flight -= 1;
             let idx = idx as usize;
@@ -426,7 +496,10 @@ fn pread_exact(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> 
 }
 
 fn read_pread(file: &File, dst: &mut [u8], path: &Path) -> Result<(), RuntimeError> {
-    pread_exact(file, dst, 0).map_err(|e| RuntimeError::Io { path: path.to_path_buf(), source: e })
+    pread_exact(file, dst, 0).map_err(|e| RuntimeError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })
 }
 
 type Owned = HashMap<String, (DType, Vec<usize>, Vec<u8>)>;
@@ -436,11 +509,18 @@ fn load_conventional(layout: &Layout) -> Result<(Owned, u64), RuntimeError> {
     let mut total = 0u64;
     for (path, _, entry) in layout {
         drop_cache(path);
-        let bytes = std::fs::read(path).map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?;
+        let bytes = std::fs::read(path).map_err(|e| RuntimeError::Io {
+            path: path.clone(),
+            source: e,
+        })?;
         if bytes.len() as u64 != entry.size {
             return Err(RuntimeError::Model(loip_model::ModelError::Truncated {
                 path: path.clone(),
-                what: format!("slice is {} bytes, manifest says {}", bytes.len(), entry.size),
+                what: format!(
+                    "slice is {} bytes, manifest says {}",
+                    bytes.len(),
+                    entry.size
+                ),
             }));
         }
         check_crc(path, entry, crc32fast::hash(&bytes))?;

@@ -72,7 +72,9 @@ pub struct LocalOptions {
 }
 
 fn size(m: &Manifest, k: SliceKind) -> Result<u64, RuntimeError> {
-    m.slice(k).map(|s| s.size).ok_or_else(|| RuntimeError::Invalid(format!("slice {} missing", k.id())))
+    m.slice(k)
+        .map(|s| s.size)
+        .ok_or_else(|| RuntimeError::Invalid(format!("slice {} missing", k.id())))
 }
 
 /// The single-device spec for `opts` on the model in `m`.
@@ -82,27 +84,44 @@ pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runti
     }
     let n = m.config.num_layers;
     let (attn_off, mlp_off) = match opts.rule {
-        OffloadRule::None | OffloadRule::Auto | OffloadRule::Alternate | OffloadRule::Plan => (false, false),
+        OffloadRule::None | OffloadRule::Auto | OffloadRule::Alternate | OffloadRule::Plan => {
+            (false, false)
+        }
         OffloadRule::Mlp => (false, true),
         OffloadRule::Attn => (true, false),
         OffloadRule::All => (true, true),
     };
-    let place = |off: bool| if off { BlockPlacement::Offloaded } else { BlockPlacement::Resident };
-    let mut layers: Vec<StageLayer> =
-        (0..n).map(|layer| StageLayer { layer, attn: place(attn_off), mlp: place(mlp_off) }).collect();
+    let place = |off: bool| {
+        if off {
+            BlockPlacement::Offloaded
+        } else {
+            BlockPlacement::Resident
+        }
+    };
+    let mut layers: Vec<StageLayer> = (0..n)
+        .map(|layer| StageLayer {
+            layer,
+            attn: place(attn_off),
+            mlp: place(mlp_off),
+        })
+        .collect();
     if opts.rule == OffloadRule::Alternate {
         for l in layers.iter_mut().filter(|l| l.layer % 2 == 1) {
             l.attn = BlockPlacement::Offloaded;
             l.mlp = BlockPlacement::Offloaded;
         }
     }
-    let kv_bytes = opts.context as u64 * n as u64 * 2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4;
+    let kv_bytes =
+        opts.context as u64 * n as u64 * 2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4;
     let working = working_bytes(m, opts.max_step_tokens, 1, opts.context);
     let need = |layers: &[StageLayer]| -> Result<u64, RuntimeError> {
         let mut resident = size(m, SliceKind::Embed)? + size(m, SliceKind::Head)?;
         let mut slot = 0;
         for l in layers {
-            let (a, p) = (size(m, SliceKind::Attn(l.layer))?, size(m, SliceKind::Mlp(l.layer))?);
+            let (a, p) = (
+                size(m, SliceKind::Attn(l.layer))?,
+                size(m, SliceKind::Mlp(l.layer))?,
+            );
             let mut off = 0;
             match l.attn {
                 BlockPlacement::Resident => resident += a,
@@ -144,7 +163,10 @@ pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runti
         }
     }
     Ok(DeviceSpec {
-        stages: layers.into_iter().map(|l| StageSpec { layers: vec![l] }).collect(),
+        stages: layers
+            .into_iter()
+            .map(|l| StageSpec { layers: vec![l] })
+            .collect(),
         embed: true,
         head: true,
         loader: opts.loader,
@@ -158,11 +180,17 @@ pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runti
 
 /// The `loip` planner's choice for a one-device cluster under the budget.
 fn planned_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, RuntimeError> {
-    let budget = opts.mem_budget.ok_or_else(|| RuntimeError::Invalid("--offload-blocks plan needs --mem".into()))?;
-    let mut profile = loip_plan::profile::preset("host-zen5-2c")
-        .ok_or_else(|| RuntimeError::Invalid("the host-zen5-2c profile preset is missing".into()))?;
+    let budget = opts
+        .mem_budget
+        .ok_or_else(|| RuntimeError::Invalid("--offload-blocks plan needs --mem".into()))?;
+    let mut profile = loip_plan::profile::preset("host-zen5-2c").ok_or_else(|| {
+        RuntimeError::Invalid("the host-zen5-2c profile preset is missing".into())
+    })?;
     profile.mem_budget = budget;
-    let link = loip_plan::LinkProfile { bandwidth: 1e12, latency: 0.0 };
+    let link = loip_plan::LinkProfile {
+        bandwidth: 1e12,
+        latency: 0.0,
+    };
     let cluster = loip_plan::Cluster::new(vec![("this-device".into(), profile)], link);
     let shape = crate::shape::shape_from_manifest("model", m);
     let req = loip_plan::PlanRequest {
@@ -173,10 +201,19 @@ fn planned_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runtime
         },
         ..Default::default()
     };
-    let plan = loip_plan::plan("loip", &shape, &cluster, &req)
-        .map_err(|e| RuntimeError::OverBudget { budget, detail: e.to_string() })?;
-    let mut spec =
-        crate::cluster_run::device_spec(&plan, 0, opts.loader, opts.max_step_tokens, opts.context, Some(budget));
+    let plan =
+        loip_plan::plan("loip", &shape, &cluster, &req).map_err(|e| RuntimeError::OverBudget {
+            budget,
+            detail: e.to_string(),
+        })?;
+    let mut spec = crate::cluster_run::device_spec(
+        &plan,
+        0,
+        opts.loader,
+        opts.max_step_tokens,
+        opts.context,
+        Some(budget),
+    );
     spec.overlap = opts.overlap;
     Ok(spec)
 }
@@ -192,11 +229,17 @@ impl LocalModel {
     pub fn open(dir: &Path, opts: &LocalOptions) -> Result<LocalModel, RuntimeError> {
         let m = Manifest::load(dir)?;
         let spec = local_spec(&m, opts)?;
-        Ok(LocalModel { device: Device::open(dir, &m, spec)? })
+        Ok(LocalModel {
+            device: Device::open(dir, &m, spec)?,
+        })
     }
 
     /// Runs `ids` at `batch` through every stage; returns the hidden states.
-    pub fn forward_hidden(&mut self, ids: &[u32], batch: &[TokenPos]) -> Result<Vec<f32>, RuntimeError> {
+    pub fn forward_hidden(
+        &mut self,
+        ids: &[u32],
+        batch: &[TokenPos],
+    ) -> Result<Vec<f32>, RuntimeError> {
         self.device.reserve(ids.len())?;
         let mut x = self.device.embed(ids)?;
         for k in 0..self.device.stages() {
@@ -208,7 +251,12 @@ impl LocalModel {
 
 impl StepBackend for LocalModel {
     fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
-        let batch: Vec<TokenPos> = (0..ids.len()).map(|i| TokenPos { seq, pos: start_pos + i }).collect();
+        let batch: Vec<TokenPos> = (0..ids.len())
+            .map(|i| TokenPos {
+                seq,
+                pos: start_pos + i,
+            })
+            .collect();
         let run = |me: &mut Self| -> Result<Vec<f32>, RuntimeError> {
             let x = me.forward_hidden(ids, &batch)?;
             me.device.head(&x, &[ids.len() - 1])

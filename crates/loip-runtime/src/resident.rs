@@ -32,8 +32,17 @@ impl Resident {
     fn add(&mut self, dir: &Path, s: &SliceEntry) -> Result<(), RuntimeError> {
         use std::os::unix::fs::FileExt;
         let path = dir.join(&s.file);
-        let file = std::fs::File::open(&path).map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?;
-        let len = file.metadata().map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?.len();
+        let file = std::fs::File::open(&path).map_err(|e| RuntimeError::Io {
+            path: path.clone(),
+            source: e,
+        })?;
+        let len = file
+            .metadata()
+            .map_err(|e| RuntimeError::Io {
+                path: path.clone(),
+                source: e,
+            })?
+            .len();
         if len != s.size {
             return Err(RuntimeError::Model(loip_model::ModelError::Truncated {
                 path,
@@ -41,11 +50,24 @@ impl Resident {
             }));
         }
         let mut buf = AlignedBuf::new(s.size as usize, 4096)?;
-        file.read_exact_at(buf.as_mut_slice(), 0).map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?;
+        file.read_exact_at(buf.as_mut_slice(), 0)
+            .map_err(|e| RuntimeError::Io {
+                path: path.clone(),
+                source: e,
+            })?;
         check_crc(&path, s, crc32fast::hash(buf.as_slice()))?;
         let idx = self.bufs.len();
         for t in &s.tensors {
-            self.views.insert(t.name.clone(), (idx, t.dtype()?, t.shape.clone(), t.offset as usize, t.nbytes as usize));
+            self.views.insert(
+                t.name.clone(),
+                (
+                    idx,
+                    t.dtype()?,
+                    t.shape.clone(),
+                    t.offset as usize,
+                    t.nbytes as usize,
+                ),
+            );
         }
         self.bytes += s.size;
         self.bufs.push(buf);
@@ -60,8 +82,14 @@ impl Resident {
 
 impl TensorSource for Resident {
     fn tensor(&self, name: &str) -> Result<(DType, Vec<usize>, &[u8]), EngineError> {
-        let (b, d, shape, off, n) =
-            self.views.get(name).ok_or_else(|| EngineError::Invalid(format!("tensor {name} is not resident here")))?;
-        Ok((*d, shape.clone(), &self.bufs[*b].as_slice()[*off..*off + *n]))
+        let (b, d, shape, off, n) = self
+            .views
+            .get(name)
+            .ok_or_else(|| EngineError::Invalid(format!("tensor {name} is not resident here")))?;
+        Ok((
+            *d,
+            shape.clone(),
+            &self.bufs[*b].as_slice()[*off..*off + *n],
+        ))
     }
 }

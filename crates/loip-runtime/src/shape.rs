@@ -34,7 +34,11 @@ pub fn shape_from_config(name: &str, c: &ModelConfig, bytes_per_param: f64) -> M
 pub fn shape_from_checkpoint(name: &str, ckpt: &Checkpoint) -> ModelShape {
     let c = &ckpt.config;
     let total: u64 = ckpt.tensors.values().map(|t| t.nbytes).sum();
-    let params: u64 = ckpt.tensors.values().map(|t| t.shape.iter().product::<usize>() as u64).sum();
+    let params: u64 = ckpt
+        .tensors
+        .values()
+        .map(|t| t.shape.iter().product::<usize>() as u64)
+        .sum();
     let mut s = base(name, c, total as f64 / params.max(1) as f64);
     let sum = |kind: SliceKind| -> u64 {
         ckpt.tensors
@@ -46,7 +50,12 @@ pub fn shape_from_checkpoint(name: &str, ckpt: &Checkpoint) -> ModelShape {
     s.attn_bytes = sum(SliceKind::Attn(0));
     s.mlp_bytes = sum(SliceKind::Mlp(0));
     s.embed_bytes = sum(SliceKind::Embed);
-    s.head_bytes = sum(SliceKind::Head) + if c.tie_word_embeddings { s.embed_bytes } else { 0 };
+    s.head_bytes = sum(SliceKind::Head)
+        + if c.tie_word_embeddings {
+            s.embed_bytes
+        } else {
+            0
+        };
     s
 }
 
@@ -55,11 +64,21 @@ pub fn shape_from_manifest(name: &str, m: &Manifest) -> ModelShape {
     let c = &m.config;
     let size = |k: SliceKind| m.slice(k).map_or(0, |s| s.size);
     let data: u64 = m.slices.iter().map(|s| s.data_bytes()).sum();
-    let params: u64 = m.slices.iter().flat_map(|s| &s.tensors).map(|t| t.shape.iter().product::<usize>() as u64).sum();
+    let params: u64 = m
+        .slices
+        .iter()
+        .flat_map(|s| &s.tensors)
+        .map(|t| t.shape.iter().product::<usize>() as u64)
+        .sum();
     let mut s = base(name, c, data as f64 / params.max(1) as f64);
     s.attn_bytes = size(SliceKind::Attn(0));
     s.mlp_bytes = size(SliceKind::Mlp(0));
     s.embed_bytes = size(SliceKind::Embed);
-    s.head_bytes = size(SliceKind::Head) + if c.tie_word_embeddings { s.embed_bytes } else { 0 };
+    s.head_bytes = size(SliceKind::Head)
+        + if c.tie_word_embeddings {
+            s.embed_bytes
+        } else {
+            0
+        };
     s
 }

@@ -156,7 +156,11 @@ pub struct NetError {
 impl NetError {
     /// Wraps `source` with the device's identity.
     pub fn new(device: &str, addr: &str, source: WireError) -> NetError {
-        NetError { device: device.to_string(), addr: addr.to_string(), source }
+        NetError {
+            device: device.to_string(),
+            addr: addr.to_string(),
+            source,
+        }
     }
 }
 
@@ -167,7 +171,11 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<F
     while got < HEADER_BYTES {
         let n = r.read(&mut head[got..]).await?;
         if n == 0 {
-            return Err(if got == 0 { WireError::Closed } else { WireError::Protocol("truncated frame header".into()) });
+            return Err(if got == 0 {
+                WireError::Closed
+            } else {
+                WireError::Protocol("truncated frame header".into())
+            });
         }
         got += n;
     }
@@ -177,10 +185,14 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<F
     }
     let kind = FrameKind::from_u8(head[4]).ok_or(WireError::BadKind(head[4]))?;
     let mut payload = vec![0u8; len as usize];
-    r.read_exact(&mut payload).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => WireError::Protocol(format!("truncated frame: {len} bytes announced")),
-        _ => WireError::Io(e),
-    })?;
+    r.read_exact(&mut payload)
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => {
+                WireError::Protocol(format!("truncated frame: {len} bytes announced"))
+            }
+            _ => WireError::Io(e),
+        })?;
     Ok(Frame { kind, payload })
 }
 
@@ -191,7 +203,9 @@ pub async fn read_frame_timeout<R: AsyncRead + Unpin>(
     timeout: Duration,
     what: &'static str,
 ) -> Result<Frame, WireError> {
-    tokio::time::timeout(timeout, read_frame(r, max)).await.map_err(|_| WireError::Timeout(timeout, what))?
+    tokio::time::timeout(timeout, read_frame(r, max))
+        .await
+        .map_err(|_| WireError::Timeout(timeout, what))?
 }
 
 /// Writes one frame (after waiting for the throttle's budget, if any).
@@ -202,7 +216,10 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     throttle: Option<&Throttle>,
 ) -> Result<(), WireError> {
     if payload.len() > MAX_FRAME {
-        return Err(WireError::TooLarge { len: payload.len() as u64, max: MAX_FRAME });
+        return Err(WireError::TooLarge {
+            len: payload.len() as u64,
+            max: MAX_FRAME,
+        });
     }
     if let Some(t) = throttle {
         t.take(HEADER_BYTES + payload.len()).await;
@@ -243,14 +260,19 @@ pub fn hello_payload(role: Role, version: u32) -> Vec<u8> {
 /// Checks a peer's `Hello` frame: magic and exact version.
 pub fn check_hello(f: &Frame) -> Result<(), WireError> {
     if f.kind == FrameKind::Error {
-        return Err(WireError::Remote(String::from_utf8_lossy(&f.payload).into_owned()));
+        return Err(WireError::Remote(
+            String::from_utf8_lossy(&f.payload).into_owned(),
+        ));
     }
     if f.kind != FrameKind::Hello || f.payload.len() != 9 || f.payload[..4] != MAGIC {
         return Err(WireError::NotLoip);
     }
     let theirs = u32::from_le_bytes([f.payload[4], f.payload[5], f.payload[6], f.payload[7]]);
     if theirs != PROTOCOL_VERSION {
-        return Err(WireError::VersionMismatch { ours: PROTOCOL_VERSION, theirs });
+        return Err(WireError::VersionMismatch {
+            ours: PROTOCOL_VERSION,
+            theirs,
+        });
     }
     Ok(())
 }
@@ -378,7 +400,13 @@ pub struct DeviceMemory {
 
 impl From<MemoryReport> for DeviceMemory {
     fn from(m: MemoryReport) -> DeviceMemory {
-        DeviceMemory { budget: m.budget, resident: m.resident, slot: m.slot, working: m.working, kv_budget: m.kv_budget }
+        DeviceMemory {
+            budget: m.budget,
+            resident: m.resident,
+            slot: m.slot,
+            working: m.working,
+            kv_budget: m.kv_budget,
+        }
     }
 }
 
@@ -436,17 +464,21 @@ pub enum ToCoordinator {
 
 /// Encodes a control message.
 pub fn control_payload<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
-    serde_json::to_vec(msg).map_err(|e| WireError::Protocol(format!("cannot encode a control message: {e}")))
+    serde_json::to_vec(msg)
+        .map_err(|e| WireError::Protocol(format!("cannot encode a control message: {e}")))
 }
 
 /// Decodes a control frame's payload.
 pub fn parse_control<T: for<'de> Deserialize<'de>>(f: &Frame) -> Result<T, WireError> {
     match f.kind {
-        FrameKind::Control => {
-            serde_json::from_slice(&f.payload).map_err(|e| WireError::Protocol(format!("bad control message: {e}")))
-        }
-        FrameKind::Error => Err(WireError::Remote(String::from_utf8_lossy(&f.payload).into_owned())),
-        k => Err(WireError::Protocol(format!("expected a control frame, got {k:?}"))),
+        FrameKind::Control => serde_json::from_slice(&f.payload)
+            .map_err(|e| WireError::Protocol(format!("bad control message: {e}"))),
+        FrameKind::Error => Err(WireError::Remote(
+            String::from_utf8_lossy(&f.payload).into_owned(),
+        )),
+        k => Err(WireError::Protocol(format!(
+            "expected a control frame, got {k:?}"
+        ))),
     }
 }
 
@@ -486,7 +518,9 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        let end = end.ok_or_else(|| WireError::Protocol(format!("frame ends early at byte {}", self.buf.len())))?;
+        let end = end.ok_or_else(|| {
+            WireError::Protocol(format!("frame ends early at byte {}", self.buf.len()))
+        })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -525,9 +559,12 @@ impl<'a> Cursor<'a> {
 
 /// The payload of a `Step` frame: header, then `data` (u32 ids or f32 rows, little endian).
 pub fn encode_step(h: &StepHeader, data: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(32 + 2 * h.stages.len() + 12 * h.batch.len() + 4 * h.rows.len() + data.len());
+    let mut p = Vec::with_capacity(
+        32 + 2 * h.stages.len() + 12 * h.batch.len() + 4 * h.rows.len() + data.len(),
+    );
     p.extend_from_slice(&h.step.to_le_bytes());
-    let flags = (h.embed as u8 * FLAG_EMBED) | (h.head as u8 * FLAG_HEAD) | (h.keep as u8 * FLAG_KEEP);
+    let flags =
+        (h.embed as u8 * FLAG_EMBED) | (h.head as u8 * FLAG_HEAD) | (h.keep as u8 * FLAG_KEEP);
     p.push(flags);
     p.extend_from_slice(&(h.stages.len() as u32).to_le_bytes());
     for &s in &h.stages {
@@ -549,18 +586,26 @@ pub fn encode_step(h: &StepHeader, data: &[u8]) -> Vec<u8> {
 /// Parses a `Step` payload; returns the header and the input bytes. Structure only: the
 /// worker checks the input length against its model.
 pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
-    let mut c = Cursor { buf: payload, pos: 0 };
+    let mut c = Cursor {
+        buf: payload,
+        pos: 0,
+    };
     let step = c.u64()?;
     let flags = c.u8()?;
     if flags & !(FLAG_EMBED | FLAG_HEAD | FLAG_KEEP) != 0 {
-        return Err(WireError::Protocol(format!("unknown step flags {flags:#x}")));
+        return Err(WireError::Protocol(format!(
+            "unknown step flags {flags:#x}"
+        )));
     }
     let n = c.count(MAX_STAGES, "stages")?;
     let stages = (0..n).map(|_| c.u16()).collect::<Result<Vec<_>, _>>()?;
     let n = c.count(MAX_TOKENS, "tokens")?;
     let mut batch = Vec::with_capacity(n.min(payload.len() / 12));
     for _ in 0..n {
-        batch.push(TokenPos { seq: c.u64()?, pos: c.u32()? as usize });
+        batch.push(TokenPos {
+            seq: c.u64()?,
+            pos: c.u32()? as usize,
+        });
     }
     let n = c.count(batch.len(), "head rows")?;
     let rows = (0..n).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?;
@@ -619,7 +664,12 @@ pub fn encode_output(h: &OutputHeader, data: &[u8]) -> Vec<u8> {
     p.push(h.logits as u8);
     p.extend_from_slice(&h.rows.to_le_bytes());
     p.extend_from_slice(&h.cols.to_le_bytes());
-    for v in [h.times.queued_s, h.times.compute_s, h.times.stall_s, h.times.total_s] {
+    for v in [
+        h.times.queued_s,
+        h.times.compute_s,
+        h.times.stall_s,
+        h.times.total_s,
+    ] {
         p.extend_from_slice(&v.to_bits().to_le_bytes());
     }
     p.extend_from_slice(&h.times.loaded_bytes.to_le_bytes());
@@ -629,7 +679,10 @@ pub fn encode_output(h: &OutputHeader, data: &[u8]) -> Vec<u8> {
 
 /// Parses an `Output` payload, checking that the data is exactly rows × cols floats.
 pub fn decode_output(payload: &[u8]) -> Result<(OutputHeader, &[u8]), WireError> {
-    let mut c = Cursor { buf: payload, pos: 0 };
+    let mut c = Cursor {
+        buf: payload,
+        pos: 0,
+    };
     let step = c.u64()?;
     let logits = match c.u8()? {
         0 => false,
@@ -645,10 +698,28 @@ pub fn decode_output(payload: &[u8]) -> Result<(OutputHeader, &[u8]), WireError>
     let loaded_bytes = c.u64()?;
     let data = c.rest();
     if data.len() as u64 != rows as u64 * cols as u64 * 4 {
-        return Err(WireError::Protocol(format!("output of {rows}×{cols} floats carries {} bytes", data.len())));
+        return Err(WireError::Protocol(format!(
+            "output of {rows}×{cols} floats carries {} bytes",
+            data.len()
+        )));
     }
-    let times = JobTimes { queued_s: t[0], compute_s: t[1], stall_s: t[2], total_s: t[3], loaded_bytes };
-    Ok((OutputHeader { step, logits, rows, cols, times }, data))
+    let times = JobTimes {
+        queued_s: t[0],
+        compute_s: t[1],
+        stall_s: t[2],
+        total_s: t[3],
+        loaded_bytes,
+    };
+    Ok((
+        OutputHeader {
+            step,
+            logits,
+            rows,
+            cols,
+            times,
+        },
+        data,
+    ))
 }
 
 /// Exact little-endian bytes of `v`.
@@ -663,9 +734,14 @@ pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
 /// The f32 values of exact little-endian bytes (`b.len()` must be a multiple of 4).
 pub fn bytes_f32(b: &[u8]) -> Result<Vec<f32>, WireError> {
     if !b.len().is_multiple_of(4) {
-        return Err(WireError::Protocol(format!("{} bytes are not whole f32 values", b.len())));
+        return Err(WireError::Protocol(format!(
+            "{} bytes are not whole f32 values",
+            b.len()
+        )));
     }
-    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Ok(b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 /// Little-endian u32 token ids.
@@ -676,9 +752,14 @@ pub fn u32_bytes(v: &[u32]) -> Vec<u8> {
 /// Token ids from little-endian bytes.
 pub fn bytes_u32(b: &[u8]) -> Result<Vec<u32>, WireError> {
     if !b.len().is_multiple_of(4) {
-        return Err(WireError::Protocol(format!("{} bytes are not whole u32 ids", b.len())));
+        return Err(WireError::Protocol(format!(
+            "{} bytes are not whole u32 ids",
+            b.len()
+        )));
     }
-    Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Ok(b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 /// HMAC-SHA256 (RFC 2104) of `msg` under `key`.
@@ -712,7 +793,10 @@ pub fn nonce() -> String {
 
 /// The MAC a peer holding `token` gives for `nonce`, hex.
 pub fn auth_mac(token: Option<&str>, nonce: &str) -> String {
-    hex(&hmac_sha256(token.unwrap_or("").as_bytes(), nonce.as_bytes()))
+    hex(&hmac_sha256(
+        token.unwrap_or("").as_bytes(),
+        nonce.as_bytes(),
+    ))
 }
 
 /// Compares two strings in time independent of where they differ.
@@ -728,7 +812,10 @@ mod tests {
     #[test]
     fn hmac_matches_rfc4231_case_2() {
         let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
-        assert_eq!(hex(&mac), "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+        assert_eq!(
+            hex(&mac),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
     }
 
     #[test]
@@ -736,7 +823,15 @@ mod tests {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let valid = encode_step(
-            &StepHeader { step: 1, embed: true, head: true, keep: false, stages: vec![0], batch: vec![TokenPos { seq: 1, pos: 0 }], rows: vec![0] },
+            &StepHeader {
+                step: 1,
+                embed: true,
+                head: true,
+                keep: false,
+                stages: vec![0],
+                batch: vec![TokenPos { seq: 1, pos: 0 }],
+                rows: vec![0],
+            },
             &[0; 4],
         );
         for i in 0..20_000 {
@@ -752,7 +847,10 @@ mod tests {
             let _ = decode_output(&b);
             let _ = bytes_f32(&b);
             for kind in [FrameKind::Control, FrameKind::Hello, FrameKind::Error] {
-                let f = Frame { kind, payload: b.clone() };
+                let f = Frame {
+                    kind,
+                    payload: b.clone(),
+                };
                 let _ = parse_control::<ToWorker>(&f);
                 let _ = parse_control::<ToCoordinator>(&f);
                 let _ = check_hello(&f);
@@ -781,12 +879,27 @@ mod tests {
         for cut in 0..p.len() - data.len() {
             assert!(decode_step(&p[..cut]).is_err(), "cut at {cut}");
         }
-        let out = OutputHeader { step: 7, logits: true, rows: 1, cols: 4, times: JobTimes::default() };
+        let out = OutputHeader {
+            step: 7,
+            logits: true,
+            rows: 1,
+            cols: 4,
+            times: JobTimes::default(),
+        };
         let p = encode_output(&out, &data);
         let (o2, d) = decode_output(&p).unwrap();
         assert_eq!(o2, out);
-        assert_eq!(bytes_f32(d).unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            [1.5f32, -0.0, f32::MIN_POSITIVE, 3.0].iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            bytes_f32(d)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>(),
+            [1.5f32, -0.0, f32::MIN_POSITIVE, 3.0]
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>()
+        );
         assert!(decode_output(&p[..p.len() - 1]).is_err());
     }
 }

@@ -25,7 +25,10 @@ use tokio::sync::mpsc;
 use crate::executor::{Device, DeviceSpec};
 use crate::net::store::Store;
 use crate::net::throttle::Throttle;
-use crate::wire::{self, FrameKind, JobTimes, OutputHeader, Role, StepHeader, ToCoordinator, ToWorker, WireError, WorkerInfo};
+use crate::wire::{
+    self, FrameKind, JobTimes, OutputHeader, Role, StepHeader, ToCoordinator, ToWorker, WireError,
+    WorkerInfo,
+};
 use crate::RuntimeError;
 
 /// Options of one worker.
@@ -49,7 +52,11 @@ pub struct WorkerOptions {
 
 impl WorkerOptions {
     /// Defaults for `listen`, `mem_budget` and `store`.
-    pub fn new(listen: impl Into<String>, mem_budget: u64, store: impl Into<PathBuf>) -> WorkerOptions {
+    pub fn new(
+        listen: impl Into<String>,
+        mem_budget: u64,
+        store: impl Into<PathBuf>,
+    ) -> WorkerOptions {
         WorkerOptions {
             listen: listen.into(),
             mem_budget,
@@ -101,10 +108,25 @@ impl Worker {
         };
         let listener = TcpListener::bind(&opts.listen)
             .await
-            .map_err(|e| RuntimeError::Io { path: PathBuf::from(&opts.listen), source: e })?;
-        let addr = listener.local_addr().map_err(|e| RuntimeError::Io { path: PathBuf::from(&opts.listen), source: e })?;
+            .map_err(|e| RuntimeError::Io {
+                path: PathBuf::from(&opts.listen),
+                source: e,
+            })?;
+        let addr = listener.local_addr().map_err(|e| RuntimeError::Io {
+            path: PathBuf::from(&opts.listen),
+            source: e,
+        })?;
         let throttle = opts.bandwidth.map(Throttle::new);
-        Ok(Worker { listener, shared: Arc::new(Shared { opts, store: Mutex::new(store), busy: AtomicBool::new(false), throttle, addr }) })
+        Ok(Worker {
+            listener,
+            shared: Arc::new(Shared {
+                opts,
+                store: Mutex::new(store),
+                busy: AtomicBool::new(false),
+                throttle,
+                addr,
+            }),
+        })
     }
 
     /// The bound address (with the real port when listening on port 0).
@@ -142,12 +164,14 @@ impl Worker {
 /// Exits the process when its parent dies (workers started by `loip local`).
 pub fn exit_when_parent_dies() {
     let parent = std::os::unix::process::parent_id();
-    let _ = std::thread::Builder::new().name("loip-parent-watch".into()).spawn(move || loop {
-        std::thread::sleep(Duration::from_millis(300));
-        if std::os::unix::process::parent_id() != parent {
-            std::process::exit(0);
-        }
-    });
+    let _ = std::thread::Builder::new()
+        .name("loip-parent-watch".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(300));
+            if std::os::unix::process::parent_id() != parent {
+                std::process::exit(0);
+            }
+        });
 }
 
 /// Clears the busy flag when a session ends, however it ends.
@@ -167,8 +191,15 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>) -> Result<(), WireEr
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
     let to = shared.opts.handshake_timeout;
-    wire::write_frame(&mut wr, FrameKind::Hello, &wire::hello_payload(Role::Worker, wire::PROTOCOL_VERSION), None).await?;
-    let hello = wire::read_frame_timeout(&mut rd, PRE_AUTH_FRAME, to, "the coordinator's hello").await;
+    wire::write_frame(
+        &mut wr,
+        FrameKind::Hello,
+        &wire::hello_payload(Role::Worker, wire::PROTOCOL_VERSION),
+        None,
+    )
+    .await?;
+    let hello =
+        wire::read_frame_timeout(&mut rd, PRE_AUTH_FRAME, to, "the coordinator's hello").await;
     let checked = hello.and_then(|f| wire::check_hello(&f));
     if let Err(e) = checked {
         let msg = match &e {
@@ -187,14 +218,18 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>) -> Result<(), WireEr
     let _busy = BusyGuard(&shared.busy);
     let token = shared.opts.token.as_deref();
     let nonce = wire::nonce();
-    let challenge = wire::control_payload(&ToCoordinator::Challenge { nonce: nonce.clone() })?;
+    let challenge = wire::control_payload(&ToCoordinator::Challenge {
+        nonce: nonce.clone(),
+    })?;
     wire::write_frame(&mut wr, FrameKind::Control, &challenge, None).await?;
     let f = wire::read_frame_timeout(&mut rd, PRE_AUTH_FRAME, to, "authentication").await?;
     let their_nonce = match wire::parse_control::<ToWorker>(&f) {
         Ok(ToWorker::Auth { mac, nonce: theirs }) => {
             if token.is_some() && !wire::ct_eq(&mac, &wire::auth_mac(token, &nonce)) {
                 send_error(&mut wr, "authentication failed: wrong token").await;
-                return Err(WireError::AuthRefused("a coordinator gave a wrong token".into()));
+                return Err(WireError::AuthRefused(
+                    "a coordinator gave a wrong token".into(),
+                ));
             }
             theirs
         }
@@ -212,14 +247,21 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>) -> Result<(), WireEr
         return Err(WireError::Protocol("nonce too long".into()));
     }
     let info = WorkerInfo {
-        name: shared.opts.name.clone().unwrap_or_else(|| format!("worker@{}", shared.addr)),
+        name: shared
+            .opts
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("worker@{}", shared.addr)),
         version: env!("CARGO_PKG_VERSION").to_string(),
         mem_budget: shared.opts.mem_budget,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         bandwidth_limit: shared.opts.bandwidth,
         store: lock(&shared.store).inventory(),
     };
-    let welcome = wire::control_payload(&ToCoordinator::Welcome { mac: wire::auth_mac(token, &their_nonce), info })?;
+    let welcome = wire::control_payload(&ToCoordinator::Welcome {
+        mac: wire::auth_mac(token, &their_nonce),
+        info,
+    })?;
     wire::write_frame(&mut wr, FrameKind::Control, &welcome, None).await?;
 
     // Authenticated: one writer task, one compute thread, this task reads.
@@ -247,7 +289,9 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>) -> Result<(), WireEr
     };
     let result = session(&mut rd, &shared, &out_tx, &job_tx).await;
     if let Err(e) = &result {
-        let _ = out_tx.send((FrameKind::Error, e.to_string().into_bytes())).await;
+        let _ = out_tx
+            .send((FrameKind::Error, e.to_string().into_bytes()))
+            .await;
     }
     drop(job_tx);
     drop(out_tx);
@@ -257,8 +301,13 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>) -> Result<(), WireEr
     result
 }
 
-async fn reply(out: &mpsc::Sender<(FrameKind, Vec<u8>)>, msg: &ToCoordinator) -> Result<(), WireError> {
-    out.send((FrameKind::Control, wire::control_payload(msg)?)).await.map_err(|_| WireError::Closed)
+async fn reply(
+    out: &mpsc::Sender<(FrameKind, Vec<u8>)>,
+    msg: &ToCoordinator,
+) -> Result<(), WireError> {
+    out.send((FrameKind::Control, wire::control_payload(msg)?))
+        .await
+        .map_err(|_| WireError::Closed)
 }
 
 /// Reads requests until `Bye`, the end of the connection, or a protocol error.
@@ -280,19 +329,29 @@ async fn session(
                 let arrived = Instant::now();
                 let (header, data) = wire::decode_step(&f.payload)?;
                 let data = data.to_vec();
-                jobs.send(Job::Step { header, data, arrived }).map_err(|_| gone())?;
+                jobs.send(Job::Step {
+                    header,
+                    data,
+                    arrived,
+                })
+                .map_err(|_| gone())?;
             }
             FrameKind::Control => match wire::parse_control::<ToWorker>(&f)? {
                 ToWorker::Ping { id } => reply(out, &ToCoordinator::Pong { id }).await?,
                 ToWorker::BulkSend { bytes } => {
                     if bytes > MAX_BULK {
-                        return Err(WireError::Protocol(format!("bulk of {bytes} bytes is over the limit")));
+                        return Err(WireError::Protocol(format!(
+                            "bulk of {bytes} bytes is over the limit"
+                        )));
                     }
                     let mut got = 0u64;
                     while got < bytes {
                         let b = wire::read_frame(rd, wire::MAX_FRAME).await?;
                         if b.kind != FrameKind::Bulk {
-                            return Err(WireError::Protocol(format!("expected bulk data, got {:?}", b.kind)));
+                            return Err(WireError::Protocol(format!(
+                                "expected bulk data, got {:?}",
+                                b.kind
+                            )));
                         }
                         got += b.payload.len() as u64;
                     }
@@ -300,12 +359,16 @@ async fn session(
                 }
                 ToWorker::BulkFetch { bytes } => {
                     if bytes > MAX_BULK {
-                        return Err(WireError::Protocol(format!("bulk of {bytes} bytes is over the limit")));
+                        return Err(WireError::Protocol(format!(
+                            "bulk of {bytes} bytes is over the limit"
+                        )));
                     }
                     let mut left = bytes;
                     while left > 0 {
                         let n = left.min(BULK_CHUNK as u64) as usize;
-                        out.send((FrameKind::Bulk, vec![0u8; n])).await.map_err(|_| WireError::Closed)?;
+                        out.send((FrameKind::Bulk, vec![0u8; n]))
+                            .await
+                            .map_err(|_| WireError::Closed)?;
                         left -= n as u64;
                     }
                     reply(out, &ToCoordinator::BulkSent { bytes }).await?;
@@ -318,9 +381,13 @@ async fn session(
                     while w.remaining() > 0 {
                         let b = wire::read_frame(rd, wire::MAX_FRAME).await?;
                         if b.kind != FrameKind::SliceData || b.payload.len() > wire::SLICE_CHUNK {
-                            return Err(WireError::Protocol(format!("expected slice data for {}, got {:?}", entry.file, b.kind)));
+                            return Err(WireError::Protocol(format!(
+                                "expected slice data for {}, got {:?}",
+                                entry.file, b.kind
+                            )));
                         }
-                        w.write(&b.payload).map_err(|e| WireError::Protocol(e.to_string()))?;
+                        w.write(&b.payload)
+                            .map_err(|e| WireError::Protocol(e.to_string()))?;
                     }
                     let done = {
                         let mut store = lock(&shared.store);
@@ -328,22 +395,40 @@ async fn session(
                     };
                     match done {
                         Ok(()) => reply(out, &ToCoordinator::Stored { file: entry.file }).await?,
-                        Err(e) => reply(out, &ToCoordinator::Failed { step: None, message: e.to_string() }).await?,
+                        Err(e) => {
+                            reply(
+                                out,
+                                &ToCoordinator::Failed {
+                                    step: None,
+                                    message: e.to_string(),
+                                },
+                            )
+                            .await?
+                        }
                     }
                 }
-                ToWorker::Probe { manifest, compute, loads } => {
-                    jobs.send(Job::Probe(Box::new(manifest), compute, loads)).map_err(|_| gone())?
-                }
+                ToWorker::Probe {
+                    manifest,
+                    compute,
+                    loads,
+                } => jobs
+                    .send(Job::Probe(Box::new(manifest), compute, loads))
+                    .map_err(|_| gone())?,
                 ToWorker::Load { manifest, spec } => {
                     let _ = lock(&shared.store).save_manifest(&manifest);
-                    jobs.send(Job::Load(Box::new(manifest), Box::new(spec))).map_err(|_| gone())?
+                    jobs.send(Job::Load(Box::new(manifest), Box::new(spec)))
+                        .map_err(|_| gone())?
                 }
                 ToWorker::Release { seqs } => jobs.send(Job::Release(seqs)).map_err(|_| gone())?,
                 ToWorker::Bye => return Ok(()),
-                ToWorker::Auth { .. } => return Err(WireError::Protocol("authentication twice".into())),
+                ToWorker::Auth { .. } => {
+                    return Err(WireError::Protocol("authentication twice".into()))
+                }
             },
             FrameKind::Error => {
-                return Err(WireError::Remote(String::from_utf8_lossy(&f.payload).into_owned()));
+                return Err(WireError::Remote(
+                    String::from_utf8_lossy(&f.payload).into_owned(),
+                ));
             }
             k => return Err(WireError::Protocol(format!("unexpected {k:?} frame"))),
         }
@@ -353,11 +438,20 @@ async fn session(
 enum Job {
     Probe(Box<Manifest>, bool, bool),
     Load(Box<Manifest>, Box<DeviceSpec>),
-    Step { header: StepHeader, data: Vec<u8>, arrived: Instant },
+    Step {
+        header: StepHeader,
+        data: Vec<u8>,
+        arrived: Instant,
+    },
     Release(Vec<u64>),
 }
 
-fn compute_thread(jobs: std::sync::mpsc::Receiver<Job>, out: mpsc::Sender<(FrameKind, Vec<u8>)>, dir: PathBuf, budget: u64) {
+fn compute_thread(
+    jobs: std::sync::mpsc::Receiver<Job>,
+    out: mpsc::Sender<(FrameKind, Vec<u8>)>,
+    dir: PathBuf,
+    budget: u64,
+) {
     let mut device: Option<Device> = None;
     let send = |msg: ToCoordinator| match wire::control_payload(&msg) {
         Ok(p) => out.blocking_send((FrameKind::Control, p)).is_ok(),
@@ -365,10 +459,15 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<Job>, out: mpsc::Sender<(Frame
     };
     while let Ok(job) = jobs.recv() {
         let ok = match job {
-            Job::Probe(m, compute, loads) => match crate::net::probe::probe(&dir, &m, compute, loads) {
-                Ok(r) => send(ToCoordinator::Probed(r)),
-                Err(e) => send(ToCoordinator::Failed { step: None, message: format!("probe failed: {e}") }),
-            },
+            Job::Probe(m, compute, loads) => {
+                match crate::net::probe::probe(&dir, &m, compute, loads) {
+                    Ok(r) => send(ToCoordinator::Probed(r)),
+                    Err(e) => send(ToCoordinator::Failed {
+                        step: None,
+                        message: format!("probe failed: {e}"),
+                    }),
+                }
+            }
             Job::Load(m, spec) => {
                 device = None; // free the old device's memory first
                 let mut spec = *spec;
@@ -380,7 +479,10 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<Job>, out: mpsc::Sender<(Frame
                         device = Some(d);
                         send(ToCoordinator::Loaded { memory })
                     }
-                    Err(e) => send(ToCoordinator::Failed { step: None, message: format!("cannot open the device: {e}") }),
+                    Err(e) => send(ToCoordinator::Failed {
+                        step: None,
+                        message: format!("cannot open the device: {e}"),
+                    }),
                 }
             }
             Job::Release(seqs) => {
@@ -391,7 +493,11 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<Job>, out: mpsc::Sender<(Frame
                 }
                 true
             }
-            Job::Step { header, data, arrived } => {
+            Job::Step {
+                header,
+                data,
+                arrived,
+            } => {
                 let queued_s = arrived.elapsed().as_secs_f64();
                 let result = match device.as_mut() {
                     Some(d) => run_step(d, &header, &data),
@@ -407,14 +513,24 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<Job>, out: mpsc::Sender<(Frame
                             total_s: arrived.elapsed().as_secs_f64(),
                             loaded_bytes: t.loaded_bytes,
                         };
-                        let h = OutputHeader { step: header.step, logits, rows: rows_out, cols, times };
-                        out.blocking_send((FrameKind::Output, wire::encode_output(&h, &bytes))).is_ok()
+                        let h = OutputHeader {
+                            step: header.step,
+                            logits,
+                            rows: rows_out,
+                            cols,
+                            times,
+                        };
+                        out.blocking_send((FrameKind::Output, wire::encode_output(&h, &bytes)))
+                            .is_ok()
                     }
                     Err(e) => {
                         if let Some(d) = device.as_mut() {
                             let _ = d.take_times();
                         }
-                        send(ToCoordinator::Failed { step: Some(header.step), message: e.to_string() })
+                        send(ToCoordinator::Failed {
+                            step: Some(header.step),
+                            message: e.to_string(),
+                        })
                     }
                 }
             }
@@ -427,7 +543,11 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<Job>, out: mpsc::Sender<(Frame
 
 /// Runs one step on the device: embed, stages, head. Returns (logits?, cols, rows, f32 bytes).
 /// On error, rolls this device's KV of the step's sequences back to where the step began.
-fn run_step(d: &mut Device, h: &StepHeader, data: &[u8]) -> Result<(bool, u32, u32, Vec<u8>), RuntimeError> {
+fn run_step(
+    d: &mut Device,
+    h: &StepHeader,
+    data: &[u8],
+) -> Result<(bool, u32, u32, Vec<u8>), RuntimeError> {
     let bad = |m: String| RuntimeError::Invalid(m);
     let (hidden, max_pos) = (d.tf.cfg.hidden_size, d.tf.cfg.max_position_embeddings);
     let n = h.batch.len();
@@ -435,10 +555,16 @@ fn run_step(d: &mut Device, h: &StepHeader, data: &[u8]) -> Result<(bool, u32, u
         return Err(bad("a step without tokens".into()));
     }
     if let Some(t) = h.batch.iter().find(|t| t.pos >= max_pos) {
-        return Err(bad(format!("position {} is beyond the model's {max_pos} positions", t.pos)));
+        return Err(bad(format!(
+            "position {} is beyond the model's {max_pos} positions",
+            t.pos
+        )));
     }
     if let Some(&k) = h.stages.iter().find(|&&k| k as usize >= d.stages()) {
-        return Err(bad(format!("stage {k} of a device with {} stages", d.stages())));
+        return Err(bad(format!(
+            "stage {k} of a device with {} stages",
+            d.stages()
+        )));
     }
     let mut x = if h.embed {
         let ids = wire::bytes_u32(data).map_err(|e| bad(e.to_string()))?;
@@ -448,7 +574,10 @@ fn run_step(d: &mut Device, h: &StepHeader, data: &[u8]) -> Result<(bool, u32, u
         d.embed(&ids)?
     } else {
         if data.len() != n * hidden * 4 {
-            return Err(bad(format!("{} bytes of hidden state for {n} tokens of {hidden} floats", data.len())));
+            return Err(bad(format!(
+                "{} bytes of hidden state for {n} tokens of {hidden} floats",
+                data.len()
+            )));
         }
         wire::bytes_f32(data).map_err(|e| bad(e.to_string()))?
     };
@@ -495,13 +624,19 @@ fn run_step(d: &mut Device, h: &StepHeader, data: &[u8]) -> Result<(bool, u32, u
 
 /// Runs a worker on a fresh multi-threaded runtime until the process ends; `on_listening`
 /// is called with the bound address once the store is verified.
-pub fn run_blocking(opts: WorkerOptions, on_listening: impl FnOnce(SocketAddr)) -> Result<(), RuntimeError> {
+pub fn run_blocking(
+    opts: WorkerOptions,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), RuntimeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .thread_name("loip-worker-io")
         .build()
-        .map_err(|e| RuntimeError::Io { path: PathBuf::from("<tokio runtime>"), source: e })?;
+        .map_err(|e| RuntimeError::Io {
+            path: PathBuf::from("<tokio runtime>"),
+            source: e,
+        })?;
     rt.block_on(async move {
         let w = Worker::bind(opts).await?;
         on_listening(w.local_addr());

@@ -47,7 +47,15 @@ fn opts(plan: loip_plan::Plan, token: Option<&str>) -> SessionOptions {
 
 fn plan(n: usize, stages: u32, layers: u32) -> loip_plan::Plan {
     let names: Vec<String> = (1..=n).map(|i| format!("dev{i}")).collect();
-    uniform_plan("m", layers, &names, stages, ExecMode::Overlapped, &|_, n| (0, 1.min(n))).unwrap()
+    uniform_plan(
+        "m",
+        layers,
+        &names,
+        stages,
+        ExecMode::Overlapped,
+        &|_, n| (0, 1.min(n)),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -73,18 +81,29 @@ fn killed_worker_fails_the_request_by_name_and_the_coordinator_replans() {
         .expect_err("the generation must fail");
     let text = err.to_string();
     assert!(matches!(err, ClusterError::DeviceGone { .. }), "{text}");
-    assert!(text.contains("dev2") && text.contains(&victim_addr), "{text}");
+    assert!(
+        text.contains("dev2") && text.contains(&victim_addr),
+        "{text}"
+    );
     let h = s.health();
     assert!(h[0].alive && !h[1].alive && h[2].alive, "{h:?}");
     // The coordinator is still up: new requests fail fast with the same diagnosis...
-    let again = s.generate(&prompt, &greedy(2), &mut |_| Flow::Continue).expect_err("still broken");
+    let again = s
+        .generate(&prompt, &greedy(2), &mut |_| Flow::Continue)
+        .expect_err("still broken");
     assert!(again.to_string().contains("dev2"), "{again}");
     // ...until it re-plans over the devices left, which still hold the model.
     let gone = s.replan().unwrap();
     assert_eq!(gone, vec!["dev2".to_string()]);
     // (The planner may also leave out a device it does not need for a model this small.)
-    assert!(!s.plan.devices.is_empty() && s.plan.devices.iter().all(|d| d.name != "dev2"), "{:?}", s.plan.devices);
-    let out = s.generate(&prompt, &greedy(12), &mut |_| Flow::Continue).unwrap();
+    assert!(
+        !s.plan.devices.is_empty() && s.plan.devices.iter().all(|d| d.name != "dev2"),
+        "{:?}",
+        s.plan.devices
+    );
+    let out = s
+        .generate(&prompt, &greedy(12), &mut |_| Flow::Continue)
+        .unwrap();
     assert_eq!(out.new_ids, want);
     s.shutdown();
 }
@@ -99,12 +118,22 @@ fn a_stuck_worker_times_out_by_name() {
     o.step_timeout = Duration::from_millis(1500);
     let s = Session::start(&slices, specs(&workers), o).unwrap();
     let pid = workers[1].pid.to_string();
-    let stop = std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
     assert!(stop.success());
-    let err = s.generate(&[1, 2, 3], &greedy(3), &mut |_| Flow::Continue).expect_err("timeout");
-    let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
+    let err = s
+        .generate(&[1, 2, 3], &greedy(3), &mut |_| Flow::Continue)
+        .expect_err("timeout");
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
     let text = err.to_string();
-    assert!(text.contains("dev2") && text.contains("did not answer"), "{text}");
+    assert!(
+        text.contains("dev2") && text.contains("did not answer"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -113,9 +142,14 @@ fn a_wrong_token_is_refused_naming_the_device() {
     let slices = slices_of(&path, "tiny-llama");
     let root = scratch("token");
     let workers = spawn_workers(&root, 2, 1 << 30, Some("right"));
-    let err = Session::start(&slices, specs(&workers), opts(plan(2, 1, 4), Some("wrong"))).err().expect("refused");
+    let err = Session::start(&slices, specs(&workers), opts(plan(2, 1, 4), Some("wrong")))
+        .err()
+        .expect("refused");
     let text = err.to_string();
-    assert!(text.contains("dev1") && text.contains("wrong token"), "{text}");
+    assert!(
+        text.contains("dev1") && text.contains("wrong token"),
+        "{text}"
+    );
     let ok = Session::start(&slices, specs(&workers), opts(plan(2, 1, 4), Some("right"))).unwrap();
     ok.shutdown();
 }
@@ -129,10 +163,24 @@ fn a_restarted_worker_keeps_its_slices_and_a_damaged_one_is_sent_again() {
     let prompt = [1u32, 9, 8, 7];
     let (want, _) = reference(&ckpt, &prompt, &greedy(5));
     let store = scratch("restart").join("dev1");
-    let w = |_: ()| spawn_worker(&W { name: "dev1".into(), mem: 1 << 30, store: store.clone(), ..Default::default() });
+    let w = |_: ()| {
+        spawn_worker(&W {
+            name: "dev1".into(),
+            mem: 1 << 30,
+            store: store.clone(),
+            ..Default::default()
+        })
+    };
     let run = |worker: &loip_runtime::cluster_run::WorkerProcess| {
-        let s = Session::start(&slices, specs(std::slice::from_ref(worker)), opts(plan(1, 2, 4), None)).unwrap();
-        let out = s.generate(&prompt, &greedy(5), &mut |_| Flow::Continue).unwrap();
+        let s = Session::start(
+            &slices,
+            specs(std::slice::from_ref(worker)),
+            opts(plan(1, 2, 4), None),
+        )
+        .unwrap();
+        let out = s
+            .generate(&prompt, &greedy(5), &mut |_| Flow::Continue)
+            .unwrap();
         assert_eq!(out.new_ids, want);
         let r = s.reports[0].shipped.clone();
         s.shutdown();
@@ -140,13 +188,21 @@ fn a_restarted_worker_keeps_its_slices_and_a_damaged_one_is_sent_again() {
     };
     let first = w(());
     let shipped = run(&first);
-    assert_eq!(shipped.sent.len(), m.slices.len(), "first run ships everything: {shipped:?}");
+    assert_eq!(
+        shipped.sent.len(),
+        m.slices.len(),
+        "first run ships everything: {shipped:?}"
+    );
     drop(first);
     assert!(store.join(".verified.json").is_file());
 
     let second = w(());
     let shipped = run(&second);
-    assert!(shipped.sent.is_empty(), "a restart re-sent {:?}", shipped.sent);
+    assert!(
+        shipped.sent.is_empty(),
+        "a restart re-sent {:?}",
+        shipped.sent
+    );
     assert_eq!(shipped.reused, m.slices.len());
     drop(second);
 
@@ -178,7 +234,13 @@ fn an_unreachable_worker_at_start_is_left_out_when_the_model_fits_on_the_others(
         l.local_addr().unwrap().to_string()
     };
     let mut sp = specs(&workers);
-    sp.insert(1, WorkerSpec { profile: loip_plan::profile::preset("host-zen5-2c"), ..WorkerSpec::new("dev-dead", &dead) });
+    sp.insert(
+        1,
+        WorkerSpec {
+            profile: loip_plan::profile::preset("host-zen5-2c"),
+            ..WorkerSpec::new("dev-dead", &dead)
+        },
+    );
     let mut o = opts(plan(2, 1, 4), Some("u"));
     o.plan = None;
     // With a fixed plan the devices are given: an unreachable one is an error naming it.
@@ -187,15 +249,32 @@ fn an_unreachable_worker_at_start_is_left_out_when_the_model_fits_on_the_others(
         f.plan.as_mut().unwrap().devices[1].name = "dev-dead".into();
         f
     };
-    let err = Session::start(&slices, sp.clone(), fixed).err().expect("fixed plan over a dead device");
+    let err = Session::start(&slices, sp.clone(), fixed)
+        .err()
+        .expect("fixed plan over a dead device");
     assert!(err.to_string().contains("dev-dead"), "{err}");
     // Planned over the reachable ones, saying which device was left out and why.
     let s = Session::start(&slices, sp, o).unwrap();
-    assert!(s.plan.devices.iter().all(|d| d.name != "dev-dead"), "{:?}", s.plan.devices);
-    let d = s.plan.dropped.iter().find(|d| d.name == "dev-dead").expect("reported as left out");
-    assert!(d.reason.contains("unreachable") && d.reason.contains(&dead), "{}", d.reason);
+    assert!(
+        s.plan.devices.iter().all(|d| d.name != "dev-dead"),
+        "{:?}",
+        s.plan.devices
+    );
+    let d = s
+        .plan
+        .dropped
+        .iter()
+        .find(|d| d.name == "dev-dead")
+        .expect("reported as left out");
+    assert!(
+        d.reason.contains("unreachable") && d.reason.contains(&dead),
+        "{}",
+        d.reason
+    );
     assert_eq!(s.reports.len(), 2);
-    let out = s.generate(&prompt, &greedy(6), &mut |_| Flow::Continue).unwrap();
+    let out = s
+        .generate(&prompt, &greedy(6), &mut |_| Flow::Continue)
+        .unwrap();
     assert_eq!(out.new_ids, want);
     s.shutdown();
 }

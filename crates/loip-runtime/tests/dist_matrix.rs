@@ -54,14 +54,30 @@ struct Case {
     mode: ExecMode,
 }
 
-fn start(slices: &Path, workers: &[loip_runtime::cluster_run::WorkerProcess], c: &Case, token: Option<&str>) -> Session {
+fn start(
+    slices: &Path,
+    workers: &[loip_runtime::cluster_run::WorkerProcess],
+    c: &Case,
+    token: Option<&str>,
+) -> Session {
     let m = Manifest::load(slices).unwrap();
     let names: Vec<String> = (1..=c.devices).map(|i| format!("dev{i}")).collect();
-    let plan = uniform_plan("m", m.config.num_layers as u32, &names, c.stages, c.mode, &offload(c.off)).unwrap();
+    let plan = uniform_plan(
+        "m",
+        m.config.num_layers as u32,
+        &names,
+        c.stages,
+        c.mode,
+        &offload(c.off),
+    )
+    .unwrap();
     let specs = names
         .iter()
         .zip(workers)
-        .map(|(n, w)| WorkerSpec { profile: loip_plan::profile::preset("host-zen5-2c"), ..WorkerSpec::new(n, &w.addr) })
+        .map(|(n, w)| WorkerSpec {
+            profile: loip_plan::profile::preset("host-zen5-2c"),
+            ..WorkerSpec::new(n, &w.addr)
+        })
         .collect();
     let opts = SessionOptions {
         plan: Some(plan),
@@ -78,21 +94,40 @@ fn start(slices: &Path, workers: &[loip_runtime::cluster_run::WorkerProcess], c:
     Session::start(slices, specs, opts).unwrap_or_else(|e| panic!("session: {e}"))
 }
 
-const PROMPTS: [&[u32]; 3] = [&[1, 5, 9, 23, 42, 7], &[1, 77, 3], &[1, 200, 100, 50, 25, 12, 6, 3, 2]];
+const PROMPTS: [&[u32]; 3] = [
+    &[1, 5, 9, 23, 42, 7],
+    &[1, 77, 3],
+    &[1, 200, 100, 50, 25, 12, 6, 3, 2],
+];
 
 /// Runs one case: all prompt logits, one sequence, three concurrent sequences.
-fn check_case(what: &str, s: &Session, model: &Model, refs: &[(Vec<u32>, Vec<Vec<f32>>)], n_new: usize) {
+fn check_case(
+    what: &str,
+    s: &Session,
+    model: &Model,
+    refs: &[(Vec<u32>, Vec<Vec<f32>>)],
+    n_new: usize,
+) {
     // Every prompt position's logits in one step.
     let rows: Vec<u32> = (0..PROMPTS[0].len() as u32).collect();
     let seq = next_seq_id();
-    let got = s.pipeline().step_blocking(seq, PROMPTS[0], 0, &rows).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let got = s
+        .pipeline()
+        .step_blocking(seq, PROMPTS[0], 0, &rows)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     s.pipeline().release(&[seq]);
     let want = model.prompt_logits(PROMPTS[0]).unwrap();
     assert_bits(&format!("{what}: prompt logits"), &[got.logits], &[want]);
     // One sequence.
-    let mut rec = Rec { inner: s.pipeline().backend(), logits: vec![] };
+    let mut rec = Rec {
+        inner: s.pipeline().backend(),
+        logits: vec![],
+    };
     let seq = next_seq_id();
-    let out = generate(&mut rec, seq, PROMPTS[0], &greedy(n_new), &mut |_| Flow::Continue).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let out = generate(&mut rec, seq, PROMPTS[0], &greedy(n_new), &mut |_| {
+        Flow::Continue
+    })
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
     s.pipeline().release(&[seq]);
     assert_eq!(out.new_ids, refs[0].0, "{what}: tokens");
     assert_bits(&format!("{what}: one sequence"), &rec.logits, &refs[0].1);
@@ -103,7 +138,10 @@ fn check_case(what: &str, s: &Session, model: &Model, refs: &[(Vec<u32>, Vec<Vec
             .map(|p| {
                 let pipe = s.pipeline().clone();
                 sc.spawn(move || {
-                    let mut rec = Rec { inner: pipe.backend(), logits: vec![] };
+                    let mut rec = Rec {
+                        inner: pipe.backend(),
+                        logits: vec![],
+                    };
                     let seq = next_seq_id();
                     let out = generate(&mut rec, seq, p, &greedy(n_new), &mut |_| Flow::Continue);
                     pipe.release(&[seq]);
@@ -126,7 +164,10 @@ fn matrix(fixture_name: &str) {
     let model = Model::from_checkpoint(&ckpt).unwrap();
     let slices = slices_of(&ckpt_path, fixture_name);
     let n_new = 6;
-    let refs: Vec<_> = PROMPTS.iter().map(|p| reference(&ckpt, p, &greedy(n_new))).collect();
+    let refs: Vec<_> = PROMPTS
+        .iter()
+        .map(|p| reference(&ckpt, p, &greedy(n_new)))
+        .collect();
     let root = scratch(&format!("matrix-{fixture_name}"));
     let workers = spawn_workers(&root, 4, 1 << 30, Some("matrix"));
     let layers = ckpt.config.num_layers as u32;
@@ -145,16 +186,32 @@ fn matrix(fixture_name: &str) {
                     } else {
                         ExecMode::Overlapped
                     };
-                    let c = Case { devices, stages, off, loader, mode };
-                    let what = format!("{fixture_name} D={devices} s={stages} {off:?} {loader:?} {mode:?}");
+                    let c = Case {
+                        devices,
+                        stages,
+                        off,
+                        loader,
+                        mode,
+                    };
+                    let what = format!(
+                        "{fixture_name} D={devices} s={stages} {off:?} {loader:?} {mode:?}"
+                    );
                     let s = start(&slices, &workers, &c, Some("matrix"));
                     check_case(&what, &s, &model, &refs, n_new);
                     let t = s.take_totals();
                     // A device whose only offload group is its one stage's keeps it in the
                     // slot after the first load, so count prompt and decode loads together.
                     let loaded = t.prompt.loaded_bytes + t.decode.loaded_bytes;
-                    assert_eq!(loaded > 0, off != Off::None, "{what}: bytes loaded from the store");
-                    assert_eq!(t.decode_steps as usize, 4 * (n_new - 1), "{what}: decode steps");
+                    assert_eq!(
+                        loaded > 0,
+                        off != Off::None,
+                        "{what}: bytes loaded from the store"
+                    );
+                    assert_eq!(
+                        t.decode_steps as usize,
+                        4 * (n_new - 1),
+                        "{what}: decode steps"
+                    );
                     s.shutdown();
                     cases += 1;
                 }
@@ -192,17 +249,47 @@ fn smollm2_representative_paths() {
     let model = Model::from_checkpoint(&ckpt).unwrap();
     let slices = slices_of(&path, "smollm2");
     let n_new = 5;
-    let refs: Vec<_> = PROMPTS.iter().map(|p| reference(&ckpt, p, &greedy(n_new))).collect();
+    let refs: Vec<_> = PROMPTS
+        .iter()
+        .map(|p| reference(&ckpt, p, &greedy(n_new)))
+        .collect();
     let root = scratch("matrix-smollm2");
     let workers = spawn_workers(&root, 4, 1 << 30, None);
     let cases = [
-        Case { devices: 3, stages: 2, off: Off::Mixed, loader: LoaderKind::Direct, mode: ExecMode::Overlapped },
-        Case { devices: 2, stages: 3, off: Off::Heavy, loader: LoaderKind::Conventional, mode: ExecMode::Sequential },
-        Case { devices: 4, stages: 1, off: Off::None, loader: LoaderKind::Direct, mode: ExecMode::Overlapped },
-        Case { devices: 1, stages: 3, off: Off::Heavy, loader: LoaderKind::Direct, mode: ExecMode::Overlapped },
+        Case {
+            devices: 3,
+            stages: 2,
+            off: Off::Mixed,
+            loader: LoaderKind::Direct,
+            mode: ExecMode::Overlapped,
+        },
+        Case {
+            devices: 2,
+            stages: 3,
+            off: Off::Heavy,
+            loader: LoaderKind::Conventional,
+            mode: ExecMode::Sequential,
+        },
+        Case {
+            devices: 4,
+            stages: 1,
+            off: Off::None,
+            loader: LoaderKind::Direct,
+            mode: ExecMode::Overlapped,
+        },
+        Case {
+            devices: 1,
+            stages: 3,
+            off: Off::Heavy,
+            loader: LoaderKind::Direct,
+            mode: ExecMode::Overlapped,
+        },
     ];
     for c in &cases {
-        let what = format!("smollm2 D={} s={} {:?} {:?} {:?}", c.devices, c.stages, c.off, c.loader, c.mode);
+        let what = format!(
+            "smollm2 D={} s={} {:?} {:?} {:?}",
+            c.devices, c.stages, c.off, c.loader, c.mode
+        );
         let s = start(&slices, &workers, c, None);
         check_case(&what, &s, &model, &refs, n_new);
         s.shutdown();

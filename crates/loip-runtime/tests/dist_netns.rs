@@ -31,22 +31,59 @@ const N_NEW: usize = 6;
 /// The coordinator, run inside its namespace as a child process; prints `RESULT {json}`.
 #[test]
 fn dist_coord_entry() {
-    let Ok(spec) = std::env::var("LOIP_DIST_COORD") else { return };
+    let Ok(spec) = std::env::var("LOIP_DIST_COORD") else {
+        return;
+    };
     let v: serde_json::Value = serde_json::from_str(&spec).unwrap();
     let slices = std::path::PathBuf::from(v["slices"].as_str().unwrap());
-    let addrs: Vec<String> = v["addrs"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+    let addrs: Vec<String> = v["addrs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
     let names: Vec<String> = (1..=addrs.len()).map(|i| format!("dev{i}")).collect();
-    let plan = uniform_plan("m", 4, &names, 2, ExecMode::Overlapped, &|d, n| if d == 0 { (0, 1.min(n)) } else { (0, 0) }).unwrap();
+    let plan = uniform_plan("m", 4, &names, 2, ExecMode::Overlapped, &|d, n| {
+        if d == 0 {
+            (0, 1.min(n))
+        } else {
+            (0, 0)
+        }
+    })
+    .unwrap();
     let specs = names
         .iter()
         .zip(&addrs)
-        .map(|(n, a)| WorkerSpec { profile: loip_plan::profile::preset("host-zen5-2c"), ..WorkerSpec::new(n, a) })
+        .map(|(n, a)| WorkerSpec {
+            profile: loip_plan::profile::preset("host-zen5-2c"),
+            ..WorkerSpec::new(n, a)
+        })
         .collect();
-    let opts = SessionOptions { plan: Some(plan), shape_name: "m".into(), context: 64, max_step_tokens: 16, ..Default::default() };
+    let opts = SessionOptions {
+        plan: Some(plan),
+        shape_name: "m".into(),
+        context: 64,
+        max_step_tokens: 16,
+        ..Default::default()
+    };
     let s = Session::start(&slices, specs, opts).unwrap();
-    let mut rec = Rec { inner: s.pipeline().backend(), logits: vec![] };
-    let out = generate(&mut rec, next_seq_id(), &PROMPT, &greedy(N_NEW), &mut |_| Flow::Continue).unwrap();
-    let bits: Vec<Vec<u32>> = rec.logits.iter().map(|l| l.iter().map(|x| x.to_bits()).collect()).collect();
+    let mut rec = Rec {
+        inner: s.pipeline().backend(),
+        logits: vec![],
+    };
+    let out = generate(
+        &mut rec,
+        next_seq_id(),
+        &PROMPT,
+        &greedy(N_NEW),
+        &mut |_| Flow::Continue,
+    )
+    .unwrap();
+    let bits: Vec<Vec<u32>> = rec
+        .logits
+        .iter()
+        .map(|l| l.iter().map(|x| x.to_bits()).collect())
+        .collect();
     let links: Vec<_> = s.reports.iter().map(|r| r.link).collect();
     let res = serde_json::json!({ "tokens": out.new_ids, "logits": bits, "links": links });
     println!("RESULT {res}");
@@ -54,11 +91,19 @@ fn dist_coord_entry() {
 }
 
 fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0]).args(&args[1..]).stdin(Stdio::null()).output().map_err(|e| format!("{}: {e}", args[0]))?;
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{}: {e}", args[0]))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -74,11 +119,19 @@ impl Drop for Netns {
 }
 
 fn skip_reason() -> Option<String> {
-    if std::env::var("USER").as_deref() != Ok("root") && !std::fs::read_to_string("/proc/self/status").is_ok_and(|s| s.contains("Uid:\t0\t")) {
+    if std::env::var("USER").as_deref() != Ok("root")
+        && !std::fs::read_to_string("/proc/self/status").is_ok_and(|s| s.contains("Uid:\t0\t"))
+    {
         return Some("not running as root".into());
     }
     for tool in ["ip", "tc"] {
-        if Command::new(tool).arg("-V").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
+        if Command::new(tool)
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_err()
+        {
             return Some(format!("`{tool}` is not installed"));
         }
     }
@@ -93,17 +146,43 @@ fn setup(p: &str, ns: &Netns) -> Result<(), String> {
     }
     for i in 1..=2 {
         let (vc, vw, w) = (format!("{p}c{i}"), format!("{p}w{i}"), &ns.0[i]);
-        sh(&["ip", "link", "add", &vc, "type", "veth", "peer", "name", &vw])?;
+        sh(&[
+            "ip", "link", "add", &vc, "type", "veth", "peer", "name", &vw,
+        ])?;
         sh(&["ip", "link", "set", &vc, "netns", c])?;
         sh(&["ip", "link", "set", &vw, "netns", w])?;
-        sh(&["ip", "-n", c, "addr", "add", &format!("10.231.{i}.1/24"), "dev", &vc])?;
-        sh(&["ip", "-n", w, "addr", "add", &format!("10.231.{i}.2/24"), "dev", &vw])?;
+        sh(&[
+            "ip",
+            "-n",
+            c,
+            "addr",
+            "add",
+            &format!("10.231.{i}.1/24"),
+            "dev",
+            &vc,
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            w,
+            "addr",
+            "add",
+            &format!("10.231.{i}.2/24"),
+            "dev",
+            &vw,
+        ])?;
         sh(&["ip", "-n", c, "link", "set", &vc, "up"])?;
         sh(&["ip", "-n", w, "link", "set", &vw, "up"])?;
     }
     // 100 Mbit/s on worker 1's link, both directions.
-    for (n, dev) in [(c.clone(), format!("{p}c1")), (ns.0[1].clone(), format!("{p}w1"))] {
-        sh(&["ip", "netns", "exec", &n, "tc", "qdisc", "add", "dev", &dev, "root", "tbf", "rate", "100mbit", "burst", "64kb", "latency", "100ms"])?;
+    for (n, dev) in [
+        (c.clone(), format!("{p}c1")),
+        (ns.0[1].clone(), format!("{p}w1")),
+    ] {
+        sh(&[
+            "ip", "netns", "exec", &n, "tc", "qdisc", "add", "dev", &dev, "root", "tbf", "rate",
+            "100mbit", "burst", "64kb", "latency", "100ms",
+        ])?;
     }
     Ok(())
 }
@@ -152,7 +231,12 @@ fn limited_link_is_measured_and_output_is_unchanged() {
     let mut child = Command::new("ip")
         .args(["netns", "exec", &ns.0[0]])
         .arg(exe)
-        .args(["dist_coord_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "dist_coord_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("LOIP_DIST_COORD", spec.to_string())
         .stdout(Stdio::piped())
         .spawn()
@@ -177,26 +261,52 @@ fn limited_link_is_measured_and_output_is_unchanged() {
     };
     let stdout = reader.join().unwrap();
     assert!(status.success(), "coordinator failed: {stdout}");
-    let line = stdout.lines().find_map(|l| l.split("RESULT ").nth(1)).unwrap_or_else(|| panic!("no result in: {stdout}"));
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split("RESULT ").nth(1))
+        .unwrap_or_else(|| panic!("no result in: {stdout}"));
     let res: serde_json::Value = serde_json::from_str(line).unwrap();
-    let ids: Vec<u32> = res["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let ids: Vec<u32> = res["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
     assert_eq!(ids, want_ids);
     let logits: Vec<Vec<f32>> = res["logits"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|row| row.as_array().unwrap().iter().map(|b| f32::from_bits(b.as_u64().unwrap() as u32)).collect())
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
+                .collect()
+        })
         .collect();
     assert_bits("namespaced cluster", &logits, &want_logits);
     let link = &res["links"][0];
     for dir in ["up_bps", "down_bps"] {
         let bw = link[dir].as_f64().unwrap();
         let ratio = bw / LIMIT_BPS;
-        eprintln!("limited link {dir}: {:.1} Mbit/s ({:.0}% of the limit)", bw * 8e-6, ratio * 100.0);
-        assert!((0.8..=1.2).contains(&ratio), "{dir} measured {:.1} Mbit/s on a 100 Mbit/s link", bw * 8e-6);
+        eprintln!(
+            "limited link {dir}: {:.1} Mbit/s ({:.0}% of the limit)",
+            bw * 8e-6,
+            ratio * 100.0
+        );
+        assert!(
+            (0.8..=1.2).contains(&ratio),
+            "{dir} measured {:.1} Mbit/s on a 100 Mbit/s link",
+            bw * 8e-6
+        );
     }
     let free = res["links"][1]["up_bps"].as_f64().unwrap();
-    assert!(free > 2.0 * LIMIT_BPS, "the unlimited link measured only {:.1} Mbit/s", free * 8e-6);
+    assert!(
+        free > 2.0 * LIMIT_BPS,
+        "the unlimited link measured only {:.1} Mbit/s",
+        free * 8e-6
+    );
     drop(workers);
     drop(ns);
 }

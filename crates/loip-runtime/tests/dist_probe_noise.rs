@@ -7,10 +7,15 @@ use std::path::PathBuf;
 #[test]
 #[ignore]
 fn raw_loader_times() {
-    let Ok(dir) = std::env::var("LOIP_NOISE_DIR") else { return };
+    let Ok(dir) = std::env::var("LOIP_NOISE_DIR") else {
+        return;
+    };
     let dir = PathBuf::from(dir);
     let m = Manifest::load(&dir).unwrap();
-    let threads: usize = std::env::var("LOIP_NOISE_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let threads: usize = std::env::var("LOIP_NOISE_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     let hs: Vec<_> = (0..threads)
         .map(|t| {
             let (dir, m) = (dir.clone(), m.clone());
@@ -24,7 +29,11 @@ fn raw_loader_times() {
                     for g in 0..3 {
                         ld.start(g).unwrap();
                         ld.wait(g).unwrap();
-                        out.push(format!("g{g} {:.1}ms {:.2}GB/s", ld.last.load_s * 1e3, ld.last.bytes as f64 / ld.last.load_s / 1e9));
+                        out.push(format!(
+                            "g{g} {:.1}ms {:.2}GB/s",
+                            ld.last.load_s * 1e3,
+                            ld.last.bytes as f64 / ld.last.load_s / 1e9
+                        ));
                     }
                 }
                 out

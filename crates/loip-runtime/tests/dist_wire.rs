@@ -13,7 +13,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 async fn start_worker(name: &str, token: Option<&str>) -> String {
@@ -28,19 +32,30 @@ async fn start_worker(name: &str, token: Option<&str>) -> String {
 }
 
 fn ep(name: &str, addr: &str) -> Endpoint {
-    Endpoint { name: name.into(), addr: addr.into() }
+    Endpoint {
+        name: name.into(),
+        addr: addr.into(),
+    }
 }
 
 fn opts(token: Option<&str>) -> ConnectOptions {
-    ConnectOptions { token: token.map(str::to_string), connect_timeout: Duration::from_secs(3), ..Default::default() }
+    ConnectOptions {
+        token: token.map(str::to_string),
+        connect_timeout: Duration::from_secs(3),
+        ..Default::default()
+    }
 }
 
 /// Reads frames until the worker closes; returns the text of its `Error` frame, if any.
 async fn error_then_close(s: &mut TcpStream) -> Option<String> {
     let mut msg = None;
     loop {
-        match tokio::time::timeout(Duration::from_secs(5), wire::read_frame(s, wire::MAX_FRAME)).await {
-            Ok(Ok(f)) if f.kind == FrameKind::Error => msg = Some(String::from_utf8_lossy(&f.payload).into_owned()),
+        match tokio::time::timeout(Duration::from_secs(5), wire::read_frame(s, wire::MAX_FRAME))
+            .await
+        {
+            Ok(Ok(f)) if f.kind == FrameKind::Error => {
+                msg = Some(String::from_utf8_lossy(&f.payload).into_owned())
+            }
             Ok(Ok(_)) => {}
             Ok(Err(_)) => return msg,
             Err(_) => panic!("the worker kept the connection open"),
@@ -53,7 +68,14 @@ async fn error_then_close(s: &mut TcpStream) -> Option<String> {
 async fn authed_raw(addr: &str, token: Option<&str>) -> TcpStream {
     for _ in 0..100 {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        wire::write_frame(&mut s, FrameKind::Hello, &wire::hello_payload(Role::Coordinator, wire::PROTOCOL_VERSION), None).await.unwrap();
+        wire::write_frame(
+            &mut s,
+            FrameKind::Hello,
+            &wire::hello_payload(Role::Coordinator, wire::PROTOCOL_VERSION),
+            None,
+        )
+        .await
+        .unwrap();
         let hello = wire::read_frame(&mut s, 1 << 16).await.unwrap();
         wire::check_hello(&hello).unwrap();
         let f = wire::read_frame(&mut s, 1 << 16).await.unwrap();
@@ -65,10 +87,23 @@ async fn authed_raw(addr: &str, token: Option<&str>) -> TcpStream {
             }
             other => panic!("no challenge: {other:?}"),
         };
-        let auth = ToWorker::Auth { mac: wire::auth_mac(token, &nonce), nonce: wire::nonce() };
-        wire::write_frame(&mut s, FrameKind::Control, &wire::control_payload(&auth).unwrap(), None).await.unwrap();
+        let auth = ToWorker::Auth {
+            mac: wire::auth_mac(token, &nonce),
+            nonce: wire::nonce(),
+        };
+        wire::write_frame(
+            &mut s,
+            FrameKind::Control,
+            &wire::control_payload(&auth).unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
         let f = wire::read_frame(&mut s, wire::MAX_FRAME).await.unwrap();
-        assert!(matches!(wire::parse_control::<ToCoordinator>(&f).unwrap(), ToCoordinator::Welcome { .. }));
+        assert!(matches!(
+            wire::parse_control::<ToCoordinator>(&f).unwrap(),
+            ToCoordinator::Welcome { .. }
+        ));
         return s;
     }
     panic!("the worker stayed busy")
@@ -78,21 +113,39 @@ async fn authed_raw(addr: &str, token: Option<&str>) -> TcpStream {
 fn right_token_is_accepted_and_wrong_token_refused_on_both_sides() {
     rt().block_on(async {
         let addr = start_worker("auth", Some("s3cret")).await;
-        let c = Conn::connect(&ep("dev-a", &addr), &opts(Some("s3cret"))).await.unwrap();
+        let c = Conn::connect(&ep("dev-a", &addr), &opts(Some("s3cret")))
+            .await
+            .unwrap();
         assert_eq!(c.info.name, "auth");
         c.bye().await;
         for bad in [Some("wrong"), None] {
-            let e = Conn::connect(&ep("dev-a", &addr), &opts(bad)).await.err().expect("refused");
+            let e = Conn::connect(&ep("dev-a", &addr), &opts(bad))
+                .await
+                .err()
+                .expect("refused");
             let text = e.to_string();
             assert!(matches!(e.source, WireError::AuthRefused(_)), "{text}");
-            assert!(text.contains("dev-a") && text.contains(&addr) && text.contains("wrong token"), "{text}");
+            assert!(
+                text.contains("dev-a") && text.contains(&addr) && text.contains("wrong token"),
+                "{text}"
+            );
         }
         // A worker without the token cannot pass as one: the coordinator checks it too.
         let open = start_worker("open", None).await;
-        let e = Conn::connect(&ep("dev-b", &open), &opts(Some("s3cret"))).await.err().expect("refused");
-        assert!(e.to_string().contains("does not hold the shared token"), "{e}");
+        let e = Conn::connect(&ep("dev-b", &open), &opts(Some("s3cret")))
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            e.to_string().contains("does not hold the shared token"),
+            "{e}"
+        );
         // Still serving after all that.
-        Conn::connect(&ep("dev-a", &addr), &opts(Some("s3cret"))).await.unwrap().bye().await;
+        Conn::connect(&ep("dev-a", &addr), &opts(Some("s3cret")))
+            .await
+            .unwrap()
+            .bye()
+            .await;
     });
 }
 
@@ -101,23 +154,49 @@ fn other_protocol_version_is_refused_naming_both_versions() {
     rt().block_on(async {
         let addr = start_worker("version", None).await;
         let mut s = TcpStream::connect(&addr).await.unwrap();
-        wire::write_frame(&mut s, FrameKind::Hello, &wire::hello_payload(Role::Coordinator, 99), None).await.unwrap();
+        wire::write_frame(
+            &mut s,
+            FrameKind::Hello,
+            &wire::hello_payload(Role::Coordinator, 99),
+            None,
+        )
+        .await
+        .unwrap();
         let msg = error_then_close(&mut s).await.expect("an error frame");
-        assert!(msg.contains("v1") && msg.contains("v99") && msg.contains("version"), "{msg}");
+        assert!(
+            msg.contains("v1") && msg.contains("v99") && msg.contains("version"),
+            "{msg}"
+        );
 
         // The coordinator side: a "worker" that speaks v2.
         let fake = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let fake_addr = fake.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             let (mut s, _) = fake.accept().await.unwrap();
-            let _ = wire::write_frame(&mut s, FrameKind::Hello, &wire::hello_payload(Role::Worker, 2), None).await;
+            let _ = wire::write_frame(
+                &mut s,
+                FrameKind::Hello,
+                &wire::hello_payload(Role::Worker, 2),
+                None,
+            )
+            .await;
             let mut buf = [0u8; 64];
             let _ = s.read(&mut buf).await;
         });
-        let e = Conn::connect(&ep("future", &fake_addr), &opts(None)).await.err().expect("refused");
-        assert!(matches!(e.source, WireError::VersionMismatch { ours: 1, theirs: 2 }), "{e}");
+        let e = Conn::connect(&ep("future", &fake_addr), &opts(None))
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(e.source, WireError::VersionMismatch { ours: 1, theirs: 2 }),
+            "{e}"
+        );
         assert!(e.to_string().contains("future"), "{e}");
-        Conn::connect(&ep("v", &addr), &opts(None)).await.unwrap().bye().await;
+        Conn::connect(&ep("v", &addr), &opts(None))
+            .await
+            .unwrap()
+            .bye()
+            .await;
     });
 }
 
@@ -188,12 +267,22 @@ fn a_second_coordinator_is_refused_while_one_is_served() {
     rt().block_on(async {
         let addr = start_worker("busy", None).await;
         let first = Conn::connect(&ep("w", &addr), &opts(None)).await.unwrap();
-        let o = ConnectOptions { connect_timeout: Duration::from_millis(600), ..opts(None) };
-        let e = Conn::connect(&ep("w", &addr), &o).await.err().expect("busy");
+        let o = ConnectOptions {
+            connect_timeout: Duration::from_millis(600),
+            ..opts(None)
+        };
+        let e = Conn::connect(&ep("w", &addr), &o)
+            .await
+            .err()
+            .expect("busy");
         assert!(e.to_string().contains("busy"), "{e}");
         first.bye().await;
         // Once the first one is gone, the next one gets in (retrying while the worker
         // finishes the old session).
-        Conn::connect(&ep("w", &addr), &opts(None)).await.unwrap().bye().await;
+        Conn::connect(&ep("w", &addr), &opts(None))
+            .await
+            .unwrap()
+            .bye()
+            .await;
     });
 }

@@ -11,13 +11,19 @@ use loip_runtime::local::{LocalModel, LocalOptions, OffloadRule};
 use loip_runtime::{LoaderKind, RuntimeError};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
 }
 
 struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("loip-test-{tag}-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let p = std::env::temp_dir().join(format!(
+            "loip-test-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
@@ -30,14 +36,33 @@ impl Drop for TempDir {
 }
 
 fn split(ckpt: &Checkpoint, out: &Path) {
-    slice::split(ckpt, out, SplitProgress { on_bytes: &|_, _| {} }).unwrap();
+    slice::split(
+        ckpt,
+        out,
+        SplitProgress {
+            on_bytes: &|_, _| {},
+        },
+    )
+    .unwrap();
 }
 
 fn opts(rule: OffloadRule, loader: LoaderKind, overlap: bool) -> LocalOptions {
-    LocalOptions { mem_budget: None, rule, loader, overlap, context: 64, max_step_tokens: 16 }
+    LocalOptions {
+        mem_budget: None,
+        rule,
+        loader,
+        overlap,
+        context: 64,
+        max_step_tokens: 16,
+    }
 }
 
-const RULES: [OffloadRule; 4] = [OffloadRule::None, OffloadRule::All, OffloadRule::Mlp, OffloadRule::Attn];
+const RULES: [OffloadRule; 4] = [
+    OffloadRule::None,
+    OffloadRule::All,
+    OffloadRule::Mlp,
+    OffloadRule::Attn,
+];
 
 /// Prompt logits plus 6 greedy decode steps' logits.
 fn trace<B: StepBackend>(b: &mut B, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
@@ -63,8 +88,14 @@ fn check_model(ckpt_path: &Path, prompt: &[u32], tag: &str) {
             for overlap in [true, false] {
                 let mut local = LocalModel::open(&dir.0, &opts(rule, loader, overlap)).unwrap();
                 let got = trace(&mut local, prompt);
-                assert_eq!(got.0, want.0, "{tag} {rule:?} {loader:?} overlap={overlap}: tokens");
-                assert!(got.1 == want.1, "{tag} {rule:?} {loader:?} overlap={overlap}: logits differ");
+                assert_eq!(
+                    got.0, want.0,
+                    "{tag} {rule:?} {loader:?} overlap={overlap}: tokens"
+                );
+                assert!(
+                    got.1 == want.1,
+                    "{tag} {rule:?} {loader:?} overlap={overlap}: logits differ"
+                );
             }
         }
     }
@@ -85,16 +116,33 @@ fn smollm2_offloaded_is_bit_identical() {
 
 #[test]
 fn generation_through_slices_matches_reference_tokens() {
-    let exp: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("tiny-llama").join("expected.json")).unwrap()).unwrap();
-    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+    let exp: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("tiny-llama").join("expected.json")).unwrap(),
+    )
+    .unwrap();
+    let ids = |v: &serde_json::Value| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect::<Vec<_>>()
+    };
     let ckpt = Checkpoint::open(&fixture("tiny-llama")).unwrap();
     let dir = TempDir::new("gen");
     split(&ckpt, &dir.0);
-    let mut local = LocalModel::open(&dir.0, &opts(OffloadRule::All, LoaderKind::Direct, true)).unwrap();
+    let mut local =
+        LocalModel::open(&dir.0, &opts(OffloadRule::All, LoaderKind::Direct, true)).unwrap();
     let want = ids(&exp["greedy_new_ids"]);
-    let o = GenerateOptions { max_tokens: want.len(), sampling: SamplingParams::default(), eos_ids: vec![2], min_tokens: want.len() };
-    let out = generate(&mut local, 0, &ids(&exp["input_ids"]), &o, &mut |_| Flow::Continue).unwrap();
+    let o = GenerateOptions {
+        max_tokens: want.len(),
+        sampling: SamplingParams::default(),
+        eos_ids: vec![2],
+        min_tokens: want.len(),
+    };
+    let out = generate(&mut local, 0, &ids(&exp["input_ids"]), &o, &mut |_| {
+        Flow::Continue
+    })
+    .unwrap();
     assert_eq!(out.new_ids, want);
 }
 
@@ -109,12 +157,23 @@ fn planner_chosen_single_device_placement_is_bit_identical() {
     let want = trace(&mut gen, &prompt);
     // A budget too small for everything resident (the planner's working-buffer allowance is
     // 16 MiB), so the plan offloads.
-    let free = LocalModel::open(&dir.0, &opts(OffloadRule::None, LoaderKind::Direct, true)).unwrap().device.memory();
+    let free = LocalModel::open(&dir.0, &opts(OffloadRule::None, LoaderKind::Direct, true))
+        .unwrap()
+        .device
+        .memory();
     let mut o = opts(OffloadRule::Plan, LoaderKind::Direct, true);
-    let mlp = slice::Manifest::load(&dir.0).unwrap().slice(slice::SliceKind::Mlp(0)).unwrap().size;
+    let mlp = slice::Manifest::load(&dir.0)
+        .unwrap()
+        .slice(slice::SliceKind::Mlp(0))
+        .unwrap()
+        .size;
     o.mem_budget = Some(free.resident + (16 << 20) - 2 * mlp);
     let mut local = LocalModel::open(&dir.0, &o).unwrap();
-    assert!(local.device.memory().slot > 0, "{:?}", local.device.memory());
+    assert!(
+        local.device.memory().slot > 0,
+        "{:?}",
+        local.device.memory()
+    );
     let got = trace(&mut local, &prompt);
     assert_eq!(got, want);
 }
@@ -123,8 +182,28 @@ fn planner_chosen_single_device_placement_is_bit_identical() {
 fn split_twice_is_harmless_and_verify_passes() {
     let ckpt = Checkpoint::open(&fixture("tiny-qwen3")).unwrap();
     let dir = TempDir::new("twice");
-    assert_eq!(slice::split(&ckpt, &dir.0, SplitProgress { on_bytes: &|_, _| {} }).unwrap(), slice::SplitOutcome::Written);
-    assert_eq!(slice::split(&ckpt, &dir.0, SplitProgress { on_bytes: &|_, _| {} }).unwrap(), slice::SplitOutcome::UpToDate);
+    assert_eq!(
+        slice::split(
+            &ckpt,
+            &dir.0,
+            SplitProgress {
+                on_bytes: &|_, _| {}
+            }
+        )
+        .unwrap(),
+        slice::SplitOutcome::Written
+    );
+    assert_eq!(
+        slice::split(
+            &ckpt,
+            &dir.0,
+            SplitProgress {
+                on_bytes: &|_, _| {}
+            }
+        )
+        .unwrap(),
+        slice::SplitOutcome::UpToDate
+    );
     let m = slice::Manifest::load(&dir.0).unwrap();
     assert_eq!(slice::verify(&dir.0, &|_, _| {}).unwrap(), m.slices.len());
     // 4 layers × 2 blocks + embed + head
@@ -146,7 +225,10 @@ fn damaged(tag: &str, damage: impl Fn(&Path)) -> (TempDir, String) {
 
 fn run_all_offloaded(dir: &Path, loader: LoaderKind) -> Result<(), RuntimeError> {
     let mut local = LocalModel::open(dir, &opts(OffloadRule::All, loader, true))?;
-    local.forward_hidden(&[1, 2, 3], &[0, 1, 2].map(|pos| loip_engine::TokenPos { seq: 0, pos }))?;
+    local.forward_hidden(
+        &[1, 2, 3],
+        &[0, 1, 2].map(|pos| loip_engine::TokenPos { seq: 0, pos }),
+    )?;
     Ok(())
 }
 
@@ -170,16 +252,22 @@ fn corrupt_truncated_and_missing_slices_are_named_errors() {
     ] {
         for loader in [LoaderKind::Direct, LoaderKind::Conventional] {
             let (dir, file) = damaged(tag, damage);
-            let err = run_all_offloaded(&dir.0, loader).expect_err("damage must be caught").to_string();
+            let err = run_all_offloaded(&dir.0, loader)
+                .expect_err("damage must be caught")
+                .to_string();
             assert!(err.contains(&file), "{tag} {loader:?}: {err}");
             assert!(err.contains(what), "{tag} {loader:?}: {err}");
         }
         // Resident slices are checked when they are read too.
         let (dir, file) = damaged(tag, damage);
-        let err = LocalModel::open(&dir.0, &opts(OffloadRule::None, LoaderKind::Direct, true)).err().expect("caught");
+        let err = LocalModel::open(&dir.0, &opts(OffloadRule::None, LoaderKind::Direct, true))
+            .err()
+            .expect("caught");
         assert!(err.to_string().contains(&file), "{err}");
         // And `loip split --verify`.
-        let err = slice::verify(&dir.0, &|_, _| {}).expect_err("verify catches it").to_string();
+        let err = slice::verify(&dir.0, &|_, _| {})
+            .expect_err("verify catches it")
+            .to_string();
         assert!(err.contains(&file), "{err}");
     }
 }
@@ -191,7 +279,10 @@ fn over_budget_placement_is_refused_with_sizes() {
     split(&ckpt, &dir.0);
     let mut o = opts(OffloadRule::Auto, LoaderKind::Direct, true);
     o.mem_budget = Some(10_000);
-    let err = LocalModel::open(&dir.0, &o).err().expect("refused").to_string();
+    let err = LocalModel::open(&dir.0, &o)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains("budget of 10000 bytes"), "{err}");
     // A budget one byte short of keeping everything resident forces offloading and still
     // gives the same logits.
@@ -205,7 +296,10 @@ fn over_budget_placement_is_refused_with_sizes() {
     let mut local = LocalModel::open(&dir.0, &o).unwrap();
     let mem = local.device.memory();
     assert!(mem.slot > 0, "{mem:?}");
-    assert!(mem.resident + mem.slot + mem.working + kv <= o.mem_budget.unwrap(), "{mem:?}");
+    assert!(
+        mem.resident + mem.slot + mem.working + kv <= o.mem_budget.unwrap(),
+        "{mem:?}"
+    );
     let got = local.step(0, &[5, 6, 7], 0).unwrap();
     assert_eq!(got, want[2 * 256..]);
 }

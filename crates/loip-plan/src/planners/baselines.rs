@@ -396,7 +396,10 @@ impl Planner for EdgeShard {
         // Plans on two or more devices: c = |used|·e is additive over used devices, and the
         // DP's objective is Σ (n·t + e) + t^H = C + c with the head.
         let e = shape.act_bytes_per_token as f64 / cluster.link.bandwidth + cluster.link.latency;
-        let link = cost::link_time(shape, cluster, 2);
+        // One round (s = 1), the one with the head: its wrap-around hop is the return trip
+        // (a constant for two or more devices) and the last device's port carries `r`.
+        let ret = cost::return_comm(shape, cluster, 2) - e;
+        let link = cost::last_link_time(shape, cluster, 2);
         if k >= 2 {
             if !bursty {
                 if let Some((_, used)) = edgeshard_dp(&ctx, e, f64::INFINITY) {
@@ -423,7 +426,7 @@ impl Planner for EdgeShard {
                 while lo < hi {
                     let mid = (lo + hi) / 2;
                     let crossed =
-                        run(mid).is_some_and(|(pass, _)| bf * cands[mid].max(link) >= pass);
+                        run(mid).is_some_and(|(pass, _)| bf * cands[mid].max(link) >= pass + ret);
                     if crossed {
                         hi = mid;
                     } else {

@@ -8,12 +8,14 @@
 //!
 //! With identical stages, `n_j` layers per stage on used device `j` (per-layer time `t_j`),
 //! `C = Σ n_j t_j`, `t^H` the head time of the last used device `L`, `b` micro-batches
-//! (1 sporadic), `c` one pass over the links and `ℓ = h/bw`, the cost model gives
+//! (1 sporadic), `c` one pass over the links and `ℓ = h/bw` (in the round with the head,
+//! `c_H` and `ℓ_H`: its wrap-around hop is the token's return trip of `r` bytes, see
+//! [`crate::cost`]), the cost model gives
 //!
 //! ```text
 //! X_j(n)  = max(b·n·t_j, G_j(n) + (b−1)·n·t_j)                       device j's own demand on a round
 //! X'_L(n) = max(b·(n·t_L + t^H), G_L(n) + (b−1)·(n·t_L + t^H))        the same in the round with the head
-//! T = [ (s−1)·max(C + c, b·ℓ, max_j X_j)  +  max(C + t^H + c, b·ℓ, max_{j≠L} X_j, X'_L) ] / b
+//! T = [ (s−1)·max(C + c, b·ℓ, max_j X_j)  +  max(C + t^H + c_H, b·ℓ_H, max_{j≠L} X_j, X'_L) ] / b
 //! ```
 //!
 //! `X_j` is non-decreasing in `n`, so for a bound `Λ ≥ max_j X_j` the feasible layer counts of
@@ -213,10 +215,12 @@ pub(crate) fn solve_subset(
     let bf = ctx.b as f64;
     let c = cost::round_comm(ctx.shape, ctx.cluster, k);
     let busy_link = bf * cost::link_time(ctx.shape, ctx.cluster, k);
+    let c_h = cost::last_round_comm(ctx.shape, ctx.cluster, k);
+    let busy_link_h = bf * cost::last_link_time(ctx.shape, ctx.cluster, k);
     // T with max_j X_j bounded by `lam` (the others' by `lam_other`) and X'_L = `xl`.
     let total = |sum_c: f64, lam: f64, lam_other: f64, xl: f64| -> f64 {
         let plain = (sum_c + c).max(busy_link).max(lam);
-        let with_head = (sum_c + head + c).max(busy_link).max(lam_other).max(xl);
+        let with_head = (sum_c + head + c_h).max(busy_link_h).max(lam_other).max(xl);
         ((sf - 1.0) * plain + with_head) / bf
     };
     let actual = |n: &[u32]| -> f64 {

@@ -223,7 +223,8 @@ impl<'a> Ctx<'a> {
     /// Closed-form seconds per token for identical stages: `n[j]` layers per stage and
     /// `g[j] = ld + span` on used device `j` (cluster index `idx[j]`, the last one holds the
     /// head). Equals [`cost::evaluate`] of the built plan: `s − 1` rounds without the head
-    /// and one with it, each [`cost::overlapped_round`].  // seconds
+    /// and one with it (and the return trip, [`cost::last_round_comm`]), each
+    /// [`cost::overlapped_round`].  // seconds
     pub fn closed_form(&self, s: u32, idx: &[usize], n: &[u32], g: &[f64]) -> f64 {
         let nd = idx.len();
         let c = cost::round_comm(self.shape, self.cluster, nd);
@@ -241,6 +242,10 @@ impl<'a> Ctx<'a> {
         if let (Some(p), Some(&l)) = (parts.last_mut(), idx.last()) {
             p.compute += self.head_time(l);
         }
+        let (c, link) = (
+            cost::last_round_comm(self.shape, self.cluster, nd),
+            cost::last_link_time(self.shape, self.cluster, nd),
+        );
         let with_head = cost::overlapped_round(&parts, self.b, c, link).time;
         ((s as f64 - 1.0) * plain + with_head) / self.b as f64
     }

@@ -36,7 +36,9 @@ fn flush(buf: &mut [u8], round: u8) {
 }
 
 fn entry(m: &Manifest, k: SliceKind) -> Result<SliceEntry, RuntimeError> {
-    m.slice(k).cloned().ok_or_else(|| RuntimeError::Invalid(format!("slice {} is not in the manifest", k.id())))
+    m.slice(k)
+        .cloned()
+        .ok_or_else(|| RuntimeError::Invalid(format!("slice {} is not in the manifest", k.id())))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -46,23 +48,47 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Contexts at which attention is timed for a model of `max_pos` positions.  // tokens
 pub fn probe_contexts(max_pos: usize) -> Vec<u64> {
-    [1u64, 256, 1024, 4096].into_iter().filter(|&n| (n as usize) < max_pos).collect()
+    [1u64, 256, 1024, 4096]
+        .into_iter()
+        .filter(|&n| (n as usize) < max_pos)
+        .collect()
 }
 
 /// Measures layer 0's blocks (`compute`) and both loaders (`loads`) from the slices in
 /// `dir`; parts not measured are left at zero.
-pub fn probe(dir: &Path, m: &Manifest, compute: bool, loads: bool) -> Result<ProbeResult, RuntimeError> {
+pub fn probe(
+    dir: &Path,
+    m: &Manifest,
+    compute: bool,
+    loads: bool,
+) -> Result<ProbeResult, RuntimeError> {
     let t0 = Instant::now();
-    let zero = LoaderProfile { bandwidth: 0.0, per_read_overhead: 0.0 };
-    let (attn, mlp_s) = if compute { time_blocks(dir, m)? } else { (Vec::new(), 0.0) };
+    let zero = LoaderProfile {
+        bandwidth: 0.0,
+        per_read_overhead: 0.0,
+    };
+    let (attn, mlp_s) = if compute {
+        time_blocks(dir, m)?
+    } else {
+        (Vec::new(), 0.0)
+    };
     let (direct, conventional) = if loads {
         let (attn0, mlp0) = (entry(m, SliceKind::Attn(0))?, entry(m, SliceKind::Mlp(0))?);
         let groups = vec![vec![attn0.clone()], vec![mlp0.clone()], vec![attn0, mlp0]];
-        (loader_profile(LoaderKind::Direct, dir, &groups, 5)?, loader_profile(LoaderKind::Conventional, dir, &groups, 3)?)
+        (
+            loader_profile(LoaderKind::Direct, dir, &groups, 5)?,
+            loader_profile(LoaderKind::Conventional, dir, &groups, 3)?,
+        )
     } else {
         (zero, zero)
     };
-    Ok(ProbeResult { attn, mlp_s, direct, conventional, took_s: t0.elapsed().as_secs_f64() })
+    Ok(ProbeResult {
+        attn,
+        mlp_s,
+        direct,
+        conventional,
+        took_s: t0.elapsed().as_secs_f64(),
+    })
 }
 
 /// `(context, seconds)` of attention and the seconds of the MLP block, layer 0.
@@ -91,7 +117,10 @@ fn time_blocks(dir: &Path, m: &Manifest) -> Result<(Vec<(u64, f64)>, f64), Runti
         for pos in 0..n as usize {
             kv.append(0, 0, pos, &filler, &filler)?;
         }
-        let batch = [TokenPos { seq: 0, pos: n as usize }];
+        let batch = [TokenPos {
+            seq: 0,
+            pos: n as usize,
+        }];
         let mut times = Vec::new();
         for rep in 0..=REPS {
             let mut x = x0.clone();
@@ -128,7 +157,12 @@ fn time_blocks(dir: &Path, m: &Manifest) -> Result<(Vec<(u64, f64)>, f64), Runti
 /// fit would otherwise book as a per-read overhead λ) and sets the ring up. Each group is then
 /// timed `reps` times and only its median enters the fit, so one slow read (another device
 /// probing the same disk, a writeback flush) does not turn into a large λ.
-fn loader_profile(kind: LoaderKind, dir: &Path, groups: &[Vec<SliceEntry>], reps: usize) -> Result<LoaderProfile, RuntimeError> {
+fn loader_profile(
+    kind: LoaderKind,
+    dir: &Path,
+    groups: &[Vec<SliceEntry>],
+    reps: usize,
+) -> Result<LoaderProfile, RuntimeError> {
     let mut ld = Loader::new(kind, dir, groups)?;
     for g in 0..groups.len() {
         ld.start(g)?;
@@ -144,8 +178,11 @@ fn loader_profile(kind: LoaderKind, dir: &Path, groups: &[Vec<SliceEntry>], reps
             times[g].push(ld.last.load_s.max(1e-9));
         }
     }
-    let samples: Vec<(f64, f64, f64)> =
-        groups.iter().enumerate().map(|(g, slices)| (bytes[g], slices.len() as f64, median(times[g].clone()))).collect();
+    let samples: Vec<(f64, f64, f64)> = groups
+        .iter()
+        .enumerate()
+        .map(|(g, slices)| (bytes[g], slices.len() as f64, median(times[g].clone())))
+        .collect();
     Ok(fit_loader(&samples))
 }
 
@@ -164,12 +201,18 @@ pub fn fit_loader(samples: &[(f64, f64, f64)]) -> LoaderProfile {
         let inv_beta = (sxt * srr - srt * sxr) / det;
         let lambda = (sxx * srt - sxr * sxt) / det;
         if inv_beta > 0.0 && lambda >= 0.0 && inv_beta.is_finite() && lambda.is_finite() {
-            return LoaderProfile { bandwidth: 1.0 / inv_beta, per_read_overhead: lambda };
+            return LoaderProfile {
+                bandwidth: 1.0 / inv_beta,
+                per_read_overhead: lambda,
+            };
         }
     }
     let bytes: f64 = samples.iter().map(|s| s.0).sum();
     let secs: f64 = samples.iter().map(|s| s.2).sum();
-    LoaderProfile { bandwidth: if secs > 0.0 { bytes / secs } else { 1e9 }, per_read_overhead: 0.0 }
+    LoaderProfile {
+        bandwidth: if secs > 0.0 { bytes / secs } else { 1e9 },
+        per_read_overhead: 0.0,
+    }
 }
 
 #[cfg(test)]
@@ -179,8 +222,14 @@ mod tests {
     #[test]
     fn loader_fit_recovers_bandwidth_and_overhead() {
         let (beta, lambda) = (2e9, 1e-4);
-        let s: Vec<_> = [(1e6, 1.0), (3e6, 1.0), (4e6, 2.0)].iter().map(|&(x, r)| (x, r, x / beta + r * lambda)).collect();
+        let s: Vec<_> = [(1e6, 1.0), (3e6, 1.0), (4e6, 2.0)]
+            .iter()
+            .map(|&(x, r)| (x, r, x / beta + r * lambda))
+            .collect();
         let p = fit_loader(&s);
-        assert!((p.bandwidth / beta - 1.0).abs() < 1e-6 && (p.per_read_overhead - lambda).abs() < 1e-9, "{p:?}");
+        assert!(
+            (p.bandwidth / beta - 1.0).abs() < 1e-6 && (p.per_read_overhead - lambda).abs() < 1e-9,
+            "{p:?}"
+        );
     }
 }

@@ -42,11 +42,17 @@ pub struct Store {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
-    move |source| RuntimeError::Io { path: path.to_path_buf(), source }
+    move |source| RuntimeError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn mtime_ns(m: &fs::Metadata) -> u64 {
-    m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as u64)
+    m.modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Whether a peer-given file name is acceptable in the store.
@@ -55,7 +61,9 @@ pub fn valid_name(name: &str) -> bool {
         && name.len() <= 128
         && !name.starts_with('.')
         && name.ends_with(".slice")
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
 fn file_crc(path: &Path) -> Result<u32, RuntimeError> {
@@ -96,7 +104,11 @@ impl Store {
             let h = match cached.get(&name) {
                 Some(c) if c.size == size && c.mtime_ns == mtime => c.clone(),
                 _ => match file_crc(&path) {
-                    Ok(crc) => Held { size, mtime_ns: mtime, crc32: format!("{crc:08x}") },
+                    Ok(crc) => Held {
+                        size,
+                        mtime_ns: mtime,
+                        crc32: format!("{crc:08x}"),
+                    },
                     Err(err) => {
                         tracing::warn!("store: leaving out {name}: {err}");
                         continue;
@@ -105,14 +117,18 @@ impl Store {
             };
             held.insert(name, h);
         }
-        let s = Store { dir: dir.to_path_buf(), held };
+        let s = Store {
+            dir: dir.to_path_buf(),
+            held,
+        };
         s.save_cache()?;
         Ok(s)
     }
 
     fn save_cache(&self) -> Result<(), RuntimeError> {
         let tmp = self.dir.join(format!("{CACHE}.tmp"));
-        let text = serde_json::to_vec_pretty(&self.held).map_err(|e| RuntimeError::Invalid(e.to_string()))?;
+        let text = serde_json::to_vec_pretty(&self.held)
+            .map_err(|e| RuntimeError::Invalid(e.to_string()))?;
         fs::write(&tmp, text).map_err(io(&tmp))?;
         fs::rename(&tmp, self.dir.join(CACHE)).map_err(io(&tmp))
     }
@@ -124,25 +140,47 @@ impl Store {
 
     /// Verified slices held.
     pub fn inventory(&self) -> Vec<StoredSlice> {
-        self.held.iter().map(|(f, h)| StoredSlice { file: f.clone(), size: h.size, crc32: h.crc32.clone() }).collect()
+        self.held
+            .iter()
+            .map(|(f, h)| StoredSlice {
+                file: f.clone(),
+                size: h.size,
+                crc32: h.crc32.clone(),
+            })
+            .collect()
     }
 
     /// Whether the store holds exactly this slice.
     pub fn has(&self, e: &SliceEntry) -> bool {
-        self.held.get(&e.file).is_some_and(|h| h.size == e.size && h.crc32 == e.crc32)
+        self.held
+            .get(&e.file)
+            .is_some_and(|h| h.size == e.size && h.crc32 == e.crc32)
     }
 
     /// Starts receiving `entry`'s file.
     pub fn begin(&self, entry: &SliceEntry) -> Result<SliceWriter, RuntimeError> {
         if !valid_name(&entry.file) {
-            return Err(RuntimeError::Invalid(format!("refusing slice file name {:?}", entry.file)));
+            return Err(RuntimeError::Invalid(format!(
+                "refusing slice file name {:?}",
+                entry.file
+            )));
         }
         if entry.size > MAX_SLICE_BYTES {
-            return Err(RuntimeError::Invalid(format!("slice {} of {} bytes is over the limit", entry.file, entry.size)));
+            return Err(RuntimeError::Invalid(format!(
+                "slice {} of {} bytes is over the limit",
+                entry.file, entry.size
+            )));
         }
         let tmp = self.dir.join(format!("{}.part", entry.file));
         let file = File::create(&tmp).map_err(io(&tmp))?;
-        Ok(SliceWriter { entry: entry.clone(), tmp, file, crc: crc32fast::Hasher::new(), written: 0, done: false })
+        Ok(SliceWriter {
+            entry: entry.clone(),
+            tmp,
+            file,
+            crc: crc32fast::Hasher::new(),
+            written: 0,
+            done: false,
+        })
     }
 
     /// Records a finished slice (from [`SliceWriter::finish`]).
@@ -154,7 +192,8 @@ impl Store {
     /// Writes the model's manifest beside the slices (informational).
     pub fn save_manifest(&self, m: &Manifest) -> Result<(), RuntimeError> {
         let path = self.dir.join(MANIFEST);
-        let text = serde_json::to_vec_pretty(m).map_err(|e| RuntimeError::Invalid(e.to_string()))?;
+        let text =
+            serde_json::to_vec_pretty(m).map_err(|e| RuntimeError::Invalid(e.to_string()))?;
         let tmp = self.dir.join("manifest.json.tmp");
         fs::write(&tmp, text).map_err(io(&tmp))?;
         fs::rename(&tmp, &path).map_err(io(&path))
@@ -181,7 +220,10 @@ impl SliceWriter {
     /// Appends a chunk; more bytes than announced is an error.
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), RuntimeError> {
         if bytes.len() as u64 > self.remaining() {
-            return Err(RuntimeError::Invalid(format!("more bytes than the {} announced for {}", self.entry.size, self.entry.file)));
+            return Err(RuntimeError::Invalid(format!(
+                "more bytes than the {} announced for {}",
+                self.entry.size, self.entry.file
+            )));
         }
         self.file.write_all(bytes).map_err(io(&self.tmp))?;
         self.crc.update(bytes);
@@ -193,18 +235,32 @@ impl SliceWriter {
     pub fn finish(mut self, store: &mut Store) -> Result<(), RuntimeError> {
         let (entry, tmp) = (self.entry.clone(), self.tmp.clone());
         if self.written != entry.size {
-            return Err(RuntimeError::Invalid(format!("{}: {} of {} bytes received", entry.file, self.written, entry.size)));
+            return Err(RuntimeError::Invalid(format!(
+                "{}: {} of {} bytes received",
+                entry.file, self.written, entry.size
+            )));
         }
         let got = format!("{:08x}", self.crc.clone().finalize());
         if got != entry.crc32 {
-            return Err(RuntimeError::Model(loip_model::ModelError::Checksum { path: tmp, expected: entry.crc32, actual: got }));
+            return Err(RuntimeError::Model(loip_model::ModelError::Checksum {
+                path: tmp,
+                expected: entry.crc32,
+                actual: got,
+            }));
         }
         self.file.sync_all().map_err(io(&tmp))?;
         let path = store.dir.join(&entry.file);
         fs::rename(&tmp, &path).map_err(io(&path))?;
         self.done = true;
         let meta = fs::metadata(&path).map_err(io(&path))?;
-        store.record(&entry.file, Held { size: meta.len(), mtime_ns: mtime_ns(&meta), crc32: got })
+        store.record(
+            &entry.file,
+            Held {
+                size: meta.len(),
+                mtime_ns: mtime_ns(&meta),
+                crc32: got,
+            },
+        )
     }
 }
 
@@ -224,7 +280,14 @@ mod tests {
     #[test]
     fn names_are_confined_to_the_store() {
         assert!(valid_name("layer-003-attn.slice"));
-        for bad in ["../x.slice", "a/b.slice", ".hidden.slice", "x.txt", "", "a b.slice"] {
+        for bad in [
+            "../x.slice",
+            "a/b.slice",
+            ".hidden.slice",
+            "x.txt",
+            "",
+            "a b.slice",
+        ] {
             assert!(!valid_name(bad), "{bad}");
         }
     }

@@ -18,8 +18,15 @@ pub struct Throttle {
 impl Throttle {
     /// A limit of `bytes_per_s` (must be positive and finite; others are clamped to 1 B/s).
     pub fn new(bytes_per_s: f64) -> Throttle {
-        let rate = if bytes_per_s.is_finite() && bytes_per_s > 0.0 { bytes_per_s } else { 1.0 };
-        Throttle { rate, next_free: Arc::new(Mutex::new(Instant::now())) }
+        let rate = if bytes_per_s.is_finite() && bytes_per_s > 0.0 {
+            bytes_per_s
+        } else {
+            1.0
+        };
+        Throttle {
+            rate,
+            next_free: Arc::new(Mutex::new(Instant::now())),
+        }
     }
 
     /// The limit, bytes/s.

@@ -16,16 +16,24 @@ use loip_runtime::worker::{run_blocking, WorkerOptions};
 
 /// A tiny fixture's directory.
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
 }
 
 fn binary() -> String {
-    std::env::current_exe().ok().and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned())).unwrap_or_default()
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_default()
 }
 
 /// A fresh scratch directory (emptied on each use, so runs do not pile up in /tmp).
 pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join("loip-dist-scratch").join(binary()).join(name);
+    let d = std::env::temp_dir()
+        .join("loip-dist-scratch")
+        .join(binary())
+        .join(name);
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -35,18 +43,34 @@ pub fn scratch(name: &str) -> PathBuf {
 pub fn slices_of(ckpt_path: &Path, name: &str) -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let out = std::env::temp_dir().join("loip-dist-slices").join(binary()).join(name);
+    let out = std::env::temp_dir()
+        .join("loip-dist-slices")
+        .join(binary())
+        .join(name);
     let ckpt = Checkpoint::open(ckpt_path).unwrap();
-    split(&ckpt, &out, SplitProgress { on_bytes: &|_, _| {} }).unwrap();
+    split(
+        &ckpt,
+        &out,
+        SplitProgress {
+            on_bytes: &|_, _| {},
+        },
+    )
+    .unwrap();
     out
 }
 
 /// Runs this process as a worker when `LOIP_DIST_WORKER` is set (see [`spawn_worker`]).
 /// Call it from a `#[test] fn dist_worker_entry()` in every test binary that spawns workers.
 pub fn worker_entry() {
-    let Ok(spec) = std::env::var("LOIP_DIST_WORKER") else { return };
+    let Ok(spec) = std::env::var("LOIP_DIST_WORKER") else {
+        return;
+    };
     let v: serde_json::Value = serde_json::from_str(&spec).unwrap();
-    let mut o = WorkerOptions::new("127.0.0.1:0", v["mem"].as_u64().unwrap(), v["store"].as_str().unwrap());
+    let mut o = WorkerOptions::new(
+        "127.0.0.1:0",
+        v["mem"].as_u64().unwrap(),
+        v["store"].as_str().unwrap(),
+    );
     if let Some(l) = v["listen"].as_str() {
         o.listen = l.to_string();
     }
@@ -92,9 +116,14 @@ pub fn spawn_worker(w: &W) -> WorkerProcess {
         }
         None => Command::new(exe),
     };
-    cmd.args(["dist_worker_entry", "--exact", "--nocapture", "--test-threads=1"])
-        .env("LOIP_DIST_WORKER", spec.to_string())
-        .env("RAYON_NUM_THREADS", "1");
+    cmd.args([
+        "dist_worker_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("LOIP_DIST_WORKER", spec.to_string())
+    .env("RAYON_NUM_THREADS", "1");
     WorkerProcess::spawn(cmd, Duration::from_secs(60)).unwrap()
 }
 
@@ -129,13 +158,25 @@ impl<B: StepBackend> StepBackend for Rec<B> {
 
 /// Greedy options for `n` tokens (EOS ignored, so every run has the same length).
 pub fn greedy(n: usize) -> GenerateOptions {
-    GenerateOptions { max_tokens: n, sampling: SamplingParams::default(), eos_ids: vec![], min_tokens: 0 }
+    GenerateOptions {
+        max_tokens: n,
+        sampling: SamplingParams::default(),
+        eos_ids: vec![],
+        min_tokens: 0,
+    }
 }
 
 /// Tokens and per-step logits of the single-device engine.
-pub fn reference(ckpt: &Checkpoint, prompt: &[u32], opts: &GenerateOptions) -> (Vec<u32>, Vec<Vec<f32>>) {
+pub fn reference(
+    ckpt: &Checkpoint,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
     let model = Model::from_checkpoint(ckpt).unwrap();
-    let mut rec = Rec { inner: Generator::new(&model, None), logits: vec![] };
+    let mut rec = Rec {
+        inner: Generator::new(&model, None),
+        logits: vec![],
+    };
     let out = generate(&mut rec, 0, prompt, opts, &mut |_| Flow::Continue).unwrap();
     (out.new_ids, rec.logits)
 }
@@ -146,7 +187,10 @@ pub fn assert_bits(what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
     for (s, (g, w)) in got.iter().zip(want).enumerate() {
         assert_eq!(g.len(), w.len(), "{what}: step {s} length");
         if let Some(i) = (0..g.len()).find(|&i| g[i].to_bits() != w[i].to_bits()) {
-            panic!("{what}: step {s} logit {i}: {} (pipeline) vs {} (single device)", g[i], w[i]);
+            panic!(
+                "{what}: step {s} logit {i}: {} (pipeline) vs {} (single device)",
+                g[i], w[i]
+            );
         }
     }
 }

@@ -1,0 +1,305 @@
+//! Hand-computed prices of small plans: the token's return trip and conventional
+//! (sequential) offloading under bursty traffic.
+
+mod common;
+
+use common::llama13b;
+use loip_plan::cost::{self, block_times};
+use loip_plan::profile::LoaderProfile;
+use loip_plan::{
+    Cluster, DevicePlan, DeviceProfile, ExecMode, LinkProfile, LoaderKind, ModelShape, Pattern,
+    Plan, StagePlan,
+};
+
+const BW: f64 = 12.5e6; // bytes/s
+const LAT: f64 = 2e-3; // seconds
+const CTX: u64 = 512;
+
+fn cluster(shape: &ModelShape, nd: usize, ssd: f64) -> Cluster {
+    let loader = LoaderProfile {
+        bandwidth: ssd,
+        per_read_overhead: 1e-4,
+    };
+    let devices = (0..nd)
+        .map(|i| {
+            let p = DeviceProfile::from_measurements(
+                format!("hw{i}"),
+                1 << 40,
+                shape,
+                vec![(1, 1, 2e-3 * (i + 1) as f64)],
+                vec![(1, 3e-3 * (i + 1) as f64)],
+                loader,
+                loader,
+            )
+            .unwrap();
+            (format!("d{i}"), p)
+        })
+        .collect();
+    Cluster::new(
+        devices,
+        LinkProfile {
+            bandwidth: BW,
+            latency: LAT,
+        },
+    )
+}
+
+/// One stage per device: `alloc[j] = (layers, whole layers offloaded)`.
+fn plan(
+    shape: &ModelShape,
+    cluster: &Cluster,
+    alloc: &[(u32, u32)],
+    mode: ExecMode,
+    pattern: Pattern,
+    b: u32,
+) -> Plan {
+    let nd = alloc.len();
+    let mut first = 0;
+    let devices = alloc
+        .iter()
+        .enumerate()
+        .map(|(j, &(n, off))| {
+            let st = StagePlan::with_offload(first, n, off, off);
+            first += n;
+            DevicePlan {
+                name: cluster.devices[j].name.clone(),
+                holds_embedding: j == 0,
+                holds_head: j + 1 == nd,
+                stages: vec![st],
+                memory_bytes: 0,
+                budget_bytes: 0,
+                slot_bytes: 0,
+                kv_bytes: 0,
+                compute_ms: 0.0,
+                load_ms: 0.0,
+                stall_ms: 0.0,
+            }
+        })
+        .collect();
+    let mut p = Plan {
+        shape: shape.name.clone(),
+        planner: "test".into(),
+        stages_per_device: 1,
+        pattern,
+        context: CTX,
+        micro_batches: b,
+        mode,
+        loader: LoaderKind::Direct,
+        devices,
+        dropped: vec![],
+        predicted_ms_per_token: 0.0,
+        breakdown: Default::default(),
+    };
+    let c = cost::evaluate(&p, shape, cluster).unwrap();
+    cost::apply(&mut p, &c);
+    p
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-9)
+}
+
+/// Per-device `(C_i, ld_i)` of a one-stage plan, the head on the last device.  // seconds
+fn parts(p: &Plan, shape: &ModelShape, cluster: &Cluster) -> Vec<(f64, f64)> {
+    let nd = p.devices.len();
+    p.devices
+        .iter()
+        .enumerate()
+        .map(|(j, d)| {
+            let t = block_times(
+                cluster.device(&d.name).unwrap(),
+                shape,
+                p.context,
+                p.micro_batches,
+                p.loader,
+            );
+            let st = &d.stages[0];
+            let (n, a, m) = st.counts();
+            let head = if j + 1 == nd { t.head } else { 0.0 };
+            (
+                n as f64 * (t.attn + t.mlp) + head,
+                t.loader.load_time(st.offloaded_bytes(shape), a + m),
+            )
+        })
+        .collect()
+}
+
+/// Sporadic, two devices, one stage each: one activation out, the return trip back, each
+/// `bytes/bw + δ`; the return trip carries `r` bytes ([`ModelShape::return_bytes`]).
+#[test]
+fn return_trip_is_priced_at_its_own_bytes() {
+    let base = llama13b();
+    let h = base.act_bytes_per_token as f64;
+    assert_eq!(base.return_bytes_per_token(), base.act_bytes_per_token);
+    for r in [None, Some(4), Some(base.logits_return_bytes())] {
+        let mut sh = base.clone();
+        sh.return_bytes = r;
+        let cl = cluster(&sh, 2, 1e9);
+        let p = plan(
+            &sh,
+            &cl,
+            &[(20, 0), (20, 0)],
+            ExecMode::Overlapped,
+            Pattern::Sporadic,
+            1,
+        );
+        let rb = r.unwrap_or(base.act_bytes_per_token) as f64;
+        let comm = (h / BW + LAT) + (rb / BW + LAT);
+        let compute: f64 = parts(&p, &sh, &cl).iter().map(|x| x.0).sum();
+        assert!(close(p.breakdown.comm_ms, comm * 1e3), "{r:?}");
+        assert!(close(p.breakdown.compute_ms, compute * 1e3), "{r:?}");
+        assert!(close(p.predicted_ms_per_token, (compute + comm) * 1e3));
+        assert!(close(p.breakdown.total_ms(), p.predicted_ms_per_token));
+        // Sequential mode pays the same hops.
+        let q = plan(
+            &sh,
+            &cl,
+            &[(20, 0), (20, 0)],
+            ExecMode::Sequential,
+            Pattern::Sporadic,
+            1,
+        );
+        assert!(close(q.breakdown.comm_ms, comm * 1e3), "{r:?}");
+    }
+}
+
+/// On one device there is no return trip, whatever it would carry.
+#[test]
+fn one_device_has_no_return_trip() {
+    let sh = llama13b().with_return_bytes(1 << 30);
+    let cl = cluster(&sh, 1, 1e9);
+    for mode in [ExecMode::Overlapped, ExecMode::Sequential] {
+        for (pattern, b) in [(Pattern::Sporadic, 1), (Pattern::Bursty, 3)] {
+            let p = plan(&sh, &cl, &[(40, 0)], mode, pattern, b);
+            assert_eq!(p.breakdown.comm_ms, 0.0);
+        }
+    }
+}
+
+/// With interleaved stages only the last round's wrap-around hop is the return trip; the
+/// others carry an activation.
+#[test]
+fn only_the_last_round_returns_the_token() {
+    let sh = llama13b();
+    let r = sh.logits_return_bytes();
+    let cl = cluster(&sh, 2, 1e9);
+    // Two stages of 10 layers per device, nothing offloaded.
+    let mut p = plan(
+        &sh,
+        &cl,
+        &[(10, 0), (10, 0)],
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    for (j, d) in p.devices.iter_mut().enumerate() {
+        d.stages = (0..2u32)
+            .map(|k| StagePlan::with_offload((2 * k + j as u32) * 10, 10, 0, 0))
+            .collect();
+    }
+    p.stages_per_device = 2;
+    p.reprice(&sh, &cl).unwrap();
+    p.validate(&sh, &cl).unwrap();
+    let s = p.stages_per_device as f64;
+    let mut q = p.clone();
+    let shr = sh.clone().with_return_bytes(r);
+    q.reprice(&shr, &cl).unwrap();
+    let h = sh.act_bytes_per_token as f64;
+    // No loads here, so comm is every hop of the token's path.
+    assert_eq!(p.breakdown.uncovered_load_ms, 0.0);
+    assert!(close(p.breakdown.comm_ms, 2.0 * s * (h / BW + LAT) * 1e3));
+    assert!(close(
+        q.breakdown.comm_ms - p.breakdown.comm_ms,
+        (r as f64 - h) / BW * 1e3
+    ));
+}
+
+/// Bursty: the last device's egress port sends `b` return trips per round; a large `r`
+/// makes that port the bottleneck.
+#[test]
+fn bursty_return_port_can_be_the_bottleneck() {
+    let sh = llama13b().with_return_bytes(64 << 20);
+    let cl = cluster(&sh, 2, 1e9);
+    let b = 4;
+    let p = plan(
+        &sh,
+        &cl,
+        &[(20, 0), (20, 0)],
+        ExecMode::Overlapped,
+        Pattern::Bursty,
+        b,
+    );
+    let r = (64u64 << 20) as f64;
+    // round = b·r/bw, per token r/bw; compute of the busiest device, the rest communication.
+    assert!(close(p.predicted_ms_per_token, r / BW * 1e3));
+    assert!(close(p.breakdown.total_ms(), p.predicted_ms_per_token));
+    let max_c = parts(&p, &sh, &cl).iter().map(|x| x.0).fold(0.0, f64::max);
+    assert!(close(p.breakdown.compute_ms, max_c * 1e3));
+}
+
+/// Conventional offloading, bursty: each micro-batch runs through the stage on its own and
+/// reads every offloaded block again into the one-block buffer, so an offloading device is
+/// busy `b·(C_i + ld_i + hop_i)` per round. Here device 1 (slow SSD, many offloaded layers)
+/// is the bottleneck: per token `C_1 + ld_1 + hop_1`, its hop the return trip.
+#[test]
+fn sequential_bursty_reads_offloaded_blocks_per_micro_batch() {
+    let sh = llama13b().with_return_bytes(4);
+    let cl = cluster(&sh, 2, 2e8);
+    let b = 4;
+    let p = plan(
+        &sh,
+        &cl,
+        &[(20, 0), (20, 10)],
+        ExecMode::Sequential,
+        Pattern::Bursty,
+        b,
+    );
+    let x = parts(&p, &sh, &cl);
+    let (c1, ld1) = x[1];
+    let hop = 4.0 / BW + LAT;
+    let expect = c1 + ld1 + hop;
+    let pass = x[0].0 + x[1].0 + ld1 + (sh.act_bytes_per_token as f64 / BW + LAT) + hop;
+    assert!(
+        b as f64 * expect > pass,
+        "the offloading device is the bottleneck"
+    );
+    assert!(close(p.predicted_ms_per_token, expect * 1e3));
+    assert!(close(p.breakdown.compute_ms, c1 * 1e3));
+    assert!(close(p.breakdown.uncovered_load_ms, ld1 * 1e3));
+    assert!(close(p.breakdown.comm_ms, hop * 1e3));
+    // Every generated token's sequence reads the blocks: load per token is `ld_1`.
+    assert!(close(p.devices[1].load_ms, ld1 * 1e3));
+    assert!(close(p.devices[1].stall_ms, ld1 * 1e3));
+    assert_eq!(p.devices[0].load_ms, 0.0);
+    // More micro-batches do not amortise the reads.
+    let q = plan(
+        &sh,
+        &cl,
+        &[(20, 0), (20, 10)],
+        ExecMode::Sequential,
+        Pattern::Bursty,
+        8,
+    );
+    assert!(q.predicted_ms_per_token > ld1 * 1e3);
+}
+
+/// Sporadic sequential offloading is unchanged: one micro-batch, every load exposed.
+#[test]
+fn sequential_sporadic_exposes_every_load() {
+    let sh = llama13b();
+    let cl = cluster(&sh, 2, 2e8);
+    let p = plan(
+        &sh,
+        &cl,
+        &[(20, 3), (20, 10)],
+        ExecMode::Sequential,
+        Pattern::Sporadic,
+        1,
+    );
+    let x = parts(&p, &sh, &cl);
+    let c: f64 = x.iter().map(|x| x.0).sum();
+    let ld: f64 = x.iter().map(|x| x.1).sum();
+    let comm = 2.0 * (sh.act_bytes_per_token as f64 / BW + LAT);
+    assert!(close(p.predicted_ms_per_token, (c + ld + comm) * 1e3));
+    assert!(close(p.breakdown.uncovered_load_ms, ld * 1e3));
+}
