@@ -68,17 +68,25 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchWhat::Offload { model, tokens } => offload(&model, tokens)?,
     };
     if let Some(path) = a.out {
-        std::fs::write(&path, serde_json::to_string_pretty(&result)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
 
 fn greedy(max: usize) -> GenerateOptions {
-    GenerateOptions { max_tokens: max, sampling: SamplingParams::default(), eos_ids: vec![], min_tokens: 0 }
+    GenerateOptions {
+        max_tokens: max,
+        sampling: SamplingParams::default(),
+        eos_ids: vec![],
+        min_tokens: 0,
+    }
 }
 
 fn decode_ms<B: StepBackend>(b: &mut B, tokens: usize) -> Result<f64> {
-    let out = generate(b, 0, &[1, 2, 3, 4], &greedy(tokens + 1), &mut |_| Flow::Continue)?;
+    let out = generate(b, 0, &[1, 2, 3, 4], &greedy(tokens + 1), &mut |_| {
+        Flow::Continue
+    })?;
     Ok(out.decode_ms_per_token)
 }
 
@@ -88,7 +96,9 @@ fn engine(model: &str, tokens: usize) -> Result<serde_json::Value> {
     let mut rows = vec![];
     println!("| model | threads | decode ms/token | tokens/s |\n|---|---|---|---|");
     for threads in [1, 2] {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()?;
         let ms = pool.install(|| -> Result<f64> {
             let mut g = Generator::new(&m, None);
             decode_ms(&mut g, 4)?; // warm-up
@@ -105,10 +115,20 @@ fn loader(model: &str, repeats: usize) -> Result<serde_json::Value> {
     let dir = crate::cmd_split::slices_for(model)?;
     let m = Manifest::load(&dir)?;
     let blocks: Vec<_> = (0..2)
-        .map(|l| m.slice(SliceKind::Mlp(l)).cloned().context("the model needs two layers"))
+        .map(|l| {
+            m.slice(SliceKind::Mlp(l))
+                .cloned()
+                .context("the model needs two layers")
+        })
         .collect::<Result<_>>()?;
-    let tf = loip_engine::forward::Transformer::new(m.config.clone(), m.qk_permuted, loip_kernels::DType::F32);
-    println!("| loader | block bytes | load ms | GB/s | load + compute ms |\n|---|---|---|---|---|");
+    let tf = loip_engine::forward::Transformer::new(
+        m.config.clone(),
+        m.qk_permuted,
+        loip_kernels::DType::F32,
+    );
+    println!(
+        "| loader | block bytes | load ms | GB/s | load + compute ms |\n|---|---|---|---|---|"
+    );
     let mut rows = vec![];
     for kind in [LoaderKind::Direct, LoaderKind::Conventional] {
         let groups = vec![vec![blocks[0].clone()], vec![blocks[1].clone()]];
@@ -177,7 +197,11 @@ fn offload(model: &str, tokens: usize) -> Result<serde_json::Value> {
         ("direct, overlapped", LoaderKind::Direct, true),
         ("direct, not overlapped", LoaderKind::Direct, false),
         ("conventional, overlapped", LoaderKind::Conventional, true),
-        ("conventional, not overlapped", LoaderKind::Conventional, false),
+        (
+            "conventional, not overlapped",
+            LoaderKind::Conventional,
+            false,
+        ),
     ] {
         let mut lm = LocalModel::open(&dir, &opts(OffloadRule::Alternate, loader, overlap))?;
         decode_ms(&mut lm, 1)?;

@@ -16,7 +16,11 @@ use crate::model_load;
 #[derive(Args, Debug, Clone)]
 pub struct PromptArgs {
     /// Prompt text.
-    #[arg(long, short = 'p', default_value = "Once upon a time, there was a little")]
+    #[arg(
+        long,
+        short = 'p',
+        default_value = "Once upon a time, there was a little"
+    )]
     pub prompt: String,
     /// Token ids instead of text, e.g. `1,5,42` (bypasses the tokenizer).
     #[arg(long, value_delimiter = ',', conflicts_with = "chat")]
@@ -131,7 +135,11 @@ pub struct Prepared {
 
 /// Tokenizes the prompt (or takes its ids) and builds the generation options.
 pub fn prepare(info: model_load::ModelInfo, p: &PromptArgs) -> Result<Prepared> {
-    let model_load::ModelInfo { config, tokenizer, chat } = info;
+    let model_load::ModelInfo {
+        config,
+        tokenizer,
+        chat,
+    } = info;
     let tokenizer = match tokenizer {
         Ok(t) => Some(t),
         Err(e) if p.prompt_ids.is_some() => {
@@ -145,7 +153,13 @@ pub fn prepare(info: model_load::ModelInfo, p: &PromptArgs) -> Result<Prepared> 
         (None, Some(tok)) => {
             let text = if p.chat {
                 let tpl = chat?.context("the model has no chat template")?;
-                tpl.render(&[ChatMessage { role: "user".into(), content: p.prompt.clone() }], true)?
+                tpl.render(
+                    &[ChatMessage {
+                        role: "user".into(),
+                        content: p.prompt.clone(),
+                    }],
+                    true,
+                )?
             } else {
                 p.prompt.clone()
             };
@@ -160,13 +174,27 @@ pub fn prepare(info: model_load::ModelInfo, p: &PromptArgs) -> Result<Prepared> 
     if let Some(bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
         bail!("prompt id {bad} is outside the vocabulary of {vocab} tokens");
     }
-    let eos_ids = if p.ignore_eos { vec![] } else { config.eos_token_ids.clone() };
-    let sampling = SamplingParams { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, seed: p.seed };
+    let eos_ids = if p.ignore_eos {
+        vec![]
+    } else {
+        config.eos_token_ids.clone()
+    };
+    let sampling = SamplingParams {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        seed: p.seed,
+    };
     sampling.validate()?;
     Ok(Prepared {
         prompt_ids,
         tokenizer,
-        opts: GenerateOptions { max_tokens: p.max_tokens, sampling, eos_ids, min_tokens: p.min_tokens },
+        opts: GenerateOptions {
+            max_tokens: p.max_tokens,
+            sampling,
+            eos_ids,
+            min_tokens: p.min_tokens,
+        },
     })
 }
 
@@ -180,8 +208,17 @@ pub struct Printer<'t> {
 
 impl<'t> Printer<'t> {
     /// A printer for `tok`'s tokens.
-    pub fn new(tok: Option<&'t loip_model::tokenizer::Tokenizer>, stops: Vec<String>, quiet: bool) -> Self {
-        Printer { decoder: tok.map(StreamDecoder::new), stops, text: String::new(), quiet }
+    pub fn new(
+        tok: Option<&'t loip_model::tokenizer::Tokenizer>,
+        stops: Vec<String>,
+        quiet: bool,
+    ) -> Self {
+        Printer {
+            decoder: tok.map(StreamDecoder::new),
+            stops,
+            text: String::new(),
+            quiet,
+        }
     }
 
     /// Handles one new token.
@@ -195,7 +232,11 @@ impl<'t> Printer<'t> {
             print!("{piece}");
             let _ = std::io::stdout().flush();
         }
-        if self.stops.iter().any(|s| !s.is_empty() && self.text.contains(s.as_str())) {
+        if self
+            .stops
+            .iter()
+            .any(|s| !s.is_empty() && self.text.contains(s.as_str()))
+        {
             Flow::Stop
         } else {
             Flow::Continue
@@ -212,7 +253,12 @@ impl<'t> Printer<'t> {
                 }
             }
         }
-        if let Some(cut) = self.stops.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+        if let Some(cut) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.text.find(s.as_str()))
+            .min()
+        {
             self.text.truncate(cut);
         }
         self.text
@@ -222,9 +268,19 @@ impl<'t> Printer<'t> {
 /// `loip generate`.
 pub fn generate(a: GenerateArgs) -> Result<()> {
     if a.cluster.cluster.is_some() {
-        return crate::cmd_serve::generate_on_cluster(&a.model, &a.prompt, a.json, a.offload.loader, &a.cluster);
+        return crate::cmd_serve::generate_on_cluster(
+            &a.model,
+            &a.prompt,
+            a.json,
+            a.offload.loader,
+            &a.cluster,
+        );
     }
-    if a.offload.sliced() || Path::new(&a.model).join(loip_model::slice::MANIFEST).is_file() {
+    if a.offload.sliced()
+        || Path::new(&a.model)
+            .join(loip_model::slice::MANIFEST)
+            .is_file()
+    {
         return generate_sliced(a);
     }
     let ckpt = model_load::open(&a.model)?;
@@ -237,7 +293,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let prep = prepare(info, &a.prompt)?;
     let mut printer = Printer::new(prep.tokenizer.as_ref(), a.prompt.stop.clone(), a.json);
     let mut gen = Generator::new(&model, None);
-    let out = run_generate(&mut gen, 0, &prep.prompt_ids, &prep.opts, &mut |id| printer.on_token(id))?;
+    let out = run_generate(&mut gen, 0, &prep.prompt_ids, &prep.opts, &mut |id| {
+        printer.on_token(id)
+    })?;
     let text = printer.finish();
     let mut extra = serde_json::Map::new();
     extra.insert("peak_rss_bytes".into(), peak_rss().into());
@@ -250,7 +308,12 @@ fn generate_sliced(a: GenerateArgs) -> Result<()> {
     let dir = crate::cmd_split::slices_for(&a.model)?;
     // The slice directory carries the config and tokenizer; the checkpoint is not opened.
     let prep = prepare(model_load::info(&dir.to_string_lossy())?, &a.prompt)?;
-    let mem_budget = a.offload.mem.as_deref().map(loip_plan::parse_bytes).transpose()?;
+    let mem_budget = a
+        .offload
+        .mem
+        .as_deref()
+        .map(loip_plan::parse_bytes)
+        .transpose()?;
     let opts = LocalOptions {
         mem_budget,
         rule: a.offload.offload_blocks,
@@ -262,14 +325,19 @@ fn generate_sliced(a: GenerateArgs) -> Result<()> {
     let mut model = LocalModel::open(&dir, &opts)?;
     let memory = model.device.memory();
     let mut printer = Printer::new(prep.tokenizer.as_ref(), a.prompt.stop.clone(), a.json);
-    let out = run_generate(&mut model, 0, &prep.prompt_ids, &prep.opts, &mut |id| printer.on_token(id))?;
+    let out = run_generate(&mut model, 0, &prep.prompt_ids, &prep.opts, &mut |id| {
+        printer.on_token(id)
+    })?;
     let text = printer.finish();
     let times = model.device.take_times();
     let steps = out.new_ids.len().max(1) as f64;
     let mut extra = serde_json::Map::new();
     extra.insert("peak_rss_bytes".into(), peak_rss().into());
     extra.insert("memory".into(), serde_json::to_value(memory)?);
-    extra.insert("load_stall_ms_per_token".into(), (times.stall_s * 1e3 / steps).into());
+    extra.insert(
+        "load_stall_ms_per_token".into(),
+        (times.stall_s * 1e3 / steps).into(),
+    );
     extra.insert("loaded_bytes".into(), times.loaded_bytes.into());
     if !a.json {
         eprintln!(
@@ -303,7 +371,11 @@ pub fn report(
         println!("{}", serde_json::to_string(&obj)?);
     } else {
         println!();
-        let tps = if out.decode_ms_per_token > 0.0 { 1e3 / out.decode_ms_per_token } else { 0.0 };
+        let tps = if out.decode_ms_per_token > 0.0 {
+            1e3 / out.decode_ms_per_token
+        } else {
+            0.0
+        };
         eprintln!(
             "prompt: {} tokens, {:.2} ms/token | decode: {} tokens, {:.2} ms/token, {:.1} tokens/s",
             prompt_ids.len(),
@@ -323,7 +395,10 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     let vocab = ckpt.config.vocab_size;
     let logits = model.prompt_logits(&a.ids)?;
     let rows: Vec<&[f32]> = logits.chunks_exact(vocab).collect();
-    println!("{}", serde_json::to_string(&serde_json::json!({ "logits": rows }))?);
+    println!(
+        "{}",
+        serde_json::to_string(&serde_json::json!({ "logits": rows }))?
+    );
     Ok(())
 }
 

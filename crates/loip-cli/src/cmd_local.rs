@@ -25,7 +25,7 @@ use loip_runtime::cluster_run::{Breakdown, Session, SessionOptions, WorkerProces
 use loip_runtime::LoaderKind;
 use serde::Serialize;
 
-use crate::cmd_generate::{prepare, report, PromptArgs, Printer};
+use crate::cmd_generate::{prepare, report, Printer, PromptArgs};
 use crate::cmd_serve::{print_breakdown, print_setup};
 use crate::model_load;
 
@@ -71,10 +71,18 @@ pub struct LocalArgs {
     #[arg(long)]
     pub bench: Option<PathBuf>,
     /// Benchmark link limits (`unlimited` or a bandwidth).
-    #[arg(long, value_delimiter = ',', default_value = "unlimited,200mbit,100mbit")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "unlimited,200mbit,100mbit"
+    )]
     pub bench_bandwidths: Vec<String>,
     /// Benchmark planners.
-    #[arg(long, value_delimiter = ',', default_value = "loip,pp-offload,pp,edgeshard")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "loip,pp-offload,pp,edgeshard"
+    )]
     pub bench_planners: Vec<String>,
     /// Benchmark patterns.
     #[arg(long, value_delimiter = ',', default_value = "sporadic,bursty")]
@@ -85,8 +93,14 @@ pub struct LocalArgs {
 /// the KV cache, and 60% of an even share of the layers.  // bytes
 pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
     let size = |k: SliceKind| m.slice(k).map_or(0, |s| s.size);
-    let layers: u64 = (0..m.config.num_layers).map(|l| size(SliceKind::Attn(l)) + size(SliceKind::Mlp(l))).sum();
-    let kv = context * m.config.num_layers as u64 * 2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4;
+    let layers: u64 = (0..m.config.num_layers)
+        .map(|l| size(SliceKind::Attn(l)) + size(SliceKind::Mlp(l)))
+        .sum();
+    let kv = context
+        * m.config.num_layers as u64
+        * 2
+        * (m.config.num_kv_heads * m.config.head_dim) as u64
+        * 4;
     let base = (18 << 20) + kv;
     (0..devices)
         .map(|i| {
@@ -95,7 +109,12 @@ pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
                 b += size(SliceKind::Embed);
             }
             if i + 1 == devices {
-                b += size(SliceKind::Head) + if m.config.tie_word_embeddings && i != 0 { size(SliceKind::Embed) } else { 0 };
+                b += size(SliceKind::Head)
+                    + if m.config.tie_word_embeddings && i != 0 {
+                        size(SliceKind::Embed)
+                    } else {
+                        0
+                    };
             }
             b
         })
@@ -108,17 +127,26 @@ pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
 /// interleaved plans offload.  // bytes
 pub fn bench_budgets(m: &Manifest, devices: usize) -> Vec<u64> {
     let total: u64 = m.slices.iter().map(|s| s.size).sum();
-    let w: Vec<u64> = (0..devices).map(|i| if i % 2 == 0 { 2 } else { 1 }).collect();
+    let w: Vec<u64> = (0..devices)
+        .map(|i| if i % 2 == 0 { 2 } else { 1 })
+        .collect();
     let sum: u64 = w.iter().sum();
-    w.iter().map(|&wi| (total * 6 / 10 * wi / sum) >> 20 << 20).collect()
+    w.iter()
+        .map(|&wi| (total * 6 / 10 * wi / sum) >> 20 << 20)
+        .collect()
 }
 
 fn budgets(a: &LocalArgs, m: &Manifest, context: u64) -> Result<Vec<u64>> {
     match &a.mem {
         None => Ok(default_budgets(m, a.devices, context)),
         Some(v) if v.len() == 1 || v.len() == a.devices => {
-            let parsed = v.iter().map(|s| loip_plan::parse_bytes(s).with_context(|| format!("--mem {s}"))).collect::<Result<Vec<_>>>()?;
-            Ok((0..a.devices).map(|i| parsed[i.min(parsed.len() - 1)]).collect())
+            let parsed = v
+                .iter()
+                .map(|s| loip_plan::parse_bytes(s).with_context(|| format!("--mem {s}")))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((0..a.devices)
+                .map(|i| parsed[i.min(parsed.len() - 1)])
+                .collect())
         }
         Some(v) => bail!("--mem has {} values for {} devices", v.len(), a.devices),
     }
@@ -146,7 +174,8 @@ impl Drop for LocalWorkers {
 }
 
 /// Worker children and temp dirs alive now, for the Ctrl-C handler.
-static LIVE: std::sync::Mutex<(Vec<u32>, Vec<PathBuf>)> = std::sync::Mutex::new((Vec::new(), Vec::new()));
+static LIVE: std::sync::Mutex<(Vec<u32>, Vec<PathBuf>)> =
+    std::sync::Mutex::new((Vec::new(), Vec::new()));
 /// Scratch kept on purpose (the benchmark's stores), reported when interrupted.
 static KEPT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
 
@@ -163,7 +192,11 @@ fn install_interrupt_cleanup() {
         }
         let kept = KEPT.lock().unwrap_or_else(|e| e.into_inner()).clone();
         match kept {
-            Some(k) => eprintln!("interrupted: workers stopped; stores kept in {} ({})", k.display(), scratch_size(&k)),
+            Some(k) => eprintln!(
+                "interrupted: workers stopped; stores kept in {} ({})",
+                k.display(),
+                scratch_size(&k)
+            ),
             None => eprintln!("interrupted: workers stopped, temp stores removed"),
         }
     });
@@ -175,7 +208,9 @@ fn install_interrupt_cleanup() {
 /// Bytes under `dir`, formatted.
 fn scratch_size(dir: &Path) -> String {
     fn walk(p: &Path) -> u64 {
-        let Ok(rd) = std::fs::read_dir(p) else { return 0 };
+        let Ok(rd) = std::fs::read_dir(p) else {
+            return 0;
+        };
         rd.flatten()
             .map(|e| match e.file_type() {
                 Ok(t) if t.is_dir() => walk(&e.path()),
@@ -187,13 +222,21 @@ fn scratch_size(dir: &Path) -> String {
     loip_plan::units::format_bytes(walk(dir))
 }
 
-fn spawn_local(budgets: &[u64], bandwidth: Option<f64>, token: &str, store_root: Option<&Path>) -> Result<LocalWorkers> {
+fn spawn_local(
+    budgets: &[u64],
+    bandwidth: Option<f64>,
+    token: &str,
+    store_root: Option<&Path>,
+) -> Result<LocalWorkers> {
     let exe = std::env::current_exe().context("locating the loip binary")?;
     let (root, temp) = match store_root {
         Some(r) => (r.to_path_buf(), None),
         None => {
             let t = std::env::temp_dir().join(format!("loip-local-{}", std::process::id()));
-            LIVE.lock().unwrap_or_else(|e| e.into_inner()).1.push(t.clone());
+            LIVE.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .1
+                .push(t.clone());
             (t.clone(), Some(t))
         }
     };
@@ -201,12 +244,19 @@ fn spawn_local(budgets: &[u64], bandwidth: Option<f64>, token: &str, store_root:
     for (i, b) in budgets.iter().enumerate() {
         let name = format!("dev{}", i + 1);
         let mut cmd = Command::new(&exe);
-        cmd.args(["worker", "--listen", "127.0.0.1:0", "--exit-with-parent", "--name", &name])
-            .arg("--mem")
-            .arg(b.to_string())
-            .arg("--store")
-            .arg(root.join(&name))
-            .env("LOIP_TOKEN", token);
+        cmd.args([
+            "worker",
+            "--listen",
+            "127.0.0.1:0",
+            "--exit-with-parent",
+            "--name",
+            &name,
+        ])
+        .arg("--mem")
+        .arg(b.to_string())
+        .arg("--store")
+        .arg(root.join(&name))
+        .env("LOIP_TOKEN", token);
         if let Some(bw) = bandwidth {
             cmd.arg("--bandwidth").arg(format!("{bw}"));
         }
@@ -221,10 +271,20 @@ fn parse_bw(s: &str) -> Result<Option<f64>> {
     if s == "unlimited" || s == "none" {
         return Ok(None);
     }
-    Ok(Some(loip_plan::parse_bandwidth(s).with_context(|| format!("bandwidth {s}"))?))
+    Ok(Some(
+        loip_plan::parse_bandwidth(s).with_context(|| format!("bandwidth {s}"))?,
+    ))
 }
 
-fn session_options(a: &LocalArgs, planner: &str, pattern: Pattern, bandwidth: Option<f64>, context: u64, max_step: usize, token: &str) -> SessionOptions {
+fn session_options(
+    a: &LocalArgs,
+    planner: &str,
+    pattern: Pattern,
+    bandwidth: Option<f64>,
+    context: u64,
+    max_step: usize,
+    token: &str,
+) -> SessionOptions {
     let mut o = SessionOptions {
         planner: planner.to_string(),
         pattern,
@@ -250,7 +310,10 @@ fn specs(w: &LocalWorkers, profiles: Option<&[DeviceProfile]>) -> Vec<WorkerSpec
     w.procs
         .iter()
         .enumerate()
-        .map(|(i, p)| WorkerSpec { profile: profiles.map(|ps| ps[i].clone()), ..WorkerSpec::new(format!("dev{}", i + 1), &p.addr) })
+        .map(|(i, p)| WorkerSpec {
+            profile: profiles.map(|ps| ps[i].clone()),
+            ..WorkerSpec::new(format!("dev{}", i + 1), &p.addr)
+        })
         .collect()
 }
 
@@ -277,11 +340,30 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let token = crate::cmd_local::random_token();
     let workers = spawn_local(&budgets, bandwidth, &token, a.store_root.as_deref())?;
     if !a.json {
-        let b: Vec<String> = budgets.iter().map(|&b| loip_plan::units::format_bytes(b)).collect();
-        eprintln!("{} workers on loopback, budgets {}", a.devices, b.join(", "));
+        let b: Vec<String> = budgets
+            .iter()
+            .map(|&b| loip_plan::units::format_bytes(b))
+            .collect();
+        eprintln!(
+            "{} workers on loopback, budgets {}",
+            a.devices,
+            b.join(", ")
+        );
     }
-    let pattern = if n > 1 { Pattern::Bursty } else { Pattern::Sporadic };
-    let opts = session_options(&a, &a.planner, pattern, bandwidth, context, prep.prompt_ids.len(), &token);
+    let pattern = if n > 1 {
+        Pattern::Bursty
+    } else {
+        Pattern::Sporadic
+    };
+    let opts = session_options(
+        &a,
+        &a.planner,
+        pattern,
+        bandwidth,
+        context,
+        prep.prompt_ids.len(),
+        &token,
+    );
     let s = Session::start(&dir, specs(&workers, None), opts)?;
     if !a.json {
         print_setup(&s);
@@ -302,8 +384,17 @@ pub fn run(a: LocalArgs) -> Result<()> {
         let outs = outs.into_iter().collect::<Result<Vec<_>, _>>()?;
         let tokens: usize = outs.iter().map(|o| o.new_ids.len()).sum();
         let ms = outs.iter().map(|o| o.decode_ms_per_token).sum::<f64>() / (n * n) as f64;
-        extra.insert("sequences".into(), outs.iter().map(|o| o.new_ids.clone()).collect::<Vec<_>>().into());
-        extra.insert("bursty_wall_ms_per_token".into(), (wall * 1e3 / tokens.max(1) as f64).into());
+        extra.insert(
+            "sequences".into(),
+            outs.iter()
+                .map(|o| o.new_ids.clone())
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        extra.insert(
+            "bursty_wall_ms_per_token".into(),
+            (wall * 1e3 / tokens.max(1) as f64).into(),
+        );
         let out = outs.into_iter().next().context("no sequence")?;
         let mut printer = Printer::new(prep.tokenizer.as_ref(), vec![], a.json);
         for &id in &out.new_ids {
@@ -316,7 +407,10 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let b = Breakdown::of(&s.take_totals());
     extra.insert("breakdown".into(), serde_json::to_value(b)?);
     extra.insert("ms_per_token".into(), measured.into());
-    extra.insert("predicted_ms_per_token".into(), s.plan.predicted_ms_per_token.into());
+    extra.insert(
+        "predicted_ms_per_token".into(),
+        s.plan.predicted_ms_per_token.into(),
+    );
     report(&prep.prompt_ids, &out, text, a.json, Some(extra))?;
     if !a.json {
         print_breakdown(&b, measured, s.plan.predicted_ms_per_token);
@@ -330,7 +424,11 @@ pub fn run(a: LocalArgs) -> Result<()> {
 pub fn random_token() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
     h.write_u32(std::process::id());
     format!("{:016x}", h.finish())
 }
@@ -364,19 +462,32 @@ pub struct BenchRow {
     pub error: Option<String>,
 }
 
-fn bench(a: &LocalArgs, dir: &Path, budgets: &[u64], prompt: &[u32], gen: &loip_engine::GenerateOptions) -> Result<()> {
+fn bench(
+    a: &LocalArgs,
+    dir: &Path,
+    budgets: &[u64],
+    prompt: &[u32],
+    gen: &loip_engine::GenerateOptions,
+) -> Result<()> {
     let out = a.bench.clone().context("--bench")?;
     let n = a.concurrent.max(3);
     let token = random_token();
     let mut rows = Vec::new();
     let mut profiles: Option<Vec<DeviceProfile>> = None;
-    let store_root = a.store_root.clone().unwrap_or_else(|| loip_model::fetch::cache_dir().join("bench-stores"));
+    let store_root = a
+        .store_root
+        .clone()
+        .unwrap_or_else(|| loip_model::fetch::cache_dir().join("bench-stores"));
     *KEPT.lock().unwrap_or_else(|e| e.into_inner()) = Some(store_root.clone());
     let total: u64 = budgets.iter().sum();
     let model: u64 = Manifest::load(dir)?.slices.iter().map(|s| s.size).sum();
     eprintln!(
         "budgets: {} (together {}, {:.0}% of the model's {})",
-        budgets.iter().map(|&b| loip_plan::units::format_bytes(b)).collect::<Vec<_>>().join(", "),
+        budgets
+            .iter()
+            .map(|&b| loip_plan::units::format_bytes(b))
+            .collect::<Vec<_>>()
+            .join(", "),
         loip_plan::units::format_bytes(total),
         100.0 * total as f64 / model.max(1) as f64,
         loip_plan::units::format_bytes(model)
@@ -402,20 +513,31 @@ fn bench(a: &LocalArgs, dir: &Path, budgets: &[u64], prompt: &[u32], gen: &loip_
                     stages_per_device: None,
                     error: None,
                 };
-                let mut la = LocalArgs { concurrent: seqs, ..clone_args(a) };
+                let mut la = LocalArgs {
+                    concurrent: seqs,
+                    ..clone_args(a)
+                };
                 la.model = a.model.clone();
-                let opts = session_options(&la, planner, pattern, bw, context, prompt.len(), &token);
+                let opts =
+                    session_options(&la, planner, pattern, bw, context, prompt.len(), &token);
                 match Session::start(dir, specs(&workers, profiles.as_deref()), opts) {
                     Err(e) => row.error = Some(e.to_string()),
                     Ok(s) => {
                         if profiles.is_none() {
-                            profiles = Some(s.cluster.devices.iter().map(|d| d.profile.clone()).collect());
+                            profiles = Some(
+                                s.cluster
+                                    .devices
+                                    .iter()
+                                    .map(|d| d.profile.clone())
+                                    .collect(),
+                            );
                         }
                         row.predicted_ms = Some(s.plan.predicted_ms_per_token);
                         row.stages_per_device = Some(s.plan.stages_per_device);
                         row.predicted_breakdown = Some(s.plan.breakdown);
                         row.logits_ms = logits_ms(&s);
-                        row.plan_devices = Some(s.plan.devices.iter().map(|d| d.name.clone()).collect());
+                        row.plan_devices =
+                            Some(s.plan.devices.iter().map(|d| d.name.clone()).collect());
                         let prompts = vec![prompt.to_vec(); seqs];
                         let outs = if seqs == 1 {
                             vec![s.generate(prompt, gen, &mut |_| Flow::Continue)]
@@ -424,7 +546,8 @@ fn bench(a: &LocalArgs, dir: &Path, budgets: &[u64], prompt: &[u32], gen: &loip_
                         };
                         match outs.into_iter().collect::<Result<Vec<_>, _>>() {
                             Ok(o) => {
-                                let ms = o.iter().map(|o| o.decode_ms_per_token).sum::<f64>() / (seqs * seqs) as f64;
+                                let ms = o.iter().map(|o| o.decode_ms_per_token).sum::<f64>()
+                                    / (seqs * seqs) as f64;
                                 row.measured_ms = Some(ms);
                                 row.breakdown = Some(Breakdown::of(&s.take_totals()));
                             }
@@ -439,14 +562,19 @@ fn bench(a: &LocalArgs, dir: &Path, budgets: &[u64], prompt: &[u32], gen: &loip_
                     row.bandwidth,
                     row.planner,
                     row.measured_ms.map_or("-".into(), |v| format!("{v:.1} ms")),
-                    row.predicted_ms.map_or("-".into(), |v| format!("{v:.1} ms")),
-                    row.error.as_deref().map(|e| format!("({e})")).unwrap_or_default()
+                    row.predicted_ms
+                        .map_or("-".into(), |v| format!("{v:.1} ms")),
+                    row.error
+                        .as_deref()
+                        .map(|e| format!("({e})"))
+                        .unwrap_or_default()
                 );
                 rows.push(row);
             }
         }
     }
-    std::fs::write(&out, serde_json::to_string_pretty(&rows)?).with_context(|| format!("writing {}", out.display()))?;
+    std::fs::write(&out, serde_json::to_string_pretty(&rows)?)
+        .with_context(|| format!("writing {}", out.display()))?;
     eprintln!(
         "worker stores kept for later runs in {} ({}); remove it with `rm -rf {}`",
         store_root.display(),
@@ -485,7 +613,11 @@ fn bench(a: &LocalArgs, dir: &Path, budgets: &[u64], prompt: &[u32], gen: &loip_
 /// Time of the last plan device's logits (vocab × f32) on its measured link.  // milliseconds
 fn logits_ms(s: &Session) -> Option<f64> {
     let last = s.plan.devices.last()?;
-    let link = s.reports.iter().find(|r| r.endpoint.name == last.name)?.link?;
+    let link = s
+        .reports
+        .iter()
+        .find(|r| r.endpoint.name == last.name)?
+        .link?;
     let bw = link.up_bps.min(link.down_bps);
     (bw > 0.0).then(|| (s.manifest.config.vocab_size as f64 * 4.0 / bw + link.latency_s) * 1e3)
 }

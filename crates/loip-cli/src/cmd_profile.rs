@@ -44,7 +44,8 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     let probe = loip_runtime::net::probe::probe(&dir, &manifest, true, true)?;
     bar.finish_and_clear();
     let profile = loip_runtime::cluster_run::profile_from_probe(&a.name, mem, &shape, &probe)?;
-    std::fs::write(&a.out, profile.to_json()).with_context(|| format!("writing {}", a.out.display()))?;
+    std::fs::write(&a.out, profile.to_json())
+        .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!(
         "measured in {:.1} s: t^A(1,1) {:.3} ms, t^P(1) {:.3} ms, direct {:.2} GB/s, conventional {:.2} GB/s",
         probe.took_s,

@@ -16,7 +16,7 @@ use loip_runtime::cluster_run::{Breakdown, Session, SessionOptions, WorkerSpec};
 use loip_runtime::coordinator::Endpoint;
 use loip_runtime::LoaderKind;
 
-use crate::cmd_generate::{prepare, report, PromptArgs, Printer};
+use crate::cmd_generate::{prepare, report, Printer, PromptArgs};
 use crate::model_load;
 
 /// Cluster options shared by `loip serve` and `loip generate --cluster`.
@@ -42,8 +42,10 @@ pub struct ClusterArgs {
 
 /// A cluster file's workers: devices with a profile keep it, the others are measured.
 pub fn read_workers(path: &Path) -> Result<(Vec<WorkerSpec>, Cluster)> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading cluster file {}", path.display()))?;
-    let mut raw: RawCluster = toml::from_str(&text).with_context(|| format!("in cluster file {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading cluster file {}", path.display()))?;
+    let mut raw: RawCluster =
+        toml::from_str(&text).with_context(|| format!("in cluster file {}", path.display()))?;
     let mut measure = Vec::new();
     for d in &mut raw.device {
         let has_profile = d.profile.is_some() || d.preset.is_some() || d.mem_bw.is_some();
@@ -61,12 +63,20 @@ pub fn read_workers(path: &Path) -> Result<(Vec<WorkerSpec>, Cluster)> {
     }
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut load = |p: &str| std::fs::read_to_string(base.join(p)).map_err(|e| e.to_string());
-    let cluster = raw.validate(&mut load).with_context(|| format!("in cluster file {}", path.display()))?;
+    let cluster = raw
+        .validate(&mut load)
+        .with_context(|| format!("in cluster file {}", path.display()))?;
     let mut workers = Vec::new();
     for (i, d) in cluster.devices.iter().enumerate() {
-        let addr = d.addr.clone().with_context(|| format!("device `{}` has no `addr`", d.name))?;
+        let addr = d
+            .addr
+            .clone()
+            .with_context(|| format!("device `{}` has no `addr`", d.name))?;
         workers.push(WorkerSpec {
-            endpoint: Endpoint { name: d.name.clone(), addr },
+            endpoint: Endpoint {
+                name: d.name.clone(),
+                addr,
+            },
             profile: (!measure[i]).then(|| d.profile.clone()),
             mem: raw.device[i].mem.is_some().then_some(d.profile.mem_budget),
             reserve: d.reserve,
@@ -148,7 +158,10 @@ pub fn start(
         shape_name: model.to_string(),
         ..Default::default()
     };
-    opts.connect.token = c.token.clone().or_else(|| std::env::var("LOIP_TOKEN").ok().filter(|t| !t.is_empty()));
+    opts.connect.token = c
+        .token
+        .clone()
+        .or_else(|| std::env::var("LOIP_TOKEN").ok().filter(|t| !t.is_empty()));
     let s = Session::start(&dir, workers, opts)?;
     if let Some(p) = &c.plan_out {
         std::fs::write(p, s.plan.to_json()).with_context(|| format!("writing {}", p.display()))?;
@@ -157,11 +170,25 @@ pub fn start(
 }
 
 /// `loip generate --cluster FILE`: one generation on the cluster, printed like `generate`.
-pub fn generate_on_cluster(model: &str, prompt: &PromptArgs, json: bool, loader: LoaderKind, c: &ClusterArgs) -> Result<()> {
+pub fn generate_on_cluster(
+    model: &str,
+    prompt: &PromptArgs,
+    json: bool,
+    loader: LoaderKind,
+    c: &ClusterArgs,
+) -> Result<()> {
     let dir = crate::cmd_split::slices_for(model)?;
     let prep = prepare(model_load::info(&dir.to_string_lossy())?, prompt)?;
     let context = (prep.prompt_ids.len() + prep.opts.max_tokens) as u64;
-    let (s, _) = start(model, c, loader, Pattern::Sporadic, None, context, prep.prompt_ids.len())?;
+    let (s, _) = start(
+        model,
+        c,
+        loader,
+        Pattern::Sporadic,
+        None,
+        context,
+        prep.prompt_ids.len(),
+    )?;
     if !json {
         print_setup(&s);
     }
@@ -216,7 +243,15 @@ pub struct ServeArgs {
 
 /// `loip serve`: set the cluster up, then generate for every line of stdin.
 pub fn serve(a: ServeArgs) -> Result<()> {
-    let (mut s, dir) = start(&a.model, &a.cluster, a.loader, a.pattern, a.micro_batches, a.context, a.max_prompt)?;
+    let (mut s, dir) = start(
+        &a.model,
+        &a.cluster,
+        a.loader,
+        a.pattern,
+        a.micro_batches,
+        a.context,
+        a.max_prompt,
+    )?;
     print_setup(&s);
     eprintln!("ready: one prompt per line on stdin");
     for line in std::io::stdin().lock().lines() {

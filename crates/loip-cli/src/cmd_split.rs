@@ -22,8 +22,11 @@ pub struct SplitArgs {
 
 fn bar(len: u64, what: &str) -> ProgressBar {
     let b = ProgressBar::new(len);
-    let tpl = format!("{what} [{{bar:40}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}");
-    b.set_style(ProgressStyle::with_template(&tpl).unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let tpl =
+        format!("{what} [{{bar:40}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}");
+    b.set_style(
+        ProgressStyle::with_template(&tpl).unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     b
 }
 
@@ -50,12 +53,16 @@ pub fn run(a: SplitArgs) -> Result<()> {
 pub fn split_into(model: &str, out: &Path) -> Result<()> {
     let ckpt = crate::model_load::open(model)?;
     let b = bar(1, "splitting");
-    let outcome = slice::split(&ckpt, out, SplitProgress {
-        on_bytes: &|done, total| {
-            b.set_length(total);
-            b.set_position(done);
+    let outcome = slice::split(
+        &ckpt,
+        out,
+        SplitProgress {
+            on_bytes: &|done, total| {
+                b.set_length(total);
+                b.set_position(done);
+            },
         },
-    })
+    )
     .with_context(|| format!("splitting into {}", out.display()))?;
     b.finish_and_clear();
     if outcome == SplitOutcome::UpToDate {
@@ -75,8 +82,13 @@ pub fn slices_for(model: &str) -> Result<PathBuf> {
     let ckpt = loip_model::Checkpoint::open(&path)?;
     let stamp = slice::source_stamp(&ckpt)?;
     let key = format!("{}|{}|{}", stamp.path, stamp.bytes, stamp.mtime);
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-    let dir = loip_model::fetch::cache_dir().join("slices").join(format!("{stem}-{}", slice::crc32_hex(key.as_bytes())));
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let dir = loip_model::fetch::cache_dir()
+        .join("slices")
+        .join(format!("{stem}-{}", slice::crc32_hex(key.as_bytes())));
     drop(ckpt);
     split_into(&path.to_string_lossy(), &dir)?;
     Ok(dir)

@@ -38,8 +38,10 @@ pub fn run(a: SynthArgs) -> Result<()> {
     let cfg = loip_model::preset_config(&a.shape)?;
     let bar = ProgressBar::new(1);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} writing [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{spinner} writing [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     loip_model::synth_checkpoint(&cfg, dtype, a.layers, &a.out, a.seed, &|done, total| {
         bar.set_length(total);

@@ -37,9 +37,16 @@ pub struct WorkerArgs {
 pub fn run(a: WorkerArgs) -> Result<()> {
     let mem = loip_plan::parse_bytes(&a.mem).with_context(|| format!("--mem {}", a.mem))?;
     let mut opts = WorkerOptions::new(a.listen, mem, a.store);
-    opts.token = a.token.or_else(|| std::env::var("LOIP_TOKEN").ok().filter(|t| !t.is_empty()));
+    opts.token = a
+        .token
+        .or_else(|| std::env::var("LOIP_TOKEN").ok().filter(|t| !t.is_empty()));
     opts.name = a.name;
-    opts.bandwidth = a.bandwidth.as_deref().map(loip_plan::parse_bandwidth).transpose().context("--bandwidth")?;
+    opts.bandwidth = a
+        .bandwidth
+        .as_deref()
+        .map(loip_plan::parse_bandwidth)
+        .transpose()
+        .context("--bandwidth")?;
     if a.exit_with_parent {
         exit_when_parent_dies();
     }

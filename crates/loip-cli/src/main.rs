@@ -60,8 +60,12 @@ enum Command {
 }
 
 fn main() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LOIP_LOG").unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("LOIP_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
@@ -71,7 +75,9 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     if let Some(n) = cli.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global()?;
     }
     match cli.command {
         Command::Local(a) => cmd_local::run(a),

@@ -32,12 +32,17 @@ pub fn info(model: &str) -> Result<ModelInfo> {
         let tok = p.join("tokenizer.json");
         return Ok(ModelInfo {
             config: m.config,
-            tokenizer: Tokenizer::from_file(&tok).with_context(|| format!("loading tokenizer {}", tok.display())),
+            tokenizer: Tokenizer::from_file(&tok)
+                .with_context(|| format!("loading tokenizer {}", tok.display())),
             chat: ChatTemplate::from_hf_dir(p).map_err(Into::into),
         });
     }
     let ckpt = open(model)?;
-    Ok(ModelInfo { tokenizer: tokenizer(&ckpt), chat: chat_template(&ckpt), config: ckpt.config.clone() })
+    Ok(ModelInfo {
+        tokenizer: tokenizer(&ckpt),
+        chat: chat_template(&ckpt),
+        config: ckpt.config.clone(),
+    })
 }
 
 /// The model's tokenizer: `tokenizer.json` beside an HF checkpoint, or the GGUF vocabulary.

@@ -31,7 +31,13 @@ fn peak_rss_stays_within_budget_with_a_third_of_the_model() {
     )
     .unwrap();
     loip_model::synth_checkpoint(&cfg, DType::BF16, None, &ckpt, 1, &|_, _| {}).unwrap();
-    let st = loip().args(["split"]).arg(&ckpt).arg("--out").arg(&slices).status().unwrap();
+    let st = loip()
+        .args(["split"])
+        .arg(&ckpt)
+        .arg("--out")
+        .arg(&slices)
+        .status()
+        .unwrap();
     assert!(st.success());
     let model_bytes: u64 = std::fs::read_dir(&slices)
         .unwrap()
@@ -48,18 +54,31 @@ fn peak_rss_stays_within_budget_with_a_third_of_the_model() {
             .args(args)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let limited = run(&["--mem", &budget.to_string()]);
     let peak = limited["peak_rss_bytes"].as_u64().unwrap();
-    eprintln!("model {model_bytes} B, budget {budget} B, peak RSS {peak} B, memory {}", limited["memory"]);
-    assert!(peak <= budget + OVERHEAD, "peak RSS {peak} exceeds budget {budget} + {OVERHEAD}");
+    eprintln!(
+        "model {model_bytes} B, budget {budget} B, peak RSS {peak} B, memory {}",
+        limited["memory"]
+    );
+    assert!(
+        peak <= budget + OVERHEAD,
+        "peak RSS {peak} exceeds budget {budget} + {OVERHEAD}"
+    );
     assert!(limited["memory"]["slot"].as_u64().unwrap() > 0);
     // Same tokens as with the whole model resident.
     let full = run(&[]);
     assert_eq!(limited["new_ids"], full["new_ids"]);
-    assert!(full["peak_rss_bytes"].as_u64().unwrap() > model_bytes, "the unlimited run holds the model");
+    assert!(
+        full["peak_rss_bytes"].as_u64().unwrap() > model_bytes,
+        "the unlimited run holds the model"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -74,5 +93,8 @@ fn a_budget_too_small_is_refused_with_what_needs_how_much() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("memory budget of 20480 bytes exceeded"), "{err}");
+    assert!(
+        err.contains("memory budget of 20480 bytes exceeded"),
+        "{err}"
+    );
 }

@@ -54,7 +54,9 @@ pub enum EngineError {
         limit: usize,
     },
     /// KV growth refused by the memory budget.
-    #[error("KV cache needs {needed} bytes more but only {available} bytes of its budget are left")]
+    #[error(
+        "KV cache needs {needed} bytes more but only {available} bytes of its budget are left"
+    )]
     KvBudget {
         /// bytes asked for
         needed: u64,

@@ -11,7 +11,9 @@ use rayon::prelude::*;
 
 use crate::kv::{KvCache, SeqId};
 use crate::rope::Rope;
-use crate::weights::{bind_embedding, AttnWeights, HeadWeights, LayerWeights, MlpWeights, TensorSource};
+use crate::weights::{
+    bind_embedding, AttnWeights, HeadWeights, LayerWeights, MlpWeights, TensorSource,
+};
 use crate::EngineError;
 
 /// One token of a step: its sequence and its position in that sequence.
@@ -40,7 +42,11 @@ impl Transformer {
     /// `param_dtype`: the checkpoint's float dtype (see [`Rope::new`]); use
     /// [`param_dtype_of`] on the embedding's stored type.
     pub fn new(cfg: ModelConfig, qk_permuted: bool, param_dtype: DType) -> Transformer {
-        Transformer { rope: Rope::new(&cfg, param_dtype), cfg, qk_permuted }
+        Transformer {
+            rope: Rope::new(&cfg, param_dtype),
+            cfg,
+            qk_permuted,
+        }
     }
 
     /// Floats per token of K (and of V) per layer.
@@ -51,7 +57,10 @@ impl Transformer {
     fn check_hidden(&self, x: &[f32], n: usize) -> Result<(), EngineError> {
         let expected = n * self.cfg.hidden_size;
         if x.len() != expected {
-            return Err(EngineError::BadHidden { expected, got: x.len() });
+            return Err(EngineError::BadHidden {
+                expected,
+                got: x.len(),
+            });
         }
         Ok(())
     }
@@ -62,7 +71,10 @@ impl Transformer {
         self.check_hidden(out, ids.len())?;
         for (&id, row) in ids.iter().zip(out.chunks_exact_mut(h)) {
             if id as usize >= embed.rows {
-                return Err(EngineError::BadTokenId { id, vocab: embed.rows });
+                return Err(EngineError::BadTokenId {
+                    id,
+                    vocab: embed.rows,
+                });
             }
             k::dequant_row(embed, id as usize, row)?;
         }
@@ -117,7 +129,13 @@ impl Transformer {
             }
         }
         for (t, tp) in batch.iter().enumerate() {
-            kv.append(tp.seq, layer, tp.pos, &kk[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd])?;
+            kv.append(
+                tp.seq,
+                layer,
+                tp.pos,
+                &kk[t * kvd..(t + 1) * kvd],
+                &v[t * kvd..(t + 1) * kvd],
+            )?;
         }
 
         let mut att = vec![0f32; n * qd]; // (n, n_heads * head_dim)
@@ -126,7 +144,16 @@ impl Transformer {
             let tp = batch[t];
             let ctx = tp.pos + 1;
             let (kc, vc) = kv_ref.get(tp.seq, layer, ctx)?;
-            k::attention(&q[t * qd..(t + 1) * qd], kc, vc, ctx, c.num_heads, c.num_kv_heads, d, out);
+            k::attention(
+                &q[t * qd..(t + 1) * qd],
+                kc,
+                vc,
+                ctx,
+                c.num_heads,
+                c.num_kv_heads,
+                d,
+                out,
+            );
             Ok(())
         };
         if n > 1 {
@@ -222,8 +249,14 @@ pub struct Model<'a> {
 
 impl<'a> Model<'a> {
     /// Binds every tensor of the model from `src`, checking shapes.
-    pub fn bind<S: TensorSource + ?Sized>(src: &'a S, cfg: &ModelConfig, qk_permuted: bool) -> Result<Self, EngineError> {
-        let layers = (0..cfg.num_layers).map(|l| LayerWeights::bind(src, cfg, l)).collect::<Result<_, _>>()?;
+    pub fn bind<S: TensorSource + ?Sized>(
+        src: &'a S,
+        cfg: &ModelConfig,
+        qk_permuted: bool,
+    ) -> Result<Self, EngineError> {
+        let layers = (0..cfg.num_layers)
+            .map(|l| LayerWeights::bind(src, cfg, l))
+            .collect::<Result<_, _>>()?;
         let embed = bind_embedding(src, cfg)?;
         Ok(Model {
             tf: Transformer::new(cfg.clone(), qk_permuted, param_dtype_of(embed.dtype)),
@@ -245,14 +278,26 @@ impl<'a> Model<'a> {
 
     /// Runs one step: `ids[t]` at `batch[t]`; returns hidden states `(n, hidden)` after the
     /// last layer (before the final norm).
-    pub fn forward_hidden(&self, ids: &[u32], batch: &Batch, kv: &mut KvCache) -> Result<Vec<f32>, EngineError> {
+    pub fn forward_hidden(
+        &self,
+        ids: &[u32],
+        batch: &Batch,
+        kv: &mut KvCache,
+    ) -> Result<Vec<f32>, EngineError> {
         if ids.len() != batch.len() {
-            return Err(EngineError::Invalid(format!("{} ids for {} positions", ids.len(), batch.len())));
+            return Err(EngineError::Invalid(format!(
+                "{} ids for {} positions",
+                ids.len(),
+                batch.len()
+            )));
         }
         let max_pos = batch.iter().map(|t| t.pos + 1).max().unwrap_or(0);
         let limit = self.tf.cfg.max_position_embeddings;
         if max_pos > limit {
-            return Err(EngineError::ContextTooLong { needed: max_pos, limit });
+            return Err(EngineError::ContextTooLong {
+                needed: max_pos,
+                limit,
+            });
         }
         kv.reserve(ids.len())?;
         let mut x = vec![0f32; ids.len() * self.tf.cfg.hidden_size];
@@ -269,7 +314,10 @@ impl<'a> Model<'a> {
         let h = self.tf.cfg.hidden_size;
         let mut sel = Vec::with_capacity(rows.len() * h);
         for &r in rows {
-            let row = x.get(r * h..(r + 1) * h).ok_or(EngineError::BadHidden { expected: (r + 1) * h, got: x.len() })?;
+            let row = x.get(r * h..(r + 1) * h).ok_or(EngineError::BadHidden {
+                expected: (r + 1) * h,
+                got: x.len(),
+            })?;
             sel.extend_from_slice(row);
         }
         let mut out = vec![0f32; rows.len() * self.tf.cfg.vocab_size];

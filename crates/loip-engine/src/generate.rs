@@ -29,13 +29,21 @@ pub struct Generator<'m, 'a> {
 impl<'m, 'a> Generator<'m, 'a> {
     /// A generator with an empty cache under an optional KV byte budget.
     pub fn new(model: &'m Model<'a>, kv_budget: Option<u64>) -> Self {
-        Generator { model, kv: model.new_cache(kv_budget) }
+        Generator {
+            model,
+            kv: model.new_cache(kv_budget),
+        }
     }
 }
 
 impl StepBackend for Generator<'_, '_> {
     fn step(&mut self, seq: SeqId, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
-        let batch: Vec<TokenPos> = (0..ids.len()).map(|i| TokenPos { seq, pos: start_pos + i }).collect();
+        let batch: Vec<TokenPos> = (0..ids.len())
+            .map(|i| TokenPos {
+                seq,
+                pos: start_pos + i,
+            })
+            .collect();
         let x = self.model.forward_hidden(ids, &batch, &mut self.kv)?;
         self.model.logits(&x, &[ids.len() - 1])
     }
@@ -133,7 +141,15 @@ pub fn generate<B: StepBackend + ?Sized>(
         logits = backend.step(seq, &[id], prompt.len() + new_ids.len() - 1)?;
         decode_steps += 1;
     }
-    let decode_ms_per_token =
-        if decode_steps > 0 { t1.elapsed().as_secs_f64() * 1e3 / decode_steps as f64 } else { 0.0 };
-    Ok(GenerateOutput { new_ids, stop, prompt_ms, decode_ms_per_token })
+    let decode_ms_per_token = if decode_steps > 0 {
+        t1.elapsed().as_secs_f64() * 1e3 / decode_steps as f64
+    } else {
+        0.0
+    };
+    Ok(GenerateOutput {
+        new_ids,
+        stop,
+        prompt_ms,
+        decode_ms_per_token,
+    })
 }

@@ -23,21 +23,31 @@ pub struct LayerKv {
 /// The KV cache of one device (all its stages).
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    kv_dim: usize,                               // n_kv_heads * head_dim
-    layers: Vec<usize>,                          // global indices of held layers, sorted
-    seqs: HashMap<SeqId, Vec<LayerKv>>,          // per sequence, per held layer (same order)
-    budget: Option<u64>,                         // bytes
-    used: u64,                                   // bytes of K and V held
+    kv_dim: usize,                      // n_kv_heads * head_dim
+    layers: Vec<usize>,                 // global indices of held layers, sorted
+    seqs: HashMap<SeqId, Vec<LayerKv>>, // per sequence, per held layer (same order)
+    budget: Option<u64>,                // bytes
+    used: u64,                          // bytes of K and V held
 }
 
 impl KvCache {
     /// A cache for the given global layers with `kv_dim = n_kv_heads * head_dim` floats per
     /// token per layer for each of K and V, and an optional byte budget.
-    pub fn new(layers: impl IntoIterator<Item = usize>, kv_dim: usize, budget: Option<u64>) -> KvCache {
+    pub fn new(
+        layers: impl IntoIterator<Item = usize>,
+        kv_dim: usize,
+        budget: Option<u64>,
+    ) -> KvCache {
         let mut layers: Vec<usize> = layers.into_iter().collect();
         layers.sort_unstable();
         layers.dedup();
-        KvCache { kv_dim, layers, seqs: HashMap::new(), budget, used: 0 }
+        KvCache {
+            kv_dim,
+            layers,
+            seqs: HashMap::new(),
+            budget,
+            used: 0,
+        }
     }
 
     /// Bytes per cached token per layer (K and V).
@@ -69,7 +79,9 @@ impl KvCache {
     }
 
     fn slot(&self, layer: usize) -> Result<usize, EngineError> {
-        self.layers.binary_search(&layer).map_err(|_| EngineError::LayerNotHeld(layer))
+        self.layers
+            .binary_search(&layer)
+            .map_err(|_| EngineError::LayerNotHeld(layer))
     }
 
     /// Checks that `tokens` more tokens fit the budget on every held layer.
@@ -85,15 +97,30 @@ impl KvCache {
     }
 
     /// Appends one token's K and V (each `kv_dim`) at `pos` for `seq` at `layer`.
-    pub fn append(&mut self, seq: SeqId, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), EngineError> {
+    pub fn append(
+        &mut self,
+        seq: SeqId,
+        layer: usize,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), EngineError> {
         let slot = self.slot(layer)?;
         let n_layers = self.layers.len();
         let kv_dim = self.kv_dim;
-        let entry = self.seqs.entry(seq).or_insert_with(|| vec![LayerKv::default(); n_layers]);
+        let entry = self
+            .seqs
+            .entry(seq)
+            .or_insert_with(|| vec![LayerKv::default(); n_layers]);
         let l = &mut entry[slot];
         let held = l.k.len() / kv_dim.max(1);
         if pos != held {
-            return Err(EngineError::BadPosition { seq, pos, layer, held });
+            return Err(EngineError::BadPosition {
+                seq,
+                pos,
+                layer,
+                held,
+            });
         }
         l.k.extend_from_slice(k);
         l.v.extend_from_slice(v);
@@ -108,7 +135,12 @@ impl KvCache {
         let held = l.map_or(0, |l| l.k.len() / self.kv_dim.max(1));
         match l {
             Some(l) if n <= held => Ok((&l.k[..n * self.kv_dim], &l.v[..n * self.kv_dim])),
-            _ => Err(EngineError::BadPosition { seq, pos: n.saturating_sub(1), layer, held }),
+            _ => Err(EngineError::BadPosition {
+                seq,
+                pos: n.saturating_sub(1),
+                layer,
+                held,
+            }),
         }
     }
 

@@ -19,7 +19,9 @@ pub mod weights;
 
 pub use error::EngineError;
 pub use forward::{Batch, Model, TokenPos};
-pub use generate::{generate, Flow, GenerateOptions, GenerateOutput, Generator, StepBackend, StopReason};
+pub use generate::{
+    generate, Flow, GenerateOptions, GenerateOutput, Generator, StepBackend, StopReason,
+};
 pub use kv::{KvCache, SeqId};
 pub use sampling::{Sampler, SamplingParams};
 pub use weights::{AttnWeights, HeadWeights, LayerWeights, MlpWeights, TensorSource};

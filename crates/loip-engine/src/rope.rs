@@ -21,18 +21,27 @@ impl Rope {
                 1.0f32 / cfg.rope_theta.powf(exponent)
             })
             .collect();
-        if let Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) =
-            cfg.rope_scaling.clone()
+        if let Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) = cfg.rope_scaling.clone()
         {
             let old = original_max_position_embeddings as f32;
             let low_wavelen = old / low_freq_factor;
             let high_wavelen = old / high_freq_factor;
             for f in inv_freq.iter_mut() {
                 let wavelen = 2.0 * std::f32::consts::PI / *f;
-                let scaled = if wavelen > low_wavelen { *f / factor } else { *f };
+                let scaled = if wavelen > low_wavelen {
+                    *f / factor
+                } else {
+                    *f
+                };
                 let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
                 *f = if medium {
-                    let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                    let smooth =
+                        (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
                     (1.0 - smooth) * scaled / factor + smooth * scaled
                 } else {
                     scaled
@@ -42,8 +51,12 @@ impl Rope {
         // HF keeps `inv_freq` as a buffer of the model's dtype: a 16-bit checkpoint rotates
         // with frequencies rounded to 16 bits, and so must we to give the same logits.
         match param_dtype {
-            DType::BF16 => inv_freq.iter_mut().for_each(|f| *f = half::bf16::from_f32(*f).to_f32()),
-            DType::F16 => inv_freq.iter_mut().for_each(|f| *f = half::f16::from_f32(*f).to_f32()),
+            DType::BF16 => inv_freq
+                .iter_mut()
+                .for_each(|f| *f = half::bf16::from_f32(*f).to_f32()),
+            DType::F16 => inv_freq
+                .iter_mut()
+                .for_each(|f| *f = half::f16::from_f32(*f).to_f32()),
             _ => {}
         }
         Rope { inv_freq }

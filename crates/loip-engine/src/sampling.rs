@@ -21,7 +21,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        }
     }
 }
 
@@ -29,10 +34,16 @@ impl SamplingParams {
     /// Rejects out-of-range values, naming the field.
     pub fn validate(&self) -> Result<(), EngineError> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(EngineError::Invalid(format!("temperature must be >= 0, got {}", self.temperature)));
+            return Err(EngineError::Invalid(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            )));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(EngineError::Invalid(format!("top_p must be in (0, 1], got {}", self.top_p)));
+            return Err(EngineError::Invalid(format!(
+                "top_p must be in (0, 1], got {}",
+                self.top_p
+            )));
         }
         Ok(())
     }
@@ -129,7 +140,12 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_and_top_k_limits_choice() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let params = SamplingParams { temperature: 1.0, top_k: 3, top_p: 1.0, seed: 7 };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 3,
+            top_p: 1.0,
+            seed: 7,
+        };
         let mut a = Sampler::new(params.clone()).unwrap();
         let mut b = Sampler::new(params).unwrap();
         let mut top: Vec<usize> = (0..50).collect();
@@ -144,7 +160,13 @@ mod tests {
     #[test]
     fn tiny_top_p_is_greedy() {
         let logits = [0.1, 5.0, 0.3, 4.9];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.01, seed: 1 }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.01,
+            seed: 1,
+        })
+        .unwrap();
         for _ in 0..20 {
             assert_eq!(s.sample(&logits), 1);
         }
@@ -152,7 +174,15 @@ mod tests {
 
     #[test]
     fn bad_params_are_refused() {
-        assert!(Sampler::new(SamplingParams { temperature: -1.0, ..Default::default() }).is_err());
-        assert!(Sampler::new(SamplingParams { top_p: 0.0, ..Default::default() }).is_err());
+        assert!(Sampler::new(SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        })
+        .is_err());
+        assert!(Sampler::new(SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        })
+        .is_err());
     }
 }

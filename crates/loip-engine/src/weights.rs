@@ -5,7 +5,9 @@
 //! nothing is copied or converted.
 
 use loip_kernels::{DType, Matrix};
-use loip_model::names::{layer_tensor_name as layer_tensor, suffix, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
+use loip_model::names::{
+    layer_tensor_name as layer_tensor, suffix, EMBED_TOKENS, FINAL_NORM, LM_HEAD,
+};
 use loip_model::{Checkpoint, ModelConfig};
 
 use crate::EngineError;
@@ -19,23 +21,43 @@ pub trait TensorSource {
 impl TensorSource for Checkpoint {
     fn tensor(&self, name: &str) -> Result<(DType, Vec<usize>, &[u8]), EngineError> {
         let bytes = self.tensor_bytes(name)?;
-        let info = self.tensors.get(name).ok_or_else(|| EngineError::Invalid(format!("tensor {name} missing")))?;
+        let info = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| EngineError::Invalid(format!("tensor {name} missing")))?;
         Ok((info.dtype, info.shape.clone(), bytes))
     }
 }
 
-fn matrix<'a, S: TensorSource + ?Sized>(src: &'a S, name: &str, rows: usize, cols: usize) -> Result<Matrix<'a>, EngineError> {
+fn matrix<'a, S: TensorSource + ?Sized>(
+    src: &'a S,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<Matrix<'a>, EngineError> {
     let (dtype, shape, bytes) = src.tensor(name)?;
     if shape != [rows, cols] {
-        return Err(EngineError::WrongShape { name: name.to_string(), expected: vec![rows, cols], actual: shape });
+        return Err(EngineError::WrongShape {
+            name: name.to_string(),
+            expected: vec![rows, cols],
+            actual: shape,
+        });
     }
     Ok(Matrix::new(dtype, rows, cols, bytes)?)
 }
 
-fn vector<'a, S: TensorSource + ?Sized>(src: &'a S, name: &str, len: usize) -> Result<Matrix<'a>, EngineError> {
+fn vector<'a, S: TensorSource + ?Sized>(
+    src: &'a S,
+    name: &str,
+    len: usize,
+) -> Result<Matrix<'a>, EngineError> {
     let (dtype, shape, bytes) = src.tensor(name)?;
     if shape != [len] {
-        return Err(EngineError::WrongShape { name: name.to_string(), expected: vec![len], actual: shape });
+        return Err(EngineError::WrongShape {
+            name: name.to_string(),
+            expected: vec![len],
+            actual: shape,
+        });
     }
     Ok(Matrix::new(dtype, 1, len, bytes)?)
 }
@@ -61,7 +83,11 @@ pub struct AttnWeights<'a> {
 
 impl<'a> AttnWeights<'a> {
     /// Binds layer `layer`'s attention tensors from `src`, checking every shape.
-    pub fn bind<S: TensorSource + ?Sized>(src: &'a S, cfg: &ModelConfig, layer: usize) -> Result<Self, EngineError> {
+    pub fn bind<S: TensorSource + ?Sized>(
+        src: &'a S,
+        cfg: &ModelConfig,
+        layer: usize,
+    ) -> Result<Self, EngineError> {
         let h = cfg.hidden_size;
         let qd = cfg.num_heads * cfg.head_dim;
         let kvd = cfg.num_kv_heads * cfg.head_dim;
@@ -101,7 +127,11 @@ pub struct MlpWeights<'a> {
 
 impl<'a> MlpWeights<'a> {
     /// Binds layer `layer`'s MLP tensors from `src`, checking every shape.
-    pub fn bind<S: TensorSource + ?Sized>(src: &'a S, cfg: &ModelConfig, layer: usize) -> Result<Self, EngineError> {
+    pub fn bind<S: TensorSource + ?Sized>(
+        src: &'a S,
+        cfg: &ModelConfig,
+        layer: usize,
+    ) -> Result<Self, EngineError> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let n = |s: &str| layer_tensor(layer, s);
         Ok(MlpWeights {
@@ -124,13 +154,23 @@ pub struct LayerWeights<'a> {
 
 impl<'a> LayerWeights<'a> {
     /// Binds both blocks of layer `layer`.
-    pub fn bind<S: TensorSource + ?Sized>(src: &'a S, cfg: &ModelConfig, layer: usize) -> Result<Self, EngineError> {
-        Ok(LayerWeights { attn: AttnWeights::bind(src, cfg, layer)?, mlp: MlpWeights::bind(src, cfg, layer)? })
+    pub fn bind<S: TensorSource + ?Sized>(
+        src: &'a S,
+        cfg: &ModelConfig,
+        layer: usize,
+    ) -> Result<Self, EngineError> {
+        Ok(LayerWeights {
+            attn: AttnWeights::bind(src, cfg, layer)?,
+            mlp: MlpWeights::bind(src, cfg, layer)?,
+        })
     }
 }
 
 /// Binds the token embedding, (vocab, hidden).
-pub fn bind_embedding<'a, S: TensorSource + ?Sized>(src: &'a S, cfg: &ModelConfig) -> Result<Matrix<'a>, EngineError> {
+pub fn bind_embedding<'a, S: TensorSource + ?Sized>(
+    src: &'a S,
+    cfg: &ModelConfig,
+) -> Result<Matrix<'a>, EngineError> {
     matrix(src, EMBED_TOKENS, cfg.vocab_size, cfg.hidden_size)
 }
 
@@ -145,8 +185,15 @@ pub struct HeadWeights<'a> {
 
 impl<'a> HeadWeights<'a> {
     /// Binds the final norm and the LM head (the embedding when the config ties them).
-    pub fn bind<S: TensorSource + ?Sized>(src: &'a S, cfg: &ModelConfig) -> Result<Self, EngineError> {
-        let name = if cfg.tie_word_embeddings { EMBED_TOKENS } else { LM_HEAD };
+    pub fn bind<S: TensorSource + ?Sized>(
+        src: &'a S,
+        cfg: &ModelConfig,
+    ) -> Result<Self, EngineError> {
+        let name = if cfg.tie_word_embeddings {
+            EMBED_TOKENS
+        } else {
+            LM_HEAD
+        };
         Ok(HeadWeights {
             norm: vector(src, FINAL_NORM, cfg.hidden_size)?,
             lm_head: matrix(src, name, cfg.vocab_size, cfg.hidden_size)?,

@@ -9,7 +9,9 @@ use loip_model::Checkpoint;
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
 }
 
 fn expected(name: &str) -> Value {
@@ -18,7 +20,11 @@ fn expected(name: &str) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 const TINY: [&str; 3] = ["tiny-llama", "tiny-qwen3", "tiny-llama-bf16-tied"];
@@ -51,8 +57,16 @@ fn tiny_fixtures_greedy_tokens_match_reference() {
         let exp = expected(name);
         let want = ids(&exp["greedy_new_ids"]);
         let mut gen = Generator::new(&model, None);
-        let opts = GenerateOptions { max_tokens: want.len(), sampling: SamplingParams::default(), eos_ids: ckpt.config.eos_token_ids.clone(), min_tokens: want.len() };
-        let out = generate(&mut gen, 0, &ids(&exp["input_ids"]), &opts, &mut |_| Flow::Continue).unwrap();
+        let opts = GenerateOptions {
+            max_tokens: want.len(),
+            sampling: SamplingParams::default(),
+            eos_ids: ckpt.config.eos_token_ids.clone(),
+            min_tokens: want.len(),
+        };
+        let out = generate(&mut gen, 0, &ids(&exp["input_ids"]), &opts, &mut |_| {
+            Flow::Continue
+        })
+        .unwrap();
         assert_eq!(out.new_ids, want, "{name}");
     }
 }
@@ -68,7 +82,9 @@ fn step_grouping_and_micro_batching_are_bit_identical() {
     // One token per step.
     let mut kv = model.new_cache(None);
     for (p, &id) in prompt.iter().enumerate() {
-        let x = model.forward_hidden(&[id], &[TokenPos { seq: 0, pos: p }], &mut kv).unwrap();
+        let x = model
+            .forward_hidden(&[id], &[TokenPos { seq: 0, pos: p }], &mut kv)
+            .unwrap();
         let l = model.logits(&x, &[0]).unwrap();
         assert_eq!(l, full[p * vocab..(p + 1) * vocab], "position {p}");
     }
@@ -76,7 +92,13 @@ fn step_grouping_and_micro_batching_are_bit_identical() {
     // Three sequences interleaved in one micro-batch, at different positions.
     let mut kv = KvCache::new(0..ckpt.config.num_layers, model.tf.kv_dim(), None);
     let other: Vec<u32> = prompt.iter().rev().copied().collect();
-    let x = model.forward_hidden(&other[..3], &[0, 1, 2].map(|pos| TokenPos { seq: 7, pos }), &mut kv).unwrap();
+    let x = model
+        .forward_hidden(
+            &other[..3],
+            &[0, 1, 2].map(|pos| TokenPos { seq: 7, pos }),
+            &mut kv,
+        )
+        .unwrap();
     drop(x);
     let mut batch_ids = vec![];
     let mut batch = vec![];
@@ -99,7 +121,14 @@ fn bad_token_id_and_kv_budget_are_errors() {
     let model = Model::from_checkpoint(&ckpt).unwrap();
     assert!(model.prompt_logits(&[1, 999]).is_err());
     let mut kv = model.new_cache(Some(100));
-    let err = model.forward_hidden(&[1, 2], &[TokenPos { seq: 0, pos: 0 }, TokenPos { seq: 0, pos: 1 }], &mut kv);
-    assert!(matches!(err, Err(loip_engine::EngineError::KvBudget { .. })), "{err:?}");
+    let err = model.forward_hidden(
+        &[1, 2],
+        &[TokenPos { seq: 0, pos: 0 }, TokenPos { seq: 0, pos: 1 }],
+        &mut kv,
+    );
+    assert!(
+        matches!(err, Err(loip_engine::EngineError::KvBudget { .. })),
+        "{err:?}"
+    );
     assert_eq!(kv.used_bytes(), 0);
 }

@@ -84,7 +84,10 @@ fn map_file(path: &Path) -> Result<Mmap, ModelError> {
     let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
     let len = file.metadata().map_err(|e| ModelError::io(path, e))?.len();
     if len == 0 {
-        return Err(ModelError::truncated(path, "the header (the file is empty)"));
+        return Err(ModelError::truncated(
+            path,
+            "the header (the file is empty)",
+        ));
     }
     // SAFETY: the map is read-only and lives inside the Checkpoint that owns it; the module
     // documents that the files must not be modified while open (the usual mmap contract).
@@ -92,9 +95,14 @@ fn map_file(path: &Path) -> Result<Mmap, ModelError> {
 }
 
 fn read_small(path: &Path) -> Result<String, ModelError> {
-    let len = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?.len();
+    let len = std::fs::metadata(path)
+        .map_err(|e| ModelError::io(path, e))?
+        .len();
     if len > MAX_JSON_BYTES {
-        return Err(ModelError::header(path, format!("{len} bytes is too large for a JSON file")));
+        return Err(ModelError::header(
+            path,
+            format!("{len} bytes is too large for a JSON file"),
+        ));
     }
     std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))
 }
@@ -108,7 +116,9 @@ impl Checkpoint {
             return Self::open_hf(path);
         }
         let is_hf_file = path.extension().is_some_and(|e| e == "safetensors")
-            || path.file_name().is_some_and(|n| n == "config.json" || n == "model.safetensors.index.json");
+            || path
+                .file_name()
+                .is_some_and(|n| n == "config.json" || n == "model.safetensors.index.json");
         if is_hf_file {
             let dir = match path.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p,
@@ -122,8 +132,10 @@ impl Checkpoint {
     fn open_hf(dir: &Path) -> Result<Self, ModelError> {
         let config = ModelConfig::from_hf_json(&read_small(&dir.join("config.json"))?)?;
         config.validate()?;
-        let required: std::collections::BTreeSet<String> =
-            names::model_tensors(&config).into_iter().map(|s| s.name).collect();
+        let required: std::collections::BTreeSet<String> = names::model_tensors(&config)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
 
         let index_path = dir.join("model.safetensors.index.json");
         let (files, weight_map) = if index_path.exists() {
@@ -131,7 +143,10 @@ impl Checkpoint {
             let mut files: Vec<String> = weight_map.values().cloned().collect();
             files.sort();
             files.dedup();
-            (files.into_iter().map(|f| dir.join(f)).collect::<Vec<_>>(), Some(weight_map))
+            (
+                files.into_iter().map(|f| dir.join(f)).collect::<Vec<_>>(),
+                Some(weight_map),
+            )
         } else {
             (vec![dir.join("model.safetensors")], None)
         };
@@ -144,18 +159,32 @@ impl Checkpoint {
                 let dtype = match e.dtype {
                     Ok(d) => d,
                     Err(dtype) if required.contains(&e.name) => {
-                        return Err(ModelError::UnsupportedDtype { tensor: e.name, dtype });
+                        return Err(ModelError::UnsupportedDtype {
+                            tensor: e.name,
+                            dtype,
+                        });
                     }
                     Err(dtype) => {
                         tracing::debug!(tensor = %e.name, %dtype, "skipping tensor of unsupported dtype");
                         continue;
                     }
                 };
-                let info = TensorInfo { name: e.name.clone(), dtype, shape: e.shape, file, offset: e.offset, nbytes: e.nbytes };
+                let info = TensorInfo {
+                    name: e.name.clone(),
+                    dtype,
+                    shape: e.shape,
+                    file,
+                    offset: e.offset,
+                    nbytes: e.nbytes,
+                };
                 if let Some(prev) = tensors.insert(e.name.clone(), info) {
                     return Err(ModelError::header(
                         path,
-                        format!("tensor {} is also in {}", e.name, files[prev.file].display()),
+                        format!(
+                            "tensor {} is also in {}",
+                            e.name,
+                            files[prev.file].display()
+                        ),
                     ));
                 }
             }
@@ -168,11 +197,17 @@ impl Checkpoint {
                     Some(info) => {
                         return Err(ModelError::header(
                             &index_path,
-                            format!("weight_map puts {name} in {file}, but it is in {}", files[info.file].display()),
+                            format!(
+                                "weight_map puts {name} in {file}, but it is in {}",
+                                files[info.file].display()
+                            ),
                         ))
                     }
                     None if required.contains(name) => {
-                        return Err(ModelError::MissingTensor { tensor: name.clone(), path: dir.join(file) })
+                        return Err(ModelError::MissingTensor {
+                            tensor: name.clone(),
+                            path: dir.join(file),
+                        })
                     }
                     None => {}
                 }
@@ -203,9 +238,22 @@ impl Checkpoint {
         let mut tensors = BTreeMap::new();
         for t in &gguf.tensors {
             let name = gguf_to_hf_name(&t.name).ok_or_else(|| {
-                ModelError::header(path, format!("tensor {} is not part of the llama graph this reader supports", t.name))
+                ModelError::header(
+                    path,
+                    format!(
+                        "tensor {} is not part of the llama graph this reader supports",
+                        t.name
+                    ),
+                )
             })?;
-            let info = TensorInfo { name: name.clone(), dtype: t.dtype, shape: t.hf_shape(), file: 0, offset: t.offset, nbytes: t.nbytes };
+            let info = TensorInfo {
+                name: name.clone(),
+                dtype: t.dtype,
+                shape: t.hf_shape(),
+                file: 0,
+                offset: t.offset,
+                nbytes: t.nbytes,
+            };
             tensors.insert(name, info);
         }
         let ck = Checkpoint {
@@ -238,7 +286,10 @@ impl Checkpoint {
     pub fn tensor_info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
         self.tensors
             .get(name)
-            .ok_or_else(|| ModelError::MissingTensor { tensor: name.into(), path: self.dir_or_file.clone() })
+            .ok_or_else(|| ModelError::MissingTensor {
+                tensor: name.into(),
+                path: self.dir_or_file.clone(),
+            })
     }
 
     /// Whether the checkpoint holds a tensor of this name.
@@ -255,7 +306,11 @@ impl Checkpoint {
             m.get(start..end)
         });
         bytes.ok_or_else(|| {
-            let path = self.files.get(info.file).cloned().unwrap_or_else(|| self.dir_or_file.clone());
+            let path = self
+                .files
+                .get(info.file)
+                .cloned()
+                .unwrap_or_else(|| self.dir_or_file.clone());
             ModelError::truncated(path, format!("the data of tensor {name}"))
         })
     }
@@ -266,20 +321,36 @@ impl Checkpoint {
         let info = self.tensor_info(name)?;
         let ok = info.shape == [rows, cols] || (rows == 1 && info.shape == [cols]);
         if !ok {
-            return Err(ModelError::WrongShape { tensor: name.into(), expected: vec![rows, cols], actual: info.shape.clone() });
+            return Err(ModelError::WrongShape {
+                tensor: name.into(),
+                expected: vec![rows, cols],
+                actual: info.shape.clone(),
+            });
         }
-        Matrix::new(info.dtype, rows, cols, self.tensor_bytes(name)?)
-            .map_err(|source| ModelError::Kernel { tensor: name.into(), source })
+        Matrix::new(info.dtype, rows, cols, self.tensor_bytes(name)?).map_err(|source| {
+            ModelError::Kernel {
+                tensor: name.into(),
+                source,
+            }
+        })
     }
 
     /// A 1-D tensor of `len` elements (norm weights) as a `1 × len` matrix.
     pub fn vector(&self, name: &str, len: usize) -> Result<Matrix<'_>, ModelError> {
         let info = self.tensor_info(name)?;
         if info.shape != [len] {
-            return Err(ModelError::WrongShape { tensor: name.into(), expected: vec![len], actual: info.shape.clone() });
+            return Err(ModelError::WrongShape {
+                tensor: name.into(),
+                expected: vec![len],
+                actual: info.shape.clone(),
+            });
         }
-        Matrix::new(info.dtype, 1, len, self.tensor_bytes(name)?)
-            .map_err(|source| ModelError::Kernel { tensor: name.into(), source })
+        Matrix::new(info.dtype, 1, len, self.tensor_bytes(name)?).map_err(|source| {
+            ModelError::Kernel {
+                tensor: name.into(),
+                source,
+            }
+        })
     }
 
     /// Sum of all tensors' data lengths, bytes.

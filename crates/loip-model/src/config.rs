@@ -123,9 +123,9 @@ impl ModelConfig {
     pub fn from_hf_json(text: &str) -> Result<Self, ModelError> {
         let root: Value = serde_json::from_str(text)
             .map_err(|e| ModelError::config("config.json", format!("not valid JSON: {e}")))?;
-        let obj = root
-            .as_object()
-            .ok_or_else(|| ModelError::config("config.json", "the top level is not a JSON object"))?;
+        let obj = root.as_object().ok_or_else(|| {
+            ModelError::config("config.json", "the top level is not a JSON object")
+        })?;
         let arch = arch_of(obj)?;
         reject_unsupported_features(obj, arch)?;
 
@@ -193,10 +193,16 @@ impl ModelConfig {
     /// equal config. `torch_dtype` is informational (e.g. `"bfloat16"`).
     pub fn to_hf_json(&self, torch_dtype: &str) -> String {
         let mut m = Map::new();
-        m.insert("architectures".into(), Value::from(vec![self.arch.hf_class()]));
+        m.insert(
+            "architectures".into(),
+            Value::from(vec![self.arch.hf_class()]),
+        );
         m.insert("model_type".into(), Value::from(self.arch.model_type()));
         m.insert("hidden_size".into(), Value::from(self.hidden_size));
-        m.insert("intermediate_size".into(), Value::from(self.intermediate_size));
+        m.insert(
+            "intermediate_size".into(),
+            Value::from(self.intermediate_size),
+        );
         m.insert("num_hidden_layers".into(), Value::from(self.num_layers));
         m.insert("num_attention_heads".into(), Value::from(self.num_heads));
         m.insert("num_key_value_heads".into(), Value::from(self.num_kv_heads));
@@ -222,10 +228,19 @@ impl ModelConfig {
             );
             m.insert("rope_scaling".into(), Value::Object(s));
         }
-        m.insert("tie_word_embeddings".into(), Value::from(self.tie_word_embeddings));
-        m.insert("max_position_embeddings".into(), Value::from(self.max_position_embeddings));
+        m.insert(
+            "tie_word_embeddings".into(),
+            Value::from(self.tie_word_embeddings),
+        );
+        m.insert(
+            "max_position_embeddings".into(),
+            Value::from(self.max_position_embeddings),
+        );
         m.insert("hidden_act".into(), Value::from("silu"));
-        m.insert("bos_token_id".into(), self.bos_token_id.map_or(Value::Null, Value::from));
+        m.insert(
+            "bos_token_id".into(),
+            self.bos_token_id.map_or(Value::Null, Value::from),
+        );
         m.insert(
             "eos_token_id".into(),
             match self.eos_token_ids.as_slice() {
@@ -296,7 +311,10 @@ impl ModelConfig {
                 ("rope_scaling.high_freq_factor", high_freq_factor),
             ] {
                 if !(v.is_finite() && v > 0.0) {
-                    return Err(ModelError::config(field, format!("{v} is not a positive finite number")));
+                    return Err(ModelError::config(
+                        field,
+                        format!("{v} is not a positive finite number"),
+                    ));
                 }
             }
             if high_freq_factor <= low_freq_factor {
@@ -315,19 +333,38 @@ impl ModelConfig {
         if self.qk_norm != (self.arch == Arch::Qwen3) {
             return Err(ModelError::config(
                 "qk_norm",
-                format!("{} does not match arch {} (only qwen3 has q/k norms)", self.qk_norm, self.arch),
+                format!(
+                    "{} does not match arch {} (only qwen3 has q/k norms)",
+                    self.qk_norm, self.arch
+                ),
             ));
         }
         // Every tensor's element count must stay far inside usize/u64 byte arithmetic.
         let elems = [
-            ("num_heads", self.num_heads.checked_mul(self.head_dim).and_then(|q| q.checked_mul(self.hidden_size))),
-            ("num_kv_heads", self.num_kv_heads.checked_mul(self.head_dim).and_then(|k| k.checked_mul(self.hidden_size))),
+            (
+                "num_heads",
+                self.num_heads
+                    .checked_mul(self.head_dim)
+                    .and_then(|q| q.checked_mul(self.hidden_size)),
+            ),
+            (
+                "num_kv_heads",
+                self.num_kv_heads
+                    .checked_mul(self.head_dim)
+                    .and_then(|k| k.checked_mul(self.hidden_size)),
+            ),
             ("vocab_size", self.vocab_size.checked_mul(self.hidden_size)),
-            ("intermediate_size", self.intermediate_size.checked_mul(self.hidden_size)),
+            (
+                "intermediate_size",
+                self.intermediate_size.checked_mul(self.hidden_size),
+            ),
         ];
         for (field, n) in elems {
             if n.is_none_or(|n| n > MAX_TENSOR_ELEMS) {
-                return Err(ModelError::config(field, "the tensor sizes it implies are absurdly large"));
+                return Err(ModelError::config(
+                    field,
+                    "the tensor sizes it implies are absurdly large",
+                ));
             }
         }
         Ok(())
@@ -346,9 +383,9 @@ impl ModelConfig {
 
 fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
     if let Some(mt) = obj.get("model_type").filter(|v| !v.is_null()) {
-        let mt = mt
-            .as_str()
-            .ok_or_else(|| ModelError::config("model_type", format!("expected a string, got {mt}")))?;
+        let mt = mt.as_str().ok_or_else(|| {
+            ModelError::config("model_type", format!("expected a string, got {mt}"))
+        })?;
         return match mt {
             "llama" => Ok(Arch::Llama),
             "qwen3" => Ok(Arch::Qwen3),
@@ -361,7 +398,10 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
         .and_then(|a| a.first())
         .and_then(Value::as_str)
         .ok_or_else(|| {
-            ModelError::config("model_type", "missing, and no architectures[0] to infer it from")
+            ModelError::config(
+                "model_type",
+                "missing, and no architectures[0] to infer it from",
+            )
         })?;
     match first {
         "LlamaForCausalLM" => Ok(Arch::Llama),
@@ -378,11 +418,17 @@ fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(
         }
     }
     if arch == Arch::Qwen3 && opt_bool(obj, "use_sliding_window")? == Some(true) {
-        return Err(ModelError::config("use_sliding_window", "sliding-window attention is not supported"));
+        return Err(ModelError::config(
+            "use_sliding_window",
+            "sliding-window attention is not supported",
+        ));
     }
     if let Some(act) = obj.get("hidden_act").filter(|v| !v.is_null()) {
         if act.as_str() != Some("silu") {
-            return Err(ModelError::config("hidden_act", format!("{act} is not supported (only silu)")));
+            return Err(ModelError::config(
+                "hidden_act",
+                format!("{act} is not supported (only silu)"),
+            ));
         }
     }
     Ok(())
@@ -392,22 +438,33 @@ fn parse_rope_scaling(
     s: &Map<String, Value>,
     field: &str,
 ) -> Result<Option<RopeScaling>, ModelError> {
-    let ty = match s.get("rope_type").or_else(|| s.get("type")).filter(|v| !v.is_null()) {
+    let ty = match s
+        .get("rope_type")
+        .or_else(|| s.get("type"))
+        .filter(|v| !v.is_null())
+    {
         None => return Ok(None),
         Some(v) => v.as_str().ok_or_else(|| {
-            ModelError::config(format!("{field}.rope_type"), format!("expected a string, got {v}"))
+            ModelError::config(
+                format!("{field}.rope_type"),
+                format!("expected a string, got {v}"),
+            )
         })?,
     };
     match ty {
         "default" => Ok(None),
         "llama3" => {
             let req = |key: &str| {
-                opt_f32_in(s, field, key)?.ok_or_else(|| ModelError::config(format!("{field}.{key}"), "missing"))
+                opt_f32_in(s, field, key)?
+                    .ok_or_else(|| ModelError::config(format!("{field}.{key}"), "missing"))
             };
             let omax_field = format!("{field}.original_max_position_embeddings");
             let omax = match s.get("original_max_position_embeddings") {
                 Some(v) => as_usize(v).ok_or_else(|| {
-                    ModelError::config(&omax_field, format!("expected a non-negative integer, got {v}"))
+                    ModelError::config(
+                        &omax_field,
+                        format!("expected a non-negative integer, got {v}"),
+                    )
                 })?,
                 None => return Err(ModelError::config(omax_field, "missing")),
             };
@@ -436,9 +493,9 @@ fn req_usize(obj: &Map<String, Value>, key: &str) -> Result<usize, ModelError> {
 fn opt_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, ModelError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => as_usize(v)
-            .map(Some)
-            .ok_or_else(|| ModelError::config(key, format!("expected a non-negative integer, got {v}"))),
+        Some(v) => as_usize(v).map(Some).ok_or_else(|| {
+            ModelError::config(key, format!("expected a non-negative integer, got {v}"))
+        }),
     }
 }
 
@@ -452,11 +509,16 @@ fn opt_f32(obj: &Map<String, Value>, key: &str) -> Result<Option<f32>, ModelErro
     }
 }
 
-fn opt_f32_in(obj: &Map<String, Value>, parent: &str, key: &str) -> Result<Option<f32>, ModelError> {
+fn opt_f32_in(
+    obj: &Map<String, Value>,
+    parent: &str,
+    key: &str,
+) -> Result<Option<f32>, ModelError> {
     opt_f32(obj, key).map_err(|e| match e {
-        ModelError::InvalidConfig { field, reason } => {
-            ModelError::InvalidConfig { field: format!("{parent}.{field}"), reason }
-        }
+        ModelError::InvalidConfig { field, reason } => ModelError::InvalidConfig {
+            field: format!("{parent}.{field}"),
+            reason,
+        },
         other => other,
     })
 }
@@ -478,7 +540,10 @@ fn opt_object<'a>(
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(m)) => Ok(Some(m)),
-        Some(v) => Err(ModelError::config(key, format!("expected an object, got {v}"))),
+        Some(v) => Err(ModelError::config(
+            key,
+            format!("expected an object, got {v}"),
+        )),
     }
 }
 
@@ -580,7 +645,9 @@ mod tests {
         assert_eq!(c.rope_theta, 500000.0);
         assert_eq!(c.head_dim, 16);
         assert_eq!(c.num_kv_heads, 4);
-        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 32.0));
+        assert!(
+            matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 32.0)
+        );
         let d = ModelConfig::from_hf_json(
             r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
             "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
@@ -593,24 +660,36 @@ mod tests {
 
     #[test]
     fn unknown_arch_is_named() {
-        let e = ModelConfig::from_hf_json(r#"{"model_type": "mixtral", "hidden_size": 1}"#).unwrap_err();
-        assert!(matches!(&e, ModelError::UnknownArch(n) if n == "mixtral"), "{e}");
+        let e = ModelConfig::from_hf_json(r#"{"model_type": "mixtral", "hidden_size": 1}"#)
+            .unwrap_err();
+        assert!(
+            matches!(&e, ModelError::UnknownArch(n) if n == "mixtral"),
+            "{e}"
+        );
         let e = ModelConfig::from_hf_json(r#"{"architectures": ["GPT2LMHeadModel"]}"#).unwrap_err();
         assert!(e.to_string().contains("GPT2LMHeadModel"), "{e}");
     }
 
     #[test]
     fn bad_fields_are_named() {
-        let e = ModelConfig::from_hf_json(r#"{"model_type": "llama", "hidden_size": "big"}"#).unwrap_err();
-        assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "hidden_size"), "{e}");
-        let e = ModelConfig::from_hf_json(r#"{"model_type": "llama", "hidden_size": 64}"#).unwrap_err();
+        let e = ModelConfig::from_hf_json(r#"{"model_type": "llama", "hidden_size": "big"}"#)
+            .unwrap_err();
+        assert!(
+            matches!(&e, ModelError::InvalidConfig { field, .. } if field == "hidden_size"),
+            "{e}"
+        );
+        let e =
+            ModelConfig::from_hf_json(r#"{"model_type": "llama", "hidden_size": 64}"#).unwrap_err();
         assert!(e.to_string().contains("num_attention_heads"), "{e}");
         let text = LLAMA3.replace("\"llama3\"", "\"yarn\"");
         let e = ModelConfig::from_hf_json(&text).unwrap_err();
         assert!(e.to_string().contains("rope_scaling.rope_type"), "{e}");
         let e = ModelConfig::from_hf_json("[1, 2]").unwrap_err();
         assert!(matches!(e, ModelError::InvalidConfig { .. }));
-        let text = LLAMA3.replace("\"rms_norm_eps\"", "\"attention_bias\": true, \"rms_norm_eps\"");
+        let text = LLAMA3.replace(
+            "\"rms_norm_eps\"",
+            "\"attention_bias\": true, \"rms_norm_eps\"",
+        );
         let e = ModelConfig::from_hf_json(&text).unwrap_err();
         assert!(e.to_string().contains("attention_bias"), "{e}");
     }
@@ -620,12 +699,23 @@ mod tests {
         let mut c = ModelConfig::from_hf_json(LLAMA3).unwrap();
         c.num_kv_heads = 7;
         let e = c.validate().unwrap_err();
-        assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_kv_heads"), "{e}");
+        assert!(
+            matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_kv_heads"),
+            "{e}"
+        );
         c.num_kv_heads = 0;
-        assert!(c.validate().unwrap_err().to_string().contains("num_kv_heads"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("num_kv_heads"));
         c.num_kv_heads = 8;
         c.rms_norm_eps = f32::NAN;
-        assert!(c.validate().unwrap_err().to_string().contains("rms_norm_eps"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("rms_norm_eps"));
         c.rms_norm_eps = 1e-5;
         c.vocab_size = usize::MAX / 2;
         assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
@@ -633,7 +723,9 @@ mod tests {
 
     #[test]
     fn hf_json_round_trip() {
-        let qwen = LLAMA3.replace("\"llama\"", "\"qwen3\"").replace("\"rope_scaling\"", "\"head_dim\": 96, \"x\"");
+        let qwen = LLAMA3
+            .replace("\"llama\"", "\"qwen3\"")
+            .replace("\"rope_scaling\"", "\"head_dim\": 96, \"x\"");
         for text in [LLAMA3, qwen.as_str()] {
             let c = ModelConfig::from_hf_json(text).unwrap();
             let back = ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap();

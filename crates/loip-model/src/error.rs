@@ -69,7 +69,9 @@ pub enum ModelError {
     },
     /// A model architecture this crate does not know (`model_type`, `architectures` or
     /// `general.architecture`).
-    #[error("unknown model architecture {0:?} (supported: llama, qwen3 in HF format; llama in GGUF)")]
+    #[error(
+        "unknown model architecture {0:?} (supported: llama, qwen3 in HF format; llama in GGUF)"
+    )]
     UnknownArch(String),
     /// A GGUF tensor type without a kernel.
     #[error("tensor {tensor}: unsupported GGUF tensor type {type_name}")]
@@ -145,21 +147,33 @@ pub enum ModelError {
 impl ModelError {
     /// Wraps an I/O error with the path it happened on.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ModelError::Io { path: path.into(), source }
+        ModelError::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// A [`ModelError::InvalidConfig`] for `field`.
     pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        ModelError::InvalidConfig { field: field.into(), reason: reason.into() }
+        ModelError::InvalidConfig {
+            field: field.into(),
+            reason: reason.into(),
+        }
     }
 
     /// A [`ModelError::BadHeader`] for `path`.
     pub fn header(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        ModelError::BadHeader { path: path.into(), reason: reason.into() }
+        ModelError::BadHeader {
+            path: path.into(),
+            reason: reason.into(),
+        }
     }
 
     /// A [`ModelError::Truncated`] for `path`.
     pub fn truncated(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {
-        ModelError::Truncated { path: path.into(), what: what.into() }
+        ModelError::Truncated {
+            path: path.into(),
+            what: what.into(),
+        }
     }
 }

@@ -196,7 +196,11 @@ impl GgufMetadata {
 
     /// An array of strings (e.g. `tokenizer.ggml.tokens`, `tokenizer.ggml.merges`).
     pub fn get_str_array(&self, key: &str) -> Option<Vec<&str>> {
-        self.get(key)?.as_array()?.iter().map(GgufValue::as_str).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(GgufValue::as_str)
+            .collect()
     }
 
     /// An array of integers that fit `i32` (e.g. `tokenizer.ggml.token_type`).
@@ -210,7 +214,11 @@ impl GgufMetadata {
 
     /// An array of floats (e.g. `tokenizer.ggml.scores`).
     pub fn get_f32_array(&self, key: &str) -> Option<Vec<f32>> {
-        self.get(key)?.as_array()?.iter().map(GgufValue::as_f32).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(GgufValue::as_f32)
+            .collect()
     }
 
     /// `general.architecture`.
@@ -426,7 +434,10 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, ModelError> {
         let len = self.u64(what)?;
         if len > self.left() as u64 {
-            return Err(ModelError::truncated(self.path, format!("{} (a string of {len} bytes)", what())));
+            return Err(ModelError::truncated(
+                self.path,
+                format!("{} (a string of {len} bytes)", what()),
+            ));
         }
         let bytes = self.take(len as usize, what)?;
         String::from_utf8(bytes.to_vec())
@@ -437,7 +448,10 @@ impl<'a> Cursor<'a> {
         use value_type as t;
         self.values += 1;
         if self.values > MAX_VALUES {
-            return Err(ModelError::header(self.path, format!("more than {MAX_VALUES} metadata values")));
+            return Err(ModelError::header(
+                self.path,
+                format!("more than {MAX_VALUES} metadata values"),
+            ));
         }
         let what = || format!("the value of metadata key {key:?}");
         Ok(match ty {
@@ -454,12 +468,20 @@ impl<'a> Cursor<'a> {
             t::BOOL => match self.array::<1>(&what)?[0] {
                 0 => GgufValue::Bool(false),
                 1 => GgufValue::Bool(true),
-                b => return Err(ModelError::header(self.path, format!("metadata key {key:?}: bool byte {b}"))),
+                b => {
+                    return Err(ModelError::header(
+                        self.path,
+                        format!("metadata key {key:?}: bool byte {b}"),
+                    ))
+                }
             },
             t::STRING => GgufValue::Str(self.string(&what)?),
             t::ARRAY => {
                 if depth >= MAX_DEPTH {
-                    return Err(ModelError::header(self.path, format!("metadata key {key:?}: arrays nested too deep")));
+                    return Err(ModelError::header(
+                        self.path,
+                        format!("metadata key {key:?}: arrays nested too deep"),
+                    ));
                 }
                 let elem_ty = self.u32(&what)?;
                 let len = self.u64(&what)?;
@@ -477,10 +499,16 @@ impl<'a> Cursor<'a> {
                     }
                 };
                 if len > MAX_ARRAY_LEN {
-                    return Err(ModelError::header(self.path, format!("metadata key {key:?}: array of {len} elements")));
+                    return Err(ModelError::header(
+                        self.path,
+                        format!("metadata key {key:?}: array of {len} elements"),
+                    ));
                 }
                 if len.saturating_mul(min_elem) > self.left() as u64 {
-                    return Err(ModelError::truncated(self.path, format!("{} (an array of {len} elements)", what())));
+                    return Err(ModelError::truncated(
+                        self.path,
+                        format!("{} (an array of {len} elements)", what()),
+                    ));
                 }
                 // `len` is now bounded by the bytes left in the file.
                 let mut items = Vec::with_capacity(len as usize);
@@ -490,7 +518,10 @@ impl<'a> Cursor<'a> {
                 GgufValue::Array(items)
             }
             other => {
-                return Err(ModelError::header(self.path, format!("metadata key {key:?}: unknown value type {other}")))
+                return Err(ModelError::header(
+                    self.path,
+                    format!("metadata key {key:?}: unknown value type {other}"),
+                ))
             }
         })
     }
@@ -500,22 +531,35 @@ impl GgufFile {
     /// Parses and checks the header of the GGUF file whose whole contents are `bytes`;
     /// `path` is only used in errors.
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Self, ModelError> {
-        let mut c = Cursor { bytes, pos: 0, path, values: 0 };
+        let mut c = Cursor {
+            bytes,
+            pos: 0,
+            path,
+            values: 0,
+        };
         let file_len = bytes.len() as u64;
-        let magic: [u8; 4] = c.array(&|| "the magic bytes".into()).map_err(|_| ModelError::BadMagic { path: path.into() })?;
+        let magic: [u8; 4] = c
+            .array(&|| "the magic bytes".into())
+            .map_err(|_| ModelError::BadMagic { path: path.into() })?;
         if magic != GGUF_MAGIC {
             return Err(ModelError::BadMagic { path: path.into() });
         }
         let version = c.u32(&|| "the version".into())?;
         if !(version == 2 || version == 3) {
-            return Err(ModelError::UnsupportedVersion { path: path.into(), version });
+            return Err(ModelError::UnsupportedVersion {
+                path: path.into(),
+                version,
+            });
         }
         let tensor_count = c.u64(&|| "the tensor count".into())?;
         let kv_count = c.u64(&|| "the metadata count".into())?;
         // A key/value takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at
         // least 8 (name length) + 4 (n_dims) + 8 (ne0) + 4 (type) + 8 (offset).
         if kv_count.saturating_mul(13) > c.left() as u64 {
-            return Err(ModelError::truncated(path, format!("the metadata ({kv_count} key/values declared)")));
+            return Err(ModelError::truncated(
+                path,
+                format!("the metadata ({kv_count} key/values declared)"),
+            ));
         }
         let mut kv = BTreeMap::new();
         for i in 0..kv_count {
@@ -523,7 +567,10 @@ impl GgufFile {
             let ty = c.u32(&|| format!("the type of metadata key {key:?}"))?;
             let value = c.value(ty, 0, &key)?;
             if kv.insert(key.clone(), value).is_some() {
-                return Err(ModelError::header(path, format!("duplicate metadata key {key:?}")));
+                return Err(ModelError::header(
+                    path,
+                    format!("duplicate metadata key {key:?}"),
+                ));
             }
         }
         let alignment = match kv.get("general.alignment") {
@@ -531,12 +578,18 @@ impl GgufFile {
             Some(v) => match v.as_u64() {
                 Some(a) if a.is_power_of_two() && a <= 1 << 30 => a,
                 _ => {
-                    return Err(ModelError::header(path, format!("general.alignment {v:?} is not a power of two")));
+                    return Err(ModelError::header(
+                        path,
+                        format!("general.alignment {v:?} is not a power of two"),
+                    ));
                 }
             },
         };
         if tensor_count.saturating_mul(32) > c.left() as u64 {
-            return Err(ModelError::truncated(path, format!("the tensor infos ({tensor_count} tensors declared)")));
+            return Err(ModelError::truncated(
+                path,
+                format!("the tensor infos ({tensor_count} tensors declared)"),
+            ));
         }
         let mut raw = Vec::with_capacity(tensor_count as usize);
         let mut seen = BTreeSet::new();
@@ -545,7 +598,10 @@ impl GgufFile {
             let what = || format!("the info of tensor {name}");
             let n_dims = c.u32(&what)?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(ModelError::header(path, format!("tensor {name}: {n_dims} dimensions (1..={MAX_DIMS} allowed)")));
+                return Err(ModelError::header(
+                    path,
+                    format!("tensor {name}: {n_dims} dimensions (1..={MAX_DIMS} allowed)"),
+                ));
             }
             let mut ne = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -554,18 +610,26 @@ impl GgufFile {
             let ty = c.u32(&what)?;
             let rel = c.u64(&what)?;
             if !seen.insert(name.clone()) {
-                return Err(ModelError::header(path, format!("duplicate tensor name {name}")));
+                return Err(ModelError::header(
+                    path,
+                    format!("duplicate tensor name {name}"),
+                ));
             }
             raw.push((name, ne, ty, rel));
         }
         let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
         if !raw.is_empty() && data_offset > file_len {
-            return Err(ModelError::truncated(path, "the padding before the tensor data"));
+            return Err(ModelError::truncated(
+                path,
+                "the padding before the tensor data",
+            ));
         }
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, ne, ty, rel) in raw {
-            let dtype = dtype_from_ggml(ty)
-                .ok_or_else(|| ModelError::UnsupportedTensorType { tensor: name.clone(), type_name: type_label(ty) })?;
+            let dtype = dtype_from_ggml(ty).ok_or_else(|| ModelError::UnsupportedTensorType {
+                tensor: name.clone(),
+                type_name: type_label(ty),
+            })?;
             let nbytes = tensor_nbytes(&name, dtype, &ne, path)?;
             if rel % alignment != 0 {
                 return Err(ModelError::header(
@@ -576,9 +640,13 @@ impl GgufFile {
             let start = data_offset.checked_add(rel);
             let end = start.and_then(|s| s.checked_add(nbytes));
             match (start, end) {
-                (Some(start), Some(end)) if end <= file_len => {
-                    tensors.push(GgufTensor { name, dtype, ne, offset: start, nbytes })
-                }
+                (Some(start), Some(end)) if end <= file_len => tensors.push(GgufTensor {
+                    name,
+                    dtype,
+                    ne,
+                    offset: start,
+                    nbytes,
+                }),
                 _ => {
                     let start = start.unwrap_or(u64::MAX);
                     return Err(ModelError::DataPastEof {
@@ -591,7 +659,15 @@ impl GgufFile {
                 }
             }
         }
-        Ok(GgufFile { metadata: GgufMetadata { version, alignment, kv }, tensors, data_offset })
+        Ok(GgufFile {
+            metadata: GgufMetadata {
+                version,
+                alignment,
+                kv,
+            },
+            tensors,
+            data_offset,
+        })
     }
 }
 
@@ -603,12 +679,16 @@ fn tensor_nbytes(name: &str, dtype: DType, ne: &[u64], path: &Path) -> Result<u6
         if d == 0 || usize::try_from(d).is_err() {
             return Err(bad(format!("dimension {d} in {ne:?}")));
         }
-        elems = elems.checked_mul(d).ok_or_else(|| bad(format!("dimensions {ne:?} overflow")))?;
+        elems = elems
+            .checked_mul(d)
+            .ok_or_else(|| bad(format!("dimensions {ne:?} overflow")))?;
     }
     let block = dtype.block_elems() as u64;
     let cols = ne.first().copied().unwrap_or(1);
     if cols % block != 0 {
-        return Err(bad(format!("a row of {cols} elements is not whole {dtype} blocks of {block}")));
+        return Err(bad(format!(
+            "a row of {cols} elements is not whole {dtype} blocks of {block}"
+        )));
     }
     (elems / block)
         .checked_mul(dtype.block_bytes() as u64)
@@ -618,10 +698,9 @@ fn tensor_nbytes(name: &str, dtype: DType, ne: &[u64], path: &Path) -> Result<u6
 fn req_u32(meta: &GgufMetadata, key: &str) -> Result<usize, ModelError> {
     match meta.get(key) {
         None => Err(ModelError::config(key, "missing from the GGUF metadata")),
-        Some(v) => meta
-            .get_u32(key)
-            .map(|x| x as usize)
-            .ok_or_else(|| ModelError::config(key, format!("expected an unsigned integer, got {v:?}"))),
+        Some(v) => meta.get_u32(key).map(|x| x as usize).ok_or_else(|| {
+            ModelError::config(key, format!("expected an unsigned integer, got {v:?}"))
+        }),
     }
 }
 
@@ -635,7 +714,10 @@ fn opt_u32(meta: &GgufMetadata, key: &str) -> Result<Option<usize>, ModelError> 
 fn opt_f32(meta: &GgufMetadata, key: &str) -> Result<Option<f32>, ModelError> {
     match meta.get(key) {
         None => Ok(None),
-        Some(v) => v.as_f32().map(Some).ok_or_else(|| ModelError::config(key, format!("expected a float, got {v:?}"))),
+        Some(v) => v
+            .as_f32()
+            .map(Some)
+            .ok_or_else(|| ModelError::config(key, format!("expected a float, got {v:?}"))),
     }
 }
 
@@ -648,18 +730,26 @@ impl GgufFile {
     /// 3.1+ conversions write), partial rotary dimensions, expert (MoE) layers.
     pub fn model_config(&self) -> Result<ModelConfig, ModelError> {
         let m = &self.metadata;
-        let arch = m.architecture().ok_or_else(|| ModelError::config("general.architecture", "missing or not a string"))?;
+        let arch = m
+            .architecture()
+            .ok_or_else(|| ModelError::config("general.architecture", "missing or not a string"))?;
         if arch != "llama" {
             return Err(ModelError::UnknownArch(arch.to_string()));
         }
         if let Some(n) = opt_u32(m, "llama.expert_count")? {
             if n > 0 {
-                return Err(ModelError::config("llama.expert_count", "mixture-of-experts models are not supported"));
+                return Err(ModelError::config(
+                    "llama.expert_count",
+                    "mixture-of-experts models are not supported",
+                ));
             }
         }
         if let Some(t) = m.get("llama.rope.scaling.type") {
             if t.as_str() != Some("none") {
-                return Err(ModelError::config("llama.rope.scaling.type", format!("{t:?} is not supported")));
+                return Err(ModelError::config(
+                    "llama.rope.scaling.type",
+                    format!("{t:?} is not supported"),
+                ));
             }
         }
         if self.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
@@ -688,7 +778,10 @@ impl GgufFile {
         }
         if let Some(v) = opt_u32(m, "llama.attention.value_length")? {
             if v != head_dim {
-                return Err(ModelError::config("llama.attention.value_length", format!("{v} differs from head_dim {head_dim}")));
+                return Err(ModelError::config(
+                    "llama.attention.value_length",
+                    format!("{v} differs from head_dim {head_dim}"),
+                ));
             }
         }
         let vocab_size = match opt_u32(m, "llama.vocab_size")? {
@@ -701,11 +794,20 @@ impl GgufFile {
                     .find(|t| t.name == "token_embd.weight")
                     .and_then(|t| t.ne.get(1).copied())
                     .map(|v| v as usize)
-                    .ok_or_else(|| ModelError::config("llama.vocab_size", "missing, and no tokenizer.ggml.tokens"))?,
+                    .ok_or_else(|| {
+                        ModelError::config(
+                            "llama.vocab_size",
+                            "missing, and no tokenizer.ggml.tokens",
+                        )
+                    })?,
             },
         };
         let mut eos_token_ids = Vec::new();
-        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        for key in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
             if let Some(id) = opt_u32(m, key)? {
                 let id = id as u32;
                 if !eos_token_ids.contains(&id) {
@@ -722,8 +824,9 @@ impl GgufFile {
             num_kv_heads,
             head_dim,
             vocab_size,
-            rms_norm_eps: opt_f32(m, "llama.attention.layer_norm_rms_epsilon")?
-                .ok_or_else(|| ModelError::config("llama.attention.layer_norm_rms_epsilon", "missing"))?,
+            rms_norm_eps: opt_f32(m, "llama.attention.layer_norm_rms_epsilon")?.ok_or_else(
+                || ModelError::config("llama.attention.layer_norm_rms_epsilon", "missing"),
+            )?,
             rope_theta: opt_f32(m, "llama.rope.freq_base")?.unwrap_or(10000.0),
             rope_scaling: None,
             tie_word_embeddings: !self.tensors.iter().any(|t| t.name == "output.weight"),
@@ -745,12 +848,30 @@ mod tests {
             ("token_embd.weight", "model.embed_tokens.weight"),
             ("output_norm.weight", "model.norm.weight"),
             ("output.weight", "lm_head.weight"),
-            ("blk.3.attn_norm.weight", "model.layers.3.input_layernorm.weight"),
-            ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
-            ("blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight"),
-            ("blk.1.attn_k_norm.weight", "model.layers.1.self_attn.k_norm.weight"),
-            ("blk.29.ffn_norm.weight", "model.layers.29.post_attention_layernorm.weight"),
-            ("blk.2.ffn_down.weight", "model.layers.2.mlp.down_proj.weight"),
+            (
+                "blk.3.attn_norm.weight",
+                "model.layers.3.input_layernorm.weight",
+            ),
+            (
+                "blk.0.attn_q.weight",
+                "model.layers.0.self_attn.q_proj.weight",
+            ),
+            (
+                "blk.0.attn_output.weight",
+                "model.layers.0.self_attn.o_proj.weight",
+            ),
+            (
+                "blk.1.attn_k_norm.weight",
+                "model.layers.1.self_attn.k_norm.weight",
+            ),
+            (
+                "blk.29.ffn_norm.weight",
+                "model.layers.29.post_attention_layernorm.weight",
+            ),
+            (
+                "blk.2.ffn_down.weight",
+                "model.layers.2.mlp.down_proj.weight",
+            ),
         ] {
             assert_eq!(gguf_to_hf_name(g).as_deref(), Some(h));
             assert_eq!(hf_to_gguf_name(h).as_deref(), Some(g));
@@ -783,7 +904,16 @@ mod tests {
 
     #[test]
     fn type_tables_agree() {
-        for d in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K, DType::Q6K] {
+        for d in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q4K,
+            DType::Q6K,
+        ] {
             let id = ggml_type_of(d);
             assert_eq!(dtype_from_ggml(id), Some(d));
             assert_eq!(ggml_type_name(id), Some(d.name()));

@@ -11,7 +11,10 @@ use loip_kernels::DType;
 use crate::checkpoint::Checkpoint;
 use crate::config::{Arch, ModelConfig};
 use crate::error::ModelError;
-use crate::gguf::{ggml_type_of, gguf_qk_row_to_hf, hf_to_gguf_name, value_type, GgufValue, DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use crate::gguf::{
+    ggml_type_of, gguf_qk_row_to_hf, hf_to_gguf_name, value_type, GgufValue, DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+};
 use crate::names::{self, suffix};
 
 struct WriterTensor {
@@ -38,7 +41,12 @@ impl Default for GgufWriter {
 impl GgufWriter {
     /// An empty version-3 file with the default alignment (32).
     pub fn new() -> Self {
-        GgufWriter { version: 3, alignment: DEFAULT_ALIGNMENT, kv: Vec::new(), tensors: Vec::new() }
+        GgufWriter {
+            version: 3,
+            alignment: DEFAULT_ALIGNMENT,
+            kv: Vec::new(),
+            tensors: Vec::new(),
+        }
     }
 
     /// Sets the version field written (the layout is the v2/v3 one whatever the number).
@@ -60,14 +68,31 @@ impl GgufWriter {
     }
 
     /// Adds a tensor given its HF shape (`[rows, cols]`; written reversed as ggml `ne`).
-    pub fn tensor(&mut self, name: impl Into<String>, dtype: DType, hf_shape: &[usize], data: Vec<u8>) -> &mut Self {
+    pub fn tensor(
+        &mut self,
+        name: impl Into<String>,
+        dtype: DType,
+        hf_shape: &[usize],
+        data: Vec<u8>,
+    ) -> &mut Self {
         let ne = hf_shape.iter().rev().map(|&d| d as u64).collect::<Vec<_>>();
         self.tensor_raw(name, ggml_type_of(dtype), &ne, data)
     }
 
     /// Adds a tensor with any ggml type id and `ne` dims, data written as given.
-    pub fn tensor_raw(&mut self, name: impl Into<String>, ggml_type: u32, ne: &[u64], data: Vec<u8>) -> &mut Self {
-        self.tensors.push(WriterTensor { name: name.into(), ggml_type, ne: ne.to_vec(), data });
+    pub fn tensor_raw(
+        &mut self,
+        name: impl Into<String>,
+        ggml_type: u32,
+        ne: &[u64],
+        data: Vec<u8>,
+    ) -> &mut Self {
+        self.tensors.push(WriterTensor {
+            name: name.into(),
+            ggml_type,
+            ne: ne.to_vec(),
+            data,
+        });
         self
     }
 
@@ -83,7 +108,10 @@ impl GgufWriter {
             .kv("llama.attention.head_count", u(cfg.num_heads))
             .kv("llama.attention.head_count_kv", u(cfg.num_kv_heads))
             .kv("llama.rope.freq_base", GgufValue::F32(cfg.rope_theta))
-            .kv("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(cfg.rms_norm_eps))
+            .kv(
+                "llama.attention.layer_norm_rms_epsilon",
+                GgufValue::F32(cfg.rms_norm_eps),
+            )
             .kv("llama.vocab_size", u(cfg.vocab_size))
             .kv("llama.rope.dimension_count", u(cfg.head_dim));
         if let Some(b) = cfg.bos_token_id {
@@ -147,7 +175,10 @@ impl GgufWriter {
     pub fn from_checkpoint(ck: &Checkpoint) -> Result<Self, ModelError> {
         let cfg = &ck.config;
         if cfg.arch != Arch::Llama {
-            return Err(ModelError::UnknownArch(format!("{} (only llama converts to GGUF)", cfg.arch)));
+            return Err(ModelError::UnknownArch(format!(
+                "{} (only llama converts to GGUF)",
+                cfg.arch
+            )));
         }
         let mut w = GgufWriter::new();
         w.llama_metadata(cfg);
@@ -158,9 +189,11 @@ impl GgufWriter {
                 .ok_or_else(|| ModelError::config(spec.name.clone(), "has no GGUF name"))?;
             let data = match names::parse_layer_tensor_name(&spec.name) {
                 Some((_, s)) if (s == suffix::Q_PROJ || s == suffix::K_PROJ) && !ck.qk_permuted => {
-                    let row_bytes = info.dtype.row_bytes(info.shape[1]).map_err(|source| ModelError::Kernel {
-                        tensor: spec.name.clone(),
-                        source,
+                    let row_bytes = info.dtype.row_bytes(info.shape[1]).map_err(|source| {
+                        ModelError::Kernel {
+                            tensor: spec.name.clone(),
+                            source,
+                        }
                     })?;
                     permute_heads(bytes, row_bytes, cfg.head_dim)
                 }
@@ -213,7 +246,10 @@ fn put_value(out: &mut Vec<u8>, v: &GgufValue, key: &str) -> Result<(), ModelErr
         GgufValue::Array(items) => {
             let elem = items.first().map_or(value_type::U8, GgufValue::type_id);
             if items.iter().any(|i| i.type_id() != elem) {
-                return Err(ModelError::config(key, "a GGUF array must hold values of one type"));
+                return Err(ModelError::config(
+                    key,
+                    "a GGUF array must hold values of one type",
+                ));
             }
             out.extend_from_slice(&elem.to_le_bytes());
             out.extend_from_slice(&(items.len() as u64).to_le_bytes());

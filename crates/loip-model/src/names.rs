@@ -49,7 +49,10 @@ pub fn layer_tensor_name(layer: usize, suffix: &str) -> String {
 pub fn parse_layer_tensor_name(name: &str) -> Option<(usize, &str)> {
     let rest = name.strip_prefix("model.layers.")?;
     let (idx, suffix) = rest.split_once('.')?;
-    if idx.is_empty() || !idx.bytes().all(|b| b.is_ascii_digit()) || (idx.len() > 1 && idx.starts_with('0')) {
+    if idx.is_empty()
+        || !idx.bytes().all(|b| b.is_ascii_digit())
+        || (idx.len() > 1 && idx.starts_with('0'))
+    {
         return None;
     }
     Some((idx.parse().ok()?, suffix))
@@ -93,7 +96,13 @@ impl TensorSpec {
 /// The tensors of decoder block `layer`, attention part first, in checkpoint order.
 pub fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<TensorSpec> {
     use suffix::*;
-    let (h, q, kv, inter, d) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size, cfg.head_dim);
+    let (h, q, kv, inter, d) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+        cfg.head_dim,
+    );
     let att = TensorGroup::Attention(layer);
     let mlp = TensorGroup::Mlp(layer);
     let n = |s: &str| layer_tensor_name(layer, s);
@@ -120,13 +129,25 @@ pub fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<TensorSpec> {
 /// Every tensor the model needs, in checkpoint order: embedding, layers 0.., final norm,
 /// LM head (unless tied).
 pub fn model_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
-    let mut v = vec![TensorSpec::new(EMBED_TOKENS.into(), vec![cfg.vocab_size, cfg.hidden_size], TensorGroup::Embedding)];
+    let mut v = vec![TensorSpec::new(
+        EMBED_TOKENS.into(),
+        vec![cfg.vocab_size, cfg.hidden_size],
+        TensorGroup::Embedding,
+    )];
     for layer in 0..cfg.num_layers {
         v.extend(layer_tensors(cfg, layer));
     }
-    v.push(TensorSpec::new(FINAL_NORM.into(), vec![cfg.hidden_size], TensorGroup::Head));
+    v.push(TensorSpec::new(
+        FINAL_NORM.into(),
+        vec![cfg.hidden_size],
+        TensorGroup::Head,
+    ));
     if !cfg.tie_word_embeddings {
-        v.push(TensorSpec::new(LM_HEAD.into(), vec![cfg.vocab_size, cfg.hidden_size], TensorGroup::Head));
+        v.push(TensorSpec::new(
+            LM_HEAD.into(),
+            vec![cfg.vocab_size, cfg.hidden_size],
+            TensorGroup::Head,
+        ));
     }
     v
 }
@@ -143,6 +164,9 @@ mod tests {
         assert_eq!(parse_layer_tensor_name(EMBED_TOKENS), None);
         assert_eq!(parse_layer_tensor_name("model.layers.01.x"), None);
         assert_eq!(parse_layer_tensor_name("model.layers..x"), None);
-        assert_eq!(parse_layer_tensor_name("model.layers.99999999999999999999999.x"), None);
+        assert_eq!(
+            parse_layer_tensor_name("model.layers.99999999999999999999999.x"),
+            None
+        );
     }
 }

@@ -65,21 +65,36 @@ pub fn read_header(bytes: &[u8], path: &Path) -> Result<Vec<SafetensorsEntry>, M
         .ok_or_else(|| ModelError::truncated(path, "the 8-byte header length"))?;
     let n = u64::from_le_bytes(len_bytes);
     if n > MAX_HEADER_BYTES {
-        return Err(ModelError::header(path, format!("header length {n} exceeds {MAX_HEADER_BYTES} bytes")));
+        return Err(ModelError::header(
+            path,
+            format!("header length {n} exceeds {MAX_HEADER_BYTES} bytes"),
+        ));
     }
     if 8 + n > file_len {
-        return Err(ModelError::truncated(path, format!("the JSON header ({n} bytes declared, {file_len} in the file)")));
+        return Err(ModelError::truncated(
+            path,
+            format!("the JSON header ({n} bytes declared, {file_len} in the file)"),
+        ));
     }
     let header = &bytes[8..(8 + n) as usize];
-    let metadata: Metadata =
-        serde_json::from_slice(header).map_err(|e| ModelError::header(path, format!("JSON header: {e}")))?;
+    let metadata: Metadata = serde_json::from_slice(header)
+        .map_err(|e| ModelError::header(path, format!("JSON header: {e}")))?;
     let data_start = 8 + n;
     let mut entries = Vec::new();
     for (name, info) in metadata.tensors() {
         let (s, e) = info.data_offsets;
-        let (start, end) = (data_start.saturating_add(s as u64), data_start.saturating_add(e as u64));
+        let (start, end) = (
+            data_start.saturating_add(s as u64),
+            data_start.saturating_add(e as u64),
+        );
         if end > file_len {
-            return Err(ModelError::DataPastEof { path: path.into(), tensor: name, start, end, file_len });
+            return Err(ModelError::DataPastEof {
+                path: path.into(),
+                tensor: name,
+                start,
+                end,
+                file_len,
+            });
         }
         entries.push(SafetensorsEntry {
             name,
@@ -96,18 +111,26 @@ pub fn read_header(bytes: &[u8], path: &Path) -> Result<Vec<SafetensorsEntry>, M
 /// The header of a safetensors file holding `tensors` (name, float dtype, shape) back to back
 /// in the given order: 8-byte length + JSON padded with spaces to a multiple of 8 bytes, so
 /// that the data starts 8-byte aligned. Returns the header bytes and each tensor's data length.
-pub fn write_header(tensors: &[(String, DType, Vec<usize>)]) -> Result<(Vec<u8>, Vec<u64>), ModelError> {
+pub fn write_header(
+    tensors: &[(String, DType, Vec<usize>)],
+) -> Result<(Vec<u8>, Vec<u64>), ModelError> {
     let mut map = Map::new();
     map.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut offset = 0u64;
     let mut sizes = Vec::with_capacity(tensors.len());
     for (name, dtype, shape) in tensors {
-        let dname = safetensors_dtype_name(*dtype)
-            .ok_or_else(|| ModelError::UnsupportedDtype { tensor: name.clone(), dtype: dtype.name().into() })?;
-        let numel = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+        let dname = safetensors_dtype_name(*dtype).ok_or_else(|| ModelError::UnsupportedDtype {
+            tensor: name.clone(),
+            dtype: dtype.name().into(),
+        })?;
+        let numel = shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
         let nbytes = numel
             .and_then(|n| n.checked_mul(dtype.block_bytes() as u64))
-            .ok_or_else(|| ModelError::config(name.clone(), format!("shape {shape:?} overflows")))?;
+            .ok_or_else(|| {
+                ModelError::config(name.clone(), format!("shape {shape:?} overflows"))
+            })?;
         map.insert(
             name.clone(),
             json!({"dtype": dname, "shape": shape, "data_offsets": [offset, offset + nbytes]}),
@@ -130,11 +153,17 @@ pub fn write_header(tensors: &[(String, DType, Vec<usize>)]) -> Result<(Vec<u8>,
 /// A whole safetensors file in memory (for tests and small fixtures): `tensors` are
 /// (name, float dtype, shape, data bytes).
 pub fn to_bytes(tensors: &[(String, DType, Vec<usize>, Vec<u8>)]) -> Result<Vec<u8>, ModelError> {
-    let specs: Vec<_> = tensors.iter().map(|(n, d, s, _)| (n.clone(), *d, s.clone())).collect();
+    let specs: Vec<_> = tensors
+        .iter()
+        .map(|(n, d, s, _)| (n.clone(), *d, s.clone()))
+        .collect();
     let (mut out, sizes) = write_header(&specs)?;
     for ((name, _, _, data), size) in tensors.iter().zip(sizes) {
         if data.len() as u64 != size {
-            return Err(ModelError::config(name.clone(), format!("{} data bytes for a tensor of {size}", data.len())));
+            return Err(ModelError::config(
+                name.clone(),
+                format!("{} data bytes for a tensor of {size}", data.len()),
+            ));
         }
         out.extend_from_slice(data);
     }
@@ -144,23 +173,27 @@ pub fn to_bytes(tensors: &[(String, DType, Vec<usize>, Vec<u8>)]) -> Result<Vec<
 /// The `weight_map` of a sharded checkpoint's `model.safetensors.index.json`: tensor name →
 /// shard file name (a bare file name in the same directory).
 pub fn read_index(text: &str, path: &Path) -> Result<BTreeMap<String, String>, ModelError> {
-    let v: Value = serde_json::from_str(text).map_err(|e| ModelError::header(path, format!("not valid JSON: {e}")))?;
+    let v: Value = serde_json::from_str(text)
+        .map_err(|e| ModelError::header(path, format!("not valid JSON: {e}")))?;
     let map = v
         .get("weight_map")
         .and_then(Value::as_object)
         .ok_or_else(|| ModelError::header(path, "no \"weight_map\" object"))?;
     let mut out = BTreeMap::new();
     for (name, file) in map {
-        let file = file
-            .as_str()
-            .ok_or_else(|| ModelError::header(path, format!("weight_map[{name:?}] is not a string")))?;
+        let file = file.as_str().ok_or_else(|| {
+            ModelError::header(path, format!("weight_map[{name:?}] is not a string"))
+        })?;
         let bare = !file.is_empty()
             && file != "."
             && file != ".."
             && !file.contains(['/', '\\'])
             && !file.starts_with('.');
         if !bare {
-            return Err(ModelError::header(path, format!("weight_map[{name:?}] = {file:?} is not a file name in this directory")));
+            return Err(ModelError::header(
+                path,
+                format!("weight_map[{name:?}] = {file:?} is not a file name in this directory"),
+            ));
         }
         out.insert(name.clone(), file.to_string());
     }

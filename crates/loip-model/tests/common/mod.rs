@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `tests/fixtures/<name>` at the workspace root.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
 }
 
 /// A fresh directory under the system temp dir, removed on drop.
@@ -49,5 +51,8 @@ pub fn copy_fixture(name: &str) -> TempDir {
 
 /// f32 values of little-endian bytes.
 pub fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
