@@ -469,6 +469,9 @@ unsafe fn dot_quant<Q: Quant, const R: usize, const N: usize>(
     xs: [*const f32; N],
 ) -> [[f32; N]; R] {
     let units = cols / 256;
+    let rb = Q::UNIT_BYTES * (cols / 32) / 8;
+    // prefetch distance: the next tile of R rows
+    let dist = R * rb;
     let mut acc: Acc<R, N> = [[[_mm512_setzero_ps(); 4]; N]; R];
     // f32 scales of one segment, 16 per unit; only the entries written by `Q::scales` are read
     let mut sc = [[std::mem::MaybeUninit::<f32>::uninit(); 16 * SEG_UNITS]; R];
@@ -484,6 +487,16 @@ unsafe fn dot_quant<Q: Quant, const R: usize, const N: usize>(
         }
         for u in u0..u0 + nu {
             let off = u * Q::UNIT_BYTES;
+            // software prefetch: the same unit of the rows of the next tile (a hint, never
+            // faults; it crosses the 4 KiB pages the hardware prefetchers stop at)
+            // (into L2: measured clearly faster here than into L1)
+            for row in rows {
+                let mut b = 0;
+                while b < Q::UNIT_BYTES {
+                    _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(dist + off + b) as *const i8);
+                    b += 64;
+                }
+            }
             for k in 0..4 {
                 let x = load_x::<N, 4>(&xs, (4 * u + k) * 64);
                 for r in 0..R {
