@@ -53,7 +53,8 @@ pub struct PlanArgs {
     pub out: Option<PathBuf>,
 }
 
-fn read_cluster(path: &Path) -> Result<Cluster> {
+/// Reads and validates a cluster file; profile paths in it are relative to the file.
+pub(crate) fn read_cluster(path: &Path) -> Result<Cluster> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading cluster file {}", path.display()))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();

@@ -12,7 +12,7 @@
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use loip_plan::{Cluster, Plan, PlanError, PlanInvalid};
+use loip_plan::{Plan, PlanError, PlanInvalid};
 use loip_sim::experiments::{experiments, run_experiments, ExperimentConfig, EXPERIMENT_NAMES};
 use loip_sim::{plot, report, Bandwidth, KvPolicy, SimConfig, SimReport};
 use std::path::{Path, PathBuf};
@@ -134,21 +134,12 @@ fn run_experiment(args: &SimulateArgs, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn read_cluster(path: &Path) -> Result<Cluster> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading cluster file {}", path.display()))?;
-    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut load = |p: &str| std::fs::read_to_string(base.join(p)).map_err(|e| e.to_string());
-    Cluster::from_toml_str(&text, &mut load)
-        .with_context(|| format!("in cluster file {}", path.display()))
-}
-
 fn replay(args: &SimulateArgs, plan_path: &Path, cluster_path: &Path) -> Result<()> {
     let text = std::fs::read_to_string(plan_path)
         .with_context(|| format!("reading plan {}", plan_path.display()))?;
     let plan =
         Plan::from_json(&text).with_context(|| format!("parsing plan {}", plan_path.display()))?;
-    let cluster = read_cluster(cluster_path)?;
+    let cluster = crate::cmd_plan::read_cluster(cluster_path)?;
     let shape = loip_sim::shape(&plan.shape)?;
     match plan.validate(&shape, &cluster) {
         // Over budget is what the simulator reports as OOM; anything else is a broken plan.

@@ -137,8 +137,9 @@ fn next_group(groups: &[Vec<(Vec<SliceKind>, usize)>], k: usize) -> Option<usize
         .find_map(|j| groups[j].first().map(|(_, g)| *g))
 }
 
-/// The stored type of the model's embedding, from the manifest.
-fn embed_dtype(m: &Manifest) -> Result<loip_kernels::DType, RuntimeError> {
+/// The transformer of a split model: its config, q/k layout, and the RoPE rounding of its
+/// float dtype (read from the embedding's stored type).
+pub(crate) fn transformer_of(m: &Manifest) -> Result<Transformer, RuntimeError> {
     let t = m
         .slice(SliceKind::Embed)
         .and_then(|s| {
@@ -147,7 +148,11 @@ fn embed_dtype(m: &Manifest) -> Result<loip_kernels::DType, RuntimeError> {
                 .find(|t| t.name == loip_model::names::EMBED_TOKENS)
         })
         .ok_or_else(|| RuntimeError::Invalid("the manifest has no embedding".into()))?;
-    Ok(t.dtype()?)
+    Ok(Transformer::new(
+        m.config.clone(),
+        m.qk_permuted,
+        param_dtype_of(t.dtype()?),
+    ))
 }
 
 /// Working-buffer bytes of one step of `tokens` tokens and `seqs` sequences.
@@ -254,11 +259,7 @@ impl Device {
             kv_budget,
         };
         let mut dev = Device {
-            tf: Transformer::new(
-                cfg.clone(),
-                manifest.qk_permuted,
-                param_dtype_of(embed_dtype(manifest)?),
-            ),
+            tf: transformer_of(manifest)?,
             resident,
             loader,
             groups,

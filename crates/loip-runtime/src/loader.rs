@@ -17,7 +17,6 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
@@ -371,27 +370,7 @@ fn load_direct(
                 path.display()
             )));
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .map_err(|e| RuntimeError::Io {
-                path: path.clone(),
-                source: e,
-            })?;
-        let len = file
-            .metadata()
-            .map_err(|e| RuntimeError::Io {
-                path: path.clone(),
-                source: e,
-            })?
-            .len();
-        if len != entry.size {
-            return Err(RuntimeError::Model(loip_model::ModelError::Truncated {
-                path: path.clone(),
-                what: format!("slice is {len} bytes, manifest says {}", entry.size),
-            }));
-        }
+        let file = crate::resident::open_slice(path, entry, true)?;
         // SAFETY: [off, off+size) lies inside the slot (checked above), and the owner holds no
         // view of the slot while a load is in flight (module protocol).
         let dst = unsafe { std::slice::from_raw_parts_mut(slot.0.add(*off), size) };

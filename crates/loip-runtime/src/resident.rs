@@ -32,23 +32,7 @@ impl Resident {
     fn add(&mut self, dir: &Path, s: &SliceEntry) -> Result<(), RuntimeError> {
         use std::os::unix::fs::FileExt;
         let path = dir.join(&s.file);
-        let file = std::fs::File::open(&path).map_err(|e| RuntimeError::Io {
-            path: path.clone(),
-            source: e,
-        })?;
-        let len = file
-            .metadata()
-            .map_err(|e| RuntimeError::Io {
-                path: path.clone(),
-                source: e,
-            })?
-            .len();
-        if len != s.size {
-            return Err(RuntimeError::Model(loip_model::ModelError::Truncated {
-                path,
-                what: format!("slice is {len} bytes, manifest says {}", s.size),
-            }));
-        }
+        let file = open_slice(&path, s, false)?;
         let mut buf = AlignedBuf::new(s.size as usize, 4096)?;
         file.read_exact_at(buf.as_mut_slice(), 0)
             .map_err(|e| RuntimeError::Io {
@@ -78,6 +62,34 @@ impl Resident {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+}
+
+/// Opens a slice file (with `O_DIRECT` when `direct`) and checks its size against the
+/// manifest, so a truncated or grown slice is named before anything is read.
+pub(crate) fn open_slice(
+    path: &Path,
+    s: &SliceEntry,
+    direct: bool,
+) -> Result<std::fs::File, RuntimeError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |e| RuntimeError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    let file = opts.open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len != s.size {
+        return Err(RuntimeError::Model(loip_model::ModelError::Truncated {
+            path: path.to_path_buf(),
+            what: format!("slice is {len} bytes, manifest says {}", s.size),
+        }));
+    }
+    Ok(file)
 }
 
 impl TensorSource for Resident {

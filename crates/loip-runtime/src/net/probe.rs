@@ -12,7 +12,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use loip_engine::forward::{param_dtype_of, Transformer};
 use loip_engine::{AttnWeights, KvCache, MlpWeights, TokenPos};
 use loip_model::slice::{Manifest, SliceEntry, SliceKind};
 use loip_plan::LoaderProfile;
@@ -96,14 +95,7 @@ fn time_blocks(dir: &Path, m: &Manifest) -> Result<(Vec<(u64, f64)>, f64), Runti
     let cfg = &m.config;
     let (attn0, mlp0) = (entry(m, SliceKind::Attn(0))?, entry(m, SliceKind::Mlp(0))?);
     let resident = Resident::load(dir, &[attn0, mlp0])?;
-    let embed = entry(m, SliceKind::Embed)?;
-    let embed_dtype = embed
-        .tensors
-        .iter()
-        .find(|t| t.name == loip_model::names::EMBED_TOKENS)
-        .ok_or_else(|| RuntimeError::Invalid("the manifest has no embedding".into()))?
-        .dtype()?;
-    let tf = Transformer::new(cfg.clone(), m.qk_permuted, param_dtype_of(embed_dtype));
+    let tf = crate::executor::transformer_of(m)?;
     let aw = AttnWeights::bind(&resident, cfg, 0)?;
     let mw = MlpWeights::bind(&resident, cfg, 0)?;
     let h = cfg.hidden_size;
