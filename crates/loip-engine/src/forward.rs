@@ -300,13 +300,15 @@ impl<'a> Model<'a> {
             });
         }
         kv.reserve(ids.len())?;
-        let mut x = vec![0f32; ids.len() * self.tf.cfg.hidden_size];
-        self.tf.embed(&self.embed, ids, &mut x)?;
-        for (l, w) in self.layers.iter().enumerate() {
-            self.tf.attention(l, &w.attn, &mut x, batch, kv)?;
-            self.tf.mlp(&w.mlp, &mut x)?;
-        }
-        Ok(x)
+        k::on_pool(|| {
+            let mut x = vec![0f32; ids.len() * self.tf.cfg.hidden_size];
+            self.tf.embed(&self.embed, ids, &mut x)?;
+            for (l, w) in self.layers.iter().enumerate() {
+                self.tf.attention(l, &w.attn, &mut x, batch, kv)?;
+                self.tf.mlp(&w.mlp, &mut x)?;
+            }
+            Ok(x)
+        })
     }
 
     /// Logits `(rows.len(), vocab)` of the selected rows of `x`.
@@ -321,7 +323,7 @@ impl<'a> Model<'a> {
             sel.extend_from_slice(row);
         }
         let mut out = vec![0f32; rows.len() * self.tf.cfg.vocab_size];
-        self.tf.head(&self.head, &sel, &mut out)?;
+        k::on_pool(|| self.tf.head(&self.head, &sel, &mut out))?;
         Ok(out)
     }
 

@@ -27,6 +27,8 @@ struct Args {
     smol_only: bool,
     /// only the memory bandwidth and per-dtype table
     table_only: bool,
+    /// also time one small matrix that stays in L2 (the kernels' compute ceiling)
+    hot: bool,
 }
 
 fn parse_args() -> Args {
@@ -34,6 +36,7 @@ fn parse_args() -> Args {
     let mut quick = false;
     let mut smol_only = false;
     let mut table_only = false;
+    let mut hot = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -48,8 +51,9 @@ fn parse_args() -> Args {
             "--quick" => quick = true,
             "--smol" => smol_only = true,
             "--table" => table_only = true,
+            "--hot" => hot = true,
             _ => {
-                eprintln!("usage: matvec_bench [--threads N] [--quick] [--smol | --table]");
+                eprintln!("usage: matvec_bench [--threads N] [--quick] [--hot] [--smol | --table]");
                 std::process::exit(2);
             }
         }
@@ -59,6 +63,7 @@ fn parse_args() -> Args {
         quick,
         smol_only,
         table_only,
+        hot,
     }
 }
 
@@ -201,12 +206,23 @@ fn dtype_table(
     println!("  ({})", tcols.join(", "));
     println!();
 
+    let hot_shape = (256, 512);
     println!(
-        "{:<6} {:>12} {:>9} {}",
+        "{:<6} {:>12} {:>9} {}{}",
         "dtype",
         "shape",
         "MiB",
-        tcols.iter().map(|s| format!("{s:>13}")).collect::<String>()
+        tcols.iter().map(|s| format!("{s:>13}")).collect::<String>(),
+        if args.hot {
+            format!(
+                "   in L2 ({}x{}): {}",
+                hot_shape.0,
+                hot_shape.1,
+                tcols.join(", ")
+            )
+        } else {
+            String::new()
+        }
     );
     let (rows, cols) = (4096, 4096);
     let x = common::random_f32(cols, rng);
@@ -223,6 +239,17 @@ fn dtype_table(
             let p = pool(t);
             let r = p.install(|| rate(m.bytes(), min_time, || m.run_all(&x, &mut y)));
             print!(" {r:>13.1}");
+        }
+        if args.hot {
+            let (hr, hc) = hot_shape;
+            let m = Mats::new(dtype, hr, hc, 0, rng);
+            let mut hy = vec![0f32; hr];
+            print!("   ");
+            for &t in &args.threads {
+                let p = pool(t);
+                let r = p.install(|| rate(m.bytes(), min_time, || m.run_all(&x[..hc], &mut hy)));
+                print!(" {r:>13.1}");
+            }
         }
         println!();
     }

@@ -4,6 +4,7 @@
 //! - [`rmsnorm`], [`silu_mul`], [`rope_half`]: element-wise f32 kernels.
 //! - [`attention`] / [`attention_ref`]: one query token over a KV cache.
 //! - [`simd_level`] / [`set_force_scalar`]: which SIMD path runs.
+//! - [`on_pool`]: run a whole step on the thread pool (one hand-off, not one per matmul).
 //!
 //! Every optimized kernel follows the canonical order of operations of `canon` (see the crate
 //! docs), so results are bit-identical across SIMD paths, batch sizes, thread counts and
@@ -13,3 +14,18 @@ pub use crate::attention::{attention, attention_ref};
 pub use crate::elementwise::{rmsnorm, rope_half, silu_mul};
 pub use crate::matmul::{dequant_row, matmul, matmul_ref};
 pub use crate::simd::{set_force_scalar, simd_level};
+
+/// Runs `f` on a thread of the current rayon pool: the caller's own thread when it already is
+/// one, else one hand-off to the pool for all of `f`.
+///
+/// Every [`matmul`] splits its rows over the pool. Called from a thread outside the pool, each
+/// call hands its work over and waits to be woken (tens of microseconds, hundreds of times per
+/// token on a small model); inside `on_pool` the calling worker takes a share itself and the
+/// hand-offs disappear. Results do not change: each output element is the same canonical dot.
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        f()
+    } else {
+        rayon::scope(|_| f())
+    }
+}

@@ -348,6 +348,17 @@ impl Device {
         batch: &[TokenPos],
         release: bool,
     ) -> Result<(), RuntimeError> {
+        // the whole stage on the compute pool: one hand-off, not one per matmul
+        loip_kernels::on_pool(|| self.run_stage_on_pool(k, x, batch, release))
+    }
+
+    fn run_stage_on_pool(
+        &mut self,
+        k: usize,
+        x: &mut [f32],
+        batch: &[TokenPos],
+        release: bool,
+    ) -> Result<(), RuntimeError> {
         let Device {
             tf,
             resident,
@@ -440,7 +451,7 @@ impl Device {
         }
         let w = HeadWeights::bind(&self.resident, &self.tf.cfg)?;
         let mut out = vec![0f32; rows.len() * self.tf.cfg.vocab_size];
-        self.tf.head(&w, &sel, &mut out)?;
+        loip_kernels::on_pool(|| self.tf.head(&w, &sel, &mut out))?;
         self.times.compute_s += t.elapsed().as_secs_f64();
         Ok(out)
     }

@@ -541,9 +541,20 @@ pub(super) unsafe fn dot_float<F: Float, const R: usize, const N: usize>(
 ) -> [[f32; N]; R] {
     let groups = cols / 16;
     let chunks = groups / 4;
+    // prefetch distance: the next tile of R rows (as in `dot_quant`)
+    let dist = R * cols * F::ELEM_BYTES;
     let mut acc: Acc<R, N> = [[[_mm512_setzero_ps(); 4]; N]; R];
     for c in 0..chunks {
         let x = load_x::<N, 4>(&xs, 64 * c);
+        for row in rows {
+            let mut b = 0;
+            while b < 64 * F::ELEM_BYTES {
+                _mm_prefetch::<_MM_HINT_T1>(
+                    row.wrapping_add(dist + 64 * c * F::ELEM_BYTES + b) as *const i8
+                );
+                b += 64;
+            }
+        }
         for r in 0..R {
             let p = rows[r];
             let w = [
