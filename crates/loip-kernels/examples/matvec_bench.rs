@@ -308,7 +308,7 @@ fn smol(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng) {
     for &t in &args.threads {
         let p = pool(t);
         let r = p.install(|| rate(total, min_time, &mut token));
-        println!("  {t} thread(s): {:>6.2} ms/token  ({r:.1} GB/s)   [llama.cpp: 6.5 ms 1 thr, 5.4 ms 2 thr]", total as f64 / r / 1e6);
+        println!("  {t} thread(s): {:>6.2} ms/token  ({r:.1} GB/s)   (whole-model decode vs llama.cpp: bench/compare_llama_cpp.sh)", total as f64 / r / 1e6);
     }
 
     // prefill: the same matrices with a batch of 32 tokens
