@@ -54,6 +54,13 @@ pub struct PromptArgs {
     pub min_tokens: usize,
 }
 
+impl PromptArgs {
+    /// Greedy sampling (temperature 0 or top-k 1): the last device can pick the token.
+    pub fn greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+}
+
 /// Arguments of `loip generate`.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {

@@ -299,6 +299,7 @@ fn session_options(
         // in the pipeline the devices' loads are staggered by their stages, and only the
         // planned devices load. One at a time is what the run sees (0.9–1.0 GB/s).
         probe_loads_together: a.probe_loads_together,
+        greedy: a.prompt.greedy(),
         ..Default::default()
     };
     o.connect.token = Some(token.to_string());

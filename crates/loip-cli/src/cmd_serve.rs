@@ -134,7 +134,9 @@ pub fn print_breakdown(b: &Breakdown, measured_ms: f64, predicted_ms: f64) {
     );
 }
 
-/// Brings a cluster up for `model` (a path or `smollm2`), planning for `context` tokens.
+/// Brings a cluster up for `model` (a path or `smollm2`), planning for `context` tokens
+/// (and for greedy generations' 8-byte token return when `greedy`).
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     model: &str,
     c: &ClusterArgs,
@@ -143,6 +145,7 @@ pub fn start(
     micro_batches: Option<u32>,
     context: u64,
     max_step_tokens: usize,
+    greedy: bool,
 ) -> Result<(Session, PathBuf)> {
     let file = c.cluster.as_deref().context("--cluster FILE is required")?;
     let (workers, cluster) = read_workers(file)?;
@@ -156,6 +159,7 @@ pub fn start(
         loader,
         link: c.file_link.then_some(cluster.link),
         shape_name: model.to_string(),
+        greedy,
         ..Default::default()
     };
     opts.connect.token = c
@@ -188,6 +192,7 @@ pub fn generate_on_cluster(
         None,
         context,
         prep.prompt_ids.len(),
+        prompt.greedy(),
     )?;
     if !json {
         print_setup(&s);
@@ -251,6 +256,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         a.micro_batches,
         a.context,
         a.max_prompt,
+        a.sampling.greedy(),
     )?;
     print_setup(&s);
     eprintln!("ready: one prompt per line on stdin");

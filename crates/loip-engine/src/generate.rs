@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::forward::{Model, TokenPos};
 use crate::kv::{KvCache, SeqId};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{argmax, Sampler, SamplingParams};
 use crate::EngineError;
 
 /// Runs forward steps for one sequence.
@@ -16,6 +16,36 @@ pub trait StepBackend {
     /// Feeds `ids` at positions `start_pos..` of sequence `seq`; returns the logits `(vocab,)`
     /// of the last of them.
     fn step(&mut self, seq: SeqId, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError>;
+
+    /// [`StepBackend::step`] for greedy decoding: the argmax ([`argmax`]) of the last
+    /// position's logits after setting the `masked` ids to −∞. A backend whose logits live
+    /// elsewhere (the last device of a pipeline) computes it there and returns only the id.
+    fn step_argmax(
+        &mut self,
+        seq: SeqId,
+        ids: &[u32],
+        start_pos: usize,
+        masked: &[u32],
+    ) -> Result<u32, EngineError> {
+        let mut logits = self.step(seq, ids, start_pos)?;
+        mask(&mut logits, masked);
+        Ok(argmax(&logits))
+    }
+}
+
+/// Sets the `ids` entries of `logits` to −∞ (ids outside the vocabulary are ignored).
+fn mask(logits: &mut [f32], ids: &[u32]) {
+    for &e in ids {
+        if let Some(l) = logits.get_mut(e as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// The next token: an id already chosen by the backend, or logits to sample from.
+enum Next {
+    Id(u32),
+    Logits(Vec<f32>),
 }
 
 /// The single-device engine as a backend: a bound model and its cache.
@@ -110,22 +140,35 @@ pub fn generate<B: StepBackend + ?Sized>(
         return Err(EngineError::Invalid("the prompt has no tokens".into()));
     }
     let mut sampler = Sampler::new(opts.sampling.clone())?;
+    // Greedy decoding needs only the argmax: the backend computes it where the logits are.
+    let greedy = sampler.is_greedy();
+    let no_eos: &[u32] = &[];
+    let step = |backend: &mut B, ids: &[u32], start: usize, new: usize| {
+        let masked = if new < opts.min_tokens {
+            &opts.eos_ids[..]
+        } else {
+            no_eos
+        };
+        if greedy {
+            backend.step_argmax(seq, ids, start, masked).map(Next::Id)
+        } else {
+            let mut logits = backend.step(seq, ids, start)?;
+            mask(&mut logits, masked);
+            Ok(Next::Logits(logits))
+        }
+    };
     let t0 = Instant::now();
-    let mut logits = backend.step(seq, prompt, 0)?;
+    let mut next = step(backend, prompt, 0, 0)?;
     let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut new_ids = Vec::new();
     let mut stop = StopReason::Length;
     let mut decode_steps = 0usize;
     let t1 = Instant::now();
     while new_ids.len() < opts.max_tokens {
-        if new_ids.len() < opts.min_tokens {
-            for &e in &opts.eos_ids {
-                if let Some(l) = logits.get_mut(e as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
-        let id = sampler.sample(&logits);
+        let id = match &next {
+            Next::Id(id) => *id,
+            Next::Logits(logits) => sampler.sample(logits),
+        };
         if opts.eos_ids.contains(&id) {
             stop = StopReason::Eos;
             break;
@@ -138,7 +181,12 @@ pub fn generate<B: StepBackend + ?Sized>(
         if new_ids.len() == opts.max_tokens {
             break;
         }
-        logits = backend.step(seq, &[id], prompt.len() + new_ids.len() - 1)?;
+        next = step(
+            backend,
+            &[id],
+            prompt.len() + new_ids.len() - 1,
+            new_ids.len(),
+        )?;
         decode_steps += 1;
     }
     let decode_ms_per_token = if decode_steps > 0 {

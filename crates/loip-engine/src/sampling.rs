@@ -77,12 +77,17 @@ impl Sampler {
         Ok(Sampler { params, rng })
     }
 
+    /// Whether [`Sampler::sample`] is the plain [`argmax`] (temperature 0 or top-k 1).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0 || self.params.top_k == 1
+    }
+
     /// Picks a token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let p = &self.params;
-        if p.temperature == 0.0 || p.top_k == 1 {
+        if self.is_greedy() {
             return argmax(logits);
         }
+        let p = &self.params;
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()

@@ -24,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use loip_engine::generate::{generate, Flow};
-use loip_engine::{EngineError, GenerateOptions, GenerateOutput};
+use loip_engine::{GenerateOptions, GenerateOutput};
 use loip_model::slice::{Manifest, SliceKind};
 use loip_plan::{
     Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest, Residency,
@@ -68,6 +68,9 @@ impl WorkerSpec {
     }
 }
 
+/// Bytes of one row of an argmax output (token id and logit).
+const ARGMAX_RETURN_BYTES: u64 = 8;
+
 /// How to bring the cluster up.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
@@ -101,6 +104,10 @@ pub struct SessionOptions {
     /// emulated on one machine share its SSD and load at the same time in the pipeline);
     /// block compute is always timed one device at a time
     pub probe_loads_together: bool,
+    /// the generations are greedy: the last device returns each token's argmax (8 bytes), and
+    /// the plan costs the token's return trip so; else it returns the logits (vocabulary × 4
+    /// bytes). Either way a step that asks for logits gets them.
+    pub greedy: bool,
 }
 
 impl Default for SessionOptions {
@@ -120,6 +127,7 @@ impl Default for SessionOptions {
             step_timeout: Duration::from_secs(300),
             shape_name: "model".into(),
             probe_loads_together: false,
+            greedy: false,
         }
     }
 }
@@ -405,11 +413,15 @@ async fn setup(
             links.push(l);
         }
     }
-    // The last device returns the last position's full logits to the coordinator, which
-    // samples: that is the token's return trip on the wire.
+    // The token's return trip on the wire: the last device sends the coordinator the argmax
+    // (greedy) or the last position's full logits, and the coordinator samples.
     let shape = crate::shape::shape_from_manifest(&opts.shape_name, manifest);
     let shape = {
-        let r = shape.logits_return_bytes();
+        let r = if opts.greedy {
+            ARGMAX_RETURN_BYTES
+        } else {
+            shape.logits_return_bytes()
+        };
         shape.with_return_bytes(r)
     };
     // Probe the devices without a profile: blocks one at a time; loads with the blocks, or
@@ -742,41 +754,13 @@ pub fn generate_on(
     on_token: &mut dyn FnMut(u32) -> Flow,
 ) -> Result<GenerateOutput, ClusterError> {
     let seq = next_seq_id();
-    let mut be = ErrBackend {
-        inner: pipe.backend(),
-        pipe,
-        error: None,
-    };
+    let mut be = pipe.backend();
     let r = generate(&mut be, seq, prompt, opts, on_token);
     pipe.release(&[seq]);
     match (r, be.error) {
         (Ok(o), _) => Ok(o),
         (Err(_), Some(e)) => Err(e),
         (Err(e), None) => Err(ClusterError::Runtime(RuntimeError::Engine(e))),
-    }
-}
-
-/// Keeps the typed error of a failed step (the engine's loop only carries text).
-struct ErrBackend<'p> {
-    inner: crate::coordinator::PipelineBackend,
-    pipe: &'p Pipeline,
-    error: Option<ClusterError>,
-}
-
-impl loip_engine::StepBackend for ErrBackend<'_> {
-    fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
-        let last = ids.len().saturating_sub(1) as u32;
-        match self.pipe.step_blocking(seq, ids, start_pos, &[last]) {
-            Ok(out) => {
-                self.inner.last = Some(out.stats);
-                Ok(out.logits)
-            }
-            Err(e) => {
-                let text = e.to_string();
-                self.error = Some(e);
-                Err(EngineError::Backend(text))
-            }
-        }
     }
 }
 

@@ -31,8 +31,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::executor::DeviceSpec;
 use crate::net::throttle::Throttle;
 use crate::wire::{
-    self, DeviceMemory, Frame, FrameKind, NetError, ProbeResult, Role, StepHeader, ToCoordinator,
-    ToWorker, WireError, WorkerInfo,
+    self, DeviceMemory, Frame, FrameKind, NetError, OutputKind, ProbeResult, Role, StepHeader,
+    ToCoordinator, ToWorker, WireError, WorkerInfo,
 };
 use crate::worker::BULK_CHUNK;
 use crate::RuntimeError;
@@ -585,8 +585,10 @@ pub struct DeviceHealth {
 /// Logits of one step and its timing.
 #[derive(Debug, Clone)]
 pub struct StepOutput {
-    /// `(rows, vocab)`
+    /// `(rows, vocab)`; empty for an argmax step
     pub logits: Vec<f32>,
+    /// an argmax step's `(token id, logit)` per row (see [`Pipeline::step_argmax_blocking`])
+    pub argmax: Vec<(u32, f32)>,
     /// timing
     pub stats: StepStats,
 }
@@ -597,6 +599,7 @@ enum Cmd {
         ids: Vec<u32>,
         start_pos: usize,
         rows: Vec<u32>,
+        argmax: Option<Vec<u32>>,
         reply: oneshot::Sender<Result<StepOutput, ClusterError>>,
     },
     Release(Vec<u64>),
@@ -668,7 +671,7 @@ impl Pipeline {
         start_pos: usize,
         rows: &[u32],
     ) -> Result<StepOutput, ClusterError> {
-        let rx = self.submit(seq, ids, start_pos, rows)?;
+        let rx = self.submit(seq, ids, start_pos, rows, None)?;
         rx.await.map_err(|_| ClusterError::Stopped)?
     }
 
@@ -680,7 +683,23 @@ impl Pipeline {
         start_pos: usize,
         rows: &[u32],
     ) -> Result<StepOutput, ClusterError> {
-        let rx = self.submit(seq, ids, start_pos, rows)?;
+        let rx = self.submit(seq, ids, start_pos, rows, None)?;
+        rx.blocking_recv().map_err(|_| ClusterError::Stopped)?
+    }
+
+    /// [`Pipeline::step_blocking`] for greedy decoding: the last device returns each row's
+    /// argmax after setting the `masked` ids to −∞ (in [`StepOutput::argmax`]), 8 bytes a
+    /// row instead of the vocabulary's logits. The same argmax as the engine's sampler on the
+    /// same logits, so the tokens are the same.
+    pub fn step_argmax_blocking(
+        &self,
+        seq: u64,
+        ids: &[u32],
+        start_pos: usize,
+        rows: &[u32],
+        masked: &[u32],
+    ) -> Result<StepOutput, ClusterError> {
+        let rx = self.submit(seq, ids, start_pos, rows, Some(masked.to_vec()))?;
         rx.blocking_recv().map_err(|_| ClusterError::Stopped)?
     }
 
@@ -690,6 +709,7 @@ impl Pipeline {
         ids: &[u32],
         start_pos: usize,
         rows: &[u32],
+        argmax: Option<Vec<u32>>,
     ) -> Result<oneshot::Receiver<Result<StepOutput, ClusterError>>, ClusterError> {
         if ids.is_empty() {
             return Err(ClusterError::Invalid(
@@ -708,6 +728,7 @@ impl Pipeline {
             ids: ids.to_vec(),
             start_pos,
             rows: rows.to_vec(),
+            argmax,
             reply,
         };
         self.tx.send(cmd).map_err(|_| ClusterError::Stopped)?;
@@ -747,6 +768,7 @@ impl Pipeline {
         PipelineBackend {
             pipeline: self.clone(),
             last: None,
+            error: None,
         }
     }
 }
@@ -757,17 +779,56 @@ pub struct PipelineBackend {
     pipeline: Pipeline,
     /// timing of the last step
     pub last: Option<StepStats>,
+    /// the typed error of the step that failed (the engine's loop carries only its text)
+    pub error: Option<ClusterError>,
+}
+
+impl PipelineBackend {
+    /// Keeps a step's outcome: its timing, or its typed error (the loop gets the text).
+    fn keep<T>(
+        &mut self,
+        r: Result<StepOutput, ClusterError>,
+        f: impl FnOnce(StepOutput) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        match r {
+            Ok(out) => {
+                self.last = Some(out.stats);
+                f(out)
+            }
+            Err(e) => {
+                let text = e.to_string();
+                self.error = Some(e);
+                Err(EngineError::Backend(text))
+            }
+        }
+    }
 }
 
 impl StepBackend for PipelineBackend {
     fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
         let last = ids.len().saturating_sub(1) as u32;
-        let out = self
+        let r = self.pipeline.step_blocking(seq, ids, start_pos, &[last]);
+        self.keep(r, |out| Ok(out.logits))
+    }
+
+    fn step_argmax(
+        &mut self,
+        seq: u64,
+        ids: &[u32],
+        start_pos: usize,
+        masked: &[u32],
+    ) -> Result<u32, EngineError> {
+        let last = ids.len().saturating_sub(1) as u32;
+        let r = self
             .pipeline
-            .step_blocking(seq, ids, start_pos, &[last])
-            .map_err(|e| EngineError::Backend(e.to_string()))?;
-        self.last = Some(out.stats);
-        Ok(out.logits)
+            .step_argmax_blocking(seq, ids, start_pos, &[last], masked);
+        self.keep(r, |out| match out.argmax.as_slice() {
+            [(id, _)] => Ok(*id),
+            other => Err(EngineError::Backend(format!(
+                "an argmax step returned {} rows, expected 1",
+                other.len()
+            ))),
+        })
     }
 }
 
@@ -780,6 +841,7 @@ struct InFlight {
     seq: u64,
     batch: Vec<TokenPos>,
     rows: Vec<u32>,
+    argmax: Option<Vec<u32>>,
     hop: usize,
     reply: oneshot::Sender<Result<StepOutput, ClusterError>>,
     started: Instant,
@@ -851,6 +913,7 @@ impl Sched {
             stages: hop.stages.clone(),
             batch: f.batch.clone(),
             rows: if hop.head { f.rows.clone() } else { Vec::new() },
+            argmax: if hop.head { f.argmax.clone() } else { None },
         };
         let payload = wire::encode_step(&header, &data);
         let n = payload.len() as u64;
@@ -969,17 +1032,25 @@ impl Sched {
                         format!("answered step {} that is not at this device", h.step),
                     );
                 }
-                let (want_rows, want_cols) = if hop.head {
-                    (fl.rows.len() as u32, self.opts.vocab as u32)
-                } else {
-                    (fl.batch.len() as u32, self.opts.hidden as u32)
+                let (want_kind, want_rows, want_cols) = match (hop.head, fl.argmax.is_some()) {
+                    (true, true) => (OutputKind::Argmax, fl.rows.len() as u32, 2),
+                    (true, false) => (
+                        OutputKind::Logits,
+                        fl.rows.len() as u32,
+                        self.opts.vocab as u32,
+                    ),
+                    (false, _) => (
+                        OutputKind::Hidden,
+                        fl.batch.len() as u32,
+                        self.opts.hidden as u32,
+                    ),
                 };
-                if h.logits != hop.head || h.rows != want_rows || h.cols != want_cols {
+                if h.kind != want_kind || h.rows != want_rows || h.cols != want_cols {
                     return self.mark_gone(
                         d,
                         format!(
-                            "answered with {}×{} values, expected {want_rows}×{want_cols}",
-                            h.rows, h.cols
+                            "answered with {:?} {}×{}, expected {want_kind:?} {want_rows}×{want_cols}",
+                            h.kind, h.rows, h.cols
                         ),
                     );
                 }
@@ -993,9 +1064,24 @@ impl Sched {
                     let Some(mut fl) = self.inflight.remove(&h.step) else {
                         return;
                     };
-                    let logits = match wire::bytes_f32(data) {
-                        Ok(l) => l,
-                        Err(e) => return self.mark_gone(d, e.to_string()),
+                    let (logits, argmax) = if h.kind == OutputKind::Argmax {
+                        match wire::bytes_argmax(data) {
+                            Ok(a) if a.iter().all(|&(id, _)| (id as usize) < self.opts.vocab) => {
+                                (Vec::new(), a)
+                            }
+                            Ok(_) => {
+                                return self.mark_gone(
+                                    d,
+                                    "returned a token id outside the vocabulary".into(),
+                                )
+                            }
+                            Err(e) => return self.mark_gone(d, e.to_string()),
+                        }
+                    } else {
+                        match wire::bytes_f32(data) {
+                            Ok(l) => (l, Vec::new()),
+                            Err(e) => return self.mark_gone(d, e.to_string()),
+                        }
                     };
                     fl.stats.wall_s = fl.started.elapsed().as_secs_f64();
                     fl.stats.network_s = (fl.stats.wall_s - fl.worker_s).max(0.0);
@@ -1012,6 +1098,7 @@ impl Sched {
                     }
                     let _ = fl.reply.send(Ok(StepOutput {
                         logits,
+                        argmax,
                         stats: fl.stats,
                     }));
                     self.admit_parked();
@@ -1141,7 +1228,7 @@ async fn scheduler(
     loop {
         tokio::select! {
             cmd = rx.recv() => match cmd {
-                Some(Cmd::Step { seq, ids, start_pos, rows, reply }) => {
+                Some(Cmd::Step { seq, ids, start_pos, rows, argmax, reply }) => {
                     if let Some(d) = s.alive.iter().position(|a| a.is_some()) {
                         let _ = reply.send(Err(s.gone_error(d)));
                         continue;
@@ -1151,7 +1238,7 @@ async fn scheduler(
                     let batch = (0..ids.len()).map(|i| TokenPos { seq, pos: start_pos + i }).collect();
                     let now = Instant::now();
                     s.inflight.insert(step, InFlight {
-                        seq, batch, rows, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0,
+                        seq, batch, rows, argmax, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0,
                     });
                     s.admit(step, wire::u32_bytes(&ids));
                 }

@@ -10,7 +10,7 @@
 //! | `Hello` | `b"LOIP"`, u32 LE protocol version, u8 role (0 coordinator, 1 worker) |
 //! | `Control` | JSON of [`ToWorker`] or [`ToCoordinator`] |
 //! | `Step` | binary [`StepHeader`] then the step's input: u32 LE token ids (embed) or f32 LE hidden rows |
-//! | `Output` | binary [`OutputHeader`] then f32 LE rows (hidden states or logits) |
+//! | `Output` | binary [`OutputHeader`] then f32 LE rows (hidden states or logits), or (u32 LE id, f32 LE logit) per row (argmax) |
 //! | `SliceData` | raw bytes of the slice announced by the last [`ToWorker::PutSlice`] (≤ 8 MiB each) |
 //! | `Bulk` | filler bytes of a bandwidth measurement |
 //! | `Error` | UTF-8 text; the sender closes the connection after it |
@@ -41,7 +41,7 @@ use crate::net::throttle::Throttle;
 /// Magic of the `Hello` frame.
 pub const MAGIC: [u8; 4] = *b"LOIP";
 /// Version of this protocol; peers must match exactly.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest payload of one frame, bytes.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest `SliceData` chunk, bytes.
@@ -499,6 +499,11 @@ pub struct StepHeader {
     pub batch: Vec<TokenPos>,
     /// rows whose logits to return (with `head`)
     pub rows: Vec<u32>,
+    /// with `head`: return each row's argmax (token id and logit) instead of its logits,
+    /// after setting these token ids to −∞ (end-of-sequence ids held back by a minimum
+    /// length). Greedy decoding needs nothing more, and the token's return trip shrinks from
+    /// the vocabulary's 4 bytes per entry to 8 bytes.
+    pub argmax: Option<Vec<u32>>,
 }
 
 /// Bounds on a step header (far above any real step).
@@ -508,6 +513,9 @@ const MAX_TOKENS: usize = 1 << 20;
 const FLAG_EMBED: u8 = 1;
 const FLAG_HEAD: u8 = 2;
 const FLAG_KEEP: u8 = 4;
+const FLAG_ARGMAX: u8 = 8;
+/// Bound on the masked ids of an argmax step (far above any real list of EOS ids).
+const MAX_MASKED: usize = 1 << 16;
 
 /// A bounds-checked little-endian reader over a payload.
 struct Cursor<'a> {
@@ -563,8 +571,10 @@ pub fn encode_step(h: &StepHeader, data: &[u8]) -> Vec<u8> {
         32 + 2 * h.stages.len() + 12 * h.batch.len() + 4 * h.rows.len() + data.len(),
     );
     p.extend_from_slice(&h.step.to_le_bytes());
-    let flags =
-        (h.embed as u8 * FLAG_EMBED) | (h.head as u8 * FLAG_HEAD) | (h.keep as u8 * FLAG_KEEP);
+    let flags = (h.embed as u8 * FLAG_EMBED)
+        | (h.head as u8 * FLAG_HEAD)
+        | (h.keep as u8 * FLAG_KEEP)
+        | (h.argmax.is_some() as u8 * FLAG_ARGMAX);
     p.push(flags);
     p.extend_from_slice(&(h.stages.len() as u32).to_le_bytes());
     for &s in &h.stages {
@@ -579,6 +589,12 @@ pub fn encode_step(h: &StepHeader, data: &[u8]) -> Vec<u8> {
     for &r in &h.rows {
         p.extend_from_slice(&r.to_le_bytes());
     }
+    if let Some(masked) = &h.argmax {
+        p.extend_from_slice(&(masked.len() as u32).to_le_bytes());
+        for &id in masked {
+            p.extend_from_slice(&id.to_le_bytes());
+        }
+    }
     p.extend_from_slice(data);
     p
 }
@@ -592,7 +608,7 @@ pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
     };
     let step = c.u64()?;
     let flags = c.u8()?;
-    if flags & !(FLAG_EMBED | FLAG_HEAD | FLAG_KEEP) != 0 {
+    if flags & !(FLAG_EMBED | FLAG_HEAD | FLAG_KEEP | FLAG_ARGMAX) != 0 {
         return Err(WireError::Protocol(format!(
             "unknown step flags {flags:#x}"
         )));
@@ -612,6 +628,17 @@ pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
     if rows.iter().any(|&r| r as usize >= batch.len()) {
         return Err(WireError::Protocol("a head row outside the step".into()));
     }
+    let argmax = if flags & FLAG_ARGMAX != 0 {
+        if flags & FLAG_HEAD == 0 {
+            return Err(WireError::Protocol(
+                "an argmax step without the head".into(),
+            ));
+        }
+        let n = c.count(MAX_MASKED, "masked ids")?;
+        Some((0..n).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?)
+    } else {
+        None
+    };
     let h = StepHeader {
         step,
         embed: flags & FLAG_EMBED != 0,
@@ -620,6 +647,7 @@ pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
         stages,
         batch,
         rows,
+        argmax,
     };
     Ok((h, c.rest()))
 }
@@ -639,16 +667,27 @@ pub struct JobTimes {
     pub loaded_bytes: u64,
 }
 
+/// What the rows of an `Output` frame hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    /// hidden states, f32 (`cols` = hidden size)
+    Hidden = 0,
+    /// logits, f32 (`cols` = vocabulary size)
+    Logits = 1,
+    /// the argmax of each row's logits: u32 token id, then its f32 logit (`cols` = 2)
+    Argmax = 2,
+}
+
 /// Header of an `Output` frame.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OutputHeader {
     /// the step it answers
     pub step: u64,
-    /// rows are logits (else hidden states)
-    pub logits: bool,
+    /// what the rows hold
+    pub kind: OutputKind,
     /// rows
     pub rows: u32,
-    /// floats per row (hidden size or vocabulary)
+    /// 4-byte values per row (hidden size, vocabulary, or 2 for an argmax)
     pub cols: u32,
     /// worker-side times
     pub times: JobTimes,
@@ -661,7 +700,7 @@ pub const OUTPUT_HEADER_BYTES: usize = 8 + 1 + 4 + 4 + 4 * 8 + 8;
 pub fn encode_output(h: &OutputHeader, data: &[u8]) -> Vec<u8> {
     let mut p = Vec::with_capacity(OUTPUT_HEADER_BYTES + data.len());
     p.extend_from_slice(&h.step.to_le_bytes());
-    p.push(h.logits as u8);
+    p.push(h.kind as u8);
     p.extend_from_slice(&h.rows.to_le_bytes());
     p.extend_from_slice(&h.cols.to_le_bytes());
     for v in [
@@ -684,9 +723,10 @@ pub fn decode_output(payload: &[u8]) -> Result<(OutputHeader, &[u8]), WireError>
         pos: 0,
     };
     let step = c.u64()?;
-    let logits = match c.u8()? {
-        0 => false,
-        1 => true,
+    let kind = match c.u8()? {
+        0 => OutputKind::Hidden,
+        1 => OutputKind::Logits,
+        2 => OutputKind::Argmax,
         k => return Err(WireError::Protocol(format!("bad output kind {k}"))),
     };
     let rows = c.u32()?;
@@ -713,13 +753,41 @@ pub fn decode_output(payload: &[u8]) -> Result<(OutputHeader, &[u8]), WireError>
     Ok((
         OutputHeader {
             step,
-            logits,
+            kind,
             rows,
             cols,
             times,
         },
         data,
     ))
+}
+
+/// The rows of an argmax output: `(token id, logit)` each, as u32 LE then f32 LE.
+pub fn argmax_bytes(v: &[(u32, f32)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 8);
+    for (id, logit) in v {
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&logit.to_le_bytes());
+    }
+    out
+}
+
+/// Parses [`argmax_bytes`].
+pub fn bytes_argmax(b: &[u8]) -> Result<Vec<(u32, f32)>, WireError> {
+    if !b.len().is_multiple_of(8) {
+        return Err(WireError::Protocol(format!(
+            "{} bytes are not whole (id, logit) pairs",
+            b.len()
+        )));
+    }
+    Ok(b.chunks_exact(8)
+        .map(|c| {
+            (
+                u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                f32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+            )
+        })
+        .collect())
 }
 
 /// Exact little-endian bytes of `v`.
@@ -831,6 +899,7 @@ mod tests {
                 stages: vec![0],
                 batch: vec![TokenPos { seq: 1, pos: 0 }],
                 rows: vec![0],
+                argmax: Some(vec![2]),
             },
             &[0; 4],
         );
@@ -870,6 +939,7 @@ mod tests {
             stages: vec![0, 2],
             batch: vec![TokenPos { seq: 3, pos: 9 }, TokenPos { seq: 3, pos: 10 }],
             rows: vec![1],
+            argmax: None,
         };
         let data = f32_bytes(&[1.5, -0.0, f32::MIN_POSITIVE, 3.0]);
         let p = encode_step(&h, &data);
@@ -881,7 +951,7 @@ mod tests {
         }
         let out = OutputHeader {
             step: 7,
-            logits: true,
+            kind: OutputKind::Logits,
             rows: 1,
             cols: 4,
             times: JobTimes::default(),
@@ -901,5 +971,54 @@ mod tests {
                 .collect::<Vec<_>>()
         );
         assert!(decode_output(&p[..p.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn argmax_step_round_trips_and_needs_the_head() {
+        let mut h = StepHeader {
+            step: 9,
+            embed: true,
+            head: true,
+            keep: false,
+            stages: vec![0],
+            batch: vec![TokenPos { seq: 1, pos: 0 }],
+            rows: vec![0],
+            argmax: Some(vec![2, 49_152]),
+        };
+        let data = u32_bytes(&[17]);
+        let p = encode_step(&h, &data);
+        let (h2, d2) = decode_step(&p).unwrap();
+        assert_eq!(h2, h);
+        assert_eq!(d2, &data[..]);
+        for cut in 0..p.len() - data.len() {
+            assert!(decode_step(&p[..cut]).is_err(), "cut at {cut}");
+        }
+        h.head = false;
+        let e = decode_step(&encode_step(&h, &data)).unwrap_err();
+        assert!(e.to_string().contains("without the head"), "{e}");
+        // an absurd masked-id count is refused before anything is allocated
+        h.head = true;
+        h.argmax = Some(vec![]);
+        let mut p = encode_step(&h, &[]);
+        let n = p.len();
+        p[n - 4..].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_step(&p).is_err());
+
+        let pairs = [(5u32, 1.25f32), (0, f32::NEG_INFINITY)];
+        let out = OutputHeader {
+            step: 9,
+            kind: OutputKind::Argmax,
+            rows: 2,
+            cols: 2,
+            times: JobTimes::default(),
+        };
+        let p = encode_output(&out, &argmax_bytes(&pairs));
+        let (o2, d) = decode_output(&p).unwrap();
+        assert_eq!(o2, out);
+        assert_eq!(bytes_argmax(d).unwrap(), pairs);
+        assert!(bytes_argmax(&d[..7]).is_err());
+        let mut bad = p.clone();
+        bad[8] = 3; // unknown kind
+        assert!(decode_output(&bad).is_err());
     }
 }

@@ -26,8 +26,8 @@ use crate::executor::{Device, DeviceSpec};
 use crate::net::store::Store;
 use crate::net::throttle::Throttle;
 use crate::wire::{
-    self, FrameKind, JobTimes, OutputHeader, Role, StepHeader, ToCoordinator, ToWorker, WireError,
-    WorkerInfo,
+    self, FrameKind, JobTimes, OutputHeader, OutputKind, Role, StepHeader, ToCoordinator, ToWorker,
+    WireError, WorkerInfo,
 };
 use crate::RuntimeError;
 
@@ -504,7 +504,7 @@ fn compute_thread(
                     None => Err(RuntimeError::Invalid("no device is loaded".into())),
                 };
                 match result {
-                    Ok((logits, cols, rows_out, bytes)) => {
+                    Ok((kind, cols, rows_out, bytes)) => {
                         let t = device.as_mut().map(|d| d.take_times()).unwrap_or_default();
                         let times = JobTimes {
                             queued_s,
@@ -515,7 +515,7 @@ fn compute_thread(
                         };
                         let h = OutputHeader {
                             step: header.step,
-                            logits,
+                            kind,
                             rows: rows_out,
                             cols,
                             times,
@@ -541,13 +541,14 @@ fn compute_thread(
     }
 }
 
-/// Runs one step on the device: embed, stages, head. Returns (logits?, cols, rows, f32 bytes).
-/// On error, rolls this device's KV of the step's sequences back to where the step began.
+/// Runs one step on the device: embed, stages, head. Returns (what the rows hold, values per
+/// row, rows, bytes). On error, rolls this device's KV of the step's sequences back to where
+/// the step began.
 fn run_step(
     d: &mut Device,
     h: &StepHeader,
     data: &[u8],
-) -> Result<(bool, u32, u32, Vec<u8>), RuntimeError> {
+) -> Result<(OutputKind, u32, u32, Vec<u8>), RuntimeError> {
     let bad = |m: String| RuntimeError::Invalid(m);
     let (hidden, max_pos) = (d.tf.cfg.hidden_size, d.tf.cfg.max_position_embeddings);
     let n = h.batch.len();
@@ -615,11 +616,34 @@ fn run_step(
     }
     if h.head {
         let rows: Vec<usize> = h.rows.iter().map(|&r| r as usize).collect();
-        let logits = d.head(&x, &rows)?;
-        let vocab = d.tf.cfg.vocab_size as u32;
-        return Ok((true, vocab, rows.len() as u32, wire::f32_bytes(&logits)));
+        let mut logits = d.head(&x, &rows)?;
+        let vocab = d.tf.cfg.vocab_size;
+        let Some(masked) = &h.argmax else {
+            let bytes = wire::f32_bytes(&logits);
+            return Ok((OutputKind::Logits, vocab as u32, rows.len() as u32, bytes));
+        };
+        // the coordinator's greedy sampler, here: mask, then the same argmax
+        let picks: Vec<(u32, f32)> = logits
+            .chunks_exact_mut(vocab.max(1))
+            .map(|row| {
+                for &m in masked {
+                    if let Some(v) = row.get_mut(m as usize) {
+                        *v = f32::NEG_INFINITY;
+                    }
+                }
+                let id = loip_engine::sampling::argmax(row);
+                (id, row[id as usize])
+            })
+            .collect();
+        let bytes = wire::argmax_bytes(&picks);
+        return Ok((OutputKind::Argmax, 2, rows.len() as u32, bytes));
     }
-    Ok((false, hidden as u32, n as u32, wire::f32_bytes(&x)))
+    Ok((
+        OutputKind::Hidden,
+        hidden as u32,
+        n as u32,
+        wire::f32_bytes(&x),
+    ))
 }
 
 /// Runs a worker on a fresh multi-threaded runtime until the process ends; `on_listening`

@@ -2,7 +2,8 @@
 //! device, no / mixed / heavy offloading, both loaders, overlapped and on-demand loading, one
 //! sequence or three concurrent ones — tokens AND logits must be bit-identical to the
 //! single-device engine. The tiny fixtures run the whole matrix; SmolLM2 a representative
-//! subset.
+//! subset. Every case also decodes greedily through argmax steps (the last device picks the
+//! token, with EOS held back by a minimum length): the same tokens, and no logits on the wire.
 
 mod dist_common;
 
@@ -10,8 +11,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use dist_common::*;
-use loip_engine::generate::{generate, Flow};
+use loip_engine::generate::{generate, Flow, GenerateOptions};
 use loip_engine::Model;
+use loip_engine::SamplingParams;
 use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::ExecMode;
@@ -158,6 +160,57 @@ fn check_case(
     }
 }
 
+/// Greedy generation through the pipeline's own backend, which asks the last device for the
+/// argmax: the engine's tokens (the engine's first pick held back as an EOS id until the
+/// third token, so the mask decides the output), and per step the bytes of a row of logits
+/// fewer than the same generation asking for logits.
+fn check_argmax(what: &str, s: &Session, ckpt: &Checkpoint, first: u32, n_new: usize) {
+    let opts = GenerateOptions {
+        max_tokens: n_new,
+        sampling: SamplingParams::default(),
+        eos_ids: vec![first],
+        min_tokens: 3,
+    };
+    let (want, _) = reference(ckpt, PROMPTS[0], &opts);
+    let run = |argmax: bool| {
+        let _ = s.take_totals();
+        let seq = next_seq_id();
+        let mut rec = Rec {
+            inner: s.pipeline().backend(),
+            logits: vec![],
+        };
+        let mut backend = s.pipeline().backend();
+        let out = if argmax {
+            generate(&mut backend, seq, PROMPTS[0], &opts, &mut |_| {
+                Flow::Continue
+            })
+        } else {
+            // `Rec` only records logits: its steps ask for them
+            generate(&mut rec, seq, PROMPTS[0], &opts, &mut |_| Flow::Continue)
+        };
+        s.pipeline().release(&[seq]);
+        let out = out.unwrap_or_else(|e| panic!("{what}: argmax {argmax}: {e}"));
+        let t = s.take_totals();
+        (
+            out,
+            t.prompt_steps + t.decode_steps,
+            t.prompt.bytes + t.decode.bytes,
+        )
+    };
+    let (got, steps, bytes) = run(true);
+    assert_eq!(got.new_ids, want, "{what}: argmax tokens");
+    assert_ne!(got.new_ids.first(), Some(&first), "{what}: the mask held");
+    let (with_logits, steps_l, bytes_l) = run(false);
+    assert_eq!(with_logits.new_ids, want, "{what}: tokens with logits");
+    assert_eq!(steps, steps_l, "{what}: steps");
+    // an output row of 4 × vocab bytes becomes 8; the step asks with at most 8 more
+    let saved = 4 * ckpt.config.vocab_size as u64 - 16;
+    assert!(
+        bytes + steps * saved <= bytes_l,
+        "{what}: {bytes} bytes with argmax steps, {bytes_l} with logits, {steps} steps"
+    );
+}
+
 fn matrix(fixture_name: &str) {
     let ckpt_path = fixture(fixture_name);
     let ckpt = Checkpoint::open(&ckpt_path).unwrap();
@@ -212,6 +265,7 @@ fn matrix(fixture_name: &str) {
                         4 * (n_new - 1),
                         "{what}: decode steps"
                     );
+                    check_argmax(&what, &s, &ckpt, refs[0].0[0], n_new);
                     s.shutdown();
                     cases += 1;
                 }
@@ -292,6 +346,7 @@ fn smollm2_representative_paths() {
         );
         let s = start(&slices, &workers, c, None);
         check_case(&what, &s, &model, &refs, n_new);
+        check_argmax(&what, &s, &ckpt, refs[0].0[0], n_new);
         s.shutdown();
     }
 }

@@ -164,11 +164,13 @@ fn other_protocol_version_is_refused_naming_both_versions() {
         .unwrap();
         let msg = error_then_close(&mut s).await.expect("an error frame");
         assert!(
-            msg.contains("v1") && msg.contains("v99") && msg.contains("version"),
+            msg.contains(&format!("v{}", wire::PROTOCOL_VERSION))
+                && msg.contains("v99")
+                && msg.contains("version"),
             "{msg}"
         );
 
-        // The coordinator side: a "worker" that speaks v2.
+        // The coordinator side: a "worker" that speaks the next version.
         let fake = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let fake_addr = fake.local_addr().unwrap().to_string();
         tokio::spawn(async move {
@@ -176,7 +178,7 @@ fn other_protocol_version_is_refused_naming_both_versions() {
             let _ = wire::write_frame(
                 &mut s,
                 FrameKind::Hello,
-                &wire::hello_payload(Role::Worker, 2),
+                &wire::hello_payload(Role::Worker, wire::PROTOCOL_VERSION + 1),
                 None,
             )
             .await;
@@ -188,7 +190,11 @@ fn other_protocol_version_is_refused_naming_both_versions() {
             .err()
             .expect("refused");
         assert!(
-            matches!(e.source, WireError::VersionMismatch { ours: 1, theirs: 2 }),
+            matches!(
+                e.source,
+                WireError::VersionMismatch { ours, theirs }
+                    if ours == wire::PROTOCOL_VERSION && theirs == ours + 1
+            ),
             "{e}"
         );
         assert!(e.to_string().contains("future"), "{e}");
@@ -244,7 +250,7 @@ fn garbage_oversized_truncated_and_malformed_frames_close_only_that_connection()
         assert!(msg.contains("refusing slice file name"), "{msg}");
         // A step before any device is loaded fails that step only.
         let mut s = authed_raw(&addr, Some("t")).await;
-        let h = wire::StepHeader { step: 5, embed: true, head: false, keep: false, stages: vec![0], batch: vec![loip_engine::TokenPos { seq: 1, pos: 0 }], rows: vec![] };
+        let h = wire::StepHeader { step: 5, embed: true, head: false, keep: false, stages: vec![0], batch: vec![loip_engine::TokenPos { seq: 1, pos: 0 }], rows: vec![], argmax: None };
         wire::write_frame(&mut s, FrameKind::Step, &wire::encode_step(&h, &wire::u32_bytes(&[1])), None).await.unwrap();
         let f = wire::read_frame(&mut s, wire::MAX_FRAME).await.unwrap();
         match wire::parse_control::<ToCoordinator>(&f).unwrap() {
