@@ -52,7 +52,17 @@ pub struct ModelShape {
     /// `Some(4)` models a sampled token id (design), `None` what the runtime sends today.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_bytes: Option<u64>,
+    /// Most tokens in one step (the longest prompt the runtime accepts), which sizes the
+    /// working buffers; `None`: one token per sequence in flight (decode only). See
+    /// [`ModelShape::working_bytes`].  // tokens
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_tokens: Option<u64>,
 }
+
+/// Fixed scratch every device reserves on top of its step's buffers: the attention scores of
+/// long contexts (`2·heads·context` floats: 16 MiB covers 64 heads at 32k positions) and
+/// allocator slack.  // bytes
+pub const WORKING_SCRATCH_BYTES: u64 = 16 << 20;
 
 impl ModelShape {
     /// Builds a shape from a checkpoint's dimensions.
@@ -98,6 +108,7 @@ impl ModelShape {
             embed_bytes: bytes(vocab * hidden),
             head_bytes: bytes(hidden + vocab * hidden),
             return_bytes: None,
+            step_tokens: None,
         }
     }
 
@@ -105,15 +116,15 @@ impl ModelShape {
     /// token): [`ModelShape::return_bytes`] if set, else `h` ([`ModelShape::act_bytes_per_token`]).
     ///
     /// Candidates: the last position's full f32 logits, `vocab·4`
-    /// ([`ModelShape::logits_return_bytes`], what the distributed runtime sends to its
-    /// coordinator today), or a sampled token id, 4 bytes (the design, and what `loip-sim`
-    /// simulates). The default stays `h` because `loip-sim`'s agreement tests pin the cost
-    /// model's return hop at `h`.  // bytes
+    /// ([`ModelShape::logits_return_bytes`], what the distributed runtime sends its
+    /// coordinator when it samples), an argmax of 8 bytes (token id and logit: the runtime's
+    /// greedy decoding), or a sampled token id, 4 bytes (the design). The default stays `h`
+    /// because `loip-sim`'s agreement tests pin the cost model's return hop at `h`.  // bytes
     pub fn return_bytes_per_token(&self) -> u64 {
         self.return_bytes.unwrap_or(self.act_bytes_per_token)
     }
 
-    /// Full f32 logits of one position, `vocab·4`: what the runtime returns today.  // bytes
+    /// Full f32 logits of one position, `vocab·4`: what the runtime returns when it samples.  // bytes
     pub fn logits_return_bytes(&self) -> u64 {
         self.vocab * 4
     }
@@ -144,20 +155,31 @@ impl ModelShape {
         }
     }
 
-    /// Working buffers `W` of one device for `b` sequences in flight.  // bytes
+    /// f32 working buffers of one step of `tokens` tokens from `seqs` sequences over at most
+    /// `context` cached positions: what the runtime allocates and accounts against a device's
+    /// budget (`loip_runtime::executor::working_bytes` calls this).  // bytes
     ///
-    /// Per sequence, f32 activations: the residual stream and two norm/attention outputs
-    /// (`3·hidden`), q (`heads·head_dim`), k and v (`2·kv_heads·head_dim`), the two MLP
-    /// intermediates (`2·intermediate`) and the logits (`vocab`); plus 16 MiB of fixed scratch
-    /// (attention scores, allocator slack). Every device reserves the same amount.
+    /// Per token: the residual stream, the normed input, the attention output and two scratch
+    /// rows (`5·hidden`), q and the attention result (`2·heads·head_dim`), k and v
+    /// (`2·kv_heads·head_dim`), the MLP's gate and up (`2·intermediate`); per sequence, one
+    /// row of logits (`vocab`); the attention scores (`2·heads·context`).
+    pub fn step_working_bytes(&self, tokens: u64, seqs: u64, context: u64) -> u64 {
+        let per_token = 5 * self.hidden
+            + 2 * self.heads * self.head_dim
+            + 2 * self.kv_heads * self.head_dim
+            + 2 * self.intermediate;
+        4 * (tokens * per_token + seqs * self.vocab + 2 * self.heads * context)
+    }
+
+    /// Working buffers `W` the planner reserves on a device for `b` sequences in flight:
+    /// one step of the longest it will run ([`ModelShape::step_tokens`], at least `b`
+    /// tokens) without the scores, plus [`WORKING_SCRATCH_BYTES`] (which holds the scores).
+    /// At least what the runtime accounts for the same step, so a plan that fits is never
+    /// refused at load time. Every device reserves the same amount.  // bytes
     pub fn working_bytes(&self, b: u32) -> u64 {
-        let per_seq = 4
-            * (3 * self.hidden
-                + self.heads * self.head_dim
-                + 2 * self.kv_heads * self.head_dim
-                + 2 * self.intermediate
-                + self.vocab);
-        b.max(1) as u64 * per_seq + (16 << 20)
+        let b = b.max(1) as u64;
+        let tokens = self.step_tokens.unwrap_or(0).max(b);
+        self.step_working_bytes(tokens, b, 0) + WORKING_SCRATCH_BYTES
     }
 
     /// FLOPs of one attention block's projections for one token (2 per multiply-add).
@@ -205,5 +227,28 @@ mod tests {
         // 70.6 B parameters → ~141 GB.
         let gb = s.total_bytes() as f64 / 1e9;
         assert!((140.0..142.0).contains(&gb), "{gb}");
+    }
+
+    #[test]
+    fn working_reservation_covers_the_longest_step() {
+        let mut s = ModelShape::from_dims("m", 8192, 28672, 80, 64, 8, 128, 128256, false, 2.0, 2);
+        // per token 5·8192 + 2·8192 + 2·1024 + 2·28672 floats
+        let per_token = 4 * (5 * 8192 + 2 * 8192 + 2 * 1024 + 2 * 28672);
+        assert_eq!(s.step_working_bytes(1, 1, 0), per_token + 4 * 128256);
+        assert_eq!(
+            s.step_working_bytes(3, 2, 100) - s.step_working_bytes(3, 2, 0),
+            4 * 2 * 64 * 100
+        );
+        // decode only: one token per sequence
+        assert_eq!(
+            s.working_bytes(2),
+            s.step_working_bytes(2, 2, 0) + WORKING_SCRATCH_BYTES
+        );
+        // a 512-token prompt step is what the runtime will account: the plan reserves it,
+        // scores of a 16k context included
+        s.step_tokens = Some(512);
+        let runtime = s.step_working_bytes(512, 1, 16 << 10);
+        assert!(s.working_bytes(1) >= runtime);
+        assert!(s.working_bytes(1) > s.step_working_bytes(2, 2, 0) + WORKING_SCRATCH_BYTES);
     }
 }

@@ -422,7 +422,10 @@ async fn setup(
         } else {
             shape.logits_return_bytes()
         };
-        shape.with_return_bytes(r)
+        let mut shape = shape.with_return_bytes(r);
+        // the longest step (a prompt) sizes every device's working buffers
+        shape.step_tokens = Some(opts.max_step_tokens.max(1) as u64);
+        shape
     };
     // Probe the devices without a profile: blocks one at a time; loads with the blocks, or
     // all together.

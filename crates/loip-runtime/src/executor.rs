@@ -155,14 +155,15 @@ pub(crate) fn transformer_of(m: &Manifest) -> Result<Transformer, RuntimeError> 
     ))
 }
 
-/// Working-buffer bytes of one step of `tokens` tokens and `seqs` sequences.
+/// Working-buffer bytes of one step of `tokens` tokens and `seqs` sequences over at most
+/// `context` positions: the planner's own formula ([`loip_plan::ModelShape::step_working_bytes`]),
+/// so what a plan reserves and what the device accounts cannot drift apart.
 pub fn working_bytes(m: &Manifest, tokens: usize, seqs: usize, context: usize) -> u64 {
-    let c = &m.config;
-    let qd = c.num_heads * c.head_dim;
-    let kvd = c.num_kv_heads * c.head_dim;
-    let per_token = 5 * c.hidden_size + qd * 2 + 2 * kvd + 2 * c.intermediate_size; // floats
-    let scores = c.num_heads * context * 2; // floats, per thread
-    ((tokens * per_token + seqs * c.vocab_size + scores) * 4) as u64
+    crate::shape::shape_from_config("", &m.config, 2.0).step_working_bytes(
+        tokens as u64,
+        seqs as u64,
+        context as u64,
+    )
 }
 
 impl Device {
