@@ -161,14 +161,21 @@ impl<'a> Adapter<'a> {
     /// Predicted time of a step if device `i` offloads `a`/`m` blocks per stage and the others
     /// keep their layouts (overlapped): the cost model's rounds ([`cost::overlapped_round`])
     /// at the current block times and bandwidth, `s − 1` without the LM head and one with
-    /// it.  // seconds
+    /// it, whose wrap-around hop is the token's return trip (`r` bytes).  // seconds
     fn predicted_step(&self, i: usize, a: u32, m: u32, times: &[(f64, f64)], bw: f64) -> f64 {
         let nd = self.devs.len();
-        let act = (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64;
-        let (c, link) = if nd > 1 {
-            (nd as f64 * (act / bw + self.latency), act / bw)
+        let act = (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64; // bytes
+        let ret = self.shape.return_bytes_per_token() as f64; // bytes
+        let (c, link, c_last, link_last) = if nd > 1 {
+            let hop = act / bw + self.latency;
+            (
+                nd as f64 * hop,
+                act / bw,
+                (nd - 1) as f64 * hop + ret / bw + self.latency,
+                act.max(ret) / bw,
+            )
         } else {
-            (0.0, 0.0)
+            (0.0, 0.0, 0.0, 0.0)
         };
         let mut parts: Vec<cost::DeviceRound> = (0..nd)
             .map(|j| {
@@ -186,7 +193,7 @@ impl<'a> Adapter<'a> {
         let rounds = self.devs[i].stages.len().max(1) as f64;
         let plain = cost::overlapped_round(&parts, self.b, c, link).time;
         parts[nd - 1].compute += self.models[nd - 1].head(1);
-        let with_head = cost::overlapped_round(&parts, self.b, c, link).time;
+        let with_head = cost::overlapped_round(&parts, self.b, c_last, link_last).time;
         (rounds - 1.0) * plain + with_head
     }
 

@@ -7,11 +7,15 @@
 //! - **overlapped** (LOIP): one load per (step, stage) into the device's slot, started when
 //!   the slot is released — after the previous stage's offloaded run finished for the last
 //!   micro-batch — and needed before the run starts; every micro-batch of the stage uses it.
-//! - **sequential** (conventional offloading): each offloaded block is read into a one-block
-//!   buffer after the blocks before it ran, then computed for every micro-batch.
+//! - **sequential** (conventional offloading): each micro-batch runs the stage on its own;
+//!   each offloaded block is read into a one-block buffer after the blocks before it ran (and
+//!   once the buffer's previous block was computed), then computed. Every micro-batch reads
+//!   the blocks again, as the runtime does, so a step reads a stage's offloaded bytes `b`
+//!   times (the cost model's sequential bursty round).
 //! - activations (`(1 + e)·h` bytes) go from a stage to the next device on the sender's egress
-//!   port; the last stage's device runs the LM head and returns the token id (4 bytes) to the
-//!   first device;
+//!   port; the last stage's device runs the LM head and returns `r` bytes to the first device
+//!   (`r` = [`ModelShape::return_bytes_per_token`]: the shape's `return_bytes`, else `h`, as
+//!   the cost model prices the return trip);
 //! - lent KV (see [`crate::adapt`]) leaves after a stage's last micro-batch; the next stage's
 //!   lent KV comes back into the same buffer once that send is done. Both are background
 //!   transfers that never delay an activation; a stage waits for its KV to be back.
@@ -78,7 +82,8 @@ struct Dev {
     comp: ResId,
     loader: ResId,
     egress: ResId,
-    /// Task after which the slot is free (last offloaded run).
+    /// Task after which the slot is free (last offloaded run; sequential: the last offloaded
+    /// block's compute).
     slot_free: Option<TaskId>,
     /// Per stage: (send task, bytes, peer) of KV lent after its last run.
     lent: Vec<Option<(TaskId, f64, usize)>>,
@@ -106,7 +111,8 @@ impl Pipeline<'_> {
     }
 
     /// Hands micro-batch `j`'s output of stage task `lt` on device `i` on: the activation to
-    /// the next device, or (after the last stage) the LM head and the token back to device 1.
+    /// the next device, or (after the last stage) the LM head and the token's `r` bytes back to
+    /// device 1.
     #[allow(clippy::too_many_arguments)]
     fn hand_on(
         &mut self,
@@ -125,8 +131,9 @@ impl Pipeline<'_> {
                 .eng
                 .task(Some(self.devs[i].comp), Work::Secs(t_head), &[lt]);
             let tok = if nd > 1 {
+                let r = self.shape.return_bytes_per_token() as f64; // bytes
                 self.eng
-                    .task(Some(self.devs[i].egress), Work::Transfer(4.0), &[hd])
+                    .task(Some(self.devs[i].egress), Work::Transfer(r), &[hd])
             } else {
                 hd
             };
@@ -249,35 +256,22 @@ impl Pipeline<'_> {
                         }
                     }
                     ExecMode::Sequential => {
-                        let mut pres = Vec::with_capacity(b);
-                        for inc in incoming.iter().take(b) {
-                            let deps: Vec<TaskId> = inc.iter().copied().chain(fetch).collect();
+                        // Each micro-batch runs the stage on its own and reads every
+                        // offloaded block again into the one-block buffer (as the runtime
+                        // does): a read waits for the buffer's previous block to be computed.
+                        for j in 0..b {
+                            let mut deps: Vec<TaskId> =
+                                incoming[j].iter().copied().chain(fetch).collect();
+                            let mut prev = None;
                             if seg.pre != (0, 0) || seg.run_blocks.is_empty() {
-                                pres.push(self.eng.task(
+                                let p = self.eng.task(
                                     Some(comp),
                                     Work::Secs(Self::dur(seg.pre, ta, tm)),
                                     &deps,
-                                ));
-                            } else {
-                                pres.extend(deps);
-                            }
-                        }
-                        if seg.run_blocks.is_empty() {
-                            for (j, &lt) in pres.iter().enumerate() {
-                                self.hand_on(
-                                    i,
-                                    j,
-                                    lt,
-                                    global_last,
-                                    h,
-                                    t_head,
-                                    &mut incoming,
-                                    &mut ends,
                                 );
+                                prev = Some(p);
+                                deps = vec![p];
                             }
-                            last_tasks = pres;
-                        } else {
-                            let mut deps = pres;
                             for &(is_attn, off) in &seg.run_blocks {
                                 let (bytes, t1) = if is_attn {
                                     (self.shape.attn_bytes, ta)
@@ -285,6 +279,7 @@ impl Pipeline<'_> {
                                     (self.shape.mlp_bytes, tm)
                                 };
                                 if off {
+                                    deps.extend(self.devs[i].slot_free);
                                     let l = self.eng.task(
                                         Some(self.devs[i].loader),
                                         Work::Secs(loader.load_time(bytes, 1)),
@@ -292,24 +287,26 @@ impl Pipeline<'_> {
                                     );
                                     deps = vec![l];
                                 }
-                                let c = self.eng.task(Some(comp), Work::Secs(b as f64 * t1), &deps);
+                                let c = self.eng.task(Some(comp), Work::Secs(t1), &deps);
+                                if off {
+                                    self.devs[i].slot_free = Some(c);
+                                }
+                                prev = Some(c);
                                 deps = vec![c];
                             }
-                            for j in 0..b {
-                                let post = if seg.post != (0, 0) {
-                                    self.eng.task(
-                                        Some(comp),
-                                        Work::Secs(Self::dur(seg.post, ta, tm)),
-                                        &deps,
-                                    )
-                                } else {
-                                    deps[0]
-                                };
-                                last_tasks.push(post);
+                            if !seg.run_blocks.is_empty() && seg.post != (0, 0) {
+                                prev = Some(self.eng.task(
+                                    Some(comp),
+                                    Work::Secs(Self::dur(seg.post, ta, tm)),
+                                    &deps,
+                                ));
+                            }
+                            if let Some(lt) = prev {
+                                last_tasks.push(lt);
                                 self.hand_on(
                                     i,
                                     j,
-                                    post,
+                                    lt,
                                     global_last,
                                     h,
                                     t_head,

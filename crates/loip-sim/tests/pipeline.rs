@@ -190,19 +190,24 @@ fn sequential_loads_are_not_hidden() {
     assert!(close(got, expect), "{got} vs {expect}");
 }
 
-/// Two devices, sporadic: a token crosses both links (activation out, token id back), each
-/// `bytes / bw + δ`; the cost model counts `h` both ways, the simulator the 4-byte token id.
-#[test]
-fn two_devices_pay_two_hops() {
-    let sh = shape("llama2-7b").unwrap();
-    let (bw, lat) = (12.5e6, 2e-3);
-    let cluster = Cluster::new(
+fn two_devices(bw: f64, lat: f64) -> Cluster {
+    Cluster::new(
         vec![device("d0"), device("d1")],
         LinkProfile {
             bandwidth: bw,
             latency: lat,
         },
-    );
+    )
+}
+
+/// Two devices, sporadic: a token crosses both links (activation out, the return trip back),
+/// each `bytes / bw + δ`; the return trip carries `ModelShape::return_bytes_per_token`, `h`
+/// by default, in the simulator as in the cost model.
+#[test]
+fn two_devices_pay_two_hops() {
+    let sh = shape("llama2-7b").unwrap();
+    let (bw, lat) = (12.5e6, 2e-3);
+    let cluster = two_devices(bw, lat);
     let p = plan(
         &sh,
         &cluster,
@@ -217,15 +222,60 @@ fn two_devices_pay_two_hops() {
     let r = run(&p, &sh, &cluster, 1);
     let m = DeviceModel::new(&cluster.devices[0].profile, &sh);
     let (ta, tm) = (m.attn(1, 1, 256 + 11, 1.0), m.mlp(1, 1.0));
-    let expect =
-        32.0 * (ta + tm) + m.head(1) + sh.act_bytes_per_token as f64 / bw + 4.0 / bw + 2.0 * lat;
+    let h = sh.act_bytes_per_token as f64;
+    assert_eq!(sh.return_bytes_per_token(), sh.act_bytes_per_token);
+    let expect = 32.0 * (ta + tm) + m.head(1) + 2.0 * (h / bw + lat);
     let got = r.step_end_s[11] - r.step_end_s[10];
     assert!(close(got, expect), "{got} vs {expect}");
-    // And the cost model, which counts the head too and prices the return hop like an
-    // activation:
+    // And the cost model, which counts the head and the same return trip.
     // (The plan is priced at context 256; the simulator's last steps run at 266-267.)
-    let model = p.predicted_ms_per_token / 1e3 - (sh.act_bytes_per_token as f64 - 4.0) / bw;
+    let model = p.predicted_ms_per_token / 1e3;
     assert!((model - got).abs() < 1e-3 * got, "{model} vs {got}");
+}
+
+/// The return trip carries the shape's `return_bytes` (a 4-byte token id, the runtime's 8-byte
+/// argmax, its full logits when sampling, or more): simulated ms/token grows by
+/// `(r − h)/bw` per generated token in sporadic traffic, and in both patterns the simulator
+/// agrees with the cost model — also when the last device's egress port, sending `b` returns
+/// per round, is the bottleneck.
+#[test]
+fn return_trip_carries_the_shapes_return_bytes() {
+    let base = shape("llama2-7b").unwrap();
+    let (bw, lat) = (12.5e6, 2e-3);
+    let cluster = two_devices(bw, lat);
+    let h = base.act_bytes_per_token as f64;
+    for pattern in [Pattern::Sporadic, Pattern::Bursty] {
+        let b = if pattern == Pattern::Bursty { 2 } else { 1 };
+        let step = |sh: &ModelShape| {
+            let p = plan(sh, &cluster, 1, 16, 0, 0, ExecMode::Overlapped, pattern, b);
+            let r = run(&p, sh, &cluster, b);
+            (
+                r.step_end_s[11] - r.step_end_s[10],
+                p.predicted_ms_per_token / 1e3 * b as f64,
+            )
+        };
+        let (got_h, _) = step(&base);
+        for r in [4, 8, base.logits_return_bytes(), 8 << 20] {
+            let sh = base.clone().with_return_bytes(r);
+            let (got, model) = step(&sh);
+            assert!(
+                (model - got).abs() < 1e-3 * got,
+                "{pattern}, r = {r}: model {model} vs simulated {got} per step"
+            );
+            if pattern == Pattern::Sporadic {
+                let expect = got_h + (r as f64 - h) / bw;
+                assert!(close(got, expect), "r = {r}: {got} vs {expect}");
+            }
+        }
+        // 8 MiB back per token: the last device's port is busy `b·r/bw` per step, which is
+        // the whole step in bursty traffic.
+        let port = b as f64 * (8u64 << 20) as f64 / bw;
+        let (got, _) = step(&base.clone().with_return_bytes(8 << 20));
+        assert!(got >= port * (1.0 - 1e-9), "{pattern}: {got} vs {port}");
+        if pattern == Pattern::Bursty {
+            assert!(close(got, port), "{got} vs {port}");
+        }
+    }
 }
 
 /// Bursty, `b` micro-batches through one device's single slot: the slot holds a stage's
@@ -271,4 +321,52 @@ fn bursty_slot_is_busy_until_the_last_micro_batch() {
     // The cost model, per generated token (priced at context 256).
     let model = p.predicted_ms_per_token / 1e3 * b as f64;
     assert!((model - got).abs() < 1e-3 * got, "model {model} vs {got}");
+}
+
+/// Conventional offloading (sequential mode) in bursty traffic: every micro-batch runs the
+/// stage on its own and reads each offloaded block again into the one-block buffer, as the
+/// runtime does. On one device a step is `b·(C + ld)`, the loader reads `b` times the
+/// offloaded bytes per step (the same bytes per generated token for every `b`), and the cost
+/// model's sequential bursty round gives the same.
+#[test]
+fn bursty_sequential_reads_every_block_per_micro_batch() {
+    let sh = shape("llama2-7b").unwrap();
+    let cluster = Cluster::new(
+        vec![device("d0")],
+        LinkProfile {
+            bandwidth: 1e9,
+            latency: 0.0,
+        },
+    );
+    let m = DeviceModel::new(&cluster.devices[0].profile, &sh);
+    let (ta, tm) = (m.attn(1, 1, 256 + 11, 1.0), m.mlp(1, 1.0));
+    let off_bytes = 2 * (sh.attn_bytes + sh.mlp_bytes); // bytes
+    let ld = off_bytes as f64 / SSD;
+    for b in [1u32, 2, 4] {
+        let pattern = if b == 1 {
+            Pattern::Sporadic
+        } else {
+            Pattern::Bursty
+        };
+        let p = plan(&sh, &cluster, 1, 32, 2, 2, ExecMode::Sequential, pattern, b);
+        let r = run(&p, &sh, &cluster, b);
+        let bf = b as f64;
+        let expect = bf * (32.0 * (ta + tm) + m.head(1) + ld);
+        let got = r.step_end_s[11] - r.step_end_s[10];
+        assert!(close(got, expect), "b = {b}: {got} vs {expect}");
+        // Loaded bytes: `b` reads of every offloaded block per step (12 steps).
+        let loaded_per_step = r.devices[0].load_s * SSD / 12.0; // bytes
+        assert!(
+            close(loaded_per_step, bf * off_bytes as f64),
+            "b = {b}: {loaded_per_step} bytes per step"
+        );
+        // The cost model: per generated token, one read of each block and `C + ld`.
+        let dc = &p.devices[0];
+        assert!(close(dc.load_ms / 1e3, ld), "b = {b}: {}", dc.load_ms);
+        let model = p.predicted_ms_per_token / 1e3 * bf;
+        assert!(
+            (model - got).abs() < 1e-3 * got,
+            "b = {b}: model {model} vs {got}"
+        );
+    }
 }
