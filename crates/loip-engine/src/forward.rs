@@ -102,9 +102,7 @@ impl Transformer {
         let mut q = vec![0f32; n * qd]; // (n, n_heads * head_dim)
         let mut kk = vec![0f32; n * kvd]; // (n, n_kv_heads * head_dim)
         let mut v = vec![0f32; n * kvd]; // (n, n_kv_heads * head_dim)
-        k::matmul(&w.q, &xn, &mut q)?;
-        k::matmul(&w.k, &xn, &mut kk)?;
-        k::matmul(&w.v, &xn, &mut v)?;
+        k::matmul_many(&[&w.q, &w.k, &w.v], &xn, &mut [&mut q, &mut kk, &mut v])?;
 
         let q_norm = w.q_norm.map(|m| dequant_vec(&m)).transpose()?;
         let k_norm = w.k_norm.map(|m| dequant_vec(&m)).transpose()?;
@@ -176,8 +174,7 @@ impl Transformer {
         let xn = self.rmsnorm_rows(x, &w.post_norm, n)?; // (n, hidden)
         let mut gate = vec![0f32; n * i]; // (n, intermediate)
         let mut up = vec![0f32; n * i]; // (n, intermediate)
-        k::matmul(&w.gate, &xn, &mut gate)?;
-        k::matmul(&w.up, &xn, &mut up)?;
+        k::matmul_many(&[&w.gate, &w.up], &xn, &mut [&mut gate, &mut up])?;
         k::silu_mul(&mut gate, &up);
         let mut down = vec![0f32; n * h]; // (n, hidden)
         k::matmul(&w.down, &gate, &mut down)?;

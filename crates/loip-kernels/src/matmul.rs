@@ -120,6 +120,67 @@ pub(crate) fn matmul_at(
     Ok(())
 }
 
+/// [`matmul`] of several matrices with the same activations `x` (the q, k and v projections;
+/// the MLP's gate and up): `ys[i] = ws[i] · x`. For one token the rows of all matrices are
+/// split over the pool in one go, so the threads meet once instead of once per matrix. Every
+/// output element is the same canonical dot as in [`matmul`]: the results are those of
+/// separate calls, bit for bit.
+///
+/// # Errors
+/// [`KernelError`] as [`matmul`], for any of the pairs; or a length mismatch of `ws` and `ys`.
+pub fn matmul_many(ws: &[&Matrix], x: &[f32], ys: &mut [&mut [f32]]) -> Result<(), KernelError> {
+    matmul_many_at(simd::current(), ws, x, ys)
+}
+
+/// [`matmul_many`] on an explicit SIMD level.
+pub(crate) fn matmul_many_at(
+    level: Level,
+    ws: &[&Matrix],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    if ws.len() != ys.len() {
+        return Err(KernelError::Length {
+            what: "ys",
+            expected: ws.len(),
+            got: ys.len(),
+        });
+    }
+    let mut single = true;
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        single &= check(w, x, y)? == 1;
+    }
+    let threads = rayon::current_num_threads();
+    let total: usize = ws.iter().map(|w| w.rows.saturating_mul(w.cols)).sum();
+    if !single || threads <= 1 || total < PAR_MIN_ELEMS {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul_at(level, w, x, y)?;
+        }
+        return Ok(());
+    }
+    // one token: tasks of about total / (4 · threads) weights, rows aligned to the row tile
+    let per_task = total.div_ceil(4 * threads).max(1);
+    let mut tasks: Vec<(&Matrix, usize, &mut [f32])> = Vec::new();
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        if w.rows == 0 || w.cols == 0 {
+            continue;
+        }
+        let task_rows = per_task
+            .div_ceil(w.cols)
+            .next_multiple_of(TASK_ROW_ALIGN)
+            .max(TASK_ROW_ALIGN);
+        for (i, o) in y.chunks_mut(task_rows).enumerate() {
+            tasks.push((w, i * task_rows, o));
+        }
+    }
+    tasks.into_par_iter().try_for_each(|(w, r0, o)| {
+        let rb = w.dtype.row_bytes(w.cols)?;
+        let data = &w.data[r0 * rb..(r0 + o.len()) * rb];
+        dispatch::rows(level, w.dtype, data, w.cols, &x[..w.cols], 1, o);
+        Ok(())
+    })
+}
+
 /// Plain scalar reference of [`matmul`]: dequantize each element, multiply, and accumulate
 /// sequentially in f32 (`acc += w * x`, no fma). Same contract and errors as [`matmul`];
 /// results differ from [`matmul`] only by summation order.

@@ -1,6 +1,7 @@
 //! The public kernel entry points, gathered in one place.
 //!
-//! - [`matmul`] / [`matmul_ref`] / [`dequant_row`]: weights in their stored dtype.
+//! - [`matmul`] / [`matmul_many`] / [`matmul_ref`] / [`dequant_row`]: weights in their stored
+//!   dtype.
 //! - [`rmsnorm`], [`silu_mul`], [`rope_half`]: element-wise f32 kernels.
 //! - [`attention`] / [`attention_ref`]: one query token over a KV cache.
 //! - [`simd_level`] / [`set_force_scalar`]: which SIMD path runs.
@@ -12,7 +13,7 @@
 
 pub use crate::attention::{attention, attention_ref};
 pub use crate::elementwise::{rmsnorm, rope_half, silu_mul};
-pub use crate::matmul::{dequant_row, matmul, matmul_ref};
+pub use crate::matmul::{dequant_row, matmul, matmul_many, matmul_ref};
 pub use crate::simd::{set_force_scalar, simd_level};
 
 /// Runs `f` on a thread of the current rayon pool: the caller's own thread when it already is

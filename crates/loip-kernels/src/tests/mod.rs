@@ -6,7 +6,7 @@ use crate::canon;
 use crate::dispatch;
 use crate::dtype::{DType, Matrix};
 use crate::elementwise::rmsnorm_at;
-use crate::matmul::matmul_at;
+use crate::matmul::{matmul_at, matmul_many_at};
 use crate::simd::{supported, Level};
 use half::f16;
 use rand::{Rng, SeedableRng};
@@ -106,6 +106,61 @@ fn matmul_levels_bit_identical() {
             }
         }
     }
+}
+
+#[test]
+fn matmul_many_is_separate_matmuls_bit_for_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for dtype in ALL {
+        let cols = *col_cases(dtype).last().expect("cases");
+        // q, k, v-like shapes: big enough to be split over the threads
+        let shapes = [(96, cols), (33, cols), (40, cols)];
+        let datas: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(r, c)| random_matrix(dtype, r, c, &mut rng))
+            .collect();
+        let ws: Vec<Matrix> = shapes
+            .iter()
+            .zip(&datas)
+            .map(|(&(r, c), d)| Matrix::new(dtype, r, c, d).expect("shape"))
+            .collect();
+        let w_refs: Vec<&Matrix> = ws.iter().collect();
+        for n in [1, 3] {
+            let x = random_f32(n * cols, &mut rng);
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("pool");
+                for level in LEVELS.into_iter().filter(|&l| supported(l)) {
+                    let mut outs: Vec<Vec<f32>> =
+                        shapes.iter().map(|&(r, _)| vec![f32::NAN; n * r]).collect();
+                    pool.install(|| {
+                        let mut ys: Vec<&mut [f32]> =
+                            outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                        matmul_many_at(level, &w_refs, &x, &mut ys).expect("matmul_many")
+                    });
+                    for (w, got) in ws.iter().zip(&outs) {
+                        let mut want = vec![0f32; n * w.rows];
+                        matmul_at(Level::Scalar, w, &x, &mut want).expect("matmul");
+                        assert_eq!(
+                            bits(got),
+                            bits(&want),
+                            "{dtype} {}x{cols} n={n} threads={threads} {level:?}",
+                            w.rows
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // mismatched lists and shapes are errors
+    let data = random_matrix(DType::F32, 4, 16, &mut rng);
+    let w = Matrix::new(DType::F32, 4, 16, &data).expect("shape");
+    let x = random_f32(16, &mut rng);
+    let mut y = vec![0f32; 4];
+    assert!(matmul_many_at(Level::Scalar, &[&w, &w], &x, &mut [&mut y[..]]).is_err());
+    assert!(matmul_many_at(Level::Scalar, &[&w], &x[..15], &mut [&mut y[..]]).is_err());
 }
 
 #[test]
