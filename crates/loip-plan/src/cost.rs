@@ -79,9 +79,9 @@
 //! device is therefore busy `b·(C_i + ld_i + e_i)` per round (compute, its reads and its
 //! sends, in turn), and one micro-batch's pass is `C + c + Σ ld`; the round is the larger.
 //! Per generated token a device reads its offloaded blocks once (`ld_i`, not `ld_i / b`).
-//! This is how the distributed runtime runs a stage. `loip-sim` instead reads each offloaded
-//! block once for all micro-batches (then computes it `b` times), so it simulates
-//! `pp-offload` faster than this formula whenever loads matter.
+//! This is how the distributed runtime runs a stage, and how `loip-sim` simulates it (within
+//! 6 %: a device there sends one micro-batch's activation while it computes the next, which
+//! this formula charges in turn).
 //!
 //! With identical stages, `s` rounds of which the last carries the head, this is the closed
 //! form the exact scheduler minimises (`planners::exact`). Attention time is taken at

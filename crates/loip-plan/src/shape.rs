@@ -118,8 +118,9 @@ impl ModelShape {
     /// Candidates: the last position's full f32 logits, `vocab·4`
     /// ([`ModelShape::logits_return_bytes`], what the distributed runtime sends its
     /// coordinator when it samples), an argmax of 8 bytes (token id and logit: the runtime's
-    /// greedy decoding), or a sampled token id, 4 bytes (the design). The default stays `h`
-    /// because `loip-sim`'s agreement tests pin the cost model's return hop at `h`.  // bytes
+    /// greedy decoding), or a sampled token id, 4 bytes (the design). The default is `h`;
+    /// `loip-sim` sends the same bytes on its return hop, so simulator and cost model agree for
+    /// any value (changing the default changes the simulated experiments: rerun them).  // bytes
     pub fn return_bytes_per_token(&self) -> u64 {
         self.return_bytes.unwrap_or(self.act_bytes_per_token)
     }
