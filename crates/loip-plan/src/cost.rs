@@ -57,11 +57,11 @@
 //! The old window `P − b·off_i` let a device whose own `b` micro-batches fill most of the
 //! round "hide" a load that in fact had only the retained part of one micro-batch to hide
 //! behind. A device that is not the bottleneck sees its micro-batches arrive further apart
-//! than `C_i`, so its slot is held somewhat longer and this is a slight underestimate there:
-//! on random clusters this formula is between 9 % below and 3 % above the simulator
-//! (`loip-sim`, which runs the slot event by event) for bursty plans with offloading forced
-//! onto every device, and within 10 % (5 % for 199 of 200) on `loip`'s own plans; see
-//! README.md (section "Paper-scale experiments in the simulator").
+//! than `C_i`, so its slot is held longer and this underestimates there: on `loip`'s own
+//! plans of random clusters the simulator (`loip-sim`, which runs the slot event by event) is
+//! within 10 % (5 % for 199 of 200), but with extra loads forced onto every device it was
+//! found up to 43 % slower; see README.md (section "Paper-scale experiments in the
+//! simulator").
 //!
 //! **The LM head** runs after the last stage on the last device, for every micro-batch, so
 //! it is part of that device's compute in the last round: it lengthens the pass, counts in
