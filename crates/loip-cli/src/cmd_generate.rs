@@ -174,6 +174,21 @@ pub fn prepare(info: model_load::ModelInfo, p: &PromptArgs) -> Result<Prepared> 
         }
         (None, None) => bail!("no tokenizer"),
     };
+    let opts = options(&config, &prompt_ids, p)?;
+    Ok(Prepared {
+        prompt_ids,
+        tokenizer,
+        opts,
+    })
+}
+
+/// Checks `prompt_ids` against the vocabulary and builds `p`'s generation options (shared
+/// with `loip api`, so both run the same request the same way).
+pub fn options(
+    config: &loip_model::ModelConfig,
+    prompt_ids: &[u32],
+    p: &PromptArgs,
+) -> Result<GenerateOptions> {
     if prompt_ids.is_empty() {
         bail!("the prompt encodes to no tokens");
     }
@@ -193,15 +208,11 @@ pub fn prepare(info: model_load::ModelInfo, p: &PromptArgs) -> Result<Prepared> 
         seed: p.seed,
     };
     sampling.validate()?;
-    Ok(Prepared {
-        prompt_ids,
-        tokenizer,
-        opts: GenerateOptions {
-            max_tokens: p.max_tokens,
-            sampling,
-            eos_ids,
-            min_tokens: p.min_tokens,
-        },
+    Ok(GenerateOptions {
+        max_tokens: p.max_tokens,
+        sampling,
+        eos_ids,
+        min_tokens: p.min_tokens,
     })
 }
 

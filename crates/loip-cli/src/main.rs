@@ -1,5 +1,6 @@
 //! `loip`: lossless LLM inference over a few memory-constrained edge devices.
 
+mod cmd_api;
 mod cmd_bench;
 mod cmd_generate;
 mod cmd_local;
@@ -53,6 +54,9 @@ enum Command {
     Worker(cmd_worker::WorkerArgs),
     /// Coordinate a cluster of workers: plan, ship slices, serve prompts from stdin.
     Serve(cmd_serve::ServeArgs),
+    /// Serve one model over an OpenAI-compatible HTTP API (completions, chat, streaming), on
+    /// this machine or on a cluster.
+    Api(cmd_api::ApiArgs),
     /// Measure this machine (block times, loader bandwidth) as a planner device profile.
     Profile(cmd_profile::ProfileArgs),
     /// Plan stages, layers and offloaded blocks for a cluster, and predict ms/token.
@@ -83,6 +87,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Local(a) => cmd_local::run(a),
         Command::Worker(a) => cmd_worker::run(a),
         Command::Serve(a) => cmd_serve::serve(a),
+        Command::Api(a) => cmd_api::run(a),
         Command::Generate(a) => cmd_generate::generate(a),
         Command::Logits(a) => cmd_generate::logits(a),
         Command::Fetch(a) => cmd_generate::fetch(a),

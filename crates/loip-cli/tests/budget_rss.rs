@@ -1,14 +1,12 @@
 //! The memory budget is real: a model three times the budget runs, and the process's peak
 //! resident set (VmHWM) stays within the budget plus a fixed overhead.
 
+mod common;
+use common::*;
+
 use std::path::PathBuf;
-use std::process::Command;
 
 use loip_kernels::DType;
-
-fn loip() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_loip"))
-}
 
 /// Peak RSS of the process beyond its budget: the binary's code and data, the allocator,
 /// thread stacks, the manifest and the page-aligned rounding of buffers. Measured here at

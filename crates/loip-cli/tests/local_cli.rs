@@ -2,22 +2,12 @@
 //! processes on loopback, output identical to `loip generate` on one device.
 //! (Skips with a message while the binary does not have the commands yet.)
 
+mod common;
+use common::*;
+
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-fn loip() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_loip"))
-}
-
-fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
 
 fn has_commands() -> bool {
     let out = loip().arg("--help").output().unwrap();

@@ -1,0 +1,616 @@
+//! `loip api` end to end through the binary: a server on loopback, spoken to over plain
+//! HTTP/1.1. Greedy completions equal `loip generate` on the same model (one device and a
+//! cluster of worker processes), streamed text equals the whole response, concurrent requests
+//! equal sequential ones, and bad requests get JSON errors without hurting the server.
+//! Every wait is bounded; servers and workers are killed when their guard drops (also on a
+//! failed assertion).
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// How long a server may take to come up, or a request to be answered.
+const WAIT: Duration = Duration::from_secs(180);
+
+/// A child process killed when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads `child`'s lines from `out` on a thread; returns the first line's rest after `prefix`
+/// (within [`WAIT`]) and the whole log so far.
+fn wait_for_line(
+    out: impl Read + Send + 'static,
+    prefix: &'static str,
+) -> (String, Arc<Mutex<String>>) {
+    let log = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = mpsc::channel();
+    let keep = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.strip_prefix(prefix) {
+                let _ = tx.send(rest.trim().to_string());
+            }
+            if let Ok(mut l) = keep.lock() {
+                l.push_str(&line);
+                l.push('\n');
+            }
+        }
+    });
+    let found = rx.recv_timeout(WAIT);
+    let text = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let found =
+        found.unwrap_or_else(|_| panic!("no line starting with {prefix:?}; output:\n{text}"));
+    (found, log)
+}
+
+/// A running `loip api`.
+struct Server {
+    addr: String,
+    log: Arc<Mutex<String>>,
+    _child: Guard,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = Guard(
+            loip()
+                .args(["api", "--listen", "127.0.0.1:0"])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let err = child.0.stderr.take().unwrap();
+        let (addr, log) = wait_for_line(err, "listening on http://");
+        Server {
+            addr,
+            log,
+            _child: child,
+        }
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Reply {
+        http(&self.addr, "POST", path, body.to_string().as_bytes())
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
+
+/// A response: status, lower-cased head, body (de-chunked).
+struct Reply {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "{e}: status {}, body {:?}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// The `data:` payloads of a server-sent event stream.
+    fn events(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.body)
+            .split("\n\n")
+            .filter_map(|e| e.trim().strip_prefix("data: ").map(str::to_string))
+            .collect()
+    }
+
+    fn error(&self) -> String {
+        let v = self.json();
+        assert!(v["error"]["type"].as_str().is_some(), "{v}");
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+/// One HTTP/1.1 request on a new connection (`Connection: close`); the body is written from
+/// another thread so that a server refusing a large body early cannot block us.
+fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.set_write_timeout(Some(WAIT)).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let body = body.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&body);
+    });
+    let start = Instant::now();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16384];
+    while start.elapsed() < WAIT {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = writer.join();
+    let text_end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8_lossy(&raw[..text_end]).to_lowercase();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line in {head}"));
+    let mut body = raw[text_end + 4..].to_vec();
+    if head.contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    Reply { status, head, body }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap();
+        if size == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+    out
+}
+
+/// `loip generate --json` on one device.
+fn generate(args: &[&str]) -> Value {
+    let out = loip()
+        .arg("generate")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "generate {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().rev().find(|l| l.starts_with('{')).unwrap();
+    serde_json::from_str(line).unwrap()
+}
+
+/// Greedy `/v1/completions` for token ids, ignoring EOS, with the ids returned.
+fn greedy_ids(s: &Server, ids: &[u32], n: usize) -> Value {
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": n, "temperature": 0, "ignore_eos": true,
+                "return_token_ids": true}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
+/// The text of a streamed response and the finish reason of its last chunk.
+fn streamed(r: &Reply, chat: bool) -> (String, String) {
+    assert_eq!(r.status, 200);
+    assert!(r.head.contains("text/event-stream"), "{}", r.head);
+    let events = r.events();
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    let mut text = String::new();
+    let mut finish = String::new();
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        let c = &v["choices"][0];
+        let piece = if chat {
+            &c["delta"]["content"]
+        } else {
+            &c["text"]
+        };
+        text.push_str(piece.as_str().unwrap_or_default());
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (text, finish)
+}
+
+#[test]
+fn greedy_completions_equal_generate_streamed_and_concurrent() {
+    let model = fixture("tiny-llama");
+    // Two at once: of three concurrent requests below, one waits in the queue.
+    let s = Server::start(&["--model", &model, "--parallel", "2"]);
+    let want = generate(&[
+        "--model",
+        &model,
+        "--prompt-ids",
+        "1,5,9,23",
+        "-n",
+        "8",
+        "--ignore-eos",
+    ]);
+    let got = greedy_ids(&s, &[1, 5, 9, 23], 8);
+    let c = &got["choices"][0];
+    assert_eq!(c["token_ids"], want["new_ids"], "{got}");
+    assert_eq!(c["text"], want["text"]);
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(got["object"], "text_completion");
+    assert_eq!(
+        got["usage"],
+        json!({"prompt_tokens": 4, "completion_tokens": 8, "total_tokens": 12})
+    );
+    assert_eq!(got["prompt_token_ids"], json!([1, 5, 9, 23]));
+
+    // Without ignore_eos both stop at the same end-of-sequence token (or run to the limit).
+    let want = generate(&["--model", &model, "--prompt-ids", "3,1,4", "-n", "40"]);
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": [3, 1, 4], "max_tokens": 40, "temperature": 0}),
+    );
+    let c = &r.json()["choices"][0];
+    assert_eq!(c["text"], want["text"]);
+    let reason = if want["stop"] == "length" {
+        "length"
+    } else {
+        "stop"
+    };
+    assert_eq!(c["finish_reason"], reason);
+
+    // Streaming gives the same text.
+    let want = generate(&[
+        "--model",
+        &model,
+        "--prompt-ids",
+        "1,5,9,23",
+        "-n",
+        "8",
+        "--ignore-eos",
+    ]);
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 5, 9, 23], "max_tokens": 8, "temperature": 0,
+                "ignore_eos": true, "stream": true}),
+    );
+    assert_eq!(
+        streamed(&r, false),
+        (want["text"].as_str().unwrap().to_string(), "length".into())
+    );
+
+    // Three requests at once give what they give one after another.
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![1, 5, 9, 23],
+        vec![3, 1, 4, 1, 5],
+        vec![2, 7, 1, 8, 2, 8],
+    ];
+    let sequential: Vec<Value> = prompts
+        .iter()
+        .map(|p| greedy_ids(&s, p, 24)["choices"][0]["token_ids"].clone())
+        .collect();
+    let concurrent: Vec<Value> = std::thread::scope(|sc| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                sc.spawn(move || greedy_ids(s, p, 24)["choices"][0]["token_ids"].clone())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(concurrent, sequential);
+    assert!(sequential
+        .iter()
+        .all(|ids| ids.as_array().map(Vec::len) == Some(24)));
+}
+
+#[test]
+fn bad_requests_get_json_errors_and_the_server_stays_up() {
+    let model = fixture("tiny-llama");
+    let s = Server::start(&[
+        "--model",
+        &model,
+        "--max-prompt",
+        "16",
+        "--max-tokens-limit",
+        "64",
+    ]);
+    let raw = |body: &[u8]| http(&s.addr, "POST", "/v1/completions", body);
+    let (ids16, ids17) = (vec![1u32; 16], vec![1u32; 17]);
+    for (r, status, needle) in [
+        (raw(b"{\"prompt\": [1, 2"), 400, "invalid JSON"),
+        (raw(b"not json"), 400, "invalid JSON"),
+        (
+            s.post("/v1/completions", &json!({"max_tokens": 4})),
+            400,
+            "`prompt` is required",
+        ),
+        (
+            s.post(
+                "/v1/completions",
+                &json!({"prompt": [1], "temperature": 2.5}),
+            ),
+            400,
+            "temperature",
+        ),
+        (
+            s.post(
+                "/v1/completions",
+                &json!({"prompt": [1], "temperature": -1}),
+            ),
+            400,
+            "temperature",
+        ),
+        (
+            s.post("/v1/completions", &json!({"prompt": [1], "top_p": 1.5})),
+            400,
+            "top_p",
+        ),
+        (
+            s.post("/v1/completions", &json!({"prompt": [1], "max_tokens": 65})),
+            400,
+            "--max-tokens-limit",
+        ),
+        (
+            s.post("/v1/completions", &json!({"prompt": ids17})),
+            400,
+            "--max-prompt",
+        ),
+        (
+            s.post(
+                "/v1/completions",
+                &json!({"prompt": ids16, "max_tokens": 64, "stream": true}),
+            ),
+            200,
+            "",
+        ),
+        (
+            s.post("/v1/completions", &json!({"prompt": [1, 300]})),
+            400,
+            "vocabulary",
+        ),
+        (
+            s.post("/v1/completions", &json!({"prompt": "words"})),
+            400,
+            "no tokenizer",
+        ),
+        (
+            s.post("/v1/completions", &json!({"prompt": [1], "stop": 5})),
+            400,
+            "stop",
+        ),
+        (
+            s.post("/v1/completions", &json!({"prompt": [1], "max_tokens": -3})),
+            400,
+            "max_tokens",
+        ),
+        (
+            s.post(
+                "/v1/chat/completions",
+                &json!({"messages": [{"role": "user", "content": "hi"}]}),
+            ),
+            400,
+            "chat template",
+        ),
+        (
+            s.post("/v1/chat/completions", &json!({"prompt": [1]})),
+            400,
+            "`messages` is required",
+        ),
+    ] {
+        assert_eq!(
+            r.status,
+            status,
+            "{needle}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        if status == 400 {
+            assert!(r.error().contains(needle), "{needle}: {}", r.error());
+        }
+    }
+    // The context limit of the model (256 positions) bounds prompt + max_tokens.
+    let s2 = Server::start(&["--model", &model]);
+    let r = s2.post(
+        "/v1/completions",
+        &json!({"prompt": vec![1u32; 200], "max_tokens": 100}),
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("context limit of 256"), "{}", r.error());
+    drop(s2);
+
+    let big = vec![b' '; 2 << 20];
+    let r = http(&s.addr, "POST", "/v1/completions", &big);
+    assert_eq!(r.status, 413, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.error().contains("over"), "{}", r.error());
+    let r = http(&s.addr, "GET", "/v1/nothing-here", b"");
+    assert_eq!(r.status, 404);
+    assert!(r.error().contains("/v1/nothing-here"));
+    let r = http(&s.addr, "GET", "/health", b"");
+    assert_eq!(r.status, 200, "{}", s.log());
+    assert_eq!(r.json()["status"], "ok");
+    assert_eq!(r.json()["model"], "tiny-llama");
+    let r = http(&s.addr, "GET", "/v1/models", b"");
+    assert_eq!(r.json()["data"][0]["id"], "tiny-llama");
+}
+
+#[test]
+fn chat_and_text_completions_equal_generate_on_smollm2() {
+    let s = Server::start(&["--model", "smollm2"]);
+    let question = "What is the capital of France?";
+    let want = generate(&[
+        "--model", "smollm2", "--chat", "--prompt", question, "-n", "16",
+    ]);
+    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": question}],
+                      "max_tokens": 16, "temperature": 0});
+    let got = s.post("/v1/chat/completions", &body).json();
+    assert_eq!(got["object"], "chat.completion");
+    assert_eq!(got["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(
+        got["choices"][0]["message"]["content"], want["text"],
+        "{got}"
+    );
+    assert_eq!(
+        got["usage"]["prompt_tokens"],
+        json!(want["prompt_ids"].as_array().map(Vec::len))
+    );
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let (text, _) = streamed(&s.post("/v1/chat/completions", &stream), true);
+    assert_eq!(text, want["text"].as_str().unwrap());
+
+    let prompt = "Once upon a time, there was a little";
+    let want = generate(&["--model", "smollm2", "--prompt", prompt, "-n", "20"]);
+    let body = json!({"prompt": prompt, "max_tokens": 20, "temperature": 0});
+    let got = s.post("/v1/completions", &body).json();
+    let full = want["text"].as_str().unwrap();
+    assert_eq!(got["choices"][0]["text"], full);
+    // A stop string cuts the text before it, streamed or not.
+    let word = full.split_whitespace().nth(2).unwrap();
+    let cut = &full[..full.find(word).unwrap()];
+    let mut stop = body.clone();
+    stop["stop"] = json!([word, "never appears"]);
+    let got = s.post("/v1/completions", &stop).json();
+    assert_eq!(got["choices"][0]["text"], cut);
+    assert_eq!(got["choices"][0]["finish_reason"], "stop");
+    stop["stream"] = json!(true);
+    assert_eq!(
+        streamed(&s.post("/v1/completions", &stop), false),
+        (cut.to_string(), "stop".to_string())
+    );
+    // Sampling with a seed is repeatable.
+    let sample = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0.8, "top_p": 0.9,
+                        "top_k": 40, "seed": 7});
+    let a = s.post("/v1/completions", &sample).json();
+    let b = s.post("/v1/completions", &sample).json();
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+}
+
+#[test]
+fn a_cluster_serves_the_same_tokens_and_reports_a_lost_device() {
+    let model = fixture("tiny-qwen3");
+    let dir = std::env::temp_dir().join(format!("loip-api-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut workers = Vec::new();
+    let mut toml = String::new();
+    for i in 1..=2 {
+        let mut w = Guard(
+            loip()
+                .args([
+                    "worker",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--mem",
+                    "256MiB",
+                    "--token",
+                    "tok",
+                ])
+                .arg("--name")
+                .arg(format!("w{i}"))
+                .arg("--store")
+                .arg(dir.join(format!("w{i}")))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let out = w.0.stdout.take().unwrap();
+        let (addr, _) = wait_for_line(out, "listening on ");
+        toml.push_str(&format!(
+            "[[device]]\nname = \"w{i}\"\naddr = \"{addr}\"\n\n"
+        ));
+        workers.push(w);
+    }
+    let cluster = dir.join("cluster.toml");
+    std::fs::write(&cluster, toml).unwrap();
+    let s = Server::start(&[
+        "--model",
+        &model,
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--token",
+        "tok",
+        "--planner",
+        "loip-uniform",
+    ]);
+    let health = http(&s.addr, "GET", "/health", b"").json();
+    assert_eq!(health["status"], "ok", "{health}");
+    assert_eq!(
+        health["devices"].as_array().map(Vec::len),
+        Some(2),
+        "{health}"
+    );
+
+    let prompts: Vec<Vec<u32>> = vec![vec![3, 1, 4, 1, 5], vec![1, 5, 9, 23], vec![2, 7, 1, 8]];
+    let want: Vec<Value> = prompts
+        .iter()
+        .map(|p| {
+            let ids: Vec<String> = p.iter().map(u32::to_string).collect();
+            generate(&[
+                "--model",
+                &model,
+                "--prompt-ids",
+                &ids.join(","),
+                "-n",
+                "10",
+                "--ignore-eos",
+            ])["new_ids"]
+                .clone()
+        })
+        .collect();
+    let got = greedy_ids(&s, &prompts[0], 10);
+    assert_eq!(got["choices"][0]["token_ids"], want[0], "{}", s.log());
+    let concurrent: Vec<Value> = std::thread::scope(|sc| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                sc.spawn(move || greedy_ids(s, p, 10)["choices"][0]["token_ids"].clone())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(concurrent, want);
+
+    // A device that dies: requests fail with 503 naming it, and /health says so.
+    drop(workers.pop());
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": [3, 1, 4], "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.error().contains("w2"), "{}", r.error());
+    let health = http(&s.addr, "GET", "/health", b"");
+    assert_eq!(health.status, 503);
+    assert_eq!(health.json()["status"], "degraded");
+    drop(s);
+    drop(workers);
+    let _ = std::fs::remove_dir_all(&dir);
+}
