@@ -21,7 +21,7 @@ mod wire;
 
 use std::convert::Infallible;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
@@ -39,8 +39,7 @@ use loip_model::chat::{ChatMessage, ChatTemplate};
 use loip_model::tokenizer::Tokenizer;
 use loip_model::{Checkpoint, ModelConfig};
 use loip_plan::Pattern;
-use loip_runtime::cluster_run::generate_on;
-use loip_runtime::coordinator::Pipeline;
+use loip_runtime::cluster_run::{generate_on, Session};
 use loip_runtime::LoaderKind;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -92,6 +91,10 @@ pub struct ApiArgs {
     /// Largest `max_tokens` a request may ask for; also the most a request without one gets.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_limit: usize,
+    /// With --cluster: do not re-plan over the remaining devices when one fails (requests
+    /// then fail with 503 until a restart).
+    #[arg(long)]
+    pub no_replan: bool,
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// With --cluster: planned context, KV tokens held summed over the sequences in flight;
@@ -127,22 +130,24 @@ pub fn run(a: ApiArgs) -> Result<()> {
             false,
         )?;
         crate::cmd_serve::print_setup(&session);
-        let info = model_load::info(&dir.to_string_lossy());
-        let served = info.and_then(|info| {
-            let context = info
-                .config
-                .max_position_embeddings
-                .min(usize::try_from(a.context).unwrap_or(usize::MAX));
-            let app = App::new(
-                &a,
-                name,
-                info,
-                Engine::Cluster(session.pipeline().clone()),
-                context,
-            );
-            serve_http(&a.listen, app)
-        });
-        session.shutdown();
+        let info = match model_load::info(&dir.to_string_lossy()) {
+            Ok(info) => info,
+            Err(e) => {
+                session.shutdown();
+                return Err(e);
+            }
+        };
+        let context = info
+            .config
+            .max_position_embeddings
+            .min(usize::try_from(a.context).unwrap_or(usize::MAX));
+        let session = Arc::new(Mutex::new(session));
+        let app = App::new(&a, name, info, Engine::Cluster(session.clone()), context);
+        let served = serve_http(&a.listen, app);
+        // the last owner of the session says goodbye to the workers
+        if let Ok(s) = Arc::try_unwrap(session) {
+            s.into_inner().unwrap_or_else(|p| p.into_inner()).shutdown();
+        }
         return served;
     }
     // The server lives until the process ends, so the checkpoint and the model bound to it are
@@ -242,15 +247,16 @@ fn router(app: Arc<App>) -> Router {
 enum Engine {
     /// this machine's in-memory engine; each request gets its own KV cache
     Local(&'static Model<'static>),
-    /// a cluster's pipeline; requests are concurrent sequences on it
-    Cluster(Pipeline),
+    /// a cluster; requests are concurrent sequences on its pipeline. Locked only to take the
+    /// pipeline, to read the devices' health, and to re-plan when one is gone.
+    Cluster(Arc<Mutex<Session>>),
 }
 
 impl Engine {
     fn describe(&self) -> String {
         match self {
             Engine::Local(_) => "this machine".into(),
-            Engine::Cluster(p) => format!("a cluster of {} devices", p.health().len()),
+            Engine::Cluster(s) => format!("a cluster of {} devices", lock(s).health().len()),
         }
     }
 }
@@ -268,6 +274,41 @@ struct App {
     max_prompt: usize,       // tokens
     max_tokens_limit: usize, // tokens
     context: usize,          // tokens: one request's prompt + max_tokens
+    /// keep a failed cluster as it is (`--no-replan`)
+    no_replan: bool,
+}
+
+/// The session, also after a thread panicked while holding it (its state stays usable: every
+/// change to it is one call).
+fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// After a failed request: when a device is gone, re-plans over the remaining ones (as
+/// `loip serve` does), so the next requests run again; the failed request still answers 503.
+/// Several requests failing at once re-plan once: the others find every device alive.
+fn replan_if_gone(session: &Mutex<Session>) {
+    let mut s = lock(session);
+    let gone: Vec<String> = s
+        .health()
+        .into_iter()
+        .filter(|h| !h.alive)
+        .map(|h| h.endpoint.name)
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    match s.replan() {
+        Ok(left_out) => eprintln!(
+            "loip api: {} gone; re-planned without {}",
+            gone.join(", "),
+            left_out.join(", ")
+        ),
+        Err(e) => eprintln!(
+            "loip api: {} gone and the model does not fit the rest ({e}); requests will fail",
+            gone.join(", ")
+        ),
+    }
 }
 
 impl App {
@@ -299,6 +340,7 @@ impl App {
             max_prompt: a.max_prompt,
             max_tokens_limit: a.max_tokens_limit,
             context,
+            no_replan: a.no_replan,
         }
     }
 }
@@ -327,8 +369,14 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     let busy = app.parallel - app.permits.available_permits().min(app.parallel);
     let (status, devices) = match &app.engine {
         Engine::Local(_) => (StatusCode::OK, None),
-        Engine::Cluster(p) => {
-            let h = p.health();
+        Engine::Cluster(s) => {
+            // a re-plan holds the session for seconds: do not wait for it here
+            let Ok(session) = s.try_lock() else {
+                let body = json!({"status": "replanning", "model": app.name});
+                return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+            };
+            let h = session.health();
+            drop(session);
             let ok = h.iter().all(|d| d.alive);
             let devices: Vec<Value> = h
                 .iter()
@@ -600,8 +648,18 @@ impl App {
                 generate(&mut gen, 0, &job.prompt_ids, &job.opts, &mut on_token)
                     .map_err(ApiError::from_engine)?
             }
-            Engine::Cluster(pipe) => generate_on(pipe, &job.prompt_ids, &job.opts, &mut on_token)
-                .map_err(ApiError::from_cluster)?,
+            Engine::Cluster(session) => {
+                let pipe = lock(session).pipeline().clone();
+                match generate_on(&pipe, &job.prompt_ids, &job.opts, &mut on_token) {
+                    Ok(out) => out,
+                    Err(e) => {
+                        if !self.no_replan {
+                            replan_if_gone(session);
+                        }
+                        return Err(ApiError::from_cluster(e));
+                    }
+                }
+            }
         };
         let (rest, text) = text.finish();
         emit(&rest);
