@@ -701,6 +701,7 @@ mod tests {
             parallel: 2,
             max_prompt: 64,
             max_tokens_limit: 100,
+            no_replan: false,
             cluster: ClusterArgs {
                 cluster: None,
                 token: None,
