@@ -40,6 +40,7 @@ use loip_model::tokenizer::Tokenizer;
 use loip_model::{Checkpoint, ModelConfig};
 use loip_plan::Pattern;
 use loip_runtime::cluster_run::{generate_on, Session};
+use loip_runtime::local::LocalModel;
 use loip_runtime::LoaderKind;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -97,11 +98,21 @@ pub struct ApiArgs {
     pub no_replan: bool,
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// With --cluster: planned context, KV tokens held summed over the sequences in flight;
-    /// it also bounds one request's prompt + max_tokens.
+    /// With --cluster or --mem: planned context, KV tokens held summed over the sequences in
+    /// flight; it also bounds one request's prompt + max_tokens.
     #[arg(long, default_value_t = 4096)]
     pub context: u64,
-    /// With --cluster: loading path on the workers, direct or conventional.
+    /// On this machine: a memory budget, e.g. `300MiB`; what does not fit is streamed from
+    /// slice files (as `loip generate --mem`). The KV cache of all requests in flight shares
+    /// what is left.
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// On this machine: which blocks to offload (auto, none, mlp, attn, all, alternate, plan;
+    /// see `loip generate --help`). Anything but auto, or --mem, serves from slice files.
+    #[arg(long, default_value = "auto")]
+    pub offload_blocks: loip_runtime::local::OffloadRule,
+    /// Loading path for offloaded blocks (on the workers with --cluster): direct or
+    /// conventional.
     #[arg(long, default_value = "direct")]
     pub loader: LoaderKind,
     /// With --cluster: plan for this request pattern, sporadic or bursty.
@@ -150,6 +161,9 @@ pub fn run(a: ApiArgs) -> Result<()> {
         }
         return served;
     }
+    if a.mem.is_some() || a.offload_blocks != loip_runtime::local::OffloadRule::Auto {
+        return run_sliced(&a, name);
+    }
     // The server lives until the process ends, so the checkpoint and the model bound to it are
     // leaked: the blocking generation threads share them as `'static`.
     let ckpt: &'static Checkpoint = Box::leak(Box::new(model_load::open(&a.model)?));
@@ -164,6 +178,50 @@ pub fn run(a: ApiArgs) -> Result<()> {
         &a.listen,
         App::new(&a, name, info, Engine::Local(model), context),
     )
+}
+
+/// `loip api --mem …`: one device running from slice files under a memory budget.
+fn run_sliced(a: &ApiArgs, name: String) -> Result<()> {
+    use loip_runtime::local::{LocalModel, LocalOptions};
+    let dir = crate::cmd_split::slices_for(&a.model)?;
+    let info = model_load::info(&dir.to_string_lossy())?;
+    let context = info
+        .config
+        .max_position_embeddings
+        .min(usize::try_from(a.context).unwrap_or(usize::MAX));
+    let opts = LocalOptions {
+        mem_budget: a.mem.as_deref().map(loip_plan::parse_bytes).transpose()?,
+        rule: a.offload_blocks,
+        loader: a.loader,
+        overlap: true,
+        context,
+        max_step_tokens: a.max_prompt,
+    };
+    let model = LocalModel::open(&dir, &opts)?;
+    let m = model.device.memory();
+    eprintln!(
+        "memory: budget {} B, resident {} B, slot {} B, working {} B, KV budget {} B",
+        m.budget, m.resident, m.slot, m.working, m.kv_budget
+    );
+    let engine = Engine::Sliced(Arc::new(Mutex::new(model)));
+    serve_http(&a.listen, App::new(a, name, info, engine, context))
+}
+
+/// The device of `loip api --mem`, shared step by step: each request's steps take the lock in
+/// turn, so requests interleave token by token, each its own sequence in the device's cache.
+struct SlicedBackend<'m> {
+    model: &'m Mutex<LocalModel>,
+}
+
+impl loip_engine::generate::StepBackend for SlicedBackend<'_> {
+    fn step(
+        &mut self,
+        seq: u64,
+        ids: &[u32],
+        start_pos: usize,
+    ) -> Result<Vec<f32>, loip_engine::EngineError> {
+        lock(self.model).step(seq, ids, start_pos)
+    }
 }
 
 /// The model id for `model`: its file stem, or directory name.
@@ -250,12 +308,15 @@ enum Engine {
     /// a cluster; requests are concurrent sequences on its pipeline. Locked only to take the
     /// pipeline, to read the devices' health, and to re-plan when one is gone.
     Cluster(Arc<Mutex<Session>>),
+    /// this machine, from slice files under a memory budget (`--mem`)
+    Sliced(Arc<Mutex<LocalModel>>),
 }
 
 impl Engine {
     fn describe(&self) -> String {
         match self {
             Engine::Local(_) => "this machine".into(),
+            Engine::Sliced(_) => "this machine, from slice files".into(),
             Engine::Cluster(s) => format!("a cluster of {} devices", lock(s).health().len()),
         }
     }
@@ -278,9 +339,9 @@ struct App {
     no_replan: bool,
 }
 
-/// The session, also after a thread panicked while holding it (its state stays usable: every
-/// change to it is one call).
-fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
+/// The session (or device), also after a thread panicked while holding it (its state stays
+/// usable: every change to it is one call).
+fn lock<T>(s: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     s.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -368,7 +429,7 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 async fn health(State(app): State<Arc<App>>) -> Response {
     let busy = app.parallel - app.permits.available_permits().min(app.parallel);
     let (status, devices) = match &app.engine {
-        Engine::Local(_) => (StatusCode::OK, None),
+        Engine::Local(_) | Engine::Sliced(_) => (StatusCode::OK, None),
         Engine::Cluster(s) => {
             // a re-plan holds the session for seconds: do not wait for it here
             let Ok(session) = s.try_lock() else {
@@ -648,6 +709,13 @@ impl App {
                 generate(&mut gen, 0, &job.prompt_ids, &job.opts, &mut on_token)
                     .map_err(ApiError::from_engine)?
             }
+            Engine::Sliced(model) => {
+                let seq = loip_runtime::coordinator::next_seq_id();
+                let mut backend = SlicedBackend { model };
+                let out = generate(&mut backend, seq, &job.prompt_ids, &job.opts, &mut on_token);
+                lock(model).device.kv.remove(seq);
+                out.map_err(ApiError::from_engine)?
+            }
             Engine::Cluster(session) => {
                 let pipe = lock(session).pipeline().clone();
                 match generate_on(&pipe, &job.prompt_ids, &job.opts, &mut on_token) {
@@ -710,6 +778,8 @@ mod tests {
                 plan_out: None,
             },
             context: 4096,
+            mem: None,
+            offload_blocks: loip_runtime::local::OffloadRule::Auto,
             loader: LoaderKind::Direct,
             pattern: Pattern::Sporadic,
             micro_batches: None,
