@@ -329,14 +329,21 @@ fn local_on_ctrl_c_kills_its_workers_and_removes_its_temp_dir() {
     assert!(rest.contains("interrupted"), "{rest}");
     assert!(!temp.exists(), "{} left behind", temp.display());
     for w in workers {
-        // Gone, or a zombie about to be reaped by init.
-        let state = std::fs::read_to_string(format!("/proc/{w}/stat")).unwrap_or_default();
-        let st = state
-            .rsplit_once(')')
-            .and_then(|r| r.1.split_whitespace().next().map(str::to_string));
-        assert!(
-            st.is_none() || st.as_deref() == Some("Z"),
-            "worker {w} still running: {state}"
-        );
+        // Gone, or a zombie about to be reaped by init. A killed process needs a moment to
+        // get there on a loaded machine: look for up to 5 s.
+        let mut state = String::new();
+        let mut done = false;
+        for _ in 0..50 {
+            state = std::fs::read_to_string(format!("/proc/{w}/stat")).unwrap_or_default();
+            let st = state
+                .rsplit_once(')')
+                .and_then(|r| r.1.split_whitespace().next().map(str::to_string));
+            if st.is_none() || st.as_deref() == Some("Z") {
+                done = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(done, "worker {w} still running: {state}");
     }
 }
