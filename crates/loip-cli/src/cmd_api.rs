@@ -350,12 +350,7 @@ fn lock<T>(s: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Several requests failing at once re-plan once: the others find every device alive.
 fn replan_if_gone(session: &Mutex<Session>) {
     let mut s = lock(session);
-    let gone: Vec<String> = s
-        .health()
-        .into_iter()
-        .filter(|h| !h.alive)
-        .map(|h| h.endpoint.name)
-        .collect();
+    let gone = s.gone();
     if gone.is_empty() {
         return;
     }

@@ -216,6 +216,38 @@ fn greedy_ids(s: &Server, ids: &[u32], n: usize) -> Value {
     r.json()
 }
 
+/// The new ids `loip generate` gives for each prompt (`n` tokens, EOS ignored).
+fn generate_ids(model: &str, prompts: &[Vec<u32>], n: usize) -> Vec<Value> {
+    prompts
+        .iter()
+        .map(|p| {
+            let ids: Vec<String> = p.iter().map(u32::to_string).collect();
+            let n = n.to_string();
+            generate(&[
+                "--model",
+                model,
+                "--prompt-ids",
+                &ids.join(","),
+                "-n",
+                &n,
+                "--ignore-eos",
+            ])["new_ids"]
+                .clone()
+        })
+        .collect()
+}
+
+/// The new ids of greedy completions of all `prompts`, requested at the same time.
+fn concurrent_ids(s: &Server, prompts: &[Vec<u32>], n: usize) -> Vec<Value> {
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| sc.spawn(move || greedy_ids(s, p, n)["choices"][0]["token_ids"].clone()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// The text of a streamed response and the finish reason of its last chunk.
 fn streamed(r: &Reply, chat: bool) -> (String, String) {
     assert_eq!(r.status, 200);
@@ -315,16 +347,7 @@ fn greedy_completions_equal_generate_streamed_and_concurrent() {
         .iter()
         .map(|p| greedy_ids(&s, p, 24)["choices"][0]["token_ids"].clone())
         .collect();
-    let concurrent: Vec<Value> = std::thread::scope(|sc| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let s = &s;
-                sc.spawn(move || greedy_ids(s, p, 24)["choices"][0]["token_ids"].clone())
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let concurrent = concurrent_ids(&s, &prompts, 24);
     assert_eq!(concurrent, sequential);
     assert!(sequential
         .iter()
@@ -349,32 +372,8 @@ fn offloaded_serving_interleaves_requests_and_stays_lossless() {
         vec![3, 1, 4, 1, 5],
         vec![2, 7, 1, 8, 2, 8],
     ];
-    let want: Vec<Value> = prompts
-        .iter()
-        .map(|p| {
-            let ids: Vec<String> = p.iter().map(u32::to_string).collect();
-            generate(&[
-                "--model",
-                &model,
-                "--prompt-ids",
-                &ids.join(","),
-                "-n",
-                "12",
-                "--ignore-eos",
-            ])["new_ids"]
-                .clone()
-        })
-        .collect();
-    let concurrent: Vec<Value> = std::thread::scope(|sc| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let s = &s;
-                sc.spawn(move || greedy_ids(s, p, 12)["choices"][0]["token_ids"].clone())
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let want = generate_ids(&model, &prompts, 12);
+    let concurrent = concurrent_ids(&s, &prompts, 12);
     assert_eq!(concurrent, want, "{}", s.log());
     // finished sequences leave the device's cache: the same again still fits and agrees
     assert_eq!(
@@ -621,34 +620,10 @@ fn a_cluster_serves_the_same_tokens_and_replans_after_a_lost_device() {
     );
 
     let prompts: Vec<Vec<u32>> = vec![vec![3, 1, 4, 1, 5], vec![1, 5, 9, 23], vec![2, 7, 1, 8]];
-    let want: Vec<Value> = prompts
-        .iter()
-        .map(|p| {
-            let ids: Vec<String> = p.iter().map(u32::to_string).collect();
-            generate(&[
-                "--model",
-                &model,
-                "--prompt-ids",
-                &ids.join(","),
-                "-n",
-                "10",
-                "--ignore-eos",
-            ])["new_ids"]
-                .clone()
-        })
-        .collect();
+    let want = generate_ids(&model, &prompts, 10);
     let got = greedy_ids(&s, &prompts[0], 10);
     assert_eq!(got["choices"][0]["token_ids"], want[0], "{}", s.log());
-    let concurrent: Vec<Value> = std::thread::scope(|sc| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let s = &s;
-                sc.spawn(move || greedy_ids(s, p, 10)["choices"][0]["token_ids"].clone())
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let concurrent = concurrent_ids(&s, &prompts, 10);
     assert_eq!(concurrent, want);
 
     // A device that dies: the request in flight fails with 503 naming it; the server

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::forward::{Model, TokenPos};
 use crate::kv::{KvCache, SeqId};
-use crate::sampling::{argmax, Sampler, SamplingParams};
+use crate::sampling::{argmax, mask, Sampler, SamplingParams};
 use crate::EngineError;
 
 /// Runs forward steps for one sequence.
@@ -30,15 +30,6 @@ pub trait StepBackend {
         let mut logits = self.step(seq, ids, start_pos)?;
         mask(&mut logits, masked);
         Ok(argmax(&logits))
-    }
-}
-
-/// Sets the `ids` entries of `logits` to −∞ (ids outside the vocabulary are ignored).
-fn mask(logits: &mut [f32], ids: &[u32]) {
-    for &e in ids {
-        if let Some(l) = logits.get_mut(e as usize) {
-            *l = f32::NEG_INFINITY;
-        }
     }
 }
 

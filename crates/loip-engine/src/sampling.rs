@@ -56,6 +56,16 @@ pub struct Sampler {
     rng: ChaCha8Rng,
 }
 
+/// Sets the `ids` entries of `logits` to −∞ (ids outside the vocabulary are ignored): the
+/// end-of-sequence ids held back by a minimum length.
+pub fn mask(logits: &mut [f32], ids: &[u32]) {
+    for &e in ids {
+        if let Some(l) = logits.get_mut(e as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// Index of the largest value; the lowest index wins ties; NaN never wins.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;

@@ -701,16 +701,20 @@ impl Session {
         self.pipeline.take_totals()
     }
 
+    /// Names of the devices that are gone.
+    pub fn gone(&self) -> Vec<String> {
+        self.health()
+            .into_iter()
+            .filter(|h| !h.alive)
+            .map(|h| h.endpoint.name)
+            .collect()
+    }
+
     /// Rebuilds the pipeline over the devices still alive (dropping the gone ones from the
     /// cluster) with the planner; fails if the model no longer fits. Returns the names of
     /// the devices left out.
     pub fn replan(&mut self) -> Result<Vec<String>, ClusterError> {
-        let gone: Vec<String> = self
-            .health()
-            .into_iter()
-            .filter(|h| !h.alive)
-            .map(|h| h.endpoint.name)
-            .collect();
+        let gone = self.gone();
         self.rt.block_on(self.pipeline.shutdown());
         let workers: Vec<WorkerSpec> = self
             .workers

@@ -626,11 +626,7 @@ fn run_step(
         let picks: Vec<(u32, f32)> = logits
             .chunks_exact_mut(vocab.max(1))
             .map(|row| {
-                for &m in masked {
-                    if let Some(v) = row.get_mut(m as usize) {
-                        *v = f32::NEG_INFINITY;
-                    }
-                }
+                loip_engine::sampling::mask(row, masked);
                 let id = loip_engine::sampling::argmax(row);
                 (id, row[id as usize])
             })

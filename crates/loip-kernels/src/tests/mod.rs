@@ -158,7 +158,7 @@ fn matmul_many_is_separate_matmuls_bit_for_bit() {
     let data = random_matrix(DType::F32, 4, 16, &mut rng);
     let w = Matrix::new(DType::F32, 4, 16, &data).expect("shape");
     let x = random_f32(16, &mut rng);
-    let mut y = vec![0f32; 4];
+    let mut y = [0f32; 4];
     assert!(matmul_many_at(Level::Scalar, &[&w, &w], &x, &mut [&mut y[..]]).is_err());
     assert!(matmul_many_at(Level::Scalar, &[&w], &x[..15], &mut [&mut y[..]]).is_err());
 }

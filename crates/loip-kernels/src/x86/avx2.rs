@@ -314,18 +314,6 @@ unsafe fn fma_halves<const J: usize>(
     }
 }
 
-/// Software prefetch of `bytes` bytes at `p` into L2 (a hint: never faults, so it may point
-/// past the last row). Rows are read one after another: the same span of the next row is
-/// fetched while this one is computed, across the 4 KiB pages where hardware prefetchers stop.
-#[inline(always)]
-unsafe fn prefetch(p: *const u8, bytes: usize) {
-    let mut b = 0;
-    while b < bytes {
-        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(b) as *const i8);
-        b += 64;
-    }
-}
-
 #[inline(always)]
 unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 8];
@@ -339,7 +327,7 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
         // 32-element blocks, read in pairs
         let pairs = cols / 64;
         for u in 0..pairs {
-            prefetch(
+            super::prefetch(
                 row.wrapping_add(rb + 2 * u * Q::BLOCK_BYTES),
                 2 * Q::BLOCK_BYTES,
             );
@@ -353,7 +341,7 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
     } else {
         for b in 0..cols / (64 * Q::CHUNKS) {
             let p = row.add(b * Q::BLOCK_BYTES);
-            prefetch(p.wrapping_add(rb), Q::BLOCK_BYTES);
+            super::prefetch(p.wrapping_add(rb), Q::BLOCK_BYTES);
             let s = Q::prepare(p);
             for k in 0..Q::CHUNKS {
                 let w = Q::chunk(p, &s, k);
@@ -374,7 +362,7 @@ unsafe fn dot_float<F: Float>(row: *const u8, cols: usize, x: *const f32) -> f32
     let ahead = F::ELEM_BYTES < 4;
     for c in 0..chunks {
         if ahead {
-            prefetch(
+            super::prefetch(
                 row.wrapping_add(rb + 64 * c * F::ELEM_BYTES),
                 64 * F::ELEM_BYTES,
             );

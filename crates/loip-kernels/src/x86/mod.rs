@@ -4,6 +4,24 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod avx512_act;
 
+/// Software prefetch of the `bytes` bytes at `p` into L2, one request per 64-byte line (into
+/// L2: measured clearly faster here than into L1). A hint: it never faults, so `p` may point
+/// past the last row. It reaches across the 4 KiB pages where hardware prefetchers stop.
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86")]
+    use std::arch::x86::{_mm_prefetch, _MM_HINT_T1};
+    #[cfg(target_arch = "x86_64")]
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    let mut b = 0;
+    while b < bytes {
+        // SAFETY: SSE is baseline on x86_64 (and this module is only built for x86); a
+        // prefetch reads nothing and never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(b) as *const i8) };
+        b += 64;
+    }
+}
+
 /// Bytes of weights per cache tile in batched (n > 1) calls: about a quarter of L2.
 const BATCH_TILE_BYTES: usize = 256 << 10;
 
