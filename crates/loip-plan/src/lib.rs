@@ -7,7 +7,7 @@
 //!
 //! Modules: [`units`] (byte/bandwidth/duration strings), [`shape`], [`profile`] (device and
 //! link profiles, shipped presets), [`cluster`] (cluster files), [`mod@plan`], [`cost`],
-//! [`planners`], [`render`] (tables), [`error`].
+//! [`planners`], [`render`] (tables), [`sched`] (the continuous-batching step scheduler), [`error`].
 #![deny(missing_docs)]
 // `x % d == 0` instead of `is_multiple_of`: the workspace's rust-version is 1.85.
 #![allow(clippy::manual_is_multiple_of)]
@@ -19,6 +19,7 @@ pub mod plan;
 pub mod planners;
 pub mod profile;
 pub mod render;
+pub mod sched;
 pub mod shape;
 pub mod units;
 
