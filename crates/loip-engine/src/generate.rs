@@ -34,9 +34,87 @@ pub trait StepBackend {
 }
 
 /// The next token: an id already chosen by the backend, or logits to sample from.
-enum Next {
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// chosen where the logits are (greedy)
     Id(u32),
+    /// the last position's logits `(vocab,)`, EOS already masked where due
     Logits(Vec<f32>),
+}
+
+/// One sequence's decoding state: its sampler (own RNG), the EOS mask of `min_tokens`, the
+/// EOS / max-token / caller stops. The generation loop and the batch runner both advance a
+/// sequence through it, so a sequence decodes the same whatever batch it runs in.
+#[derive(Debug, Clone)]
+pub struct Decoding {
+    opts: GenerateOptions,
+    sampler: Sampler,
+    new_ids: Vec<u32>,        // kept new tokens (EOS excluded)
+    stop: Option<StopReason>, // set once done
+}
+
+impl Decoding {
+    /// A fresh state; fails on bad sampling parameters.
+    pub fn new(opts: &GenerateOptions) -> Result<Decoding, EngineError> {
+        Ok(Decoding {
+            sampler: Sampler::new(opts.sampling.clone())?,
+            stop: (opts.max_tokens == 0).then_some(StopReason::Length),
+            opts: opts.clone(),
+            new_ids: Vec::new(),
+        })
+    }
+
+    /// Whether the next token is the argmax (the backend may pick it where the logits are).
+    pub fn greedy(&self) -> bool {
+        self.sampler.is_greedy()
+    }
+
+    /// The ids to mask out of the next token's logits: the EOS ids until `min_tokens`.
+    pub fn masked(&self) -> &[u32] {
+        if self.new_ids.len() < self.opts.min_tokens {
+            &self.opts.eos_ids
+        } else {
+            &[]
+        }
+    }
+
+    /// Takes the next token from `next`; `on_token` sees it if kept. Returns the token to
+    /// feed for the following step, or `None` once done ([`Decoding::stop_reason`]).
+    pub fn accept(&mut self, next: &Next, on_token: &mut dyn FnMut(u32) -> Flow) -> Option<u32> {
+        if self.stop.is_some() {
+            return None;
+        }
+        let id = match next {
+            Next::Id(id) => *id,
+            Next::Logits(logits) => self.sampler.sample(logits),
+        };
+        if self.opts.eos_ids.contains(&id) {
+            self.stop = Some(StopReason::Eos);
+            return None;
+        }
+        self.new_ids.push(id);
+        if on_token(id) == Flow::Stop {
+            self.stop = Some(StopReason::Stop);
+        } else if self.new_ids.len() >= self.opts.max_tokens {
+            self.stop = Some(StopReason::Length);
+        }
+        self.stop.is_none().then_some(id)
+    }
+
+    /// Ends the sequence at the caller's request (the tokens so far are kept).
+    pub fn stop(&mut self) {
+        self.stop.get_or_insert(StopReason::Stop);
+    }
+
+    /// Why it ended, once done.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.stop
+    }
+
+    /// The kept new tokens.
+    pub fn new_ids(&self) -> &[u32] {
+        &self.new_ids
+    }
 }
 
 /// The single-device engine as a backend: a bound model and its cache.
@@ -130,54 +208,26 @@ pub fn generate<B: StepBackend + ?Sized>(
     if prompt.is_empty() {
         return Err(EngineError::Invalid("the prompt has no tokens".into()));
     }
-    let mut sampler = Sampler::new(opts.sampling.clone())?;
-    // Greedy decoding needs only the argmax: the backend computes it where the logits are.
-    let greedy = sampler.is_greedy();
-    let no_eos: &[u32] = &[];
-    let step = |backend: &mut B, ids: &[u32], start: usize, new: usize| {
-        let masked = if new < opts.min_tokens {
-            &opts.eos_ids[..]
-        } else {
-            no_eos
-        };
-        if greedy {
-            backend.step_argmax(seq, ids, start, masked).map(Next::Id)
+    let mut dec = Decoding::new(opts)?;
+    let step = |backend: &mut B, dec: &Decoding, ids: &[u32], start: usize| {
+        // Greedy decoding needs only the argmax: the backend computes it where the logits are.
+        if dec.greedy() {
+            backend
+                .step_argmax(seq, ids, start, dec.masked())
+                .map(Next::Id)
         } else {
             let mut logits = backend.step(seq, ids, start)?;
-            mask(&mut logits, masked);
+            mask(&mut logits, dec.masked());
             Ok(Next::Logits(logits))
         }
     };
     let t0 = Instant::now();
-    let mut next = step(backend, prompt, 0, 0)?;
+    let mut next = step(backend, &dec, prompt, 0)?;
     let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let mut new_ids = Vec::new();
-    let mut stop = StopReason::Length;
     let mut decode_steps = 0usize;
     let t1 = Instant::now();
-    while new_ids.len() < opts.max_tokens {
-        let id = match &next {
-            Next::Id(id) => *id,
-            Next::Logits(logits) => sampler.sample(logits),
-        };
-        if opts.eos_ids.contains(&id) {
-            stop = StopReason::Eos;
-            break;
-        }
-        new_ids.push(id);
-        if on_token(id) == Flow::Stop {
-            stop = StopReason::Stop;
-            break;
-        }
-        if new_ids.len() == opts.max_tokens {
-            break;
-        }
-        next = step(
-            backend,
-            &[id],
-            prompt.len() + new_ids.len() - 1,
-            new_ids.len(),
-        )?;
+    while let Some(id) = dec.accept(&next, on_token) {
+        next = step(backend, &dec, &[id], prompt.len() + dec.new_ids().len() - 1)?;
         decode_steps += 1;
     }
     let decode_ms_per_token = if decode_steps > 0 {
@@ -186,8 +236,8 @@ pub fn generate<B: StepBackend + ?Sized>(
         0.0
     };
     Ok(GenerateOutput {
-        new_ids,
-        stop,
+        stop: dec.stop_reason().unwrap_or(StopReason::Length),
+        new_ids: dec.new_ids,
         prompt_ms,
         decode_ms_per_token,
     })

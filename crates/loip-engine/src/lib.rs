@@ -7,8 +7,14 @@
 //! step, which stage or device ran a block, or where the weight bytes live. Every path
 //! (whole model, N stages, offloaded blocks read into a slot) therefore yields bit-identical
 //! logits within one build.
+//!
+//! Serving many sequences at once: [`batch`] runs one forward over the tokens of several
+//! sequences and samples each with its own state; [`batch_drive`] drives it with the pure
+//! step scheduler of `loip_plan::sched` (continuous batching, chunked prefill).
 #![deny(missing_docs)]
 
+pub mod batch;
+pub mod batch_drive;
 mod error;
 pub mod forward;
 pub mod generate;
@@ -17,10 +23,13 @@ pub mod rope;
 pub mod sampling;
 pub mod weights;
 
+pub use batch::{BatchBackend, BatchRunner, Feed, RowPick, SeqEvent};
+pub use batch_drive::{one_device_limits, ServeError, Serving};
 pub use error::EngineError;
 pub use forward::{Batch, Model, TokenPos};
 pub use generate::{
-    generate, Flow, GenerateOptions, GenerateOutput, Generator, StepBackend, StopReason,
+    generate, Decoding, Flow, GenerateOptions, GenerateOutput, Generator, Next, StepBackend,
+    StopReason,
 };
 pub use kv::{KvCache, SeqId};
 pub use sampling::{Sampler, SamplingParams};

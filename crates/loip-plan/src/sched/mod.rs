@@ -457,6 +457,12 @@ impl Scheduler {
         out
     }
 
+    /// Only the releases decided since the last poll (no admission, no new step): lets a
+    /// driver free KV right after a step without starting the next one.
+    pub fn poll_releases(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.pending)
+    }
+
     fn admit(&mut self) {
         while let Some(&(req, arrived)) = self.queue.front() {
             if self.running.len() >= self.limits.max_seqs || !self.ledger.fits(req.kv_tokens()) {

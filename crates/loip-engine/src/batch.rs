@@ -1,0 +1,313 @@
+//! One batched step for many sequences: the synchronous batch runner.
+//!
+//! A [`BatchBackend`] runs ONE forward over the tokens of several sequences (each weight is
+//! read once for all of them) and returns the logits of only the rows that need a next
+//! token. The [`BatchRunner`] keeps each sequence's tokens and its own [`Decoding`] (sampler
+//! and RNG, EOS mask until `min_tokens`, EOS / max-token / caller stops: the pieces the
+//! [`generate`](crate::generate()) loop uses), builds the step from a list of [`Feed`]s, and
+//! samples per sequence.
+//!
+//! Invariant (lossless): a sequence's tokens and logits do not depend on the batch around it
+//! (arrival times, chunk sizes, other sequences, cancellations): a token's hidden state
+//! depends only on its sequence (see the crate docs), and sampling is per sequence. So every
+//! sequence gets exactly what [`generate`](crate::generate()) gives it alone.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::forward::TokenPos;
+use crate::generate::{Decoding, Flow, GenerateOptions, Generator, Next, StopReason};
+use crate::kv::SeqId;
+use crate::sampling::{argmax, mask};
+use crate::EngineError;
+
+/// A row of a step whose logits pick the next token of its sequence.
+#[derive(Debug, Clone, Copy)]
+pub struct RowPick<'a> {
+    /// the row (index into the step's tokens)
+    pub row: usize,
+    /// pick the argmax where the logits are ([`Next::Id`]); else return them ([`Next::Logits`])
+    pub greedy: bool,
+    /// ids set to −∞ first (EOS before `min_tokens`)
+    pub masked: &'a [u32],
+}
+
+/// Runs batched forward steps: the tokens of several sequences in one forward.
+pub trait BatchBackend {
+    /// Feeds `ids[t]` at `batch[t]` (several sequences, each contiguous from its cached
+    /// length) and returns the logits `(rows.len(), vocab)` of the selected rows.
+    fn forward_rows(
+        &mut self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        rows: &[usize],
+    ) -> Result<Vec<f32>, EngineError>;
+
+    /// [`BatchBackend::forward_rows`] that picks each row's next token as asked. A backend
+    /// whose logits live elsewhere (the last device of a pipeline) picks there.
+    fn forward_pick(
+        &mut self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        picks: &[RowPick<'_>],
+    ) -> Result<Vec<Next>, EngineError> {
+        let rows: Vec<usize> = picks.iter().map(|p| p.row).collect();
+        let logits = self.forward_rows(ids, batch, &rows)?;
+        let vocab = logits.len() / picks.len().max(1);
+        Ok(picks
+            .iter()
+            .zip(logits.chunks_exact(vocab.max(1)))
+            .map(|(p, l)| {
+                let mut l = l.to_vec();
+                mask(&mut l, p.masked);
+                if p.greedy {
+                    Next::Id(argmax(&l))
+                } else {
+                    Next::Logits(l)
+                }
+            })
+            .collect())
+    }
+
+    /// Frees `seq`'s KV (nothing when unknown).
+    fn release(&mut self, seq: SeqId);
+
+    /// Token ids must be below this.
+    fn vocab_size(&self) -> usize;
+}
+
+impl BatchBackend for Generator<'_, '_> {
+    fn forward_rows(
+        &mut self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        rows: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let x = self.model.forward_hidden(ids, batch, &mut self.kv)?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.model.logits(&x, rows)
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.kv.remove(seq);
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.tf.cfg.vocab_size
+    }
+}
+
+/// Feed the next `len` tokens of sequence `seq` in this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Feed {
+    /// the sequence
+    pub seq: SeqId,
+    /// tokens to feed // tokens
+    pub len: usize,
+}
+
+/// What a step did to one sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeqEvent {
+    /// a new token was kept
+    Token {
+        /// the sequence
+        seq: SeqId,
+        /// the token
+        id: u32,
+    },
+    /// the sequence is done (after any `Token` of the same step); its state is gone, its KV
+    /// is still held until [`BatchRunner::release`]
+    Done {
+        /// the sequence
+        seq: SeqId,
+        /// its new tokens (EOS excluded)
+        new_ids: Vec<u32>,
+        /// why it ended
+        stop: StopReason,
+    },
+    /// cancelled ([`Serving::cancel`](crate::Serving::cancel)): its KV is free
+    Cancelled {
+        /// the sequence
+        seq: SeqId,
+    },
+    /// its step failed ([`Serving::step`](crate::Serving::step)); the sequence is dropped
+    Failed {
+        /// the sequence
+        seq: SeqId,
+        /// the error's message
+        error: String,
+    },
+}
+
+/// One sequence in the runner.
+#[derive(Debug)]
+struct SeqRun {
+    tokens: Vec<u32>, // prompt, then each kept new token
+    fed: usize,       // tokens in the KV cache // tokens
+    dec: Decoding,
+}
+
+/// The synchronous batch runner: per-sequence state over one [`BatchBackend`].
+pub struct BatchRunner<B> {
+    backend: B,
+    seqs: BTreeMap<SeqId, SeqRun>,
+}
+
+impl<B: BatchBackend> BatchRunner<B> {
+    /// A runner over `backend`.
+    pub fn new(backend: B) -> Self {
+        BatchRunner {
+            backend,
+            seqs: BTreeMap::new(),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The backend, mutably.
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Adds a sequence; refuses an empty prompt, an id outside the vocabulary, a known `seq`
+    /// or bad sampling parameters.
+    pub fn add(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+    ) -> Result<(), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt has no tokens".into()));
+        }
+        if self.seqs.contains_key(&seq) {
+            return Err(EngineError::Invalid(format!("sequence {seq} is running")));
+        }
+        let vocab = self.backend.vocab_size();
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::BadTokenId { id, vocab });
+        }
+        let dec = Decoding::new(opts)?;
+        self.seqs.insert(
+            seq,
+            SeqRun {
+                tokens: prompt.to_vec(),
+                fed: 0,
+                dec,
+            },
+        );
+        Ok(())
+    }
+
+    /// Sequences held.
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Whether no sequence is held.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Drops `seq`'s state and frees its KV (a finished, cancelled or failed sequence).
+    pub fn release(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+        self.backend.release(seq);
+    }
+
+    /// Ends `seq` at the caller's request (a stop string): returns its event, or `None`
+    /// when unknown. Its KV is held until [`BatchRunner::release`].
+    pub fn stop(&mut self, seq: SeqId) -> Option<SeqEvent> {
+        let mut run = self.seqs.remove(&seq)?;
+        run.dec.stop();
+        Some(done(seq, run))
+    }
+
+    /// Runs one forward over every feed (each a sequence's next unfed tokens, each sequence
+    /// at most once), samples the sequences whose known tokens are then all fed, and returns
+    /// what happened, in feed order. A refused or failed step changes no sequence's state.
+    pub fn run_step(&mut self, feeds: &[Feed]) -> Result<Vec<SeqEvent>, EngineError> {
+        let mut ids = Vec::new();
+        let mut batch = Vec::new();
+        let mut sampled: Vec<(SeqId, usize)> = Vec::new(); // (seq, row)
+        let mut seen = BTreeSet::new();
+        for f in feeds {
+            let run = self
+                .seqs
+                .get(&f.seq)
+                .ok_or_else(|| EngineError::Invalid(format!("unknown sequence {}", f.seq)))?;
+            let unfed = run.tokens.len() - run.fed;
+            if !seen.insert(f.seq) || f.len == 0 || f.len > unfed {
+                return Err(EngineError::Invalid(format!(
+                    "sequence {}: cannot feed {} tokens ({unfed} unfed, or fed twice)",
+                    f.seq, f.len
+                )));
+            }
+            ids.extend_from_slice(&run.tokens[run.fed..run.fed + f.len]);
+            batch.extend((run.fed..run.fed + f.len).map(|pos| TokenPos { seq: f.seq, pos }));
+            if f.len == unfed {
+                sampled.push((f.seq, ids.len() - 1));
+            }
+        }
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let picks: Vec<RowPick<'_>> = sampled
+            .iter()
+            .map(|&(seq, row)| {
+                let dec = &self.seqs[&seq].dec;
+                RowPick {
+                    row,
+                    greedy: dec.greedy(),
+                    masked: dec.masked(),
+                }
+            })
+            .collect();
+        let next = self.backend.forward_pick(&ids, &batch, &picks)?;
+        if next.len() != sampled.len() {
+            return Err(EngineError::Backend(format!(
+                "{} picks for {} rows",
+                next.len(),
+                sampled.len()
+            )));
+        }
+        for f in feeds {
+            if let Some(run) = self.seqs.get_mut(&f.seq) {
+                run.fed += f.len;
+            }
+        }
+        let mut events = Vec::new();
+        for ((seq, _), next) in sampled.iter().zip(&next) {
+            let Some(run) = self.seqs.get_mut(seq) else {
+                continue;
+            };
+            let kept = run.dec.new_ids().len();
+            let feed = run.dec.accept(next, &mut |_| Flow::Continue);
+            if let Some(&id) = run.dec.new_ids().get(kept) {
+                events.push(SeqEvent::Token { seq: *seq, id });
+            }
+            match feed {
+                Some(id) => run.tokens.push(id),
+                None => {
+                    if let Some(run) = self.seqs.remove(seq) {
+                        events.push(done(*seq, run));
+                    }
+                }
+            }
+        }
+        Ok(events)
+    }
+}
+
+fn done(seq: SeqId, run: SeqRun) -> SeqEvent {
+    SeqEvent::Done {
+        seq,
+        stop: run.dec.stop_reason().unwrap_or(StopReason::Stop),
+        new_ids: run.dec.new_ids().to_vec(),
+    }
+}

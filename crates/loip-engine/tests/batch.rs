@@ -1,0 +1,309 @@
+//! Lossless continuous batching: each sequence served by the scheduler-driven batch runner
+//! gets the tokens AND the bit-identical logits of running it alone through `generate`,
+//! whatever the batch around it: 1–8 sequences, staggered arrivals, different lengths, chunk
+//! sizes from 1 token up, seeded sampling, a cancellation in the middle.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use loip_engine::batch::{BatchBackend, BatchRunner, Feed, SeqEvent};
+use loip_engine::generate::{generate, Flow, StepBackend};
+use loip_engine::{
+    one_device_limits, EngineError, GenerateOptions, Generator, Model, SamplingParams, SeqId,
+    ServeError, Serving, TokenPos,
+};
+use loip_model::Checkpoint;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+/// Logits rows a backend produced, per sequence, in order (before any EOS mask).
+type Rows = BTreeMap<SeqId, Vec<Vec<f32>>>;
+
+/// `generate`'s backend, recording each step's logits.
+struct RecStep<'m, 'a> {
+    gen: Generator<'m, 'a>,
+    rows: Rows,
+}
+
+impl StepBackend for RecStep<'_, '_> {
+    fn step(&mut self, seq: SeqId, ids: &[u32], start: usize) -> Result<Vec<f32>, EngineError> {
+        let l = self.gen.step(seq, ids, start)?;
+        self.rows.entry(seq).or_default().push(l.clone());
+        Ok(l)
+    }
+}
+
+/// The batch backend, recording each sampled row's logits under its sequence.
+struct RecBatch<'m, 'a> {
+    gen: Generator<'m, 'a>,
+    rows: Rows,
+    forwards: usize,
+    max_seqs_in_forward: usize,
+}
+
+impl BatchBackend for RecBatch<'_, '_> {
+    fn forward_rows(
+        &mut self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        rows: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let out = self.gen.forward_rows(ids, batch, rows)?;
+        let vocab = self.gen.vocab_size();
+        for (r, l) in rows.iter().zip(out.chunks_exact(vocab)) {
+            self.rows.entry(batch[*r].seq).or_default().push(l.to_vec());
+        }
+        self.forwards += 1;
+        let mut seqs: Vec<SeqId> = batch.iter().map(|t| t.seq).collect();
+        seqs.dedup();
+        self.max_seqs_in_forward = self.max_seqs_in_forward.max(seqs.len());
+        Ok(out)
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.gen.release(seq)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.gen.vocab_size()
+    }
+}
+
+/// A request of the matrix.
+#[derive(Clone)]
+struct Case {
+    seq: SeqId,
+    at_round: usize, // arrives before this round
+    prompt: Vec<u32>,
+    opts: GenerateOptions,
+}
+
+/// Prompts and options of different lengths; odd sequences sample with their own seed.
+fn cases(vocab: usize, eos: &[u32], n: usize) -> Vec<Case> {
+    (0..n as u64)
+        .map(|s| {
+            let len = 1 + (s as usize * 7) % 13;
+            let prompt = (0..len)
+                .map(|i| ((s as usize * 31 + i * 17 + 3) % vocab) as u32)
+                .collect();
+            let max_tokens = 3 + ((s as usize + 1) * 5) % 9;
+            let sampling = if s % 2 == 1 {
+                SamplingParams {
+                    temperature: 0.7 + 0.1 * s as f32,
+                    top_k: if s % 3 == 0 { 0 } else { 20 },
+                    top_p: 0.9,
+                    seed: 1000 + s,
+                }
+            } else {
+                SamplingParams::default()
+            };
+            Case {
+                seq: 100 + s,
+                at_round: (s as usize * 3) % 5,
+                prompt,
+                opts: GenerateOptions {
+                    max_tokens,
+                    sampling,
+                    eos_ids: eos.to_vec(),
+                    // Half of them may stop at EOS early, the others are held to their length.
+                    min_tokens: if s % 4 < 2 { max_tokens } else { 0 },
+                },
+            }
+        })
+        .collect()
+}
+
+/// Each case alone through `generate`: (new tokens, logits rows).
+fn alone(model: &Model<'_>, c: &Case) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut rec = RecStep {
+        gen: Generator::new(model, None),
+        rows: Rows::new(),
+    };
+    let out = generate(&mut rec, c.seq, &c.prompt, &c.opts, &mut |_| Flow::Continue).unwrap();
+    (out.new_ids, rec.rows.remove(&c.seq).unwrap_or_default())
+}
+
+struct Served {
+    tokens: BTreeMap<SeqId, Vec<u32>>, // from Token events
+    done: BTreeMap<SeqId, Vec<u32>>,   // from Done events
+    cancelled: Vec<SeqId>,
+    rows: Rows,
+    max_seqs_in_forward: usize,
+}
+
+/// Serves `cases` through the scheduler, cancelling `cancel = (seq, round)`.
+fn serve(
+    model: &Model<'_>,
+    cases: &[Case],
+    chunk: usize,
+    batch_tokens: usize,
+    cancel: Option<(SeqId, usize)>,
+) -> Served {
+    let mut limits = one_device_limits(model, None);
+    limits.prefill_chunk = chunk;
+    limits.max_batch_tokens = batch_tokens;
+    let backend = RecBatch {
+        gen: Generator::new(model, None),
+        rows: Rows::new(),
+        forwards: 0,
+        max_seqs_in_forward: 0,
+    };
+    let mut serving = Serving::new(limits, backend).unwrap();
+    let mut served = Served {
+        tokens: BTreeMap::new(),
+        done: BTreeMap::new(),
+        cancelled: Vec::new(),
+        rows: Rows::new(),
+        max_seqs_in_forward: 0,
+    };
+    let mut t = 0.0;
+    let last_arrival = cases.iter().map(|c| c.at_round).max().unwrap_or(0);
+    for round in 0..1000 {
+        for c in cases.iter().filter(|c| c.at_round == round) {
+            serving.submit(t, c.seq, &c.prompt, &c.opts).unwrap();
+        }
+        if let Some((seq, at)) = cancel {
+            if at == round {
+                assert!(serving.cancel(t, seq));
+            }
+        }
+        let mut clock = || {
+            t += 1.0;
+            t
+        };
+        for e in serving.step(&mut clock).unwrap() {
+            match e {
+                SeqEvent::Token { seq, id } => served.tokens.entry(seq).or_default().push(id),
+                SeqEvent::Done { seq, new_ids, .. } => {
+                    assert!(served.done.insert(seq, new_ids).is_none())
+                }
+                SeqEvent::Cancelled { seq } => served.cancelled.push(seq),
+                SeqEvent::Failed { seq, error } => panic!("{seq} failed: {error}"),
+            }
+        }
+        if round >= last_arrival && serving.is_idle() {
+            let stats = serving.stats();
+            assert!(stats.kv.iter().all(|k| k.used == 0 && k.reserved == 0));
+            assert!(serving.runner().backend().gen.kv.is_empty());
+            assert_eq!(serving.runner().backend().gen.kv.used_bytes(), 0);
+            let backend = serving.runner().backend();
+            served.rows = backend.rows.clone();
+            served.max_seqs_in_forward = backend.max_seqs_in_forward;
+            return served;
+        }
+    }
+    panic!("not idle after 1000 rounds");
+}
+
+fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    rows.iter()
+        .map(|r| r.iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+fn check_matrix(name: &str) {
+    let ckpt = Checkpoint::open(&fixture(name)).unwrap();
+    let model = Model::from_checkpoint(&ckpt).unwrap();
+    let vocab = ckpt.config.vocab_size;
+    let all = cases(vocab, &ckpt.config.eos_token_ids, 8);
+    let refs: BTreeMap<SeqId, _> = all.iter().map(|c| (c.seq, alone(&model, c))).collect();
+    for (n, chunk, batch_tokens) in [(1, 64, 512), (2, 3, 8), (4, 1, 6), (8, 7, 24), (8, 64, 512)] {
+        let s = serve(&model, &all[..n], chunk, batch_tokens, None);
+        for c in &all[..n] {
+            let (want, want_rows) = &refs[&c.seq];
+            let ctx = format!("{name}: n={n} chunk={chunk} seq={}", c.seq);
+            assert!(!want.is_empty() && want_rows.len() >= want.len(), "{ctx}");
+            assert_eq!(&s.done[&c.seq], want, "{ctx}: tokens");
+            assert_eq!(
+                s.tokens.get(&c.seq).cloned().unwrap_or_default(),
+                *want,
+                "{ctx}"
+            );
+            assert_eq!(bits(&s.rows[&c.seq]), bits(want_rows), "{ctx}: logits");
+        }
+        if n > 1 {
+            assert!(s.max_seqs_in_forward > 1, "{name}: n={n} never batched");
+        }
+    }
+    // A cancellation in the middle: the others are untouched, the cancelled one got a prefix.
+    let victim = all[5].seq;
+    let s = serve(&model, &all, 4, 16, Some((victim, 3)));
+    assert_eq!(s.cancelled, vec![victim]);
+    assert!(!s.done.contains_key(&victim));
+    for c in &all {
+        let (want, want_rows) = &refs[&c.seq];
+        let got = s.tokens.get(&c.seq).cloned().unwrap_or_default();
+        let rows = s.rows.get(&c.seq).cloned().unwrap_or_default();
+        if c.seq == victim {
+            assert!(got.len() < want.len() && want.starts_with(&got), "{name}");
+            assert_eq!(bits(&rows), bits(&want_rows[..rows.len()]), "{name}");
+        } else {
+            assert_eq!(&got, want, "{name}: seq {}", c.seq);
+            assert_eq!(bits(&rows), bits(want_rows), "{name}: seq {}", c.seq);
+        }
+    }
+}
+
+#[test]
+fn batched_serving_is_bit_identical_to_generate_alone_tiny_qwen3() {
+    check_matrix("tiny-qwen3");
+}
+
+#[test]
+fn batched_serving_is_bit_identical_to_generate_alone_tiny_llama_bf16() {
+    check_matrix("tiny-llama-bf16-tied");
+}
+
+#[test]
+fn bad_requests_and_bad_feeds_are_refused_without_changing_state() {
+    let ckpt = Checkpoint::open(&fixture("tiny-llama")).unwrap();
+    let model = Model::from_checkpoint(&ckpt).unwrap();
+    let vocab = ckpt.config.vocab_size;
+    let opts = GenerateOptions {
+        max_tokens: 3,
+        sampling: SamplingParams::default(),
+        eos_ids: vec![],
+        min_tokens: 0,
+    };
+    let mut serving = Serving::new(
+        one_device_limits(&model, Some(1 << 20)),
+        Generator::new(&model, Some(1 << 20)),
+    )
+    .unwrap();
+    let err = |r: Result<(), ServeError>| r.unwrap_err().to_string();
+    assert!(err(serving.submit(0.0, 1, &[], &opts)).contains("no tokens"));
+    assert!(err(serving.submit(0.0, 1, &[vocab as u32], &opts)).contains("vocabulary"));
+    let bad = GenerateOptions {
+        sampling: SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        },
+        ..opts.clone()
+    };
+    assert!(err(serving.submit(0.0, 1, &[1], &bad)).contains("temperature"));
+    let huge = GenerateOptions {
+        max_tokens: 1 << 30,
+        ..opts.clone()
+    };
+    assert!(err(serving.submit(0.0, 1, &[1], &huge)).contains("refused"));
+    serving.submit(0.0, 1, &[1, 2], &opts).unwrap();
+    assert!(err(serving.submit(0.0, 1, &[1, 2], &opts)).contains("running"));
+    // The runner refuses feeds that do not follow a sequence's tokens.
+    let mut runner = BatchRunner::new(Generator::new(&model, None));
+    runner.add(7, &[1, 2, 3], &opts).unwrap();
+    for feeds in [
+        vec![Feed { seq: 8, len: 1 }],
+        vec![Feed { seq: 7, len: 4 }],
+        vec![Feed { seq: 7, len: 0 }],
+        vec![Feed { seq: 7, len: 1 }, Feed { seq: 7, len: 1 }],
+    ] {
+        assert!(runner.run_step(&feeds).is_err(), "{feeds:?}");
+    }
+    assert!(runner.backend().kv.is_empty());
+    let ev = runner.run_step(&[Feed { seq: 7, len: 3 }]).unwrap();
+    assert!(matches!(ev[..], [SeqEvent::Token { seq: 7, .. }]));
+}
