@@ -205,13 +205,24 @@ fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn check_matrix(name: &str) {
-    let ckpt = Checkpoint::open(&fixture(name)).unwrap();
+/// Runs `runs = (sequences, prefill chunk, batch tokens)` against each case alone; with
+/// `cancel`, also all 8 cases with one cancelled in the middle.
+fn check_matrix(name: &str, runs: &[(usize, usize, usize)], cancel: bool) {
+    let path = match name {
+        "smollm2" => loip_model::fetch::fetch_smollm2().unwrap(),
+        _ => fixture(name),
+    };
+    let ckpt = Checkpoint::open(&path).unwrap();
     let model = Model::from_checkpoint(&ckpt).unwrap();
     let vocab = ckpt.config.vocab_size;
-    let all = cases(vocab, &ckpt.config.eos_token_ids, 8);
+    let n_max = if cancel {
+        8
+    } else {
+        runs.iter().map(|r| r.0).max().unwrap_or(1)
+    };
+    let all = cases(vocab, &ckpt.config.eos_token_ids, n_max);
     let refs: BTreeMap<SeqId, _> = all.iter().map(|c| (c.seq, alone(&model, c))).collect();
-    for (n, chunk, batch_tokens) in [(1, 64, 512), (2, 3, 8), (4, 1, 6), (8, 7, 24), (8, 64, 512)] {
+    for &(n, chunk, batch_tokens) in runs {
         let s = serve(&model, &all[..n], chunk, batch_tokens, None);
         for c in &all[..n] {
             let (want, want_rows) = &refs[&c.seq];
@@ -228,6 +239,9 @@ fn check_matrix(name: &str) {
         if n > 1 {
             assert!(s.max_seqs_in_forward > 1, "{name}: n={n} never batched");
         }
+    }
+    if !cancel {
+        return;
     }
     // A cancellation in the middle: the others are untouched, the cancelled one got a prefix.
     let victim = all[5].seq;
@@ -248,14 +262,25 @@ fn check_matrix(name: &str) {
     }
 }
 
+/// (sequences, prefill chunk, batch tokens)
+const MATRIX: [(usize, usize, usize); 5] =
+    [(1, 64, 512), (2, 3, 8), (4, 1, 6), (8, 7, 24), (8, 64, 512)];
+
 #[test]
 fn batched_serving_is_bit_identical_to_generate_alone_tiny_qwen3() {
-    check_matrix("tiny-qwen3");
+    check_matrix("tiny-qwen3", &MATRIX, true);
 }
 
 #[test]
 fn batched_serving_is_bit_identical_to_generate_alone_tiny_llama_bf16() {
-    check_matrix("tiny-llama-bf16-tied");
+    check_matrix("tiny-llama-bf16-tied", &MATRIX, true);
+}
+
+/// SmolLM2-135M (Q4_1, fetched and cached like its golden test): 4 sequences, staggered,
+/// two sampled, chunked prefill.
+#[test]
+fn batched_serving_is_bit_identical_to_generate_alone_smollm2() {
+    check_matrix("smollm2", &[(4, 5, 12)], false);
 }
 
 #[test]
