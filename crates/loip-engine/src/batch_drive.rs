@@ -180,10 +180,10 @@ fn outcomes(items: &[loip_plan::sched::StepItem], evs: &[SeqEvent]) -> Vec<SeqRe
             for e in evs {
                 match e {
                     SeqEvent::Token { seq, .. } if *seq == i.seq => outcome = Outcome::Continue,
-                    SeqEvent::Done { seq, stop, .. } if *seq == i.seq => {
-                        if *stop != StopReason::Length {
-                            outcome = Outcome::Stop;
-                        }
+                    SeqEvent::Done { seq, stop, .. }
+                        if *seq == i.seq && *stop != StopReason::Length =>
+                    {
+                        outcome = Outcome::Stop
                     }
                     _ => {}
                 }
