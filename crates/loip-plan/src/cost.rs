@@ -87,6 +87,15 @@
 //! form the exact scheduler minimises (`planners::exact`). Attention time is taken at
 //! micro-batch 1 and the per-sequence context `⌈context / b⌉`.
 //!
+//! **Micro-batches of several sequences** ([`evaluate_batched`], continuous batching): each
+//! of the `b` micro-batches carries `q` sequences, one token each. Every block time is the
+//! profile's `t(q)` (a measured profile's grid over b, or the roofline with `b = q`), the
+//! per-sequence context is `⌈context / (b·q)⌉`, `h` and `r` are `q` activations / results,
+//! and a round yields `q` tokens per micro-batch: `ms/token = Σ_k round_k / (b·q)` bursty
+//! (`/ q` sporadic), each device's compute per token `C_i / q`. `q = 1` is [`evaluate`]
+//! exactly. While decoding is memory-bound `t(q) ≈ t(1)`, so the time per token falls
+//! nearly `q`-fold until compute binds.
+//!
 //! Memory of a device (design §3): retained blocks of all stages + slot + embedding (first
 //! device) + head (last device) + `context · layers · κ` KV + [`ModelShape::working_bytes`].
 
@@ -175,11 +184,26 @@ pub fn block_times(
     micro_batches: u32,
     loader: crate::profile::LoaderKind,
 ) -> BlockTimes {
-    let n = per_sequence_context(context, micro_batches);
+    block_times_batched(device, shape, context, micro_batches, 1, loader)
+}
+
+/// Block times of `device` for one micro-batch of `seqs` sequences (one token each): the
+/// profile's `t(b)` at `b = seqs` (its grid, or the roofline), with the per-sequence context
+/// `⌈context / (micro_batches · seqs)⌉`.
+pub fn block_times_batched(
+    device: &Device,
+    shape: &ModelShape,
+    context: u64,
+    micro_batches: u32,
+    seqs: u32,
+    loader: crate::profile::LoaderKind,
+) -> BlockTimes {
+    let q = seqs.max(1);
+    let n = per_sequence_context(context, micro_batches.max(1).saturating_mul(q));
     BlockTimes {
-        attn: device.profile.attn_time(shape, 1, n),
-        mlp: device.profile.mlp_time(shape, 1),
-        head: device.profile.head_time(shape, 1),
+        attn: device.profile.attn_time(shape, q, n),
+        mlp: device.profile.mlp_time(shape, q),
+        head: device.profile.head_time(shape, q),
         loader: *device.profile.loader(loader),
     }
 }
@@ -411,6 +435,23 @@ pub fn overlapped_round(devs: &[DeviceRound], b: u32, c: f64, link: f64) -> Roun
 
 /// Prices a plan with the cost model. Errors only if a plan device is not in the cluster.
 pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Cost, PlanError> {
+    evaluate_batched(plan, shape, cluster, 1)
+}
+
+/// [`evaluate`] with every micro-batch carrying `seqs` sequences (continuous batching): a
+/// block runs once for the `seqs` tokens of a micro-batch at `t(seqs)`
+/// ([`block_times_batched`]), a hop carries `seqs` activations (and the return trip `seqs`
+/// results), an offloaded block is read once per micro-batch (sequential) or per round
+/// (overlapped), and a round yields `seqs` tokens per micro-batch, so
+/// `ms/token = Σ_k round_k / (b · seqs)` (bursty; `/ seqs` sporadic). `seqs = 1` is
+/// [`evaluate`].
+pub fn evaluate_batched(
+    plan: &Plan,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    seqs: u32,
+) -> Result<Cost, PlanError> {
+    let q = seqs.max(1);
     let b = plan.micro_batches.max(1);
     let devs: Vec<&Device> = plan
         .devices
@@ -423,18 +464,26 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
         .collect::<Result<_, _>>()?;
     let times: Vec<BlockTimes> = devs
         .iter()
-        .map(|d| block_times(d, shape, plan.context, b, plan.loader))
+        .map(|d| block_times_batched(d, shape, plan.context, b, q, plan.loader))
         .collect();
     let nd = devs.len();
-    let c = round_comm(shape, cluster, nd);
-    let e = per_hop_comm(shape, cluster, nd);
-    let link = link_time(shape, cluster, nd);
-    let c_last = last_round_comm(shape, cluster, nd);
-    let e_ret = return_comm(shape, cluster, nd);
-    let link_last = last_link_time(shape, cluster, nd);
+    // Transfers of one micro-batch: `seqs` activations per hop, `seqs` results returned.
+    let batched_shape = ModelShape {
+        act_bytes_per_token: shape.act_bytes_per_token.saturating_mul(q as u64),
+        return_bytes: Some(shape.return_bytes_per_token().saturating_mul(q as u64)),
+        ..shape.clone()
+    };
+    let shape_io = if q == 1 { shape } else { &batched_shape };
+    let c = round_comm(shape_io, cluster, nd);
+    let e = per_hop_comm(shape_io, cluster, nd);
+    let link = link_time(shape_io, cluster, nd);
+    let c_last = last_round_comm(shape_io, cluster, nd);
+    let e_ret = return_comm(shape_io, cluster, nd);
+    let link_last = last_link_time(shape_io, cluster, nd);
     let bf = b as f64;
+    let qf = q as f64;
     let bursty = plan.pattern == Pattern::Bursty;
-    let per_tok = if bursty { bf } else { 1.0 };
+    let per_tok = if bursty { bf } else { 1.0 } * qf; // tokens per round
     let rounds = plan
         .devices
         .iter()
@@ -476,12 +525,12 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
         // Sequential mode reads every offloaded block once per micro-batch; overlapped mode
         // once per round for all of them.
         let ld_per_tok = if plan.mode == ExecMode::Sequential {
-            1.0
+            qf
         } else {
             per_tok
         };
         for i in 0..nd {
-            dev_compute[i] += ci[i];
+            dev_compute[i] += ci[i] / qf;
             dev_load[i] += ld[i] / ld_per_tok;
         }
         let sum_c: f64 = ci.iter().sum();
@@ -535,7 +584,7 @@ pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Co
                 d.holds_embedding,
                 d.holds_head,
                 plan.context,
-                b,
+                b.saturating_mul(q),
             );
             let kv = plan.context * layers * shape.kv_bytes_per_token;
             DeviceCost {
