@@ -14,20 +14,27 @@
 //!   at most `--parallel` at once; further requests wait for a permit in arrival order.
 //! - Every client mistake is a JSON `{"error": {...}}` with a 4xx status, checked before any
 //!   generation starts; nothing a client sends panics the server. Engine failures are 500, a
-//!   lost cluster device (or a stopped pipeline) 503.
+//!   lost cluster device (or a stopped pipeline) 503; neither names files or addresses.
+//! - Chat message contents are plain text: only the template's own text can make control
+//!   tokens ([`ChatTemplate::encode`]).
+//! - A prompt's size is checked before it is tokenized: text longer than `--max-prompt`
+//!   tokens of the vocabulary's longest spelling could hold is refused unread.
+//! - A client that goes away stops its generation at the next token, streaming or not, and
+//!   a request still queued for a permit never starts.
+//! - Connections, header and body times, body sizes and the API key: see [`http`].
 
+mod http;
 mod text;
 mod wire;
 
 use std::convert::Infallible;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -35,7 +42,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Args;
 use loip_engine::{generate, Flow, Generator, Model, StopReason};
-use loip_model::chat::{ChatMessage, ChatTemplate};
+use loip_model::chat::{ChatError, ChatMessage, ChatTemplate};
 use loip_model::tokenizer::Tokenizer;
 use loip_model::{Checkpoint, ModelConfig};
 use loip_plan::Pattern;
@@ -67,6 +74,8 @@ Endpoints:
 
 Greedy requests (temperature 0) give exactly the tokens of `loip generate`. Bad requests get
 HTTP 400 with {\"error\": {\"message\", \"type\"}}, bodies over 1 MiB 413, unknown paths 404.
+With an API key (--api-key, --api-key-file or LOIP_API_KEY), /v1/* needs
+`Authorization: Bearer KEY` (401 otherwise); /health stays open.
 
 Example:
   loip api --listen 127.0.0.1:8080 --model smollm2 &
@@ -98,6 +107,23 @@ pub struct ApiArgs {
     pub no_replan: bool,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    /// Require `Authorization: Bearer KEY` on /v1/*. Visible in `ps`: prefer --api-key-file
+    /// or the LOIP_API_KEY environment variable.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Read the API key from the first line of this file.
+    #[arg(long, conflicts_with = "api_key")]
+    pub api_key_file: Option<PathBuf>,
+    /// Most HTTP connections open at once; one more is closed at once.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers; an idle keep-alive connection is
+    /// closed after as long.
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout: u64,
     /// With --cluster or --mem: planned context, KV tokens held summed over the sequences in
     /// flight; it also bounds one request's prompt + max_tokens.
     #[arg(long, default_value_t = 4096)]
@@ -128,6 +154,14 @@ pub fn run(a: ApiArgs) -> Result<()> {
     if a.parallel == 0 || a.max_prompt == 0 || a.max_tokens_limit == 0 {
         bail!("--parallel, --max-prompt and --max-tokens-limit must be at least 1");
     }
+    if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
+        bail!("--max-connections, --header-timeout and --body-timeout must be at least 1");
+    }
+    let key = http::api_key(a.api_key.as_deref(), a.api_key_file.as_deref())?;
+    let limits = http::Limits {
+        max_connections: a.max_connections,
+        header_timeout: Duration::from_secs(a.header_timeout),
+    };
     let name = a.name.clone().unwrap_or_else(|| default_name(&a.model));
     if a.cluster.cluster.is_some() {
         let (session, dir) = crate::cmd_serve::start(
@@ -153,8 +187,15 @@ pub fn run(a: ApiArgs) -> Result<()> {
             .max_position_embeddings
             .min(usize::try_from(a.context).unwrap_or(usize::MAX));
         let session = Arc::new(Mutex::new(session));
-        let app = App::new(&a, name, info, Engine::Cluster(session.clone()), context);
-        let served = serve_http(&a.listen, app);
+        let app = App::new(
+            &a,
+            name,
+            info,
+            Engine::Cluster(session.clone()),
+            context,
+            key,
+        );
+        let served = serve_http(&a.listen, app, limits);
         // the last owner of the session says goodbye to the workers
         if let Ok(s) = Arc::try_unwrap(session) {
             s.into_inner().unwrap_or_else(|p| p.into_inner()).shutdown();
@@ -162,7 +203,7 @@ pub fn run(a: ApiArgs) -> Result<()> {
         return served;
     }
     if a.mem.is_some() || a.offload_blocks != loip_runtime::local::OffloadRule::Auto {
-        return run_sliced(&a, name);
+        return run_sliced(&a, name, key, limits);
     }
     // The server lives until the process ends, so the checkpoint and the model bound to it are
     // leaked: the blocking generation threads share them as `'static`.
@@ -174,14 +215,12 @@ pub fn run(a: ApiArgs) -> Result<()> {
         chat: model_load::chat_template(ckpt),
     };
     let context = ckpt.config.max_position_embeddings;
-    serve_http(
-        &a.listen,
-        App::new(&a, name, info, Engine::Local(model), context),
-    )
+    let app = App::new(&a, name, info, Engine::Local(model), context, key);
+    serve_http(&a.listen, app, limits)
 }
 
 /// `loip api --mem …`: one device running from slice files under a memory budget.
-fn run_sliced(a: &ApiArgs, name: String) -> Result<()> {
+fn run_sliced(a: &ApiArgs, name: String, key: Option<String>, limits: http::Limits) -> Result<()> {
     use loip_runtime::local::{LocalModel, LocalOptions};
     let dir = crate::cmd_split::slices_for(&a.model)?;
     let info = model_load::info(&dir.to_string_lossy())?;
@@ -204,7 +243,11 @@ fn run_sliced(a: &ApiArgs, name: String) -> Result<()> {
         m.budget, m.resident, m.slot, m.working, m.kv_budget
     );
     let engine = Engine::Sliced(Arc::new(Mutex::new(model)));
-    serve_http(&a.listen, App::new(a, name, info, engine, context))
+    serve_http(
+        &a.listen,
+        App::new(a, name, info, engine, context, key),
+        limits,
+    )
 }
 
 /// The device of `loip api --mem`, shared step by step: each request's steps take the lock in
@@ -238,7 +281,7 @@ fn default_name(model: &str) -> String {
 }
 
 /// Binds `listen`, prints the address and serves `app` until a shutdown signal.
-fn serve_http(listen: &str, app: App) -> Result<()> {
+fn serve_http(listen: &str, app: App, limits: http::Limits) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("loip-api")
@@ -255,11 +298,11 @@ fn serve_http(listen: &str, app: App) -> Result<()> {
             app.engine.describe(),
             app.parallel
         );
+        if app.api_key.is_some() {
+            eprintln!("an API key is required on /v1/*");
+        }
         eprintln!("listening on http://{addr}");
-        axum::serve(listener, router(Arc::new(app)))
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serving HTTP")
+        http::serve(listener, router(Arc::new(app)), limits, shutdown_signal()).await
     });
     // Generations still running stop at their next token once their client is gone.
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
@@ -290,11 +333,17 @@ async fn shutdown_signal() {
 
 /// The routes over a shared [`App`].
 fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/health", get(health))
+    let v1 = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            http::require_key,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -337,6 +386,12 @@ struct App {
     context: usize,          // tokens: one request's prompt + max_tokens
     /// keep a failed cluster as it is (`--no-replan`)
     no_replan: bool,
+    /// SHA-256 of the API key `/v1/*` requires, if any
+    api_key: Option<[u8; 32]>,
+    body_timeout: Duration,
+    /// most text one prompt may have before tokenizing: `--max-prompt` tokens of the longest
+    /// spelling in the vocabulary, doubled (a normalizer may shorten text)  // bytes
+    max_prompt_bytes: usize,
 }
 
 /// The session (or device), also after a thread panicked while holding it (its state stays
@@ -374,16 +429,28 @@ impl App {
         info: model_load::ModelInfo,
         engine: Engine,
         context: usize,
+        api_key: Option<String>,
     ) -> App {
-        let tokenizer = info.tokenizer.map_err(|e| format!("{e:#}"));
-        if let Err(e) = &tokenizer {
-            eprintln!("warning: no tokenizer ({e}); only token-id prompts are accepted");
-        }
+        // what a client is told stays generic; the reason (with paths) is logged here
+        let tokenizer = info.tokenizer.map_err(|e| {
+            eprintln!("warning: no tokenizer ({e:#}); only token-id prompts are accepted");
+            "the model has no tokenizer".to_string()
+        });
         let chat = match info.chat {
             Ok(Some(t)) => Ok(t),
             Ok(None) => Err("the model has no chat template".to_string()),
-            Err(e) => Err(format!("the model's chat template did not load: {e:#}")),
+            Err(e) => {
+                eprintln!("warning: the model's chat template did not load: {e:#}");
+                Err("the model's chat template did not load".to_string())
+            }
         };
+        let longest = tokenizer.as_ref().map_or(1, |t| {
+            (0..u32::try_from(t.vocab_size()).unwrap_or(u32::MAX))
+                .filter_map(|id| t.id_to_token(id))
+                .map(|s| s.len())
+                .max()
+                .unwrap_or(1)
+        });
         App {
             name,
             created: unix_now(),
@@ -397,6 +464,12 @@ impl App {
             max_tokens_limit: a.max_tokens_limit,
             context,
             no_replan: a.no_replan,
+            api_key: api_key.as_deref().map(http::key_digest),
+            body_timeout: Duration::from_secs(a.body_timeout),
+            max_prompt_bytes: a
+                .max_prompt
+                .saturating_mul(longest.max(1))
+                .saturating_mul(2),
         }
     }
 }
@@ -467,28 +540,28 @@ async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     }))
 }
 
-async fn completions(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    handle(app, Kind::Completion, body).await
+async fn completions(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
+    handle(app, Kind::Completion, req).await
 }
 
-async fn chat_completions(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    handle(app, Kind::Chat, body).await
+async fn chat_completions(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
+    handle(app, Kind::Chat, req).await
+}
+
+/// Sets its flag when dropped: the handler's future is dropped when its client goes away.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Checks, queues and runs one request.
-async fn handle(
-    app: Arc<App>,
-    kind: Kind,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body.map_err(ApiError::from_rejection)?;
+async fn handle(app: Arc<App>, kind: Kind, req: Request) -> Result<Response, ApiError> {
+    let body = http::read_body(req, app.body_timeout).await?;
     let req = parse_request(&body)?;
+    drop(body);
     // Tokenizing a long prompt takes a while: off the async workers too.
     let checker = app.clone();
     let job = tokio::task::spawn_blocking(move || checker.job(kind, req))
@@ -509,9 +582,15 @@ async fn handle(
     if job.stream {
         return Ok(stream(app, job, meta, permit));
     }
+    let gone = Arc::new(AtomicBool::new(false));
+    let _cancel = CancelOnDrop(gone.clone());
+    let id = meta.id.clone();
     let (job, done) = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let done = app.run(&job, &mut |_| true);
+        let done = app.run(&job, &mut |_| !gone.load(Ordering::Relaxed));
+        if let (true, Ok(f)) = (gone.load(Ordering::Relaxed), &done) {
+            log_gone(&id, f);
+        }
         (job, done)
     })
     .await
@@ -534,6 +613,7 @@ fn stream(app: Arc<App>, job: Job, meta: Meta, permit: OwnedSemaphorePermit) -> 
             tx.send(meta.chunk(piece, None).to_string()).is_ok()
         });
         match done {
+            Ok(f) if tx.is_closed() => log_gone(&meta.id, &f),
             Ok(f) => {
                 let _ = tx.send(meta.chunk("", Some(f.finish_reason)).to_string());
                 if job.include_usage {
@@ -552,6 +632,14 @@ fn stream(app: Arc<App>, job: Job, meta: Meta, permit: OwnedSemaphorePermit) -> 
         Some((Ok::<_, Infallible>(Event::default().data(data)), rx))
     });
     Sse::new(events).into_response()
+}
+
+/// Logs a generation its client left.
+fn log_gone(id: &str, f: &Finished) {
+    eprintln!(
+        "loip api: {id}: the client went away; stopped after {} tokens",
+        f.new_ids.len()
+    );
 }
 
 impl App {
@@ -579,10 +667,7 @@ impl App {
         };
         let n = prompt_ids.len();
         if n > self.max_prompt {
-            return Err(ApiError::bad(format!(
-                "the prompt has {n} tokens, more than the limit of {} (--max-prompt)",
-                self.max_prompt
-            )));
+            return Err(self.too_long(n));
         }
         if n >= self.context {
             return Err(ApiError::bad(format!(
@@ -643,7 +728,9 @@ impl App {
             Some(Value::String(s)) => self.encode(&s),
             Some(Value::Array(items)) => match items.as_slice() {
                 [] => Err(ApiError::bad("`prompt` is empty")),
+                _ if items.len() > self.max_prompt => Err(self.too_long(items.len())),
                 [Value::String(s)] => self.encode(s),
+                [Value::Array(ids)] if ids.len() > self.max_prompt => Err(self.too_long(ids.len())),
                 [Value::Array(ids)] => token_ids(ids),
                 ids if ids.iter().all(Value::is_number) => token_ids(ids),
                 _ => Err(ApiError::bad(SHAPE)),
@@ -670,18 +757,41 @@ impl App {
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         let template = self.chat.as_ref().map_err(|e| ApiError::bad(e.clone()))?;
-        let text = template
-            .render(&messages, true)
-            .map_err(|e| ApiError::bad(format!("the chat template refused the messages: {e}")))?;
-        self.encode(&text)
+        self.check_text(messages.iter().map(|m| m.content.len()).sum())?;
+        let tok = self.tokenizer()?;
+        template.encode(tok, &messages, true).map_err(|e| match e {
+            ChatError::Tokenize(e) => ApiError::bad(format!("tokenizing the prompt: {e}")),
+            e => ApiError::bad(format!("the chat template refused the messages: {e}")),
+        })
+    }
+
+    fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
+        self.tokenizer
+            .as_ref()
+            .map_err(|e| ApiError::bad(format!("{e}; send the prompt as token ids")))
+    }
+
+    /// Refuses text too long for `--max-prompt` tokens without tokenizing it.
+    fn check_text(&self, bytes: usize) -> Result<(), ApiError> {
+        if bytes > self.max_prompt_bytes {
+            return Err(ApiError::bad(format!(
+                "the prompt has {bytes} bytes of text, more than {} tokens (--max-prompt) can hold",
+                self.max_prompt
+            )));
+        }
+        Ok(())
+    }
+
+    fn too_long(&self, n: usize) -> ApiError {
+        ApiError::bad(format!(
+            "the prompt has {n} tokens, more than the limit of {} (--max-prompt)",
+            self.max_prompt
+        ))
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
-        let tok = self.tokenizer.as_ref().map_err(|e| {
-            ApiError::bad(format!(
-                "the model has no tokenizer ({e}); send the prompt as token ids"
-            ))
-        })?;
+        let tok = self.tokenizer()?;
+        self.check_text(text.len())?;
         tok.encode(text, true)
             .map_err(|e| ApiError::bad(format!("tokenizing the prompt: {e}")))
     }
@@ -738,138 +848,4 @@ impl App {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::body::Body;
-    use axum::http::Request;
-    use tower::ServiceExt;
-
-    fn tiny_app() -> Arc<App> {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/tiny-llama"
-        );
-        let ckpt: &'static Checkpoint = Box::leak(Box::new(model_load::open(dir).unwrap()));
-        let model: &'static Model<'static> =
-            Box::leak(Box::new(Model::from_checkpoint(ckpt).unwrap()));
-        let info = model_load::ModelInfo {
-            config: ckpt.config.clone(),
-            tokenizer: model_load::tokenizer(ckpt),
-            chat: model_load::chat_template(ckpt),
-        };
-        let args = ApiArgs {
-            listen: String::new(),
-            model: dir.into(),
-            name: None,
-            parallel: 2,
-            max_prompt: 64,
-            max_tokens_limit: 100,
-            no_replan: false,
-            cluster: ClusterArgs {
-                cluster: None,
-                token: None,
-                planner: "loip".into(),
-                file_link: false,
-                plan_out: None,
-            },
-            context: 4096,
-            mem: None,
-            offload_blocks: loip_runtime::local::OffloadRule::Auto,
-            loader: LoaderKind::Direct,
-            pattern: Pattern::Sporadic,
-            micro_batches: None,
-        };
-        let context = ckpt.config.max_position_embeddings;
-        Arc::new(App::new(
-            &args,
-            "tiny".into(),
-            info,
-            Engine::Local(model),
-            context,
-        ))
-    }
-
-    async fn call(app: &Arc<App>, method: &str, path: &str, body: Vec<u8>) -> (u16, Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(path)
-            .body(Body::from(body))
-            .unwrap();
-        let resp = router(app.clone()).oneshot(req).await.unwrap();
-        let status = resp.status().as_u16();
-        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
-    }
-
-    #[tokio::test]
-    async fn handlers_answer_without_a_socket() {
-        let app = tiny_app();
-        let (s, v) = call(&app, "GET", "/v1/models", vec![]).await;
-        assert_eq!((s, v["data"][0]["id"].as_str()), (200, Some("tiny")));
-        let ok = br#"{"prompt": [1, 5, 9], "max_tokens": 4, "temperature": 0, "ignore_eos": true,
-                      "return_token_ids": true}"#;
-        let (s, v) = call(&app, "POST", "/v1/completions", ok.to_vec()).await;
-        assert_eq!(s, 200, "{v}");
-        assert_eq!(v["usage"]["completion_tokens"], 4);
-        assert_eq!(
-            v["choices"][0]["token_ids"].as_array().map(Vec::len),
-            Some(4)
-        );
-        assert_eq!(v["choices"][0]["finish_reason"], "length");
-        for (body, status, needle) in [
-            (&b"{nope"[..], 400, "invalid JSON"),
-            (br#"{"max_tokens": 3}"#, 400, "`prompt` is required"),
-            (br#"{"prompt": [1], "temperature": 3}"#, 400, "temperature"),
-            (br#"{"prompt": [1], "top_p": 0}"#, 400, "top_p"),
-            (
-                br#"{"prompt": [1], "max_tokens": 101}"#,
-                400,
-                "--max-tokens-limit",
-            ),
-            (
-                br#"{"prompt": [1], "max_tokens": 100, "n": 2}"#,
-                400,
-                "n = 1",
-            ),
-            (br#"{"prompt": [1, 99999]}"#, 400, "vocabulary"),
-            (br#"{"prompt": [-1]}"#, 400, "unsigned"),
-            (
-                br#"{"prompt": [1], "max_tokens": "3"}"#,
-                400,
-                "invalid `max_tokens`",
-            ),
-            (b"[1, 2]", 400, "JSON object"),
-            (br#"{"prompt": [1]} x"#, 400, "trailing"),
-            (br#"{"prompt": "text"}"#, 400, "no tokenizer"),
-            (br#"{"prompt": [[1], [2]]}"#, 400, "one prompt"),
-        ] {
-            let (s, v) = call(&app, "POST", "/v1/completions", body.to_vec()).await;
-            let msg = v["error"]["message"].as_str().unwrap_or_default();
-            assert_eq!(s, status, "{v}");
-            assert!(msg.contains(needle), "{msg}");
-            assert_eq!(v["error"]["type"], "invalid_request_error");
-        }
-        let long = format!("{{\"prompt\": {:?}}}", vec![1u32; 65]);
-        let (s, v) = call(&app, "POST", "/v1/completions", long.into_bytes()).await;
-        assert_eq!(s, 400, "{v}");
-        let (s, _) = call(&app, "POST", "/v1/completions", vec![b' '; MAX_BODY + 1]).await;
-        assert_eq!(s, 413);
-        let (s, v) = call(&app, "GET", "/v2/nothing", vec![]).await;
-        assert_eq!(s, 404, "{v}");
-        let (s, _) = call(&app, "GET", "/v1/completions", vec![]).await;
-        assert_eq!(s, 405);
-        let (s, v) = call(
-            &app,
-            "POST",
-            "/v1/chat/completions",
-            br#"{"messages": []}"#.to_vec(),
-        )
-        .await;
-        assert_eq!(s, 400, "{v}");
-    }
-}
+mod tests;

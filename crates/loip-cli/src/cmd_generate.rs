@@ -157,21 +157,12 @@ pub fn prepare(info: model_load::ModelInfo, p: &PromptArgs) -> Result<Prepared> 
     };
     let prompt_ids = match (&p.prompt_ids, &tokenizer) {
         (Some(ids), _) => ids.clone(),
-        (None, Some(tok)) => {
-            let text = if p.chat {
-                let tpl = chat?.context("the model has no chat template")?;
-                tpl.render(
-                    &[ChatMessage {
-                        role: "user".into(),
-                        content: p.prompt.clone(),
-                    }],
-                    true,
-                )?
-            } else {
-                p.prompt.clone()
-            };
-            tok.encode(&text, true)?
+        (None, Some(tok)) if p.chat => {
+            let tpl = chat?.context("the model has no chat template")?;
+            // the prompt is the message's plain text, as `loip api` tokenizes it
+            tpl.encode(tok, &[ChatMessage::new("user", p.prompt.clone())], true)?
         }
+        (None, Some(tok)) => tok.encode(&p.prompt, true)?,
         (None, None) => bail!("no tokenizer"),
     };
     let opts = options(&config, &prompt_ids, p)?;

@@ -273,7 +273,9 @@ impl ChatTemplate {
         let mut rest = marked_text.as_str();
         while let Some(at) = rest.find(prefix.as_str()) {
             let after = &rest[at + prefix.len()..];
-            let end = after.find('\u{E001}').ok_or(ChatError::SpecialText { index })?;
+            let end = after
+                .find('\u{E001}')
+                .ok_or(ChatError::SpecialText { index })?;
             let i: usize = after[..end]
                 .parse()
                 .map_err(|_| ChatError::SpecialText { index })?;
@@ -385,10 +387,9 @@ mod tests {
     /// (ids 0 and 1), with SmolLM2's real template.
     fn smollm2_like() -> (Tokenizer, ChatTemplate) {
         let mut tokens = vec!["<|im_start|>".to_string(), "<|im_end|>".to_string()];
-        let mut alphabet: Vec<char> =
-            tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
-                .into_iter()
-                .collect();
+        let mut alphabet: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
+            .into_iter()
+            .collect();
         alphabet.sort_unstable();
         tokens.extend(alphabet.iter().map(char::to_string));
         let mut token_types = vec![TOKEN_TYPE_CONTROL; 2];

@@ -1,10 +1,13 @@
 //! The OpenAI wire format: request bodies (parsed with errors naming the field), response and
 //! stream-chunk shapes, and the error object every failure is sent as.
+//!
+//! Invariant: an error sent to a client says what the client did wrong, or that the server
+//! failed; it never carries a file path, a device address or an internal error's text. Those
+//! go to the server's log ([`ApiError::internal`], [`ApiError::from_cluster`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -23,6 +26,8 @@ const MAX_STOPS: usize = 16;
 pub(super) struct ApiError {
     status: StatusCode,
     message: String,
+    /// OpenAI's machine-readable `code` (e.g. `invalid_api_key`)
+    code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -30,7 +35,28 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            code: None,
         }
+    }
+
+    /// 401: no API key, or not the server's.
+    pub(super) fn unauthorized() -> ApiError {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "a valid API key is required: send `Authorization: Bearer KEY`",
+            )
+        }
+    }
+
+    /// 500 with a generic message; `detail` (which may name files or addresses) is logged.
+    pub(super) fn internal(detail: impl std::fmt::Display) -> ApiError {
+        eprintln!("loip api: request failed: {detail}");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "generation failed on the server (see its log)",
+        )
     }
 
     /// 400: the request is wrong.
@@ -44,42 +70,31 @@ impl ApiError {
         } else {
             "server_error"
         };
-        json!({"error": {"message": self.message, "type": kind, "param": null, "code": null}})
-    }
-
-    pub(super) fn from_rejection(r: BytesRejection) -> ApiError {
-        let status = r.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            return ApiError::new(status, format!("the request body is over {MAX_BODY} bytes"));
-        }
-        ApiError::new(
-            status,
-            format!("reading the request body: {}", r.body_text()),
-        )
+        json!({"error": {"message": self.message, "type": kind, "param": null,
+                         "code": self.code}})
     }
 
     pub(super) fn from_engine(e: EngineError) -> ApiError {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("generation failed: {e}"),
-        )
+        ApiError::internal(e)
     }
 
+    /// 503 when a device is gone or the pipeline stopped (the client may retry), else 500;
+    /// the cluster's error (device names and addresses) is logged, not sent.
     pub(super) fn from_cluster(e: ClusterError) -> ApiError {
-        let status = match e {
-            ClusterError::DeviceGone { .. } | ClusterError::Stopped | ClusterError::Net(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        let which = match &e {
+            ClusterError::DeviceGone { device, .. } => format!("device {device} is gone"),
+            ClusterError::Stopped | ClusterError::Net(_) => "a device is unavailable".into(),
+            _ => return ApiError::internal(e),
         };
-        ApiError::new(status, format!("generation failed: {e}"))
+        eprintln!("loip api: request failed: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{which}; retry later"),
+        )
     }
 
     pub(super) fn from_join(e: tokio::task::JoinError) -> ApiError {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the generation task failed: {e}"),
-        )
+        ApiError::internal(format!("the generation task failed: {e}"))
     }
 }
 
