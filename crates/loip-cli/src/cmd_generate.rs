@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use loip_engine::generate::{generate as run_generate, Flow};
-use loip_engine::{GenerateOptions, Generator, Model, SamplingParams};
+use loip_engine::{GenerateOptions, Generator, Model};
 use loip_model::chat::ChatMessage;
 use loip_model::tokenizer::StreamDecoder;
 
@@ -55,6 +55,19 @@ pub struct PromptArgs {
 }
 
 impl PromptArgs {
+    /// The sampling fields, as the server's options take them.
+    pub fn sampling(&self) -> loip_server::options::Sampling {
+        loip_server::options::Sampling {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+            ignore_eos: self.ignore_eos,
+            min_tokens: self.min_tokens,
+        }
+    }
+
     /// Greedy sampling (temperature 0 or top-k 1): the last device can pick the token.
     pub fn greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
@@ -180,31 +193,11 @@ pub fn options(
     prompt_ids: &[u32],
     p: &PromptArgs,
 ) -> Result<GenerateOptions> {
-    if prompt_ids.is_empty() {
-        bail!("the prompt encodes to no tokens");
-    }
-    let vocab = config.vocab_size;
-    if let Some(bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
-        bail!("prompt id {bad} is outside the vocabulary of {vocab} tokens");
-    }
-    let eos_ids = if p.ignore_eos {
-        vec![]
-    } else {
-        config.eos_token_ids.clone()
-    };
-    let sampling = SamplingParams {
-        temperature: p.temperature,
-        top_k: p.top_k,
-        top_p: p.top_p,
-        seed: p.seed,
-    };
-    sampling.validate()?;
-    Ok(GenerateOptions {
-        max_tokens: p.max_tokens,
-        sampling,
-        eos_ids,
-        min_tokens: p.min_tokens,
-    })
+    Ok(loip_server::options::generate_options(
+        config,
+        prompt_ids,
+        &p.sampling(),
+    )?)
 }
 
 /// Streams text to stdout (unless `quiet`) and stops on a stop string.

@@ -1,62 +1,49 @@
 //! Handler tests through `tower::ServiceExt::oneshot`: no socket, the tiny fixture.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::http::Request;
+use serde_json::Value;
 use tower::ServiceExt;
+
+use crate::app::{router, App};
+use crate::wire::MAX_BODY;
+use crate::{Backend, Limits, ServedModel, ServerConfig};
 
 fn tiny_app() -> Arc<App> {
     keyed_app(None)
 }
 
+/// The tiny fixture (no tokenizer, no chat template) on this machine; `--max-prompt 64`,
+/// `--max-tokens-limit 100`, a 1 s body timeout.
 fn keyed_app(key: Option<&str>) -> Arc<App> {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/fixtures/tiny-llama"
     );
-    let ckpt: &'static Checkpoint = Box::leak(Box::new(model_load::open(dir).unwrap()));
-    let model: &'static Model<'static> = Box::leak(Box::new(Model::from_checkpoint(ckpt).unwrap()));
-    let info = model_load::ModelInfo {
-        config: ckpt.config.clone(),
-        tokenizer: model_load::tokenizer(ckpt),
-        chat: model_load::chat_template(ckpt),
-    };
-    let args = ApiArgs {
-        listen: String::new(),
-        model: dir.into(),
-        name: None,
+    let ckpt = loip_model::Checkpoint::open(std::path::Path::new(dir)).unwrap();
+    let cfg = ServerConfig {
+        name: "tiny".into(),
         parallel: 2,
         max_prompt: 64,
         max_tokens_limit: 100,
-        no_replan: false,
-        cluster: ClusterArgs {
-            cluster: None,
-            token: None,
-            planner: "loip".into(),
-            file_link: false,
-            plan_out: None,
+        context: ckpt.config.max_position_embeddings,
+        api_key: key.map(str::to_string),
+        limits: Limits {
+            max_connections: 8,
+            header_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(1),
         },
-        api_key: None,
-        api_key_file: None,
-        max_connections: 8,
-        header_timeout: 5,
-        body_timeout: 5,
-        context: 4096,
-        mem: None,
-        offload_blocks: loip_runtime::local::OffloadRule::Auto,
-        loader: LoaderKind::Direct,
-        pattern: Pattern::Sporadic,
-        micro_batches: None,
     };
-    let context = ckpt.config.max_position_embeddings;
-    Arc::new(App::new(
-        &args,
-        "tiny".into(),
-        info,
-        Engine::Local(model),
-        context,
-        key.map(str::to_string),
-    ))
+    let model = ServedModel {
+        config: ckpt.config.clone(),
+        tokenizer: None,
+        chat: None,
+    };
+    let backend = Backend::local(ckpt).unwrap();
+    Arc::new(App::new(&cfg, model, Arc::new(backend)))
 }
 
 async fn call(app: &Arc<App>, method: &str, path: &str, body: Vec<u8>) -> (u16, Value) {

@@ -11,11 +11,9 @@
 //!   compared through its SHA-256 digest in constant time, and a miss is 401 in OpenAI's shape.
 
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
@@ -31,26 +29,28 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use super::wire::{ApiError, MAX_BODY};
-use super::App;
+use crate::app::App;
+use crate::wire::{ApiError, MAX_BODY};
 
 /// Connection limits of the server.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Limits {
+pub struct Limits {
     /// most connections open at once
-    pub(super) max_connections: usize,
+    pub max_connections: usize,
     /// time to send a request's head; also how long an idle keep-alive connection lives
-    pub(super) header_timeout: Duration,
+    pub header_timeout: Duration,
+    /// time to send a request's body
+    pub body_timeout: Duration,
 }
 
 /// Accepts connections on `listener` and serves `app` on each until `shutdown` resolves;
 /// then stops accepting and gives open connections up to 5 s to finish.
-pub(super) async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
-) -> Result<()> {
+) {
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -93,29 +93,10 @@ pub(super) async fn serve(
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(Duration::from_secs(5)) => {}
     }
-    Ok(())
-}
-
-/// The API key from `--api-key`, else `--api-key-file` (its first line), else the
-/// `LOIP_API_KEY` environment variable; `None` when none is set. An empty key is refused.
-pub(super) fn api_key(flag: Option<&str>, file: Option<&Path>) -> Result<Option<String>> {
-    let key = match (flag, file) {
-        (Some(k), _) => Some(k.to_string()),
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading the API key from {}", path.display()))?;
-            Some(text.lines().next().unwrap_or_default().to_string())
-        }
-        (None, None) => std::env::var("LOIP_API_KEY").ok(),
-    };
-    match key.map(|k| k.trim().to_string()) {
-        Some(k) if k.is_empty() => bail!("the API key is empty"),
-        k => Ok(k),
-    }
 }
 
 /// What the server keeps of an API key: its SHA-256 digest.
-pub(super) fn key_digest(key: &str) -> [u8; 32] {
+pub fn key_digest(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
@@ -130,7 +111,7 @@ fn key_matches(digest: &[u8; 32], given: &str) -> bool {
 }
 
 /// Middleware of the `/v1/*` routes: with an API key set, `Authorization: Bearer KEY`.
-pub(super) async fn require_key(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+pub(crate) async fn require_key(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     if let Some(digest) = &app.api_key {
         let given = req
             .headers()
@@ -147,7 +128,7 @@ pub(super) async fn require_key(State(app): State<Arc<App>>, req: Request, next:
 
 /// The body of `req`: refused with 413 from its `Content-Length` alone when that is over
 /// [`MAX_BODY`], and with 408 when it does not arrive within `timeout`.
-pub(super) async fn read_body(req: Request, timeout: Duration) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(req: Request, timeout: Duration) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -197,10 +178,5 @@ mod tests {
         assert!(key_matches(&d, "secret"));
         assert!(!key_matches(&d, "secreT"));
         assert!(!key_matches(&d, ""));
-        assert!(api_key(Some("  "), None).is_err());
-        assert_eq!(
-            api_key(Some(" k "), None).ok().flatten().as_deref(),
-            Some("k")
-        );
     }
 }
