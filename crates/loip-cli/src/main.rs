@@ -13,6 +13,7 @@ mod cmd_synth;
 mod cmd_worker;
 mod model_load;
 mod model_shape;
+mod request;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
