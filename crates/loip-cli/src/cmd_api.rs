@@ -1,58 +1,20 @@
 //! `loip api`: an OpenAI-compatible HTTP server for one model, run by this machine's engine
-//! or, with `--cluster FILE`, by a cluster of workers.
-//!
-//! Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/completions` and
-//! `POST /v1/chat/completions` (with `stream: true`, server-sent events: one `data: {chunk}`
-//! per piece of text, then `data: [DONE]`).
-//!
-//! Invariants:
-//! - A request runs what `loip generate` runs for the same prompt and options: the same
-//!   tokenization (`encode(text, true)`; chat messages rendered with the model's template and
-//!   the generation prompt), the same [`cmd_generate::options`], the same generation loop and
-//!   engine. Greedy output is therefore identical to `loip generate` (lossless).
-//! - The generation loop blocks: it runs on tokio's blocking pool, never on an async worker,
-//!   at most `--parallel` at once; further requests wait for a permit in arrival order.
-//! - Every client mistake is a JSON `{"error": {...}}` with a 4xx status, checked before any
-//!   generation starts; nothing a client sends panics the server. Engine failures are 500, a
-//!   lost cluster device (or a stopped pipeline) 503.
+//! (in memory, or from slice files with `--mem`) or, with `--cluster FILE`, by a cluster of
+//! workers. This module only turns flags into a [`Backend`] and a [`ServerConfig`]; the
+//! routes, validation and limits are `loip-server`'s.
 
-mod text;
-mod wire;
-
-use std::convert::Infallible;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{Method, StatusCode, Uri};
-use axum::response::sse::{Event, Sse};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use clap::Args;
-use loip_engine::{generate, Flow, Generator, Model, StopReason};
-use loip_model::chat::{ChatMessage, ChatTemplate};
-use loip_model::tokenizer::Tokenizer;
-use loip_model::{Checkpoint, ModelConfig};
 use loip_plan::Pattern;
-use loip_runtime::cluster_run::{generate_on, Session};
-use loip_runtime::local::LocalModel;
 use loip_runtime::LoaderKind;
-use serde_json::{json, Value};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use loip_server::{Backend, Limits, ServedModel, ServerConfig};
 
-use crate::cmd_generate::{self, PromptArgs};
 use crate::cmd_serve::ClusterArgs;
 use crate::model_load;
-use text::TextStream;
-use wire::{
-    content_text, parse_request, request_id, stop_strings, token_ids, usage, ApiError, ApiRequest,
-    Finished, InMessage, Job, Kind, Meta, MAX_BODY,
-};
 
 /// Arguments of `loip api`.
 #[derive(Args, Debug)]
@@ -67,6 +29,8 @@ Endpoints:
 
 Greedy requests (temperature 0) give exactly the tokens of `loip generate`. Bad requests get
 HTTP 400 with {\"error\": {\"message\", \"type\"}}, bodies over 1 MiB 413, unknown paths 404.
+With an API key (--api-key, --api-key-file or LOIP_API_KEY), /v1/* needs
+`Authorization: Bearer KEY` (401 otherwise); /health stays open.
 
 Example:
   loip api --listen 127.0.0.1:8080 --model smollm2 &
@@ -98,6 +62,23 @@ pub struct ApiArgs {
     pub no_replan: bool,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    /// Require `Authorization: Bearer KEY` on /v1/*. Visible in `ps`: prefer --api-key-file
+    /// or the LOIP_API_KEY environment variable.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Read the API key from the first line of this file.
+    #[arg(long, conflicts_with = "api_key")]
+    pub api_key_file: Option<PathBuf>,
+    /// Most HTTP connections open at once; one more is closed at once.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers; an idle keep-alive connection is
+    /// closed after as long.
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout: u64,
     /// With --cluster or --mem: planned context, KV tokens held summed over the sequences in
     /// flight; it also bounds one request's prompt + max_tokens.
     #[arg(long, default_value_t = 4096)]
@@ -128,8 +109,14 @@ pub fn run(a: ApiArgs) -> Result<()> {
     if a.parallel == 0 || a.max_prompt == 0 || a.max_tokens_limit == 0 {
         bail!("--parallel, --max-prompt and --max-tokens-limit must be at least 1");
     }
+    if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
+        bail!("--max-connections, --header-timeout and --body-timeout must be at least 1");
+    }
+    let api_key = api_key(a.api_key.as_deref(), a.api_key_file.as_deref())?;
     let name = a.name.clone().unwrap_or_else(|| default_name(&a.model));
-    if a.cluster.cluster.is_some() {
+    let planned =
+        |max_position: usize| max_position.min(usize::try_from(a.context).unwrap_or(usize::MAX));
+    let (backend, info, context) = if a.cluster.cluster.is_some() {
         let (session, dir) = crate::cmd_serve::start(
             &a.model,
             &a.cluster,
@@ -148,47 +135,51 @@ pub fn run(a: ApiArgs) -> Result<()> {
                 return Err(e);
             }
         };
-        let context = info
-            .config
-            .max_position_embeddings
-            .min(usize::try_from(a.context).unwrap_or(usize::MAX));
+        let context = planned(info.config.max_position_embeddings);
         let session = Arc::new(Mutex::new(session));
-        let app = App::new(&a, name, info, Engine::Cluster(session.clone()), context);
-        let served = serve_http(&a.listen, app);
-        // the last owner of the session says goodbye to the workers
-        if let Ok(s) = Arc::try_unwrap(session) {
-            s.into_inner().unwrap_or_else(|p| p.into_inner()).shutdown();
-        }
-        return served;
-    }
-    if a.mem.is_some() || a.offload_blocks != loip_runtime::local::OffloadRule::Auto {
-        return run_sliced(&a, name);
-    }
-    // The server lives until the process ends, so the checkpoint and the model bound to it are
-    // leaked: the blocking generation threads share them as `'static`.
-    let ckpt: &'static Checkpoint = Box::leak(Box::new(model_load::open(&a.model)?));
-    let model: &'static Model<'static> = Box::leak(Box::new(Model::from_checkpoint(ckpt)?));
-    let info = model_load::ModelInfo {
-        config: ckpt.config.clone(),
-        tokenizer: model_load::tokenizer(ckpt),
-        chat: model_load::chat_template(ckpt),
+        let backend = Backend::Cluster {
+            session,
+            no_replan: a.no_replan,
+        };
+        (backend, info, context)
+    } else if a.mem.is_some() || a.offload_blocks != loip_runtime::local::OffloadRule::Auto {
+        sliced(&a, planned)?
+    } else {
+        let ckpt = model_load::open(&a.model)?;
+        let info = model_load::ModelInfo {
+            config: ckpt.config.clone(),
+            tokenizer: model_load::tokenizer(&ckpt),
+            chat: model_load::chat_template(&ckpt),
+        };
+        let context = ckpt.config.max_position_embeddings;
+        (Backend::local(ckpt)?, info, context)
     };
-    let context = ckpt.config.max_position_embeddings;
-    serve_http(
-        &a.listen,
-        App::new(&a, name, info, Engine::Local(model), context),
-    )
+    let cfg = ServerConfig {
+        name,
+        parallel: a.parallel,
+        max_prompt: a.max_prompt,
+        max_tokens_limit: a.max_tokens_limit,
+        context,
+        api_key,
+        limits: Limits {
+            max_connections: a.max_connections,
+            header_timeout: Duration::from_secs(a.header_timeout),
+            body_timeout: Duration::from_secs(a.body_timeout),
+        },
+    };
+    loip_server::serve(&a.listen, cfg, served(info), backend)?;
+    Ok(())
 }
 
 /// `loip api --mem …`: one device running from slice files under a memory budget.
-fn run_sliced(a: &ApiArgs, name: String) -> Result<()> {
+fn sliced(
+    a: &ApiArgs,
+    planned: impl Fn(usize) -> usize,
+) -> Result<(Backend, model_load::ModelInfo, usize)> {
     use loip_runtime::local::{LocalModel, LocalOptions};
     let dir = crate::cmd_split::slices_for(&a.model)?;
     let info = model_load::info(&dir.to_string_lossy())?;
-    let context = info
-        .config
-        .max_position_embeddings
-        .min(usize::try_from(a.context).unwrap_or(usize::MAX));
+    let context = planned(info.config.max_position_embeddings);
     let opts = LocalOptions {
         mem_budget: a.mem.as_deref().map(loip_plan::parse_bytes).transpose()?,
         rule: a.offload_blocks,
@@ -203,24 +194,43 @@ fn run_sliced(a: &ApiArgs, name: String) -> Result<()> {
         "memory: budget {} B, resident {} B, slot {} B, working {} B, KV budget {} B",
         m.budget, m.resident, m.slot, m.working, m.kv_budget
     );
-    let engine = Engine::Sliced(Arc::new(Mutex::new(model)));
-    serve_http(&a.listen, App::new(a, name, info, engine, context))
+    Ok((Backend::Sliced(Arc::new(Mutex::new(model))), info, context))
 }
 
-/// The device of `loip api --mem`, shared step by step: each request's steps take the lock in
-/// turn, so requests interleave token by token, each its own sequence in the device's cache.
-struct SlicedBackend<'m> {
-    model: &'m Mutex<LocalModel>,
+/// The server's view of the model; why a tokenizer or template is missing is logged here
+/// (it may name files), clients are only told that it is.
+fn served(info: model_load::ModelInfo) -> ServedModel {
+    let tokenizer = info
+        .tokenizer
+        .map_err(|e| eprintln!("warning: no tokenizer ({e:#}); only token-id prompts are accepted"))
+        .ok();
+    let chat = info
+        .chat
+        .map_err(|e| eprintln!("warning: the model's chat template did not load: {e:#}"))
+        .ok()
+        .flatten();
+    ServedModel {
+        config: info.config,
+        tokenizer,
+        chat,
+    }
 }
 
-impl loip_engine::generate::StepBackend for SlicedBackend<'_> {
-    fn step(
-        &mut self,
-        seq: u64,
-        ids: &[u32],
-        start_pos: usize,
-    ) -> Result<Vec<f32>, loip_engine::EngineError> {
-        lock(self.model).step(seq, ids, start_pos)
+/// The API key from `--api-key`, else `--api-key-file` (its first line), else the
+/// `LOIP_API_KEY` environment variable; `None` when none is set. An empty key is refused.
+fn api_key(flag: Option<&str>, file: Option<&Path>) -> Result<Option<String>> {
+    let key = match (flag, file) {
+        (Some(k), _) => Some(k.to_string()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the API key from {}", path.display()))?;
+            Some(text.lines().next().unwrap_or_default().to_string())
+        }
+        (None, None) => std::env::var("LOIP_API_KEY").ok(),
+    };
+    match key.map(|k| k.trim().to_string()) {
+        Some(k) if k.is_empty() => bail!("the API key is empty"),
+        k => Ok(k),
     }
 }
 
@@ -237,639 +247,16 @@ fn default_name(model: &str) -> String {
         .unwrap_or_else(|| model.to_string())
 }
 
-/// Binds `listen`, prints the address and serves `app` until a shutdown signal.
-fn serve_http(listen: &str, app: App) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("loip-api")
-        .build()
-        .context("starting the HTTP runtime")?;
-    let served = rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("listening on {listen}"))?;
-        let addr = listener.local_addr()?;
-        eprintln!(
-            "serving {} ({}), {} generations at once",
-            app.name,
-            app.engine.describe(),
-            app.parallel
-        );
-        eprintln!("listening on http://{addr}");
-        axum::serve(listener, router(Arc::new(app)))
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serving HTTP")
-    });
-    // Generations still running stop at their next token once their client is gone.
-    rt.shutdown_timeout(std::time::Duration::from_secs(5));
-    served
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
-    eprintln!("shutting down");
-}
-
-/// The routes over a shared [`App`].
-fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/v1/models", get(models))
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(app)
-}
-
-/// What runs the forward passes.
-enum Engine {
-    /// this machine's in-memory engine; each request gets its own KV cache
-    Local(&'static Model<'static>),
-    /// a cluster; requests are concurrent sequences on its pipeline. Locked only to take the
-    /// pipeline, to read the devices' health, and to re-plan when one is gone.
-    Cluster(Arc<Mutex<Session>>),
-    /// this machine, from slice files under a memory budget (`--mem`)
-    Sliced(Arc<Mutex<LocalModel>>),
-}
-
-impl Engine {
-    fn describe(&self) -> String {
-        match self {
-            Engine::Local(_) => "this machine".into(),
-            Engine::Sliced(_) => "this machine, from slice files".into(),
-            Engine::Cluster(s) => format!("a cluster of {} devices", lock(s).health().len()),
-        }
-    }
-}
-
-/// The server's state: the model, its tokenizer and template, limits, and the queue.
-struct App {
-    name: String,
-    created: u64, // unix seconds
-    config: ModelConfig,
-    tokenizer: Result<Tokenizer, String>,
-    chat: Result<ChatTemplate, String>,
-    engine: Engine,
-    permits: Arc<Semaphore>,
-    parallel: usize,
-    max_prompt: usize,       // tokens
-    max_tokens_limit: usize, // tokens
-    context: usize,          // tokens: one request's prompt + max_tokens
-    /// keep a failed cluster as it is (`--no-replan`)
-    no_replan: bool,
-}
-
-/// The session (or device), also after a thread panicked while holding it (its state stays
-/// usable: every change to it is one call).
-fn lock<T>(s: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// After a failed request: when a device is gone, re-plans over the remaining ones (as
-/// `loip serve` does), so the next requests run again; the failed request still answers 503.
-/// Several requests failing at once re-plan once: the others find every device alive.
-fn replan_if_gone(session: &Mutex<Session>) {
-    let mut s = lock(session);
-    let gone = s.gone();
-    if gone.is_empty() {
-        return;
-    }
-    match s.replan() {
-        Ok(left_out) => eprintln!(
-            "loip api: {} gone; re-planned without {}",
-            gone.join(", "),
-            left_out.join(", ")
-        ),
-        Err(e) => eprintln!(
-            "loip api: {} gone and the model does not fit the rest ({e}); requests will fail",
-            gone.join(", ")
-        ),
-    }
-}
-
-impl App {
-    fn new(
-        a: &ApiArgs,
-        name: String,
-        info: model_load::ModelInfo,
-        engine: Engine,
-        context: usize,
-    ) -> App {
-        let tokenizer = info.tokenizer.map_err(|e| format!("{e:#}"));
-        if let Err(e) = &tokenizer {
-            eprintln!("warning: no tokenizer ({e}); only token-id prompts are accepted");
-        }
-        let chat = match info.chat {
-            Ok(Some(t)) => Ok(t),
-            Ok(None) => Err("the model has no chat template".to_string()),
-            Err(e) => Err(format!("the model's chat template did not load: {e:#}")),
-        };
-        App {
-            name,
-            created: unix_now(),
-            config: info.config,
-            tokenizer,
-            chat,
-            engine,
-            permits: Arc::new(Semaphore::new(a.parallel)),
-            parallel: a.parallel,
-            max_prompt: a.max_prompt,
-            max_tokens_limit: a.max_tokens_limit,
-            context,
-            no_replan: a.no_replan,
-        }
-    }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("no such endpoint: {method} {}", uri.path()),
-    )
-}
-
-async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        format!("{method} is not allowed on {}", uri.path()),
-    )
-}
-
-async fn health(State(app): State<Arc<App>>) -> Response {
-    let busy = app.parallel - app.permits.available_permits().min(app.parallel);
-    let (status, devices) = match &app.engine {
-        Engine::Local(_) | Engine::Sliced(_) => (StatusCode::OK, None),
-        Engine::Cluster(s) => {
-            // a re-plan holds the session for seconds: do not wait for it here
-            let Ok(session) = s.try_lock() else {
-                let body = json!({"status": "replanning", "model": app.name});
-                return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
-            };
-            let h = session.health();
-            drop(session);
-            let ok = h.iter().all(|d| d.alive);
-            let devices: Vec<Value> = h
-                .iter()
-                .map(|d| {
-                    json!({"name": d.endpoint.name, "addr": d.endpoint.addr,
-                           "alive": d.alive, "reason": d.reason})
-                })
-                .collect();
-            let status = if ok {
-                StatusCode::OK
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            };
-            (status, Some(devices))
-        }
-    };
-    let body = json!({
-        "status": if status == StatusCode::OK { "ok" } else { "degraded" },
-        "model": app.name,
-        "generating": busy,
-        "parallel": app.parallel,
-        "devices": devices,
-    });
-    (status, Json(body)).into_response()
-}
-
-async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": app.name, "object": "model", "created": app.created, "owned_by": "loip",
-                  "context_length": app.context}],
-    }))
-}
-
-async fn completions(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    handle(app, Kind::Completion, body).await
-}
-
-async fn chat_completions(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    handle(app, Kind::Chat, body).await
-}
-
-/// Checks, queues and runs one request.
-async fn handle(
-    app: Arc<App>,
-    kind: Kind,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body.map_err(ApiError::from_rejection)?;
-    let req = parse_request(&body)?;
-    // Tokenizing a long prompt takes a while: off the async workers too.
-    let checker = app.clone();
-    let job = tokio::task::spawn_blocking(move || checker.job(kind, req))
-        .await
-        .map_err(ApiError::from_join)??;
-    let permit = app.permits.clone().acquire_owned().await.map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is shutting down",
-        )
-    })?;
-    let meta = Meta {
-        kind,
-        id: request_id(kind),
-        created: unix_now(),
-        model: app.name.clone(),
-    };
-    if job.stream {
-        return Ok(stream(app, job, meta, permit));
-    }
-    let (job, done) = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        let done = app.run(&job, &mut |_| true);
-        (job, done)
-    })
-    .await
-    .map_err(ApiError::from_join)?;
-    Ok(Json(meta.full(&job, &done?)).into_response())
-}
-
-/// Streams `job` as server-sent events; the generation stops when the client goes away.
-fn stream(app: Arc<App>, job: Job, meta: Meta, permit: OwnedSemaphorePermit) -> Response {
-    let (tx, rx) = mpsc::unbounded_channel::<String>();
-    tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        if meta.kind == Kind::Chat {
-            let _ = tx.send(meta.role_chunk().to_string());
-        }
-        let done = app.run(&job, &mut |piece| {
-            if piece.is_empty() {
-                return !tx.is_closed();
-            }
-            tx.send(meta.chunk(piece, None).to_string()).is_ok()
-        });
-        match done {
-            Ok(f) => {
-                let _ = tx.send(meta.chunk("", Some(f.finish_reason)).to_string());
-                if job.include_usage {
-                    let usage = usage(job.prompt_ids.len(), f.new_ids.len());
-                    let _ = tx.send(meta.usage_chunk(usage).to_string());
-                }
-            }
-            Err(e) => {
-                let _ = tx.send(e.body().to_string());
-            }
-        }
-        let _ = tx.send("[DONE]".to_string());
-    });
-    let events = futures_util::stream::unfold(rx, |mut rx| async move {
-        let data = rx.recv().await?;
-        Some((Ok::<_, Infallible>(Event::default().data(data)), rx))
-    });
-    Sse::new(events).into_response()
-}
-
-impl App {
-    /// Checks a request and tokenizes its prompt (blocking).
-    fn job(&self, kind: Kind, r: ApiRequest) -> Result<Job, ApiError> {
-        if r.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad("only n = 1 is supported"));
-        }
-        let temperature = r.temperature.unwrap_or(1.0);
-        if !(0.0..=2.0).contains(&temperature) {
-            return Err(ApiError::bad(format!(
-                "temperature must be between 0 and 2, got {temperature}"
-            )));
-        }
-        let top_p = r.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::bad(format!(
-                "top_p must be in (0, 1], got {top_p}"
-            )));
-        }
-        let stops = stop_strings(r.stop)?;
-        let prompt_ids = match kind {
-            Kind::Completion => self.completion_ids(r.prompt)?,
-            Kind::Chat => self.chat_ids(r.messages)?,
-        };
-        let n = prompt_ids.len();
-        if n > self.max_prompt {
-            return Err(ApiError::bad(format!(
-                "the prompt has {n} tokens, more than the limit of {} (--max-prompt)",
-                self.max_prompt
-            )));
-        }
-        if n >= self.context {
-            return Err(ApiError::bad(format!(
-                "the prompt has {n} tokens; the context limit is {} tokens",
-                self.context
-            )));
-        }
-        let max_tokens = match r.max_tokens.or(r.max_completion_tokens) {
-            Some(m) if m > self.max_tokens_limit as u64 => {
-                return Err(ApiError::bad(format!(
-                    "max_tokens is {m}, more than the limit of {} (--max-tokens-limit)",
-                    self.max_tokens_limit
-                )))
-            }
-            Some(m) if n as u64 + m > self.context as u64 => {
-                return Err(ApiError::bad(format!(
-                    "the prompt ({n} tokens) plus max_tokens ({m}) exceeds the context limit of {} tokens",
-                    self.context
-                )))
-            }
-            Some(m) => m as usize,
-            None => self.max_tokens_limit.min(self.context - n),
-        };
-        let p = PromptArgs {
-            prompt: String::new(),
-            prompt_ids: None,
-            chat: false,
-            max_tokens,
-            temperature: temperature as f32,
-            top_k: r
-                .top_k
-                .map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
-            top_p: top_p as f32,
-            seed: r.seed.unwrap_or(0),
-            stop: stops.clone(),
-            ignore_eos: r.ignore_eos.unwrap_or(false),
-            min_tokens: r
-                .min_tokens
-                .map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
-        };
-        let opts = cmd_generate::options(&self.config, &prompt_ids, &p)
-            .map_err(|e| ApiError::bad(format!("{e:#}")))?;
-        Ok(Job {
-            prompt_ids,
-            opts,
-            stops,
-            stream: r.stream.unwrap_or(false),
-            include_usage: r.stream_options.and_then(|o| o.include_usage) == Some(true),
-            return_token_ids: r.return_token_ids.unwrap_or(false),
-        })
-    }
-
-    /// `prompt`: a string, an array of token ids, or a one-element array of either.
-    fn completion_ids(&self, prompt: Option<Value>) -> Result<Vec<u32>, ApiError> {
-        const SHAPE: &str = "`prompt` must be a string or an array of token ids (one prompt)";
-        match prompt {
-            None | Some(Value::Null) => Err(ApiError::bad("`prompt` is required")),
-            Some(Value::String(s)) => self.encode(&s),
-            Some(Value::Array(items)) => match items.as_slice() {
-                [] => Err(ApiError::bad("`prompt` is empty")),
-                [Value::String(s)] => self.encode(s),
-                [Value::Array(ids)] => token_ids(ids),
-                ids if ids.iter().all(Value::is_number) => token_ids(ids),
-                _ => Err(ApiError::bad(SHAPE)),
-            },
-            Some(_) => Err(ApiError::bad(SHAPE)),
-        }
-    }
-
-    /// `messages` rendered with the chat template (with the generation prompt), tokenized.
-    fn chat_ids(&self, messages: Option<Vec<InMessage>>) -> Result<Vec<u32>, ApiError> {
-        let messages = messages.ok_or_else(|| ApiError::bad("`messages` is required"))?;
-        if messages.is_empty() {
-            return Err(ApiError::bad("`messages` is empty"));
-        }
-        let messages = messages
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| {
-                Ok(ChatMessage {
-                    role: m.role,
-                    content: content_text(m.content)
-                        .map_err(|e| ApiError::bad(format!("messages[{i}].content: {e}")))?,
-                })
-            })
-            .collect::<Result<Vec<_>, ApiError>>()?;
-        let template = self.chat.as_ref().map_err(|e| ApiError::bad(e.clone()))?;
-        let text = template
-            .render(&messages, true)
-            .map_err(|e| ApiError::bad(format!("the chat template refused the messages: {e}")))?;
-        self.encode(&text)
-    }
-
-    fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
-        let tok = self.tokenizer.as_ref().map_err(|e| {
-            ApiError::bad(format!(
-                "the model has no tokenizer ({e}); send the prompt as token ids"
-            ))
-        })?;
-        tok.encode(text, true)
-            .map_err(|e| ApiError::bad(format!("tokenizing the prompt: {e}")))
-    }
-
-    /// Runs `job` to its end (blocking). `emit` gets the text as it becomes final (possibly
-    /// empty) and returns `false` when nobody listens any more, which stops the generation.
-    fn run(&self, job: &Job, emit: &mut dyn FnMut(&str) -> bool) -> Result<Finished, ApiError> {
-        let mut text = TextStream::new(self.tokenizer.as_ref().ok(), &job.stops);
-        let mut on_token = |id: u32| {
-            let (piece, hit_stop) = text.push(id);
-            if !emit(&piece) || hit_stop {
-                Flow::Stop
-            } else {
-                Flow::Continue
-            }
-        };
-        let out = match &self.engine {
-            Engine::Local(model) => {
-                let mut gen = Generator::new(model, None);
-                generate(&mut gen, 0, &job.prompt_ids, &job.opts, &mut on_token)
-                    .map_err(ApiError::from_engine)?
-            }
-            Engine::Sliced(model) => {
-                let seq = loip_runtime::coordinator::next_seq_id();
-                let mut backend = SlicedBackend { model };
-                let out = generate(&mut backend, seq, &job.prompt_ids, &job.opts, &mut on_token);
-                lock(model).device.kv.remove(seq);
-                out.map_err(ApiError::from_engine)?
-            }
-            Engine::Cluster(session) => {
-                let pipe = lock(session).pipeline().clone();
-                match generate_on(&pipe, &job.prompt_ids, &job.opts, &mut on_token) {
-                    Ok(out) => out,
-                    Err(e) => {
-                        if !self.no_replan {
-                            replan_if_gone(session);
-                        }
-                        return Err(ApiError::from_cluster(e));
-                    }
-                }
-            }
-        };
-        let (rest, text) = text.finish();
-        emit(&rest);
-        Ok(Finished {
-            text,
-            new_ids: out.new_ids,
-            finish_reason: match out.stop {
-                StopReason::Length => "length",
-                _ => "stop",
-            },
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::body::Body;
-    use axum::http::Request;
-    use tower::ServiceExt;
 
-    fn tiny_app() -> Arc<App> {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/tiny-llama"
-        );
-        let ckpt: &'static Checkpoint = Box::leak(Box::new(model_load::open(dir).unwrap()));
-        let model: &'static Model<'static> =
-            Box::leak(Box::new(Model::from_checkpoint(ckpt).unwrap()));
-        let info = model_load::ModelInfo {
-            config: ckpt.config.clone(),
-            tokenizer: model_load::tokenizer(ckpt),
-            chat: model_load::chat_template(ckpt),
-        };
-        let args = ApiArgs {
-            listen: String::new(),
-            model: dir.into(),
-            name: None,
-            parallel: 2,
-            max_prompt: 64,
-            max_tokens_limit: 100,
-            no_replan: false,
-            cluster: ClusterArgs {
-                cluster: None,
-                token: None,
-                planner: "loip".into(),
-                file_link: false,
-                plan_out: None,
-            },
-            context: 4096,
-            mem: None,
-            offload_blocks: loip_runtime::local::OffloadRule::Auto,
-            loader: LoaderKind::Direct,
-            pattern: Pattern::Sporadic,
-            micro_batches: None,
-        };
-        let context = ckpt.config.max_position_embeddings;
-        Arc::new(App::new(
-            &args,
-            "tiny".into(),
-            info,
-            Engine::Local(model),
-            context,
-        ))
-    }
-
-    async fn call(app: &Arc<App>, method: &str, path: &str, body: Vec<u8>) -> (u16, Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(path)
-            .body(Body::from(body))
-            .unwrap();
-        let resp = router(app.clone()).oneshot(req).await.unwrap();
-        let status = resp.status().as_u16();
-        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
-    }
-
-    #[tokio::test]
-    async fn handlers_answer_without_a_socket() {
-        let app = tiny_app();
-        let (s, v) = call(&app, "GET", "/v1/models", vec![]).await;
-        assert_eq!((s, v["data"][0]["id"].as_str()), (200, Some("tiny")));
-        let ok = br#"{"prompt": [1, 5, 9], "max_tokens": 4, "temperature": 0, "ignore_eos": true,
-                      "return_token_ids": true}"#;
-        let (s, v) = call(&app, "POST", "/v1/completions", ok.to_vec()).await;
-        assert_eq!(s, 200, "{v}");
-        assert_eq!(v["usage"]["completion_tokens"], 4);
+    #[test]
+    fn api_keys_are_trimmed_and_never_empty() {
+        assert!(api_key(Some("  "), None).is_err());
         assert_eq!(
-            v["choices"][0]["token_ids"].as_array().map(Vec::len),
-            Some(4)
+            api_key(Some(" k "), None).ok().flatten().as_deref(),
+            Some("k")
         );
-        assert_eq!(v["choices"][0]["finish_reason"], "length");
-        for (body, status, needle) in [
-            (&b"{nope"[..], 400, "invalid JSON"),
-            (br#"{"max_tokens": 3}"#, 400, "`prompt` is required"),
-            (br#"{"prompt": [1], "temperature": 3}"#, 400, "temperature"),
-            (br#"{"prompt": [1], "top_p": 0}"#, 400, "top_p"),
-            (
-                br#"{"prompt": [1], "max_tokens": 101}"#,
-                400,
-                "--max-tokens-limit",
-            ),
-            (
-                br#"{"prompt": [1], "max_tokens": 100, "n": 2}"#,
-                400,
-                "n = 1",
-            ),
-            (br#"{"prompt": [1, 99999]}"#, 400, "vocabulary"),
-            (br#"{"prompt": [-1]}"#, 400, "unsigned"),
-            (
-                br#"{"prompt": [1], "max_tokens": "3"}"#,
-                400,
-                "invalid `max_tokens`",
-            ),
-            (b"[1, 2]", 400, "JSON object"),
-            (br#"{"prompt": [1]} x"#, 400, "trailing"),
-            (br#"{"prompt": "text"}"#, 400, "no tokenizer"),
-            (br#"{"prompt": [[1], [2]]}"#, 400, "one prompt"),
-        ] {
-            let (s, v) = call(&app, "POST", "/v1/completions", body.to_vec()).await;
-            let msg = v["error"]["message"].as_str().unwrap_or_default();
-            assert_eq!(s, status, "{v}");
-            assert!(msg.contains(needle), "{msg}");
-            assert_eq!(v["error"]["type"], "invalid_request_error");
-        }
-        let long = format!("{{\"prompt\": {:?}}}", vec![1u32; 65]);
-        let (s, v) = call(&app, "POST", "/v1/completions", long.into_bytes()).await;
-        assert_eq!(s, 400, "{v}");
-        let (s, _) = call(&app, "POST", "/v1/completions", vec![b' '; MAX_BODY + 1]).await;
-        assert_eq!(s, 413);
-        let (s, v) = call(&app, "GET", "/v2/nothing", vec![]).await;
-        assert_eq!(s, 404, "{v}");
-        let (s, _) = call(&app, "GET", "/v1/completions", vec![]).await;
-        assert_eq!(s, 405);
-        let (s, v) = call(
-            &app,
-            "POST",
-            "/v1/chat/completions",
-            br#"{"messages": []}"#.to_vec(),
-        )
-        .await;
-        assert_eq!(s, 400, "{v}");
     }
 }

@@ -16,8 +16,8 @@ use loip_runtime::cluster_run::{Breakdown, Session, SessionOptions, WorkerSpec};
 use loip_runtime::coordinator::Endpoint;
 use loip_runtime::LoaderKind;
 
-use crate::cmd_generate::{prepare, report, Printer, PromptArgs};
 use crate::model_load;
+use crate::request::{prepare, report, Printer, PromptArgs};
 
 /// Cluster options shared by `loip serve` and `loip generate --cluster`.
 #[derive(Args, Debug, Clone)]

@@ -13,6 +13,7 @@ mod cmd_synth;
 mod cmd_worker;
 mod model_load;
 mod model_shape;
+mod request;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -70,11 +71,44 @@ fn main() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    quiet_on_broken_pipe();
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
+        if is_broken_pipe(&e) {
+            std::process::exit(0);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// `loip logits … | head`: when the reader closes stdout, the command ends quietly with
+/// status 0, as a Unix filter does. The Rust runtime ignores SIGPIPE, so a write to the closed
+/// pipe fails with EPIPE: `println!` panics on it (caught here, on every output path, by the
+/// panic hook) and a `write!` returns it (caught by [`is_broken_pipe`] in `main`). SIGPIPE
+/// itself stays ignored: a peer closing a socket must never kill a worker or a server.
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if msg.starts_with("failed printing to stdout") && msg.contains("os error 32") {
+            std::process::exit(0);
+        }
+        default(info)
+    }));
+}
+
+/// Whether `e` is a write to a closed pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -155,6 +155,8 @@ impl GgufVocab {
 /// A loaded tokenizer. Cheap to share by reference; immutable after construction.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special-token matching off, made on first use by [`Tokenizer::encode_plain`]
+    plain: std::sync::OnceLock<tokenizers::Tokenizer>,
     vocab_size: usize, // ids 0..vocab_size, added tokens included
 }
 
@@ -276,7 +278,11 @@ impl Tokenizer {
 
     fn wrap(inner: tokenizers::Tokenizer) -> Self {
         let vocab_size = inner.get_vocab_size(true);
-        Self { inner, vocab_size }
+        Self {
+            inner,
+            plain: std::sync::OnceLock::new(),
+            vocab_size,
+        }
     }
 
     /// Encodes `text`. Special tokens written in the text (e.g. `<|im_start|>`) are matched as
@@ -286,6 +292,19 @@ impl Tokenizer {
             .inner
             .encode(text, add_special_tokens)
             .map_err(TokenizerError::Encode)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Encodes `text` as plain text: special (control) tokens spelled in it, e.g.
+    /// `<|im_start|>`, are tokenized like any other text, never matched as their ids
+    /// (what user-supplied text must get). Nothing is added (no bos).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let plain = self.plain.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let enc = plain.encode(text, false).map_err(TokenizerError::Encode)?;
         Ok(enc.get_ids().to_vec())
     }
 

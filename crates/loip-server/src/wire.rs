@@ -1,10 +1,13 @@
 //! The OpenAI wire format: request bodies (parsed with errors naming the field), response and
 //! stream-chunk shapes, and the error object every failure is sent as.
+//!
+//! Invariant: an error sent to a client says what the client did wrong, or that the server
+//! failed; it never carries a file path, a device address or an internal error's text. Those
+//! go to the server's log ([`ApiError::internal`], [`ApiError::from_cluster`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,72 +17,84 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// Largest request body accepted; larger ones get 413.  // bytes
-pub(super) const MAX_BODY: usize = 1 << 20;
+pub(crate) const MAX_BODY: usize = 1 << 20;
 /// Most stop strings in one request.
 const MAX_STOPS: usize = 16;
 
 /// An HTTP error: a status and a message for the client, as OpenAI's error object.
 #[derive(Debug)]
-pub(super) struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     message: String,
+    /// OpenAI's machine-readable `code` (e.g. `invalid_api_key`)
+    code: Option<&'static str>,
 }
 
 impl ApiError {
-    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),
+            code: None,
         }
     }
 
+    /// 401: no API key, or not the server's.
+    pub(crate) fn unauthorized() -> ApiError {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "a valid API key is required: send `Authorization: Bearer KEY`",
+            )
+        }
+    }
+
+    /// 500 with a generic message; `detail` (which may name files or addresses) is logged.
+    pub(crate) fn internal(detail: impl std::fmt::Display) -> ApiError {
+        eprintln!("loip api: request failed: {detail}");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "generation failed on the server (see its log)",
+        )
+    }
+
     /// 400: the request is wrong.
-    pub(super) fn bad(message: impl Into<String>) -> ApiError {
+    pub(crate) fn bad(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
-    pub(super) fn body(&self) -> Value {
+    pub(crate) fn body(&self) -> Value {
         let kind = if self.status.is_client_error() {
             "invalid_request_error"
         } else {
             "server_error"
         };
-        json!({"error": {"message": self.message, "type": kind, "param": null, "code": null}})
+        json!({"error": {"message": self.message, "type": kind, "param": null,
+                         "code": self.code}})
     }
 
-    pub(super) fn from_rejection(r: BytesRejection) -> ApiError {
-        let status = r.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            return ApiError::new(status, format!("the request body is over {MAX_BODY} bytes"));
-        }
-        ApiError::new(
-            status,
-            format!("reading the request body: {}", r.body_text()),
-        )
+    pub(crate) fn from_engine(e: EngineError) -> ApiError {
+        ApiError::internal(e)
     }
 
-    pub(super) fn from_engine(e: EngineError) -> ApiError {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("generation failed: {e}"),
-        )
-    }
-
-    pub(super) fn from_cluster(e: ClusterError) -> ApiError {
-        let status = match e {
-            ClusterError::DeviceGone { .. } | ClusterError::Stopped | ClusterError::Net(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
+    /// 503 when a device is gone or the pipeline stopped (the client may retry), else 500;
+    /// the cluster's error (device names and addresses) is logged, not sent.
+    pub(crate) fn from_cluster(e: ClusterError) -> ApiError {
+        let which = match &e {
+            ClusterError::DeviceGone { device, .. } => format!("device {device} is gone"),
+            ClusterError::Stopped | ClusterError::Net(_) => "a device is unavailable".into(),
+            _ => return ApiError::internal(e),
         };
-        ApiError::new(status, format!("generation failed: {e}"))
+        eprintln!("loip api: request failed: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{which}; retry later"),
+        )
     }
 
-    pub(super) fn from_join(e: tokio::task::JoinError) -> ApiError {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the generation task failed: {e}"),
-        )
+    pub(crate) fn from_join(e: tokio::task::JoinError) -> ApiError {
+        ApiError::internal(format!("the generation task failed: {e}"))
     }
 }
 
@@ -91,7 +106,7 @@ impl IntoResponse for ApiError {
 
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     Completion,
     Chat,
 }
@@ -99,59 +114,59 @@ pub(super) enum Kind {
 /// The body of a completion or chat request; unknown fields are ignored.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-pub(super) struct ApiRequest {
-    pub(super) prompt: Option<Value>,
-    pub(super) messages: Option<Vec<InMessage>>,
-    pub(super) max_tokens: Option<u64>,
-    pub(super) max_completion_tokens: Option<u64>,
-    pub(super) temperature: Option<f64>,
-    pub(super) top_p: Option<f64>,
-    pub(super) top_k: Option<u64>,
-    pub(super) seed: Option<u64>,
-    pub(super) stop: Option<Value>,
-    pub(super) stream: Option<bool>,
-    pub(super) stream_options: Option<StreamOptions>,
-    pub(super) n: Option<u64>,
+pub(crate) struct ApiRequest {
+    pub(crate) prompt: Option<Value>,
+    pub(crate) messages: Option<Vec<InMessage>>,
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) max_completion_tokens: Option<u64>,
+    pub(crate) temperature: Option<f64>,
+    pub(crate) top_p: Option<f64>,
+    pub(crate) top_k: Option<u64>,
+    pub(crate) seed: Option<u64>,
+    pub(crate) stop: Option<Value>,
+    pub(crate) stream: Option<bool>,
+    pub(crate) stream_options: Option<StreamOptions>,
+    pub(crate) n: Option<u64>,
     /// extension: keep generating past end-of-sequence tokens
-    pub(super) ignore_eos: Option<bool>,
+    pub(crate) ignore_eos: Option<bool>,
     /// extension: mask end-of-sequence tokens until this many were generated
-    pub(super) min_tokens: Option<u64>,
+    pub(crate) min_tokens: Option<u64>,
     /// extension: return the prompt's and the completion's token ids
-    pub(super) return_token_ids: Option<bool>,
+    pub(crate) return_token_ids: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-pub(super) struct StreamOptions {
-    pub(super) include_usage: Option<bool>,
+pub(crate) struct StreamOptions {
+    pub(crate) include_usage: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
-pub(super) struct InMessage {
-    pub(super) role: String,
+pub(crate) struct InMessage {
+    pub(crate) role: String,
     #[serde(default)]
-    pub(super) content: Option<Value>,
+    pub(crate) content: Option<Value>,
 }
 
 /// A checked request, ready to run.
-pub(super) struct Job {
-    pub(super) prompt_ids: Vec<u32>,
-    pub(super) opts: GenerateOptions,
-    pub(super) stops: Vec<String>,
-    pub(super) stream: bool,
-    pub(super) include_usage: bool,
-    pub(super) return_token_ids: bool,
+pub(crate) struct Job {
+    pub(crate) prompt_ids: Vec<u32>,
+    pub(crate) opts: GenerateOptions,
+    pub(crate) stops: Vec<String>,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) return_token_ids: bool,
 }
 
 /// How a generation ended.
-pub(super) struct Finished {
-    pub(super) text: String,
-    pub(super) new_ids: Vec<u32>,
-    pub(super) finish_reason: &'static str,
+pub(crate) struct Finished {
+    pub(crate) text: String,
+    pub(crate) new_ids: Vec<u32>,
+    pub(crate) finish_reason: &'static str,
 }
 
 /// The request body: a JSON object; a field of the wrong type is named.
-pub(super) fn parse_request(body: &[u8]) -> Result<ApiRequest, ApiError> {
+pub(crate) fn parse_request(body: &[u8]) -> Result<ApiRequest, ApiError> {
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::bad(
             "invalid JSON body: the request body must be a JSON object",
@@ -173,7 +188,7 @@ pub(super) fn parse_request(body: &[u8]) -> Result<ApiRequest, ApiError> {
 }
 
 /// Token ids of a prompt array.
-pub(super) fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
     items
         .iter()
         .map(|v| {
@@ -189,7 +204,7 @@ pub(super) fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
 }
 
 /// A message's content: a string, or an array of `{"type": "text", "text": ...}` parts.
-pub(super) fn content_text(content: Option<Value>) -> Result<String, String> {
+pub(crate) fn content_text(content: Option<Value>) -> Result<String, String> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s),
@@ -210,7 +225,7 @@ pub(super) fn content_text(content: Option<Value>) -> Result<String, String> {
 }
 
 /// `stop`: a string or an array of strings; empty strings are dropped.
-pub(super) fn stop_strings(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
+pub(crate) fn stop_strings(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
     let stops = match stop {
         None | Some(Value::Null) => vec![],
         Some(Value::String(s)) => vec![s],
@@ -240,7 +255,7 @@ pub(super) fn stop_strings(stop: Option<Value>) -> Result<Vec<String>, ApiError>
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-pub(super) fn request_id(kind: Kind) -> String {
+pub(crate) fn request_id(kind: Kind) -> String {
     let prefix = match kind {
         Kind::Completion => "cmpl",
         Kind::Chat => "chatcmpl",
@@ -254,17 +269,17 @@ pub(super) fn request_id(kind: Kind) -> String {
     )
 }
 
-pub(super) fn usage(prompt: usize, completion: usize) -> Value {
+pub(crate) fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion,
            "total_tokens": prompt + completion})
 }
 
 /// A response's identity, and the OpenAI shapes built from it.
-pub(super) struct Meta {
-    pub(super) kind: Kind,
-    pub(super) id: String,
-    pub(super) created: u64, // unix seconds
-    pub(super) model: String,
+pub(crate) struct Meta {
+    pub(crate) kind: Kind,
+    pub(crate) id: String,
+    pub(crate) created: u64, // unix seconds
+    pub(crate) model: String,
 }
 
 impl Meta {
@@ -282,7 +297,7 @@ impl Meta {
     }
 
     /// A streamed piece of text, or the last chunk with its finish reason.
-    pub(super) fn chunk(&self, text: &str, finish: Option<&str>) -> Value {
+    pub(crate) fn chunk(&self, text: &str, finish: Option<&str>) -> Value {
         let choice = match self.kind {
             Kind::Completion => {
                 json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
@@ -300,20 +315,20 @@ impl Meta {
     }
 
     /// A chat stream's first chunk: the assistant role.
-    pub(super) fn role_chunk(&self) -> Value {
+    pub(crate) fn role_chunk(&self) -> Value {
         let choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""},
                             "logprobs": null, "finish_reason": null});
         self.envelope(true, json!([choice]))
     }
 
     /// `stream_options.include_usage`: a last chunk with no choices and the usage.
-    pub(super) fn usage_chunk(&self, usage: Value) -> Value {
+    pub(crate) fn usage_chunk(&self, usage: Value) -> Value {
         json!({"id": self.id, "object": self.object(true), "created": self.created,
                "model": self.model, "choices": [], "usage": usage})
     }
 
     /// The whole response of a request that did not stream.
-    pub(super) fn full(&self, job: &Job, f: &Finished) -> Value {
+    pub(crate) fn full(&self, job: &Job, f: &Finished) -> Value {
         let mut choice = match self.kind {
             Kind::Completion => json!({"index": 0, "text": f.text, "logprobs": null,
                                        "finish_reason": f.finish_reason}),

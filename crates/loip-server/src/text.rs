@@ -7,7 +7,7 @@ use loip_model::tokenizer::{StreamDecoder, Tokenizer};
 /// Text of generated tokens as it becomes final: the same pieces as `loip generate` prints
 /// (`[id]` without a tokenizer), cut before the first stop string, holding back a tail that
 /// could still become one.
-pub(super) struct TextStream<'t> {
+pub(crate) struct TextStream<'t> {
     decoder: Option<StreamDecoder<'t>>,
     stops: &'t [String],
     text: String,
@@ -15,7 +15,7 @@ pub(super) struct TextStream<'t> {
 }
 
 impl<'t> TextStream<'t> {
-    pub(super) fn new(tok: Option<&'t Tokenizer>, stops: &'t [String]) -> Self {
+    pub(crate) fn new(tok: Option<&'t Tokenizer>, stops: &'t [String]) -> Self {
         TextStream {
             decoder: tok.map(StreamDecoder::new),
             stops,
@@ -25,7 +25,7 @@ impl<'t> TextStream<'t> {
     }
 
     /// Adds a token; returns the newly final text and whether a stop string appeared.
-    pub(super) fn push(&mut self, id: u32) -> (String, bool) {
+    pub(crate) fn push(&mut self, id: u32) -> (String, bool) {
         let piece = match &mut self.decoder {
             Some(d) => d.push(id).ok().flatten().unwrap_or_default(),
             None => format!("[{id}]"),
@@ -39,7 +39,7 @@ impl<'t> TextStream<'t> {
     }
 
     /// The remaining text and the whole text.
-    pub(super) fn finish(mut self) -> (String, String) {
+    pub(crate) fn finish(mut self) -> (String, String) {
         if let Some(d) = self.decoder.take() {
             if let Ok(rest) = d.finish() {
                 self.text.push_str(&rest);

@@ -1,0 +1,473 @@
+//! The OpenAI-compatible routes over one [`App`]: health, models, completions and chat
+//! completions (with `stream: true`, server-sent events: one `data: {chunk}` per piece of
+//! text, then `data: [DONE]`).
+//!
+//! Invariants:
+//! - A request runs what `loip generate` runs for the same prompt and options: the same
+//!   tokenization (`encode(text, true)`; chat messages through [`ChatTemplate::encode`] with
+//!   the generation prompt), the same [`generate_options`], the same generation loop and
+//!   engine. Greedy output is therefore identical to `loip generate` (lossless).
+//! - The generation loop blocks: it runs on tokio's blocking pool, never on an async worker,
+//!   at most `parallel` at once; further requests wait for a permit in arrival order.
+//! - Every client mistake is a JSON `{"error": {...}}` with a 4xx status, checked before any
+//!   generation starts; nothing a client sends panics the server. Engine failures are 500, a
+//!   lost cluster device (or a stopped pipeline) 503; neither names files or addresses.
+//! - Chat message contents are plain text: only the template's own text can make control
+//!   tokens.
+//! - A prompt's size is checked before it is tokenized: text longer than `max_prompt` tokens
+//!   of the vocabulary's longest spelling could hold (doubled) is refused unread.
+//! - A client that goes away stops its generation at the next token, streaming or not, and a
+//!   request still queued for a permit never starts.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use loip_engine::{Flow, StopReason};
+use loip_model::chat::{ChatError, ChatMessage, ChatTemplate};
+use loip_model::tokenizer::Tokenizer;
+use loip_model::ModelConfig;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use crate::backend::{Backend, BackendError, Health};
+use crate::http;
+use crate::options::{generate_options, Sampling};
+use crate::text::TextStream;
+use crate::wire::{
+    content_text, parse_request, request_id, stop_strings, token_ids, usage, ApiError, ApiRequest,
+    Finished, InMessage, Job, Kind, Meta, MAX_BODY,
+};
+use crate::{ServedModel, ServerConfig};
+
+/// The routes over a shared [`App`].
+pub(crate) fn router(app: Arc<App>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            http::require_key,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .merge(v1)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(app)
+}
+
+/// The server's state: the model, its tokenizer and template, limits, and the queue.
+pub(crate) struct App {
+    pub(crate) name: String,
+    created: u64, // unix seconds
+    config: ModelConfig,
+    tokenizer: Result<Tokenizer, String>,
+    chat: Result<ChatTemplate, String>,
+    pub(crate) backend: Arc<Backend>,
+    permits: Arc<Semaphore>,
+    pub(crate) parallel: usize,
+    max_prompt: usize,       // tokens
+    max_tokens_limit: usize, // tokens
+    context: usize,          // tokens: one request's prompt + max_tokens
+    /// SHA-256 of the API key `/v1/*` requires, if any
+    pub(crate) api_key: Option<[u8; 32]>,
+    body_timeout: Duration,
+    /// most text one prompt may have before tokenizing: `--max-prompt` tokens of the longest
+    /// spelling in the vocabulary, doubled (a normalizer may shorten text)  // bytes
+    max_prompt_bytes: usize,
+}
+
+impl App {
+    pub(crate) fn new(cfg: &ServerConfig, model: ServedModel, backend: Arc<Backend>) -> App {
+        let tokenizer = model
+            .tokenizer
+            .ok_or_else(|| "the model has no tokenizer".to_string());
+        let chat = model
+            .chat
+            .ok_or_else(|| "the model has no chat template".to_string());
+        let longest = tokenizer.as_ref().map_or(1, |t| {
+            (0..u32::try_from(t.vocab_size()).unwrap_or(u32::MAX))
+                .filter_map(|id| t.id_to_token(id))
+                .map(|s| s.len())
+                .max()
+                .unwrap_or(1)
+        });
+        App {
+            name: cfg.name.clone(),
+            created: unix_now(),
+            config: model.config,
+            tokenizer,
+            chat,
+            backend,
+            permits: Arc::new(Semaphore::new(cfg.parallel)),
+            parallel: cfg.parallel,
+            max_prompt: cfg.max_prompt,
+            max_tokens_limit: cfg.max_tokens_limit,
+            context: cfg.context,
+            api_key: cfg.api_key.as_deref().map(http::key_digest),
+            body_timeout: cfg.limits.body_timeout,
+            max_prompt_bytes: cfg
+                .max_prompt
+                .saturating_mul(longest.max(1))
+                .saturating_mul(2),
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no such endpoint: {method} {}", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    let busy = app.parallel - app.permits.available_permits().min(app.parallel);
+    let (status, devices) = match app.backend.health() {
+        Health::Ready => (StatusCode::OK, None),
+        Health::Replanning => {
+            // a re-plan holds the session for seconds: /health does not wait for it
+            let body = json!({"status": "replanning", "model": app.name});
+            return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+        }
+        Health::Devices(h) => {
+            let ok = h.iter().all(|d| d.alive);
+            let devices: Vec<Value> = h
+                .iter()
+                .map(|d| {
+                    json!({"name": d.endpoint.name, "addr": d.endpoint.addr,
+                           "alive": d.alive, "reason": d.reason})
+                })
+                .collect();
+            let status = if ok {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (status, Some(devices))
+        }
+    };
+    let body = json!({
+        "status": if status == StatusCode::OK { "ok" } else { "degraded" },
+        "model": app.name,
+        "generating": busy,
+        "parallel": app.parallel,
+        "devices": devices,
+    });
+    (status, Json(body)).into_response()
+}
+
+async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": app.name, "object": "model", "created": app.created, "owned_by": "loip",
+                  "context_length": app.context}],
+    }))
+}
+
+async fn completions(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
+    handle(app, Kind::Completion, req).await
+}
+
+async fn chat_completions(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
+    handle(app, Kind::Chat, req).await
+}
+
+/// Sets its flag when dropped: the handler's future is dropped when its client goes away.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Checks, queues and runs one request.
+async fn handle(app: Arc<App>, kind: Kind, req: Request) -> Result<Response, ApiError> {
+    let body = http::read_body(req, app.body_timeout).await?;
+    let req = parse_request(&body)?;
+    drop(body);
+    // Tokenizing a long prompt takes a while: off the async workers too.
+    let checker = app.clone();
+    let job = tokio::task::spawn_blocking(move || checker.job(kind, req))
+        .await
+        .map_err(ApiError::from_join)??;
+    let permit = app.permits.clone().acquire_owned().await.map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        )
+    })?;
+    let meta = Meta {
+        kind,
+        id: request_id(kind),
+        created: unix_now(),
+        model: app.name.clone(),
+    };
+    if job.stream {
+        return Ok(stream(app, job, meta, permit));
+    }
+    let gone = Arc::new(AtomicBool::new(false));
+    let _cancel = CancelOnDrop(gone.clone());
+    let id = meta.id.clone();
+    let (job, done) = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let done = app.run(&job, &mut |_| !gone.load(Ordering::Relaxed));
+        if let (true, Ok(f)) = (gone.load(Ordering::Relaxed), &done) {
+            log_gone(&id, f);
+        }
+        (job, done)
+    })
+    .await
+    .map_err(ApiError::from_join)?;
+    Ok(Json(meta.full(&job, &done?)).into_response())
+}
+
+/// Streams `job` as server-sent events; the generation stops when the client goes away.
+fn stream(app: Arc<App>, job: Job, meta: Meta, permit: OwnedSemaphorePermit) -> Response {
+    let (tx, rx) = mpsc::unbounded_channel::<String>();
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        if meta.kind == Kind::Chat {
+            let _ = tx.send(meta.role_chunk().to_string());
+        }
+        let done = app.run(&job, &mut |piece| {
+            if piece.is_empty() {
+                return !tx.is_closed();
+            }
+            tx.send(meta.chunk(piece, None).to_string()).is_ok()
+        });
+        match done {
+            Ok(f) if tx.is_closed() => log_gone(&meta.id, &f),
+            Ok(f) => {
+                let _ = tx.send(meta.chunk("", Some(f.finish_reason)).to_string());
+                if job.include_usage {
+                    let usage = usage(job.prompt_ids.len(), f.new_ids.len());
+                    let _ = tx.send(meta.usage_chunk(usage).to_string());
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(e.body().to_string());
+            }
+        }
+        let _ = tx.send("[DONE]".to_string());
+    });
+    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+        let data = rx.recv().await?;
+        Some((Ok::<_, Infallible>(Event::default().data(data)), rx))
+    });
+    Sse::new(events).into_response()
+}
+
+/// Logs a generation its client left.
+fn log_gone(id: &str, f: &Finished) {
+    eprintln!(
+        "loip api: {id}: the client went away; stopped after {} tokens",
+        f.new_ids.len()
+    );
+}
+
+impl App {
+    /// Checks a request and tokenizes its prompt (blocking).
+    fn job(&self, kind: Kind, r: ApiRequest) -> Result<Job, ApiError> {
+        if r.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad("only n = 1 is supported"));
+        }
+        let temperature = r.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::bad(format!(
+                "temperature must be between 0 and 2, got {temperature}"
+            )));
+        }
+        let top_p = r.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::bad(format!(
+                "top_p must be in (0, 1], got {top_p}"
+            )));
+        }
+        let stops = stop_strings(r.stop)?;
+        let prompt_ids = match kind {
+            Kind::Completion => self.completion_ids(r.prompt)?,
+            Kind::Chat => self.chat_ids(r.messages)?,
+        };
+        let n = prompt_ids.len();
+        if n > self.max_prompt {
+            return Err(self.too_long(n));
+        }
+        if n >= self.context {
+            return Err(ApiError::bad(format!(
+                "the prompt has {n} tokens; the context limit is {} tokens",
+                self.context
+            )));
+        }
+        let max_tokens = match r.max_tokens.or(r.max_completion_tokens) {
+            Some(m) if m > self.max_tokens_limit as u64 => {
+                return Err(ApiError::bad(format!(
+                    "max_tokens is {m}, more than the limit of {} (--max-tokens-limit)",
+                    self.max_tokens_limit
+                )))
+            }
+            Some(m) if n as u64 + m > self.context as u64 => {
+                return Err(ApiError::bad(format!(
+                    "the prompt ({n} tokens) plus max_tokens ({m}) exceeds the context limit of {} tokens",
+                    self.context
+                )))
+            }
+            Some(m) => m as usize,
+            None => self.max_tokens_limit.min(self.context - n),
+        };
+        let s = Sampling {
+            max_tokens,
+            temperature: temperature as f32,
+            top_k: r
+                .top_k
+                .map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
+            top_p: top_p as f32,
+            seed: r.seed.unwrap_or(0),
+            ignore_eos: r.ignore_eos.unwrap_or(false),
+            min_tokens: r
+                .min_tokens
+                .map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
+        };
+        let opts = generate_options(&self.config, &prompt_ids, &s)
+            .map_err(|e| ApiError::bad(e.to_string()))?;
+        Ok(Job {
+            prompt_ids,
+            opts,
+            stops,
+            stream: r.stream.unwrap_or(false),
+            include_usage: r.stream_options.and_then(|o| o.include_usage) == Some(true),
+            return_token_ids: r.return_token_ids.unwrap_or(false),
+        })
+    }
+
+    /// `prompt`: a string, an array of token ids, or a one-element array of either.
+    fn completion_ids(&self, prompt: Option<Value>) -> Result<Vec<u32>, ApiError> {
+        const SHAPE: &str = "`prompt` must be a string or an array of token ids (one prompt)";
+        match prompt {
+            None | Some(Value::Null) => Err(ApiError::bad("`prompt` is required")),
+            Some(Value::String(s)) => self.encode(&s),
+            Some(Value::Array(items)) => match items.as_slice() {
+                [] => Err(ApiError::bad("`prompt` is empty")),
+                _ if items.len() > self.max_prompt => Err(self.too_long(items.len())),
+                [Value::String(s)] => self.encode(s),
+                [Value::Array(ids)] if ids.len() > self.max_prompt => Err(self.too_long(ids.len())),
+                [Value::Array(ids)] => token_ids(ids),
+                ids if ids.iter().all(Value::is_number) => token_ids(ids),
+                _ => Err(ApiError::bad(SHAPE)),
+            },
+            Some(_) => Err(ApiError::bad(SHAPE)),
+        }
+    }
+
+    /// `messages` rendered with the chat template (with the generation prompt), tokenized.
+    fn chat_ids(&self, messages: Option<Vec<InMessage>>) -> Result<Vec<u32>, ApiError> {
+        let messages = messages.ok_or_else(|| ApiError::bad("`messages` is required"))?;
+        if messages.is_empty() {
+            return Err(ApiError::bad("`messages` is empty"));
+        }
+        let messages = messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                Ok(ChatMessage {
+                    role: m.role,
+                    content: content_text(m.content)
+                        .map_err(|e| ApiError::bad(format!("messages[{i}].content: {e}")))?,
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        let template = self.chat.as_ref().map_err(|e| ApiError::bad(e.clone()))?;
+        self.check_text(messages.iter().map(|m| m.content.len()).sum())?;
+        let tok = self.tokenizer()?;
+        template.encode(tok, &messages, true).map_err(|e| match e {
+            ChatError::Tokenize(e) => ApiError::bad(format!("tokenizing the prompt: {e}")),
+            e => ApiError::bad(format!("the chat template refused the messages: {e}")),
+        })
+    }
+
+    fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
+        self.tokenizer
+            .as_ref()
+            .map_err(|e| ApiError::bad(format!("{e}; send the prompt as token ids")))
+    }
+
+    /// Refuses text too long for `--max-prompt` tokens without tokenizing it.
+    fn check_text(&self, bytes: usize) -> Result<(), ApiError> {
+        if bytes > self.max_prompt_bytes {
+            return Err(ApiError::bad(format!(
+                "the prompt has {bytes} bytes of text, more than {} tokens (--max-prompt) can hold",
+                self.max_prompt
+            )));
+        }
+        Ok(())
+    }
+
+    fn too_long(&self, n: usize) -> ApiError {
+        ApiError::bad(format!(
+            "the prompt has {n} tokens, more than the limit of {} (--max-prompt)",
+            self.max_prompt
+        ))
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        let tok = self.tokenizer()?;
+        self.check_text(text.len())?;
+        tok.encode(text, true)
+            .map_err(|e| ApiError::bad(format!("tokenizing the prompt: {e}")))
+    }
+
+    /// Runs `job` to its end (blocking). `emit` gets the text as it becomes final (possibly
+    /// empty) and returns `false` when nobody listens any more, which stops the generation.
+    fn run(&self, job: &Job, emit: &mut dyn FnMut(&str) -> bool) -> Result<Finished, ApiError> {
+        let mut text = TextStream::new(self.tokenizer.as_ref().ok(), &job.stops);
+        let mut on_token = |id: u32| {
+            let (piece, hit_stop) = text.push(id);
+            if !emit(&piece) || hit_stop {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            }
+        };
+        let out = self
+            .backend
+            .generate(&job.prompt_ids, &job.opts, &mut on_token)
+            .map_err(|e| match e {
+                BackendError::Cluster(e) => ApiError::from_cluster(e),
+                BackendError::Engine(e) => ApiError::from_engine(e),
+            })?;
+        let (rest, text) = text.finish();
+        emit(&rest);
+        Ok(Finished {
+            text,
+            new_ids: out.new_ids,
+            finish_reason: match out.stop {
+                StopReason::Length => "length",
+                _ => "stop",
+            },
+        })
+    }
+}
