@@ -123,6 +123,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Worker {
     /// Opens and verifies the store, then binds the listening socket.
     pub async fn bind(opts: WorkerOptions) -> Result<Worker, RuntimeError> {
+        if opts.token.is_none() && !crate::net::token::is_loopback(&opts.listen) {
+            return Err(RuntimeError::Invalid(format!(
+                "a worker listening on {} needs a token (--token-file FILE or LOIP_TOKEN); \
+                 only a loopback address may run without one",
+                opts.listen
+            )));
+        }
         let store = {
             let dir = opts.store.clone();
             tokio::task::spawn_blocking(move || Store::open(&dir))
@@ -648,10 +655,17 @@ fn run_step(
         )));
     }
     if h.head && h.rows.len() > max_rows {
-        return Err(bad(format!(
-            "{} rows of logits; this device was opened for at most {max_rows}",
-            h.rows.len()
-        )));
+        // Logits beyond the accounted rows must fit in what the KV cache leaves free.
+        let extra = (h.rows.len() - max_rows) as u64 * d.tf.cfg.vocab_size as u64 * 4;
+        let free = d.memory().kv_budget.saturating_sub(d.kv.used_bytes());
+        let unlimited = d.memory().budget == 0;
+        if !unlimited && extra > free {
+            return Err(bad(format!(
+                "{} rows of logits need {extra} bytes beyond the {max_rows} row(s) this device \
+                 was opened for, and its budget has {free} bytes free",
+                h.rows.len()
+            )));
+        }
     }
     if let Some(&r) = h.rows.iter().find(|&&r| r as usize >= n) {
         return Err(bad(format!("row {r} of a step of {n} tokens")));
