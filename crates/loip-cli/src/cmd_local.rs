@@ -421,17 +421,10 @@ pub fn run(a: LocalArgs) -> Result<()> {
     Ok(())
 }
 
-/// A random shared secret for the local workers.
+/// A random shared secret for the local workers (given to them in `LOIP_TOKEN`, never on a
+/// command line).
 pub fn random_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    format!("{:016x}", h.finish())
+    loip_runtime::net::token::generate()
 }
 
 /// One row of the benchmark.

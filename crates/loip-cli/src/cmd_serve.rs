@@ -26,7 +26,11 @@ pub struct ClusterArgs {
     /// `preset`/`profile`/inline profile and `mem` (devices without one are measured).
     #[arg(long)]
     pub cluster: Option<PathBuf>,
-    /// Shared secret of the workers (default: `$LOIP_TOKEN`).
+    /// File holding the workers' shared secret (first line; default: `$LOIP_TOKEN`).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The shared secret itself (visible to other users in `ps`: prefer --token-file or
+    /// `$LOIP_TOKEN`).
     #[arg(long)]
     pub token: Option<String>,
     /// Planner: loip, loip-paper, loip-uniform, pp, pp-offload, edgeshard, …
@@ -162,10 +166,8 @@ pub fn start(
         greedy,
         ..Default::default()
     };
-    opts.connect.token = c
-        .token
-        .clone()
-        .or_else(|| std::env::var("LOIP_TOKEN").ok().filter(|t| !t.is_empty()));
+    opts.connect.token =
+        loip_runtime::net::token::from_sources(c.token_file.as_deref(), c.token.as_deref())?;
     let s = Session::start(&dir, workers, opts)?;
     if let Some(p) = &c.plan_out {
         std::fs::write(p, s.plan.to_json()).with_context(|| format!("writing {}", p.display()))?;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use loip_runtime::net::token;
 use loip_runtime::worker::{exit_when_parent_dies, run_blocking, WorkerOptions};
 
 /// Arguments of `loip worker`.
@@ -19,9 +20,19 @@ pub struct WorkerArgs {
     /// Slice store: the slices this device was given, kept and reused across restarts.
     #[arg(long)]
     pub store: PathBuf,
-    /// Shared secret the coordinator must prove (default: `$LOIP_TOKEN`; none: accept any).
+    /// File holding the shared secret the coordinator must prove (first line). Default:
+    /// `$LOIP_TOKEN`; else, off loopback, `STORE/token`, created on first start (printed once).
+    /// Without any, only a loopback address is allowed.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The shared secret itself (visible to other users in `ps`: prefer --token-file or
+    /// `$LOIP_TOKEN`).
     #[arg(long)]
     pub token: Option<String>,
+    /// End an authenticated session that receives nothing for this many seconds (the
+    /// coordinator sends a keepalive every 10 s).
+    #[arg(long, default_value_t = 60)]
+    pub idle_timeout: u64,
     /// Name reported to the coordinator (default: worker@ADDR).
     #[arg(long)]
     pub name: Option<String>,
@@ -36,10 +47,28 @@ pub struct WorkerArgs {
 /// `loip worker`.
 pub fn run(a: WorkerArgs) -> Result<()> {
     let mem = loip_plan::parse_bytes(&a.mem).with_context(|| format!("--mem {}", a.mem))?;
+    if a.token.is_some() {
+        eprintln!(
+            "warning: --token is visible to other users in `ps`; prefer --token-file or LOIP_TOKEN"
+        );
+    }
+    let given = token::from_sources(a.token_file.as_deref(), a.token.as_deref())?;
+    let (tok, created) = token::for_worker(given, &a.listen, &a.store)?;
+    match (&tok, created) {
+        (Some(t), Some(path)) => eprintln!(
+            "generated a token for this worker (saved to {}, mode 0600):\n  {t}\n\
+             give it to the coordinator with --token-file FILE or LOIP_TOKEN",
+            path.display()
+        ),
+        (None, _) => eprintln!(
+            "no token: any coordinator that can reach {} may connect (loopback only)",
+            a.listen
+        ),
+        _ => {}
+    }
     let mut opts = WorkerOptions::new(a.listen, mem, a.store);
-    opts.token = a
-        .token
-        .or_else(|| std::env::var("LOIP_TOKEN").ok().filter(|t| !t.is_empty()));
+    opts.token = tok;
+    opts.idle_timeout = std::time::Duration::from_secs(a.idle_timeout.max(1));
     opts.name = a.name;
     opts.bandwidth = a
         .bandwidth

@@ -29,6 +29,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::executor::DeviceSpec;
+use crate::net::handshake;
+use crate::net::session::{self, SealedReader, SealedWriter};
 use crate::net::throttle::Throttle;
 use crate::wire::{
     self, DeviceMemory, Frame, FrameKind, NetError, OutputKind, ProbeResult, Role, StepHeader,
@@ -133,15 +135,47 @@ pub struct ShipStats {
     pub reused: usize,
 }
 
-/// An authenticated connection to one worker, used for setup.
+/// The writing half of a session, shared by its user and its keepalive task.
+type SharedWriter = Arc<tokio::sync::Mutex<SealedWriter<OwnedWriteHalf>>>;
+
+/// How often an open session says [`ToWorker::KeepAlive`], so that a worker's idle timeout
+/// never ends a session whose coordinator is alive but busy elsewhere.  // seconds
+pub const KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// Stops a session's keepalive task when dropped.
+struct KeepAliveTask(tokio::task::JoinHandle<()>);
+
+impl Drop for KeepAliveTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn spawn_keepalive(wr: &SharedWriter) -> KeepAliveTask {
+    let wr = Arc::downgrade(wr);
+    KeepAliveTask(tokio::spawn(async move {
+        let Ok(p) = wire::control_payload(&ToWorker::KeepAlive) else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(KEEPALIVE).await;
+            let Some(w) = wr.upgrade() else { return };
+            if w.lock().await.write(FrameKind::Control, &p).await.is_err() {
+                return;
+            }
+        }
+    }))
+}
+
+/// An authenticated, sealed connection to one worker, used for setup.
 pub struct Conn {
     /// who
     pub endpoint: Endpoint,
     /// what the worker said about itself
     pub info: WorkerInfo,
-    rd: OwnedReadHalf,
-    wr: OwnedWriteHalf,
-    throttle: Option<Throttle>,
+    rd: SealedReader<OwnedReadHalf>,
+    wr: SharedWriter,
+    keepalive: KeepAliveTask,
     request_timeout: Duration,
 }
 
@@ -150,66 +184,33 @@ async fn handshake(
     ep: &Endpoint,
     opts: &ConnectOptions,
 ) -> Result<Conn, WireError> {
-    let _ = stream.set_nodelay(true);
+    session::keepalive(&stream);
     let (mut rd, mut wr) = stream.into_split();
     let to = opts.connect_timeout;
-    wire::write_frame(
-        &mut wr,
-        FrameKind::Hello,
-        &wire::hello_payload(Role::Coordinator, wire::PROTOCOL_VERSION),
-        None,
-    )
-    .await?;
-    let hello = wire::read_frame_timeout(&mut rd, 64 << 10, to, "the worker's hello").await?;
-    wire::check_hello(&hello)?;
-    let f = wire::read_frame_timeout(&mut rd, 64 << 10, to, "the worker's challenge").await?;
-    let nonce = match wire::parse_control::<ToCoordinator>(&f)? {
-        ToCoordinator::Challenge { nonce } => nonce,
-        other => {
-            return Err(WireError::Protocol(format!(
-                "expected a challenge, got {other:?}"
-            )))
-        }
+    let token = opts.token.clone().unwrap_or_default();
+    let keys = tokio::time::timeout(to, handshake::connect(&mut rd, &mut wr, &token))
+        .await
+        .map_err(|_| WireError::Timeout(to, "the handshake"))?
+        .map_err(|e| match e {
+            WireError::AuthRefused(m) if opts.token.is_none() => WireError::AuthRefused(format!(
+                "{m} (this side has no token: pass --token-file or set LOIP_TOKEN)"
+            )),
+            e => e,
+        })?;
+    let (mut rd, wr) = keys.seal(Role::Coordinator, rd, wr, opts.bandwidth.map(Throttle::new));
+    // Authenticated both ways: only now may the worker send a large frame.
+    let f = rd.read_timeout(wire::MAX_FRAME, to, "the worker's welcome").await?;
+    let info = match wire::parse_control::<ToCoordinator>(&f)? {
+        ToCoordinator::Welcome { info } => info,
+        _ => return Err(WireError::Protocol("expected the worker's welcome".into())),
     };
-    let token = opts.token.as_deref();
-    let ours = wire::nonce();
-    let auth = ToWorker::Auth {
-        mac: wire::auth_mac(token, &nonce),
-        nonce: ours.clone(),
-    };
-    wire::write_frame(
-        &mut wr,
-        FrameKind::Control,
-        &wire::control_payload(&auth)?,
-        None,
-    )
-    .await?;
-    let f = wire::read_frame_timeout(&mut rd, wire::MAX_FRAME, to, "the worker's welcome").await?;
-    let info = match wire::parse_control::<ToCoordinator>(&f) {
-        Ok(ToCoordinator::Welcome { mac, info }) => {
-            if token.is_some() && !wire::ct_eq(&mac, &wire::auth_mac(token, &ours)) {
-                return Err(WireError::AuthRefused(
-                    "the worker does not hold the shared token".into(),
-                ));
-            }
-            info
-        }
-        Ok(other) => {
-            return Err(WireError::Protocol(format!(
-                "expected a welcome, got {other:?}"
-            )))
-        }
-        Err(WireError::Remote(m)) if m.contains("authentication") => {
-            return Err(WireError::AuthRefused(m))
-        }
-        Err(e) => return Err(e),
-    };
+    let wr = Arc::new(tokio::sync::Mutex::new(wr));
     Ok(Conn {
         endpoint: ep.clone(),
         info,
         rd,
+        keepalive: spawn_keepalive(&wr),
         wr,
-        throttle: opts.bandwidth.map(Throttle::new),
         request_timeout: opts.request_timeout,
     })
 }
@@ -247,18 +248,18 @@ impl Conn {
 
     async fn send(&mut self, msg: &ToWorker) -> Result<(), NetError> {
         let p = wire::control_payload(msg).map_err(|e| self.err(e))?;
-        let r =
-            wire::write_frame(&mut self.wr, FrameKind::Control, &p, self.throttle.as_ref()).await;
-        r.map_err(|e| self.err(e))
+        self.send_frame(FrameKind::Control, &p).await
     }
 
     async fn send_frame(&mut self, kind: FrameKind, payload: &[u8]) -> Result<(), NetError> {
-        let r = wire::write_frame(&mut self.wr, kind, payload, self.throttle.as_ref()).await;
+        let r = self.wr.lock().await.write(kind, payload).await;
         r.map_err(|e| self.err(e))
     }
 
     async fn read(&mut self, what: &'static str) -> Result<Frame, NetError> {
-        let r = wire::read_frame_timeout(&mut self.rd, wire::MAX_FRAME, self.request_timeout, what)
+        let r = self
+            .rd
+            .read_timeout(wire::MAX_FRAME, self.request_timeout, what)
             .await;
         r.map_err(|e| self.err(e))
     }
@@ -1168,21 +1169,23 @@ async fn scheduler(
     let mut writers = Vec::new();
     let mut endpoints = Vec::new();
     let mut tasks = Vec::new();
+    let mut keepalives = Vec::new();
     for (d, c) in conns.into_iter().enumerate() {
         let Conn {
             endpoint,
             mut rd,
-            mut wr,
-            throttle,
+            wr,
+            keepalive,
             ..
         } = c;
         endpoints.push(endpoint);
+        keepalives.push(keepalive);
         let (wtx, mut wrx) = mpsc::unbounded_channel::<(FrameKind, Vec<u8>)>();
         writers.push(wtx);
         let ev = ev_tx.clone();
         tasks.push(tokio::spawn(async move {
             while let Some((kind, p)) = wrx.recv().await {
-                if let Err(e) = wire::write_frame(&mut wr, kind, &p, throttle.as_ref()).await {
+                if let Err(e) = wr.lock().await.write(kind, &p).await {
                     let _ = ev.send(Event::Gone(d, format!("sending failed: {e}")));
                     return;
                 }
@@ -1191,7 +1194,7 @@ async fn scheduler(
         let ev = ev_tx.clone();
         tasks.push(tokio::spawn(async move {
             loop {
-                match wire::read_frame(&mut rd, wire::MAX_FRAME).await {
+                match rd.read(wire::MAX_FRAME).await {
                     Ok(f) => {
                         if ev.send(Event::Frame(d, f)).is_err() {
                             return;
@@ -1273,6 +1276,7 @@ async fn scheduler(
     for t in &tasks {
         t.abort();
     }
+    drop(keepalives);
     if let Some(ack) = done {
         let _ = ack.send(());
     }

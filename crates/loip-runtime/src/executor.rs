@@ -305,6 +305,11 @@ impl Device {
         next_group(&self.groups, k)
     }
 
+    /// What this device was opened for.
+    pub fn spec(&self) -> &DeviceSpec {
+        &self.spec
+    }
+
     /// Embeds `ids` into `(ids.len(), hidden)`.
     pub fn embed(&mut self, ids: &[u32]) -> Result<Vec<f32>, RuntimeError> {
         let t = Instant::now();

@@ -121,11 +121,14 @@ impl TensorSource for GroupView<'_> {
     fn tensor(&self, name: &str) -> Result<(DType, Vec<usize>, &[u8]), EngineError> {
         if let (Some(slot), Some(views)) = (self.slot, self.views) {
             if let Some(v) = views.get(name) {
-                return Ok((
-                    v.dtype,
-                    v.shape.clone(),
-                    &slot[v.offset..v.offset + v.nbytes],
-                ));
+                let bytes = v
+                    .offset
+                    .checked_add(v.nbytes)
+                    .and_then(|end| slot.get(v.offset..end))
+                    .ok_or_else(|| {
+                        EngineError::Invalid(format!("tensor {name} lies outside its slice"))
+                    })?;
+                return Ok((v.dtype, v.shape.clone(), bytes));
             }
         }
         if let Some((d, s, b)) = self.owned.and_then(|o| o.get(name)) {
@@ -506,7 +509,16 @@ fn load_conventional(layout: &Layout) -> Result<(Owned, u64), RuntimeError> {
         let header = parse_slice_header(path, &bytes)?;
         for t in header.tensors {
             let (o, n) = (t.offset as usize, t.nbytes as usize);
-            let data = bytes[o..o + n].to_vec();
+            let data = o
+                .checked_add(n)
+                .and_then(|end| bytes.get(o..end))
+                .ok_or_else(|| {
+                    RuntimeError::Invalid(format!(
+                        "slice {}: tensor {} lies outside the file",
+                        entry.file, t.name
+                    ))
+                })?
+                .to_vec();
             owned.insert(t.name.clone(), (t.dtype()?, t.shape.clone(), data));
         }
         total += bytes.len() as u64;

@@ -98,10 +98,13 @@ impl TensorSource for Resident {
             .views
             .get(name)
             .ok_or_else(|| EngineError::Invalid(format!("tensor {name} is not resident here")))?;
-        Ok((
-            *d,
-            shape.clone(),
-            &self.bufs[*b].as_slice()[*off..*off + *n],
-        ))
+        let bytes = self
+            .bufs
+            .get(*b)
+            .and_then(|buf| buf.as_slice().get(*off..off.checked_add(*n)?))
+            .ok_or_else(|| {
+                EngineError::Invalid(format!("tensor {name} lies outside its slice"))
+            })?;
+        Ok((*d, shape.clone(), bytes))
     }
 }

@@ -16,12 +16,11 @@
 //! | `Error` | UTF-8 text; the sender closes the connection after it |
 //!
 //! Session: both sides send `Hello` first; a peer with another magic or version is refused
-//! with an `Error` frame naming both versions. The worker then sends
-//! [`ToCoordinator::Challenge`] with a random nonce; the coordinator answers
-//! [`ToWorker::Auth`] with `HMAC-SHA256(token, nonce)` and its own nonce; the worker checks
-//! the MAC (a wrong token is refused with an `Error` frame) and answers
-//! [`ToCoordinator::Welcome`] with its MAC of the coordinator's nonce and its inventory, so
-//! each side knows the other holds the token.
+//! with an `Error` frame naming both versions. Then the handshake of
+//! [`crate::net::session`] (challenge, authentication, proof; both roles, both nonces and
+//! ephemeral keys bound, keys derived from the token) and every later frame is sealed with
+//! ChaCha20-Poly1305 in the same `[len][kind][payload]` layout, `len` counting the 16-byte tag.
+//! Frames before authentication are at most 64 KiB.
 //!
 //! Lossless: activations travel as the exact bytes of little-endian f32 values; nothing on
 //! the wire is ever rounded, quantized or compressed.
@@ -31,7 +30,6 @@ use std::time::Duration;
 use loip_engine::TokenPos;
 use loip_model::slice::{Manifest, SliceEntry};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -41,7 +39,7 @@ use crate::net::throttle::Throttle;
 /// Magic of the `Hello` frame.
 pub const MAGIC: [u8; 4] = *b"LOIP";
 /// Version of this protocol; peers must match exactly.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest payload of one frame, bytes.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest `SliceData` chunk, bytes.
@@ -70,7 +68,7 @@ pub enum FrameKind {
 }
 
 impl FrameKind {
-    fn from_u8(k: u8) -> Option<FrameKind> {
+    pub(crate) fn from_u8(k: u8) -> Option<FrameKind> {
         Some(match k {
             1 => FrameKind::Hello,
             2 => FrameKind::Control,
@@ -134,6 +132,9 @@ pub enum WireError {
     /// A frame whose content is malformed or unexpected here.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A sealed frame failed authentication: modified, injected, replayed or reordered.
+    #[error("a frame failed authentication (modified, injected, replayed or reordered); the session is closed")]
+    Tampered,
     /// The peer sent an `Error` frame (and closes).
     #[error("the peer reported: {0}")]
     Remote(String),
@@ -329,13 +330,17 @@ fn yes() -> bool {
 #[serde(tag = "type", rename_all = "snake_case")]
 #[allow(clippy::large_enum_variant)]
 pub enum ToWorker {
-    /// answer to [`ToCoordinator::Challenge`]
+    /// answer to [`ToCoordinator::Challenge`] (see [`crate::net::session`])
     Auth {
-        /// HMAC-SHA256(token, worker nonce), hex
-        mac: String,
-        /// the coordinator's nonce for the worker to sign, hex
+        /// the coordinator's nonce, 32 bytes hex
         nonce: String,
+        /// the coordinator's ephemeral X25519 public key, 32 bytes hex
+        key: String,
+        /// HMAC(k_auth, "coordinator" ‖ transcript), hex
+        mac: String,
     },
+    /// nothing to do: keeps an idle session from timing out (no answer)
+    KeepAlive,
     /// round-trip probe; answered with `Pong`
     Ping {
         /// echoed
@@ -414,15 +419,20 @@ impl From<MemoryReport> for DeviceMemory {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToCoordinator {
-    /// first message: sign this
+    /// first message (see [`crate::net::session`])
     Challenge {
-        /// random nonce, hex
+        /// the worker's nonce, 32 bytes hex
         nonce: String,
+        /// the worker's ephemeral X25519 public key, 32 bytes hex
+        key: String,
     },
-    /// authenticated
-    Welcome {
-        /// HMAC-SHA256(token, coordinator nonce), hex
+    /// the worker's proof that it holds the token
+    Proof {
+        /// HMAC(k_auth, "worker" ‖ transcript), hex
         mac: String,
+    },
+    /// the first sealed frame: the session is open
+    Welcome {
         /// about the worker
         info: WorkerInfo,
     },
@@ -830,61 +840,14 @@ pub fn bytes_u32(b: &[u8]) -> Result<Vec<u32>, WireError> {
         .collect())
 }
 
-/// HMAC-SHA256 (RFC 2104) of `msg` under `key`.
-pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut k = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let mut inner = Sha256::new();
-    inner.update(k.map(|b| b ^ 0x36));
-    inner.update(msg);
-    let ih = inner.finalize();
-    let mut outer = Sha256::new();
-    outer.update(k.map(|b| b ^ 0x5c));
-    outer.update(ih);
-    outer.finalize().into()
-}
-
 /// Lower-case hex.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A fresh random nonce, hex.
-pub fn nonce() -> String {
-    hex(&rand::random::<[u8; 32]>())
-}
-
-/// The MAC a peer holding `token` gives for `nonce`, hex.
-pub fn auth_mac(token: Option<&str>, nonce: &str) -> String {
-    hex(&hmac_sha256(
-        token.unwrap_or("").as_bytes(),
-        nonce.as_bytes(),
-    ))
-}
-
-/// Compares two strings in time independent of where they differ.
-pub fn ct_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hmac_matches_rfc4231_case_2() {
-        let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
-        assert_eq!(
-            hex(&mac),
-            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
-        );
-    }
 
     #[test]
     fn random_bytes_never_panic_a_decoder() {

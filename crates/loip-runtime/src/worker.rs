@@ -2,29 +2,43 @@
 //! checksum, reused after a restart), serves one coordinator at a time, and runs the steps
 //! it is sent on its [`Device`].
 //!
-//! Per connection: `Hello` both ways (another version is refused, naming both), the token
-//! challenge (a wrong token is refused), then requests until the coordinator says `Bye` or
-//! goes away. The socket is read by one task and written by another; everything that touches
-//! the model (probe, opening the device, steps, KV release) runs in order on one compute
-//! thread, so steps are processed first come, first served. A malformed frame closes that
-//! connection with an `Error` frame; a step that fails (bad stage, KV budget) is answered
-//! with `Failed` and the connection stays up. Nothing a peer sends can panic the process.
+//! Per connection: `Hello` both ways (another version is refused, naming both), the
+//! handshake of [`crate::net::session`] within `handshake_timeout` (a wrong token is
+//! refused), then sealed requests until the coordinator says `Bye`, goes away, or sends
+//! nothing for `idle_timeout` (TCP keepalive notices a vanished host too). At most
+//! `max_unauthenticated` connections may be in their handshake at once; the worker turns
+//! busy only once a coordinator is authenticated, so strangers cannot lock it out.
+//!
+//! The socket is read by one task and written by another; everything that touches the model
+//! (probe, opening the device, steps, KV release) runs in order on one compute thread, so
+//! steps are processed first come, first served. Frames read and outputs waiting to be
+//! written each hold bytes of a budget ([`crate::net::queue`]) sized from `--mem`, and a frame
+//! is never larger than what the loaded device can use, so a peer cannot make the worker hold
+//! more than its budget plus the stated overhead. Every manifest is checked
+//! ([`crate::net::validate`]) before anything is opened. A malformed frame closes that
+//! connection with an `Error` frame; a step that cannot run (bad stage, too many tokens, KV
+//! budget) is answered at once with `Failed` and the connection stays up. Nothing a peer
+//! sends can panic the process, and no message sent to a peer carries a path of this
+//! machine.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use loip_engine::TokenPos;
 use loip_model::slice::Manifest;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::executor::{Device, DeviceSpec};
+use crate::net::queue::{queue_bytes, ByteBudget, BytePermit};
+use crate::net::session::{SealedReader, SealedWriter};
 use crate::net::store::Store;
 use crate::net::throttle::Throttle;
+use crate::net::{handshake, session, validate};
 use crate::wire::{
     self, FrameKind, JobTimes, OutputHeader, OutputKind, Role, StepHeader, ToCoordinator, ToWorker,
     WireError, WorkerInfo,
@@ -40,14 +54,20 @@ pub struct WorkerOptions {
     pub mem_budget: u64,
     /// slice store directory
     pub store: PathBuf,
-    /// shared secret; `None` accepts any coordinator
+    /// shared secret; `None` (allowed on loopback only, see [`crate::net::token`]) accepts
+    /// any coordinator
     pub token: Option<String>,
     /// name reported to the coordinator
     pub name: Option<String>,
     /// emulated outgoing bandwidth limit, bytes/s
     pub bandwidth: Option<f64>,
-    /// limit for the hello and authentication exchange
+    /// limit for the whole hello and authentication exchange
     pub handshake_timeout: Duration,
+    /// an authenticated session that receives nothing for this long ends (the coordinator
+    /// sends a keepalive every few seconds when it has nothing else to say)
+    pub idle_timeout: Duration,
+    /// connections allowed in their handshake at once; more are closed at once
+    pub max_unauthenticated: usize,
 }
 
 impl WorkerOptions {
@@ -65,12 +85,14 @@ impl WorkerOptions {
             name: None,
             bandwidth: None,
             handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_unauthenticated: 16,
         }
     }
 }
 
-/// Largest frame accepted before authentication, bytes.
-const PRE_AUTH_FRAME: usize = 64 << 10;
+/// Largest frame of a session before a device is loaded (manifests, slice data), bytes.
+const BASE_FRAME: usize = 16 << 20;
 /// Largest bulk measurement, bytes.
 const MAX_BULK: u64 = 1 << 30;
 /// Bulk frame size, bytes.
@@ -82,6 +104,7 @@ struct Shared {
     busy: AtomicBool,
     throttle: Option<Throttle>,
     addr: SocketAddr,
+    preauth: Arc<Semaphore>,
 }
 
 /// A bound worker, ready to serve.
@@ -100,6 +123,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Worker {
     /// Opens and verifies the store, then binds the listening socket.
     pub async fn bind(opts: WorkerOptions) -> Result<Worker, RuntimeError> {
+        if opts.token.is_none() && !crate::net::token::is_loopback(&opts.listen) {
+            return Err(RuntimeError::Invalid(format!(
+                "a worker listening on {} needs a token (--token-file FILE or LOIP_TOKEN); \
+                 only a loopback address may run without one",
+                opts.listen
+            )));
+        }
         let store = {
             let dir = opts.store.clone();
             tokio::task::spawn_blocking(move || Store::open(&dir))
@@ -117,6 +147,7 @@ impl Worker {
             source: e,
         })?;
         let throttle = opts.bandwidth.map(Throttle::new);
+        let opts_preauth = opts.max_unauthenticated.max(1);
         Ok(Worker {
             listener,
             shared: Arc::new(Shared {
@@ -125,6 +156,7 @@ impl Worker {
                 busy: AtomicBool::new(false),
                 throttle,
                 addr,
+                preauth: Arc::new(Semaphore::new(opts_preauth)),
             }),
         })
     }
@@ -150,9 +182,14 @@ impl Worker {
                     continue;
                 }
             };
+            let Ok(permit) = self.shared.preauth.clone().try_acquire_owned() else {
+                tracing::warn!("closing {peer}: too many connections in their handshake");
+                drop(stream);
+                continue;
+            };
             let shared = self.shared.clone();
             tokio::spawn(async move {
-                match connection(stream, shared).await {
+                match connection(stream, shared, permit).await {
                     Ok(()) => tracing::info!("session with {peer} ended"),
                     Err(e) => tracing::warn!("session with {peer}: {e}"),
                 }
@@ -183,69 +220,31 @@ impl Drop for BusyGuard<'_> {
     }
 }
 
-async fn send_error(w: &mut tokio::net::tcp::OwnedWriteHalf, msg: &str) {
-    let _ = wire::write_frame(w, FrameKind::Error, msg.as_bytes(), None).await;
-}
+/// What the writer task sends: a frame, and the output-budget bytes it holds until written.
+type Out = (FrameKind, Vec<u8>, Option<BytePermit>);
 
-async fn connection(stream: TcpStream, shared: Arc<Shared>) -> Result<(), WireError> {
-    let _ = stream.set_nodelay(true);
+async fn connection(
+    stream: TcpStream,
+    shared: Arc<Shared>,
+    preauth: OwnedSemaphorePermit,
+) -> Result<(), WireError> {
+    session::keepalive(&stream);
     let (mut rd, mut wr) = stream.into_split();
     let to = shared.opts.handshake_timeout;
-    wire::write_frame(
-        &mut wr,
-        FrameKind::Hello,
-        &wire::hello_payload(Role::Worker, wire::PROTOCOL_VERSION),
-        None,
-    )
-    .await?;
-    let hello =
-        wire::read_frame_timeout(&mut rd, PRE_AUTH_FRAME, to, "the coordinator's hello").await;
-    let checked = hello.and_then(|f| wire::check_hello(&f));
-    if let Err(e) = checked {
-        let msg = match &e {
-            WireError::VersionMismatch { ours, theirs } => {
-                format!("protocol version mismatch: this worker speaks LOIP v{ours}, the coordinator v{theirs}")
-            }
-            other => format!("refused: {other}"),
-        };
-        send_error(&mut wr, &msg).await;
-        return Err(e);
-    }
+    let token = shared.opts.token.clone().unwrap_or_default();
+    let keys = tokio::time::timeout(to, handshake::accept(&mut rd, &mut wr, &token))
+        .await
+        .map_err(|_| WireError::Timeout(to, "the handshake"))??;
+    drop(preauth);
+    let (mut rd, mut wr) = keys.seal(Role::Worker, rd, wr, shared.throttle.clone());
+    rd.set_idle_timeout(Some(shared.opts.idle_timeout));
     if shared.busy.swap(true, Ordering::SeqCst) {
-        send_error(&mut wr, "busy: this worker already serves a coordinator").await;
+        let _ = wr
+            .write(FrameKind::Error, b"busy: this worker already serves a coordinator")
+            .await;
         return Err(WireError::Protocol("refused a second coordinator".into()));
     }
     let _busy = BusyGuard(&shared.busy);
-    let token = shared.opts.token.as_deref();
-    let nonce = wire::nonce();
-    let challenge = wire::control_payload(&ToCoordinator::Challenge {
-        nonce: nonce.clone(),
-    })?;
-    wire::write_frame(&mut wr, FrameKind::Control, &challenge, None).await?;
-    let f = wire::read_frame_timeout(&mut rd, PRE_AUTH_FRAME, to, "authentication").await?;
-    let their_nonce = match wire::parse_control::<ToWorker>(&f) {
-        Ok(ToWorker::Auth { mac, nonce: theirs }) => {
-            if token.is_some() && !wire::ct_eq(&mac, &wire::auth_mac(token, &nonce)) {
-                send_error(&mut wr, "authentication failed: wrong token").await;
-                return Err(WireError::AuthRefused(
-                    "a coordinator gave a wrong token".into(),
-                ));
-            }
-            theirs
-        }
-        Ok(other) => {
-            send_error(&mut wr, "expected authentication").await;
-            return Err(WireError::Protocol(format!("expected auth, got {other:?}")));
-        }
-        Err(e) => {
-            send_error(&mut wr, &format!("bad authentication message: {e}")).await;
-            return Err(e);
-        }
-    };
-    if their_nonce.len() > 256 {
-        send_error(&mut wr, "nonce too long").await;
-        return Err(WireError::Protocol("nonce too long".into()));
-    }
     let info = WorkerInfo {
         name: shared
             .opts
@@ -258,40 +257,37 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>) -> Result<(), WireEr
         bandwidth_limit: shared.opts.bandwidth,
         store: lock(&shared.store).inventory(),
     };
-    let welcome = wire::control_payload(&ToCoordinator::Welcome {
-        mac: wire::auth_mac(token, &their_nonce),
-        info,
-    })?;
-    wire::write_frame(&mut wr, FrameKind::Control, &welcome, None).await?;
+    let welcome = wire::control_payload(&ToCoordinator::Welcome { info })?;
+    wr.write(FrameKind::Control, &welcome).await?;
 
     // Authenticated: one writer task, one compute thread, this task reads.
-    let (out_tx, mut out_rx) = mpsc::channel::<(FrameKind, Vec<u8>)>(64);
-    let throttle = shared.throttle.clone();
-    let writer = tokio::spawn(async move {
-        while let Some((kind, payload)) = out_rx.recv().await {
-            let fatal = kind == FrameKind::Error;
-            wire::write_frame(&mut wr, kind, &payload, throttle.as_ref()).await?;
-            if fatal {
-                break;
-            }
-        }
-        Ok::<(), WireError>(())
-    });
-    let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
+    let qbytes = queue_bytes(shared.opts.mem_budget);
+    let q = Queues {
+        inbox: ByteBudget::new(qbytes),
+        outbox: ByteBudget::new(qbytes),
+        frame_limit: Arc::new(AtomicUsize::new(BASE_FRAME)),
+    };
+    let (out_tx, out_rx) = mpsc::channel::<Out>(256);
+    let writer = tokio::spawn(write_loop(wr, out_rx));
+    let (job_tx, job_rx) = std::sync::mpsc::channel::<(Job, BytePermit)>();
     let compute = {
-        let out = out_tx.clone();
-        let dir = lock(&shared.store).dir().to_path_buf();
-        let budget = shared.opts.mem_budget;
+        let ctx = ComputeCtx {
+            out: out_tx.clone(),
+            outbox: q.outbox.clone(),
+            rt: tokio::runtime::Handle::current(),
+            dir: lock(&shared.store).dir().to_path_buf(),
+            budget: shared.opts.mem_budget,
+            frame_limit: q.frame_limit.clone(),
+        };
         std::thread::Builder::new()
             .name("loip-compute".into())
-            .spawn(move || compute_thread(job_rx, out, dir, budget))
+            .spawn(move || compute_thread(job_rx, ctx))
             .map_err(WireError::Io)?
     };
-    let result = session(&mut rd, &shared, &out_tx, &job_tx).await;
+    let result = session(&mut rd, &shared, &out_tx, &job_tx, &q).await;
     if let Err(e) = &result {
-        let _ = out_tx
-            .send((FrameKind::Error, e.to_string().into_bytes()))
-            .await;
+        let msg = scrub(&e.to_string(), &shared);
+        let _ = out_tx.send((FrameKind::Error, msg.into_bytes(), None)).await;
     }
     drop(job_tx);
     drop(out_tx);
@@ -301,43 +297,92 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>) -> Result<(), WireEr
     result
 }
 
-async fn reply(
-    out: &mpsc::Sender<(FrameKind, Vec<u8>)>,
-    msg: &ToCoordinator,
+async fn write_loop(
+    mut wr: SealedWriter<OwnedWriteHalf>,
+    mut out: mpsc::Receiver<Out>,
 ) -> Result<(), WireError> {
-    out.send((FrameKind::Control, wire::control_payload(msg)?))
+    while let Some((kind, payload, permit)) = out.recv().await {
+        let fatal = kind == FrameKind::Error;
+        wr.write(kind, &payload).await?;
+        drop(permit);
+        if fatal {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// A session's byte budgets and its current frame limit.
+struct Queues {
+    /// frames read and not yet done with
+    inbox: ByteBudget,
+    /// outputs not yet written
+    outbox: ByteBudget,
+    /// largest frame accepted now, bytes (raised when a device is loaded)
+    frame_limit: Arc<AtomicUsize>,
+}
+
+/// Removes this machine's store path from a message meant for a peer.
+fn scrub(msg: &str, shared: &Shared) -> String {
+    scrub_path(msg, &shared.opts.store)
+}
+
+fn scrub_path(msg: &str, dir: &std::path::Path) -> String {
+    let d = dir.to_string_lossy();
+    if d.is_empty() {
+        return msg.to_string();
+    }
+    msg.replace(&format!("{d}/"), "").replace(&*d, "the store")
+}
+
+async fn reply(out: &mpsc::Sender<Out>, msg: &ToCoordinator) -> Result<(), WireError> {
+    out.send((FrameKind::Control, wire::control_payload(msg)?, None))
         .await
         .map_err(|_| WireError::Closed)
 }
 
-/// Reads requests until `Bye`, the end of the connection, or a protocol error.
+/// Reads requests until `Bye`, the end of the connection, idleness, or a protocol error.
 async fn session(
-    rd: &mut OwnedReadHalf,
+    rd: &mut SealedReader<OwnedReadHalf>,
     shared: &Shared,
-    out: &mpsc::Sender<(FrameKind, Vec<u8>)>,
-    jobs: &std::sync::mpsc::Sender<Job>,
+    out: &mpsc::Sender<Out>,
+    jobs: &std::sync::mpsc::Sender<(Job, BytePermit)>,
+    q: &Queues,
 ) -> Result<(), WireError> {
     let gone = || WireError::Protocol("the compute thread stopped".into());
     loop {
-        let f = match wire::read_frame(rd, wire::MAX_FRAME).await {
-            Ok(f) => f,
+        // The header first: the frame's bytes are taken from the inbox budget (waiting, and
+        // so slowing the peer, while it is spent) before its payload is allocated.
+        let limit = q.frame_limit.load(Ordering::Relaxed);
+        let (kind, len) = match rd.read_header(limit).await {
+            Ok(x) => x,
             Err(WireError::Closed) => return Ok(()),
+            Err(WireError::Timeout(t, _)) => {
+                return Err(WireError::Protocol(format!(
+                    "the coordinator sent nothing for {} s; closing the session",
+                    t.as_secs()
+                )))
+            }
             Err(e) => return Err(e),
         };
+        let permit = q.inbox.acquire(len).await;
+        let f = rd.read_body(kind, len).await?;
         match f.kind {
             FrameKind::Step => {
                 let arrived = Instant::now();
                 let (header, data) = wire::decode_step(&f.payload)?;
                 let data = data.to_vec();
-                jobs.send(Job::Step {
+                drop(f);
+                let job = Job::Step {
                     header,
                     data,
                     arrived,
-                })
-                .map_err(|_| gone())?;
+                };
+                jobs.send((job, permit)).map_err(|_| gone())?;
             }
             FrameKind::Control => match wire::parse_control::<ToWorker>(&f)? {
                 ToWorker::Ping { id } => reply(out, &ToCoordinator::Pong { id }).await?,
+                ToWorker::KeepAlive => {}
                 ToWorker::BulkSend { bytes } => {
                     if bytes > MAX_BULK {
                         return Err(WireError::Protocol(format!(
@@ -346,13 +391,7 @@ async fn session(
                     }
                     let mut got = 0u64;
                     while got < bytes {
-                        let b = wire::read_frame(rd, wire::MAX_FRAME).await?;
-                        if b.kind != FrameKind::Bulk {
-                            return Err(WireError::Protocol(format!(
-                                "expected bulk data, got {:?}",
-                                b.kind
-                            )));
-                        }
+                        let b = read_data(rd, BULK_CHUNK, FrameKind::Bulk, "bulk data").await?;
                         got += b.payload.len() as u64;
                     }
                     reply(out, &ToCoordinator::BulkReceived { bytes: got }).await?;
@@ -366,7 +405,8 @@ async fn session(
                     let mut left = bytes;
                     while left > 0 {
                         let n = left.min(BULK_CHUNK as u64) as usize;
-                        out.send((FrameKind::Bulk, vec![0u8; n]))
+                        let p = q.outbox.acquire(n).await;
+                        out.send((FrameKind::Bulk, vec![0u8; n], Some(p)))
                             .await
                             .map_err(|_| WireError::Closed)?;
                         left -= n as u64;
@@ -374,20 +414,16 @@ async fn session(
                     reply(out, &ToCoordinator::BulkSent { bytes }).await?;
                 }
                 ToWorker::PutSlice { entry } => {
-                    let mut w = match lock(&shared.store).begin(&entry) {
+                    let begun = lock(&shared.store).begin(&entry);
+                    let mut w = match begun {
                         Ok(w) => w,
-                        Err(e) => return Err(WireError::Protocol(e.to_string())),
+                        Err(e) => return Err(WireError::Protocol(scrub(&e.to_string(), shared))),
                     };
                     while w.remaining() > 0 {
-                        let b = wire::read_frame(rd, wire::MAX_FRAME).await?;
-                        if b.kind != FrameKind::SliceData || b.payload.len() > wire::SLICE_CHUNK {
-                            return Err(WireError::Protocol(format!(
-                                "expected slice data for {}, got {:?}",
-                                entry.file, b.kind
-                            )));
-                        }
+                        let b = read_data(rd, wire::SLICE_CHUNK, FrameKind::SliceData, "slice data")
+                            .await?;
                         w.write(&b.payload)
-                            .map_err(|e| WireError::Protocol(e.to_string()))?;
+                            .map_err(|e| WireError::Protocol(scrub(&e.to_string(), shared)))?;
                     }
                     let done = {
                         let mut store = lock(&shared.store);
@@ -396,14 +432,8 @@ async fn session(
                     match done {
                         Ok(()) => reply(out, &ToCoordinator::Stored { file: entry.file }).await?,
                         Err(e) => {
-                            reply(
-                                out,
-                                &ToCoordinator::Failed {
-                                    step: None,
-                                    message: e.to_string(),
-                                },
-                            )
-                            .await?
+                            let message = scrub(&e.to_string(), shared);
+                            reply(out, &ToCoordinator::Failed { step: None, message }).await?
                         }
                     }
                 }
@@ -411,15 +441,29 @@ async fn session(
                     manifest,
                     compute,
                     loads,
-                } => jobs
-                    .send(Job::Probe(Box::new(manifest), compute, loads))
-                    .map_err(|_| gone())?,
-                ToWorker::Load { manifest, spec } => {
-                    let _ = lock(&shared.store).save_manifest(&manifest);
-                    jobs.send(Job::Load(Box::new(manifest), Box::new(spec)))
-                        .map_err(|_| gone())?
+                } => match validate::check_manifest(&manifest) {
+                    Ok(()) => jobs
+                        .send((Job::Probe(Box::new(manifest), compute, loads), permit))
+                        .map_err(|_| gone())?,
+                    Err(message) => {
+                        let message = format!("probe refused: {message}");
+                        reply(out, &ToCoordinator::Failed { step: None, message }).await?
+                    }
+                },
+                ToWorker::Load { manifest, spec } => match validate::check_manifest(&manifest) {
+                    Ok(()) => {
+                        let _ = lock(&shared.store).save_manifest(&manifest);
+                        jobs.send((Job::Load(Box::new(manifest), Box::new(spec)), permit))
+                            .map_err(|_| gone())?
+                    }
+                    Err(message) => {
+                        let message = format!("cannot open the device: {message}");
+                        reply(out, &ToCoordinator::Failed { step: None, message }).await?
+                    }
+                },
+                ToWorker::Release { seqs } => {
+                    jobs.send((Job::Release(seqs), permit)).map_err(|_| gone())?
                 }
-                ToWorker::Release { seqs } => jobs.send(Job::Release(seqs)).map_err(|_| gone())?,
                 ToWorker::Bye => return Ok(()),
                 ToWorker::Auth { .. } => {
                     return Err(WireError::Protocol("authentication twice".into()))
@@ -435,6 +479,27 @@ async fn session(
     }
 }
 
+/// Reads the next frame, which must be of `kind` (keepalives in between are skipped).
+async fn read_data(
+    rd: &mut SealedReader<OwnedReadHalf>,
+    max: usize,
+    kind: FrameKind,
+    what: &str,
+) -> Result<wire::Frame, WireError> {
+    loop {
+        let f = rd.read(max).await?;
+        if f.kind == kind {
+            return Ok(f);
+        }
+        if f.kind == FrameKind::Control
+            && matches!(wire::parse_control::<ToWorker>(&f), Ok(ToWorker::KeepAlive))
+        {
+            continue;
+        }
+        return Err(WireError::Protocol(format!("expected {what}, got {:?}", f.kind)));
+    }
+}
+
 enum Job {
     Probe(Box<Manifest>, bool, bool),
     Load(Box<Manifest>, Box<DeviceSpec>),
@@ -446,43 +511,70 @@ enum Job {
     Release(Vec<u64>),
 }
 
-fn compute_thread(
-    jobs: std::sync::mpsc::Receiver<Job>,
-    out: mpsc::Sender<(FrameKind, Vec<u8>)>,
+/// What the compute thread works with.
+struct ComputeCtx {
+    out: mpsc::Sender<Out>,
+    outbox: ByteBudget,
+    rt: tokio::runtime::Handle,
     dir: PathBuf,
     budget: u64,
-) {
+    frame_limit: Arc<AtomicUsize>,
+}
+
+impl ComputeCtx {
+    /// Queues a frame for the writer, waiting for output-budget bytes; false when the session
+    /// is gone.
+    fn send_frame(&self, kind: FrameKind, payload: Vec<u8>) -> bool {
+        let permit = self.outbox.blocking_acquire(payload.len(), &self.rt);
+        self.out.blocking_send((kind, payload, Some(permit))).is_ok()
+    }
+
+    fn send(&self, msg: ToCoordinator) -> bool {
+        match wire::control_payload(&msg) {
+            Ok(p) => self.send_frame(FrameKind::Control, p),
+            Err(_) => false,
+        }
+    }
+
+    fn fail(&self, step: Option<u64>, message: String) -> bool {
+        let message = scrub_path(&message, &self.dir);
+        self.send(ToCoordinator::Failed { step, message })
+    }
+}
+
+/// The largest step frame a device can use: its most tokens of hidden rows plus headers.
+fn step_frame_limit(spec: &DeviceSpec, hidden: usize) -> usize {
+    let rows = spec.max_step_tokens.saturating_mul(hidden).saturating_mul(4);
+    let header = spec.max_step_tokens.saturating_mul(32) + (1 << 20);
+    rows.saturating_add(header)
+        .clamp(BASE_FRAME, wire::MAX_FRAME)
+}
+
+fn compute_thread(jobs: std::sync::mpsc::Receiver<(Job, BytePermit)>, ctx: ComputeCtx) {
     let mut device: Option<Device> = None;
-    let send = |msg: ToCoordinator| match wire::control_payload(&msg) {
-        Ok(p) => out.blocking_send((FrameKind::Control, p)).is_ok(),
-        Err(_) => false,
-    };
-    while let Ok(job) = jobs.recv() {
+    while let Ok((job, permit)) = jobs.recv() {
         let ok = match job {
             Job::Probe(m, compute, loads) => {
-                match crate::net::probe::probe(&dir, &m, compute, loads) {
-                    Ok(r) => send(ToCoordinator::Probed(r)),
-                    Err(e) => send(ToCoordinator::Failed {
-                        step: None,
-                        message: format!("probe failed: {e}"),
-                    }),
+                match crate::net::probe::probe(&ctx.dir, &m, compute, loads) {
+                    Ok(r) => ctx.send(ToCoordinator::Probed(r)),
+                    Err(e) => ctx.fail(None, format!("probe failed: {e}")),
                 }
             }
             Job::Load(m, spec) => {
                 device = None; // free the old device's memory first
+                ctx.frame_limit.store(BASE_FRAME, Ordering::Relaxed);
                 let mut spec = *spec;
                 // The worker's own budget is the truth, whatever the plan assumed.
-                spec.mem_budget = Some(budget);
-                match Device::open(&dir, &m, spec) {
+                spec.mem_budget = Some(ctx.budget);
+                let limit = step_frame_limit(&spec, m.config.hidden_size);
+                match Device::open(&ctx.dir, &m, spec) {
                     Ok(d) => {
                         let memory = d.memory().into();
                         device = Some(d);
-                        send(ToCoordinator::Loaded { memory })
+                        ctx.frame_limit.store(limit, Ordering::Relaxed);
+                        ctx.send(ToCoordinator::Loaded { memory })
                     }
-                    Err(e) => send(ToCoordinator::Failed {
-                        step: None,
-                        message: format!("cannot open the device: {e}"),
-                    }),
+                    Err(e) => ctx.fail(None, format!("cannot open the device: {e}")),
                 }
             }
             Job::Release(seqs) => {
@@ -503,6 +595,7 @@ fn compute_thread(
                     Some(d) => run_step(d, &header, &data),
                     None => Err(RuntimeError::Invalid("no device is loaded".into())),
                 };
+                drop(data);
                 match result {
                     Ok((kind, cols, rows_out, bytes)) => {
                         let t = device.as_mut().map(|d| d.take_times()).unwrap_or_default();
@@ -520,17 +613,16 @@ fn compute_thread(
                             cols,
                             times,
                         };
-                        out.blocking_send((FrameKind::Output, wire::encode_output(&h, &bytes)))
-                            .is_ok()
+                        let payload = wire::encode_output(&h, &bytes);
+                        drop(bytes);
+                        drop(permit); // the input is done with before the output waits
+                        ctx.send_frame(FrameKind::Output, payload)
                     }
                     Err(e) => {
                         if let Some(d) = device.as_mut() {
                             let _ = d.take_times();
                         }
-                        send(ToCoordinator::Failed {
-                            step: Some(header.step),
-                            message: e.to_string(),
-                        })
+                        ctx.fail(Some(header.step), e.to_string())
                     }
                 }
             }
@@ -554,6 +646,29 @@ fn run_step(
     let n = h.batch.len();
     if n == 0 {
         return Err(bad("a step without tokens".into()));
+    }
+    // Every buffer a step allocates was accounted for these limits when the device opened.
+    let (max_tokens, max_rows) = (d.spec().max_step_tokens, d.spec().max_step_seqs.max(1));
+    if n > max_tokens {
+        return Err(bad(format!(
+            "a step of {n} tokens; this device was opened for at most {max_tokens}"
+        )));
+    }
+    if h.head && h.rows.len() > max_rows {
+        // Logits beyond the accounted rows must fit in what the KV cache leaves free.
+        let extra = (h.rows.len() - max_rows) as u64 * d.tf.cfg.vocab_size as u64 * 4;
+        let free = d.memory().kv_budget.saturating_sub(d.kv.used_bytes());
+        let unlimited = d.memory().budget == 0;
+        if !unlimited && extra > free {
+            return Err(bad(format!(
+                "{} rows of logits need {extra} bytes beyond the {max_rows} row(s) this device \
+                 was opened for, and its budget has {free} bytes free",
+                h.rows.len()
+            )));
+        }
+    }
+    if let Some(&r) = h.rows.iter().find(|&&r| r as usize >= n) {
+        return Err(bad(format!("row {r} of a step of {n} tokens")));
     }
     if let Some(t) = h.batch.iter().find(|t| t.pos >= max_pos) {
         return Err(bad(format!(

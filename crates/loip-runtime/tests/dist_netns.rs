@@ -19,6 +19,9 @@ use loip_plan::ExecMode;
 use loip_runtime::cluster_run::{uniform_plan, Session, SessionOptions, WorkerSpec};
 use loip_runtime::coordinator::next_seq_id;
 
+/// Off loopback a worker needs a token.
+const NETNS_TOKEN: &str = "netns-test-token-0123456789";
+
 #[test]
 fn dist_worker_entry() {
     worker_entry();
@@ -59,13 +62,14 @@ fn dist_coord_entry() {
             ..WorkerSpec::new(n, a)
         })
         .collect();
-    let opts = SessionOptions {
+    let mut opts = SessionOptions {
         plan: Some(plan),
         shape_name: "m".into(),
         context: 64,
         max_step_tokens: 16,
         ..Default::default()
     };
+    opts.connect.token = Some(NETNS_TOKEN.into());
     let s = Session::start(&slices, specs, opts).unwrap();
     let mut rec = Rec {
         inner: s.pipeline().backend(),
@@ -221,6 +225,7 @@ fn limited_link_is_measured_and_output_is_unchanged() {
                 store: root.join(format!("dev{i}")),
                 listen: Some(format!("10.231.{i}.2:0")),
                 netns: Some(ns.0[i].clone()),
+                token: Some(NETNS_TOKEN.into()),
                 ..Default::default()
             })
         })

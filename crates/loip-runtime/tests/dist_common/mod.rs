@@ -3,6 +3,8 @@
 //! wrapper that records every step's logits.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

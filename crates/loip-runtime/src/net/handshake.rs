@@ -1,0 +1,181 @@
+//! Both sides of the handshake of [`crate::net::session`], over plaintext frames of at most
+//! [`PRE_AUTH_FRAME`] bytes. Each returns the session's keys; the caller seals the
+//! connection with them. A failure sends the peer an `Error` frame saying why (never a
+//! secret) where that helps, and returns the error.
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::net::session::{unhex, Ephemeral, SessionKeys, TranscriptParts};
+use crate::wire::{
+    self, hex, FrameKind, Role, ToCoordinator, ToWorker, WireError, PROTOCOL_VERSION,
+};
+
+/// Largest frame either side accepts before the peer is authenticated, bytes.
+pub const PRE_AUTH_FRAME: usize = 64 << 10;
+
+async fn send_error<W: AsyncWrite + Unpin>(wr: &mut W, msg: &str) {
+    let _ = wire::write_frame(wr, FrameKind::Error, msg.as_bytes(), None).await;
+}
+
+async fn control<W: AsyncWrite + Unpin, T: serde::Serialize>(
+    wr: &mut W,
+    msg: &T,
+) -> Result<(), WireError> {
+    wire::write_frame(wr, FrameKind::Control, &wire::control_payload(msg)?, None).await
+}
+
+fn key_of(s: &str, what: &str) -> Result<[u8; 32], WireError> {
+    unhex::<32>(s).ok_or_else(|| WireError::Protocol(format!("{what} is not 32 bytes of hex")))
+}
+
+/// The worker's side: hello, challenge, the coordinator's proof checked, our proof.
+pub async fn accept<R, W>(rd: &mut R, wr: &mut W, token: &str) -> Result<SessionKeys, WireError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let hello_w = wire::hello_payload(Role::Worker, PROTOCOL_VERSION);
+    wire::write_frame(wr, FrameKind::Hello, &hello_w, None).await?;
+    let hello = wire::read_frame(rd, PRE_AUTH_FRAME).await;
+    let hello = match hello.and_then(|f| wire::check_hello(&f).map(|()| f)) {
+        Ok(f) => f,
+        Err(e) => {
+            let msg = match &e {
+                WireError::VersionMismatch { ours, theirs } => format!(
+                    "protocol version mismatch: this worker speaks LOIP v{ours}, the coordinator v{theirs}"
+                ),
+                other => format!("refused: {other}"),
+            };
+            send_error(wr, &msg).await;
+            return Err(e);
+        }
+    };
+    let ours = Ephemeral::new();
+    let (nonce_w, key_w) = (ours.nonce, ours.public);
+    control(
+        wr,
+        &ToCoordinator::Challenge {
+            nonce: hex(&nonce_w),
+            key: hex(&key_w),
+        },
+    )
+    .await?;
+    let f = wire::read_frame(rd, PRE_AUTH_FRAME).await?;
+    let (nonce_c, key_c, mac) = match wire::parse_control::<ToWorker>(&f) {
+        Ok(ToWorker::Auth { nonce, key, mac }) => {
+            match (key_of(&nonce, "the nonce"), key_of(&key, "the key")) {
+                (Ok(n), Ok(k)) => (n, k, mac),
+                (Err(e), _) | (_, Err(e)) => {
+                    send_error(wr, &format!("bad authentication message: {e}")).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(_) => {
+            send_error(wr, "expected authentication").await;
+            return Err(WireError::Protocol("expected authentication".into()));
+        }
+        Err(e) => {
+            send_error(wr, &format!("bad authentication message: {e}")).await;
+            return Err(e);
+        }
+    };
+    let parts = TranscriptParts {
+        hello_c: &hello.payload,
+        hello_w: &hello_w,
+        nonce_w: &nonce_w,
+        key_w: &key_w,
+        nonce_c: &nonce_c,
+        key_c: &key_c,
+    };
+    let keys = SessionKeys::derive(token, ours, &key_c, &parts)?;
+    if !keys.verify(Role::Coordinator, &mac) {
+        send_error(wr, "authentication failed: wrong token").await;
+        return Err(WireError::AuthRefused(
+            "a coordinator gave a wrong token".into(),
+        ));
+    }
+    control(
+        wr,
+        &ToCoordinator::Proof {
+            mac: keys.proof(Role::Worker),
+        },
+    )
+    .await?;
+    Ok(keys)
+}
+
+/// The coordinator's side: hello, the challenge answered with our proof, the worker's proof
+/// checked.
+pub async fn connect<R, W>(rd: &mut R, wr: &mut W, token: &str) -> Result<SessionKeys, WireError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let hello_c = wire::hello_payload(Role::Coordinator, PROTOCOL_VERSION);
+    wire::write_frame(wr, FrameKind::Hello, &hello_c, None).await?;
+    let hello = wire::read_frame(rd, PRE_AUTH_FRAME).await?;
+    wire::check_hello(&hello)?;
+    let f = wire::read_frame(rd, PRE_AUTH_FRAME).await?;
+    let (nonce_w, key_w) = match wire::parse_control::<ToCoordinator>(&f)? {
+        ToCoordinator::Challenge { nonce, key } => {
+            (key_of(&nonce, "the nonce")?, key_of(&key, "the key")?)
+        }
+        other => {
+            return Err(WireError::Protocol(format!(
+                "expected a challenge, got {}",
+                kind_of(&other)
+            )))
+        }
+    };
+    let ours = Ephemeral::new();
+    let (nonce_c, key_c) = (ours.nonce, ours.public);
+    let parts = TranscriptParts {
+        hello_c: &hello_c,
+        hello_w: &hello.payload,
+        nonce_w: &nonce_w,
+        key_w: &key_w,
+        nonce_c: &nonce_c,
+        key_c: &key_c,
+    };
+    let keys = SessionKeys::derive(token, ours, &key_w, &parts)?;
+    control(
+        wr,
+        &ToWorker::Auth {
+            nonce: hex(&nonce_c),
+            key: hex(&key_c),
+            mac: keys.proof(Role::Coordinator),
+        },
+    )
+    .await?;
+    let f = wire::read_frame(rd, PRE_AUTH_FRAME).await?;
+    match wire::parse_control::<ToCoordinator>(&f) {
+        Ok(ToCoordinator::Proof { mac }) if keys.verify(Role::Worker, &mac) => Ok(keys),
+        Ok(ToCoordinator::Proof { .. }) => Err(WireError::AuthRefused(
+            "the worker does not hold the shared token".into(),
+        )),
+        Ok(other) => Err(WireError::Protocol(format!(
+            "expected the worker's proof, got {}",
+            kind_of(&other)
+        ))),
+        Err(WireError::Remote(m)) if m.contains("authentication") => {
+            Err(WireError::AuthRefused(m))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The name of a message, for errors (never its content, which may be large).
+fn kind_of(m: &ToCoordinator) -> &'static str {
+    match m {
+        ToCoordinator::Challenge { .. } => "a challenge",
+        ToCoordinator::Proof { .. } => "a proof",
+        ToCoordinator::Welcome { .. } => "a welcome",
+        ToCoordinator::Pong { .. } => "a pong",
+        ToCoordinator::BulkReceived { .. } | ToCoordinator::BulkSent { .. } => "a bulk receipt",
+        ToCoordinator::Stored { .. } => "a slice receipt",
+        ToCoordinator::Probed(_) => "probe results",
+        ToCoordinator::Loaded { .. } => "a load receipt",
+        ToCoordinator::Failed { .. } => "a failure",
+    }
+}
