@@ -32,6 +32,10 @@ impl Drop for Guard {
 
 /// Reads `child`'s lines from `out` on a thread; returns the first line's rest after `prefix`
 /// (within [`WAIT`]) and the whole log so far.
+
+/// The cluster tests' shared token (tokens have at least 16 characters).
+const TEST_TOKEN: &str = "cli-test-token-0123456789";
+
 fn wait_for_line(
     out: impl Read + Send + 'static,
     prefix: &'static str,
@@ -586,7 +590,7 @@ fn a_cluster_serves_the_same_tokens_and_replans_after_a_lost_device() {
                     "--mem",
                     "256MiB",
                     "--token",
-                    "tok",
+                    TEST_TOKEN,
                 ])
                 .arg("--name")
                 .arg(format!("w{i}"))
@@ -612,7 +616,7 @@ fn a_cluster_serves_the_same_tokens_and_replans_after_a_lost_device() {
         "--cluster",
         cluster.to_str().unwrap(),
         "--token",
-        "tok",
+        TEST_TOKEN,
         "--planner",
         "loip-uniform",
     ]);

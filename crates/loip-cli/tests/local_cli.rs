@@ -9,6 +9,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+
+/// The cluster tests' shared token (tokens have at least 16 characters).
+const TEST_TOKEN: &str = "cli-test-token-0123456789";
+
 fn has_commands() -> bool {
     let out = loip().arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
@@ -118,7 +122,7 @@ fn serve_runs_stdin_prompts_on_workers_refuses_a_wrong_token_and_leaves_out_an_u
                 "--mem",
                 "256MiB",
                 "--token",
-                "tok",
+                TEST_TOKEN,
                 "--name",
             ])
             .arg(format!("w{i}"))
@@ -154,7 +158,7 @@ fn serve_runs_stdin_prompts_on_workers_refuses_a_wrong_token_and_leaves_out_an_u
         .arg(&cluster)
         .args([
             "--token",
-            "tok",
+            TEST_TOKEN,
             "--json",
             "-n",
             "5",
@@ -188,7 +192,7 @@ fn serve_runs_stdin_prompts_on_workers_refuses_a_wrong_token_and_leaves_out_an_u
     let bad = loip()
         .args(["serve", "--model", &model, "--cluster"])
         .arg(&cluster)
-        .args(["--token", "nope"])
+        .args(["--token", "a-wrong-token-0123456789"])
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -215,7 +219,7 @@ fn serve_runs_stdin_prompts_on_workers_refuses_a_wrong_token_and_leaves_out_an_u
         .arg(&with_dead)
         .args([
             "--token",
-            "tok",
+            TEST_TOKEN,
             "--json",
             "-n",
             "5",
