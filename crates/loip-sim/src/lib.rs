@@ -38,7 +38,7 @@ pub mod tp;
 
 pub use bandwidth::{Bandwidth, BandwidthTrace};
 pub use error::SimError;
-pub use methods::{run_method, Method, MethodRun};
+pub use methods::{run_method, Method, MethodRun, PlannedFor};
 pub use pipeline::simulate_pipeline;
 pub use shapes::{shape, shape_names};
 pub use sim::{AdaptConfig, AdaptEvent, KvPolicy, MemorySample, SimConfig, SimReport, Status};
