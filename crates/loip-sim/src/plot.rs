@@ -2,6 +2,7 @@
 //!
 //! - per experiment and pattern, grouped bars of ms/token: one group per (setup, bandwidth),
 //!   one bar per method, OOM/OOT written where the bar would be (as in the paper's figures);
+//! - the sweeps' line figures ([`crate::plot_lines`]);
 //! - memory over time of one device of one LOIP run: total memory, weights + buffers, KV
 //!   lent to a peer, the budget, and the threshold switches.
 //!
@@ -21,14 +22,14 @@ use std::sync::Once;
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 static REGISTER: Once = Once::new();
 
-fn register_font() {
+pub(crate) fn register_font() {
     REGISTER.call_once(|| {
         // The font is embedded and valid; a failure would only lose the text.
         let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
     });
 }
 
-const COLORS: [RGBColor; 10] = [
+pub(crate) const COLORS: [RGBColor; 10] = [
     RGBColor(214, 39, 40),
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
@@ -413,6 +414,10 @@ pub fn memory_chart_of(m: &MemoryRun) -> Option<MemoryChart> {
 pub fn write_plots(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, SimError> {
     let mut files = Vec::new();
     for e in &results.experiments {
+        if e.is_sweep() {
+            files.extend(crate::plot_lines::sweep_plots(results, e, dir)?);
+            continue;
+        }
         for &pattern in &e.patterns {
             let rows: Vec<_> = results
                 .records
