@@ -18,7 +18,8 @@
 //! holds, `b · (prompt + output)` tokens. The LOIP family, which adapts online (§6:
 //! thresholds count from the placement), is also placed for less — the prompt, `b · prompt`,
 //! and, when the whole run does not fit, the largest context that does — and each placement
-//! is simulated; the run kept is the fastest that finishes (ties: the larger context), and
+//! is simulated (a candidate is stopped once it runs past the best one's end: it cannot win);
+//! the run kept is the fastest that finishes (ties: the larger context), and
 //! [`MethodRun::planned_for`] says which it was. The baselines are placed for the whole run
 //! when that fits — their best case, no recomputation — and otherwise for the prompt,
 //! handling the overflow as in the table. A method is OOM when it cannot place its weights
@@ -291,7 +292,9 @@ pub fn run_method(
             Err(e) => Err(e.into()),
         }
     };
-    let simulate = |plan: Plan, context: u64, planned_for: PlannedFor| {
+    let simulate = |plan: Plan, context: u64, planned_for: PlannedFor, stop: Option<f64>| {
+        let mut cfg = cfg.clone();
+        cfg.stop_after_s = stop;
         simulate_pipeline(&plan, shape, &cluster, &cfg).map(|report| MethodRun {
             report,
             predicted_ms_per_token: Some(plan.predicted_ms_per_token),
@@ -303,10 +306,10 @@ pub fn run_method(
     let whole = place(full)?;
     if !method.is_loip() {
         if let Ok(plan) = whole {
-            return simulate(plan, full, PlannedFor::Run);
+            return simulate(plan, full, PlannedFor::Run, None);
         }
         return match place(prompt)? {
-            Ok(plan) => simulate(plan, prompt, PlannedFor::Prompt),
+            Ok(plan) => simulate(plan, prompt, PlannedFor::Prompt, None),
             Err(note) => Ok(oom(note)),
         };
     }
@@ -333,7 +336,12 @@ pub fn run_method(
     }
     let mut best: Option<MethodRun> = None;
     for (plan, context, planned_for) in candidates {
-        let run = simulate(plan, context, planned_for)?;
+        // A candidate still running when the best so far has finished cannot beat it.
+        let stop = best
+            .as_ref()
+            .filter(|b| b.report.status == Status::Ok)
+            .and_then(|b| b.report.step_end_s.last().copied());
+        let run = simulate(plan, context, planned_for, stop)?;
         let better = match &best {
             None => true,
             Some(b) => rank(&run.report) < rank(&b.report),

@@ -376,13 +376,16 @@ pub fn memory_chart_of(m: &MemoryRun) -> Option<MemoryChart> {
                 to,
             } if *device == dev => {
                 j += 1;
-                Some((
-                    time_of(*step),
+                // Only the first switches are labelled: long runs have dozens.
+                let label = if j <= 4 {
                     format!(
                         "TS{j} ({tokens} tok): a,m {},{} → {},{}",
                         from.0, from.1, to.0, to.1
-                    ),
-                ))
+                    )
+                } else {
+                    String::new()
+                };
+                Some((time_of(*step), label))
             }
             _ => None,
         })

@@ -377,7 +377,8 @@ pub struct AblationEffect {
     /// Rows where the ablation is more than 0.5 % faster, or finishes and `loip` does not.
     pub ablation_better: usize,
     /// The rows where it matters (`loip_better`), most first: (row label, ms of the ablation /
-    /// ms of loip, infinite when only loip finishes).
+    /// ms of loip, infinite when only loip finishes). Rows where only loip finishes sort
+    /// first; the markdown lists the largest finite ones and counts those.
     pub matters: Vec<(String, f64)>,
 }
 
@@ -459,18 +460,22 @@ pub fn ablation_markdown(records: &[Record], experiment: &str) -> String {
     );
     let _ = writeln!(out, "|---|---:|---:|---:|---|");
     for e in effects {
-        let top: Vec<String> = e
+        let mut top: Vec<String> = e
             .matters
             .iter()
-            .take(4)
-            .map(|(l, x)| {
-                if x.is_finite() {
-                    format!("{l}: {x:.2}×")
-                } else {
-                    format!("{l}: ∞")
-                }
-            })
+            .filter(|m| m.1.is_finite())
+            .take(3)
+            .map(|(l, x)| format!("{l}: {x:.2}×"))
             .collect();
+        let only: Vec<&(String, f64)> =
+            e.matters.iter().filter(|m| m.1.is_infinite()).collect();
+        if let Some(first) = only.first() {
+            top.push(format!(
+                "only loip finishes in {} row(s), e.g. {}",
+                only.len(),
+                first.0
+            ));
+        }
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} |",
