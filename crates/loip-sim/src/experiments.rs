@@ -7,13 +7,18 @@
 //! | `dynamic-bandwidth` | the end-to-end setups | the seven | 50–250, changing every 4–32 tokens |
 //! | `ablation` | 70B on 2×Orin64 + Orin32 + NX16 | loip and its three ablations | 100, 200, dynamic |
 //! | `long-context` | 70B on Orin64 + 3×Orin32 + NX16, reservation (iii), 1024 + 2048 tokens | the seven + `loip-no-kvtransfer` | 100, 200 |
+//! | `memory-sweep` | 70B on 5 and on 4 devices, 32B on 3, every budget scaled to [`SWEEP_RATIOS`] × the weight bytes | the seven + `loip-uniform`, `loip-conventional-load` | 100, 200 |
+//! | `context-sweep` | 70B on 5 devices, reservation (iii), bursty with `|D|` and `2·|D|` sequences, 512 + [`SWEEP_OUTPUTS`] tokens | the seven + `loip-no-kvtransfer` | 100 |
 //!
 //! Every experiment runs both patterns (sporadic: one sequence; bursty: `|D|` sequences)
 //! with fixed prompt and output lengths (default 512 + 512 tokens per sequence).
-//! `long-context` is our addition: in this model the paper's memory-constrained setups keep
-//! enough headroom that the KV cache of 512 + 512 tokens never reaches a threshold, so it
-//! decodes 2048 tokens after a 1024-token prompt to exercise the online adaptation (§6); the
-//! memory-over-time plot comes from it.
+//! `long-context` and the two sweeps are our additions: in this model the paper's
+//! memory-constrained setups keep enough headroom that the KV cache of 512 + 512 tokens never
+//! reaches a threshold and the weights fit. The memory sweep scales every device's budget
+//! (after its reservation) by one factor per point, from 1.3× the weight bytes down to where
+//! no method places the model; the context sweep decodes up to 8192 tokens per sequence so
+//! that the KV cache outgrows the memory and the online adaptation (§6) runs. The
+//! memory-over-time plot comes from the LOIP run with the most adaptation.
 //! Devices are the planner crate's Jetson presets; link latency 2 ms (as in
 //! `examples/clusters/`). Runs are independent and executed in parallel; results come back
 //! in a fixed order, so the output does not depend on scheduling.
