@@ -581,9 +581,8 @@ pub fn run_experiments(
             };
             let mut sc = run_config(cfg, setup, &point);
             sc.record_memory = j.method == Method::Loip;
-            let r = run_method(j.method, &shape, &cluster, &sc).and_then(|run| {
-                Ok((run, setup.budget_ratio()?, sc.output_tokens, sc.sequences))
-            });
+            let r = run_method(j.method, &shape, &cluster, &sc)
+                .and_then(|run| Ok((run, setup.budget_ratio()?, sc.output_tokens, sc.sequences)));
             progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
             r
         })

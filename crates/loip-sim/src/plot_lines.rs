@@ -104,10 +104,7 @@ fn fmt_val(v: f64) -> String {
     }
 }
 
-fn draw_panel<DB: DrawingBackend>(
-    whole: &DrawingArea<DB, Shift>,
-    p: &Panel,
-) -> Result<(), String> {
+fn draw_panel<DB: DrawingBackend>(whole: &DrawingArea<DB, Shift>, p: &Panel) -> Result<(), String> {
     let e = |x: &dyn std::fmt::Debug| format!("{x:?}");
     let (w, _) = whole.dim_in_pixel();
     let (area, legend) = whole.split_horizontally(w.saturating_sub(LEGEND_W));
@@ -116,10 +113,13 @@ fn draw_panel<DB: DrawingBackend>(
         let y = 60 + 20 * si as i32;
         let color = COLORS[si % COLORS.len()];
         legend
-            .draw(&PathElement::new(vec![(4, y), (22, y)], color.stroke_width(3)))
+            .draw(&PathElement::new(
+                vec![(4, y), (22, y)],
+                color.stroke_width(3),
+            ))
             .map_err(|x| e(&x))?;
-        let style = TextStyle::from(("sans-serif", 12).into_font())
-            .pos(Pos::new(HPos::Left, VPos::Center));
+        let style =
+            TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
         legend
             .draw(&Text::new(s.name.clone(), (28, y), style))
             .map_err(|x| e(&x))?;
@@ -129,11 +129,9 @@ fn draw_panel<DB: DrawingBackend>(
         .iter()
         .flat_map(|s| s.points.iter().map(|q| p.x_scale.to(q.0)))
         .collect();
-    let (x0, x1) = xs
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |a, &x| {
-            (a.0.min(x), a.1.max(x))
-        });
+    let (x0, x1) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |a, &x| {
+        (a.0.min(x), a.1.max(x))
+    });
     let (x0, x1) = if x0.is_finite() && x1 > x0 {
         let pad = (x1 - x0) * 0.04;
         (x0 - pad, x1 + pad)
@@ -294,17 +292,28 @@ fn draw_lines<DB: DrawingBackend>(
 /// Writes `base.svg` and `base.png`: `panels` side by side under `title`.
 pub fn line_chart(base: &Path, title: &str, panels: &[Panel]) -> Result<Vec<PathBuf>, SimError> {
     register_font();
-    let size = ((620 + LEGEND_W as usize) as u32 * panels.len().max(1) as u32, 600);
+    let size = (
+        (620 + LEGEND_W as usize) as u32 * panels.len().max(1) as u32,
+        600,
+    );
     let err = |path: &Path, e: String| SimError::Output {
         path: path.display().to_string(),
         reason: e,
     };
     let svg = base.with_extension("svg");
-    draw_lines(&SVGBackend::new(&svg, size).into_drawing_area(), title, panels)
-        .map_err(|e| err(&svg, e))?;
+    draw_lines(
+        &SVGBackend::new(&svg, size).into_drawing_area(),
+        title,
+        panels,
+    )
+    .map_err(|e| err(&svg, e))?;
     let png = base.with_extension("png");
-    draw_lines(&BitMapBackend::new(&png, size).into_drawing_area(), title, panels)
-        .map_err(|e| err(&png, e))?;
+    draw_lines(
+        &BitMapBackend::new(&png, size).into_drawing_area(),
+        title,
+        panels,
+    )
+    .map_err(|e| err(&png, e))?;
     Ok(vec![svg, png])
 }
 
@@ -460,7 +469,11 @@ fn context_sweep(results: &Results, e: &Experiment, dir: &Path) -> Result<Vec<Pa
 }
 
 /// The line figures of a sweep experiment (none for the others).
-pub fn sweep_plots(results: &Results, e: &Experiment, dir: &Path) -> Result<Vec<PathBuf>, SimError> {
+pub fn sweep_plots(
+    results: &Results,
+    e: &Experiment,
+    dir: &Path,
+) -> Result<Vec<PathBuf>, SimError> {
     if !e.outputs.is_empty() {
         context_sweep(results, e, dir)
     } else if e.setups.iter().any(|s| s.budget_scale.is_some()) {

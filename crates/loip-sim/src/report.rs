@@ -396,7 +396,11 @@ fn row_label(r: &Record) -> String {
 
 /// The effect of every ablation in `experiment` (none if it runs no ablation).
 pub fn ablation_effects(records: &[Record], experiment: &str) -> Vec<AblationEffect> {
-    const ABLATIONS: [&str; 3] = ["loip-no-kvtransfer", "loip-uniform", "loip-conventional-load"];
+    const ABLATIONS: [&str; 3] = [
+        "loip-no-kvtransfer",
+        "loip-uniform",
+        "loip-conventional-load",
+    ];
     let loip: BTreeMap<RowKey, &Record> = records
         .iter()
         .filter(|r| r.experiment == experiment && r.method == "loip")
@@ -467,8 +471,7 @@ pub fn ablation_markdown(records: &[Record], experiment: &str) -> String {
             .take(3)
             .map(|(l, x)| format!("{l}: {x:.2}×"))
             .collect();
-        let only: Vec<&(String, f64)> =
-            e.matters.iter().filter(|m| m.1.is_infinite()).collect();
+        let only: Vec<&(String, f64)> = e.matters.iter().filter(|m| m.1.is_infinite()).collect();
         if let Some(first) = only.first() {
             top.push(format!(
                 "only loip finishes in {} row(s), e.g. {}",

@@ -46,7 +46,10 @@ fn check(res: &Results) {
         if let Some(po) = get(Method::PpOffload) {
             if po.status == Status::Ok {
                 let (l, p) = (loip.ms_per_token.unwrap(), po.ms_per_token.unwrap());
-                assert!(l <= p * (1.0 + 1e-9), "{k:?}: loip {l} ms/token, pp-offload {p}");
+                assert!(
+                    l <= p * (1.0 + 1e-9),
+                    "{k:?}: loip {l} ms/token, pp-offload {p}"
+                );
             }
         }
     }
@@ -77,7 +80,12 @@ fn memory_sweep_is_deterministic_and_loip_places_where_anyone_does() {
     check(&a);
     for r in &a.records {
         let want: f64 = r.setup.split('@').nth(1).unwrap().parse().unwrap();
-        assert!((r.budget_ratio - want).abs() < 1e-3, "{} {}", r.setup, r.budget_ratio);
+        assert!(
+            (r.budget_ratio - want).abs() < 1e-3,
+            "{} {}",
+            r.setup,
+            r.budget_ratio
+        );
         assert_eq!(r.output_tokens, 32);
     }
     // Below the weight bytes only offloading places the model; at a tenth nothing does.
@@ -149,7 +157,10 @@ fn sweep_definitions_reach_the_premise() {
     let ms = experiments("memory-sweep").unwrap().remove(0);
     let bases: Vec<&str> = ms.setups.iter().map(|s| s.base_name()).collect();
     for b in ["70b-5dev", "70b-4dev", "32b-3dev"] {
-        assert_eq!(bases.iter().filter(|&&x| x == b).count(), SWEEP_RATIOS.len());
+        assert_eq!(
+            bases.iter().filter(|&&x| x == b).count(),
+            SWEEP_RATIOS.len()
+        );
     }
     for s in &ms.setups {
         let want: f64 = s.name.split('@').nth(1).unwrap().parse().unwrap();
