@@ -2,7 +2,8 @@
 //! one plan.
 //!
 //! - `loip simulate --experiment NAME --out DIR [--json]` runs `memory-constrained`,
-//!   `end-to-end`, `dynamic-bandwidth`, `ablation`, `long-context` or `all`, writes
+//!   `end-to-end`, `dynamic-bandwidth`, `ablation`, `long-context`, `memory-sweep`,
+//!   `context-sweep` or `all`, writes
 //!   `results.md`, `results.csv`, `speedups.csv`, `results.json` and the figures (SVG + PNG)
 //!   into DIR, and prints the markdown tables (or, with `--json`, the JSON array: one record
 //!   per experiment, setup, method, pattern and bandwidth).
@@ -20,8 +21,8 @@ use std::path::{Path, PathBuf};
 /// Arguments of `loip simulate`.
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {
-    /// Experiment: memory-constrained, end-to-end, dynamic-bandwidth, ablation, long-context
-    /// or all.
+    /// Experiment: memory-constrained, end-to-end, dynamic-bandwidth, ablation, long-context,
+    /// memory-sweep, context-sweep or all.
     #[arg(long, conflicts_with_all = ["plan", "cluster"], required_unless_present = "plan")]
     pub experiment: Option<String>,
     /// Directory for tables (markdown, CSV, JSON) and figures (SVG, PNG).
@@ -89,10 +90,7 @@ fn run_experiment(args: &SimulateArgs, name: &str) -> Result<()> {
     if cfg.output_tokens == 0 {
         bail!("--output-tokens must be at least 1");
     }
-    let total: usize = exps
-        .iter()
-        .map(|e| e.setups.len() * e.methods.len() * e.patterns.len() * e.bandwidths.len())
-        .sum();
+    let total: usize = exps.iter().map(|e| e.runs()).sum();
     let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("{spinner} simulating [{bar:30}] {pos}/{len} runs, {elapsed}")

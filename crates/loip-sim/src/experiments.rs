@@ -7,13 +7,18 @@
 //! | `dynamic-bandwidth` | the end-to-end setups | the seven | 50–250, changing every 4–32 tokens |
 //! | `ablation` | 70B on 2×Orin64 + Orin32 + NX16 | loip and its three ablations | 100, 200, dynamic |
 //! | `long-context` | 70B on Orin64 + 3×Orin32 + NX16, reservation (iii), 1024 + 2048 tokens | the seven + `loip-no-kvtransfer` | 100, 200 |
+//! | `memory-sweep` | 70B on 5 and on 4 devices, 32B on 3, every budget scaled to [`SWEEP_RATIOS`] × the weight bytes | the seven + `loip-uniform`, `loip-conventional-load` | 100, 200 |
+//! | `context-sweep` | 70B on 5 devices, reservation (iii), bursty with `|D|` and `2·|D|` sequences, 512 + [`SWEEP_OUTPUTS`] tokens | the seven + `loip-no-kvtransfer` | 100 |
 //!
 //! Every experiment runs both patterns (sporadic: one sequence; bursty: `|D|` sequences)
 //! with fixed prompt and output lengths (default 512 + 512 tokens per sequence).
-//! `long-context` is our addition: in this model the paper's memory-constrained setups keep
-//! enough headroom that the KV cache of 512 + 512 tokens never reaches a threshold, so it
-//! decodes 2048 tokens after a 1024-token prompt to exercise the online adaptation (§6); the
-//! memory-over-time plot comes from it.
+//! `long-context` and the two sweeps are our additions: in this model the paper's
+//! memory-constrained setups keep enough headroom that the KV cache of 512 + 512 tokens never
+//! reaches a threshold and the weights fit. The memory sweep scales every device's budget
+//! (after its reservation) by one factor per point, from 1.3× the weight bytes down to where
+//! no method places the model; the context sweep decodes up to 8192 tokens per sequence so
+//! that the KV cache outgrows the memory and the online adaptation (§6) runs. The
+//! memory-over-time plot comes from the LOIP run with the most adaptation.
 //! Devices are the planner crate's Jetson presets; link latency 2 ms (as in
 //! `examples/clusters/`). Runs are independent and executed in parallel; results come back
 //! in a fixed order, so the output does not depend on scheduling.
@@ -49,6 +54,9 @@ pub struct Setup {
     pub shape: String,
     /// Devices in pipeline order.
     pub devices: Vec<SetupDevice>,
+    /// Every device's budget (after its reservation) times this, when set: the memory sweep.
+    #[serde(default)]
+    pub budget_scale: Option<f64>,
 }
 
 impl Setup {
@@ -64,7 +72,33 @@ impl Setup {
                     reserve: (gb * 1e9) as u64,
                 })
                 .collect(),
+            budget_scale: None,
         }
+    }
+
+    /// This setup with every device's budget scaled so that the total is `ratio` × the
+    /// model's weight bytes; named `NAME@RATIO`.
+    pub fn scaled(&self, ratio: f64) -> Result<Setup, SimError> {
+        let mut base = self.clone();
+        base.budget_scale = None;
+        let total: u64 = base.cluster()?.devices.iter().map(|d| d.budget()).sum();
+        let weights = shape(&self.shape)?.total_bytes();
+        Ok(Setup {
+            name: format!("{}@{ratio:.2}", self.name),
+            budget_scale: Some(ratio * weights as f64 / total.max(1) as f64),
+            ..base
+        })
+    }
+
+    /// Total budget over the model's weight bytes.
+    pub fn budget_ratio(&self) -> Result<f64, SimError> {
+        let total: u64 = self.cluster()?.devices.iter().map(|d| d.budget()).sum();
+        Ok(total as f64 / shape(&self.shape)?.total_bytes().max(1) as f64)
+    }
+
+    /// The setup's name without the `@RATIO` of a scaled one.
+    pub fn base_name(&self) -> &str {
+        self.name.split('@').next().unwrap_or(&self.name)
     }
 
     /// The cluster (link bandwidth/latency are set per run).
@@ -86,6 +120,16 @@ impl Setup {
         );
         for (dev, sd) in c.devices.iter_mut().zip(&self.devices) {
             dev.reserve = sd.reserve;
+            if let Some(scale) = self.budget_scale {
+                if !(scale.is_finite() && scale > 0.0) {
+                    return Err(SimError::Invalid {
+                        field: "budget_scale",
+                        reason: format!("{scale} is not a positive factor"),
+                    });
+                }
+                dev.profile.mem_budget = (dev.budget() as f64 * scale) as u64;
+                dev.reserve = 0;
+            }
         }
         Ok(c)
     }
@@ -108,17 +152,95 @@ pub struct Experiment {
     pub patterns: Vec<Pattern>,
     /// Prompt and output tokens per sequence, when not the run's defaults.  // tokens
     pub lengths: Option<(u32, u32)>,
+    /// Output tokens per sequence swept (the context sweep); empty: the one of `lengths` or
+    /// the run's default.  // tokens
+    #[serde(default)]
+    pub outputs: Vec<u32>,
+    /// Bursty sequences in flight as multiples of `|D|` (the context sweep); empty: `[1]`.
+    #[serde(default)]
+    pub sequence_factors: Vec<u32>,
+}
+
+impl Experiment {
+    /// Whether it sweeps budgets or lengths (tables and figures show the swept values).
+    pub fn is_sweep(&self) -> bool {
+        !self.outputs.is_empty()
+            || !self.sequence_factors.is_empty()
+            || self.setups.iter().any(|s| s.budget_scale.is_some())
+    }
+
+    /// Output lengths it runs, `None`: the run's default.  // tokens
+    fn output_list(&self) -> Vec<Option<u32>> {
+        if self.outputs.is_empty() {
+            vec![self.lengths.map(|l| l.1)]
+        } else {
+            self.outputs.iter().map(|&o| Some(o)).collect()
+        }
+    }
+
+    fn factor_list(&self) -> Vec<u32> {
+        if self.sequence_factors.is_empty() {
+            vec![1]
+        } else {
+            self.sequence_factors.clone()
+        }
+    }
+
+    /// Number of runs.
+    pub fn runs(&self) -> usize {
+        self.setups.len()
+            * self.methods.len()
+            * self.patterns.len()
+            * self.bandwidths.len()
+            * self.output_list().len()
+            * self.factor_list().len()
+    }
 }
 
 /// Names accepted by [`experiments`] (`all` runs every one).
-pub const EXPERIMENT_NAMES: [&str; 6] = [
+pub const EXPERIMENT_NAMES: [&str; 8] = [
     "memory-constrained",
     "end-to-end",
     "dynamic-bandwidth",
     "ablation",
     "long-context",
+    "memory-sweep",
+    "context-sweep",
     "all",
 ];
+
+/// Budget ratios of the memory sweep (total budget / weight bytes), from 1.3 down to below
+/// the point where any method places the model.
+pub const SWEEP_RATIOS: [f64; 14] = [
+    1.3, 1.2, 1.1, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05,
+];
+
+/// Output lengths of the context sweep.  // tokens
+pub const SWEEP_OUTPUTS: [u32; 5] = [512, 1024, 2048, 4096, 8192];
+
+/// The setups of the memory sweep (70B on 4 and 5 devices, 32B on 3), unscaled.
+pub fn sweep_base_setups() -> Vec<Setup> {
+    let mut v: Vec<Setup> = end_to_end_setups()
+        .into_iter()
+        .filter(|s| s.name == "70b-4dev" || s.name == "32b-3dev")
+        .collect();
+    let mut five = mem_constrained_setups().remove(0);
+    five.name = "70b-5dev".into();
+    v.insert(0, five);
+    v.swap(1, 2);
+    v
+}
+
+/// `bases` at every ratio of `ratios`.
+pub fn sweep_setups(bases: &[Setup], ratios: &[f64]) -> Result<Vec<Setup>, SimError> {
+    let mut v = Vec::with_capacity(bases.len() * ratios.len());
+    for b in bases {
+        for &r in ratios {
+            v.push(b.scaled(r)?);
+        }
+    }
+    Ok(v)
+}
 
 fn mem_constrained_setups() -> Vec<Setup> {
     let base = |name: &str, r64: f64, r32: f64, rnx: f64| {
@@ -184,6 +306,8 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 bandwidths: fixed.clone(),
                 patterns: both.clone(),
                 lengths: None,
+                outputs: Vec::new(),
+                sequence_factors: Vec::new(),
             },
             "end-to-end" => Experiment {
                 name: n.into(),
@@ -193,6 +317,8 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 bandwidths: fixed.clone(),
                 patterns: both.clone(),
                 lengths: None,
+                outputs: Vec::new(),
+                sequence_factors: Vec::new(),
             },
             "dynamic-bandwidth" => Experiment {
                 name: n.into(),
@@ -202,6 +328,8 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 bandwidths: vec![Bandwidth::PAPER_DYNAMIC],
                 patterns: both.clone(),
                 lengths: None,
+                outputs: Vec::new(),
+                sequence_factors: Vec::new(),
             },
             "ablation" => Experiment {
                 name: n.into(),
@@ -211,6 +339,8 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 bandwidths: vec![Bandwidth::Mbps(100.0), Bandwidth::Mbps(200.0), Bandwidth::PAPER_DYNAMIC],
                 patterns: both.clone(),
                 lengths: None,
+                outputs: Vec::new(),
+                sequence_factors: Vec::new(),
             },
             "long-context" => Experiment {
                 name: n.into(),
@@ -220,12 +350,36 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 bandwidths: fixed.clone(),
                 patterns: both.clone(),
                 lengths: Some((1024, 2048)),
+                outputs: Vec::new(),
+                sequence_factors: Vec::new(),
+            },
+            "memory-sweep" => Experiment {
+                name: n.into(),
+                title: "Memory sweep: LLaMA-3.3-70B on Orin64 + 3×Orin32 + NX16 and on 2×Orin64 + Orin32 + NX16, Qwen3-32B on Orin64 + Orin32 + NX16, every budget scaled so the total is 1.3× down to 0.05× the weight bytes".into(),
+                setups: sweep_setups(&sweep_base_setups(), &SWEEP_RATIOS).ok()?,
+                methods: Method::MAIN.iter().copied().chain([Method::LoipUniform, Method::LoipConventionalLoad]).collect(),
+                bandwidths: fixed.clone(),
+                patterns: both.clone(),
+                lengths: None,
+                outputs: Vec::new(),
+                sequence_factors: Vec::new(),
+            },
+            "context-sweep" => Experiment {
+                name: n.into(),
+                title: "Context sweep: LLaMA-3.3-70B on Orin64 + 3×Orin32 + NX16 with reservation (iii), bursty at 100 Mbit/s, |D| and 2·|D| sequences, 512-token prompts, 512 to 8192 tokens decoded: the KV cache outgrows the memory".into(),
+                setups: mem_constrained_setups().into_iter().filter(|s| s.name == "70b-5dev-iii").collect(),
+                methods: Method::MAIN.iter().copied().chain([Method::LoipNoKvtransfer]).collect(),
+                bandwidths: vec![Bandwidth::Mbps(100.0)],
+                patterns: vec![Pattern::Bursty],
+                lengths: Some((512, 512)),
+                outputs: SWEEP_OUTPUTS.to_vec(),
+                sequence_factors: vec![1, 2],
             },
             _ => return None,
         })
     };
     if name == "all" {
-        return Ok(EXPERIMENT_NAMES[..5]
+        return Ok(EXPERIMENT_NAMES[..EXPERIMENT_NAMES.len() - 1]
             .iter()
             .filter_map(|n| make(n))
             .collect());
@@ -275,6 +429,14 @@ pub struct Record {
     pub pattern: Pattern,
     /// Fixed bandwidth, `None` for dynamic.  // Mbit/s
     pub bandwidth_mbps: Option<f64>,
+    /// Total budget over the model's weight bytes.
+    pub budget_ratio: f64,
+    /// Output tokens per sequence.  // tokens
+    pub output_tokens: u32,
+    /// Sequences in flight.
+    pub sequences: u32,
+    /// What the placement was sized for (`run`, `partial`, `prompt`), when placed.
+    pub planned_for: Option<String>,
     /// ok / oom / oot.
     pub status: Status,
     /// Simulated decode time per token, when ok.  // milliseconds
@@ -328,6 +490,8 @@ struct Job {
     method: Method,
     pattern: Pattern,
     bw: Bandwidth,
+    output: Option<u32>,
+    factor: u32,
 }
 
 fn seed_for(base: u64, setup: &str) -> u64 {
@@ -339,20 +503,30 @@ fn seed_for(base: u64, setup: &str) -> u64 {
     h ^ base
 }
 
-/// The config of one run of `setup` with `pattern` and `bw`; `lengths` overrides the
-/// prompt and output tokens of `cfg`.
-pub fn run_config(
-    cfg: &ExperimentConfig,
-    setup: &Setup,
-    pattern: Pattern,
-    bw: Bandwidth,
-    lengths: Option<(u32, u32)>,
-) -> SimConfig {
+/// What one run varies besides setup and method.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunPoint {
+    /// Request pattern.
+    pub pattern: Pattern,
+    /// Link bandwidth.
+    pub bw: Bandwidth,
+    /// Prompt and output tokens per sequence, overriding the experiment config's.  // tokens
+    pub lengths: Option<(u32, u32)>,
+    /// Output tokens per sequence, overriding both.  // tokens
+    pub output: Option<u32>,
+    /// Bursty sequences as a multiple of `|D|`.
+    pub factor: u32,
+}
+
+/// The config of one run of `setup` at `p`.
+pub fn run_config(cfg: &ExperimentConfig, setup: &Setup, p: &RunPoint) -> SimConfig {
+    let (pattern, bw) = (p.pattern, p.bw);
     let b = match pattern {
         Pattern::Sporadic => 1,
-        Pattern::Bursty => setup.devices.len() as u32,
+        Pattern::Bursty => setup.devices.len() as u32 * p.factor.max(1),
     };
-    let (prompt, output) = lengths.unwrap_or((cfg.prompt_tokens, cfg.output_tokens));
+    let (prompt, output) = p.lengths.unwrap_or((cfg.prompt_tokens, cfg.output_tokens));
+    let output = p.output.unwrap_or(output);
     let trace = bw.trace(output, seed_for(cfg.seed, &setup.name));
     let mut c = SimConfig::new(pattern, b, trace, cfg.latency);
     c.prompt_tokens = prompt;
@@ -371,14 +545,20 @@ pub fn run_experiments(
         for (si, _) in e.setups.iter().enumerate() {
             for &pattern in &e.patterns {
                 for &bw in &e.bandwidths {
-                    for &method in &e.methods {
-                        jobs.push(Job {
-                            exp: ei,
-                            setup: si,
-                            method,
-                            pattern,
-                            bw,
-                        });
+                    for &factor in &e.factor_list() {
+                        for &output in &e.output_list() {
+                            for &method in &e.methods {
+                                jobs.push(Job {
+                                    exp: ei,
+                                    setup: si,
+                                    method,
+                                    pattern,
+                                    bw,
+                                    output,
+                                    factor,
+                                });
+                            }
+                        }
                     }
                 }
             }
@@ -386,15 +566,23 @@ pub fn run_experiments(
     }
     let total = jobs.len();
     let done = AtomicUsize::new(0);
-    let runs: Vec<Result<MethodRun, SimError>> = jobs
+    let runs: Vec<Result<(MethodRun, f64, u32, u32), SimError>> = jobs
         .par_iter()
         .map(|j| {
             let setup = &exps[j.exp].setups[j.setup];
             let shape = shape(&setup.shape)?;
             let cluster = setup.cluster()?;
-            let mut sc = run_config(cfg, setup, j.pattern, j.bw, exps[j.exp].lengths);
+            let point = RunPoint {
+                pattern: j.pattern,
+                bw: j.bw,
+                lengths: exps[j.exp].lengths,
+                output: j.output,
+                factor: j.factor,
+            };
+            let mut sc = run_config(cfg, setup, &point);
             sc.record_memory = j.method == Method::Loip;
-            let r = run_method(j.method, &shape, &cluster, &sc);
+            let r = run_method(j.method, &shape, &cluster, &sc)
+                .and_then(|run| Ok((run, setup.budget_ratio()?, sc.output_tokens, sc.sequences)));
             progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
             r
         })
@@ -403,7 +591,7 @@ pub fn run_experiments(
     let mut memory_run: Option<(usize, usize)> = None; // (score, job index)
     let mut kept = Vec::with_capacity(total);
     for (idx, (j, run)) in jobs.iter().zip(runs).enumerate() {
-        let run = run?;
+        let (run, budget_ratio, output_tokens, sequences) = run?;
         let e = &exps[j.exp];
         let setup = &e.setups[j.setup];
         let r = &run.report;
@@ -438,6 +626,10 @@ pub fn run_experiments(
             method: j.method.name().to_string(),
             pattern: j.pattern,
             bandwidth_mbps: j.bw.fixed_mbps(),
+            budget_ratio,
+            output_tokens,
+            sequences,
+            planned_for: run.planned_for.map(|p| p.name().to_string()),
             status: r.status,
             ms_per_token: (r.status == Status::Ok).then_some(r.ms_per_token),
             predicted_ms_per_token: run.predicted_ms_per_token,

@@ -13,7 +13,8 @@
 //!
 //! Modules: [`engine`] (event queue, resources, task graph), [`compute`] (block times),
 //! [`bandwidth`] (constant and dynamic links), [`adapt`] (memory over time, online adaptation),
-//! [`pipeline`], [`tp`], [`methods`], [`experiments`], [`report`], [`plot`], [`shapes`]
+//! [`pipeline`], [`tp`], [`methods`], [`experiments`], [`report`], [`plot`], [`plot_lines`],
+//! [`shapes`]
 //! (built-in model shapes), [`testkit`] (seeded random clusters for checks), [`sim`]
 //! (configuration and report types), [`error`].
 //!
@@ -30,6 +31,7 @@ pub mod experiments;
 pub mod methods;
 pub mod pipeline;
 pub mod plot;
+pub mod plot_lines;
 pub mod report;
 pub mod shapes;
 pub mod sim;
@@ -38,7 +40,7 @@ pub mod tp;
 
 pub use bandwidth::{Bandwidth, BandwidthTrace};
 pub use error::SimError;
-pub use methods::{run_method, Method, MethodRun};
+pub use methods::{run_method, Method, MethodRun, PlannedFor};
 pub use pipeline::simulate_pipeline;
 pub use shapes::{shape, shape_names};
 pub use sim::{AdaptConfig, AdaptEvent, KvPolicy, MemorySample, SimConfig, SimReport, Status};

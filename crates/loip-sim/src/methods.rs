@@ -14,17 +14,22 @@
 //! | `tpi-llm` | [`TpKind::TpiLlm`] | TP, star syncs, window from disk | evict + recompute |
 //! | `tpi-llm-offload` | [`TpKind::TpiLlmOffload`] | as `tpi-llm` | stream more layers |
 //!
-//! **Planned context.** The LOIP family is placed for the KV it holds when decoding starts
-//! (`b · prompt` tokens) and adapts online as it grows (design §6: thresholds count from the
-//! placement). The baselines are placed for the whole run (`b · (prompt + output)`) when
-//! that fits — their best case, no recomputation — and otherwise for the prompt, handling the
-//! overflow as in the table. A method is OOM when it cannot place its weights even then.
+//! **Planned context** (design §4). Every method is first placed for the KV the whole run
+//! holds, `b · (prompt + output)` tokens. The LOIP family, which adapts online (§6:
+//! thresholds count from the placement), is also placed for less — the prompt, `b · prompt`,
+//! and, when the whole run does not fit, the largest context that does — and each placement
+//! is simulated (a candidate is stopped once it runs past the best one's end: it cannot win);
+//! the run kept is the fastest that finishes (ties: the larger context), and
+//! [`MethodRun::planned_for`] says which it was. The baselines are placed for the whole run
+//! when that fits — their best case, no recomputation — and otherwise for the prompt,
+//! handling the overflow as in the table. A method is OOM when it cannot place its weights
+//! even then.
 //! Baselines that read from disk (`pp-offload`, TPI-LLM) use the conventional loader: the
 //! O_DIRECT slot path is LOIP's own (design §5).
 
 use crate::error::SimError;
 use crate::pipeline::simulate_pipeline;
-use crate::sim::{KvPolicy, SimConfig, SimReport};
+use crate::sim::{KvPolicy, SimConfig, SimReport, Status};
 use crate::tp::{place_tp, simulate_tp, TpKind};
 use loip_plan::{Cluster, LoaderKind, ModelShape, Plan, PlanError, PlanRequest};
 use serde::{Deserialize, Serialize};
@@ -185,6 +190,32 @@ pub struct MethodRun {
     pub predicted_ms_per_token: Option<f64>,
     /// KV tokens (all sequences) the placement was sized for.  // tokens
     pub planned_tokens: Option<u64>,
+    /// What the placement was sized for: `run` (prompt + output), `prompt`, or `partial`
+    /// (the largest context that fits, between the two); `None` when OOM.
+    pub planned_for: Option<PlannedFor>,
+}
+
+/// What a placement was sized for (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlannedFor {
+    /// The KV of the whole run, `b · (prompt + output)` tokens.
+    Run,
+    /// The largest context that fits, less than the whole run and more than the prompt.
+    Partial,
+    /// The KV held when decoding starts, `b · prompt` tokens.
+    Prompt,
+}
+
+impl PlannedFor {
+    /// Name as used in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlannedFor::Run => "run",
+            PlannedFor::Partial => "partial",
+            PlannedFor::Prompt => "prompt",
+        }
+    }
 }
 
 fn oom(note: String) -> MethodRun {
@@ -193,6 +224,7 @@ fn oom(note: String) -> MethodRun {
         plan: None,
         predicted_ms_per_token: None,
         planned_tokens: None,
+        planned_for: None,
     }
 }
 
@@ -228,6 +260,11 @@ pub fn run_method(
                     report,
                     plan: None,
                     predicted_ms_per_token: None,
+                    planned_for: Some(if place.planned_tokens >= full {
+                        PlannedFor::Run
+                    } else {
+                        PlannedFor::Prompt
+                    }),
                     planned_tokens: Some(place.planned_tokens),
                 })
             }
@@ -240,13 +277,8 @@ pub fn run_method(
             reason: format!("{method} has no planner"),
         });
     };
-    let contexts: &[u64] = if method.is_loip() {
-        &[prompt]
-    } else {
-        &[full, prompt]
-    };
-    let mut last_err = None;
-    for &context in contexts {
+    // Ok(Err(note)): the planner says it does not fit.
+    let place = |context: u64| -> Result<Result<Plan, String>, SimError> {
         let req = PlanRequest {
             context,
             pattern: cfg.pattern,
@@ -255,18 +287,106 @@ pub fn run_method(
             allow_drop: true,
         };
         match loip_plan::plan(planner, shape, &cluster, &req) {
+            Ok(plan) => Ok(Ok(plan)),
+            Err(e @ PlanError::DoesNotFit { .. }) => Ok(Err(e.to_string())),
+            Err(e) => Err(e.into()),
+        }
+    };
+    let simulate = |plan: Plan, context: u64, planned_for: PlannedFor, stop: Option<f64>| {
+        let mut cfg = cfg.clone();
+        cfg.stop_after_s = stop;
+        simulate_pipeline(&plan, shape, &cluster, &cfg).map(|report| MethodRun {
+            report,
+            predicted_ms_per_token: Some(plan.predicted_ms_per_token),
+            planned_tokens: Some(context),
+            planned_for: Some(planned_for),
+            plan: Some(plan),
+        })
+    };
+    let whole = place(full)?;
+    if !method.is_loip() {
+        if let Ok(plan) = whole {
+            return simulate(plan, full, PlannedFor::Run, None);
+        }
+        return match place(prompt)? {
+            Ok(plan) => simulate(plan, prompt, PlannedFor::Prompt, None),
+            Err(note) => Ok(oom(note)),
+        };
+    }
+    // The LOIP family: the whole run, then less (see the module docs).
+    let mut candidates: Vec<(Plan, u64, PlannedFor)> = Vec::new();
+    let fits_whole = whole.is_ok();
+    let mut note = String::new();
+    match whole {
+        Ok(plan) => candidates.push((plan, full, PlannedFor::Run)),
+        Err(n) => note = n,
+    }
+    if prompt < full {
+        match place(prompt)? {
             Ok(plan) => {
-                let report = simulate_pipeline(&plan, shape, &cluster, &cfg)?;
-                return Ok(MethodRun {
-                    report,
-                    predicted_ms_per_token: Some(plan.predicted_ms_per_token),
-                    planned_tokens: Some(context),
-                    plan: Some(plan),
-                });
+                if !fits_whole {
+                    if let Some((plan, context)) = largest_fit(&place, prompt, full)? {
+                        candidates.push((plan, context, PlannedFor::Partial));
+                    }
+                }
+                candidates.push((plan, prompt, PlannedFor::Prompt));
             }
-            Err(e @ PlanError::DoesNotFit { .. }) => last_err = Some(e),
-            Err(e) => return Err(e.into()),
+            Err(n) => note = n,
         }
     }
-    Ok(oom(last_err.map(|e| e.to_string()).unwrap_or_default()))
+    let mut best: Option<MethodRun> = None;
+    for (plan, context, planned_for) in candidates {
+        // A candidate still running when the best so far has finished cannot beat it.
+        let stop = best
+            .as_ref()
+            .filter(|b| b.report.status == Status::Ok)
+            .and_then(|b| b.report.step_end_s.last().copied());
+        let run = simulate(plan, context, planned_for, stop)?;
+        let better = match &best {
+            None => true,
+            Some(b) => rank(&run.report) < rank(&b.report),
+        };
+        if better {
+            best = Some(run);
+        }
+    }
+    Ok(best.unwrap_or_else(|| oom(note)))
+}
+
+/// Order of runs, best first: finished before OOT, then by ms/token. Equal runs keep the
+/// first (the larger planned context).
+fn rank(r: &SimReport) -> (u8, f64) {
+    let status = match r.status {
+        Status::Ok => 0,
+        Status::Oot => 1,
+        Status::Oom => 2,
+    };
+    let ms = if r.ms_per_token.is_finite() {
+        r.ms_per_token
+    } else {
+        f64::INFINITY
+    };
+    (status, ms)
+}
+
+/// The largest context in `(lo, hi)` that `place` fits (bisection over tokens, to 1 %), with
+/// its plan; `lo` must fit and `hi` must not.
+fn largest_fit(
+    place: &dyn Fn(u64) -> Result<Result<Plan, String>, SimError>,
+    lo: u64,
+    hi: u64,
+) -> Result<Option<(Plan, u64)>, SimError> {
+    let (mut lo, mut hi) = (lo, hi);
+    let mut found = None;
+    while hi > lo + 1 && (hi - lo) * 100 > hi {
+        let mid = lo + (hi - lo) / 2;
+        match place(mid)? {
+            Ok(plan) => {
+                found = Some((plan, mid));
+                lo = mid;
+            }
+            Err(_) => hi = mid,
+        }
+    }
+    Ok(found)
 }

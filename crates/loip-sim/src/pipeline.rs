@@ -463,6 +463,9 @@ pub fn simulate_pipeline(
         if cfg.stop_when_oot && t >= 7 && mean_ms > 1.2 * limit {
             break;
         }
+        if cfg.stop_after_s.is_some_and(|s| end > s) && t + 1 < steps {
+            break;
+        }
         if t + 2 < steps {
             p.emit_step(t + 2, Some(measure));
         }

@@ -2,6 +2,7 @@
 //!
 //! - per experiment and pattern, grouped bars of ms/token: one group per (setup, bandwidth),
 //!   one bar per method, OOM/OOT written where the bar would be (as in the paper's figures);
+//! - the sweeps' line figures ([`crate::plot_lines`]);
 //! - memory over time of one device of one LOIP run: total memory, weights + buffers, KV
 //!   lent to a peer, the budget, and the threshold switches.
 //!
@@ -21,14 +22,14 @@ use std::sync::Once;
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 static REGISTER: Once = Once::new();
 
-fn register_font() {
+pub(crate) fn register_font() {
     REGISTER.call_once(|| {
         // The font is embedded and valid; a failure would only lose the text.
         let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
     });
 }
 
-const COLORS: [RGBColor; 10] = [
+pub(crate) const COLORS: [RGBColor; 10] = [
     RGBColor(214, 39, 40),
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
@@ -375,13 +376,16 @@ pub fn memory_chart_of(m: &MemoryRun) -> Option<MemoryChart> {
                 to,
             } if *device == dev => {
                 j += 1;
-                Some((
-                    time_of(*step),
+                // Only the first switches are labelled: long runs have dozens.
+                let label = if j <= 4 {
                     format!(
                         "TS{j} ({tokens} tok): a,m {},{} → {},{}",
                         from.0, from.1, to.0, to.1
-                    ),
-                ))
+                    )
+                } else {
+                    String::new()
+                };
+                Some((time_of(*step), label))
             }
             _ => None,
         })
@@ -413,6 +417,10 @@ pub fn memory_chart_of(m: &MemoryRun) -> Option<MemoryChart> {
 pub fn write_plots(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, SimError> {
     let mut files = Vec::new();
     for e in &results.experiments {
+        if e.is_sweep() {
+            files.extend(crate::plot_lines::sweep_plots(results, e, dir)?);
+            continue;
+        }
         for &pattern in &e.patterns {
             let rows: Vec<_> = results
                 .records

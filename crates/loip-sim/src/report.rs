@@ -24,6 +24,10 @@ pub struct JsonRecord {
     pub pattern: String,
     /// Fixed bandwidth, null for dynamic.  // Mbit/s
     pub bandwidth_mbps: Option<f64>,
+    /// Total budget over the model's weight bytes (3 decimals).
+    pub budget_ratio: f64,
+    /// Output tokens per sequence.  // tokens
+    pub output_tokens: u32,
     /// `ok`, `oom` or `oot`.
     pub status: String,
     /// Decode ms/token, null unless the status is ok.  // milliseconds
@@ -40,6 +44,8 @@ pub fn json_records(records: &[Record]) -> Vec<JsonRecord> {
             method: r.method.clone(),
             pattern: r.pattern.to_string(),
             bandwidth_mbps: r.bandwidth_mbps,
+            budget_ratio: (r.budget_ratio * 1000.0).round() / 1000.0,
+            output_tokens: r.output_tokens,
             status: r.status.to_string(),
             ms_per_token: if r.status == Status::Ok {
                 r.ms_per_token.map(round2)
@@ -78,13 +84,13 @@ fn csv_field(s: &str) -> String {
 /// All records as CSV (one line per record, header first).
 pub fn csv(records: &[Record]) -> String {
     let mut out = String::from(
-        "experiment,setup,method,pattern,bandwidth_mbps,status,ms_per_token,predicted_ms_per_token,stages,switches,lends,evicted_tokens,note\n",
+        "experiment,setup,method,pattern,bandwidth_mbps,budget_ratio,output_tokens,sequences,status,ms_per_token,predicted_ms_per_token,planned_for,stages,switches,lends,evicted_tokens,note\n",
     );
     let opt = |x: Option<f64>| x.map(|v| format!("{v:.2}")).unwrap_or_default();
     for r in records {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{}",
             r.experiment,
             r.setup,
             r.method,
@@ -92,6 +98,9 @@ pub fn csv(records: &[Record]) -> String {
             r.bandwidth_mbps
                 .map(|b| format!("{b:.0}"))
                 .unwrap_or_default(),
+            r.budget_ratio,
+            r.output_tokens,
+            r.sequences,
             r.status,
             opt(if r.status == Status::Ok {
                 r.ms_per_token
@@ -99,6 +108,7 @@ pub fn csv(records: &[Record]) -> String {
                 None
             }),
             opt(r.predicted_ms_per_token),
+            r.planned_for.as_deref().unwrap_or(""),
             r.stages.map(|s| s.to_string()).unwrap_or_default(),
             r.switches,
             r.lends,
@@ -130,7 +140,8 @@ pub struct Speedup {
     pub method_only: usize,
 }
 
-type RowKey = (String, String, String, String);
+/// (experiment, setup, pattern, bandwidth, output tokens, sequences).
+type RowKey = (String, String, String, String, u32, u32);
 
 fn row_key(r: &Record) -> RowKey {
     (
@@ -138,6 +149,8 @@ fn row_key(r: &Record) -> RowKey {
         r.setup.clone(),
         r.pattern.to_string(),
         bw_label(r.bandwidth_mbps),
+        r.output_tokens,
+        r.sequences,
     )
 }
 
@@ -241,42 +254,78 @@ pub fn markdown(results: &Results) -> String {
             let _ = writeln!(out, "Prompt {p} + output {o} tokens per sequence.\n");
         }
         let methods: Vec<&str> = e.methods.iter().map(|m| m.name()).collect();
-        let _ = writeln!(
-            out,
-            "| setup | pattern | Mbit/s | {} |",
-            methods.join(" | ")
-        );
-        let _ = writeln!(out, "|---|---|---|{}", "---:|".repeat(methods.len()));
-        let rows: Vec<&Record> = results
-            .records
-            .iter()
-            .filter(|r| r.experiment == e.name)
-            .collect();
-        let mut seen: Vec<RowKey> = Vec::new();
-        for r in &rows {
+        let sweep = e.is_sweep();
+        if sweep {
+            let _ = writeln!(
+                out,
+                "| setup | budget ratio | pattern | Mbit/s | output | seqs | {} | loip placed for |",
+                methods.join(" | ")
+            );
+            let _ = writeln!(
+                out,
+                "|---|---:|---|---|---:|---:|{}---|",
+                "---:|".repeat(methods.len())
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "| setup | pattern | Mbit/s | {} |",
+                methods.join(" | ")
+            );
+            let _ = writeln!(out, "|---|---|---|{}", "---:|".repeat(methods.len()));
+        }
+        let mut order: Vec<RowKey> = Vec::new();
+        let mut by_row: BTreeMap<RowKey, Vec<&Record>> = BTreeMap::new();
+        for r in results.records.iter().filter(|r| r.experiment == e.name) {
             let k = row_key(r);
-            if seen.contains(&k) {
-                continue;
+            let v = by_row.entry(k.clone()).or_default();
+            if v.is_empty() {
+                order.push(k);
             }
-            seen.push(k.clone());
+            v.push(r);
+        }
+        for k in &order {
+            let row = &by_row[k];
             let cells: Vec<String> = methods
                 .iter()
                 .map(|m| {
-                    rows.iter()
-                        .find(|x| row_key(x) == k && x.method == *m)
+                    row.iter()
+                        .find(|x| x.method == *m)
                         .map(|x| cell(x))
                         .unwrap_or_else(|| "–".into())
                 })
                 .collect();
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} |",
-                k.1,
-                k.2,
-                k.3,
-                cells.join(" | ")
-            );
+            if sweep {
+                let first = row[0];
+                let placed = row
+                    .iter()
+                    .find(|x| x.method == "loip")
+                    .and_then(|x| x.planned_for.clone())
+                    .unwrap_or_else(|| "–".into());
+                let _ = writeln!(
+                    out,
+                    "| {} | {:.2} | {} | {} | {} | {} | {} | {} |",
+                    first.setup.split('@').next().unwrap_or(&first.setup),
+                    first.budget_ratio,
+                    k.2,
+                    k.3,
+                    k.4,
+                    k.5,
+                    cells.join(" | "),
+                    placed
+                );
+            } else {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} |",
+                    k.1,
+                    k.2,
+                    k.3,
+                    cells.join(" | ")
+                );
+            }
         }
+        out.push_str(&ablation_markdown(&results.records, &e.name));
         let esp: Vec<&Speedup> = sp.iter().filter(|s| s.experiment == e.name).collect();
         if !esp.is_empty() {
             let _ = writeln!(
@@ -314,6 +363,139 @@ pub fn markdown(results: &Results) -> String {
     out
 }
 
+/// Where removing one LOIP component changes the result in one experiment.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AblationEffect {
+    /// Experiment.
+    pub experiment: String,
+    /// The ablation (`loip-no-kvtransfer`, `loip-uniform`, `loip-conventional-load`).
+    pub method: String,
+    /// Rows where both ran (any status).
+    pub rows: usize,
+    /// Rows where `loip` is more than 0.5 % faster, or finishes and the ablation does not.
+    pub loip_better: usize,
+    /// Rows where the ablation is more than 0.5 % faster, or finishes and `loip` does not.
+    pub ablation_better: usize,
+    /// The rows where it matters (`loip_better`), most first: (row label, ms of the ablation /
+    /// ms of loip, infinite when only loip finishes). Rows where only loip finishes sort
+    /// first; the markdown lists the largest finite ones and counts those.
+    pub matters: Vec<(String, f64)>,
+}
+
+fn row_label(r: &Record) -> String {
+    format!(
+        "{} budget {:.2}, {} {}, {} Mbit/s, {} tokens",
+        r.setup.split('@').next().unwrap_or(&r.setup),
+        r.budget_ratio,
+        r.sequences,
+        if r.sequences == 1 { "seq" } else { "seqs" },
+        bw_label(r.bandwidth_mbps),
+        r.output_tokens
+    )
+}
+
+/// The effect of every ablation in `experiment` (none if it runs no ablation).
+pub fn ablation_effects(records: &[Record], experiment: &str) -> Vec<AblationEffect> {
+    const ABLATIONS: [&str; 3] = [
+        "loip-no-kvtransfer",
+        "loip-uniform",
+        "loip-conventional-load",
+    ];
+    let loip: BTreeMap<RowKey, &Record> = records
+        .iter()
+        .filter(|r| r.experiment == experiment && r.method == "loip")
+        .map(|r| (row_key(r), r))
+        .collect();
+    let mut out = Vec::new();
+    for m in ABLATIONS {
+        let mut eff = AblationEffect {
+            experiment: experiment.to_string(),
+            method: m.to_string(),
+            rows: 0,
+            loip_better: 0,
+            ablation_better: 0,
+            matters: Vec::new(),
+        };
+        for r in records
+            .iter()
+            .filter(|r| r.experiment == experiment && r.method == m)
+        {
+            let Some(l) = loip.get(&row_key(r)) else {
+                continue;
+            };
+            eff.rows += 1;
+            let ok = |x: &Record| x.status == Status::Ok;
+            let ratio = match (ok(l), ok(r), l.ms_per_token, r.ms_per_token) {
+                (true, true, Some(a), Some(b)) => b / a,
+                (true, false, ..) => f64::INFINITY,
+                (false, true, ..) => 0.0,
+                _ => 1.0,
+            };
+            if ratio > 1.005 {
+                eff.loip_better += 1;
+                eff.matters.push((row_label(r), ratio));
+            } else if ratio < 1.0 / 1.005 {
+                eff.ablation_better += 1;
+            }
+        }
+        eff.matters
+            .sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        if eff.rows > 0 {
+            out.push(eff);
+        }
+    }
+    out
+}
+
+/// Markdown summary of [`ablation_effects`] (empty when the experiment has no ablation).
+pub fn ablation_markdown(records: &[Record], experiment: &str) -> String {
+    let effects = ablation_effects(records, experiment);
+    let mut out = String::new();
+    if effects.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "\nWhere each LOIP component matters (rows where removing it makes the run more than 0.5 % slower or not finish; ∞: only loip finishes):\n"
+    );
+    let _ = writeln!(
+        out,
+        "| ablation | rows | loip better | ablation better | largest effects |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---|");
+    for e in effects {
+        let mut top: Vec<String> = e
+            .matters
+            .iter()
+            .filter(|m| m.1.is_finite())
+            .take(3)
+            .map(|(l, x)| format!("{l}: {x:.2}×"))
+            .collect();
+        let only: Vec<&(String, f64)> = e.matters.iter().filter(|m| m.1.is_infinite()).collect();
+        if let Some(first) = only.first() {
+            top.push(format!(
+                "only loip finishes in {} row(s), e.g. {}",
+                only.len(),
+                first.0
+            ));
+        }
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            e.method,
+            e.rows,
+            e.loip_better,
+            e.ablation_better,
+            if top.is_empty() {
+                "none".to_string()
+            } else {
+                top.join("; ")
+            }
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,6 +508,10 @@ mod tests {
             method: method.into(),
             pattern: Pattern::Sporadic,
             bandwidth_mbps: None,
+            budget_ratio: 1.0,
+            output_tokens: 512,
+            sequences: 1,
+            planned_for: None,
             status,
             ms_per_token: ms,
             predicted_ms_per_token: None,
@@ -348,7 +534,9 @@ mod tests {
         assert_eq!(j[0]["bandwidth_mbps"], serde_json::Value::Null);
         assert_eq!(j[2]["ms_per_token"], serde_json::Value::Null);
         assert_eq!(j[2]["status"], "oot");
-        assert_eq!(j[0].as_object().unwrap().len(), 7);
+        assert_eq!(j[0].as_object().unwrap().len(), 9);
+        assert_eq!(j[0]["budget_ratio"], 1.0);
+        assert_eq!(j[0]["output_tokens"], 512);
         let sp = speedups(&rs);
         assert_eq!(sp.len(), 2);
         assert!((sp[0].geo_mean - 2.0).abs() < 1e-12);

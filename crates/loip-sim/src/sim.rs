@@ -66,6 +66,10 @@ pub struct SimConfig {
     pub latency: f64,
     /// Stop early once the mean is clearly over the OOT limit (saves time on hopeless runs).
     pub stop_when_oot: bool,
+    /// Stop once the virtual clock passes this (the run is then OOT): set when the run can
+    /// only matter if it beats one that took this long.  // seconds
+    #[serde(default)]
+    pub stop_after_s: Option<f64>,
     /// Record memory per device at every step.
     pub record_memory: bool,
     /// Sliding window of TPI-LLM, in layers streamed ahead.
@@ -90,6 +94,7 @@ impl SimConfig {
             bandwidth,
             latency,
             stop_when_oot: true,
+            stop_after_s: None,
             record_memory: false,
             tpi_window_layers: 2,
         }
