@@ -5,7 +5,21 @@
 
 use crate::dequant::{prefix_bytes, row_dots_scalar};
 use crate::dtype::DType;
-use crate::simd::{detected, Level};
+use crate::simd::{detected, per_row_batches, Level};
+
+/// From this many tokens on, AVX2 matmuls use the register-tiled kernel
+/// ([`crate::x86::gemm`]); below, the per-row dot kernels. (AVX-512 keeps its per-row kernels.)
+const GEMM_MIN_TOKENS: usize = 2;
+
+/// Whether a matmul of `n` tokens takes the register-tiled kernel.
+#[inline]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
+fn tiled(n: usize) -> bool {
+    n >= GEMM_MIN_TOKENS && !per_row_batches()
+}
 
 /// `level` if this CPU runs it, else the scalar path.
 #[inline]
@@ -36,6 +50,9 @@ pub(crate) fn rows(
     let rb = prefix_bytes(dtype, cols);
     assert_eq!(data.len(), out.len() / n * rb, "weight bytes");
     match usable(level) {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: AVX2/FMA/F16C detected; lengths checked above.
+        Level::Avx2 if tiled(n) => unsafe { crate::x86::gemm::rows(dtype, data, cols, x, n, out) },
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: AVX-512F/AVX2/FMA/F16C detected; lengths checked above.
         Level::Avx512 => unsafe { crate::x86::avx512::rows(dtype, data, cols, x, n, out) },

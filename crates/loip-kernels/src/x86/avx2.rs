@@ -292,7 +292,7 @@ impl Float for BF16 {
 
 /// Canonical reduction; `a[2i]`, `a[2i + 1]` are the halves of accumulator `i`.
 #[inline(always)]
-unsafe fn reduce(a: &[__m256; 8]) -> f32 {
+pub(super) unsafe fn reduce(a: &[__m256; 8]) -> f32 {
     let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
     let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
     let u = _mm256_add_ps(lo, hi); // lanes l + l+8
@@ -499,6 +499,90 @@ pub(crate) unsafe fn rows(
         DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
         DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
     }
+}
+
+/// Dequantizes one row of `cols` elements at `row` into `out` (`cols` f32): the exact
+/// values of `dequant`, as the dot kernels compute them.
+#[inline(always)]
+unsafe fn dequant_quant<Q: Quant>(row: *const u8, cols: usize, out: *mut f32) {
+    let store = |at: usize, v: &[__m256]| {
+        for (j, vj) in v.iter().enumerate() {
+            _mm256_storeu_ps(out.add(at + 8 * j), *vj);
+        }
+    };
+    if Q::CHUNKS == 0 {
+        let pairs = cols / 64;
+        for u in 0..pairs {
+            store(
+                64 * u,
+                &Q::chunk(row.add(2 * u * Q::BLOCK_BYTES), &Q::prepare(row), 0),
+            );
+        }
+        if cols % 64 != 0 {
+            let [[a, b], [c, d]] = Q::block32(row.add(2 * pairs * Q::BLOCK_BYTES));
+            store(64 * pairs, &[a, b, c, d]);
+        }
+    } else {
+        for b in 0..cols / (64 * Q::CHUNKS) {
+            let p = row.add(b * Q::BLOCK_BYTES);
+            let s = Q::prepare(p);
+            for k in 0..Q::CHUNKS {
+                store((b * Q::CHUNKS + k) * 64, &Q::chunk(p, &s, k));
+            }
+        }
+    }
+}
+
+/// [`dequant_quant`] for a float type (the last `cols % 8` elements by the scalar path).
+#[inline(always)]
+unsafe fn dequant_float<F: Float>(row: *const u8, cols: usize, out: *mut f32) {
+    for h in 0..cols / 8 {
+        _mm256_storeu_ps(out.add(8 * h), F::half(row, h));
+    }
+    let done = cols / 8 * 8;
+    if done < cols {
+        let bytes = std::slice::from_raw_parts(
+            row.add(done * F::ELEM_BYTES),
+            (cols - done) * F::ELEM_BYTES,
+        );
+        let o = std::slice::from_raw_parts_mut(out.add(done), cols - done);
+        crate::dequant::dequant_into(F::DTYPE, bytes, o);
+    }
+}
+
+/// Dequantizes the rows of `data` (`out.len() / cols` rows of `cols` elements of `dtype`)
+/// into `out`, row-major. Returns `false`, writing nothing, for a type without an AVX2
+/// decoder here (the caller then uses the scalar `dequant`, which gives the same values).
+///
+/// # Safety
+/// AVX2/FMA/F16C available; `data.len() == out.len() / cols * row_bytes(cols)`, `cols > 0` a
+/// multiple of the block size.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dequant_rows(dtype: DType, data: &[u8], cols: usize, out: &mut [f32]) -> bool {
+    let rb = crate::dequant::prefix_bytes(dtype, cols);
+    debug_assert!(cols > 0 && data.len() == out.len() / cols * rb);
+    let rows = out.len() / cols;
+    let (d, o) = (data.as_ptr(), out.as_mut_ptr());
+    macro_rules! each_row {
+        ($f:ident, $t:ty) => {
+            for r in 0..rows {
+                $f::<$t>(d.add(r * rb), cols, o.add(r * cols))
+            }
+        };
+    }
+    match dtype {
+        DType::F32 => each_row!(dequant_float, F32),
+        DType::F16 => each_row!(dequant_float, F16),
+        DType::BF16 => each_row!(dequant_float, BF16),
+        DType::Q8_0 => each_row!(dequant_quant, Q80),
+        DType::Q4_0 => each_row!(dequant_quant, Q40),
+        DType::Q4_1 => each_row!(dequant_quant, Q41),
+        DType::Q4K => each_row!(dequant_quant, Q4K),
+        DType::Q6K => each_row!(dequant_quant, Q6K),
+        #[allow(unreachable_patterns)]
+        _ => return false,
+    }
+    true
 }
 
 /// Canonical dot product of two f32 slices of equal length.
