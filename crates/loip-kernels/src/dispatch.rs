@@ -91,6 +91,9 @@ pub(crate) fn dot_rows(level: Level, q: &[f32], k: &[f32], stride: usize, out: &
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; every row read is inside `k` (checked above).
         Level::Avx512 => unsafe { crate::x86::avx512_act::dot_rows(q, k, stride, out) },
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: features detected; every row read is inside `k` (checked above).
+        Level::Avx2 => unsafe { crate::x86::avx2::dot_rows(q, k, stride, out) },
         level => {
             for (t, o) in out.iter_mut().enumerate() {
                 *o = dot_f32(level, q, &k[t * stride..t * stride + q.len()]);
