@@ -10,10 +10,10 @@ use crate::dtype::{KernelError, Matrix};
 use crate::simd::{self, Level};
 use rayon::prelude::*;
 
-/// Below this many weight elements a matmul runs on the calling thread (task overhead
-/// would dominate).
+/// Below this many multiply-adds (weight elements × tokens) a matmul runs on the calling
+/// thread (task overhead would dominate).
 const PAR_MIN_ELEMS: usize = 1 << 16;
-/// Below this many weight elements a matmul is split into one task per thread; above, into
+/// Below this many multiply-adds a matmul is split into one task per thread; above, into
 /// four per thread (for balance when a thread is also busy elsewhere).
 const FEW_TASKS_ELEMS: usize = 1 << 21;
 /// Task boundaries are multiples of this many rows (the kernels' row tile).
@@ -90,7 +90,8 @@ pub(crate) fn matmul_at(
     };
 
     let threads = rayon::current_num_threads();
-    let elems = rows.saturating_mul(cols);
+    // multiply-adds of the call: a batch splits as a matrix n times larger
+    let elems = rows.saturating_mul(cols).saturating_mul(n);
     let tasks = match elems {
         _ if threads <= 1 || rows < 2 * TASK_ROW_ALIGN => 1,
         e if e < PAR_MIN_ELEMS => 1,

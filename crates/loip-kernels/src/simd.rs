@@ -40,6 +40,7 @@ impl Level {
 static DETECTED: OnceLock<Level> = OnceLock::new();
 static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
 static PER_ROW_BATCHES: AtomicBool = AtomicBool::new(false);
+static PER_ROW_ENV: OnceLock<bool> = OnceLock::new();
 
 /// The best level this CPU supports (detected once), lowered by the `LOIP_SIMD` environment
 /// variable (`avx2` or `scalar`) when set, for benchmarks and end-to-end tests of the other paths.
@@ -106,7 +107,9 @@ pub fn set_force_scalar(force: bool) {
 }
 
 /// Makes batched (n > 1) matmuls use the per-row dot kernels instead of the register-tiled
-/// one (`false` restores the tiled kernel). Results are bit-identical either way; only speed
+/// one (`false` restores the tiled kernel, unless the environment variable
+/// `LOIP_BATCHES=per-row` asks for the per-row kernels in the whole process, for end-to-end
+/// A/B runs). Results are bit-identical either way; only speed
 /// changes. Meant for benchmarks that compare the two side by side.
 pub fn set_per_row_batches(per_row: bool) {
     PER_ROW_BATCHES.store(per_row, Ordering::Relaxed);
@@ -119,4 +122,7 @@ pub fn set_per_row_batches(per_row: bool) {
 )]
 pub(crate) fn per_row_batches() -> bool {
     PER_ROW_BATCHES.load(Ordering::Relaxed)
+        || *PER_ROW_ENV.get_or_init(|| {
+            std::env::var("LOIP_BATCHES").is_ok_and(|v| v == "per-row")
+        })
 }
