@@ -16,6 +16,14 @@ const PAR_MIN_ELEMS: usize = 1 << 16;
 /// Below this many multiply-adds a matmul is split into one task per thread; above, into
 /// four per thread (for balance when a thread is also busy elsewhere).
 const FEW_TASKS_ELEMS: usize = 1 << 21;
+/// Largest scratch (f32 elements, 4 MiB) a thread keeps between calls.
+const SCRATCH_KEEP: usize = 1 << 20;
+
+thread_local! {
+    /// Batched calls' `rows × n` outputs in the kernels' layout (f32), reused.
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Task boundaries are multiples of this many rows (the kernels' row tile).
 const TASK_ROW_ALIGN: usize = 4;
 
@@ -81,7 +89,9 @@ pub(crate) fn matmul_at(
     let kernel = |data: &[u8], out: &mut [f32]| dispatch::rows(level, dtype, data, cols, x, n, out);
 
     // out[r * n + t]: the kernels' layout; equal to y's when n == 1
-    let mut scratch = Vec::new();
+    // reused across calls of this thread: no allocation and no zero-fill per call (a call
+    // nested on this thread while tasks run finds it taken and allocates its own)
+    let mut scratch = SCRATCH.with(|c| c.take());
     let out: &mut [f32] = if n == 1 {
         &mut *y
     } else {
@@ -117,6 +127,9 @@ pub(crate) fn matmul_at(
                 y[t * rows + r] = v;
             }
         }
+    }
+    if scratch.capacity() <= SCRATCH_KEEP {
+        SCRATCH.with(|c| c.set(scratch));
     }
     Ok(())
 }
