@@ -493,6 +493,9 @@ fn gemm_table(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng
     println!(
         "GEMM {rows}x{cols}: GFLOP/s per CPU second (2 flops per multiply-add), per-row kernels / tiled kernel; one AVX2 core's FMA peak at {mhz:.0} MHz: {peak:.1} GFLOP/s"
     );
+    if simd_level() == "avx512" {
+        println!("(AVX-512 keeps its per-row kernels for batches: both columns run them)");
+    }
     for &t in &args.threads {
         print!("{:<6} {t} thr", "dtype");
         for n in ns {
