@@ -87,6 +87,33 @@ pub(crate) fn matmul_at(
     let (rows, cols, dtype) = (w.rows, w.cols, w.dtype);
     let rb = dtype.row_bytes(cols)?;
     let kernel = |data: &[u8], out: &mut [f32]| dispatch::rows(level, dtype, data, cols, x, n, out);
+    let threads = rayon::current_num_threads();
+    // multiply-adds of the call: a batch splits as a matrix n times larger
+    let elems = rows.saturating_mul(cols).saturating_mul(n);
+    let tasks = match elems {
+        _ if threads <= 1 || rows < 2 * TASK_ROW_ALIGN => 1,
+        e if e < PAR_MIN_ELEMS => 1,
+        e if e < FEW_TASKS_ELEMS => threads,
+        _ => 4 * threads,
+    };
+    let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);
+
+    if dispatch::has_token_major(level, n) {
+        // the tiled kernel writes y's layout itself; each task its own rows
+        let yt = dispatch::TokenMajor::new(y, rows);
+        let run = |r0: usize, r1: usize| {
+            let data = &w.data[r0 * rb..r1 * rb];
+            dispatch::rows_token_major(level, dtype, data, cols, x, n, yt, r0)
+        };
+        if tasks == 1 {
+            run(0, rows);
+        } else {
+            (0..rows.div_ceil(task_rows))
+                .into_par_iter()
+                .for_each(|i| run(i * task_rows, ((i + 1) * task_rows).min(rows)));
+        }
+        return Ok(());
+    }
 
     // out[r * n + t]: the kernels' layout; equal to y's when n == 1
     // reused across calls of this thread: no allocation and no zero-fill per call (a call
@@ -99,19 +126,9 @@ pub(crate) fn matmul_at(
         &mut scratch
     };
 
-    let threads = rayon::current_num_threads();
-    // multiply-adds of the call: a batch splits as a matrix n times larger
-    let elems = rows.saturating_mul(cols).saturating_mul(n);
-    let tasks = match elems {
-        _ if threads <= 1 || rows < 2 * TASK_ROW_ALIGN => 1,
-        e if e < PAR_MIN_ELEMS => 1,
-        e if e < FEW_TASKS_ELEMS => threads,
-        _ => 4 * threads,
-    };
     if tasks == 1 {
         kernel(w.data, out);
     } else {
-        let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);
         out.par_chunks_mut(task_rows * n)
             .enumerate()
             .for_each(|(i, o)| {

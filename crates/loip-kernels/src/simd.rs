@@ -122,7 +122,5 @@ pub fn set_per_row_batches(per_row: bool) {
 )]
 pub(crate) fn per_row_batches() -> bool {
     PER_ROW_BATCHES.load(Ordering::Relaxed)
-        || *PER_ROW_ENV.get_or_init(|| {
-            std::env::var("LOIP_BATCHES").is_ok_and(|v| v == "per-row")
-        })
+        || *PER_ROW_ENV.get_or_init(|| std::env::var("LOIP_BATCHES").is_ok_and(|v| v == "per-row"))
 }

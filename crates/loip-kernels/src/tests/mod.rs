@@ -396,7 +396,10 @@ fn tiled_kernel_bit_identical() {
                 }
                 let mut got = vec![f32::NAN; rows * n];
                 // SAFETY: AVX2 is supported; lengths as documented
-                unsafe { crate::x86::gemm::rows(dtype, &data, cols, &x, n, &mut got) };
+                unsafe {
+                    let out = crate::x86::gemm::Out::row_major(&mut got, n);
+                    crate::x86::gemm::rows(dtype, &data, cols, &x, n, rows, out)
+                };
                 assert_eq!(bits(&got), bits(&want), "{dtype} {rows}x{cols} n={n}");
             }
         }

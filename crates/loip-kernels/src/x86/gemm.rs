@@ -119,8 +119,9 @@ unsafe fn tile<V: Slot, const R: usize, const T: usize>(
     }
 }
 
-/// Tokens `t0 .. t0 + T` against every row of the panel `w` (`pr` rows of `cols` f32),
-/// `R` rows at a time (the last tile repeats its last row and drops the copies).
+/// Tokens `t0 .. t0 + T` against every row of the panel `w` (`pr` rows of `cols` f32, rows
+/// `row0 ..` of `out`), `R` rows at a time (the last tile repeats its last row and drops the
+/// copies).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
@@ -129,8 +130,8 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
     cols: usize,
     x: *const f32,
     t0: usize,
-    n: usize,
-    out: &mut [f32],
+    out: Out,
+    row0: usize,
 ) {
     let full = cols / 16 * 16;
     let xs: [*const f32; T] = std::array::from_fn(|t| x.add((t0 + t) * cols));
@@ -149,7 +150,7 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
                     }
                     v += tail;
                 }
-                out[(r0 + i) * n + t0 + t] = v;
+                out.put(row0 + r0 + i, t0 + t, v);
             }
         }
         r0 += R;
@@ -164,49 +165,110 @@ unsafe fn panel<V: Slot, const R: usize, const T: usize>(
     cols: usize,
     x: &[f32],
     n: usize,
-    out: &mut [f32],
+    out: Out,
+    row0: usize,
 ) {
     let (w, x) = (w.as_ptr(), x.as_ptr());
     let mut t0 = 0;
     while t0 + T <= n {
-        tokens::<V, R, T>(w, pr, cols, x, t0, n, out);
+        tokens::<V, R, T>(w, pr, cols, x, t0, out, row0);
         t0 += T;
     }
     // the remaining 0 .. T - 1 tokens (T is at most 4)
     match n - t0 {
         0 => {}
-        1 => tokens::<V, R, 1>(w, pr, cols, x, t0, n, out),
-        2 => tokens::<V, R, 2>(w, pr, cols, x, t0, n, out),
-        _ => tokens::<V, R, 3>(w, pr, cols, x, t0, n, out),
+        1 => tokens::<V, R, 1>(w, pr, cols, x, t0, out, row0),
+        2 => tokens::<V, R, 2>(w, pr, cols, x, t0, out, row0),
+        _ => tokens::<V, R, 3>(w, pr, cols, x, t0, out, row0),
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_avx2(w: &[f32], pr: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+unsafe fn panel_avx2(
+    w: &[f32],
+    pr: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: Out,
+    row0: usize,
+) {
     // 3 × 4 accumulators + 3 rows + 4 tokens: 19 registers, one reloaded (best measured
     // against 3 × 3, 2 × 4, 4 × 2 and 2 × 3)
-    panel::<__m256, 3, 4>(w, pr, cols, x, n, out)
+    panel::<__m256, 3, 4>(w, pr, cols, x, n, out, row0)
 }
 
-/// `out[r * n + t]` = canonical dot of row `r` of `data` with row `t` of `x` (`n × cols`).
+/// Where the outputs go: element (row `r`, token `t`) at `ptr[r * rs + t * ts]`, inside
+/// `len` elements (every write is bounds-checked).
+#[derive(Clone, Copy)]
+pub(crate) struct Out {
+    ptr: *mut f32,
+    len: usize,
+    rs: usize,
+    ts: usize,
+}
+
+impl Out {
+    /// `out[r * n + t]` (the per-row kernels' layout; tests compare the kernels in it).
+    #[cfg(test)]
+    pub(crate) fn row_major(out: &mut [f32], n: usize) -> Out {
+        Out {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            rs: n,
+            ts: 1,
+        }
+    }
+
+    /// `ptr[r + t * stride]`, `len` elements: rows of a token-major output.
+    ///
+    /// # Safety
+    /// `ptr` is valid for writes of `len` f32 while the `Out` is used, and nothing else
+    /// reads or writes the elements this `Out`'s rows address meanwhile.
+    pub(crate) unsafe fn token_major(ptr: *mut f32, len: usize, stride: usize) -> Out {
+        Out {
+            ptr,
+            len,
+            rs: 1,
+            ts: stride,
+        }
+    }
+
+    #[inline(always)]
+    fn put(&self, r: usize, t: usize, v: f32) {
+        let i = r * self.rs + t * self.ts;
+        assert!(i < self.len, "gemm output index");
+        // SAFETY: in bounds (checked); the constructors give exclusive access to these rows
+        unsafe { *self.ptr.add(i) = v };
+    }
+}
+
+/// Output (row `r`, token `t`) of `out` = canonical dot of row `r` of `data` (`rows` rows)
+/// with row `t` of `x` (`n × cols`).
 ///
 /// # Safety
-/// AVX2/FMA/F16C available;
-/// `data.len() == out.len() / n * row_bytes(cols)`, `x.len() == n * cols`, `cols` a
-/// multiple of the block size, `n > 0`.
+/// AVX2/FMA/F16C available; `data.len() == rows * row_bytes(cols)`, `x.len() == n * cols`,
+/// `cols` a multiple of the block size, `n > 0`.
 pub(crate) unsafe fn rows(
     dtype: DType,
     data: &[u8],
     cols: usize,
     x: &[f32],
     n: usize,
-    out: &mut [f32],
+    rows: usize,
+    out: Out,
 ) {
     let rb = prefix_bytes(dtype, cols);
-    let rows = out.len() / n;
     debug_assert!(n > 0 && x.len() == n * cols && data.len() == rows * rb);
-    if rows == 0 || cols == 0 {
-        out.fill(0.0);
+    if cols == 0 {
+        for r in 0..rows {
+            for t in 0..n {
+                out.put(r, t, 0.0);
+            }
+        }
+        return;
+    }
+    if rows == 0 {
         return;
     }
     let per_panel = (PANEL_BYTES / (4 * cols)).clamp(1, rows);
@@ -225,8 +287,7 @@ pub(crate) unsafe fn rows(
                     dequant_into(dtype, b, o);
                 }
             }
-            let o = &mut out[p0 * n..(p0 + pr) * n];
-            panel_avx2(wb, pr, cols, x, n, o);
+            panel_avx2(wb, pr, cols, x, n, out, p0);
             p0 += pr;
         }
     });
