@@ -72,13 +72,13 @@ trait Quant {
     unsafe fn block32(p: *const u8) -> [Group; 2];
 }
 
-/// `q * d + m` per element, rounded after the multiply and after the add (no fma).
+/// `q * d + m` per element as one fma: `q * d` is exact (a 4-bit integer times an f16 fits
+/// in 24 bits), so the one rounding of the fma gives `dequant`'s twice-rounded value.
 #[inline(always)]
 unsafe fn affine(q: __m256i, d: __m256, m: Option<__m256>) -> __m256 {
-    let v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
     match m {
-        Some(m) => _mm256_add_ps(v, m),
-        None => v,
+        Some(m) => _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m),
+        None => _mm256_mul_ps(_mm256_cvtepi32_ps(q), d),
     }
 }
 
@@ -167,7 +167,8 @@ impl Quant for Q4K {
     }
     #[inline(always)]
     unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
-        // (d * sc) * q - dmin * m; low nibbles: sub-block 2k, high nibbles: 2k + 1
+        // (d * sc) * q - dmin * m as one fms: (d * sc) * q is exact (17 + 4 significant bits);
+        // low nibbles: sub-block 2k, high nibbles: 2k + 1
         let (d1, m1) = (_mm256_set1_ps(s[2 * k]), _mm256_set1_ps(s[8 + 2 * k]));
         let (d2, m2) = (
             _mm256_set1_ps(s[2 * k + 1]),
@@ -176,18 +177,8 @@ impl Quant for Q4K {
         let q = p.add(16 + 32 * k);
         let mask = _mm256_set1_epi32(0xF);
         let b = [u8x8(q), u8x8(q.add(8)), u8x8(q.add(16)), u8x8(q.add(24))];
-        let lo = |v| {
-            _mm256_sub_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), d1),
-                m1,
-            )
-        };
-        let hi = |v| {
-            _mm256_sub_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d2),
-                m2,
-            )
-        };
+        let lo = |v| _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), d1, m1);
+        let hi = |v| _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d2, m2);
         [
             lo(b[0]),
             lo(b[1]),
