@@ -90,23 +90,42 @@ fn decode_ms<B: StepBackend>(b: &mut B, tokens: usize) -> Result<f64> {
     Ok(out.decode_ms_per_token)
 }
 
+/// Prompt length of the prefill column of `loip bench engine`.
+const PREFILL_TOKENS: usize = 256;
+
 fn engine(model: &str, tokens: usize) -> Result<serde_json::Value> {
     let ckpt = crate::model_load::open(model)?;
     let m = Model::from_checkpoint(&ckpt)?;
     let mut rows = vec![];
-    println!("| model | threads | decode ms/token | tokens/s |\n|---|---|---|---|");
+    // a 256-token prompt (token ids cycling below the vocabulary) for the prefill column
+    let vocab = m.tf.cfg.vocab_size.max(1) as u32;
+    let prompt: Vec<u32> = (0..PREFILL_TOKENS as u32)
+        .map(|i| (i * 7 + 1) % vocab)
+        .collect();
+    println!(
+        "| model | threads | decode ms/token | tokens/s | prefill ms/token ({PREFILL_TOKENS}-token prompt) |\n|---|---|---|---|---|"
+    );
     for threads in [1, 2] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()?;
-        let ms = pool.install(|| -> Result<f64> {
+        let (ms, prefill) = pool.install(|| -> Result<(f64, f64)> {
             let mut g = Generator::new(&m, None);
             decode_ms(&mut g, 4)?; // warm-up
             let mut g = Generator::new(&m, None);
-            decode_ms(&mut g, tokens)
+            let ms = decode_ms(&mut g, tokens)?;
+            let mut g = Generator::new(&m, None);
+            let out = generate(&mut g, 0, &prompt, &greedy(1), &mut |_| Flow::Continue)?;
+            Ok((ms, out.prompt_ms / PREFILL_TOKENS as f64))
         })?;
-        println!("| {model} | {threads} | {ms:.2} | {:.1} |", 1e3 / ms);
-        rows.push(json!({"model": model, "threads": threads, "decode_ms_per_token": ms}));
+        println!(
+            "| {model} | {threads} | {ms:.2} | {:.1} | {prefill:.2} |",
+            1e3 / ms
+        );
+        rows.push(
+            json!({"model": model, "threads": threads, "decode_ms_per_token": ms,
+            "prefill_ms_per_token": prefill}),
+        );
     }
     Ok(json!(rows))
 }

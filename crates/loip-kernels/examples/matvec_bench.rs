@@ -6,11 +6,16 @@
 //! Prints GB/s of weight bytes streamed by `matmul` with one token (n = 1), for matrices that
 //! do not fit in the caches (several distinct copies are cycled through), for 1 and 2 rayon
 //! threads (or only N), plus the SmolLM2-135M Q4_1 per-token matmul set.
+//!
+//! `--cpu` times by the CPU time of the process (meaningful with `--threads 1` on a machine
+//! shared with other work). `--gemm`: GFLOP/s of `matmul` with n = 1, 8, 64, 256 tokens on a SmolLM2 MLP shape
+//! (576×1536, the down projection, in cache) per stored type, next to the FMA peak of one AVX2 core at the clock
+//! `/proc/cpuinfo` reports (2 FMA units × 8 lanes × 2 flops per cycle).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use loip_kernels::{attention, matmul, simd_level, DType, Matrix};
+use loip_kernels::{attention, matmul, set_per_row_batches, simd_level, DType, Matrix};
 use rand::SeedableRng;
 use rayon::prelude::*;
 use std::time::{Duration, Instant};
@@ -29,6 +34,10 @@ struct Args {
     table_only: bool,
     /// also time one small matrix that stays in L2 (the kernels' compute ceiling)
     hot: bool,
+    /// only the batched (GEMM) table
+    gemm: bool,
+    /// only this stored type in the GEMM table
+    dtype: Option<DType>,
 }
 
 fn parse_args() -> Args {
@@ -37,6 +46,8 @@ fn parse_args() -> Args {
     let mut smol_only = false;
     let mut table_only = false;
     let mut hot = false;
+    let mut gemm = false;
+    let mut dtype = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -52,8 +63,19 @@ fn parse_args() -> Args {
             "--smol" => smol_only = true,
             "--table" => table_only = true,
             "--hot" => hot = true,
+            "--gemm" => gemm = true,
+            "--cpu" => CPU_TIME.store(true, std::sync::atomic::Ordering::Relaxed),
+            "--dtype" => match it.next().as_deref().and_then(DType::from_name) {
+                Some(d) => dtype = Some(d),
+                None => {
+                    eprintln!("--dtype needs a stored type name (F32, Q4_1, ...)");
+                    std::process::exit(2);
+                }
+            },
             _ => {
-                eprintln!("usage: matvec_bench [--threads N] [--quick] [--hot] [--smol | --table]");
+                eprintln!(
+                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--smol | --table | --gemm [--dtype T]]"
+                );
                 std::process::exit(2);
             }
         }
@@ -64,6 +86,8 @@ fn parse_args() -> Args {
         smol_only,
         table_only,
         hot,
+        gemm,
+        dtype,
     }
 }
 
@@ -79,21 +103,36 @@ fn pool(threads: usize) -> rayon::ThreadPool {
 
 /// Runs `f` (which streams `bytes` bytes) in 7 trials of about `min_time / 7` each and returns
 /// the best trial's GB/s (the machine may be shared: the best trial is the least disturbed).
+/// With `--cpu`, the CPU time of the process instead (for one thread on a shared machine).
 fn rate(bytes: usize, min_time: Duration, mut f: impl FnMut()) -> f64 {
     f(); // warm up
-    let trial = min_time / 7;
+    let cpu = CPU_TIME.load(std::sync::atomic::Ordering::Relaxed);
+    // the scheduler's CPU time advances in ticks of a few ms
+    let trial = if cpu {
+        (min_time / 7).max(Duration::from_millis(100))
+    } else {
+        min_time / 7
+    };
     let mut best = 0f64;
     for _ in 0..7 {
-        let start = Instant::now();
+        let (start, c0) = (Instant::now(), cpu_ns());
         let mut iters = 0usize;
         while iters == 0 || start.elapsed() < trial {
             f();
             iters += 1;
         }
-        best = best.max((bytes * iters) as f64 / start.elapsed().as_secs_f64() / 1e9);
+        let secs = if cpu {
+            (cpu_ns() - c0).max(1) as f64 / 1e9
+        } else {
+            start.elapsed().as_secs_f64()
+        };
+        best = best.max((bytes * iters) as f64 / secs / 1e9);
     }
     best
 }
+
+/// `--cpu`: rates by CPU time.
+static CPU_TIME: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Streaming read bandwidth: sum of a 1 GiB f32 buffer, split over the pool's threads.
 fn memory_bandwidth(threads: usize) -> f64 {
@@ -178,6 +217,10 @@ fn main() {
     };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     println!("simd path: {}", simd_level());
+    if args.gemm {
+        gemm_table(&args, min_time, &mut rng);
+        return;
+    }
 
     if !args.smol_only {
         dtype_table(&args, min_time, working_set, &mut rng);
@@ -363,5 +406,143 @@ fn smol(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng) {
             );
         }
         println!();
+    }
+    // prefill of a 2048-token prompt: token t attends to positions 0..=t (one layer timed)
+    let n_ctx = 2048;
+    let q = common::random_f32(n_ctx * n_heads * hd, rng);
+    let k = common::random_f32(n_ctx * n_kv * hd, rng);
+    let v = common::random_f32(n_ctx * n_kv * hd, rng);
+    let mut out = vec![0f32; n_ctx * n_heads * hd];
+    print!("  prefill of {n_ctx} tokens, causal:");
+    for &t in &args.threads {
+        let p = pool(t);
+        let qd = n_heads * hd;
+        // `rate` counts bytes; here a "byte" is one attended (token, position) pair
+        let pairs = n_ctx * (n_ctx + 1) / 2;
+        let r = p.install(|| {
+            rate(pairs, min_time, || {
+                out.par_chunks_mut(qd).enumerate().for_each(|(i, o)| {
+                    let qi = &q[i * qd..(i + 1) * qd];
+                    attention(qi, &k, &v, i + 1, n_heads, n_kv, hd, o)
+                })
+            })
+        });
+        print!(
+            "  {t} thr {:>6.3} ms/token",
+            30.0 * pairs as f64 / r / 1e6 / n_ctx as f64
+        );
+    }
+    println!("  (30 layers, tokens in parallel as the engine runs them)");
+}
+
+/// The clock `/proc/cpuinfo` reports, in MHz (0 if unknown).
+fn cpu_mhz() -> f64 {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("cpu MHz"))
+                .and_then(|l| l.split(':').nth(1))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// CPU time of this process so far, ns (all threads; from the scheduler's statistics, 0 if
+/// unreadable). On a shared machine it counts only the time this process ran.
+fn cpu_ns() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Best GFLOP/s over 3 trials of about `trial` each, by CPU time: `f` does `flops` flops.
+/// (The scheduler's figures advance in ticks of a few ms: trials last 100 ms or more.)
+fn gflops_cpu(flops: usize, trial: Duration, mut f: impl FnMut()) -> f64 {
+    f(); // warm up
+    let trial = trial.max(Duration::from_millis(100));
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let (start, c0) = (Instant::now(), cpu_ns());
+        let mut iters = 0usize;
+        while iters == 0 || start.elapsed() < trial {
+            f();
+            iters += 1;
+        }
+        let ns = (cpu_ns() - c0).max(1) as f64;
+        best = best.max((flops * iters) as f64 / ns);
+    }
+    best
+}
+
+/// GFLOP/s of batched matmuls (a 576×1536 matrix in cache) for n = 1, 8, 64, 256 tokens, the
+/// per-row kernels and the tiled kernel side by side (alternating trials), by CPU time.
+fn gemm_table(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng) {
+    let (rows, cols) = (576, 1536);
+    let ns = [1usize, 8, 64, 256];
+    let mhz = cpu_mhz();
+    let peak = mhz * 1e6 * 32.0 / 1e9; // one AVX2 core: 2 FMA x 8 lanes x 2 flops per cycle
+    println!(
+        "GEMM {rows}x{cols}: GFLOP/s per CPU second (2 flops per multiply-add), per-row kernels / tiled kernel; one AVX2 core's FMA peak at {mhz:.0} MHz: {peak:.1} GFLOP/s"
+    );
+    if simd_level() == "avx512" {
+        println!("(AVX-512 keeps its per-row kernels for batches: both columns run them)");
+    }
+    for &t in &args.threads {
+        print!("{:<6} {t} thr", "dtype");
+        for n in ns {
+            print!(" {:>17}", format!("n={n}"));
+        }
+        println!();
+        let p = pool(t);
+        for dtype in common::ALL {
+            if args.dtype.is_some_and(|d| d != dtype) {
+                continue;
+            }
+            let data = common::random_matrix(dtype, rows, cols, rng);
+            let w = Matrix {
+                dtype,
+                rows,
+                cols,
+                data: &data,
+            };
+            print!("{:<12}", dtype.name());
+            for n in ns {
+                let x = common::random_f32(n * cols, rng);
+                let mut y = vec![0f32; n * rows];
+                let flops = 2 * rows * cols * n;
+                let mut run = |per_row: bool| {
+                    set_per_row_batches(per_row);
+                    p.install(|| {
+                        gflops_cpu(flops, min_time / 10, || {
+                            if let Err(e) = matmul(&w, &x, &mut y) {
+                                eprintln!("matmul: {e}");
+                                std::process::exit(1);
+                            }
+                        })
+                    })
+                };
+                let (mut a, mut b) = (0f64, 0f64);
+                for _ in 0..2 {
+                    a = a.max(run(true));
+                    b = b.max(run(false));
+                }
+                set_per_row_batches(false);
+                if n == 1 {
+                    print!(" {:>17}", format!("{b:.1}"));
+                } else {
+                    print!(" {:>17}", format!("{a:.1} / {b:.1}"));
+                }
+            }
+            println!();
+        }
     }
 }

@@ -5,7 +5,22 @@
 
 use crate::dequant::{prefix_bytes, row_dots_scalar};
 use crate::dtype::DType;
-use crate::simd::{detected, Level};
+use crate::simd::{detected, per_row_batches, Level};
+
+/// From this many tokens on, AVX2 matmuls use the register-tiled kernel
+/// ([`crate::x86::gemm`], through [`rows_token_major`]); below, the per-row dot kernels of
+/// [`rows`]. (AVX-512 keeps its per-row kernels.)
+const GEMM_MIN_TOKENS: usize = 2;
+
+/// Whether a matmul of `n` tokens takes the register-tiled kernel.
+#[inline]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
+fn tiled(n: usize) -> bool {
+    n >= GEMM_MIN_TOKENS && !per_row_batches()
+}
 
 /// `level` if this CPU runs it, else the scalar path.
 #[inline]
@@ -50,6 +65,83 @@ pub(crate) fn rows(
     }
 }
 
+/// A token-major output `y[t * rows + r]` (`n × rows` f32) that tasks on several threads
+/// fill, each through [`rows_token_major`] for its own run of rows.
+#[derive(Clone, Copy)]
+pub(crate) struct TokenMajor<'a> {
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "x86")),
+        allow(dead_code)
+    )]
+    ptr: *mut f32,
+    len: usize,
+    rows: usize,
+    _y: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: a `TokenMajor` is only written through `rows_token_major`, which writes the rows
+// it is given and nothing else; callers give each task its own rows (see `matmul`).
+unsafe impl Send for TokenMajor<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for TokenMajor<'_> {}
+
+impl<'a> TokenMajor<'a> {
+    /// `y` of `y.len() / rows` tokens of `rows` outputs each.
+    pub(crate) fn new(y: &'a mut [f32], rows: usize) -> TokenMajor<'a> {
+        TokenMajor {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
+            rows,
+            _y: std::marker::PhantomData,
+        }
+    }
+}
+
+/// Whether [`rows_token_major`] has a kernel for `n` tokens on `level` (else callers use
+/// [`rows`] and transpose).
+pub(crate) fn has_token_major(level: Level, n: usize) -> bool {
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    if usable(level) == Level::Avx2 && tiled(n) {
+        return true;
+    }
+    let _ = (level, n);
+    false
+}
+
+/// `y[t * rows + r0 + r]` = canonical dot of row `r` of `data` with token `t` of `x`, for the
+/// `data.len() / row_bytes` rows of `data` (rows `r0 ..` of `y`). Call only where
+/// [`has_token_major`] says so. Panics if the lengths disagree or the rows fall outside `y`.
+///
+/// Tasks that call this at the same time with copies of one `y` must pass disjoint rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rows_token_major(
+    level: Level,
+    dtype: DType,
+    data: &[u8],
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: TokenMajor<'_>,
+    r0: usize,
+) {
+    assert!(has_token_major(level, n), "no token-major kernel");
+    assert!(n > 0 && cols % dtype.block_elems() == 0, "bad matmul shape");
+    assert_eq!(x.len(), n * cols, "x length");
+    assert_eq!(y.len, n * y.rows, "y length");
+    let rb = prefix_bytes(dtype, cols);
+    assert!(rb > 0 && data.len() % rb == 0, "weight bytes");
+    let rows = data.len() / rb;
+    assert!(r0 + rows <= y.rows, "rows outside y");
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    // SAFETY: AVX2/FMA/F16C detected (has_token_major); lengths checked above; the output
+    // rows r0 .. r0 + rows are this caller's alone (the contract above), and every index
+    // r0 + r + t * rows (r < rows, t < n) is below len.
+    unsafe {
+        let out = crate::x86::gemm::Out::token_major(y.ptr.add(r0), y.len - r0, y.rows);
+        crate::x86::gemm::rows(dtype, data, cols, x, n, rows, out)
+    }
+}
+
 /// Canonical dot product of two f32 slices. Panics if the lengths differ.
 pub(crate) fn dot_f32(level: Level, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot lengths");
@@ -74,6 +166,9 @@ pub(crate) fn dot_rows(level: Level, q: &[f32], k: &[f32], stride: usize, out: &
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; every row read is inside `k` (checked above).
         Level::Avx512 => unsafe { crate::x86::avx512_act::dot_rows(q, k, stride, out) },
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: features detected; every row read is inside `k` (checked above).
+        Level::Avx2 => unsafe { crate::x86::avx2::dot_rows(q, k, stride, out) },
         level => {
             for (t, o) in out.iter_mut().enumerate() {
                 *o = dot_f32(level, q, &k[t * stride..t * stride + q.len()]);

@@ -10,12 +10,20 @@ use crate::dtype::{KernelError, Matrix};
 use crate::simd::{self, Level};
 use rayon::prelude::*;
 
-/// Below this many weight elements a matmul runs on the calling thread (task overhead
-/// would dominate).
+/// Below this many multiply-adds (weight elements × tokens) a matmul runs on the calling
+/// thread (task overhead would dominate).
 const PAR_MIN_ELEMS: usize = 1 << 16;
-/// Below this many weight elements a matmul is split into one task per thread; above, into
+/// Below this many multiply-adds a matmul is split into one task per thread; above, into
 /// four per thread (for balance when a thread is also busy elsewhere).
 const FEW_TASKS_ELEMS: usize = 1 << 21;
+/// Largest scratch (f32 elements, 4 MiB) a thread keeps between calls.
+const SCRATCH_KEEP: usize = 1 << 20;
+
+thread_local! {
+    /// Batched calls' `rows × n` outputs in the kernels' layout (f32), reused.
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Task boundaries are multiples of this many rows (the kernels' row tile).
 const TASK_ROW_ALIGN: usize = 4;
 
@@ -79,9 +87,38 @@ pub(crate) fn matmul_at(
     let (rows, cols, dtype) = (w.rows, w.cols, w.dtype);
     let rb = dtype.row_bytes(cols)?;
     let kernel = |data: &[u8], out: &mut [f32]| dispatch::rows(level, dtype, data, cols, x, n, out);
+    let threads = rayon::current_num_threads();
+    // multiply-adds of the call: a batch splits as a matrix n times larger
+    let elems = rows.saturating_mul(cols).saturating_mul(n);
+    let tasks = match elems {
+        _ if threads <= 1 || rows < 2 * TASK_ROW_ALIGN => 1,
+        e if e < PAR_MIN_ELEMS => 1,
+        e if e < FEW_TASKS_ELEMS => threads,
+        _ => 4 * threads,
+    };
+    let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);
+
+    if dispatch::has_token_major(level, n) {
+        // the tiled kernel writes y's layout itself; each task its own rows
+        let yt = dispatch::TokenMajor::new(y, rows);
+        let run = |r0: usize, r1: usize| {
+            let data = &w.data[r0 * rb..r1 * rb];
+            dispatch::rows_token_major(level, dtype, data, cols, x, n, yt, r0)
+        };
+        if tasks == 1 {
+            run(0, rows);
+        } else {
+            (0..rows.div_ceil(task_rows))
+                .into_par_iter()
+                .for_each(|i| run(i * task_rows, ((i + 1) * task_rows).min(rows)));
+        }
+        return Ok(());
+    }
 
     // out[r * n + t]: the kernels' layout; equal to y's when n == 1
-    let mut scratch = Vec::new();
+    // reused across calls of this thread: no allocation and no zero-fill per call (a call
+    // nested on this thread while tasks run finds it taken and allocates its own)
+    let mut scratch = SCRATCH.with(|c| c.take());
     let out: &mut [f32] = if n == 1 {
         &mut *y
     } else {
@@ -89,18 +126,9 @@ pub(crate) fn matmul_at(
         &mut scratch
     };
 
-    let threads = rayon::current_num_threads();
-    let elems = rows.saturating_mul(cols);
-    let tasks = match elems {
-        _ if threads <= 1 || rows < 2 * TASK_ROW_ALIGN => 1,
-        e if e < PAR_MIN_ELEMS => 1,
-        e if e < FEW_TASKS_ELEMS => threads,
-        _ => 4 * threads,
-    };
     if tasks == 1 {
         kernel(w.data, out);
     } else {
-        let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);
         out.par_chunks_mut(task_rows * n)
             .enumerate()
             .for_each(|(i, o)| {
@@ -116,6 +144,9 @@ pub(crate) fn matmul_at(
                 y[t * rows + r] = v;
             }
         }
+    }
+    if scratch.capacity() <= SCRATCH_KEEP {
+        SCRATCH.with(|c| c.set(scratch));
     }
     Ok(())
 }

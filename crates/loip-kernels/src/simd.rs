@@ -39,6 +39,8 @@ impl Level {
 
 static DETECTED: OnceLock<Level> = OnceLock::new();
 static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
+static PER_ROW_BATCHES: AtomicBool = AtomicBool::new(false);
+static PER_ROW_ENV: OnceLock<bool> = OnceLock::new();
 
 /// The best level this CPU supports (detected once), lowered by the `LOIP_SIMD` environment
 /// variable (`avx2` or `scalar`) when set, for benchmarks and end-to-end tests of the other paths.
@@ -102,4 +104,23 @@ pub fn simd_level() -> &'static str {
 /// benchmarks and tests.
 pub fn set_force_scalar(force: bool) {
     FORCE_SCALAR.store(force, Ordering::Relaxed);
+}
+
+/// Makes batched (n > 1) matmuls use the per-row dot kernels instead of the register-tiled
+/// one (`false` restores the tiled kernel, unless the environment variable
+/// `LOIP_BATCHES=per-row` asks for the per-row kernels in the whole process, for end-to-end
+/// A/B runs). Results are bit-identical either way; only speed
+/// changes. Meant for benchmarks that compare the two side by side.
+pub fn set_per_row_batches(per_row: bool) {
+    PER_ROW_BATCHES.store(per_row, Ordering::Relaxed);
+}
+
+/// Whether [`set_per_row_batches`] is on.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
+pub(crate) fn per_row_batches() -> bool {
+    PER_ROW_BATCHES.load(Ordering::Relaxed)
+        || *PER_ROW_ENV.get_or_init(|| std::env::var("LOIP_BATCHES").is_ok_and(|v| v == "per-row"))
 }

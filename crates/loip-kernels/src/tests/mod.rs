@@ -226,13 +226,13 @@ fn dot_exp_silu_rows_levels_bit_identical() {
             let mut s = a.clone();
             dispatch::silu_mul(level, &mut s, &b);
             assert_eq!(bits(&s), bits(&want_silu), "silu {len} {level:?}");
-            // rows of `len` columns, stride len + 3, 5 rows
+            // rows of `len` columns, stride len + 3, 19 rows (two blocks of 8 and a rest)
             let stride = len + 3;
-            let rows = random_f32(5 * stride, &mut rng);
-            let p = random_f32(5, &mut rng);
-            let mut want = vec![0f32; 5];
+            let rows = random_f32(19 * stride, &mut rng);
+            let p = random_f32(19, &mut rng);
+            let mut want = vec![0f32; 19];
             dispatch::dot_rows(Level::Scalar, &a, &rows, stride, &mut want);
-            let mut got = vec![0f32; 5];
+            let mut got = vec![0f32; 19];
             dispatch::dot_rows(level, &a, &rows, stride, &mut got);
             assert_eq!(bits(&got), bits(&want), "dot_rows {len} {level:?}");
             let mut want = b.clone();
@@ -312,5 +312,96 @@ fn softmax_sum_is_canonical_dot_with_ones() {
             canon::dot_f32(&s, &ones).to_bits(),
             "len {len}"
         );
+    }
+}
+
+/// Prefill, chunked prefill and batched decode are token-by-token decoding, bit for bit: a
+/// matmul of `n = 1..=17` tokens (register-tiled on x86) equals `n` one-token matmuls on the
+/// portable path, for every dtype, SIMD level, odd row counts (partial row tiles, several
+/// panels) and 1–3 threads.
+#[test]
+fn batched_matmul_is_token_by_token_every_level() {
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    for dtype in ALL {
+        let cases = col_cases(dtype);
+        // a short row, a middle one and the longest (several panels for the tiled kernel)
+        let picks = [cases[0], cases[cases.len() / 2], cases[cases.len() - 1]];
+        for (i, cols) in picks.into_iter().enumerate() {
+            let rows = [13, 7, 67][i];
+            let data = random_matrix(dtype, rows, cols, &mut rng);
+            let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
+            let x = random_f32(17 * cols, &mut rng);
+            let want: Vec<u32> = (0..17)
+                .flat_map(|t| {
+                    let mut y = vec![0f32; rows];
+                    matmul_at(Level::Scalar, &w, &x[t * cols..(t + 1) * cols], &mut y)
+                        .expect("matmul");
+                    bits(&y)
+                })
+                .collect();
+            for level in LEVELS.into_iter().filter(|&l| supported(l)) {
+                for n in 1..=17 {
+                    let mut y = vec![f32::NAN; n * rows];
+                    matmul_at(level, &w, &x[..n * cols], &mut y).expect("matmul");
+                    assert_eq!(
+                        bits(&y),
+                        want[..n * rows],
+                        "{dtype} {rows}x{cols} n={n} {level:?}"
+                    );
+                }
+                // the longest rows are split over the threads
+                if i == 2 {
+                    for threads in [1, 2, 3] {
+                        let pool = rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .expect("pool");
+                        for n in [2, 5, 16] {
+                            let mut y = vec![f32::NAN; n * rows];
+                            pool.install(|| matmul_at(level, &w, &x[..n * cols], &mut y))
+                                .expect("matmul");
+                            assert_eq!(
+                                bits(&y),
+                                want[..n * rows],
+                                "{dtype} {rows}x{cols} n={n} threads={threads} {level:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tiled kernel gives the canonical dots on its own, whichever level the dispatcher picks
+/// for batches (on AVX-512 machines too).
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+#[test]
+fn tiled_kernel_bit_identical() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    if !supported(Level::Avx2) {
+        return;
+    }
+    for dtype in ALL {
+        for cols in col_cases(dtype) {
+            let rows = 11;
+            let data = random_matrix(dtype, rows, cols, &mut rng);
+            let rb = dtype.row_bytes(cols).expect("blocks");
+            for n in [2, 6, 9] {
+                let x = random_f32(n * cols, &mut rng);
+                let mut want = vec![0f32; rows * n];
+                for (r, o) in want.chunks_exact_mut(n).enumerate() {
+                    let row = &data[r * rb..(r + 1) * rb];
+                    crate::dequant::row_dots_scalar(dtype, row, cols, &x, o);
+                }
+                let mut got = vec![f32::NAN; rows * n];
+                // SAFETY: AVX2 is supported; lengths as documented
+                unsafe {
+                    let out = crate::x86::gemm::Out::row_major(&mut got, n);
+                    crate::x86::gemm::rows(dtype, &data, cols, &x, n, rows, out)
+                };
+                assert_eq!(bits(&got), bits(&want), "{dtype} {rows}x{cols} n={n}");
+            }
+        }
     }
 }

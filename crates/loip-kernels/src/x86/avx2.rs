@@ -72,13 +72,13 @@ trait Quant {
     unsafe fn block32(p: *const u8) -> [Group; 2];
 }
 
-/// `q * d + m` per element, rounded after the multiply and after the add (no fma).
+/// `q * d + m` per element as one fma: `q * d` is exact (a 4-bit integer times an f16 fits
+/// in 24 bits), so the one rounding of the fma gives `dequant`'s twice-rounded value.
 #[inline(always)]
 unsafe fn affine(q: __m256i, d: __m256, m: Option<__m256>) -> __m256 {
-    let v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
     match m {
-        Some(m) => _mm256_add_ps(v, m),
-        None => v,
+        Some(m) => _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m),
+        None => _mm256_mul_ps(_mm256_cvtepi32_ps(q), d),
     }
 }
 
@@ -167,7 +167,8 @@ impl Quant for Q4K {
     }
     #[inline(always)]
     unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
-        // (d * sc) * q - dmin * m; low nibbles: sub-block 2k, high nibbles: 2k + 1
+        // (d * sc) * q - dmin * m as one fms: (d * sc) * q is exact (17 + 4 significant bits);
+        // low nibbles: sub-block 2k, high nibbles: 2k + 1
         let (d1, m1) = (_mm256_set1_ps(s[2 * k]), _mm256_set1_ps(s[8 + 2 * k]));
         let (d2, m2) = (
             _mm256_set1_ps(s[2 * k + 1]),
@@ -176,18 +177,8 @@ impl Quant for Q4K {
         let q = p.add(16 + 32 * k);
         let mask = _mm256_set1_epi32(0xF);
         let b = [u8x8(q), u8x8(q.add(8)), u8x8(q.add(16)), u8x8(q.add(24))];
-        let lo = |v| {
-            _mm256_sub_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), d1),
-                m1,
-            )
-        };
-        let hi = |v| {
-            _mm256_sub_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d2),
-                m2,
-            )
-        };
+        let lo = |v| _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), d1, m1);
+        let hi = |v| _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d2, m2);
         [
             lo(b[0]),
             lo(b[1]),
@@ -290,15 +281,51 @@ impl Float for BF16 {
     }
 }
 
-/// Canonical reduction; `a[2i]`, `a[2i + 1]` are the halves of accumulator `i`.
+/// The vertical part of the canonical reduction: `(acc0 + acc2) + (acc1 + acc3)`, then lanes
+/// `l + l+8`; `a[2i]`, `a[2i + 1]` are the halves of accumulator `i`.
 #[inline(always)]
-unsafe fn reduce(a: &[__m256; 8]) -> f32 {
+unsafe fn fold(a: &[__m256; 8]) -> __m256 {
     let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
     let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-    let u = _mm256_add_ps(lo, hi); // lanes l + l+8
+    _mm256_add_ps(lo, hi) // lanes l + l+8
+}
+
+/// The rest of the canonical reduction of a folded vector: `l + l+4`, `+2`, `+1`.
+#[inline(always)]
+unsafe fn hsum(u: __m256) -> f32 {
     let w = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)); // l + l+4
     let z = _mm_add_ps(w, _mm_movehl_ps(w, w)); // l + l+2
     _mm_cvtss_f32(_mm_add_ss(z, _mm_shuffle_ps(z, z, 1))) // l + l+1
+}
+
+/// [`hsum`] of 8 folded vectors at once, `[hsum(u[0]), .., hsum(u[7])]`: the same additions
+/// of the same operands, arranged by shuffles (a transposed reduction tree).
+#[inline(always)]
+unsafe fn hsum8(u: &[__m256; 8]) -> __m256 {
+    // l + l+4 of rows i and i+4: [w_i | w_{i+4}]
+    let w: [__m256; 4] = std::array::from_fn(|i| {
+        let (a, b) = (u[i], u[i + 4]);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps(a, b, 0x20),
+            _mm256_permute2f128_ps(a, b, 0x31),
+        )
+    });
+    // l + l+2: [z_0, z_1 of row i, row i+1 | of row i+4, row i+5]
+    let z = |a: __m256, b: __m256| {
+        _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x44), _mm256_shuffle_ps(a, b, 0xEE))
+    };
+    let (z01, z23) = (z(w[0], w[1]), z(w[2], w[3]));
+    // l + l+1: rows 0, 1, 2, 3 | 4, 5, 6, 7
+    _mm256_add_ps(
+        _mm256_shuffle_ps(z01, z23, 0x88),
+        _mm256_shuffle_ps(z01, z23, 0xDD),
+    )
+}
+
+/// Canonical reduction; `a[2i]`, `a[2i + 1]` are the halves of accumulator `i`.
+#[inline(always)]
+pub(super) unsafe fn reduce(a: &[__m256; 8]) -> f32 {
+    hsum(fold(a))
 }
 
 /// `acc[j] = fma(w[j], x[e + 8 j ..], acc[j])` for `j < J`.
@@ -354,6 +381,21 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
 
 #[inline(always)]
 unsafe fn dot_float<F: Float>(row: *const u8, cols: usize, x: *const f32) -> f32 {
+    let (u, tail) = dot_float_folded::<F>(row, cols, x);
+    let out = hsum(u);
+    match tail {
+        Some(t) => out + t,
+        None => out,
+    }
+}
+
+/// The canonical dot up to [`fold`], and the tail's sequential sum when there is a tail.
+#[inline(always)]
+unsafe fn dot_float_folded<F: Float>(
+    row: *const u8,
+    cols: usize,
+    x: *const f32,
+) -> (__m256, Option<f32>) {
     let groups = cols / 16;
     let chunks = groups / 4;
     let mut acc = [_mm256_setzero_ps(); 8];
@@ -390,7 +432,7 @@ unsafe fn dot_float<F: Float>(row: *const u8, cols: usize, x: *const f32) -> f32
             );
         }
     }
-    let mut out = reduce(&acc);
+    let out = fold(&acc);
     let tail = 16 * groups;
     if tail < cols {
         let mut buf = [0f32; 16]; // the dequantized tail (< 16 elements)
@@ -401,9 +443,9 @@ unsafe fn dot_float<F: Float>(row: *const u8, cols: usize, x: *const f32) -> f32
         for (j, &w) in buf[..n].iter().enumerate() {
             s = w.mul_add(*x.add(tail + j), s);
         }
-        out += s;
+        return (out, Some(s));
     }
-    out
+    (out, None)
 }
 
 /// `out[r * n + t] = dot(row r, token t)` for all rows and tokens; a tile of rows stays in
@@ -501,6 +543,90 @@ pub(crate) unsafe fn rows(
     }
 }
 
+/// Dequantizes one row of `cols` elements at `row` into `out` (`cols` f32): the exact
+/// values of `dequant`, as the dot kernels compute them.
+#[inline(always)]
+unsafe fn dequant_quant<Q: Quant>(row: *const u8, cols: usize, out: *mut f32) {
+    let store = |at: usize, v: &[__m256]| {
+        for (j, vj) in v.iter().enumerate() {
+            _mm256_storeu_ps(out.add(at + 8 * j), *vj);
+        }
+    };
+    if Q::CHUNKS == 0 {
+        let pairs = cols / 64;
+        for u in 0..pairs {
+            store(
+                64 * u,
+                &Q::chunk(row.add(2 * u * Q::BLOCK_BYTES), &Q::prepare(row), 0),
+            );
+        }
+        if cols % 64 != 0 {
+            let [[a, b], [c, d]] = Q::block32(row.add(2 * pairs * Q::BLOCK_BYTES));
+            store(64 * pairs, &[a, b, c, d]);
+        }
+    } else {
+        for b in 0..cols / (64 * Q::CHUNKS) {
+            let p = row.add(b * Q::BLOCK_BYTES);
+            let s = Q::prepare(p);
+            for k in 0..Q::CHUNKS {
+                store((b * Q::CHUNKS + k) * 64, &Q::chunk(p, &s, k));
+            }
+        }
+    }
+}
+
+/// [`dequant_quant`] for a float type (the last `cols % 8` elements by the scalar path).
+#[inline(always)]
+unsafe fn dequant_float<F: Float>(row: *const u8, cols: usize, out: *mut f32) {
+    for h in 0..cols / 8 {
+        _mm256_storeu_ps(out.add(8 * h), F::half(row, h));
+    }
+    let done = cols / 8 * 8;
+    if done < cols {
+        let bytes = std::slice::from_raw_parts(
+            row.add(done * F::ELEM_BYTES),
+            (cols - done) * F::ELEM_BYTES,
+        );
+        let o = std::slice::from_raw_parts_mut(out.add(done), cols - done);
+        crate::dequant::dequant_into(F::DTYPE, bytes, o);
+    }
+}
+
+/// Dequantizes the rows of `data` (`out.len() / cols` rows of `cols` elements of `dtype`)
+/// into `out`, row-major. Returns `false`, writing nothing, for a type without an AVX2
+/// decoder here (the caller then uses the scalar `dequant`, which gives the same values).
+///
+/// # Safety
+/// AVX2/FMA/F16C available; `data.len() == out.len() / cols * row_bytes(cols)`, `cols > 0` a
+/// multiple of the block size.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dequant_rows(dtype: DType, data: &[u8], cols: usize, out: &mut [f32]) -> bool {
+    let rb = crate::dequant::prefix_bytes(dtype, cols);
+    debug_assert!(cols > 0 && data.len() == out.len() / cols * rb);
+    let rows = out.len() / cols;
+    let (d, o) = (data.as_ptr(), out.as_mut_ptr());
+    macro_rules! each_row {
+        ($f:ident, $t:ty) => {
+            for r in 0..rows {
+                $f::<$t>(d.add(r * rb), cols, o.add(r * cols))
+            }
+        };
+    }
+    match dtype {
+        DType::F32 => each_row!(dequant_float, F32),
+        DType::F16 => each_row!(dequant_float, F16),
+        DType::BF16 => each_row!(dequant_float, BF16),
+        DType::Q8_0 => each_row!(dequant_quant, Q80),
+        DType::Q4_0 => each_row!(dequant_quant, Q40),
+        DType::Q4_1 => each_row!(dequant_quant, Q41),
+        DType::Q4K => each_row!(dequant_quant, Q4K),
+        DType::Q6K => each_row!(dequant_quant, Q6K),
+        #[allow(unreachable_patterns)]
+        _ => return false,
+    }
+    true
+}
+
 /// Canonical dot product of two f32 slices of equal length.
 ///
 /// # Safety
@@ -509,6 +635,39 @@ pub(crate) unsafe fn rows(
 pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     dot_float::<F32>(a.as_ptr() as *const u8, a.len(), b.as_ptr())
+}
+
+/// `out[t]` = canonical dot of `q` with row `t` of `k` (rows `stride` apart, `q.len()`
+/// long); 8 rows share one transposed horizontal reduction.
+///
+/// # Safety
+/// AVX2/FMA/F16C available; `k` holds every row read.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+    let len = q.len();
+    debug_assert!(out.is_empty() || (out.len() - 1) * stride + len <= k.len());
+    let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u8);
+    let row = |t: usize| kp.add(4 * t * stride);
+    let mut t0 = 0;
+    while t0 + 8 <= out.len() {
+        let mut u = [_mm256_setzero_ps(); 8];
+        let mut tails = [None; 8];
+        for i in 0..8 {
+            (u[i], tails[i]) = dot_float_folded::<F32>(row(t0 + i), len, qp);
+        }
+        let mut r = [0f32; 8];
+        _mm256_storeu_ps(r.as_mut_ptr(), hsum8(&u));
+        for i in 0..8 {
+            out[t0 + i] = match tails[i] {
+                Some(t) => r[i] + t,
+                None => r[i],
+            };
+        }
+        t0 += 8;
+    }
+    for (t, o) in out.iter_mut().enumerate().skip(t0) {
+        *o = dot_float::<F32>(row(t), len, qp);
+    }
 }
 
 /// Canonical exp of 8 lanes (see [`crate::canon::exp`]).
@@ -577,6 +736,23 @@ pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
     crate::elementwise::silu_mul_scalar(g.into_remainder(), u.remainder());
 }
 
+/// `o[i] = fma(p[t], row_t[i], o[i])` for the `8 K` columns at `o`, all rows in order: `K`
+/// independent chains of fmas in flight (8 cover the fma latency of this core).
+#[inline(always)]
+unsafe fn weighted_block<const K: usize>(p: &[f32], vp: *const f32, stride: usize, o: *mut f32) {
+    let mut acc: [__m256; K] = std::array::from_fn(|i| _mm256_loadu_ps(o.add(8 * i)));
+    for (t, &pt) in p.iter().enumerate() {
+        let pv = _mm256_set1_ps(pt);
+        let row = vp.add(t * stride);
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * i)), *a);
+        }
+    }
+    for (i, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(o.add(8 * i), *a);
+    }
+}
+
 /// `out[i] = fma(p[t], v[t * stride + i], out[i])` for `t = 0, 1, ..` in order.
 ///
 /// # Safety
@@ -585,28 +761,20 @@ pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
 pub(crate) unsafe fn weighted_rows(p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
     let hd = out.len();
     debug_assert!(p.is_empty() || (p.len() - 1) * stride + hd <= v.len());
-    let vp = v.as_ptr();
-    // 32 columns (4 registers) at a time, all rows
+    let (vp, op) = (v.as_ptr(), out.as_mut_ptr());
+    // 64 columns (8 registers) at a time, all rows; then 32, then 8
     let mut c = 0;
-    while c + 32 <= hd {
-        let o = out.as_mut_ptr().add(c);
-        let mut acc = [
-            _mm256_loadu_ps(o),
-            _mm256_loadu_ps(o.add(8)),
-            _mm256_loadu_ps(o.add(16)),
-            _mm256_loadu_ps(o.add(24)),
-        ];
-        for (t, &pt) in p.iter().enumerate() {
-            let pv = _mm256_set1_ps(pt);
-            let row = vp.add(t * stride + c);
-            for (i, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * i)), *a);
-            }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(o.add(8 * i), *a);
-        }
+    while c + 64 <= hd {
+        weighted_block::<8>(p, vp.add(c), stride, op.add(c));
+        c += 64;
+    }
+    if c + 32 <= hd {
+        weighted_block::<4>(p, vp.add(c), stride, op.add(c));
         c += 32;
+    }
+    while c + 8 <= hd {
+        weighted_block::<1>(p, vp.add(c), stride, op.add(c));
+        c += 8;
     }
     for (i, o) in out.iter_mut().enumerate().skip(c) {
         for (t, &pt) in p.iter().enumerate() {
