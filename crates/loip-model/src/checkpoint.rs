@@ -3,7 +3,8 @@
 //!
 //! [`Checkpoint::open`] reads an HF directory (`config.json` + `model.safetensors`, or shards
 //! listed by `model.safetensors.index.json`) or a `llama` `.gguf` file. Before it returns, the
-//! config is validated and every tensor the config implies is present with the right shape
+//! config is validated (bounded, and its counts fit the files' size before any name or buffer
+//! is sized from them) and every tensor the config implies is present with the right shape
 //! and a supported dtype, so the engine's later [`Checkpoint::matrix`] calls fail only on a
 //! programming error. Tensor bytes are borrowed from the mappings; nothing is copied.
 //!
@@ -132,10 +133,6 @@ impl Checkpoint {
     fn open_hf(dir: &Path) -> Result<Self, ModelError> {
         let config = ModelConfig::from_hf_json(&read_small(&dir.join("config.json"))?)?;
         config.validate()?;
-        let required: std::collections::BTreeSet<String> = names::model_tensors(&config)
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
 
         let index_path = dir.join("model.safetensors.index.json");
         let (files, weight_map) = if index_path.exists() {
@@ -153,19 +150,15 @@ impl Checkpoint {
 
         let mut maps = Vec::with_capacity(files.len());
         let mut tensors = BTreeMap::new();
+        // (name, dtype) of tensors whose dtype has no kernel: an error only if the model needs them
+        let mut unsupported = Vec::new();
         for (file, path) in files.iter().enumerate() {
             let map = map_file(path)?;
             for e in read_header(&map, path)? {
                 let dtype = match e.dtype {
                     Ok(d) => d,
-                    Err(dtype) if required.contains(&e.name) => {
-                        return Err(ModelError::UnsupportedDtype {
-                            tensor: e.name,
-                            dtype,
-                        });
-                    }
                     Err(dtype) => {
-                        tracing::debug!(tensor = %e.name, %dtype, "skipping tensor of unsupported dtype");
+                        unsupported.push((e.name, dtype));
                         continue;
                     }
                 };
@@ -189,6 +182,22 @@ impl Checkpoint {
                 }
             }
             maps.push(map);
+        }
+        // The counts must fit the files before any name or buffer is sized from them.
+        let file_bytes = maps.iter().map(|m| m.len() as u64).sum();
+        config.check_fits(file_bytes)?;
+        let required: std::collections::BTreeSet<String> = names::model_tensors(&config)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        for (name, dtype) in unsupported {
+            if required.contains(&name) {
+                return Err(ModelError::UnsupportedDtype {
+                    tensor: name,
+                    dtype,
+                });
+            }
+            tracing::debug!(tensor = %name, %dtype, "skipping tensor of unsupported dtype");
         }
         if let Some(weight_map) = &weight_map {
             for (name, file) in weight_map {
@@ -235,6 +244,7 @@ impl Checkpoint {
         let gguf = GgufFile::parse(&map, path)?;
         let config = gguf.model_config()?;
         config.validate()?;
+        config.check_fits(map.len() as u64)?;
         let mut tensors = BTreeMap::new();
         for t in &gguf.tensors {
             let name = gguf_to_hf_name(&t.name).ok_or_else(|| {

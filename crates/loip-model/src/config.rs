@@ -107,6 +107,28 @@ pub struct ModelConfig {
 /// 70B embedding is 1.05e9) while keeping every byte count well inside `u64`/`usize`.
 const MAX_TENSOR_ELEMS: usize = 1 << 40;
 
+/// Most decoder blocks accepted. This and the bounds below are far above any released model
+/// (largest today: 126 layers, 128 heads, head_dim 256, hidden 18432, MLP 73728, vocabulary
+/// 262144, context 10M tokens) and low enough that nothing sized from them can exhaust memory
+/// before [`ModelConfig::check_fits`] compares them with the file.
+pub const MAX_NUM_LAYERS: usize = 1 << 12;
+/// Most query (and so key/value) heads accepted.
+pub const MAX_NUM_HEADS: usize = 1 << 12;
+/// Largest `head_dim` accepted, elements.
+pub const MAX_HEAD_DIM: usize = 1 << 12;
+/// Largest `hidden_size` accepted, elements.
+pub const MAX_HIDDEN_SIZE: usize = 1 << 18;
+/// Largest `intermediate_size` accepted, elements.
+pub const MAX_INTERMEDIATE_SIZE: usize = 1 << 20;
+/// Largest `vocab_size` accepted, tokens.
+pub const MAX_VOCAB_SIZE: usize = 1 << 24;
+/// Longest `max_position_embeddings` accepted, tokens.
+pub const MAX_CONTEXT: usize = 1 << 26;
+
+/// Fewest bits any supported storage type spends per weight element (Q2_K spends 2.625; 2 is a
+/// safe floor), used by [`ModelConfig::check_fits`].
+const MIN_BITS_PER_WEIGHT: u64 = 2;
+
 impl ModelConfig {
     /// Parses an HF `config.json` (Llama 2/3, Qwen3).
     ///
@@ -271,6 +293,32 @@ impl ModelConfig {
                 return Err(ModelError::config(field, "must be greater than 0"));
             }
         }
+        let bounded = [
+            ("num_layers", self.num_layers, MAX_NUM_LAYERS),
+            ("num_heads", self.num_heads, MAX_NUM_HEADS),
+            ("num_kv_heads", self.num_kv_heads, MAX_NUM_HEADS),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
+            ("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE),
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                MAX_INTERMEDIATE_SIZE,
+            ),
+            ("vocab_size", self.vocab_size, MAX_VOCAB_SIZE),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_CONTEXT,
+            ),
+        ];
+        for (field, v, max) in bounded {
+            if v > max {
+                return Err(ModelError::config(
+                    field,
+                    format!("{v} exceeds the largest accepted value {max}"),
+                ));
+            }
+        }
         if self.num_heads % self.num_kv_heads != 0 {
             return Err(ModelError::config(
                 "num_kv_heads",
@@ -368,6 +416,50 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+
+    /// Weight elements of one decoder block (projections and norms), elements. Exact for
+    /// a config that passed [`ModelConfig::validate`] (whose bounds keep it far inside `u64`).
+    pub fn layer_weight_elems(&self) -> u64 {
+        let (h, q, kv, i, d) = (
+            self.hidden_size as u64,
+            self.q_dim() as u64,
+            self.kv_dim() as u64,
+            self.intermediate_size as u64,
+            self.head_dim as u64,
+        );
+        let norms = 2 * h + if self.qk_norm { 2 * d } else { 0 };
+        (2 * q + 2 * kv) * h + 3 * i * h + norms
+    }
+
+    /// Checks that files holding `file_bytes` bytes in all can hold the tensors this config
+    /// implies, at the fewest bits per weight any supported type spends. Run after
+    /// [`ModelConfig::validate`] and before anything is sized from the counts (tensor names
+    /// for every layer, buffers), so that a header declaring 2^31 layers in a small file is a
+    /// clear error naming the field rather than an allocation abort.
+    pub fn check_fits(&self, file_bytes: u64) -> Result<(), ModelError> {
+        let min_bytes = |elems: u64| elems.saturating_mul(MIN_BITS_PER_WEIGHT) / 8;
+        let layers = min_bytes((self.num_layers as u64).saturating_mul(self.layer_weight_elems()));
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        let vocab = min_bytes(heads * self.vocab_size as u64 * self.hidden_size as u64);
+        if layers.saturating_add(vocab) <= file_bytes {
+            return Ok(());
+        }
+        let field = if layers >= vocab {
+            "num_layers"
+        } else {
+            "vocab_size"
+        };
+        Err(ModelError::config(
+            field,
+            format!(
+                "{} layers and a vocabulary of {} need at least {} bytes of weights, but the \
+                 checkpoint's files hold {file_bytes}",
+                self.num_layers,
+                self.vocab_size,
+                layers.saturating_add(vocab)
+            ),
+        ))
     }
 
     /// Query projection width `num_heads × head_dim`, elements.
