@@ -103,6 +103,19 @@ impl Transformer {
         let mut kk = vec![0f32; n * kvd]; // (n, n_kv_heads * head_dim)
         let mut v = vec![0f32; n * kvd]; // (n, n_kv_heads * head_dim)
         k::matmul_many(&[&w.q, &w.k, &w.v], &xn, &mut [&mut q, &mut kk, &mut v])?;
+        // Qwen2: `q_proj(x)` etc. carry a bias, added before the norms and RoPE as in HF.
+        for (bias, out) in [
+            (&w.q_bias, &mut q),
+            (&w.k_bias, &mut kk),
+            (&w.v_bias, &mut v),
+        ] {
+            if let Some(b) = bias {
+                let b = dequant_vec(b)?; // (width,)
+                for row in out.chunks_exact_mut(b.len()) {
+                    add_into(row, &b);
+                }
+            }
+        }
 
         let q_norm = w.q_norm.map(|m| dequant_vec(&m)).transpose()?;
         let k_norm = w.k_norm.map(|m| dequant_vec(&m)).transpose()?;
@@ -142,11 +155,14 @@ impl Transformer {
             let tp = batch[t];
             let ctx = tp.pos + 1;
             let (kc, vc) = kv_ref.get(tp.seq, layer, ctx)?;
+            // A sliding window of W keeps the last W positions, this one included (HF
+            // `sliding_window_causal_mask`: kv_idx > q_idx - W).
+            let first = c.sliding_window.map_or(0, |w| ctx.saturating_sub(w));
             k::attention(
                 &q[t * qd..(t + 1) * qd],
-                kc,
-                vc,
-                ctx,
+                &kc[first * kvd..],
+                &vc[first * kvd..],
+                ctx - first,
                 c.num_heads,
                 c.num_kv_heads,
                 d,

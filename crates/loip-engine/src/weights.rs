@@ -75,6 +75,12 @@ pub struct AttnWeights<'a> {
     pub v: Matrix<'a>,
     /// (hidden, n_heads * head_dim)
     pub o: Matrix<'a>,
+    /// (1, n_heads * head_dim), Qwen2 only (`q_proj.bias`)
+    pub q_bias: Option<Matrix<'a>>,
+    /// (1, n_kv_heads * head_dim), Qwen2 only
+    pub k_bias: Option<Matrix<'a>>,
+    /// (1, n_kv_heads * head_dim), Qwen2 only
+    pub v_bias: Option<Matrix<'a>>,
     /// (1, head_dim), Qwen3 only
     pub q_norm: Option<Matrix<'a>>,
     /// (1, head_dim), Qwen3 only
@@ -100,7 +106,13 @@ impl<'a> AttnWeights<'a> {
         } else {
             (None, None)
         };
+        let bias = |s: &str, len: usize| -> Result<Option<Matrix<'a>>, EngineError> {
+            cfg.attn_bias.then(|| vector(src, &n(s), len)).transpose()
+        };
         Ok(AttnWeights {
+            q_bias: bias(suffix::Q_BIAS, qd)?,
+            k_bias: bias(suffix::K_BIAS, kvd)?,
+            v_bias: bias(suffix::V_BIAS, kvd)?,
             input_norm: vector(src, &n(suffix::INPUT_LAYERNORM), h)?,
             q: matrix(src, &n(suffix::Q_PROJ), qd, h)?,
             k: matrix(src, &n(suffix::K_PROJ), kvd, h)?,

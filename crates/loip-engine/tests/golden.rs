@@ -27,7 +27,13 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-const TINY: [&str; 3] = ["tiny-llama", "tiny-qwen3", "tiny-llama-bf16-tied"];
+const TINY: [&str; 5] = [
+    "tiny-llama",
+    "tiny-qwen3",
+    "tiny-llama-bf16-tied",
+    "tiny-qwen2",
+    "tiny-mistral",
+];
 
 #[test]
 fn tiny_fixtures_logits_match_reference_at_every_position() {

@@ -245,17 +245,28 @@ impl Checkpoint {
         let config = gguf.model_config()?;
         config.validate()?;
         config.check_fits(map.len() as u64)?;
+        // llama.cpp permutes q/k rows only for `llama` (LlamaModel.permute); Qwen conversions
+        // keep HF order and run NEOX (rotate-half) RoPE.
+        let qk_permuted = config.arch == crate::config::Arch::Llama;
+        let required: std::collections::BTreeSet<String> = names::model_tensors(&config)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
         let mut tensors = BTreeMap::new();
         for t in &gguf.tensors {
-            let name = gguf_to_hf_name(&t.name).ok_or_else(|| {
-                ModelError::header(
-                    path,
-                    format!(
-                        "tensor {} is not part of the llama graph this reader supports",
-                        t.name
-                    ),
-                )
-            })?;
+            // A tensor the graph does not read (a bias on a `llama` file, ...) would change
+            // the computation if llama.cpp uses it: refused rather than ignored.
+            let name = gguf_to_hf_name(&t.name)
+                .filter(|n| required.contains(n))
+                .ok_or_else(|| {
+                    ModelError::header(
+                        path,
+                        format!(
+                            "tensor {} is not part of the {} graph this reader supports",
+                            t.name, config.arch
+                        ),
+                    )
+                })?;
             let info = TensorInfo {
                 name: name.clone(),
                 dtype: t.dtype,
@@ -270,7 +281,7 @@ impl Checkpoint {
             config,
             format: Format::Gguf,
             tensors,
-            qk_permuted: true,
+            qk_permuted,
             dir_or_file: path.to_path_buf(),
             files: vec![path.to_path_buf()],
             gguf_metadata: Some(gguf.metadata),

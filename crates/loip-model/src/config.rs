@@ -1,18 +1,21 @@
 //! Model hyper-parameters: raw HF `config.json` (a JSON object) → [`ModelConfig`] →
 //! [`ModelConfig::validate`].
 //!
-//! Only what the forward pass of a dense Llama or Qwen3 decoder needs is kept. Settings that
-//! would change the computation in ways the engine does not implement (biases, sliding window,
-//! RoPE types other than default and llama3, activations other than SiLU) are rejected here,
-//! naming the field, rather than silently ignored: the output must be exact.
+//! Only what the forward pass of a dense Llama, Mistral, Qwen2 or Qwen3 decoder needs is kept.
+//! Each family's differences are fields here (q/k/v biases, q/k norms, a sliding window), read
+//! by the one forward pass. Settings that would change the computation in ways the engine does
+//! not implement (other biases, Qwen2's per-layer sliding window, RoPE types other than default
+//! and llama3, activations other than SiLU) are rejected here, naming the field, rather than
+//! silently ignored: the output must be exact.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::ModelError;
 
-/// The decoder family. Both are pre-norm RMSNorm + RoPE + GQA + SwiGLU; Qwen3 adds a per-head
-/// RMSNorm on q and k (`q_norm`, `k_norm`) before RoPE.
+/// The decoder family. All are pre-norm RMSNorm + RoPE + GQA + SwiGLU; Qwen2 adds biases to
+/// the q/k/v projections, Qwen3 a per-head RMSNorm on q and k (`q_norm`, `k_norm`) before
+/// RoPE, and Mistral may limit attention to a sliding window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -20,6 +23,10 @@ pub enum Arch {
     Llama,
     /// Qwen3 dense models
     Qwen3,
+    /// Qwen2 and Qwen2.5 (q/k/v biases)
+    Qwen2,
+    /// Mistral 7B and relatives (optional sliding window)
+    Mistral,
 }
 
 impl Arch {
@@ -28,6 +35,8 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen2 => "qwen2",
+            Arch::Mistral => "mistral",
         }
     }
 
@@ -36,6 +45,8 @@ impl Arch {
         match self {
             Arch::Llama => "LlamaForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
         }
     }
 }
@@ -97,6 +108,13 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// per-head RMSNorm on q and k before RoPE (Qwen3 `q_norm` / `k_norm`)
     pub qk_norm: bool,
+    /// biases on the q, k and v projections (Qwen2 `q_proj.bias`, ...), added before RoPE
+    #[serde(default)]
+    pub attn_bias: bool,
+    /// each token attends to at most this many most recent positions, itself included
+    /// (Mistral `sliding_window`; `None`: full causal attention), tokens
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
     /// beginning-of-sequence token, if the model has one
     pub bos_token_id: Option<u32>,
     /// tokens that end generation (may be empty: then only the length limit stops it)
@@ -188,7 +206,12 @@ impl ModelConfig {
 
         let default_max_pos = match arch {
             Arch::Llama => 2048,
-            Arch::Qwen3 => 32768,
+            Arch::Qwen3 | Arch::Qwen2 => 32768,
+            Arch::Mistral => 131072,
+        };
+        let sliding_window = match arch {
+            Arch::Mistral => opt_usize(obj, "sliding_window")?,
+            _ => None,
         };
         Ok(ModelConfig {
             arch,
@@ -206,6 +229,8 @@ impl ModelConfig {
             max_position_embeddings: opt_usize(obj, "max_position_embeddings")?
                 .unwrap_or(default_max_pos),
             qk_norm: arch == Arch::Qwen3,
+            attn_bias: arch == Arch::Qwen2,
+            sliding_window,
             bos_token_id: opt_token(obj, "bos_token_id")?,
             eos_token_ids: token_list(obj, "eos_token_id")?,
         })
@@ -258,6 +283,9 @@ impl ModelConfig {
             "max_position_embeddings".into(),
             Value::from(self.max_position_embeddings),
         );
+        if let Some(w) = self.sliding_window {
+            m.insert("sliding_window".into(), Value::from(w));
+        }
         m.insert("hidden_act".into(), Value::from("silu"));
         m.insert(
             "bos_token_id".into(),
@@ -378,6 +406,33 @@ impl ModelConfig {
                 ));
             }
         }
+        if self.attn_bias != (self.arch == Arch::Qwen2) {
+            return Err(ModelError::config(
+                "attn_bias",
+                format!(
+                    "{} does not match arch {} (only qwen2 has q/k/v biases)",
+                    self.attn_bias, self.arch
+                ),
+            ));
+        }
+        match self.sliding_window {
+            Some(0) => {
+                return Err(ModelError::config(
+                    "sliding_window",
+                    "must be greater than 0",
+                ))
+            }
+            Some(_) if self.arch != Arch::Mistral => {
+                return Err(ModelError::config(
+                    "sliding_window",
+                    format!(
+                        "arch {} has no sliding window here (mistral only)",
+                        self.arch
+                    ),
+                ))
+            }
+            _ => {}
+        }
         if self.qk_norm != (self.arch == Arch::Qwen3) {
             return Err(ModelError::config(
                 "qk_norm",
@@ -429,7 +484,8 @@ impl ModelConfig {
             self.head_dim as u64,
         );
         let norms = 2 * h + if self.qk_norm { 2 * d } else { 0 };
-        (2 * q + 2 * kv) * h + 3 * i * h + norms
+        let biases = if self.attn_bias { q + 2 * kv } else { 0 };
+        (2 * q + 2 * kv) * h + 3 * i * h + norms + biases
     }
 
     /// Checks that files holding `file_bytes` bytes in all can hold the tensors this config
@@ -481,6 +537,8 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
         return match mt {
             "llama" => Ok(Arch::Llama),
             "qwen3" => Ok(Arch::Qwen3),
+            "qwen2" => Ok(Arch::Qwen2),
+            "mistral" => Ok(Arch::Mistral),
             other => Err(ModelError::UnknownArch(other.to_string())),
         };
     }
@@ -498,22 +556,41 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
     match first {
         "LlamaForCausalLM" => Ok(Arch::Llama),
         "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
+        "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
+        "MistralForCausalLM" => Ok(Arch::Mistral),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }
 }
 
 /// Settings that would make the HF model compute something the engine does not.
 fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(), ModelError> {
-    for key in ["attention_bias", "mlp_bias"] {
+    // Qwen2's q/k/v biases are part of its graph whatever `attention_bias` says (HF ignores it).
+    let bias_keys: &[&str] = match arch {
+        Arch::Qwen2 => &["mlp_bias"],
+        _ => &["attention_bias", "mlp_bias"],
+    };
+    for &key in bias_keys {
         if opt_bool(obj, key)? == Some(true) {
             return Err(ModelError::config(key, "biases are not supported"));
         }
     }
-    if arch == Arch::Qwen3 && opt_bool(obj, "use_sliding_window")? == Some(true) {
+    // Qwen2/3 slide only from `max_window_layers` on: not implemented. Mistral's window covers
+    // every layer and is read as `sliding_window`.
+    if matches!(arch, Arch::Qwen3 | Arch::Qwen2)
+        && opt_bool(obj, "use_sliding_window")? == Some(true)
+    {
         return Err(ModelError::config(
             "use_sliding_window",
-            "sliding-window attention is not supported",
+            "per-layer sliding-window attention is not supported for qwen",
         ));
+    }
+    if let Some(types) = obj.get("layer_types").and_then(Value::as_array) {
+        if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+            return Err(ModelError::config(
+                "layer_types",
+                format!("layer type {t} is not supported (only full_attention)"),
+            ));
+        }
     }
     if let Some(act) = obj.get("hidden_act").filter(|v| !v.is_null()) {
         if act.as_str() != Some("silu") {
@@ -811,6 +888,62 @@ mod tests {
         c.rms_norm_eps = 1e-5;
         c.vocab_size = usize::MAX / 2;
         assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
+    }
+
+    #[test]
+    fn qwen2_biases_and_mistral_window() {
+        let base = r#"{"model_type": "MT", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256X}"#;
+        let cfg = |mt: &str, extra: &str| {
+            ModelConfig::from_hf_json(&base.replace("MT", mt).replace('X', extra))
+        };
+        let q = cfg(
+            "qwen2",
+            r#", "attention_bias": true, "sliding_window": 4096"#,
+        )
+        .unwrap();
+        q.validate().unwrap();
+        assert!(q.attn_bias && !q.qk_norm && q.sliding_window.is_none());
+        let e = cfg("qwen2", r#", "use_sliding_window": true"#).unwrap_err();
+        assert!(e.to_string().contains("use_sliding_window"), "{e}");
+        let e = cfg(
+            "qwen2",
+            r#", "layer_types": ["full_attention", "sliding_attention"]"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("layer_types"), "{e}");
+        let m = cfg("mistral", r#", "sliding_window": 4096"#).unwrap();
+        m.validate().unwrap();
+        assert_eq!(
+            (m.arch, m.sliding_window, m.attn_bias),
+            (Arch::Mistral, Some(4096), false)
+        );
+        assert_eq!(
+            cfg("mistral", r#", "sliding_window": null"#)
+                .unwrap()
+                .sliding_window,
+            None
+        );
+        assert_eq!(
+            ModelConfig::from_hf_json(&m.to_hf_json("float32")).unwrap(),
+            m
+        );
+        let e = cfg("mistral", r#", "attention_bias": true"#).unwrap_err();
+        assert!(e.to_string().contains("attention_bias"), "{e}");
+        let mut bad = m.clone();
+        bad.arch = Arch::Llama;
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("sliding_window"));
+        let mut bad = q.clone();
+        bad.attn_bias = false;
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("attn_bias"));
     }
 
     #[test]

@@ -349,6 +349,13 @@ const LAYER_NAME_MAP: [(&str, &str); 11] = [
     ("ffn_down", suffix::DOWN_PROJ),
 ];
 
+/// Per-layer GGUF bias names (`blk.N.<gguf>.bias`) and their HF suffixes (Qwen2).
+const LAYER_BIAS_MAP: [(&str, &str); 3] = [
+    ("attn_q", suffix::Q_BIAS),
+    ("attn_k", suffix::K_BIAS),
+    ("attn_v", suffix::V_BIAS),
+];
+
 /// GGUF tensor name → canonical HF name (`None` for names outside the llama graph).
 pub fn gguf_to_hf_name(name: &str) -> Option<String> {
     match name {
@@ -359,9 +366,12 @@ pub fn gguf_to_hf_name(name: &str) -> Option<String> {
     }
     let rest = name.strip_prefix("blk.")?;
     let (idx, tail) = rest.split_once('.')?;
-    let stem = tail.strip_suffix(".weight")?;
+    let (stem, table) = match tail.strip_suffix(".weight") {
+        Some(stem) => (stem, &LAYER_NAME_MAP[..]),
+        None => (tail.strip_suffix(".bias")?, &LAYER_BIAS_MAP[..]),
+    };
     let hf_layer = names::parse_layer_tensor_name(&format!("model.layers.{idx}.x"))?.0;
-    let (_, hf_suffix) = LAYER_NAME_MAP.iter().find(|(g, _)| *g == stem)?;
+    let (_, hf_suffix) = table.iter().find(|(g, _)| *g == stem)?;
     Some(names::layer_tensor_name(hf_layer, hf_suffix))
 }
 
@@ -374,6 +384,9 @@ pub fn hf_to_gguf_name(name: &str) -> Option<String> {
         _ => {}
     }
     let (layer, hf_suffix) = names::parse_layer_tensor_name(name)?;
+    if let Some((stem, _)) = LAYER_BIAS_MAP.iter().find(|(_, h)| *h == hf_suffix) {
+        return Some(format!("blk.{layer}.{stem}.bias"));
+    }
     let (stem, _) = LAYER_NAME_MAP.iter().find(|(_, h)| *h == hf_suffix)?;
     Some(format!("blk.{layer}.{stem}.weight"))
 }
@@ -722,32 +735,38 @@ fn opt_f32(meta: &GgufMetadata, key: &str) -> Result<Option<f32>, ModelError> {
 }
 
 impl GgufFile {
-    /// The [`ModelConfig`] of a `llama` GGUF (any other architecture is
-    /// [`ModelError::UnknownArch`]). Not yet validated.
+    /// The [`ModelConfig`] of a `llama`, `qwen2` or `qwen3` GGUF (any other architecture is
+    /// [`ModelError::UnknownArch`]); keys are read under the architecture's prefix
+    /// (`qwen2.block_count`, ...). Mistral files say `llama` (llama.cpp keeps no sliding window
+    /// for them). Not yet validated.
     ///
     /// Features the engine does not implement are rejected by name: RoPE scaling
-    /// (`llama.rope.scaling.type` other than `none`, or a `rope_freqs.weight` tensor as Llama
+    /// (`ARCH.rope.scaling.type` other than `none`, or a `rope_freqs.weight` tensor as Llama
     /// 3.1+ conversions write), partial rotary dimensions, expert (MoE) layers.
     pub fn model_config(&self) -> Result<ModelConfig, ModelError> {
         let m = &self.metadata;
         let arch = m
             .architecture()
             .ok_or_else(|| ModelError::config("general.architecture", "missing or not a string"))?;
-        if arch != "llama" {
-            return Err(ModelError::UnknownArch(arch.to_string()));
-        }
-        if let Some(n) = opt_u32(m, "llama.expert_count")? {
+        let arch_kind = match arch {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            other => return Err(ModelError::UnknownArch(other.to_string())),
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        if let Some(n) = opt_u32(m, &key("expert_count"))? {
             if n > 0 {
                 return Err(ModelError::config(
-                    "llama.expert_count",
+                    &key("expert_count"),
                     "mixture-of-experts models are not supported",
                 ));
             }
         }
-        if let Some(t) = m.get("llama.rope.scaling.type") {
+        if let Some(t) = m.get(&key("rope.scaling.type")) {
             if t.as_str() != Some("none") {
                 return Err(ModelError::config(
-                    "llama.rope.scaling.type",
+                    &key("rope.scaling.type"),
                     format!("{t:?} is not supported"),
                 ));
             }
@@ -758,11 +777,11 @@ impl GgufFile {
                 "per-frequency RoPE factors (Llama 3.1+ GGUF) are not supported; use the HF checkpoint",
             ));
         }
-        let hidden_size = req_u32(m, "llama.embedding_length")?;
-        let num_heads = req_u32(m, "llama.attention.head_count")?;
-        let num_kv_heads = opt_u32(m, "llama.attention.head_count_kv")?.unwrap_or(num_heads);
-        let rope_dim = opt_u32(m, "llama.rope.dimension_count")?;
-        let head_dim = match (opt_u32(m, "llama.attention.key_length")?, rope_dim) {
+        let hidden_size = req_u32(m, &key("embedding_length"))?;
+        let num_heads = req_u32(m, &key("attention.head_count"))?;
+        let num_kv_heads = opt_u32(m, &key("attention.head_count_kv"))?.unwrap_or(num_heads);
+        let rope_dim = opt_u32(m, &key("rope.dimension_count"))?;
+        let head_dim = match (opt_u32(m, &key("attention.key_length"))?, rope_dim) {
             (Some(k), _) => k,
             (None, Some(r)) => r,
             (None, None) if num_heads > 0 => hidden_size / num_heads,
@@ -771,20 +790,20 @@ impl GgufFile {
         if let Some(r) = rope_dim {
             if r != head_dim {
                 return Err(ModelError::config(
-                    "llama.rope.dimension_count",
+                    &key("rope.dimension_count"),
                     format!("{r} differs from head_dim {head_dim}: partial rotary embedding is not supported"),
                 ));
             }
         }
-        if let Some(v) = opt_u32(m, "llama.attention.value_length")? {
+        if let Some(v) = opt_u32(m, &key("attention.value_length"))? {
             if v != head_dim {
                 return Err(ModelError::config(
-                    "llama.attention.value_length",
+                    &key("attention.value_length"),
                     format!("{v} differs from head_dim {head_dim}"),
                 ));
             }
         }
-        let vocab_size = match opt_u32(m, "llama.vocab_size")? {
+        let vocab_size = match opt_u32(m, &key("vocab_size"))? {
             Some(v) => v,
             None => match m.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array) {
                 Some(tokens) => tokens.len(),
@@ -796,7 +815,7 @@ impl GgufFile {
                     .map(|v| v as usize)
                     .ok_or_else(|| {
                         ModelError::config(
-                            "llama.vocab_size",
+                            &key("vocab_size"),
                             "missing, and no tokenizer.ggml.tokens",
                         )
                     })?,
@@ -816,22 +835,24 @@ impl GgufFile {
             }
         }
         Ok(ModelConfig {
-            arch: Arch::Llama,
+            arch: arch_kind,
             hidden_size,
-            intermediate_size: req_u32(m, "llama.feed_forward_length")?,
-            num_layers: req_u32(m, "llama.block_count")?,
+            intermediate_size: req_u32(m, &key("feed_forward_length"))?,
+            num_layers: req_u32(m, &key("block_count"))?,
             num_heads,
             num_kv_heads,
             head_dim,
             vocab_size,
-            rms_norm_eps: opt_f32(m, "llama.attention.layer_norm_rms_epsilon")?.ok_or_else(
-                || ModelError::config("llama.attention.layer_norm_rms_epsilon", "missing"),
+            rms_norm_eps: opt_f32(m, &key("attention.layer_norm_rms_epsilon"))?.ok_or_else(
+                || ModelError::config(&key("attention.layer_norm_rms_epsilon"), "missing"),
             )?,
-            rope_theta: opt_f32(m, "llama.rope.freq_base")?.unwrap_or(10000.0),
+            rope_theta: opt_f32(m, &key("rope.freq_base"))?.unwrap_or(10000.0),
             rope_scaling: None,
             tie_word_embeddings: !self.tensors.iter().any(|t| t.name == "output.weight"),
-            max_position_embeddings: req_u32(m, "llama.context_length")?,
-            qk_norm: false,
+            max_position_embeddings: req_u32(m, &key("context_length"))?,
+            qk_norm: arch_kind == Arch::Qwen3,
+            attn_bias: arch_kind == Arch::Qwen2,
+            sliding_window: None,
             bos_token_id: opt_u32(m, "tokenizer.ggml.bos_token_id")?.map(|x| x as u32),
             eos_token_ids,
         })
@@ -877,7 +898,15 @@ mod tests {
             assert_eq!(hf_to_gguf_name(h).as_deref(), Some(g));
         }
         assert_eq!(gguf_to_hf_name("blk.x.attn_q.weight"), None);
-        assert_eq!(gguf_to_hf_name("blk.0.attn_q.bias"), None);
+        assert_eq!(
+            gguf_to_hf_name("blk.0.attn_q.bias").as_deref(),
+            Some("model.layers.0.self_attn.q_proj.bias")
+        );
+        assert_eq!(
+            hf_to_gguf_name("model.layers.2.self_attn.v_proj.bias").as_deref(),
+            Some("blk.2.attn_v.bias")
+        );
+        assert_eq!(gguf_to_hf_name("blk.0.attn_output.bias"), None);
         assert_eq!(gguf_to_hf_name("rope_freqs.weight"), None);
     }
 

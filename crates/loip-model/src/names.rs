@@ -26,6 +26,12 @@ pub mod suffix {
     pub const V_PROJ: &str = "self_attn.v_proj.weight";
     /// `[hidden_size, num_heads * head_dim]`
     pub const O_PROJ: &str = "self_attn.o_proj.weight";
+    /// Qwen2 q bias, `[num_heads * head_dim]`
+    pub const Q_BIAS: &str = "self_attn.q_proj.bias";
+    /// Qwen2 k bias, `[num_kv_heads * head_dim]`
+    pub const K_BIAS: &str = "self_attn.k_proj.bias";
+    /// Qwen2 v bias, `[num_kv_heads * head_dim]`
+    pub const V_BIAS: &str = "self_attn.v_proj.bias";
     /// Qwen3 per-head RMSNorm on q, `[head_dim]`
     pub const Q_NORM: &str = "self_attn.q_norm.weight";
     /// Qwen3 per-head RMSNorm on k, `[head_dim]`
@@ -63,7 +69,7 @@ pub fn parse_layer_tensor_name(name: &str) -> Option<(usize, &str)> {
 pub enum TensorGroup {
     /// embedding table
     Embedding,
-    /// `input_layernorm` + q/k/v/o (+ q/k norms) of a layer
+    /// `input_layernorm` + q/k/v/o (+ q/k/v biases, q/k norms) of a layer
     Attention(usize),
     /// `post_attention_layernorm` + gate/up/down of a layer
     Mlp(usize),
@@ -113,6 +119,11 @@ pub fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<TensorSpec> {
         TensorSpec::new(n(V_PROJ), vec![kv, h], att),
         TensorSpec::new(n(O_PROJ), vec![h, q], att),
     ];
+    if cfg.attn_bias {
+        v.push(TensorSpec::new(n(Q_BIAS), vec![q], att));
+        v.push(TensorSpec::new(n(K_BIAS), vec![kv], att));
+        v.push(TensorSpec::new(n(V_BIAS), vec![kv], att));
+    }
     if cfg.qk_norm {
         v.push(TensorSpec::new(n(Q_NORM), vec![d], att));
         v.push(TensorSpec::new(n(K_NORM), vec![d], att));
