@@ -32,12 +32,13 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-const TINY: [&str; 5] = [
+const TINY: [&str; 6] = [
     "tiny-llama",
     "tiny-qwen3",
     "tiny-llama-bf16-tied",
     "tiny-qwen2",
     "tiny-mistral",
+    "tiny-gemma3",
 ];
 
 #[test]

@@ -27,6 +27,10 @@ pub enum Arch {
     Qwen2,
     /// Mistral 7B and relatives (optional sliding window)
     Mistral,
+    /// Gemma 3 text decoder: embeddings × √hidden, `(1 + w)` RMSNorms before and after
+    /// attention and MLP, q/k norms, GeGLU (tanh GELU), `query_pre_attn_scalar`, sliding-window
+    /// layers with their own RoPE base between full-attention layers, tied head
+    Gemma3,
 }
 
 impl Arch {
@@ -37,6 +41,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen2 => "qwen2",
             Arch::Mistral => "mistral",
+            Arch::Gemma3 => "gemma3_text",
         }
     }
 
@@ -47,6 +52,7 @@ impl Arch {
             Arch::Qwen3 => "Qwen3ForCausalLM",
             Arch::Qwen2 => "Qwen2ForCausalLM",
             Arch::Mistral => "MistralForCausalLM",
+            Arch::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 }
@@ -115,6 +121,23 @@ pub struct ModelConfig {
     /// (Mistral `sliding_window`; `None`: full causal attention), tokens
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// per layer, `true` where the layer attends within [`ModelConfig::sliding_window`]
+    /// (Gemma 3 `layer_types` "sliding_attention"); empty: the window, if any, applies to
+    /// every layer (Mistral)
+    #[serde(default)]
+    pub sliding_layers: Vec<bool>,
+    /// RoPE base θ of the sliding-window layers (Gemma 3 `rope_local_base_freq`); `None`:
+    /// [`ModelConfig::rope_theta`]
+    #[serde(default)]
+    pub rope_local_theta: Option<f32>,
+    /// attention scores scaled by `query_pre_attn_scalar^-1/2` (Gemma) instead of
+    /// `head_dim^-1/2`; `None`: `head_dim`
+    #[serde(default)]
+    pub query_pre_attn_scalar: Option<f32>,
+    /// RMSNorm weights are stored as `w` and applied as `1 + w` (Gemma HF checkpoints;
+    /// llama.cpp's converter stores `1 + w`, so a Gemma GGUF has this `false`)
+    #[serde(default)]
+    pub norm_plus_one: bool,
     /// beginning-of-sequence token, if the model has one
     pub bos_token_id: Option<u32>,
     /// tokens that end generation (may be empty: then only the length limit stops it)
@@ -188,7 +211,23 @@ impl ModelConfig {
             }
         };
 
-        let rope_parameters = opt_object(obj, "rope_parameters")?;
+        let mut rope_parameters = opt_object(obj, "rope_parameters")?;
+        // Gemma 3 (transformers ≥ 5): one set of RoPE parameters per layer type.
+        let mut rope_local_theta = opt_f32(obj, "rope_local_base_freq")?;
+        if let Some(p) = rope_parameters.filter(|p| p.contains_key("full_attention")) {
+            rope_parameters = opt_object(p, "full_attention")?;
+            if let Some(local) = opt_object(p, "sliding_attention")? {
+                if parse_rope_scaling(local, "rope_parameters.sliding_attention")?.is_some() {
+                    return Err(ModelError::config(
+                        "rope_parameters.sliding_attention.rope_type",
+                        "only the default RoPE is supported on sliding layers",
+                    ));
+                }
+                rope_local_theta =
+                    opt_f32_in(local, "rope_parameters.sliding_attention", "rope_theta")?
+                        .or(rope_local_theta);
+            }
+        }
         let rope_theta = match opt_f32(obj, "rope_theta")? {
             Some(t) => t,
             None => match rope_parameters {
@@ -207,17 +246,29 @@ impl ModelConfig {
         let default_max_pos = match arch {
             Arch::Llama => 2048,
             Arch::Qwen3 | Arch::Qwen2 => 32768,
-            Arch::Mistral => 131072,
+            Arch::Mistral | Arch::Gemma3 => 131072,
         };
         let sliding_window = match arch {
-            Arch::Mistral => opt_usize(obj, "sliding_window")?,
+            Arch::Mistral | Arch::Gemma3 => opt_usize(obj, "sliding_window")?,
+            _ => None,
+        };
+        let num_layers = req_usize(obj, "num_hidden_layers")?;
+        let (sliding_layers, query_pre_attn_scalar) = match arch {
+            Arch::Gemma3 => (
+                gemma_sliding_layers(obj, num_layers)?,
+                Some(opt_f32(obj, "query_pre_attn_scalar")?.unwrap_or(head_dim as f32)),
+            ),
+            _ => (Vec::new(), None),
+        };
+        let rope_local_theta = match arch {
+            Arch::Gemma3 => Some(rope_local_theta.unwrap_or(10000.0)),
             _ => None,
         };
         Ok(ModelConfig {
             arch,
             hidden_size,
             intermediate_size: req_usize(obj, "intermediate_size")?,
-            num_layers: req_usize(obj, "num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -225,12 +276,17 @@ impl ModelConfig {
             rms_norm_eps: opt_f32(obj, "rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            tie_word_embeddings: opt_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
+            tie_word_embeddings: opt_bool(obj, "tie_word_embeddings")?
+                .unwrap_or(arch == Arch::Gemma3),
             max_position_embeddings: opt_usize(obj, "max_position_embeddings")?
                 .unwrap_or(default_max_pos),
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             attn_bias: arch == Arch::Qwen2,
             sliding_window,
+            sliding_layers,
+            rope_local_theta,
+            query_pre_attn_scalar,
+            norm_plus_one: arch == Arch::Gemma3,
             bos_token_id: opt_token(obj, "bos_token_id")?,
             eos_token_ids: token_list(obj, "eos_token_id")?,
         })
@@ -286,7 +342,31 @@ impl ModelConfig {
         if let Some(w) = self.sliding_window {
             m.insert("sliding_window".into(), Value::from(w));
         }
-        m.insert("hidden_act".into(), Value::from("silu"));
+        if !self.sliding_layers.is_empty() {
+            let types: Vec<&str> = self
+                .sliding_layers
+                .iter()
+                .map(|&s| {
+                    if s {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect();
+            m.insert("layer_types".into(), Value::from(types));
+        }
+        if let Some(t) = self.rope_local_theta {
+            m.insert("rope_local_base_freq".into(), Value::from(t));
+        }
+        if let Some(q) = self.query_pre_attn_scalar {
+            m.insert("query_pre_attn_scalar".into(), Value::from(q));
+        }
+        let act = match self.arch {
+            Arch::Gemma3 => "gelu_pytorch_tanh",
+            _ => "silu",
+        };
+        m.insert("hidden_act".into(), Value::from(act));
         m.insert(
             "bos_token_id".into(),
             self.bos_token_id.map_or(Value::Null, Value::from),
@@ -422,22 +502,62 @@ impl ModelConfig {
                     "must be greater than 0",
                 ))
             }
-            Some(_) if self.arch != Arch::Mistral => {
+            Some(_) if !matches!(self.arch, Arch::Mistral | Arch::Gemma3) => {
                 return Err(ModelError::config(
                     "sliding_window",
                     format!(
-                        "arch {} has no sliding window here (mistral only)",
+                        "arch {} has no sliding window here (mistral, gemma3 only)",
                         self.arch
                     ),
                 ))
             }
             _ => {}
         }
-        if self.qk_norm != (self.arch == Arch::Qwen3) {
+        let gemma = self.arch == Arch::Gemma3;
+        if !self.sliding_layers.is_empty()
+            && (!gemma || self.sliding_layers.len() != self.num_layers)
+        {
+            return Err(ModelError::config(
+                "sliding_layers",
+                format!(
+                    "{} layer types for {} layers of arch {} (gemma3 only, one per layer)",
+                    self.sliding_layers.len(),
+                    self.num_layers,
+                    self.arch
+                ),
+            ));
+        }
+        for (field, v) in [
+            ("rope_local_theta", self.rope_local_theta),
+            ("query_pre_attn_scalar", self.query_pre_attn_scalar),
+        ] {
+            match v {
+                Some(_) if !gemma => {
+                    return Err(ModelError::config(
+                        field,
+                        format!("arch {} has none", self.arch),
+                    ))
+                }
+                Some(x) if !(x.is_finite() && x > 0.0) => {
+                    return Err(ModelError::config(
+                        field,
+                        format!("{x} is not a positive finite number"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if self.norm_plus_one && !gemma {
+            return Err(ModelError::config(
+                "norm_plus_one",
+                format!("arch {} has plain RMSNorm weights", self.arch),
+            ));
+        }
+        if self.qk_norm != matches!(self.arch, Arch::Qwen3 | Arch::Gemma3) {
             return Err(ModelError::config(
                 "qk_norm",
                 format!(
-                    "{} does not match arch {} (only qwen3 has q/k norms)",
+                    "{} does not match arch {} (only qwen3 and gemma3 have q/k norms)",
                     self.qk_norm, self.arch
                 ),
             ));
@@ -485,6 +605,7 @@ impl ModelConfig {
         );
         let norms = 2 * h + if self.qk_norm { 2 * d } else { 0 };
         let biases = if self.attn_bias { q + 2 * kv } else { 0 };
+        let norms = norms + if self.arch == Arch::Gemma3 { 2 * h } else { 0 };
         (2 * q + 2 * kv) * h + 3 * i * h + norms + biases
     }
 
@@ -518,6 +639,19 @@ impl ModelConfig {
         ))
     }
 
+    /// The attention window of layer `layer`, tokens (`None`: full causal attention).
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        match self.sliding_layers.get(layer) {
+            Some(false) => None,
+            _ => self.sliding_window,
+        }
+    }
+
+    /// Whether layer `layer` is a sliding-window layer (its own RoPE base on Gemma 3).
+    pub fn is_sliding_layer(&self, layer: usize) -> bool {
+        self.layer_window(layer).is_some()
+    }
+
     /// Query projection width `num_heads × head_dim`, elements.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
@@ -536,6 +670,7 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
         })?;
         return match mt {
             "llama" => Ok(Arch::Llama),
+            "gemma3_text" => Ok(Arch::Gemma3),
             "qwen3" => Ok(Arch::Qwen3),
             "qwen2" => Ok(Arch::Qwen2),
             "mistral" => Ok(Arch::Mistral),
@@ -558,6 +693,7 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
         "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
         "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
         "MistralForCausalLM" => Ok(Arch::Mistral),
+        "Gemma3ForCausalLM" => Ok(Arch::Gemma3),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }
 }
@@ -584,6 +720,35 @@ fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(
             "per-layer sliding-window attention is not supported for qwen",
         ));
     }
+    if arch == Arch::Gemma3 {
+        for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+            if obj.get(key).is_some_and(|v| !v.is_null()) {
+                return Err(ModelError::config(
+                    key,
+                    "logit soft-capping is not supported",
+                ));
+            }
+        }
+        if opt_bool(obj, "use_bidirectional_attention")? == Some(true) {
+            return Err(ModelError::config(
+                "use_bidirectional_attention",
+                "only causal attention is supported",
+            ));
+        }
+        let act = obj
+            .get("hidden_activation")
+            .filter(|v| !v.is_null())
+            .or_else(|| obj.get("hidden_act").filter(|v| !v.is_null()));
+        if let Some(act) = act {
+            if act.as_str() != Some("gelu_pytorch_tanh") {
+                return Err(ModelError::config(
+                    "hidden_activation",
+                    format!("{act} is not supported (gemma3: only gelu_pytorch_tanh)"),
+                ));
+            }
+        }
+        return Ok(());
+    }
     if let Some(types) = obj.get("layer_types").and_then(Value::as_array) {
         if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
             return Err(ModelError::config(
@@ -601,6 +766,41 @@ fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Gemma 3's per-layer attention kinds: `layer_types` ("sliding_attention" /
+/// "full_attention"), else `sliding_window_pattern` P (every P-th layer full), else 6.
+fn gemma_sliding_layers(
+    obj: &Map<String, Value>,
+    num_layers: usize,
+) -> Result<Vec<bool>, ModelError> {
+    if let Some(types) = obj.get("layer_types").filter(|v| !v.is_null()) {
+        let types = types
+            .as_array()
+            .ok_or_else(|| ModelError::config("layer_types", "expected a list"))?;
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(ModelError::config(
+                    "layer_types",
+                    format!("layer type {t} is not supported"),
+                )),
+            })
+            .collect();
+    }
+    let pattern = match opt_usize(obj, "sliding_window_pattern")? {
+        Some(p) => p,
+        None => opt_usize(obj, "_sliding_window_pattern")?.unwrap_or(6),
+    };
+    if pattern == 0 || num_layers > MAX_NUM_LAYERS {
+        return Err(ModelError::config(
+            "sliding_window_pattern",
+            format!("{pattern} for {num_layers} layers"),
+        ));
+    }
+    Ok((0..num_layers).map(|i| (i + 1) % pattern != 0).collect())
 }
 
 fn parse_rope_scaling(
@@ -944,6 +1144,58 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("attn_bias"));
+    }
+
+    #[test]
+    fn gemma3_layer_types_rope_and_round_trip() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tiny-gemma3/config.json"
+        ))
+        .unwrap();
+        let g = ModelConfig::from_hf_json(&text).unwrap();
+        g.validate().unwrap();
+        assert_eq!(g.arch, Arch::Gemma3);
+        assert_eq!(g.sliding_layers, [true, true, true, true, true, false]);
+        assert_eq!((g.rope_theta, g.rope_local_theta), (1e6, Some(1e4)));
+        assert_eq!(
+            (g.sliding_window, g.query_pre_attn_scalar),
+            (Some(4), Some(16.0))
+        );
+        assert!(g.qk_norm && g.norm_plus_one && g.tie_word_embeddings && !g.attn_bias);
+        assert_eq!((g.layer_window(0), g.layer_window(5)), (Some(4), None));
+        assert_eq!(
+            ModelConfig::from_hf_json(&g.to_hf_json("float32")).unwrap(),
+            g
+        );
+        // The older form: a pattern and top-level RoPE bases.
+        let mut v: Value = serde_json::from_str(&text).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("layer_types");
+        o.remove("rope_parameters");
+        o.insert("sliding_window_pattern".into(), Value::from(3));
+        o.insert("rope_theta".into(), Value::from(1e6));
+        o.insert("rope_local_base_freq".into(), Value::from(1e4));
+        let old = ModelConfig::from_hf_json(&v.to_string()).unwrap();
+        assert_eq!(old.sliding_layers, [true, true, false, true, true, false]);
+        assert_eq!((old.rope_theta, old.rope_local_theta), (1e6, Some(1e4)));
+        for (key, val) in [
+            ("final_logit_softcapping", Value::from(30.0)),
+            ("hidden_activation", Value::from("gelu")),
+            ("layer_types", Value::from(vec!["chunked_attention"])),
+        ] {
+            let mut v: Value = serde_json::from_str(&text).unwrap();
+            v[key] = val;
+            let e = ModelConfig::from_hf_json(&v.to_string()).unwrap_err();
+            assert!(e.to_string().contains(key), "{e}");
+        }
+        let mut bad = g.clone();
+        bad.sliding_layers.pop();
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("sliding_layers"));
     }
 
     #[test]

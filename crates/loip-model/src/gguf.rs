@@ -853,6 +853,10 @@ impl GgufFile {
             qk_norm: arch_kind == Arch::Qwen3,
             attn_bias: arch_kind == Arch::Qwen2,
             sliding_window: None,
+            sliding_layers: Vec::new(),
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
+            norm_plus_one: false,
             bos_token_id: opt_u32(m, "tokenizer.ggml.bos_token_id")?.map(|x| x as u32),
             eos_token_ids,
         })

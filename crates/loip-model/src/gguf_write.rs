@@ -177,6 +177,11 @@ impl GgufWriter {
     /// stored (F32/F16/BF16). A Mistral sliding window has no GGUF key and is rejected.
     pub fn from_checkpoint(ck: &Checkpoint) -> Result<Self, ModelError> {
         let cfg = &ck.config;
+        if cfg.arch == Arch::Gemma3 {
+            return Err(ModelError::UnknownArch(
+                "gemma3 (converting it to GGUF is not implemented)".into(),
+            ));
+        }
         if cfg.sliding_window.is_some() {
             return Err(ModelError::config(
                 "sliding_window",
@@ -215,6 +220,7 @@ pub fn gguf_arch_name(arch: Arch) -> &'static str {
         Arch::Llama | Arch::Mistral => "llama",
         Arch::Qwen2 => "qwen2",
         Arch::Qwen3 => "qwen3",
+        Arch::Gemma3 => "gemma3",
     }
 }
 

@@ -5,7 +5,7 @@
 //! layer's weight is `[out_features, in_features]` = `[rows, cols]`, so `y = W x` reads one row
 //! per output element.
 
-use crate::config::ModelConfig;
+use crate::config::{Arch, ModelConfig};
 
 /// Token embedding, `[vocab_size, hidden_size]`.
 pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
@@ -36,8 +36,13 @@ pub mod suffix {
     pub const Q_NORM: &str = "self_attn.q_norm.weight";
     /// Qwen3 per-head RMSNorm on k, `[head_dim]`
     pub const K_NORM: &str = "self_attn.k_norm.weight";
-    /// RMSNorm before the MLP, `[hidden_size]`
+    /// RMSNorm before the MLP, `[hidden_size]`; on Gemma 3 the norm of the attention
+    /// output, before the residual add (part of the attention block)
     pub const POST_ATTENTION_LAYERNORM: &str = "post_attention_layernorm.weight";
+    /// Gemma 3 RMSNorm before the MLP, `[hidden_size]`
+    pub const PRE_FEEDFORWARD_LAYERNORM: &str = "pre_feedforward_layernorm.weight";
+    /// Gemma 3 RMSNorm of the MLP output, before the residual add, `[hidden_size]`
+    pub const POST_FEEDFORWARD_LAYERNORM: &str = "post_feedforward_layernorm.weight";
     /// `[intermediate_size, hidden_size]`
     pub const GATE_PROJ: &str = "mlp.gate_proj.weight";
     /// `[intermediate_size, hidden_size]`
@@ -128,12 +133,22 @@ pub fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<TensorSpec> {
         v.push(TensorSpec::new(n(Q_NORM), vec![d], att));
         v.push(TensorSpec::new(n(K_NORM), vec![d], att));
     }
+    if cfg.arch == Arch::Gemma3 {
+        v.extend([
+            TensorSpec::new(n(POST_ATTENTION_LAYERNORM), vec![h], att),
+            TensorSpec::new(n(PRE_FEEDFORWARD_LAYERNORM), vec![h], mlp),
+        ]);
+    } else {
+        v.push(TensorSpec::new(n(POST_ATTENTION_LAYERNORM), vec![h], mlp));
+    }
     v.extend([
-        TensorSpec::new(n(POST_ATTENTION_LAYERNORM), vec![h], mlp),
         TensorSpec::new(n(GATE_PROJ), vec![inter, h], mlp),
         TensorSpec::new(n(UP_PROJ), vec![inter, h], mlp),
         TensorSpec::new(n(DOWN_PROJ), vec![h, inter], mlp),
     ]);
+    if cfg.arch == Arch::Gemma3 {
+        v.push(TensorSpec::new(n(POST_FEEDFORWARD_LAYERNORM), vec![h], mlp));
+    }
     v
 }
 
