@@ -307,6 +307,8 @@ pub fn dtype_from_ggml(id: u32) -> Option<DType> {
         1 => DType::F16,
         2 => DType::Q4_0,
         3 => DType::Q4_1,
+        6 => DType::Q5_0,
+        7 => DType::Q5_1,
         8 => DType::Q8_0,
         12 => DType::Q4K,
         14 => DType::Q6K,
@@ -325,6 +327,8 @@ pub fn ggml_type_of(dtype: DType) -> u32 {
         DType::Q8_0 => 8,
         DType::Q4K => 12,
         DType::Q6K => 14,
+        DType::Q5_0 => 6,
+        DType::Q5_1 => 7,
         DType::BF16 => 30,
     }
 }
@@ -946,12 +950,15 @@ mod tests {
             DType::Q4_1,
             DType::Q4K,
             DType::Q6K,
+            DType::Q5_0,
+            DType::Q5_1,
         ] {
             let id = ggml_type_of(d);
             assert_eq!(dtype_from_ggml(id), Some(d));
             assert_eq!(ggml_type_name(id), Some(d.name()));
         }
         assert_eq!(type_label(13), "Q5_K (13)");
+        assert_eq!(dtype_from_ggml(6), Some(DType::Q5_0));
         assert_eq!(type_label(77), "unknown (77)");
     }
 }
