@@ -158,6 +158,7 @@ fn converted_gguf_of_each_family_gives_the_hf_logits() {
         ("tiny-qwen2", Arch::Qwen2, "qwen2"),
         ("tiny-qwen3", Arch::Qwen3, "qwen3"),
         ("tiny-mistral", Arch::Mistral, "llama"),
+        ("tiny-gemma3", Arch::Gemma3, "gemma3"),
     ] {
         let hf = Checkpoint::open(&fixture(name)).unwrap();
         assert_eq!(hf.config.arch, arch, "{name}");
@@ -171,7 +172,15 @@ fn converted_gguf_of_each_family_gives_the_hf_logits() {
         assert_eq!(meta.architecture(), Some(gguf_arch), "{name}");
         assert_eq!(gg.qk_permuted, gguf_arch == "llama", "{name}");
         assert_eq!(gg.config.attn_bias, arch == Arch::Qwen2, "{name}");
-        assert_eq!(gg.config.qk_norm, arch == Arch::Qwen3, "{name}");
+        let qk_norm = matches!(arch, Arch::Qwen3 | Arch::Gemma3);
+        assert_eq!(gg.config.qk_norm, qk_norm, "{name}");
+        let (mut a_cfg, mut g_cfg) = (hf.config.clone(), gg.config.clone());
+        // A Gemma GGUF stores its norms as 1 + w, a Mistral one says llama; nothing else may
+        // differ.
+        a_cfg.arch = g_cfg.arch;
+        (a_cfg.norm_plus_one, g_cfg.norm_plus_one) = (false, false);
+        (a_cfg.eos_token_ids, g_cfg.eos_token_ids) = (vec![], vec![]);
+        assert_eq!(a_cfg, g_cfg, "{name}");
 
         let exp = expected(name);
         let input = ids(&exp["input_ids"]);

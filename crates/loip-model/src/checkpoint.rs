@@ -19,7 +19,7 @@ use memmap2::Mmap;
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::gguf::{gguf_to_hf_name, GgufFile, GgufMetadata, GGUF_MAGIC};
+use crate::gguf::{gguf_to_hf_name_for, GgufFile, GgufMetadata, GGUF_MAGIC};
 use crate::names;
 use crate::safetensors_file::{read_header, read_index};
 
@@ -256,7 +256,7 @@ impl Checkpoint {
         for t in &gguf.tensors {
             // A tensor the graph does not read (a bias on a `llama` file, ...) would change
             // the computation if llama.cpp uses it: refused rather than ignored.
-            let name = gguf_to_hf_name(&t.name)
+            let name = gguf_to_hf_name_for(config.arch, &t.name)
                 .filter(|n| required.contains(n))
                 .ok_or_else(|| {
                     ModelError::header(

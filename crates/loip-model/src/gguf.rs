@@ -360,6 +360,43 @@ const LAYER_BIAS_MAP: [(&str, &str); 3] = [
     ("attn_v", suffix::V_BIAS),
 ];
 
+/// Gemma 3's per-layer norms as llama.cpp names them; they take precedence over
+/// [`LAYER_NAME_MAP`] for `gemma3` files (where `ffn_norm` is the pre-feedforward norm).
+const GEMMA3_NORM_MAP: [(&str, &str); 3] = [
+    ("post_attention_norm", suffix::POST_ATTENTION_LAYERNORM),
+    ("ffn_norm", suffix::PRE_FEEDFORWARD_LAYERNORM),
+    ("post_ffw_norm", suffix::POST_FEEDFORWARD_LAYERNORM),
+];
+
+/// [`gguf_to_hf_name`] for a file of family `arch` (Gemma 3 names its norms differently).
+pub fn gguf_to_hf_name_for(arch: Arch, name: &str) -> Option<String> {
+    if arch == Arch::Gemma3 {
+        let mapped = name.strip_prefix("blk.").and_then(|rest| {
+            let (idx, tail) = rest.split_once('.')?;
+            let stem = tail.strip_suffix(".weight")?;
+            let (_, hf) = GEMMA3_NORM_MAP.iter().find(|(g, _)| *g == stem)?;
+            let layer = names::parse_layer_tensor_name(&format!("model.layers.{idx}.x"))?.0;
+            Some(names::layer_tensor_name(layer, hf))
+        });
+        if mapped.is_some() {
+            return mapped;
+        }
+    }
+    gguf_to_hf_name(name)
+}
+
+/// [`hf_to_gguf_name`] for a checkpoint of family `arch`.
+pub fn hf_to_gguf_name_for(arch: Arch, name: &str) -> Option<String> {
+    if arch == Arch::Gemma3 {
+        if let Some((layer, hf)) = names::parse_layer_tensor_name(name) {
+            if let Some((stem, _)) = GEMMA3_NORM_MAP.iter().find(|(_, h)| *h == hf) {
+                return Some(format!("blk.{layer}.{stem}.weight"));
+            }
+        }
+    }
+    hf_to_gguf_name(name)
+}
+
 /// GGUF tensor name → canonical HF name (`None` for names outside the llama graph).
 pub fn gguf_to_hf_name(name: &str) -> Option<String> {
     match name {
@@ -756,6 +793,7 @@ impl GgufFile {
             "llama" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
+            "gemma3" => Arch::Gemma3,
             other => return Err(ModelError::UnknownArch(other.to_string())),
         };
         let key = |k: &str| format!("{arch}.{k}");
@@ -825,6 +863,12 @@ impl GgufFile {
                     })?,
             },
         };
+        let num_layers = req_u32(m, &key("block_count"))?;
+        let gemma = if arch_kind == Arch::Gemma3 {
+            gemma3_fields(m, &key, num_layers, hidden_size, num_heads, head_dim)?
+        } else {
+            GemmaFields::default()
+        };
         let mut eos_token_ids = Vec::new();
         for key in [
             "tokenizer.ggml.eos_token_id",
@@ -842,7 +886,7 @@ impl GgufFile {
             arch: arch_kind,
             hidden_size,
             intermediate_size: req_u32(m, &key("feed_forward_length"))?,
-            num_layers: req_u32(m, &key("block_count"))?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -854,17 +898,73 @@ impl GgufFile {
             rope_scaling: None,
             tie_word_embeddings: !self.tensors.iter().any(|t| t.name == "output.weight"),
             max_position_embeddings: req_u32(m, &key("context_length"))?,
-            qk_norm: arch_kind == Arch::Qwen3,
+            qk_norm: matches!(arch_kind, Arch::Qwen3 | Arch::Gemma3),
             attn_bias: arch_kind == Arch::Qwen2,
-            sliding_window: None,
-            sliding_layers: Vec::new(),
-            rope_local_theta: None,
-            query_pre_attn_scalar: None,
+            sliding_window: gemma.window,
+            sliding_layers: gemma.layers,
+            rope_local_theta: gemma.local_theta,
+            query_pre_attn_scalar: gemma.qpas,
+            // llama.cpp's converter stores Gemma's norms as 1 + w already
             norm_plus_one: false,
             bos_token_id: opt_u32(m, "tokenizer.ggml.bos_token_id")?.map(|x| x as u32),
             eos_token_ids,
         })
     }
+}
+
+/// The Gemma 3 fields of a GGUF, with llama.cpp's defaults where the file has no key.
+#[derive(Default)]
+struct GemmaFields {
+    window: Option<usize>,
+    layers: Vec<bool>,
+    local_theta: Option<f32>,
+    qpas: Option<f32>,
+}
+
+/// llama.cpp (`llama-model.cpp`, LLM_ARCH_GEMMA3): every 6th layer is full attention
+/// (`set_swa_pattern(6)`) unless `ARCH.attention.sliding_window_pattern` says otherwise (a
+/// period, or one bool per layer, true = sliding); sliding layers use RoPE base 10000 unless
+/// `ARCH.rope.freq_base_swa` is set; scores are scaled by `head_dim^-1/2`, except for the
+/// 62-layer 27B model, which uses `(hidden / heads)^-1/2`.
+fn gemma3_fields(
+    m: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    num_layers: usize,
+    hidden: usize,
+    heads: usize,
+    head_dim: usize,
+) -> Result<GemmaFields, ModelError> {
+    let window = opt_u32(m, &key("attention.sliding_window"))?;
+    let pattern_key = key("attention.sliding_window_pattern");
+    let layers = match m.get(&pattern_key) {
+        Some(GgufValue::Array(items)) => items
+            .iter()
+            .map(|v| v.as_bool())
+            .collect::<Option<Vec<bool>>>()
+            .ok_or_else(|| ModelError::config(&pattern_key, "expected bools"))?,
+        Some(_) => {
+            let p = req_u32(m, &pattern_key)?;
+            if p == 0 || num_layers > crate::config::MAX_NUM_LAYERS {
+                return Err(ModelError::config(&pattern_key, format!("{p}")));
+            }
+            (0..num_layers).map(|i| i % p < p - 1).collect()
+        }
+        None if num_layers <= crate::config::MAX_NUM_LAYERS => {
+            (0..num_layers).map(|i| i % 6 < 5).collect()
+        }
+        None => Vec::new(), // validate() reports the layer count
+    };
+    let qpas = if num_layers == 62 && heads > 0 {
+        hidden / heads
+    } else {
+        head_dim
+    };
+    Ok(GemmaFields {
+        window,
+        layers,
+        local_theta: Some(opt_f32(m, &key("rope.freq_base_swa"))?.unwrap_or(10000.0)),
+        qpas: Some(qpas as f32),
+    })
 }
 
 #[cfg(test)]

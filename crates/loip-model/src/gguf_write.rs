@@ -12,7 +12,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{Arch, ModelConfig};
 use crate::error::ModelError;
 use crate::gguf::{
-    ggml_type_of, gguf_qk_row_to_hf, hf_to_gguf_name, value_type, GgufValue, DEFAULT_ALIGNMENT,
+    ggml_type_of, gguf_qk_row_to_hf, hf_to_gguf_name_for, value_type, GgufValue, DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
 };
 use crate::names::{self, suffix};
@@ -117,6 +117,13 @@ impl GgufWriter {
             )
             .kv(k("vocab_size"), u(cfg.vocab_size))
             .kv(k("rope.dimension_count"), u(cfg.head_dim));
+        if cfg.arch == Arch::Gemma3 {
+            self.kv(k("attention.key_length"), u(cfg.head_dim))
+                .kv(k("attention.value_length"), u(cfg.head_dim));
+            if let Some(w) = cfg.sliding_window {
+                self.kv(k("attention.sliding_window"), u(w));
+            }
+        }
         if let Some(b) = cfg.bos_token_id {
             self.kv("tokenizer.ggml.bos_token_id", GgufValue::U32(b));
         }
@@ -177,12 +184,23 @@ impl GgufWriter {
     /// stored (F32/F16/BF16). A Mistral sliding window has no GGUF key and is rejected.
     pub fn from_checkpoint(ck: &Checkpoint) -> Result<Self, ModelError> {
         let cfg = &ck.config;
-        if cfg.arch == Arch::Gemma3 {
-            return Err(ModelError::UnknownArch(
-                "gemma3 (converting it to GGUF is not implemented)".into(),
-            ));
+        let gemma = cfg.arch == Arch::Gemma3;
+        if gemma {
+            let pattern6: Vec<bool> = (0..cfg.num_layers).map(|i| i % 6 < 5).collect();
+            let plain = cfg.sliding_layers == pattern6
+                && cfg.rope_local_theta == Some(10000.0)
+                && cfg.query_pre_attn_scalar == Some(cfg.head_dim as f32)
+                && cfg.norm_plus_one
+                && info_is_f32(ck);
+            if !plain {
+                return Err(ModelError::config(
+                    "gemma3",
+                    "only F32 checkpoints with llama.cpp's default layer pattern, local RoPE base \
+                     and score scale convert to GGUF",
+                ));
+            }
         }
-        if cfg.sliding_window.is_some() {
+        if cfg.sliding_window.is_some() && !gemma {
             return Err(ModelError::config(
                 "sliding_window",
                 "a GGUF file cannot carry it (llama.cpp keeps none for mistral)",
@@ -194,7 +212,7 @@ impl GgufWriter {
         for spec in names::model_tensors(cfg) {
             let info = ck.tensor_info(&spec.name)?;
             let bytes = ck.tensor_bytes(&spec.name)?;
-            let gguf_name = hf_to_gguf_name(&spec.name)
+            let gguf_name = hf_to_gguf_name_for(cfg.arch, &spec.name)
                 .ok_or_else(|| ModelError::config(spec.name.clone(), "has no GGUF name"))?;
             let data = match names::parse_layer_tensor_name(&spec.name) {
                 Some((_, s)) if (s == suffix::Q_PROJ || s == suffix::K_PROJ) && permute => {
@@ -206,12 +224,26 @@ impl GgufWriter {
                     })?;
                     permute_heads(bytes, row_bytes, cfg.head_dim)
                 }
+                // llama.cpp's Gemma converter stores norms as 1 + w (F32, checked above)
+                _ if gemma && spec.name.ends_with("norm.weight") => bytes
+                    .chunks_exact(4)
+                    .flat_map(|c| {
+                        (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) + 1.0).to_le_bytes()
+                    })
+                    .collect(),
                 _ => bytes.to_vec(),
             };
             w.tensor(gguf_name, info.dtype, &info.shape, data);
         }
         Ok(w)
     }
+}
+
+/// Whether every tensor of the checkpoint is stored as F32.
+fn info_is_f32(ck: &Checkpoint) -> bool {
+    ck.tensors
+        .values()
+        .all(|t| t.dtype == loip_kernels::DType::F32)
 }
 
 /// The GGUF `general.architecture` of a family (Mistral files say `llama`).
