@@ -55,6 +55,7 @@ fn vocab(pre: &str, add_bos: bool) -> GgufVocab {
         tokens,
         token_types: types,
         merges,
+        scores: Vec::new(),
         bos: Some(1),
         eos: Some(2),
         add_bos,
