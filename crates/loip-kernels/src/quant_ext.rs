@@ -36,16 +36,22 @@ pub(crate) fn dequant_q5(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         let d = f16_at(b, 0);
         let qh = u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]]);
         let qs = &b[off + 4..off + 20];
-        for j in 0..16 {
+        // the 5-bit values q of elements j and j + 16
+        let q = |j: usize| {
             let xh_0 = ((qh >> j) << 4) & 0x10;
             let xh_1 = (qh >> (j + 12)) & 0x10;
-            let lo = (qs[j] as u32 & 0x0F) | xh_0;
-            let hi = (qs[j] as u32 >> 4) | xh_1;
-            if has_min {
-                let m = f16_at(b, 2);
+            ((qs[j] as u32 & 0x0F) | xh_0, (qs[j] as u32 >> 4) | xh_1)
+        };
+        if has_min {
+            let m = f16_at(b, 2);
+            for j in 0..16 {
+                let (lo, hi) = q(j);
                 o[j] = lo as f32 * d + m;
                 o[j + 16] = hi as f32 * d + m;
-            } else {
+            }
+        } else {
+            for j in 0..16 {
+                let (lo, hi) = q(j);
                 o[j] = (lo as i32 - 16) as f32 * d;
                 o[j + 16] = (hi as i32 - 16) as f32 * d;
             }
