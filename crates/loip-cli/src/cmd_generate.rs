@@ -178,9 +178,6 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
 
 /// `loip fetch`.
 pub fn fetch(a: FetchArgs) -> Result<()> {
-    if a.name != "smollm2" {
-        bail!("unknown model name {:?}; known: smollm2", a.name);
-    }
-    println!("{}", loip_model::fetch::fetch_smollm2()?.display());
+    println!("{}", loip_model::fetch::fetch_named(&a.name)?.display());
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! calls, with weights from memory or from the loader's slot.
 
 use loip_kernels::{self as k, DType, Matrix};
-use loip_model::ModelConfig;
+use loip_model::{Arch, ModelConfig};
 use rayon::prelude::*;
 
 use crate::kv::{KvCache, SeqId};
@@ -34,6 +34,8 @@ pub struct Transformer {
     /// model config
     pub cfg: ModelConfig,
     rope: Rope,
+    /// RoPE of the sliding-window layers when their base differs (Gemma 3)
+    rope_local: Option<Rope>,
     qk_permuted: bool,
 }
 
@@ -44,6 +46,9 @@ impl Transformer {
     pub fn new(cfg: ModelConfig, qk_permuted: bool, param_dtype: DType) -> Transformer {
         Transformer {
             rope: Rope::new(&cfg, param_dtype),
+            rope_local: cfg
+                .rope_local_theta
+                .map(|theta| Rope::with_theta(&cfg, theta, param_dtype)),
             cfg,
             qk_permuted,
         }
@@ -65,10 +70,12 @@ impl Transformer {
         Ok(())
     }
 
-    /// Embedding lookup: `out: (ids.len(), hidden)`.
+    /// Embedding lookup: `out: (ids.len(), hidden)`. Gemma 3 scales the rows by √hidden
+    /// (HF `Gemma3TextScaledWordEmbedding`: `hidden_size ** 0.5` rounded to f32).
     pub fn embed(&self, embed: &Matrix, ids: &[u32], out: &mut [f32]) -> Result<(), EngineError> {
         let h = self.cfg.hidden_size;
         self.check_hidden(out, ids.len())?;
+        let scale = (self.cfg.arch == Arch::Gemma3).then(|| (h as f64).sqrt() as f32);
         for (&id, row) in ids.iter().zip(out.chunks_exact_mut(h)) {
             if id as usize >= embed.rows {
                 return Err(EngineError::BadTokenId {
@@ -77,6 +84,9 @@ impl Transformer {
                 });
             }
             k::dequant_row(embed, id as usize, row)?;
+            if let Some(s) = scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
         }
         Ok(())
     }
@@ -103,14 +113,37 @@ impl Transformer {
         let mut kk = vec![0f32; n * kvd]; // (n, n_kv_heads * head_dim)
         let mut v = vec![0f32; n * kvd]; // (n, n_kv_heads * head_dim)
         k::matmul_many(&[&w.q, &w.k, &w.v], &xn, &mut [&mut q, &mut kk, &mut v])?;
+        // Qwen2: `q_proj(x)` etc. carry a bias, added before the norms and RoPE as in HF.
+        for (bias, out) in [
+            (&w.q_bias, &mut q),
+            (&w.k_bias, &mut kk),
+            (&w.v_bias, &mut v),
+        ] {
+            if let Some(b) = bias {
+                let b = dequant_vec(b)?; // (width,)
+                for row in out.chunks_exact_mut(b.len()) {
+                    add_into(row, &b);
+                }
+            }
+        }
 
-        let q_norm = w.q_norm.map(|m| dequant_vec(&m)).transpose()?;
-        let k_norm = w.k_norm.map(|m| dequant_vec(&m)).transpose()?;
-        let half = self.rope.half_dim();
+        let q_norm = w.q_norm.map(|m| self.norm_weight(&m)).transpose()?;
+        let k_norm = w.k_norm.map(|m| self.norm_weight(&m)).transpose()?;
+        let window = c.layer_window(layer);
+        let rope = match &self.rope_local {
+            Some(local) if window.is_some() => local,
+            _ => &self.rope,
+        };
+        // The kernel scales scores by head_dim^-1/2; Gemma asks query_pre_attn_scalar^-1/2.
+        let q_scale = c
+            .query_pre_attn_scalar
+            .filter(|&s| s != d as f32)
+            .map(|s| ((d as f64).sqrt() / f64::from(s).sqrt()) as f32);
+        let half = rope.half_dim();
         let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
         let mut tmp = vec![0f32; d];
         for (t, tp) in batch.iter().enumerate() {
-            self.rope.cos_sin(tp.pos, &mut cos, &mut sin);
+            rope.cos_sin(tp.pos, &mut cos, &mut sin);
             let qt = &mut q[t * qd..(t + 1) * qd];
             let kt = &mut kk[t * kvd..(t + 1) * kvd];
             for (heads, norm) in [(qt, &q_norm), (kt, &k_norm)] {
@@ -124,6 +157,9 @@ impl Transformer {
                     }
                     k::rope_half(head, &cos, &sin);
                 }
+            }
+            if let Some(s) = q_scale {
+                q[t * qd..(t + 1) * qd].iter_mut().for_each(|v| *v *= s);
             }
         }
         for (t, tp) in batch.iter().enumerate() {
@@ -142,11 +178,14 @@ impl Transformer {
             let tp = batch[t];
             let ctx = tp.pos + 1;
             let (kc, vc) = kv_ref.get(tp.seq, layer, ctx)?;
+            // A sliding window of W keeps the last W positions, this one included (HF
+            // `sliding_window_causal_mask`: kv_idx > q_idx - W).
+            let first = window.map_or(0, |w| ctx.saturating_sub(w));
             k::attention(
                 &q[t * qd..(t + 1) * qd],
-                kc,
-                vc,
-                ctx,
+                &kc[first * kvd..],
+                &vc[first * kvd..],
+                ctx - first,
                 c.num_heads,
                 c.num_kv_heads,
                 d,
@@ -162,11 +201,15 @@ impl Transformer {
 
         let mut o = vec![0f32; n * h]; // (n, hidden)
         k::matmul(&w.o, &att, &mut o)?;
+        if let Some(post) = &w.post_norm {
+            o = self.rmsnorm_rows(&o, post, n)?;
+        }
         add_into(x, &o);
         Ok(())
     }
 
-    /// MLP block (SwiGLU), in place on `x: (n, hidden)`.
+    /// MLP block (SwiGLU; Gemma 3: GeGLU with tanh GELU and a norm of its output), in place
+    /// on `x: (n, hidden)`.
     pub fn mlp(&self, w: &MlpWeights, x: &mut [f32]) -> Result<(), EngineError> {
         let (h, i) = (self.cfg.hidden_size, self.cfg.intermediate_size);
         let n = x.len() / h.max(1);
@@ -175,9 +218,16 @@ impl Transformer {
         let mut gate = vec![0f32; n * i]; // (n, intermediate)
         let mut up = vec![0f32; n * i]; // (n, intermediate)
         k::matmul_many(&[&w.gate, &w.up], &xn, &mut [&mut gate, &mut up])?;
-        k::silu_mul(&mut gate, &up);
+        if self.cfg.arch == Arch::Gemma3 {
+            gelu_tanh_mul(&mut gate, &up);
+        } else {
+            k::silu_mul(&mut gate, &up);
+        }
         let mut down = vec![0f32; n * h]; // (n, hidden)
         k::matmul(&w.down, &gate, &mut down)?;
+        if let Some(post) = &w.out_norm {
+            down = self.rmsnorm_rows(&down, post, n)?;
+        }
         add_into(x, &down);
         Ok(())
     }
@@ -192,9 +242,18 @@ impl Transformer {
         Ok(())
     }
 
+    /// A norm weight as applied: `w`, or `1 + w` (in f32, as HF's Gemma3RMSNorm).
+    fn norm_weight(&self, m: &Matrix) -> Result<Vec<f32>, EngineError> {
+        let mut w = dequant_vec(m)?;
+        if self.cfg.norm_plus_one {
+            w.iter_mut().for_each(|v| *v += 1.0);
+        }
+        Ok(w)
+    }
+
     fn rmsnorm_rows(&self, x: &[f32], weight: &Matrix, n: usize) -> Result<Vec<f32>, EngineError> {
         let h = self.cfg.hidden_size;
-        let wv = dequant_vec(weight)?; // (hidden,)
+        let wv = self.norm_weight(weight)?; // (hidden,)
         let mut out = vec![0f32; n * h];
         for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
             k::rmsnorm(xr, &wv, self.cfg.rms_norm_eps, or);
@@ -217,6 +276,18 @@ fn dequant_vec(m: &Matrix) -> Result<Vec<f32>, EngineError> {
     let mut v = vec![0f32; m.cols];
     k::dequant_row(m, 0, &mut v)?;
     Ok(v)
+}
+
+/// `gate[i] = gelu_tanh(gate[i]) * up[i]`, PyTorch's `gelu(approximate="tanh")`:
+/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const BETA: f32 = 0.797_884_6; // √(2/π)
+    const KAPPA: f32 = 0.044715;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = BETA * (x + KAPPA * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {

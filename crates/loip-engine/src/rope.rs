@@ -14,11 +14,21 @@ impl Rope {
     /// then rounding to `param_dtype`, the checkpoint's float dtype (F32 for quantized files,
     /// which the reference dequantizes to f32).
     pub fn new(cfg: &ModelConfig, param_dtype: DType) -> Rope {
+        Rope::build(cfg, cfg.rope_theta, cfg.rope_scaling.is_some(), param_dtype)
+    }
+
+    /// The plain (unscaled) schedule with base `theta`: Gemma 3's sliding-window layers
+    /// (`rope_local_base_freq`).
+    pub fn with_theta(cfg: &ModelConfig, theta: f32, param_dtype: DType) -> Rope {
+        Rope::build(cfg, theta, false, param_dtype)
+    }
+
+    fn build(cfg: &ModelConfig, theta: f32, scaled: bool, param_dtype: DType) -> Rope {
         let d = cfg.head_dim;
         let mut inv_freq: Vec<f32> = (0..d / 2)
             .map(|i| {
                 let exponent = (2 * i) as f32 / d as f32;
-                1.0f32 / cfg.rope_theta.powf(exponent)
+                1.0f32 / theta.powf(exponent)
             })
             .collect();
         if let Some(RopeScaling::Llama3 {
@@ -26,7 +36,7 @@ impl Rope {
             low_freq_factor,
             high_freq_factor,
             original_max_position_embeddings,
-        }) = cfg.rope_scaling.clone()
+        }) = cfg.rope_scaling.clone().filter(|_| scaled)
         {
             let old = original_max_position_embeddings as f32;
             let low_wavelen = old / low_freq_factor;

@@ -8,7 +8,7 @@ use loip_kernels::{DType, Matrix};
 use loip_model::names::{
     layer_tensor_name as layer_tensor, suffix, EMBED_TOKENS, FINAL_NORM, LM_HEAD,
 };
-use loip_model::{Checkpoint, ModelConfig};
+use loip_model::{Arch, Checkpoint, ModelConfig};
 
 use crate::EngineError;
 
@@ -75,10 +75,19 @@ pub struct AttnWeights<'a> {
     pub v: Matrix<'a>,
     /// (hidden, n_heads * head_dim)
     pub o: Matrix<'a>,
-    /// (1, head_dim), Qwen3 only
+    /// (1, n_heads * head_dim), Qwen2 only (`q_proj.bias`)
+    pub q_bias: Option<Matrix<'a>>,
+    /// (1, n_kv_heads * head_dim), Qwen2 only
+    pub k_bias: Option<Matrix<'a>>,
+    /// (1, n_kv_heads * head_dim), Qwen2 only
+    pub v_bias: Option<Matrix<'a>>,
+    /// (1, head_dim), Qwen3 and Gemma 3
     pub q_norm: Option<Matrix<'a>>,
-    /// (1, head_dim), Qwen3 only
+    /// (1, head_dim), Qwen3 and Gemma 3
     pub k_norm: Option<Matrix<'a>>,
+    /// (1, hidden), Gemma 3 only: norm of the attention output before the residual add
+    /// (`post_attention_layernorm`)
+    pub post_norm: Option<Matrix<'a>>,
 }
 
 impl<'a> AttnWeights<'a> {
@@ -100,7 +109,14 @@ impl<'a> AttnWeights<'a> {
         } else {
             (None, None)
         };
+        let gemma = cfg.arch == Arch::Gemma3;
+        let bias = |s: &str, len: usize| -> Result<Option<Matrix<'a>>, EngineError> {
+            cfg.attn_bias.then(|| vector(src, &n(s), len)).transpose()
+        };
         Ok(AttnWeights {
+            q_bias: bias(suffix::Q_BIAS, qd)?,
+            k_bias: bias(suffix::K_BIAS, kvd)?,
+            v_bias: bias(suffix::V_BIAS, kvd)?,
             input_norm: vector(src, &n(suffix::INPUT_LAYERNORM), h)?,
             q: matrix(src, &n(suffix::Q_PROJ), qd, h)?,
             k: matrix(src, &n(suffix::K_PROJ), kvd, h)?,
@@ -108,6 +124,9 @@ impl<'a> AttnWeights<'a> {
             o: matrix(src, &n(suffix::O_PROJ), h, qd)?,
             q_norm,
             k_norm,
+            post_norm: gemma
+                .then(|| vector(src, &n(suffix::POST_ATTENTION_LAYERNORM), h))
+                .transpose()?,
         })
     }
 }
@@ -115,8 +134,12 @@ impl<'a> AttnWeights<'a> {
 /// One layer's MLP block.
 #[derive(Debug, Clone, Copy)]
 pub struct MlpWeights<'a> {
-    /// (1, hidden)
+    /// (1, hidden), the norm before the MLP (`post_attention_layernorm`; Gemma 3
+    /// `pre_feedforward_layernorm`)
     pub post_norm: Matrix<'a>,
+    /// (1, hidden), Gemma 3 only: norm of the MLP output before the residual add
+    /// (`post_feedforward_layernorm`)
+    pub out_norm: Option<Matrix<'a>>,
     /// (intermediate, hidden)
     pub gate: Matrix<'a>,
     /// (intermediate, hidden)
@@ -134,8 +157,17 @@ impl<'a> MlpWeights<'a> {
     ) -> Result<Self, EngineError> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let n = |s: &str| layer_tensor(layer, s);
+        let gemma = cfg.arch == Arch::Gemma3;
+        let pre = if gemma {
+            suffix::PRE_FEEDFORWARD_LAYERNORM
+        } else {
+            suffix::POST_ATTENTION_LAYERNORM
+        };
         Ok(MlpWeights {
-            post_norm: vector(src, &n(suffix::POST_ATTENTION_LAYERNORM), h)?,
+            post_norm: vector(src, &n(pre), h)?,
+            out_norm: gemma
+                .then(|| vector(src, &n(suffix::POST_FEEDFORWARD_LAYERNORM), h))
+                .transpose()?,
             gate: matrix(src, &n(suffix::GATE_PROJ), i, h)?,
             up: matrix(src, &n(suffix::UP_PROJ), i, h)?,
             down: matrix(src, &n(suffix::DOWN_PROJ), h, i)?,

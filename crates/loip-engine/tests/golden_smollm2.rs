@@ -1,5 +1,8 @@
-//! SmolLM2-135M-Instruct (Q4_1 GGUF) against the HF transformers reference. The model is
-//! fetched and verified on first use (cached), so CI runs this test.
+//! Real quantized models against the HF transformers reference: SmolLM2-135M-Instruct (Q4_1
+//! GGUF) and Gemma 3 270M (Q4_K_M GGUF: Q4_K, Q6_K, Q5_0 and Q8_0 tensors, sliding-window
+//! layers). The models are fetched and verified on first use (cached), so CI runs these tests.
+//! Checks per case: last-position logits within 5e-3, the same top-20 set, and the greedy
+//! continuation identical.
 
 use std::path::PathBuf;
 
@@ -19,10 +22,22 @@ fn ids(v: &Value) -> Vec<u32> {
 #[test]
 fn smollm2_matches_reference() {
     let path = loip_model::fetch::fetch_smollm2().expect("fetch SmolLM2");
-    let ckpt = Checkpoint::open(&path).unwrap();
+    matches_reference(&path, "smollm2");
+}
+
+#[test]
+fn gemma3_270m_matches_reference() {
+    let path = loip_model::fetch::fetch_gemma3_270m().expect("fetch Gemma 3 270M");
+    matches_reference(&path, "gemma3-270m");
+}
+
+fn matches_reference(path: &std::path::Path, fixture: &str) {
+    let ckpt = Checkpoint::open(path).unwrap();
     let model = Model::from_checkpoint(&ckpt).unwrap();
     let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/smollm2/expected.json");
+        .join("../../tests/fixtures")
+        .join(fixture)
+        .join("expected.json");
     let exp: Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
     for case in exp["cases"].as_array().unwrap() {
         let input = ids(&case["input_ids"]);
@@ -54,6 +69,7 @@ fn smollm2_matches_reference() {
             .zip(&reference)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
+        eprintln!("{}: max |logit diff| = {worst}", case["prompt"]);
         assert!(
             worst <= 5e-3,
             "{}: max |logit diff| = {worst}",

@@ -79,6 +79,10 @@ pub enum DType {
     Q4K,
     /// ggml Q6_K: 256 elements, 210 bytes
     Q6K,
+    /// ggml Q5_0: 32 elements = f16 scale + 4 bytes of high bits + 16 bytes of nibbles (22 bytes)
+    Q5_0,
+    /// ggml Q5_1: 32 elements = f16 scale + f16 min + 4 + 16 bytes (24 bytes)
+    Q5_1,
 }
 
 impl DType {
@@ -93,6 +97,8 @@ impl DType {
             DType::Q4_1 => "Q4_1",
             DType::Q4K => "Q4_K",
             DType::Q6K => "Q6_K",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
         }
     }
 
@@ -107,6 +113,8 @@ impl DType {
             "Q4_1" => DType::Q4_1,
             "Q4_K" => DType::Q4K,
             "Q6_K" => DType::Q6K,
+            "Q5_0" => DType::Q5_0,
+            "Q5_1" => DType::Q5_1,
             _ => return None,
         })
     }
@@ -115,7 +123,7 @@ impl DType {
     pub fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
             DType::Q4K | DType::Q6K => 256,
         }
     }
@@ -130,6 +138,8 @@ impl DType {
             DType::Q4_1 => 20,
             DType::Q4K => 144,
             DType::Q6K => 210,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
         }
     }
 

@@ -30,6 +30,7 @@ mod dequant;
 mod dispatch;
 mod elementwise;
 mod matmul;
+mod quant_ext;
 mod simd;
 #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
 mod x86;

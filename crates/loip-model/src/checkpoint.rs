@@ -3,7 +3,8 @@
 //!
 //! [`Checkpoint::open`] reads an HF directory (`config.json` + `model.safetensors`, or shards
 //! listed by `model.safetensors.index.json`) or a `llama` `.gguf` file. Before it returns, the
-//! config is validated and every tensor the config implies is present with the right shape
+//! config is validated (bounded, and its counts fit the files' size before any name or buffer
+//! is sized from them) and every tensor the config implies is present with the right shape
 //! and a supported dtype, so the engine's later [`Checkpoint::matrix`] calls fail only on a
 //! programming error. Tensor bytes are borrowed from the mappings; nothing is copied.
 //!
@@ -18,7 +19,7 @@ use memmap2::Mmap;
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::gguf::{gguf_to_hf_name, GgufFile, GgufMetadata, GGUF_MAGIC};
+use crate::gguf::{gguf_to_hf_name_for, GgufFile, GgufMetadata, GGUF_MAGIC};
 use crate::names;
 use crate::safetensors_file::{read_header, read_index};
 
@@ -132,10 +133,6 @@ impl Checkpoint {
     fn open_hf(dir: &Path) -> Result<Self, ModelError> {
         let config = ModelConfig::from_hf_json(&read_small(&dir.join("config.json"))?)?;
         config.validate()?;
-        let required: std::collections::BTreeSet<String> = names::model_tensors(&config)
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
 
         let index_path = dir.join("model.safetensors.index.json");
         let (files, weight_map) = if index_path.exists() {
@@ -153,19 +150,15 @@ impl Checkpoint {
 
         let mut maps = Vec::with_capacity(files.len());
         let mut tensors = BTreeMap::new();
+        // (name, dtype) of tensors whose dtype has no kernel: an error only if the model needs them
+        let mut unsupported = Vec::new();
         for (file, path) in files.iter().enumerate() {
             let map = map_file(path)?;
             for e in read_header(&map, path)? {
                 let dtype = match e.dtype {
                     Ok(d) => d,
-                    Err(dtype) if required.contains(&e.name) => {
-                        return Err(ModelError::UnsupportedDtype {
-                            tensor: e.name,
-                            dtype,
-                        });
-                    }
                     Err(dtype) => {
-                        tracing::debug!(tensor = %e.name, %dtype, "skipping tensor of unsupported dtype");
+                        unsupported.push((e.name, dtype));
                         continue;
                     }
                 };
@@ -189,6 +182,22 @@ impl Checkpoint {
                 }
             }
             maps.push(map);
+        }
+        // The counts must fit the files before any name or buffer is sized from them.
+        let file_bytes = maps.iter().map(|m| m.len() as u64).sum();
+        config.check_fits(file_bytes)?;
+        let required: std::collections::BTreeSet<String> = names::model_tensors(&config)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        for (name, dtype) in unsupported {
+            if required.contains(&name) {
+                return Err(ModelError::UnsupportedDtype {
+                    tensor: name,
+                    dtype,
+                });
+            }
+            tracing::debug!(tensor = %name, %dtype, "skipping tensor of unsupported dtype");
         }
         if let Some(weight_map) = &weight_map {
             for (name, file) in weight_map {
@@ -235,17 +244,29 @@ impl Checkpoint {
         let gguf = GgufFile::parse(&map, path)?;
         let config = gguf.model_config()?;
         config.validate()?;
+        config.check_fits(map.len() as u64)?;
+        // llama.cpp permutes q/k rows only for `llama` (LlamaModel.permute); Qwen conversions
+        // keep HF order and run NEOX (rotate-half) RoPE.
+        let qk_permuted = config.arch == crate::config::Arch::Llama;
+        let required: std::collections::BTreeSet<String> = names::model_tensors(&config)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
         let mut tensors = BTreeMap::new();
         for t in &gguf.tensors {
-            let name = gguf_to_hf_name(&t.name).ok_or_else(|| {
-                ModelError::header(
-                    path,
-                    format!(
-                        "tensor {} is not part of the llama graph this reader supports",
-                        t.name
-                    ),
-                )
-            })?;
+            // A tensor the graph does not read (a bias on a `llama` file, ...) would change
+            // the computation if llama.cpp uses it: refused rather than ignored.
+            let name = gguf_to_hf_name_for(config.arch, &t.name)
+                .filter(|n| required.contains(n))
+                .ok_or_else(|| {
+                    ModelError::header(
+                        path,
+                        format!(
+                            "tensor {} is not part of the {} graph this reader supports",
+                            t.name, config.arch
+                        ),
+                    )
+                })?;
             let info = TensorInfo {
                 name: name.clone(),
                 dtype: t.dtype,
@@ -260,7 +281,7 @@ impl Checkpoint {
             config,
             format: Format::Gguf,
             tensors,
-            qk_permuted: true,
+            qk_permuted,
             dir_or_file: path.to_path_buf(),
             files: vec![path.to_path_buf()],
             gguf_metadata: Some(gguf.metadata),

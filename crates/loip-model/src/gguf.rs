@@ -307,6 +307,8 @@ pub fn dtype_from_ggml(id: u32) -> Option<DType> {
         1 => DType::F16,
         2 => DType::Q4_0,
         3 => DType::Q4_1,
+        6 => DType::Q5_0,
+        7 => DType::Q5_1,
         8 => DType::Q8_0,
         12 => DType::Q4K,
         14 => DType::Q6K,
@@ -325,6 +327,8 @@ pub fn ggml_type_of(dtype: DType) -> u32 {
         DType::Q8_0 => 8,
         DType::Q4K => 12,
         DType::Q6K => 14,
+        DType::Q5_0 => 6,
+        DType::Q5_1 => 7,
         DType::BF16 => 30,
     }
 }
@@ -349,6 +353,50 @@ const LAYER_NAME_MAP: [(&str, &str); 11] = [
     ("ffn_down", suffix::DOWN_PROJ),
 ];
 
+/// Per-layer GGUF bias names (`blk.N.<gguf>.bias`) and their HF suffixes (Qwen2).
+const LAYER_BIAS_MAP: [(&str, &str); 3] = [
+    ("attn_q", suffix::Q_BIAS),
+    ("attn_k", suffix::K_BIAS),
+    ("attn_v", suffix::V_BIAS),
+];
+
+/// Gemma 3's per-layer norms as llama.cpp names them; they take precedence over
+/// [`LAYER_NAME_MAP`] for `gemma3` files (where `ffn_norm` is the pre-feedforward norm).
+const GEMMA3_NORM_MAP: [(&str, &str); 3] = [
+    ("post_attention_norm", suffix::POST_ATTENTION_LAYERNORM),
+    ("ffn_norm", suffix::PRE_FEEDFORWARD_LAYERNORM),
+    ("post_ffw_norm", suffix::POST_FEEDFORWARD_LAYERNORM),
+];
+
+/// [`gguf_to_hf_name`] for a file of family `arch` (Gemma 3 names its norms differently).
+pub fn gguf_to_hf_name_for(arch: Arch, name: &str) -> Option<String> {
+    if arch == Arch::Gemma3 {
+        let mapped = name.strip_prefix("blk.").and_then(|rest| {
+            let (idx, tail) = rest.split_once('.')?;
+            let stem = tail.strip_suffix(".weight")?;
+            let (_, hf) = GEMMA3_NORM_MAP.iter().find(|(g, _)| *g == stem)?;
+            let layer = names::parse_layer_tensor_name(&format!("model.layers.{idx}.x"))?.0;
+            Some(names::layer_tensor_name(layer, hf))
+        });
+        if mapped.is_some() {
+            return mapped;
+        }
+    }
+    gguf_to_hf_name(name)
+}
+
+/// [`hf_to_gguf_name`] for a checkpoint of family `arch`.
+pub fn hf_to_gguf_name_for(arch: Arch, name: &str) -> Option<String> {
+    if arch == Arch::Gemma3 {
+        if let Some((layer, hf)) = names::parse_layer_tensor_name(name) {
+            if let Some((stem, _)) = GEMMA3_NORM_MAP.iter().find(|(_, h)| *h == hf) {
+                return Some(format!("blk.{layer}.{stem}.weight"));
+            }
+        }
+    }
+    hf_to_gguf_name(name)
+}
+
 /// GGUF tensor name → canonical HF name (`None` for names outside the llama graph).
 pub fn gguf_to_hf_name(name: &str) -> Option<String> {
     match name {
@@ -359,9 +407,12 @@ pub fn gguf_to_hf_name(name: &str) -> Option<String> {
     }
     let rest = name.strip_prefix("blk.")?;
     let (idx, tail) = rest.split_once('.')?;
-    let stem = tail.strip_suffix(".weight")?;
+    let (stem, table) = match tail.strip_suffix(".weight") {
+        Some(stem) => (stem, &LAYER_NAME_MAP[..]),
+        None => (tail.strip_suffix(".bias")?, &LAYER_BIAS_MAP[..]),
+    };
     let hf_layer = names::parse_layer_tensor_name(&format!("model.layers.{idx}.x"))?.0;
-    let (_, hf_suffix) = LAYER_NAME_MAP.iter().find(|(g, _)| *g == stem)?;
+    let (_, hf_suffix) = table.iter().find(|(g, _)| *g == stem)?;
     Some(names::layer_tensor_name(hf_layer, hf_suffix))
 }
 
@@ -374,6 +425,9 @@ pub fn hf_to_gguf_name(name: &str) -> Option<String> {
         _ => {}
     }
     let (layer, hf_suffix) = names::parse_layer_tensor_name(name)?;
+    if let Some((stem, _)) = LAYER_BIAS_MAP.iter().find(|(_, h)| *h == hf_suffix) {
+        return Some(format!("blk.{layer}.{stem}.bias"));
+    }
     let (stem, _) = LAYER_NAME_MAP.iter().find(|(_, h)| *h == hf_suffix)?;
     Some(format!("blk.{layer}.{stem}.weight"))
 }
@@ -722,32 +776,39 @@ fn opt_f32(meta: &GgufMetadata, key: &str) -> Result<Option<f32>, ModelError> {
 }
 
 impl GgufFile {
-    /// The [`ModelConfig`] of a `llama` GGUF (any other architecture is
-    /// [`ModelError::UnknownArch`]). Not yet validated.
+    /// The [`ModelConfig`] of a `llama`, `qwen2` or `qwen3` GGUF (any other architecture is
+    /// [`ModelError::UnknownArch`]); keys are read under the architecture's prefix
+    /// (`qwen2.block_count`, ...). Mistral files say `llama` (llama.cpp keeps no sliding window
+    /// for them). Not yet validated.
     ///
     /// Features the engine does not implement are rejected by name: RoPE scaling
-    /// (`llama.rope.scaling.type` other than `none`, or a `rope_freqs.weight` tensor as Llama
+    /// (`ARCH.rope.scaling.type` other than `none`, or a `rope_freqs.weight` tensor as Llama
     /// 3.1+ conversions write), partial rotary dimensions, expert (MoE) layers.
     pub fn model_config(&self) -> Result<ModelConfig, ModelError> {
         let m = &self.metadata;
         let arch = m
             .architecture()
             .ok_or_else(|| ModelError::config("general.architecture", "missing or not a string"))?;
-        if arch != "llama" {
-            return Err(ModelError::UnknownArch(arch.to_string()));
-        }
-        if let Some(n) = opt_u32(m, "llama.expert_count")? {
+        let arch_kind = match arch {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "gemma3" => Arch::Gemma3,
+            other => return Err(ModelError::UnknownArch(other.to_string())),
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        if let Some(n) = opt_u32(m, &key("expert_count"))? {
             if n > 0 {
                 return Err(ModelError::config(
-                    "llama.expert_count",
+                    &key("expert_count"),
                     "mixture-of-experts models are not supported",
                 ));
             }
         }
-        if let Some(t) = m.get("llama.rope.scaling.type") {
+        if let Some(t) = m.get(&key("rope.scaling.type")) {
             if t.as_str() != Some("none") {
                 return Err(ModelError::config(
-                    "llama.rope.scaling.type",
+                    &key("rope.scaling.type"),
                     format!("{t:?} is not supported"),
                 ));
             }
@@ -758,11 +819,11 @@ impl GgufFile {
                 "per-frequency RoPE factors (Llama 3.1+ GGUF) are not supported; use the HF checkpoint",
             ));
         }
-        let hidden_size = req_u32(m, "llama.embedding_length")?;
-        let num_heads = req_u32(m, "llama.attention.head_count")?;
-        let num_kv_heads = opt_u32(m, "llama.attention.head_count_kv")?.unwrap_or(num_heads);
-        let rope_dim = opt_u32(m, "llama.rope.dimension_count")?;
-        let head_dim = match (opt_u32(m, "llama.attention.key_length")?, rope_dim) {
+        let hidden_size = req_u32(m, &key("embedding_length"))?;
+        let num_heads = req_u32(m, &key("attention.head_count"))?;
+        let num_kv_heads = opt_u32(m, &key("attention.head_count_kv"))?.unwrap_or(num_heads);
+        let rope_dim = opt_u32(m, &key("rope.dimension_count"))?;
+        let head_dim = match (opt_u32(m, &key("attention.key_length"))?, rope_dim) {
             (Some(k), _) => k,
             (None, Some(r)) => r,
             (None, None) if num_heads > 0 => hidden_size / num_heads,
@@ -771,20 +832,20 @@ impl GgufFile {
         if let Some(r) = rope_dim {
             if r != head_dim {
                 return Err(ModelError::config(
-                    "llama.rope.dimension_count",
+                    &key("rope.dimension_count"),
                     format!("{r} differs from head_dim {head_dim}: partial rotary embedding is not supported"),
                 ));
             }
         }
-        if let Some(v) = opt_u32(m, "llama.attention.value_length")? {
+        if let Some(v) = opt_u32(m, &key("attention.value_length"))? {
             if v != head_dim {
                 return Err(ModelError::config(
-                    "llama.attention.value_length",
+                    &key("attention.value_length"),
                     format!("{v} differs from head_dim {head_dim}"),
                 ));
             }
         }
-        let vocab_size = match opt_u32(m, "llama.vocab_size")? {
+        let vocab_size = match opt_u32(m, &key("vocab_size"))? {
             Some(v) => v,
             None => match m.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array) {
                 Some(tokens) => tokens.len(),
@@ -796,11 +857,17 @@ impl GgufFile {
                     .map(|v| v as usize)
                     .ok_or_else(|| {
                         ModelError::config(
-                            "llama.vocab_size",
+                            &key("vocab_size"),
                             "missing, and no tokenizer.ggml.tokens",
                         )
                     })?,
             },
+        };
+        let num_layers = req_u32(m, &key("block_count"))?;
+        let gemma = if arch_kind == Arch::Gemma3 {
+            gemma3_fields(m, &key, num_layers, hidden_size, num_heads, head_dim)?
+        } else {
+            GemmaFields::default()
         };
         let mut eos_token_ids = Vec::new();
         for key in [
@@ -816,109 +883,90 @@ impl GgufFile {
             }
         }
         Ok(ModelConfig {
-            arch: Arch::Llama,
+            arch: arch_kind,
             hidden_size,
-            intermediate_size: req_u32(m, "llama.feed_forward_length")?,
-            num_layers: req_u32(m, "llama.block_count")?,
+            intermediate_size: req_u32(m, &key("feed_forward_length"))?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
             vocab_size,
-            rms_norm_eps: opt_f32(m, "llama.attention.layer_norm_rms_epsilon")?.ok_or_else(
-                || ModelError::config("llama.attention.layer_norm_rms_epsilon", "missing"),
+            rms_norm_eps: opt_f32(m, &key("attention.layer_norm_rms_epsilon"))?.ok_or_else(
+                || ModelError::config(&key("attention.layer_norm_rms_epsilon"), "missing"),
             )?,
-            rope_theta: opt_f32(m, "llama.rope.freq_base")?.unwrap_or(10000.0),
+            rope_theta: opt_f32(m, &key("rope.freq_base"))?.unwrap_or(10000.0),
             rope_scaling: None,
             tie_word_embeddings: !self.tensors.iter().any(|t| t.name == "output.weight"),
-            max_position_embeddings: req_u32(m, "llama.context_length")?,
-            qk_norm: false,
+            max_position_embeddings: req_u32(m, &key("context_length"))?,
+            qk_norm: matches!(arch_kind, Arch::Qwen3 | Arch::Gemma3),
+            attn_bias: arch_kind == Arch::Qwen2,
+            sliding_window: gemma.window,
+            sliding_layers: gemma.layers,
+            rope_local_theta: gemma.local_theta,
+            query_pre_attn_scalar: gemma.qpas,
+            // llama.cpp's converter stores Gemma's norms as 1 + w already
+            norm_plus_one: false,
             bos_token_id: opt_u32(m, "tokenizer.ggml.bos_token_id")?.map(|x| x as u32),
             eos_token_ids,
         })
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_map_both_ways() {
-        for (g, h) in [
-            ("token_embd.weight", "model.embed_tokens.weight"),
-            ("output_norm.weight", "model.norm.weight"),
-            ("output.weight", "lm_head.weight"),
-            (
-                "blk.3.attn_norm.weight",
-                "model.layers.3.input_layernorm.weight",
-            ),
-            (
-                "blk.0.attn_q.weight",
-                "model.layers.0.self_attn.q_proj.weight",
-            ),
-            (
-                "blk.0.attn_output.weight",
-                "model.layers.0.self_attn.o_proj.weight",
-            ),
-            (
-                "blk.1.attn_k_norm.weight",
-                "model.layers.1.self_attn.k_norm.weight",
-            ),
-            (
-                "blk.29.ffn_norm.weight",
-                "model.layers.29.post_attention_layernorm.weight",
-            ),
-            (
-                "blk.2.ffn_down.weight",
-                "model.layers.2.mlp.down_proj.weight",
-            ),
-        ] {
-            assert_eq!(gguf_to_hf_name(g).as_deref(), Some(h));
-            assert_eq!(hf_to_gguf_name(h).as_deref(), Some(g));
-        }
-        assert_eq!(gguf_to_hf_name("blk.x.attn_q.weight"), None);
-        assert_eq!(gguf_to_hf_name("blk.0.attn_q.bias"), None);
-        assert_eq!(gguf_to_hf_name("rope_freqs.weight"), None);
-    }
-
-    /// The row map against a literal transcription of numpy's
-    /// `w.reshape(n_head, 2, d // 2, cols).swapaxes(1, 2).reshape(rows, cols)` on row ids.
-    #[test]
-    fn qk_permutation_matches_llama_cpp_permute() {
-        let (n_head, d) = (3usize, 8usize);
-        let rows: Vec<usize> = (0..n_head * d).collect();
-        // reshape to [h][s][i] (s in 0..2, i in 0..d/2), swap to [h][i][s], flatten.
-        let mut permuted = Vec::new();
-        for h in 0..n_head {
-            for i in 0..d / 2 {
-                for s in 0..2 {
-                    permuted.push(rows[h * d + s * (d / 2) + i]);
-                }
-            }
-        }
-        for (gguf_row, &hf_row) in permuted.iter().enumerate() {
-            let head = gguf_row / d;
-            assert_eq!(head * d + gguf_qk_row_to_hf(gguf_row % d, d), hf_row);
-        }
-    }
-
-    #[test]
-    fn type_tables_agree() {
-        for d in [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::Q8_0,
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q4K,
-            DType::Q6K,
-        ] {
-            let id = ggml_type_of(d);
-            assert_eq!(dtype_from_ggml(id), Some(d));
-            assert_eq!(ggml_type_name(id), Some(d.name()));
-        }
-        assert_eq!(type_label(13), "Q5_K (13)");
-        assert_eq!(type_label(77), "unknown (77)");
-    }
+/// The Gemma 3 fields of a GGUF, with llama.cpp's defaults where the file has no key.
+#[derive(Default)]
+struct GemmaFields {
+    window: Option<usize>,
+    layers: Vec<bool>,
+    local_theta: Option<f32>,
+    qpas: Option<f32>,
 }
+
+/// llama.cpp (`llama-model.cpp`, LLM_ARCH_GEMMA3): every 6th layer is full attention
+/// (`set_swa_pattern(6)`) unless `ARCH.attention.sliding_window_pattern` says otherwise (a
+/// period, or one bool per layer, true = sliding); sliding layers use RoPE base 10000 unless
+/// `ARCH.rope.freq_base_swa` is set; scores are scaled by `head_dim^-1/2`, except for the
+/// 62-layer 27B model, which uses `(hidden / heads)^-1/2`.
+fn gemma3_fields(
+    m: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    num_layers: usize,
+    hidden: usize,
+    heads: usize,
+    head_dim: usize,
+) -> Result<GemmaFields, ModelError> {
+    let window = opt_u32(m, &key("attention.sliding_window"))?;
+    let pattern_key = key("attention.sliding_window_pattern");
+    let layers = match m.get(&pattern_key) {
+        Some(GgufValue::Array(items)) => items
+            .iter()
+            .map(|v| v.as_bool())
+            .collect::<Option<Vec<bool>>>()
+            .ok_or_else(|| ModelError::config(&pattern_key, "expected bools"))?,
+        Some(_) => {
+            let p = req_u32(m, &pattern_key)?;
+            if p == 0 || num_layers > crate::config::MAX_NUM_LAYERS {
+                return Err(ModelError::config(&pattern_key, format!("{p}")));
+            }
+            (0..num_layers).map(|i| i % p < p - 1).collect()
+        }
+        None if num_layers <= crate::config::MAX_NUM_LAYERS => {
+            (0..num_layers).map(|i| i % 6 < 5).collect()
+        }
+        None => Vec::new(), // validate() reports the layer count
+    };
+    let qpas = if num_layers == 62 && heads > 0 {
+        hidden / heads
+    } else {
+        head_dim
+    };
+    Ok(GemmaFields {
+        window,
+        layers,
+        local_theta: Some(opt_f32(m, &key("rope.freq_base_swa"))?.unwrap_or(10000.0)),
+        qpas: Some(qpas as f32),
+    })
+}
+
+#[cfg(test)]
+#[path = "gguf_tests.rs"]
+mod tests;

@@ -12,7 +12,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{Arch, ModelConfig};
 use crate::error::ModelError;
 use crate::gguf::{
-    ggml_type_of, gguf_qk_row_to_hf, hf_to_gguf_name, value_type, GgufValue, DEFAULT_ALIGNMENT,
+    ggml_type_of, gguf_qk_row_to_hf, hf_to_gguf_name_for, value_type, GgufValue, DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
 };
 use crate::names::{self, suffix};
@@ -96,24 +96,34 @@ impl GgufWriter {
         self
     }
 
-    /// Writes the `general.architecture = llama` and `llama.*` keys for `cfg`
-    /// (plus `tokenizer.ggml.bos_token_id` / `eos_token_id` when set).
+    /// Writes `general.architecture` and the `ARCH.*` keys for `cfg`, ARCH being
+    /// [`gguf_arch_name`] (`llama` for Llama and Mistral, `qwen2`, `qwen3`), plus
+    /// `tokenizer.ggml.bos_token_id` / `eos_token_id` when set.
     pub fn llama_metadata(&mut self, cfg: &ModelConfig) -> &mut Self {
         let u = |v: usize| GgufValue::U32(v as u32);
-        self.kv("general.architecture", GgufValue::Str("llama".into()))
-            .kv("llama.block_count", u(cfg.num_layers))
-            .kv("llama.context_length", u(cfg.max_position_embeddings))
-            .kv("llama.embedding_length", u(cfg.hidden_size))
-            .kv("llama.feed_forward_length", u(cfg.intermediate_size))
-            .kv("llama.attention.head_count", u(cfg.num_heads))
-            .kv("llama.attention.head_count_kv", u(cfg.num_kv_heads))
-            .kv("llama.rope.freq_base", GgufValue::F32(cfg.rope_theta))
+        let a = gguf_arch_name(cfg.arch);
+        let k = |key: &str| format!("{a}.{key}");
+        self.kv("general.architecture", GgufValue::Str(a.into()))
+            .kv(k("block_count"), u(cfg.num_layers))
+            .kv(k("context_length"), u(cfg.max_position_embeddings))
+            .kv(k("embedding_length"), u(cfg.hidden_size))
+            .kv(k("feed_forward_length"), u(cfg.intermediate_size))
+            .kv(k("attention.head_count"), u(cfg.num_heads))
+            .kv(k("attention.head_count_kv"), u(cfg.num_kv_heads))
+            .kv(k("rope.freq_base"), GgufValue::F32(cfg.rope_theta))
             .kv(
-                "llama.attention.layer_norm_rms_epsilon",
+                k("attention.layer_norm_rms_epsilon"),
                 GgufValue::F32(cfg.rms_norm_eps),
             )
-            .kv("llama.vocab_size", u(cfg.vocab_size))
-            .kv("llama.rope.dimension_count", u(cfg.head_dim));
+            .kv(k("vocab_size"), u(cfg.vocab_size))
+            .kv(k("rope.dimension_count"), u(cfg.head_dim));
+        if cfg.arch == Arch::Gemma3 {
+            self.kv(k("attention.key_length"), u(cfg.head_dim))
+                .kv(k("attention.value_length"), u(cfg.head_dim));
+            if let Some(w) = cfg.sliding_window {
+                self.kv(k("attention.sliding_window"), u(w));
+            }
+        }
         if let Some(b) = cfg.bos_token_id {
             self.kv("tokenizer.ggml.bos_token_id", GgufValue::U32(b));
         }
@@ -169,26 +179,43 @@ impl GgufWriter {
         std::fs::write(path, bytes).map_err(|e| ModelError::io(path, e))
     }
 
-    /// A `llama` GGUF with the weights of an HF checkpoint, laid out as llama.cpp's converter
-    /// does: names mapped, dims reversed, q/k rows permuted per head, data copied as stored
-    /// (F32/F16/BF16). Qwen3 has no `llama` GGUF form and is rejected.
+    /// A GGUF with the weights of an HF checkpoint, laid out as llama.cpp's converter does:
+    /// names mapped, dims reversed, for `llama` q/k rows permuted per head, data copied as
+    /// stored (F32/F16/BF16). A Mistral sliding window has no GGUF key and is rejected.
     pub fn from_checkpoint(ck: &Checkpoint) -> Result<Self, ModelError> {
         let cfg = &ck.config;
-        if cfg.arch != Arch::Llama {
-            return Err(ModelError::UnknownArch(format!(
-                "{} (only llama converts to GGUF)",
-                cfg.arch
-            )));
+        let gemma = cfg.arch == Arch::Gemma3;
+        if gemma {
+            let pattern6: Vec<bool> = (0..cfg.num_layers).map(|i| i % 6 < 5).collect();
+            let plain = cfg.sliding_layers == pattern6
+                && cfg.rope_local_theta == Some(10000.0)
+                && cfg.query_pre_attn_scalar == Some(cfg.head_dim as f32)
+                && cfg.norm_plus_one
+                && info_is_f32(ck);
+            if !plain {
+                return Err(ModelError::config(
+                    "gemma3",
+                    "only F32 checkpoints with llama.cpp's default layer pattern, local RoPE base \
+                     and score scale convert to GGUF",
+                ));
+            }
         }
+        if cfg.sliding_window.is_some() && !gemma {
+            return Err(ModelError::config(
+                "sliding_window",
+                "a GGUF file cannot carry it (llama.cpp keeps none for mistral)",
+            ));
+        }
+        let permute = gguf_arch_name(cfg.arch) == "llama" && !ck.qk_permuted;
         let mut w = GgufWriter::new();
         w.llama_metadata(cfg);
         for spec in names::model_tensors(cfg) {
             let info = ck.tensor_info(&spec.name)?;
             let bytes = ck.tensor_bytes(&spec.name)?;
-            let gguf_name = hf_to_gguf_name(&spec.name)
+            let gguf_name = hf_to_gguf_name_for(cfg.arch, &spec.name)
                 .ok_or_else(|| ModelError::config(spec.name.clone(), "has no GGUF name"))?;
             let data = match names::parse_layer_tensor_name(&spec.name) {
-                Some((_, s)) if (s == suffix::Q_PROJ || s == suffix::K_PROJ) && !ck.qk_permuted => {
+                Some((_, s)) if (s == suffix::Q_PROJ || s == suffix::K_PROJ) && permute => {
                     let row_bytes = info.dtype.row_bytes(info.shape[1]).map_err(|source| {
                         ModelError::Kernel {
                             tensor: spec.name.clone(),
@@ -197,11 +224,35 @@ impl GgufWriter {
                     })?;
                     permute_heads(bytes, row_bytes, cfg.head_dim)
                 }
+                // llama.cpp's Gemma converter stores norms as 1 + w (F32, checked above)
+                _ if gemma && spec.name.ends_with("norm.weight") => bytes
+                    .chunks_exact(4)
+                    .flat_map(|c| {
+                        (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) + 1.0).to_le_bytes()
+                    })
+                    .collect(),
                 _ => bytes.to_vec(),
             };
             w.tensor(gguf_name, info.dtype, &info.shape, data);
         }
         Ok(w)
+    }
+}
+
+/// Whether every tensor of the checkpoint is stored as F32.
+fn info_is_f32(ck: &Checkpoint) -> bool {
+    ck.tensors
+        .values()
+        .all(|t| t.dtype == loip_kernels::DType::F32)
+}
+
+/// The GGUF `general.architecture` of a family (Mistral files say `llama`).
+pub fn gguf_arch_name(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Llama | Arch::Mistral => "llama",
+        Arch::Qwen2 => "qwen2",
+        Arch::Qwen3 => "qwen3",
+        Arch::Gemma3 => "gemma3",
     }
 }
 

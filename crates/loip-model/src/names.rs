@@ -5,7 +5,7 @@
 //! layer's weight is `[out_features, in_features]` = `[rows, cols]`, so `y = W x` reads one row
 //! per output element.
 
-use crate::config::ModelConfig;
+use crate::config::{Arch, ModelConfig};
 
 /// Token embedding, `[vocab_size, hidden_size]`.
 pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
@@ -26,12 +26,23 @@ pub mod suffix {
     pub const V_PROJ: &str = "self_attn.v_proj.weight";
     /// `[hidden_size, num_heads * head_dim]`
     pub const O_PROJ: &str = "self_attn.o_proj.weight";
+    /// Qwen2 q bias, `[num_heads * head_dim]`
+    pub const Q_BIAS: &str = "self_attn.q_proj.bias";
+    /// Qwen2 k bias, `[num_kv_heads * head_dim]`
+    pub const K_BIAS: &str = "self_attn.k_proj.bias";
+    /// Qwen2 v bias, `[num_kv_heads * head_dim]`
+    pub const V_BIAS: &str = "self_attn.v_proj.bias";
     /// Qwen3 per-head RMSNorm on q, `[head_dim]`
     pub const Q_NORM: &str = "self_attn.q_norm.weight";
     /// Qwen3 per-head RMSNorm on k, `[head_dim]`
     pub const K_NORM: &str = "self_attn.k_norm.weight";
-    /// RMSNorm before the MLP, `[hidden_size]`
+    /// RMSNorm before the MLP, `[hidden_size]`; on Gemma 3 the norm of the attention
+    /// output, before the residual add (part of the attention block)
     pub const POST_ATTENTION_LAYERNORM: &str = "post_attention_layernorm.weight";
+    /// Gemma 3 RMSNorm before the MLP, `[hidden_size]`
+    pub const PRE_FEEDFORWARD_LAYERNORM: &str = "pre_feedforward_layernorm.weight";
+    /// Gemma 3 RMSNorm of the MLP output, before the residual add, `[hidden_size]`
+    pub const POST_FEEDFORWARD_LAYERNORM: &str = "post_feedforward_layernorm.weight";
     /// `[intermediate_size, hidden_size]`
     pub const GATE_PROJ: &str = "mlp.gate_proj.weight";
     /// `[intermediate_size, hidden_size]`
@@ -63,7 +74,7 @@ pub fn parse_layer_tensor_name(name: &str) -> Option<(usize, &str)> {
 pub enum TensorGroup {
     /// embedding table
     Embedding,
-    /// `input_layernorm` + q/k/v/o (+ q/k norms) of a layer
+    /// `input_layernorm` + q/k/v/o (+ q/k/v biases, q/k norms) of a layer
     Attention(usize),
     /// `post_attention_layernorm` + gate/up/down of a layer
     Mlp(usize),
@@ -113,16 +124,31 @@ pub fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<TensorSpec> {
         TensorSpec::new(n(V_PROJ), vec![kv, h], att),
         TensorSpec::new(n(O_PROJ), vec![h, q], att),
     ];
+    if cfg.attn_bias {
+        v.push(TensorSpec::new(n(Q_BIAS), vec![q], att));
+        v.push(TensorSpec::new(n(K_BIAS), vec![kv], att));
+        v.push(TensorSpec::new(n(V_BIAS), vec![kv], att));
+    }
     if cfg.qk_norm {
         v.push(TensorSpec::new(n(Q_NORM), vec![d], att));
         v.push(TensorSpec::new(n(K_NORM), vec![d], att));
     }
+    if cfg.arch == Arch::Gemma3 {
+        v.extend([
+            TensorSpec::new(n(POST_ATTENTION_LAYERNORM), vec![h], att),
+            TensorSpec::new(n(PRE_FEEDFORWARD_LAYERNORM), vec![h], mlp),
+        ]);
+    } else {
+        v.push(TensorSpec::new(n(POST_ATTENTION_LAYERNORM), vec![h], mlp));
+    }
     v.extend([
-        TensorSpec::new(n(POST_ATTENTION_LAYERNORM), vec![h], mlp),
         TensorSpec::new(n(GATE_PROJ), vec![inter, h], mlp),
         TensorSpec::new(n(UP_PROJ), vec![inter, h], mlp),
         TensorSpec::new(n(DOWN_PROJ), vec![h, inter], mlp),
     ]);
+    if cfg.arch == Arch::Gemma3 {
+        v.push(TensorSpec::new(n(POST_FEEDFORWARD_LAYERNORM), vec![h], mlp));
+    }
     v
 }
 

@@ -179,7 +179,26 @@ impl Manifest {
     }
 }
 
-/// The slice a canonical tensor name belongs to.
+/// The slice a tensor of a model with config `cfg` belongs to: its block in
+/// [`crate::names::layer_tensors`] (where Gemma 3's `post_attention_layernorm` is part of the
+/// attention block), else [`slice_of`].
+pub fn slice_of_in(cfg: &ModelConfig, name: &str) -> Option<SliceKind> {
+    use crate::names::{layer_tensors, parse_layer_tensor_name, TensorGroup};
+    if let Some((layer, _)) = parse_layer_tensor_name(name).filter(|&(l, _)| l < cfg.num_layers) {
+        let spec = layer_tensors(cfg, layer)
+            .into_iter()
+            .find(|t| t.name == name);
+        match spec.map(|t| t.group) {
+            Some(TensorGroup::Attention(l)) => return Some(SliceKind::Attn(l)),
+            Some(TensorGroup::Mlp(l)) => return Some(SliceKind::Mlp(l)),
+            _ => {}
+        }
+    }
+    slice_of(name)
+}
+
+/// The slice a canonical tensor name belongs to, by name alone (Llama's layout; see
+/// [`slice_of_in`] for the config-aware answer).
 pub fn slice_of(name: &str) -> Option<SliceKind> {
     use crate::names::{parse_layer_tensor_name, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
     if name == EMBED_TOKENS {
@@ -191,7 +210,11 @@ pub fn slice_of(name: &str) -> Option<SliceKind> {
     let (layer, suffix) = parse_layer_tensor_name(name)?;
     if suffix.starts_with("input_layernorm.") || suffix.starts_with("self_attn.") {
         Some(SliceKind::Attn(layer))
-    } else if suffix.starts_with("post_attention_layernorm.") || suffix.starts_with("mlp.") {
+    } else if suffix.starts_with("post_attention_layernorm.")
+        || suffix.starts_with("pre_feedforward_layernorm.")
+        || suffix.starts_with("post_feedforward_layernorm.")
+        || suffix.starts_with("mlp.")
+    {
         Some(SliceKind::Mlp(layer))
     } else {
         None
@@ -259,7 +282,7 @@ pub fn split(
     fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
     let mut groups: std::collections::BTreeMap<SliceKind, Vec<&str>> = Default::default();
     for name in ckpt.tensors.keys() {
-        let kind = slice_of(name).ok_or_else(|| ModelError::BadHeader {
+        let kind = slice_of_in(&ckpt.config, name).ok_or_else(|| ModelError::BadHeader {
             path: ckpt.dir_or_file.clone(),
             reason: format!("tensor {name} belongs to no block"),
         })?;

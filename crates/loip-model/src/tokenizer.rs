@@ -4,7 +4,10 @@
 //! * [`Tokenizer::from_file`] reads a Hugging Face `tokenizer.json` as is;
 //! * [`Tokenizer::from_gguf_vocab`] rebuilds a byte-level (GPT-2 style) BPE tokenizer from the
 //!   `tokenizer.ggml.*` metadata of a GGUF file, choosing the pre-tokenizer that matches
-//!   `tokenizer.ggml.pre` so that ids equal what Hugging Face produces for the same model.
+//!   `tokenizer.ggml.pre` so that ids equal what Hugging Face produces for the same model;
+//!   or, for `tokenizer.ggml.model = "llama"` (SentencePiece: Gemma), a BPE whose merges come
+//!   from the piece scores as Hugging Face's `SentencePieceExtractor` derives them, with byte
+//!   fallback (`<0xNN>` pieces) and `▁` for spaces.
 //!
 //! Invariants kept here:
 //! * control (token type 3) and user-defined (type 4) GGUF tokens are *added tokens*: text such
@@ -18,8 +21,12 @@
 
 use std::path::{Path, PathBuf};
 
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -29,6 +36,10 @@ use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use crate::gguf::GgufMetadata;
 
+/// GGUF `tokenizer.ggml.token_type` value of a normal token.
+pub const TOKEN_TYPE_NORMAL: i32 = 1;
+/// GGUF `tokenizer.ggml.token_type` value of the unknown token.
+pub const TOKEN_TYPE_UNKNOWN: i32 = 2;
 /// GGUF `tokenizer.ggml.token_type` value of a control (special) token.
 pub const TOKEN_TYPE_CONTROL: i32 = 3;
 /// GGUF `tokenizer.ggml.token_type` value of a user-defined (added, not special) token.
@@ -55,7 +66,7 @@ pub enum TokenizerError {
     },
     /// The GGUF `tokenizer.ggml.model` is not one this crate can rebuild.
     #[error(
-        "unsupported GGUF tokenizer model {model:?}: only \"gpt2\" (byte-level BPE) is supported"
+        "unsupported GGUF tokenizer model {model:?}: only \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece) are supported"
     )]
     UnsupportedModel {
         /// The `tokenizer.ggml.model` value.
@@ -94,6 +105,8 @@ pub struct GgufVocab {
     pub token_types: Vec<i32>,
     /// `tokenizer.ggml.merges`, each `"left right"`, highest priority first.
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores`, parallel to `tokens` (SentencePiece piece scores; may be empty)
+    pub scores: Vec<f32>,
     /// `tokenizer.ggml.bos_token_id`.
     pub bos: Option<u32>,
     /// `tokenizer.ggml.eos_token_id`.
@@ -143,6 +156,12 @@ impl GgufVocab {
             tokens,
             token_types,
             merges: strings("tokenizer.ggml.merges")?.unwrap_or_default(),
+            scores: match meta.get("tokenizer.ggml.scores") {
+                None => Vec::new(),
+                Some(_) => meta
+                    .get_f32_array("tokenizer.ggml.scores")
+                    .ok_or_else(|| bad("tokenizer.ggml.scores", "expected an array of floats"))?,
+            },
             bos: id("tokenizer.ggml.bos_token_id")?,
             eos: id("tokenizer.ggml.eos_token_id")?,
             add_bos: meta
@@ -185,7 +204,7 @@ impl Tokenizer {
     /// GPT-2 byte-level split), `llama-bpe`/`llama3`, `qwen2`, `default`/`gpt2`; an unknown
     /// name falls back to GPT-2 with a warning.
     pub fn from_gguf_vocab(v: GgufVocab) -> Result<Self, TokenizerError> {
-        if v.model != "gpt2" {
+        if v.model != "gpt2" && v.model != "llama" {
             return Err(TokenizerError::UnsupportedModel { model: v.model });
         }
         let n = v.tokens.len();
@@ -203,6 +222,14 @@ impl Tokenizer {
                 )));
             }
         }
+        let spm = v.model == "llama";
+        if spm && v.scores.len() != n {
+            return Err(TokenizerError::InvalidVocab(format!(
+                "{} scores for {} tokens",
+                v.scores.len(),
+                n
+            )));
+        }
         let pre = v.pre.as_deref().unwrap_or("default");
         let scheme = PreScheme::from_name(pre);
 
@@ -214,21 +241,43 @@ impl Tokenizer {
             vocab.entry(tok.clone()).or_insert(id);
         }
         let mut merges = Vec::with_capacity(v.merges.len());
+        if spm {
+            merges = spm_merges(&v, &vocab);
+        }
         for (i, m) in v.merges.iter().enumerate() {
             let (a, b) = m.split_once(' ').ok_or_else(|| {
                 TokenizerError::InvalidVocab(format!("merge {i} {m:?} is not \"left right\""))
             })?;
             merges.push((a.to_string(), b.to_string()));
         }
-        let bpe = BPE::builder()
+        let mut builder = BPE::builder()
             .vocab_and_merges(vocab, merges)
-            .ignore_merges(scheme.ignore_merges())
+            .ignore_merges(!spm && scheme.ignore_merges());
+        if spm {
+            builder = builder.byte_fallback(true);
+            if let Some(unk) = v.token_types.iter().position(|&t| t == TOKEN_TYPE_UNKNOWN) {
+                builder = builder.unk_token(v.tokens[unk].clone());
+            }
+        }
+        let bpe = builder
             .build()
             .map_err(|e| TokenizerError::InvalidVocab(e.to_string()))?;
 
         let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(scheme.pre_tokenizer()?));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        if spm {
+            let bad = |e: tokenizers::Error| TokenizerError::InvalidVocab(e.to_string());
+            inner
+                .with_normalizer(Some(Replace::new(" ", "\u{2581}").map_err(bad)?))
+                .map_err(bad)?;
+            inner.with_decoder(Some(DecoderSequence::new(vec![
+                Replace::new("\u{2581}", " ").map_err(bad)?.into(),
+                ByteFallback::new().into(),
+                Fuse::new().into(),
+            ])));
+        } else {
+            inner.with_pre_tokenizer(Some(scheme.pre_tokenizer()?));
+            inner.with_decoder(Some(ByteLevelDecoder::default()));
+        }
         if v.add_bos {
             let bos = v.bos.ok_or_else(|| {
                 TokenizerError::InvalidVocab(
@@ -244,7 +293,7 @@ impl Tokenizer {
                 .build()
                 .map_err(|e| TokenizerError::InvalidVocab(format!("bos template: {e}")))?;
             inner.with_post_processor(Some(template));
-        } else {
+        } else if !spm {
             // Only trims offsets; ids are unaffected. Mirrors HF's byte-level post-processor.
             inner.with_post_processor(Some(ByteLevel::new(false, false, true)));
         }
@@ -340,6 +389,38 @@ impl Tokenizer {
     pub fn to_json(&self) -> Result<String, TokenizerError> {
         self.inner.to_string(false).map_err(TokenizerError::Encode)
     }
+}
+
+/// SentencePiece merges as Hugging Face's `SentencePieceExtractor` derives them: for every
+/// normal piece, each split into two normal pieces is a merge ranked by the whole piece's
+/// score (highest first; ties in vocabulary order, then by the ids of left and right).
+fn spm_merges(v: &GgufVocab, vocab: &Vocab) -> Vec<(String, String)> {
+    let normal = |id: usize| {
+        v.token_types
+            .get(id)
+            .is_none_or(|&t| t == TOKEN_TYPE_NORMAL)
+    };
+    let normal_id = |s: &str| vocab.get(s).copied().filter(|&id| normal(id as usize));
+    let mut ranked: Vec<(f32, usize, u32, u32)> = Vec::new(); // (score, piece, left, right)
+    for (id, piece) in v.tokens.iter().enumerate() {
+        if !normal(id) {
+            continue;
+        }
+        let mut local = Vec::new();
+        for (k, _) in piece.char_indices().skip(1) {
+            if let (Some(l), Some(r)) = (normal_id(&piece[..k]), normal_id(&piece[k..])) {
+                local.push((l, r));
+            }
+        }
+        local.sort_unstable();
+        ranked.extend(local.into_iter().map(|(l, r)| (v.scores[id], id, l, r)));
+    }
+    // stable: equal scores keep vocabulary order
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+    ranked
+        .into_iter()
+        .map(|(_, _, l, r)| (v.tokens[l as usize].clone(), v.tokens[r as usize].clone()))
+        .collect()
 }
 
 /// Which pre-tokenizer a `tokenizer.ggml.pre` name stands for.

@@ -22,8 +22,13 @@ fn small_cfg() -> ModelConfig {
 }
 
 fn small_gguf(cfg: &ModelConfig) -> GgufWriter {
+    small_gguf_meta(cfg, cfg)
+}
+
+/// The metadata of `meta`, the tensors of `cfg`.
+fn small_gguf_meta(meta: &ModelConfig, cfg: &ModelConfig) -> GgufWriter {
     let mut w = GgufWriter::new();
-    w.llama_metadata(cfg);
+    w.llama_metadata(meta);
     w.kv(
         "tokenizer.ggml.tokens",
         GgufValue::Array(
@@ -159,12 +164,6 @@ fn converted_fixture_matches_hf_with_permuted_qk() {
             assert_eq!(chunk, &a[hf_row * row..(hf_row + 1) * row]);
         }
     }
-    // Qwen3 has no llama GGUF form.
-    let qwen = Checkpoint::open(&fixture("tiny-qwen3")).unwrap();
-    assert!(matches!(
-        GgufWriter::from_checkpoint(&qwen),
-        Err(ModelError::UnknownArch(_))
-    ));
 }
 
 fn parse(bytes: &[u8]) -> Result<GgufFile, ModelError> {
@@ -298,10 +297,10 @@ fn non_llama_and_unsupported_features() {
     assert!(e.to_string().contains("duplicate"), "{e}");
 
     let mut w = GgufWriter::new();
-    w.kv("general.architecture", GgufValue::Str("qwen2".into()));
+    w.kv("general.architecture", GgufValue::Str("gemma2".into()));
     w.write(&path).unwrap();
     assert!(
-        matches!(Checkpoint::open(&path).unwrap_err(), ModelError::UnknownArch(a) if a == "qwen2")
+        matches!(Checkpoint::open(&path).unwrap_err(), ModelError::UnknownArch(a) if a == "gemma2")
     );
 
     let mut w = small_gguf(&cfg);
@@ -320,13 +319,24 @@ fn non_llama_and_unsupported_features() {
         .to_string()
         .contains("attn_q.bias"));
 
-    // A missing needed tensor names the canonical name.
+    // A header with no tensors cannot hold the layers it declares (issue 10 finding 8).
     let mut w = GgufWriter::new();
     w.llama_metadata(&cfg);
     w.write(&path).unwrap();
     let e = Checkpoint::open(&path).unwrap_err();
     assert!(
-        matches!(&e, ModelError::MissingTensor { tensor, .. } if tensor == EMBED_TOKENS),
+        matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_layers"),
+        "{e}"
+    );
+
+    // A missing needed tensor names the canonical name.
+    let mut more = cfg.clone();
+    more.num_layers += 1;
+    small_gguf_meta(&more, &cfg).write(&path).unwrap();
+    let e = Checkpoint::open(&path).unwrap_err();
+    let want = loip_model::layer_tensor_name(cfg.num_layers, "input_layernorm.weight");
+    assert!(
+        matches!(&e, ModelError::MissingTensor { tensor, .. } if *tensor == want),
         "{e}"
     );
 }

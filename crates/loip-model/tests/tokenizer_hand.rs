@@ -55,6 +55,7 @@ fn vocab(pre: &str, add_bos: bool) -> GgufVocab {
         tokens,
         token_types: types,
         merges,
+        scores: Vec::new(),
         bos: Some(1),
         eos: Some(2),
         add_bos,
@@ -149,10 +150,15 @@ fn gguf_digits_follow_the_pre_tokenizer() {
 #[test]
 fn gguf_rejects_bad_input() {
     let mut v = vocab("smollm", false);
-    v.model = "llama".into();
+    v.model = "bert".into();
     let err = Tokenizer::from_gguf_vocab(v).unwrap_err();
     assert!(matches!(err, TokenizerError::UnsupportedModel { .. }));
-    assert!(err.to_string().contains("\"llama\""), "{err}");
+    assert!(err.to_string().contains("\"bert\""), "{err}");
+    // SentencePiece needs one score per piece.
+    let mut v = vocab("smollm", false);
+    v.model = "llama".into();
+    let err = Tokenizer::from_gguf_vocab(v).unwrap_err();
+    assert!(err.to_string().contains("scores"), "{err}");
 
     let mut v = vocab("smollm", false);
     v.merges.push("nospace".into());

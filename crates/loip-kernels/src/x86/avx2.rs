@@ -540,6 +540,9 @@ pub(crate) unsafe fn rows(
         DType::Q4_1 => rows_quant::<Q41>(data, rb, cols, x, n, out),
         DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
         DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
+        DType::Q5_0 | DType::Q5_1 => {
+            crate::quant_ext::rows_via_f32(dtype, data, rb, cols, x, n, out, |a, b| dot_f32(a, b))
+        }
     }
 }
 

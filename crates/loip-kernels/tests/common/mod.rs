@@ -7,7 +7,7 @@ use loip_kernels::DType;
 use rand::Rng;
 
 /// All stored types.
-pub const ALL: [DType; 8] = [
+pub const ALL: [DType; 10] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -16,6 +16,8 @@ pub const ALL: [DType; 8] = [
     DType::Q4_1,
     DType::Q4K,
     DType::Q6K,
+    DType::Q5_0,
+    DType::Q5_1,
 ];
 
 fn put_f16(b: &mut [u8], at: usize, v: f32) {
@@ -71,8 +73,8 @@ pub fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut impl Rng)
                     }
                 };
                 match dtype {
-                    DType::Q8_0 | DType::Q4_0 => put_f16(b, 0, scale()),
-                    DType::Q4_1 | DType::Q4K => {
+                    DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => put_f16(b, 0, scale()),
+                    DType::Q4_1 | DType::Q4K | DType::Q5_1 => {
                         let (d, m) = (scale(), scale());
                         put_f16(b, 0, d);
                         put_f16(b, 2, m);
