@@ -400,6 +400,7 @@ mod tests {
             tokens,
             token_types,
             merges: vec![],
+            scores: vec![],
             bos: Some(0),
             eos: Some(1),
             add_bos: false,
