@@ -148,6 +148,20 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     let busy = app.parallel - app.permits.available_permits().min(app.parallel);
     let (status, devices) = match app.backend.health() {
         Health::Ready => (StatusCode::OK, None),
+        Health::Serving(st) => {
+            let body = json!({
+                "status": "ok",
+                "model": app.name,
+                "generating": busy,
+                "parallel": app.parallel,
+                "scheduler": {"running": st.running, "waiting": st.queued,
+                              "kv_used_bytes": st.kv_used, "kv_reserved_bytes": st.kv_reserved,
+                              "kv_budget_bytes": (st.kv_budget != u64::MAX).then_some(st.kv_budget),
+                              "last_batch": st.last_batch, "steps": st.steps},
+                "devices": null,
+            });
+            return (StatusCode::OK, Json(body)).into_response();
+        }
         Health::Replanning => {
             // a re-plan holds the session for seconds: /health does not wait for it
             let body = json!({"status": "replanning", "model": app.name});
@@ -458,6 +472,7 @@ impl App {
             .map_err(|e| match e {
                 BackendError::Cluster(e) => ApiError::from_cluster(e),
                 BackendError::Engine(e) => ApiError::from_engine(e),
+                BackendError::Batch(e) => ApiError::from_batch(e),
             })?;
         let (rest, text) = text.finish();
         emit(&rest);
