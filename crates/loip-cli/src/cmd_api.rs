@@ -194,7 +194,11 @@ fn sliced(
         "memory: budget {} B, resident {} B, slot {} B, working {} B, KV budget {} B",
         m.budget, m.resident, m.slot, m.working, m.kv_budget
     );
-    Ok((Backend::sliced(model, a.parallel, a.max_prompt)?, info, context))
+    Ok((
+        Backend::sliced(model, a.parallel, a.max_prompt)?,
+        info,
+        context,
+    ))
 }
 
 /// The server's view of the model; why a tokenizer or template is missing is logged here

@@ -109,10 +109,10 @@ const WORDS: &[&str] = &[
 #[derive(Debug, Clone, Default)]
 struct Sample {
     ok: bool,
-    tokens: usize,        // completion tokens (usage, else content chunks)
-    ttft_s: f64,          // start to first content  // s
-    itl_s: Option<f64>,   // mean gap between tokens after the first  // s
-    latency_s: f64,       // start to end  // s
+    tokens: usize,      // completion tokens (usage, else content chunks)
+    ttft_s: f64,        // start to first content  // s
+    itl_s: Option<f64>, // mean gap between tokens after the first  // s
+    latency_s: f64,     // start to end  // s
     error: Option<String>,
 }
 
@@ -202,7 +202,9 @@ fn parse_url(url: &str) -> Result<(String, u16)> {
 fn body(a: &ServeBenchArgs, rng: &mut Rng) -> String {
     let prompt = if a.token_prompt {
         let v = u64::from(a.vocab.max(1));
-        json!((0..a.prompt_len).map(|_| rng.next() % v).collect::<Vec<_>>())
+        json!((0..a.prompt_len)
+            .map(|_| rng.next() % v)
+            .collect::<Vec<_>>())
     } else {
         let words: Vec<&str> = (0..a.prompt_len)
             .map(|_| WORDS[(rng.next() % WORDS.len() as u64) as usize])
@@ -285,9 +287,10 @@ async fn request(
                 .nth(1)
                 .and_then(|s| s.parse().ok())
                 .context("a bad status line")?;
-            let chunked = head
-                .lines()
-                .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
+            let chunked = head.lines().any(|l| {
+                l.to_ascii_lowercase()
+                    .starts_with("transfer-encoding: chunked")
+            });
             break (status, chunked);
         }
         if raw.len() > 64 * 1024 {
@@ -334,7 +337,10 @@ async fn request(
     if status != 200 {
         bail!(
             "HTTP {status}: {}",
-            String::from_utf8_lossy(&decoded).chars().take(300).collect::<String>()
+            String::from_utf8_lossy(&decoded)
+                .chars()
+                .take(300)
+                .collect::<String>()
         );
     }
     if let Some(e) = events.error.take() {

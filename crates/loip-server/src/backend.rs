@@ -19,7 +19,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use loip_engine::{one_device_limits, EngineError, Flow, GenerateOptions, GenerateOutput, Generator, Model};
+use loip_engine::{
+    one_device_limits, EngineError, Flow, GenerateOptions, GenerateOutput, Generator, Model,
+};
 use loip_model::Checkpoint;
 use loip_runtime::cluster_run::{generate_on, Session};
 use loip_runtime::coordinator::{ClusterError, DeviceHealth};

@@ -216,7 +216,9 @@ impl BatchBackend for DynBackend<'_> {
         _batch: &[loip_engine::TokenPos],
         _rows: &[usize],
     ) -> Result<Vec<f32>, EngineError> {
-        Err(EngineError::Backend("rows are picked by the backend".into()))
+        Err(EngineError::Backend(
+            "rows are picked by the backend".into(),
+        ))
     }
     fn forward_pick(
         &mut self,
@@ -261,8 +263,7 @@ fn run_loop<B: BatchBackend>(
     let mut clock = move || start.elapsed().as_secs_f64();
     let mut replies: HashMap<SeqId, Sender<Reply>> = HashMap::new();
     let mut open = true;
-    let handle = |cmd: Cmd, serving: &mut Serving<B>, replies: &mut HashMap<_, _>, now| match cmd
-    {
+    let handle = |cmd: Cmd, serving: &mut Serving<B>, replies: &mut HashMap<_, _>, now| match cmd {
         Cmd::Submit {
             seq,
             prompt,
