@@ -1003,4 +1003,23 @@ fn bench_serve_runs_a_bounded_load() {
     assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["ttft"]["p50_ms"].is_number(), "{v}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("tokens/s"));
+    // the load shows in /metrics, Prometheus text
+    let m = http(&s.addr, "GET", "/metrics", b"");
+    assert_eq!(m.status, 200);
+    let text = String::from_utf8_lossy(&m.body).to_string();
+    for series in [
+        "loip_requests_total 5",
+        "loip_prompt_tokens_total 20",
+        "loip_completion_tokens_total 30",
+        "loip_queue_depth",
+        "loip_running_sequences",
+        "loip_batch_size",
+        "loip_step_seconds",
+        "loip_time_to_first_token_seconds",
+        "loip_inter_token_seconds",
+        "loip_kv_used_bytes",
+        "loip_kv_reserved_bytes",
+    ] {
+        assert!(text.contains(series), "{series} missing:\n{text}");
+    }
 }

@@ -59,6 +59,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         ));
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -89,6 +90,7 @@ pub(crate) struct App {
 
 impl App {
     pub(crate) fn new(cfg: &ServerConfig, model: ServedModel, backend: Arc<Backend>) -> App {
+        crate::metrics::init();
         let tokenizer = model
             .tokenizer
             .ok_or_else(|| "the model has no tokenizer".to_string());
@@ -192,6 +194,17 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         "devices": devices,
     });
     (status, Json(body)).into_response()
+}
+
+async fn metrics_text() -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(),
+    )
+        .into_response()
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
@@ -458,7 +471,15 @@ impl App {
     /// empty) and returns `false` when nobody listens any more, which stops the generation.
     fn run(&self, job: &Job, emit: &mut dyn FnMut(&str) -> bool) -> Result<Finished, ApiError> {
         let mut text = TextStream::new(self.tokenizer.as_ref().ok(), &job.stops);
+        let t0 = std::time::Instant::now();
+        let mut last: Option<std::time::Instant> = None;
         let mut on_token = |id: u32| {
+            let now = std::time::Instant::now();
+            match last {
+                None => crate::metrics::first_token((now - t0).as_secs_f64()),
+                Some(l) => crate::metrics::inter_token((now - l).as_secs_f64()),
+            }
+            last = Some(now);
             let (piece, hit_stop) = text.push(id);
             if !emit(&piece) || hit_stop {
                 Flow::Stop
@@ -474,6 +495,7 @@ impl App {
                 BackendError::Engine(e) => ApiError::from_engine(e),
                 BackendError::Batch(e) => ApiError::from_batch(e),
             })?;
+        crate::metrics::request_done(job.prompt_ids.len(), out.new_ids.len());
         let (rest, text) = text.finish();
         emit(&rest);
         Ok(Finished {

@@ -5,6 +5,7 @@
 //! - [`wire`]: the OpenAI shapes and the one error type, mapped to status codes;
 //! - [`http`]: connections, header and body timeouts, body limits, the API key;
 //! - [`backend`]: what runs the forward passes (this machine, slice files, or a cluster);
+//! - [`metrics`]: `GET /metrics` (Prometheus text);
 //! - [`serving`]: the one-device batched serving loop (continuous batching).
 //!
 //! Invariants: nothing a client sends panics the server or is answered with a 5xx; error
@@ -16,6 +17,7 @@
 mod app;
 pub mod backend;
 pub mod http;
+mod metrics;
 pub mod options;
 pub mod serving;
 mod text;

@@ -356,5 +356,6 @@ fn run_loop<B: BatchBackend>(
             s.step_s += step_s;
         }
         s.kv_budget = kv_budget;
+        crate::metrics::step(&s, (!batch.is_empty()).then_some(step_s));
     }
 }
