@@ -133,12 +133,7 @@ async fn still_serves(addr: &str) {
 fn finding_1_slice_names_outside_the_store_are_refused_before_anything_is_opened() {
     rt().block_on(async {
         let (addr, store) = start("f1", |_| {}).await;
-        for evil in [
-            "../../../../etc/passwd",
-            "/etc/passwd",
-            "../x.slice",
-            "a/b.slice",
-        ] {
+        for evil in ["../../../../etc/passwd", "/etc/passwd", "../x.slice", "a/b.slice"] {
             let mut m = manifest();
             m.slices[0].file = evil.into();
             for probe in [false, true] {
@@ -155,16 +150,10 @@ fn finding_1_slice_names_outside_the_store_are_refused_before_anything_is_opened
                     failed_message(load(&mut s, &m, spec(&m, 8)).await)
                 };
                 assert!(msg.contains("not a plain store name"), "{msg}");
-                assert!(
-                    !msg.contains("passwd") && !msg.contains(&*store.to_string_lossy()),
-                    "{msg}"
-                );
+                assert!(!msg.contains("passwd") && !msg.contains(&*store.to_string_lossy()), "{msg}");
                 // the session goes on
                 s.control(&ToWorker::Ping { id: 1 }).await;
-                assert!(matches!(
-                    s.recv_control().await,
-                    ToCoordinator::Pong { id: 1 }
-                ));
+                assert!(matches!(s.recv_control().await, ToCoordinator::Pong { id: 1 }));
             }
         }
         // no manifest naming them was saved in the store
@@ -181,12 +170,7 @@ fn step(n: usize, head: bool) -> (StepHeader, Vec<u8>) {
         head,
         keep: false,
         stages: vec![0],
-        batch: (0..n)
-            .map(|i| TokenPos {
-                seq: 1,
-                pos: i % 200,
-            })
-            .collect(),
+        batch: (0..n).map(|i| TokenPos { seq: 1, pos: i % 200 }).collect(),
         rows: if head { vec![0] } else { vec![] },
         argmax: None,
     };
@@ -199,19 +183,13 @@ fn finding_2_a_huge_step_on_a_small_budget_is_an_error_and_the_worker_keeps_serv
         let (addr, _) = start("f2", |o| o.mem_budget = 64 << 20).await;
         let m = manifest();
         let mut s = raw::authed(&addr, Some(TOKEN)).await;
-        assert!(matches!(
-            load(&mut s, &m, spec(&m, 16)).await,
-            ToCoordinator::Loaded { .. }
-        ));
+        assert!(matches!(load(&mut s, &m, spec(&m, 16)).await, ToCoordinator::Loaded { .. }));
         // 2^16 tokens fit a frame: the step is refused by the device's limits, at once
         let (h, ids) = step(1 << 16, true);
         let t = Instant::now();
         s.send(FrameKind::Step, &wire::encode_step(&h, &ids)).await;
         let msg = failed_message(s.recv_control().await);
-        assert!(
-            msg.contains("65536 tokens") && msg.contains("at most 16"),
-            "{msg}"
-        );
+        assert!(msg.contains("65536 tokens") && msg.contains("at most 16"), "{msg}");
         assert!(t.elapsed() < Duration::from_secs(5));
         // and a proper step still runs on the same session
         let (h, ids) = step(3, true);
@@ -220,9 +198,7 @@ fn finding_2_a_huge_step_on_a_small_budget_is_an_error_and_the_worker_keeps_serv
         assert_eq!(f.kind, FrameKind::Output);
         // 2^20 tokens do not even fit a frame of this device: that session closes, the worker lives
         let (h, ids) = step(1 << 20, false);
-        let _ =
-            s.wr.write(FrameKind::Step, &wire::encode_step(&h, &ids))
-                .await;
+        let _ = s.wr.write(FrameKind::Step, &wire::encode_step(&h, &ids)).await;
         let msg = s.error_then_close().await.unwrap_or_default();
         assert!(msg.contains("exceeds the limit"), "{msg}");
         still_serves(&addr).await;
@@ -237,27 +213,13 @@ fn finding_3_a_worker_off_loopback_needs_a_token_and_makes_one() {
     let t = t.unwrap();
     assert!(t.len() >= 32);
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(
-        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     // kept across restarts, and a given token wins
-    assert_eq!(
-        token::for_worker(None, "0.0.0.0:7001", &dir).unwrap().0,
-        Some(t)
-    );
+    assert_eq!(token::for_worker(None, "0.0.0.0:7001", &dir).unwrap().0, Some(t));
     let given = Some("given-token-0123456789".to_string());
-    assert_eq!(
-        token::for_worker(given.clone(), "0.0.0.0:1", &dir)
-            .unwrap()
-            .0,
-        given
-    );
+    assert_eq!(token::for_worker(given.clone(), "0.0.0.0:1", &dir).unwrap().0, given);
     // loopback may run without one
-    assert_eq!(
-        token::for_worker(None, "127.0.0.1:0", &dir).unwrap().0,
-        None
-    );
+    assert_eq!(token::for_worker(None, "127.0.0.1:0", &dir).unwrap().0, None);
     // weak tokens are refused where they come in
     assert!(token::from_sources(None, Some("short")).is_err());
 }
@@ -306,10 +268,7 @@ fn finding_4_too_many_unauthenticated_connections_are_closed_at_once() {
         let f = tokio::time::timeout(Duration::from_secs(5), wire::read_frame(&mut c, 1 << 16))
             .await
             .expect("closed at once");
-        assert!(
-            matches!(f, Err(WireError::Closed)) || matches!(f, Err(WireError::Io(_))),
-            "{f:?}"
-        );
+        assert!(matches!(f, Err(WireError::Closed)) || matches!(f, Err(WireError::Io(_))), "{f:?}");
         drop((a, b));
     });
 }
@@ -360,22 +319,14 @@ fn finding_6_unread_outputs_keep_the_worker_within_its_budget() {
         let hidden = m.config.hidden_size;
         let tokens = (8 << 20) / (hidden * 4); // 8 MiB of hidden rows per step
         let mut s = raw::authed(&addr, Some(TOKEN)).await;
-        assert!(matches!(
-            load(&mut s, &m, spec(&m, tokens)).await,
-            ToCoordinator::Loaded { .. }
-        ));
+        assert!(matches!(load(&mut s, &m, spec(&m, tokens)).await, ToCoordinator::Loaded { .. }));
         let h = StepHeader {
             step: 1,
             embed: false,
             head: false,
             keep: false,
             stages: vec![], // an echo: the rows come back as they went
-            batch: (0..tokens)
-                .map(|i| TokenPos {
-                    seq: 1,
-                    pos: i % 200,
-                })
-                .collect(),
+            batch: (0..tokens).map(|i| TokenPos { seq: 1, pos: i % 200 }).collect(),
             rows: vec![],
             argmax: None,
         };
@@ -399,11 +350,7 @@ fn finding_6_unread_outputs_keep_the_worker_within_its_budget() {
             MEM >> 20,
             OVERHEAD >> 20
         );
-        eprintln!(
-            "worker peak RSS {} MiB for --mem {} MiB",
-            peak >> 20,
-            MEM >> 20
-        );
+        eprintln!("worker peak RSS {} MiB for --mem {} MiB", peak >> 20, MEM >> 20);
         sender.abort();
         drop(rd);
     });
@@ -426,10 +373,7 @@ fn finding_7_tensor_ranges_past_their_slice_are_refused_at_once() {
             let t = Instant::now();
             let msg = failed_message(load(&mut s, &m, spec(&m, 8)).await);
             assert!(t.elapsed() < Duration::from_secs(5), "case {i}");
-            assert!(
-                msg.contains("slice ") && msg.contains("tensor "),
-                "case {i}: {msg}"
-            );
+            assert!(msg.contains("slice ") && msg.contains("tensor "), "case {i}: {msg}");
         }
         // a config that asks for absurd sizes is refused the same way
         let mut m = manifest();
@@ -449,19 +393,14 @@ fn finding_12_tampered_injected_and_replayed_frames_close_the_session() {
         // injected: a plaintext frame in the middle of a sealed session
         let mut s = raw::authed(&addr, Some(TOKEN)).await;
         let ping = wire::control_payload(&ToWorker::Ping { id: 3 }).unwrap();
-        wire::write_frame(s.wr.get_mut(), FrameKind::Control, &ping, None)
-            .await
-            .unwrap();
+        wire::write_frame(s.wr.get_mut(), FrameKind::Control, &ping, None).await.unwrap();
         let msg = s.error_then_close().await.unwrap_or_default();
         assert!(msg.contains("failed authentication"), "{msg}");
         // modified and replayed: capture a sealed frame's bytes, then change one / send it twice
         for replay in [false, true] {
             let mut s = raw::authed(&addr, Some(TOKEN)).await;
             s.control(&ToWorker::Ping { id: 1 }).await;
-            assert!(matches!(
-                s.recv_control().await,
-                ToCoordinator::Pong { id: 1 }
-            ));
+            assert!(matches!(s.recv_control().await, ToCoordinator::Pong { id: 1 }));
             // a second, hand-made frame with the session's counter is impossible to forge;
             // sending garbage with a valid header is what an injector can do
             let mut bytes = vec![0u8; 5 + 16 + 20];
@@ -481,10 +420,7 @@ fn finding_12_tampered_injected_and_replayed_frames_close_the_session() {
             token: Some("not-the-token-at-all".into()),
             ..opts()
         };
-        let e = Conn::connect(&ep(&addr), &bad)
-            .await
-            .err()
-            .expect("refused");
+        let e = Conn::connect(&ep(&addr), &bad).await.err().expect("refused");
         assert!(matches!(e.source, WireError::AuthRefused(_)), "{e}");
         still_serves(&addr).await;
     });
@@ -506,16 +442,11 @@ fn finding_12_the_coordinator_reads_no_large_frame_before_the_worker_is_authenti
             .await;
             // a 64 MiB "challenge"
             let len = (64u32 << 20).to_le_bytes();
-            let _ = s
-                .write_all(&[len[0], len[1], len[2], len[3], FrameKind::Control as u8])
-                .await;
+            let _ = s.write_all(&[len[0], len[1], len[2], len[3], FrameKind::Control as u8]).await;
             tokio::time::sleep(Duration::from_secs(10)).await;
         });
         let t = Instant::now();
-        let e = Conn::connect(&ep(&addr), &opts())
-            .await
-            .err()
-            .expect("refused");
+        let e = Conn::connect(&ep(&addr), &opts()).await.err().expect("refused");
         assert!(matches!(e.source, WireError::TooLarge { .. }), "{e}");
         assert!(t.elapsed() < Duration::from_secs(3));
     });
@@ -570,8 +501,7 @@ fn fuzz_frames_before_and_after_the_handshake_never_take_the_worker_down() {
                 // control messages
                 let mut s = raw::authed(&addr, Some(TOKEN)).await;
                 if rng.gen_bool(0.5) {
-                    let mut json =
-                        serde_json::to_vec(&ToWorker::Release { seqs: vec![1, 2] }).unwrap();
+                    let mut json = serde_json::to_vec(&ToWorker::Release { seqs: vec![1, 2] }).unwrap();
                     let at = rng.gen_range(0..json.len());
                     json[at] = rng.gen();
                     payload = json;

@@ -158,7 +158,9 @@ where
             "expected the worker's proof, got {}",
             kind_of(&other)
         ))),
-        Err(WireError::Remote(m)) if m.contains("authentication") => Err(WireError::AuthRefused(m)),
+        Err(WireError::Remote(m)) if m.contains("authentication") => {
+            Err(WireError::AuthRefused(m))
+        }
         Err(e) => Err(e),
     }
 }

@@ -40,26 +40,16 @@ pub fn check_config(c: &ModelConfig) -> Result<(), String> {
     let fields = [
         ("num_layers", c.num_layers, Bounds::LAYERS),
         ("hidden_size", c.hidden_size, Bounds::HIDDEN),
-        (
-            "intermediate_size",
-            c.intermediate_size,
-            Bounds::INTERMEDIATE,
-        ),
+        ("intermediate_size", c.intermediate_size, Bounds::INTERMEDIATE),
         ("num_heads", c.num_heads, Bounds::HEADS),
         ("num_kv_heads", c.num_kv_heads, Bounds::HEADS),
         ("head_dim", c.head_dim, Bounds::HEAD_DIM),
         ("vocab_size", c.vocab_size, Bounds::VOCAB),
-        (
-            "max_position_embeddings",
-            c.max_position_embeddings,
-            Bounds::CONTEXT,
-        ),
+        ("max_position_embeddings", c.max_position_embeddings, Bounds::CONTEXT),
     ];
     for (name, v, max) in fields {
         if v > max {
-            return Err(format!(
-                "bad model config: {name} = {v} is over the limit of {max}"
-            ));
+            return Err(format!("bad model config: {name} = {v} is over the limit of {max}"));
         }
     }
     Ok(())
@@ -89,9 +79,7 @@ pub fn check_manifest(m: &Manifest) -> Result<(), String> {
         }
         if let SliceKind::Attn(l) | SliceKind::Mlp(l) = s.kind {
             if l >= layers {
-                return Err(format!(
-                    "slice {id}: layer {l} of a model with {layers} layers"
-                ));
+                return Err(format!("slice {id}: layer {l} of a model with {layers} layers"));
             }
         }
         if s.size > MAX_SLICE_BYTES {
