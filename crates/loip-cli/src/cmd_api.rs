@@ -152,7 +152,7 @@ pub fn run(a: ApiArgs) -> Result<()> {
             chat: model_load::chat_template(&ckpt),
         };
         let context = ckpt.config.max_position_embeddings;
-        (Backend::local(ckpt)?, info, context)
+        (Backend::local(ckpt, a.parallel)?, info, context)
     };
     let cfg = ServerConfig {
         name,
@@ -188,13 +188,17 @@ fn sliced(
         context,
         max_step_tokens: a.max_prompt,
     };
-    let model = LocalModel::open(&dir, &opts)?;
+    let model = LocalModel::open_batched(&dir, &opts, a.parallel)?;
     let m = model.device.memory();
     eprintln!(
         "memory: budget {} B, resident {} B, slot {} B, working {} B, KV budget {} B",
         m.budget, m.resident, m.slot, m.working, m.kv_budget
     );
-    Ok((Backend::Sliced(Arc::new(Mutex::new(model))), info, context))
+    Ok((
+        Backend::sliced(model, a.parallel, a.max_prompt)?,
+        info,
+        context,
+    ))
 }
 
 /// The server's view of the model; why a tokenizer or template is missing is logged here

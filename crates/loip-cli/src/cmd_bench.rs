@@ -58,6 +58,8 @@ enum BenchWhat {
         #[arg(long, default_value_t = 8)]
         tokens: usize,
     },
+    /// Load an OpenAI-compatible server: throughput, TTFT and inter-token percentiles.
+    Serve(crate::cmd_bench_serve::ServeBenchArgs),
 }
 
 /// `loip bench`.
@@ -66,6 +68,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchWhat::Engine { model, tokens } => engine(&model, tokens)?,
         BenchWhat::Loader { model, repeats } => loader(&model, repeats)?,
         BenchWhat::Offload { model, tokens } => offload(&model, tokens)?,
+        BenchWhat::Serve(s) => crate::cmd_bench_serve::run(s)?,
     };
     if let Some(path) = a.out {
         std::fs::write(&path, serde_json::to_string_pretty(&result)?)

@@ -2,6 +2,7 @@
 
 mod cmd_api;
 mod cmd_bench;
+mod cmd_bench_serve;
 mod cmd_generate;
 mod cmd_local;
 mod cmd_plan;

@@ -870,3 +870,160 @@ fn the_api_key_from_the_environment_guards_v1() {
     assert_eq!(http(&s.addr, "GET", "/health", b"").status, 200);
     assert!(!s.log().contains("k3y"));
 }
+
+/// `loip generate` alone for one prompt with sampling arguments: its new ids.
+fn generate_one(model: &str, ids: &[u32], n: usize, extra: &[&str]) -> Value {
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let ids = ids.join(",");
+    let n = n.to_string();
+    let mut args = vec![
+        "--model",
+        model,
+        "--prompt-ids",
+        &ids,
+        "-n",
+        &n,
+        "--ignore-eos",
+    ];
+    args.extend_from_slice(extra);
+    generate(&args)["new_ids"].clone()
+}
+
+#[test]
+fn batched_requests_staggered_sampled_and_cancelled_equal_generate_alone() {
+    // Continuous batching on one device (in memory, then every block from slice files):
+    // requests of different lengths arrive staggered, two sample with their own seeds, one
+    // client leaves mid-way; each finished request has the tokens of `loip generate` alone.
+    let model = fixture("tiny-llama");
+    // (prompt, new tokens, temperature, seed)
+    let reqs: Vec<(Vec<u32>, usize, f64, u64)> = vec![
+        (vec![1, 5, 9, 23], 14, 0.0, 0),
+        (vec![3, 1, 4, 1, 5, 9, 2, 6, 5, 3], 6, 0.8, 7),
+        (vec![2, 7], 20, 0.0, 0),
+        (vec![8, 8, 4, 1, 9], 9, 1.0, 42),
+    ];
+    let want: Vec<Value> = reqs
+        .iter()
+        .map(|(p, n, t, seed)| {
+            let (t, seed) = (t.to_string(), seed.to_string());
+            generate_one(&model, p, *n, &["--temperature", &t, "--seed", &seed])
+        })
+        .collect();
+    for extra in [&[][..], &["--offload-blocks", "all"][..]] {
+        let mut args = vec!["--model", model.as_str(), "--parallel", "4"];
+        args.extend_from_slice(extra);
+        let s = Server::start(&args);
+        let got: Vec<Value> = std::thread::scope(|sc| {
+            // a client that leaves: its sequence is cancelled, the others go on
+            let leaver = sc.spawn(|| {
+                let body = json!({"prompt": [4, 4, 4], "ignore_eos": true,
+                                  "temperature": 0, "stream": true})
+                .to_string();
+                let head = format!(
+                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let mut c = send_raw(&s.addr, &head, body.as_bytes());
+                let mut first = [0u8; 12];
+                c.read_exact(&mut first).unwrap();
+                assert_eq!(&first, b"HTTP/1.1 200");
+                drop(c);
+            });
+            let handles: Vec<_> = reqs
+                .iter()
+                .enumerate()
+                .map(|(i, (p, n, t, seed))| {
+                    let s = &s;
+                    sc.spawn(move || {
+                        std::thread::sleep(Duration::from_millis(40 * i as u64));
+                        let r = s.post(
+                            "/v1/completions",
+                            &json!({"prompt": p, "max_tokens": n, "temperature": t,
+                                    "seed": seed, "ignore_eos": true, "return_token_ids": true}),
+                        );
+                        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                        r.json()["choices"][0]["token_ids"].clone()
+                    })
+                })
+                .collect();
+            leaver.join().unwrap();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(got, want, "{extra:?}: {}", s.log());
+        // the leaver's KV is freed: the scheduler ends with nothing running
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let h = http(&s.addr, "GET", "/health", b"").json();
+            let left = s.log().contains("the client went away");
+            if left && h["scheduler"]["running"] == 0 && h["scheduler"]["kv_used_bytes"] == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{h}\n{}", s.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn bench_serve_runs_a_bounded_load() {
+    let model = fixture("tiny-llama");
+    let s = Server::start(&["--model", &model, "--parallel", "2"]);
+    let json_path =
+        std::env::temp_dir().join(format!("loip-bench-serve-{}.json", std::process::id()));
+    let out = loip()
+        .args(["bench", "serve", "--url"])
+        .arg(format!("http://{}", s.addr))
+        .args([
+            "--requests",
+            "5",
+            "--arrival",
+            "poisson",
+            "--rate",
+            "50",
+            "--prompt-len",
+            "4",
+            "--output-len",
+            "6",
+            "--token-prompt",
+            "--vocab",
+            "32",
+            "--timeout",
+            "60",
+        ])
+        .arg("--json")
+        .arg(&json_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json_path);
+    assert_eq!(v["ok"], 5, "{v}\n{}", s.log());
+    assert_eq!(v["output_tokens"], 30, "{v}");
+    assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["ttft"]["p50_ms"].is_number(), "{v}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("tokens/s"));
+    // the load shows in /metrics, Prometheus text
+    let m = http(&s.addr, "GET", "/metrics", b"");
+    assert_eq!(m.status, 200);
+    let text = String::from_utf8_lossy(&m.body).to_string();
+    for series in [
+        "loip_requests_total 5",
+        "loip_prompt_tokens_total 20",
+        "loip_completion_tokens_total 30",
+        "loip_queue_depth",
+        "loip_running_sequences",
+        "loip_batch_size",
+        "loip_step_seconds",
+        "loip_time_to_first_token_seconds",
+        "loip_inter_token_seconds",
+        "loip_kv_used_bytes",
+        "loip_kv_reserved_bytes",
+    ] {
+        assert!(text.contains(series), "{series} missing:\n{text}");
+    }
+}

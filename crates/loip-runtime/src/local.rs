@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use loip_engine::{EngineError, StepBackend, TokenPos};
+use loip_engine::{BatchBackend, EngineError, StepBackend, TokenPos};
 use loip_model::slice::{Manifest, SliceKind};
 
 use crate::executor::{working_bytes, BlockPlacement, Device, DeviceSpec, StageLayer, StageSpec};
@@ -77,8 +77,20 @@ fn size(m: &Manifest, k: SliceKind) -> Result<u64, RuntimeError> {
         .ok_or_else(|| RuntimeError::Invalid(format!("slice {} missing", k.id())))
 }
 
-/// The single-device spec for `opts` on the model in `m`.
+/// The single-device spec for `opts` on the model in `m` (one sequence at a time).
 pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, RuntimeError> {
+    local_spec_for(m, opts, 1)
+}
+
+/// The single-device spec for `opts` serving up to `max_seqs` sequences at once: KV for
+/// `max_seqs × context` tokens, working buffers for steps of `max_step_tokens` tokens over
+/// `max_seqs` sequences.
+pub fn local_spec_for(
+    m: &Manifest,
+    opts: &LocalOptions,
+    max_seqs: usize,
+) -> Result<DeviceSpec, RuntimeError> {
+    let max_seqs = max_seqs.max(1);
     if opts.rule == OffloadRule::Plan {
         return planned_spec(m, opts);
     }
@@ -111,9 +123,9 @@ pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runti
             l.mlp = BlockPlacement::Offloaded;
         }
     }
-    let kv_bytes =
-        opts.context as u64 * n as u64 * 2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4;
-    let working = working_bytes(m, opts.max_step_tokens, 1, opts.context);
+    let kv_bytes = (opts.context as u64 * max_seqs as u64)
+        .saturating_mul(n as u64 * 2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4);
+    let working = working_bytes(m, opts.max_step_tokens, max_seqs, opts.context);
     let need = |layers: &[StageLayer]| -> Result<u64, RuntimeError> {
         let mut resident = size(m, SliceKind::Embed)? + size(m, SliceKind::Head)?;
         let mut slot = 0;
@@ -173,7 +185,7 @@ pub fn local_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runti
         overlap: opts.overlap,
         mem_budget: opts.mem_budget,
         max_step_tokens: opts.max_step_tokens,
-        max_step_seqs: 1,
+        max_step_seqs: max_seqs,
         context: opts.context,
     })
 }
@@ -234,6 +246,20 @@ impl LocalModel {
         })
     }
 
+    /// Opens the model in `dir` under `opts` for up to `max_seqs` sequences at once (the
+    /// batched server): the budget holds their KV and the working buffers of a batched step.
+    pub fn open_batched(
+        dir: &Path,
+        opts: &LocalOptions,
+        max_seqs: usize,
+    ) -> Result<LocalModel, RuntimeError> {
+        let m = Manifest::load(dir)?;
+        let spec = local_spec_for(&m, opts, max_seqs)?;
+        Ok(LocalModel {
+            device: Device::open(dir, &m, spec)?,
+        })
+    }
+
     /// Runs `ids` at `batch` through every stage; returns the hidden states.
     pub fn forward_hidden(
         &mut self,
@@ -249,6 +275,38 @@ impl LocalModel {
     }
 }
 
+fn engine_err(e: RuntimeError) -> EngineError {
+    match e {
+        RuntimeError::Engine(e) => e,
+        other => EngineError::Backend(other.to_string()),
+    }
+}
+
+/// Many sequences in one step: every stage runs once over the whole batch, so each offloaded
+/// block is read once per step for all of them.
+impl BatchBackend for LocalModel {
+    fn forward_rows(
+        &mut self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        rows: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let x = self.forward_hidden(ids, batch).map_err(engine_err)?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.device.head(&x, rows).map_err(engine_err)
+    }
+
+    fn release(&mut self, seq: u64) {
+        self.device.kv.remove(seq);
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.device.tf.cfg.vocab_size
+    }
+}
+
 impl StepBackend for LocalModel {
     fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
         let batch: Vec<TokenPos> = (0..ids.len())
@@ -261,9 +319,6 @@ impl StepBackend for LocalModel {
             let x = me.forward_hidden(ids, &batch)?;
             me.device.head(&x, &[ids.len() - 1])
         };
-        run(self).map_err(|e| match e {
-            RuntimeError::Engine(e) => e,
-            other => EngineError::Backend(other.to_string()),
-        })
+        run(self).map_err(engine_err)
     }
 }

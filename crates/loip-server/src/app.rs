@@ -59,6 +59,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         ));
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -89,6 +90,7 @@ pub(crate) struct App {
 
 impl App {
     pub(crate) fn new(cfg: &ServerConfig, model: ServedModel, backend: Arc<Backend>) -> App {
+        crate::metrics::init();
         let tokenizer = model
             .tokenizer
             .ok_or_else(|| "the model has no tokenizer".to_string());
@@ -148,6 +150,20 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     let busy = app.parallel - app.permits.available_permits().min(app.parallel);
     let (status, devices) = match app.backend.health() {
         Health::Ready => (StatusCode::OK, None),
+        Health::Serving(st) => {
+            let body = json!({
+                "status": "ok",
+                "model": app.name,
+                "generating": busy,
+                "parallel": app.parallel,
+                "scheduler": {"running": st.running, "waiting": st.queued,
+                              "kv_used_bytes": st.kv_used, "kv_reserved_bytes": st.kv_reserved,
+                              "kv_budget_bytes": (st.kv_budget != u64::MAX).then_some(st.kv_budget),
+                              "last_batch": st.last_batch, "steps": st.steps},
+                "devices": null,
+            });
+            return (StatusCode::OK, Json(body)).into_response();
+        }
         Health::Replanning => {
             // a re-plan holds the session for seconds: /health does not wait for it
             let body = json!({"status": "replanning", "model": app.name});
@@ -178,6 +194,17 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         "devices": devices,
     });
     (status, Json(body)).into_response()
+}
+
+async fn metrics_text() -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(),
+    )
+        .into_response()
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
@@ -444,7 +471,15 @@ impl App {
     /// empty) and returns `false` when nobody listens any more, which stops the generation.
     fn run(&self, job: &Job, emit: &mut dyn FnMut(&str) -> bool) -> Result<Finished, ApiError> {
         let mut text = TextStream::new(self.tokenizer.as_ref().ok(), &job.stops);
+        let t0 = std::time::Instant::now();
+        let mut last: Option<std::time::Instant> = None;
         let mut on_token = |id: u32| {
+            let now = std::time::Instant::now();
+            match last {
+                None => crate::metrics::first_token((now - t0).as_secs_f64()),
+                Some(l) => crate::metrics::inter_token((now - l).as_secs_f64()),
+            }
+            last = Some(now);
             let (piece, hit_stop) = text.push(id);
             if !emit(&piece) || hit_stop {
                 Flow::Stop
@@ -458,7 +493,9 @@ impl App {
             .map_err(|e| match e {
                 BackendError::Cluster(e) => ApiError::from_cluster(e),
                 BackendError::Engine(e) => ApiError::from_engine(e),
+                BackendError::Batch(e) => ApiError::from_batch(e),
             })?;
+        crate::metrics::request_done(job.prompt_ids.len(), out.new_ids.len());
         let (rest, text) = text.finish();
         emit(&rest);
         Ok(Finished {

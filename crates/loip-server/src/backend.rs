@@ -3,25 +3,31 @@
 //!
 //! The interface is per sequence: [`Backend::generate`] runs one request's prompt and
 //! decoding loop to its end, calling back with each token, and may be called from several
-//! threads at once (each call is its own sequence). A step scheduler can later sit in front
-//! of it, turning requests into per-sequence steps, without the HTTP layer changing.
+//! threads at once (each call is its own sequence). On one device (in memory or from slice
+//! files) a [`Batcher`] sits behind it: one thread owns the model, its KV cache and the step
+//! scheduler, and concurrent requests share one batched forward per step. A cluster runs one
+//! generation loop per request; a batched pipeline backend plugs in as another [`Batcher`].
 //!
 //! Invariants:
-//! - Every variant runs the engine's own generation loop ([`loip_engine::generate`]) with the
-//!   caller's options, so a greedy request gives exactly the single-device engine's tokens.
-//! - `Local` owns its checkpoint; the model's weight views are bound per request (binding
-//!   only records views into the mapped file, nothing is copied), so nothing is leaked.
+//! - Every variant gives each request exactly the tokens of the engine's own generation loop
+//!   ([`loip_engine::generate`]) alone with the caller's options (the batch runner's
+//!   invariant on one device), so a greedy request gives the single-device engine's tokens.
+//! - The in-memory loop owns its checkpoint; the model's weight views are bound once on the
+//!   loop's thread (binding only records views into the mapped file), so nothing is leaked.
 //! - A cluster failure leaves the session usable: when a device is gone the session is
 //!   re-planned over the others (unless `no_replan`), and the request still fails.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use loip_engine::generate::StepBackend;
-use loip_engine::{generate, EngineError, Flow, GenerateOptions, GenerateOutput, Generator, Model};
+use loip_engine::{
+    one_device_limits, EngineError, Flow, GenerateOptions, GenerateOutput, Generator, Model,
+};
 use loip_model::Checkpoint;
 use loip_runtime::cluster_run::{generate_on, Session};
 use loip_runtime::coordinator::{ClusterError, DeviceHealth};
 use loip_runtime::local::LocalModel;
+
+use crate::serving::{BatchError, Batcher, LoopStats};
 
 /// Why a generation failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +36,9 @@ pub enum BackendError {
     /// The engine refused or failed (this machine).
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The serving loop refused or failed the request (this machine).
+    #[error(transparent)]
+    Batch(#[from] BatchError),
     /// The cluster failed (a device gone, the pipeline stopped, a step refused).
     #[error(transparent)]
     Cluster(#[from] ClusterError),
@@ -37,11 +46,14 @@ pub enum BackendError {
 
 /// The engine behind the server.
 pub enum Backend {
-    /// This machine's in-memory engine; each request gets its own KV cache.
-    Local(Arc<Checkpoint>),
-    /// This machine from slice files under a memory budget: requests take the device step by
-    /// step, each its own sequence in the device's cache.
-    Sliced(Arc<Mutex<LocalModel>>),
+    /// One device (this machine in memory, or from slice files): requests are sequences of
+    /// one batched serving loop.
+    Batched {
+        /// the loop
+        batcher: Batcher,
+        /// where it runs, for the startup line
+        what: &'static str,
+    },
     /// A cluster; requests are concurrent sequences on its pipeline. Locked only to take the
     /// pipeline, to read the devices' health, and to re-plan when one is gone.
     Cluster {
@@ -56,6 +68,8 @@ pub enum Backend {
 pub enum Health {
     /// One machine: always ready.
     Ready,
+    /// One device's serving loop: its scheduler's state.
+    Serving(LoopStats),
     /// A cluster re-plan holds the session.
     Replanning,
     /// Each device of the cluster.
@@ -69,17 +83,61 @@ pub(crate) fn lock<T>(s: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Backend {
-    /// A local backend over `ckpt`, checking once that the model binds.
-    pub fn local(ckpt: Checkpoint) -> Result<Backend, EngineError> {
+    /// A batched in-memory backend over `ckpt` for up to `parallel` sequences at once,
+    /// checking once that the model binds.
+    pub fn local(ckpt: Checkpoint, parallel: usize) -> Result<Backend, BackendError> {
         Model::from_checkpoint(&ckpt)?;
-        Ok(Backend::Local(Arc::new(ckpt)))
+        let ckpt = Arc::new(ckpt);
+        let batcher = Batcher::start("loip-batch", move |run| {
+            let model = match Model::from_checkpoint(&ckpt) {
+                Ok(m) => m,
+                Err(e) => return eprintln!("loip api: binding the model: {e}"),
+            };
+            let mut limits = one_device_limits(&model, None);
+            set_parallel(&mut limits, parallel, usize::MAX);
+            let mut gen = Generator::new(&model, None);
+            run(limits, &mut gen);
+        })
+        .map_err(|e| EngineError::Backend(format!("starting the serving loop: {e}")))?;
+        Ok(Backend::Batched {
+            batcher,
+            what: "this machine",
+        })
+    }
+
+    /// A batched backend over a device opened from slice files (for `parallel` sequences,
+    /// see [`LocalModel::open_batched`]); steps take at most `max_step_tokens` tokens.
+    pub fn sliced(
+        model: LocalModel,
+        parallel: usize,
+        max_step_tokens: usize,
+    ) -> Result<Backend, BackendError> {
+        let dev = &model.device;
+        let bytes_per_token = dev.kv.bytes_per_token_layer() * dev.tf.cfg.num_layers as u64;
+        let budget = match dev.memory() {
+            m if m.budget == 0 => u64::MAX,
+            m => m.kv_budget,
+        };
+        let mut limits = loip_plan::sched::Limits::one_device(budget, bytes_per_token);
+        limits.max_seq_len = Some(dev.tf.cfg.max_position_embeddings);
+        set_parallel(&mut limits, parallel, max_step_tokens);
+        let mut model = Some(model);
+        let batcher = Batcher::start("loip-batch", move |run| {
+            if let Some(mut m) = model.take() {
+                run(limits, &mut m);
+            }
+        })
+        .map_err(|e| EngineError::Backend(format!("starting the serving loop: {e}")))?;
+        Ok(Backend::Batched {
+            batcher,
+            what: "this machine, from slice files",
+        })
     }
 
     /// Where it runs, for the startup line.
     pub fn describe(&self) -> String {
         match self {
-            Backend::Local(_) => "this machine".into(),
-            Backend::Sliced(_) => "this machine, from slice files".into(),
+            Backend::Batched { what, .. } => (*what).into(),
             Backend::Cluster { session, .. } => {
                 format!("a cluster of {} devices", lock(session).health().len())
             }
@@ -89,7 +147,7 @@ impl Backend {
     /// The devices' state, without waiting for a re-plan.
     pub fn health(&self) -> Health {
         match self {
-            Backend::Local(_) | Backend::Sliced(_) => Health::Ready,
+            Backend::Batched { batcher, .. } => Health::Serving(batcher.stats()),
             Backend::Cluster { session, .. } => match session.try_lock() {
                 Ok(s) => Health::Devices(s.health()),
                 Err(_) => Health::Replanning,
@@ -105,18 +163,7 @@ impl Backend {
         on_token: &mut dyn FnMut(u32) -> Flow,
     ) -> Result<GenerateOutput, BackendError> {
         match self {
-            Backend::Local(ckpt) => {
-                let model = Model::from_checkpoint(ckpt)?;
-                let mut gen = Generator::new(&model, None);
-                Ok(generate(&mut gen, 0, prompt, opts, on_token)?)
-            }
-            Backend::Sliced(model) => {
-                let seq = loip_runtime::coordinator::next_seq_id();
-                let mut backend = SlicedSteps { model };
-                let out = generate(&mut backend, seq, prompt, opts, on_token);
-                lock(model).device.kv.remove(seq);
-                Ok(out?)
-            }
+            Backend::Batched { batcher, .. } => Ok(batcher.generate(prompt, opts, on_token)?),
             Backend::Cluster { session, no_replan } => {
                 let pipe = lock(session).pipeline().clone();
                 generate_on(&pipe, prompt, opts, on_token).map_err(|e| {
@@ -139,16 +186,13 @@ impl Backend {
     }
 }
 
-/// The device of [`Backend::Sliced`], shared step by step: each request's steps take the lock
-/// in turn, so requests interleave token by token.
-struct SlicedSteps<'m> {
-    model: &'m Mutex<LocalModel>,
-}
-
-impl StepBackend for SlicedSteps<'_> {
-    fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
-        lock(self.model).step(seq, ids, start_pos)
-    }
+/// `parallel` sequences at once, in steps of at most `max_step_tokens` tokens.
+fn set_parallel(limits: &mut loip_plan::sched::Limits, parallel: usize, max_step_tokens: usize) {
+    let parallel = parallel.max(1);
+    limits.max_seqs = parallel;
+    limits.max_step_seqs = parallel;
+    limits.max_batch_tokens = limits.max_batch_tokens.min(max_step_tokens.max(1));
+    limits.prefill_chunk = limits.prefill_chunk.min(limits.max_batch_tokens);
 }
 
 /// After a failed request: when a device is gone, re-plans over the remaining ones (as

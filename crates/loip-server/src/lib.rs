@@ -4,7 +4,9 @@
 //! - [`options`]: a request's sampling fields to the engine's options (shared with the CLI);
 //! - [`wire`]: the OpenAI shapes and the one error type, mapped to status codes;
 //! - [`http`]: connections, header and body timeouts, body limits, the API key;
-//! - [`backend`]: what runs the forward passes (this machine, slice files, or a cluster).
+//! - [`backend`]: what runs the forward passes (this machine, slice files, or a cluster);
+//! - [`metrics`]: `GET /metrics` (Prometheus text);
+//! - [`serving`]: the one-device batched serving loop (continuous batching).
 //!
 //! Invariants: nothing a client sends panics the server or is answered with a 5xx; error
 //! bodies name no file or address; a greedy request gives exactly the tokens of the
@@ -15,7 +17,9 @@
 mod app;
 pub mod backend;
 pub mod http;
+mod metrics;
 pub mod options;
+pub mod serving;
 mod text;
 mod wire;
 

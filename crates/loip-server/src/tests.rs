@@ -42,7 +42,7 @@ fn keyed_app(key: Option<&str>) -> Arc<App> {
         tokenizer: None,
         chat: None,
     };
-    let backend = Backend::local(ckpt).unwrap();
+    let backend = Backend::local(ckpt, 2).unwrap();
     Arc::new(App::new(&cfg, model, Arc::new(backend)))
 }
 

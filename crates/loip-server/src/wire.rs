@@ -78,6 +78,23 @@ impl ApiError {
         ApiError::internal(e)
     }
 
+    /// 429 when the scheduler's queue is full, 400 for a request the device can never
+    /// hold, 503 when the serving loop stopped, else 500 (logged).
+    pub(crate) fn from_batch(e: crate::serving::BatchError) -> ApiError {
+        use crate::serving::BatchError;
+        match e {
+            BatchError::Busy(m) => ApiError {
+                code: Some("rate_limit_exceeded"),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, format!("{m}; retry later"))
+            },
+            BatchError::Refused(m) => ApiError::bad(m),
+            BatchError::Stopped => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the serving loop stopped")
+            }
+            e => ApiError::internal(e),
+        }
+    }
+
     /// 503 when a device is gone or the pipeline stopped (the client may retry), else 500;
     /// the cluster's error (device names and addresses) is logged, not sent.
     pub(crate) fn from_cluster(e: ClusterError) -> ApiError {

@@ -1,0 +1,494 @@
+//! `loip bench serve`: a bounded load generator against any OpenAI-compatible server.
+//!
+//! It sends `--requests` streaming completions (`stream: true` with usage), either closed
+//! loop (`--concurrency C` clients back to back) or open loop at `--rate` requests/s with
+//! a seeded arrival pattern (sporadic: evenly spaced; bursty: `--burst` at once; Poisson),
+//! and prints aggregate tokens/s and time-to-first-token / inter-token percentiles.
+//!
+//! Invariants: the run is bounded (N requests, each with a `--timeout`); the HTTP client is a
+//! plain HTTP/1.1 one over TCP (`Connection: close`, chunked bodies decoded), meant for
+//! servers on a trusted network; a failed request is counted, never retried.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How requests arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Arrival {
+    /// `--concurrency` clients, each sending its next request when the last one ends
+    Closed,
+    /// evenly spaced at `--rate`
+    Sporadic,
+    /// bursts of `--burst` requests at once, at `--rate` on average
+    Bursty,
+    /// a Poisson process of `--rate` (seeded)
+    Poisson,
+}
+
+/// Arguments of `loip bench serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeBenchArgs {
+    /// The server, e.g. http://127.0.0.1:8080 (plain HTTP).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// The model name to send.
+    #[arg(long, default_value = "loip")]
+    model: String,
+    /// Requests in all.
+    #[arg(long, default_value_t = 8)]
+    requests: usize,
+    /// Clients at once (closed loop).
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Arrival pattern.
+    #[arg(long, value_enum, default_value_t = Arrival::Closed)]
+    arrival: Arrival,
+    /// Requests per second (open-loop patterns).
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// Requests per burst (bursty).
+    #[arg(long, default_value_t = 4)]
+    burst: usize,
+    /// Prompt length: words of text, or token ids with --token-prompt.
+    #[arg(long, default_value_t = 16)]
+    prompt_len: usize,
+    /// New tokens per request (sent as max_tokens with ignore_eos).
+    #[arg(long, default_value_t = 128)]
+    output_len: usize,
+    /// Send prompts as token ids below --vocab instead of text.
+    #[arg(long)]
+    token_prompt: bool,
+    /// Token ids of --token-prompt are below this.
+    #[arg(long, default_value_t = 256)]
+    vocab: u32,
+    /// Seed of prompts and arrivals.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Bearer key, if the server needs one.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Seconds one request may take.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// splitmix64: a small seeded generator (prompts and arrivals only).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// uniform in (0, 1]
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+}
+
+const WORDS: &[&str] = &[
+    "the", "river", "light", "stone", "quiet", "morning", "garden", "window", "story", "north",
+    "paper", "music", "early", "winter", "bridge", "forest",
+];
+
+/// One request's measurements.
+#[derive(Debug, Clone, Default)]
+struct Sample {
+    ok: bool,
+    tokens: usize,      // completion tokens (usage, else content chunks)
+    ttft_s: f64,        // start to first content  // s
+    itl_s: Option<f64>, // mean gap between tokens after the first  // s
+    latency_s: f64,     // start to end  // s
+    error: Option<String>,
+}
+
+/// `loip bench serve`: runs the load and returns the results as JSON.
+pub fn run(a: ServeBenchArgs) -> Result<Value> {
+    if a.requests == 0 || a.concurrency == 0 || a.output_len == 0 || a.prompt_len == 0 {
+        bail!("--requests, --concurrency, --output-len and --prompt-len must be at least 1");
+    }
+    if a.arrival != Arrival::Closed && !(a.rate.is_finite() && a.rate > 0.0) {
+        bail!("--rate must be a positive number");
+    }
+    let (host, port) = parse_url(&a.url)?;
+    let mut rng = Rng(a.seed);
+    let bodies: Vec<String> = (0..a.requests).map(|_| body(&a, &mut rng)).collect();
+    let starts = arrivals(&a, &mut rng);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the client runtime")?;
+    let t0 = Instant::now();
+    let samples: Vec<Sample> = rt.block_on(async {
+        let timeout = Duration::from_secs(a.timeout);
+        let mut tasks = Vec::new();
+        if a.arrival == Arrival::Closed {
+            let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let bodies = std::sync::Arc::new(bodies);
+            for _ in 0..a.concurrency.min(a.requests) {
+                let (next, bodies) = (next.clone(), bodies.clone());
+                let (host, key) = (host.clone(), a.api_key.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(b) = bodies.get(i) else { break };
+                        out.push(one(&host, port, key.as_deref(), b, timeout).await);
+                    }
+                    out
+                }));
+            }
+        } else {
+            for (b, at) in bodies.into_iter().zip(starts) {
+                let (host, key) = (host.clone(), a.api_key.clone());
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(t0) + at).await;
+                    vec![one(&host, port, key.as_deref(), &b, timeout).await]
+                }));
+            }
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            match t.await {
+                Ok(s) => all.extend(s),
+                Err(e) => all.push(Sample {
+                    error: Some(e.to_string()),
+                    ..Sample::default()
+                }),
+            }
+        }
+        all
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let result = summarize(&a, &samples, wall);
+    print_summary(&result);
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(result)
+}
+
+fn parse_url(url: &str) -> Result<(String, u16)> {
+    let rest = url
+        .strip_prefix("http://")
+        .context("--url must start with http:// (plain HTTP)")?;
+    let hostport = rest.split('/').next().unwrap_or(rest);
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse::<u16>().context("the port of --url")?),
+        None => (hostport, 80),
+    };
+    if host.is_empty() {
+        bail!("--url has no host");
+    }
+    Ok((host.to_string(), port))
+}
+
+fn body(a: &ServeBenchArgs, rng: &mut Rng) -> String {
+    let prompt = if a.token_prompt {
+        let v = u64::from(a.vocab.max(1));
+        json!((0..a.prompt_len)
+            .map(|_| rng.next() % v)
+            .collect::<Vec<_>>())
+    } else {
+        let words: Vec<&str> = (0..a.prompt_len)
+            .map(|_| WORDS[(rng.next() % WORDS.len() as u64) as usize])
+            .collect();
+        json!(words.join(" "))
+    };
+    json!({
+        "model": a.model, "prompt": prompt, "max_tokens": a.output_len,
+        "min_tokens": a.output_len, "ignore_eos": true, "temperature": a.temperature,
+        "seed": rng.next() % 1_000_000, "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+    .to_string()
+}
+
+/// When each request starts, after the run's start (open-loop patterns).
+fn arrivals(a: &ServeBenchArgs, rng: &mut Rng) -> Vec<Duration> {
+    let mut t = 0.0f64;
+    (0..a.requests)
+        .map(|i| {
+            let at = t;
+            t += match a.arrival {
+                Arrival::Closed => 0.0,
+                Arrival::Sporadic => 1.0 / a.rate,
+                Arrival::Bursty if (i + 1) % a.burst.max(1) == 0 => a.burst.max(1) as f64 / a.rate,
+                Arrival::Bursty => 0.0,
+                Arrival::Poisson => -rng.unit().ln() / a.rate,
+            };
+            Duration::from_secs_f64(at.min(86_400.0))
+        })
+        .collect()
+}
+
+/// One streaming request, timed.
+async fn one(host: &str, port: u16, key: Option<&str>, body: &str, timeout: Duration) -> Sample {
+    let start = Instant::now();
+    let mut s = match tokio::time::timeout(timeout, request(host, port, key, body, start)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => Sample {
+            error: Some(format!("{e:#}")),
+            ..Sample::default()
+        },
+        Err(_) => Sample {
+            error: Some("timed out".into()),
+            ..Sample::default()
+        },
+    };
+    s.latency_s = start.elapsed().as_secs_f64();
+    s
+}
+
+async fn request(
+    host: &str,
+    port: u16,
+    key: Option<&str>,
+    body: &str,
+    start: Instant,
+) -> Result<Sample> {
+    let mut sock = TcpStream::connect((host, port))
+        .await
+        .with_context(|| format!("connecting to {host}:{port}"))?;
+    sock.set_nodelay(true).ok();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n\
+         Accept: text/event-stream\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    sock.write_all(head.as_bytes()).await?;
+    sock.write_all(body.as_bytes()).await?;
+    let mut raw = Vec::new(); // bytes read, not yet decoded
+    let mut buf = vec![0u8; 16 * 1024];
+    // headers
+    let (status, chunked) = loop {
+        if let Some(end) = find(&raw, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_string();
+            raw.drain(..end + 4);
+            let status: u16 = head
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .context("a bad status line")?;
+            let chunked = head.lines().any(|l| {
+                l.to_ascii_lowercase()
+                    .starts_with("transfer-encoding: chunked")
+            });
+            break (status, chunked);
+        }
+        if raw.len() > 64 * 1024 {
+            bail!("response headers over 64 KiB");
+        }
+        let n = sock.read(&mut buf).await?;
+        if n == 0 {
+            bail!("the connection closed before the headers");
+        }
+        raw.extend_from_slice(&buf[..n]);
+    };
+    let mut sample = Sample::default();
+    let mut decoded = Vec::new(); // body bytes
+    let mut events = SseTimes::default();
+    let mut eof = false;
+    loop {
+        if chunked {
+            while let Some((len, hdr)) = chunk_header(&raw) {
+                if raw.len() < hdr + len + 2 {
+                    break;
+                }
+                decoded.extend_from_slice(&raw[hdr..hdr + len]);
+                raw.drain(..hdr + len + 2);
+                if len == 0 {
+                    eof = true;
+                }
+            }
+        } else {
+            decoded.append(&mut raw);
+        }
+        events.take(&mut decoded, start, &mut sample);
+        if eof || events.done {
+            break;
+        }
+        if decoded.len() + raw.len() > 16 * 1024 * 1024 {
+            bail!("a response over 16 MiB");
+        }
+        let n = sock.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
+    if status != 200 {
+        bail!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&decoded)
+                .chars()
+                .take(300)
+                .collect::<String>()
+        );
+    }
+    if let Some(e) = events.error.take() {
+        bail!("the stream reported an error: {e}");
+    }
+    let tokens = events.usage.unwrap_or(events.content);
+    sample.tokens = tokens;
+    sample.ok = events.done && tokens > 0;
+    if let (Some(first), Some(last)) = (events.first, events.last) {
+        sample.ttft_s = first;
+        if tokens > 1 {
+            sample.itl_s = Some((last - first) / (tokens - 1) as f64);
+        }
+    }
+    if !events.done {
+        bail!("the stream ended without [DONE]");
+    }
+    Ok(sample)
+}
+
+/// What the server-sent events of one response said, timed.
+#[derive(Default)]
+struct SseTimes {
+    first: Option<f64>, // first non-empty content  // s after start
+    last: Option<f64>,  // last non-empty content  // s after start
+    content: usize,     // non-empty content events
+    usage: Option<usize>,
+    error: Option<String>,
+    done: bool,
+}
+
+impl SseTimes {
+    fn take(&mut self, body: &mut Vec<u8>, start: Instant, _s: &mut Sample) {
+        while let Some(end) = find(body, b"\n") {
+            let line = String::from_utf8_lossy(&body[..end]).trim_end().to_string();
+            body.drain(..end + 1);
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            let data = data.trim();
+            if data == "[DONE]" {
+                self.done = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            if let Some(e) = v.get("error") {
+                self.error = Some(e.to_string());
+            }
+            if let Some(n) = v
+                .pointer("/usage/completion_tokens")
+                .and_then(Value::as_u64)
+            {
+                self.usage = Some(n as usize);
+            }
+            let text = v
+                .pointer("/choices/0/text")
+                .or_else(|| v.pointer("/choices/0/delta/content"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if !text.is_empty() {
+                let t = start.elapsed().as_secs_f64();
+                self.first.get_or_insert(t);
+                self.last = Some(t);
+                self.content += 1;
+            }
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A complete chunk-size line at the start of `raw`: (chunk length, header length).
+fn chunk_header(raw: &[u8]) -> Option<(usize, usize)> {
+    let end = find(raw, b"\r\n")?;
+    let line = std::str::from_utf8(&raw[..end]).ok()?;
+    let hex = line.split(';').next()?.trim();
+    let len = usize::from_str_radix(hex, 16).ok()?;
+    (len <= 16 * 1024 * 1024).then_some((len, end + 2))
+}
+
+/// The p-th percentile (nearest rank) of sorted `v`.
+fn pct(v: &[f64], p: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    Some(v[rank.clamp(1, v.len()) - 1])
+}
+
+fn dist(mut v: Vec<f64>) -> Value {
+    v.sort_by(f64::total_cmp);
+    let ms = |x: Option<f64>| x.map(|s| (s * 1e4).round() / 10.0);
+    json!({"p50_ms": ms(pct(&v, 50.0)), "p90_ms": ms(pct(&v, 90.0)),
+           "p99_ms": ms(pct(&v, 99.0)), "max_ms": ms(v.last().copied())})
+}
+
+fn summarize(a: &ServeBenchArgs, samples: &[Sample], wall: f64) -> Value {
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
+    let tokens: usize = ok.iter().map(|s| s.tokens).sum();
+    let errors: Vec<&str> = samples
+        .iter()
+        .filter_map(|s| s.error.as_deref())
+        .take(5)
+        .collect();
+    json!({
+        "url": a.url,
+        "requests": samples.len(),
+        "ok": ok.len(),
+        "failed": samples.len() - ok.len(),
+        "errors": errors,
+        "arrival": format!("{:?}", a.arrival).to_lowercase(),
+        "concurrency": a.concurrency,
+        "rate": a.rate,
+        "prompt_len": a.prompt_len,
+        "output_len": a.output_len,
+        "wall_s": (wall * 1e3).round() / 1e3,
+        "output_tokens": tokens,
+        "tokens_per_s": if wall > 0.0 { (tokens as f64 / wall * 10.0).round() / 10.0 } else { 0.0 },
+        "requests_per_s": if wall > 0.0 { ok.len() as f64 / wall } else { 0.0 },
+        "ttft": dist(ok.iter().map(|s| s.ttft_s).collect()),
+        "inter_token": dist(ok.iter().filter_map(|s| s.itl_s).collect()),
+        "latency": dist(ok.iter().map(|s| s.latency_s).collect()),
+    })
+}
+
+fn print_summary(r: &Value) {
+    println!(
+        "{} requests ({} ok, {} failed), {} output tokens in {} s: {} tokens/s",
+        r["requests"], r["ok"], r["failed"], r["output_tokens"], r["wall_s"], r["tokens_per_s"]
+    );
+    for (name, key) in [
+        ("time to first token", "ttft"),
+        ("inter-token", "inter_token"),
+        ("latency", "latency"),
+    ] {
+        let d = &r[key];
+        println!(
+            "{name:>20}: p50 {} ms, p90 {} ms, p99 {} ms, max {} ms",
+            d["p50_ms"], d["p90_ms"], d["p99_ms"], d["max_ms"]
+        );
+    }
+    if let Some(errors) = r["errors"].as_array().filter(|e| !e.is_empty()) {
+        for e in errors {
+            println!("error: {}", e.as_str().unwrap_or(""));
+        }
+    }
+}

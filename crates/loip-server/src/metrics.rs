@@ -1,0 +1,72 @@
+//! `GET /metrics`: the server's numbers in Prometheus text, through the `metrics` facade and
+//! its Prometheus recorder (installed once per process; several servers in one process, as
+//! in tests, share it).
+//!
+//! Series (histograms render as summaries with quantiles):
+//! - `loip_requests_total`, `loip_prompt_tokens_total`, `loip_completion_tokens_total`
+//!   (counters, finished requests);
+//! - `loip_queue_depth`, `loip_running_sequences`, `loip_batch_size` (sequences in the last
+//!   step), `loip_kv_used_bytes`, `loip_kv_reserved_bytes`, `loip_kv_budget_bytes` (gauges,
+//!   one-device serving loop, after each step);
+//! - `loip_step_seconds`, `loip_time_to_first_token_seconds`, `loip_inter_token_seconds`
+//!   (histograms).
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the recorder once; `None` when another recorder was installed first.
+pub(crate) fn init() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).ok().map(|_| handle)
+        })
+        .as_ref()
+}
+
+/// The current numbers, Prometheus text.
+pub(crate) fn render() -> String {
+    match init() {
+        Some(h) => {
+            h.run_upkeep();
+            h.render()
+        }
+        None => String::new(),
+    }
+}
+
+/// One finished request.
+pub(crate) fn request_done(prompt_tokens: usize, completion_tokens: usize) {
+    metrics::counter!("loip_requests_total").increment(1);
+    metrics::counter!("loip_prompt_tokens_total").increment(prompt_tokens as u64);
+    metrics::counter!("loip_completion_tokens_total").increment(completion_tokens as u64);
+}
+
+/// Seconds from a request's start to its first token.
+pub(crate) fn first_token(s: f64) {
+    metrics::histogram!("loip_time_to_first_token_seconds").record(s);
+}
+
+/// Seconds between two tokens of one request.
+pub(crate) fn inter_token(s: f64) {
+    metrics::histogram!("loip_inter_token_seconds").record(s);
+}
+
+/// The serving loop after a step.
+pub(crate) fn step(st: &crate::serving::LoopStats, step_s: Option<f64>) {
+    metrics::gauge!("loip_queue_depth").set(st.queued as f64);
+    metrics::gauge!("loip_running_sequences").set(st.running as f64);
+    metrics::gauge!("loip_batch_size").set(st.last_batch as f64);
+    metrics::gauge!("loip_kv_used_bytes").set(st.kv_used as f64);
+    metrics::gauge!("loip_kv_reserved_bytes").set(st.kv_reserved as f64);
+    if st.kv_budget != u64::MAX {
+        metrics::gauge!("loip_kv_budget_bytes").set(st.kv_budget as f64);
+    }
+    if let Some(s) = step_s {
+        metrics::histogram!("loip_step_seconds").record(s);
+    }
+}
