@@ -9,6 +9,11 @@
 //! ([`bench_budgets`]); the worker stores it keeps (several GB for llama-1b) are reported
 //! with their size at the end.
 //!
+//! `--concurrent N --micro-batch-seqs 0,3` instead compares, in one session, the N bursty
+//! sequences as today (`0`: one sequence a step, N steps in flight) with micro-batches of
+//! `q` sequences a step (`N/q` micro-batches in flight, each driven by the engine's
+//! `Serving` over the pipeline), and prints aggregate tokens/s side by side.
+//!
 //! Ctrl-C (SIGINT) or SIGTERM kills the worker children and removes the temp stores
 //! (`/tmp/loip-local-PID`) before exiting with status 130.
 
@@ -67,6 +72,10 @@ pub struct LocalArgs {
     /// instead of one after another.
     #[arg(long)]
     pub probe_loads_together: bool,
+    /// With `--concurrent N`: compare micro-batch sizes side by side (`0`: one sequence a
+    /// step as without this flag; `q`: micro-batches of `q` sequences, `N/q` in flight).
+    #[arg(long, value_delimiter = ',')]
+    pub micro_batch_seqs: Vec<usize>,
     /// Run the benchmark matrix instead and write its rows to this JSON file.
     #[arg(long)]
     pub bench: Option<PathBuf>,
@@ -304,7 +313,100 @@ fn session_options(
     };
     o.connect.token = Some(token.to_string());
     o.connect.bandwidth = bandwidth;
+    let q = a.micro_batch_seqs.iter().copied().max().unwrap_or(1).max(1);
+    o.max_step_seqs = q;
+    o.max_step_tokens = max_step * q;
     o
+}
+
+/// Generates `prompts` in micro-batches of `q` sequences: one thread per micro-batch, each
+/// running the engine's `Serving` over the pipeline (so the micro-batches are in flight
+/// together). Returns (new tokens, wall seconds).
+fn serve_batched(
+    s: &Session,
+    prompts: &[Vec<u32>],
+    opts: &loip_engine::GenerateOptions,
+    q: usize,
+) -> Result<(usize, f64)> {
+    let t = Instant::now();
+    let counts: Vec<Result<usize>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .chunks(q.max(1))
+            .map(|group| {
+                let backend = s.pipeline().backend();
+                sc.spawn(move || -> Result<usize> {
+                    let longest = group.iter().map(Vec::len).max().unwrap_or(1);
+                    let mut limits = loip_plan::sched::Limits::one_device(u64::MAX, 1);
+                    limits.max_step_seqs = group.len();
+                    limits.max_seqs = group.len();
+                    limits.prefill_chunk = longest;
+                    limits.max_batch_tokens = longest * group.len();
+                    let mut serving = loip_engine::Serving::new(limits, backend)?;
+                    let t0 = Instant::now();
+                    let mut clock = || t0.elapsed().as_secs_f64();
+                    for p in group {
+                        let seq = loip_runtime::coordinator::next_seq_id();
+                        serving.submit(clock(), seq, p, opts)?;
+                    }
+                    let mut tokens = 0;
+                    // bounded: every round advances each running sequence by a token
+                    for _ in 0..(opts.max_tokens + 2) * group.len() + 16 {
+                        for e in serving.step(&mut clock)? {
+                            match e {
+                                loip_engine::SeqEvent::Token { .. } => tokens += 1,
+                                loip_engine::SeqEvent::Failed { error, .. } => bail!(error),
+                                _ => {}
+                            }
+                        }
+                        if serving.is_idle() {
+                            return Ok(tokens);
+                        }
+                    }
+                    bail!("the micro-batch did not finish")
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a micro-batch thread panicked")))
+            })
+            .collect()
+    });
+    let tokens = counts.into_iter().sum::<Result<usize>>()?;
+    Ok((tokens, t.elapsed().as_secs_f64()))
+}
+
+/// `--micro-batch-seqs`: each size on the same session, side by side.
+fn compare_micro_batches(
+    s: &Session,
+    prompt: &[u32],
+    opts: &loip_engine::GenerateOptions,
+    n: usize,
+    sizes: &[usize],
+) -> Result<()> {
+    let prompts = vec![prompt.to_vec(); n];
+    println!("| sequences | sequences per step | steps in flight | tokens | wall s | tokens/s | ms/token |");
+    println!("|---|---|---|---|---|---|---|");
+    for &q in sizes {
+        let (tokens, wall) = if q == 0 {
+            let t = Instant::now();
+            let outs = s.generate_many(&prompts, opts);
+            let outs = outs.into_iter().collect::<Result<Vec<_>, _>>()?;
+            let tokens = outs.iter().map(|o| o.new_ids.len()).sum();
+            (tokens, t.elapsed().as_secs_f64())
+        } else {
+            serve_batched(s, &prompts, opts, q)?
+        };
+        let per = q.max(1);
+        println!(
+            "| {n} | {per} | {} | {tokens} | {wall:.2} | {:.1} | {:.1} |",
+            n.div_ceil(per),
+            tokens as f64 / wall.max(1e-9),
+            wall * 1e3 / tokens.max(1) as f64
+        );
+    }
+    Ok(())
 }
 
 fn specs(w: &LocalWorkers, profiles: Option<&[DeviceProfile]>) -> Vec<WorkerSpec> {
@@ -368,6 +470,12 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let s = Session::start(&dir, specs(&workers, None), opts)?;
     if !a.json {
         print_setup(&s);
+    }
+    if !a.micro_batch_seqs.is_empty() {
+        compare_micro_batches(&s, &prep.prompt_ids, &prep.opts, n, &a.micro_batch_seqs)?;
+        s.shutdown();
+        drop(workers);
+        return Ok(());
     }
     let mut extra = serde_json::Map::new();
     extra.insert("plan".into(), serde_json::to_value(&s.plan)?);
@@ -629,6 +737,7 @@ fn clone_args(a: &LocalArgs) -> LocalArgs {
         json: a.json,
         prompt: a.prompt.clone(),
         probe_loads_together: a.probe_loads_together,
+        micro_batch_seqs: a.micro_batch_seqs.clone(),
         bench: None,
         bench_bandwidths: vec![],
         bench_planners: vec![],

@@ -88,6 +88,9 @@ pub struct SessionOptions {
     pub context: u64,
     /// most tokens in one step (the longest prompt; sizes working buffers)  // tokens
     pub max_step_tokens: usize,
+    /// most sequences in one step (a micro-batch's sequences: sizes the last device's logits
+    /// rows, which it accounts when it opens)
+    pub max_step_seqs: usize,
     /// loading path on the workers
     pub loader: LoaderKind,
     /// the cost model's link; `None`: from the measured links (star-adjusted)
@@ -120,6 +123,7 @@ impl Default for SessionOptions {
             micro_batches: None,
             context: 1024,
             max_step_tokens: 256,
+            max_step_seqs: 1,
             loader: LoaderKind::Direct,
             link: None,
             measure_links: true,
@@ -565,6 +569,10 @@ async fn setup(
             context,
             Some(c.info.mem_budget),
         );
+        let spec = DeviceSpec {
+            max_step_seqs: opts.max_step_seqs.max(1),
+            ..spec
+        };
         r.memory = Some(c.load(manifest, &spec).await?);
         plan_conns.push(c);
     }

@@ -6,8 +6,10 @@
 //! its stages) to the device that owns it, receives the hidden rows back and forwards the
 //! exact bytes to the next device; the last device returns the logits of the requested rows
 //! and sampling happens here. Several steps (different sequences) may be in flight at once:
-//! each device processes its steps first come, first served, so sequences traverse the
-//! pipeline one after another (the bursty pattern).
+//! each device processes its steps first come, first served, so steps traverse the
+//! pipeline one after another (the bursty pattern). A step is a micro-batch: the tokens of
+//! one or several sequences ([`Pipeline::step_batch_blocking`]), each row of the head with
+//! its own argmax mask, so several micro-batches of several sequences each can be in flight.
 //!
 //! Faults: a device that closes, errs or stops answering fails every step in flight with an
 //! error naming it; the pipeline then refuses new steps (the caller can re-plan over the
@@ -19,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loip_engine::{EngineError, StepBackend, TokenPos};
+use loip_engine::TokenPos;
 use loip_model::slice::{Manifest, SliceKind};
 use serde::Serialize;
 use thiserror::Error;
@@ -38,6 +40,9 @@ use crate::wire::{
 };
 use crate::worker::BULK_CHUNK;
 use crate::RuntimeError;
+
+mod backend;
+pub use backend::PipelineBackend;
 
 /// Errors of the distributed runtime; every network failure names its device.
 #[derive(Debug, Error)]
@@ -594,13 +599,28 @@ pub struct StepOutput {
     pub stats: StepStats,
 }
 
+/// What the last device returns for the head rows of a step.
+#[derive(Debug, Clone, Copy)]
+pub enum RowsOut<'a> {
+    /// each row's logits (`vocab` f32)
+    Logits,
+    /// each row's argmax after masking `masked` and, when `row_masks` is not empty (then one
+    /// list per row), the row's own list: 8 bytes a row
+    Argmax {
+        /// ids masked in every row
+        masked: &'a [u32],
+        /// empty, or ids masked in row `i` only
+        row_masks: &'a [Vec<u32>],
+    },
+}
+
 enum Cmd {
     Step {
-        seq: u64,
+        batch: Vec<TokenPos>,
         ids: Vec<u32>,
-        start_pos: usize,
         rows: Vec<u32>,
         argmax: Option<Vec<u32>>,
+        row_masks: Vec<Vec<u32>>,
         reply: oneshot::Sender<Result<StepOutput, ClusterError>>,
     },
     Release(Vec<u64>),
@@ -712,10 +732,61 @@ impl Pipeline {
         rows: &[u32],
         argmax: Option<Vec<u32>>,
     ) -> Result<oneshot::Receiver<Result<StepOutput, ClusterError>>, ClusterError> {
-        if ids.is_empty() {
-            return Err(ClusterError::Invalid(
-                "a step needs at least one token".into(),
-            ));
+        let batch: Vec<TokenPos> = (0..ids.len())
+            .map(|i| TokenPos {
+                seq,
+                pos: start_pos + i,
+            })
+            .collect();
+        let out = match &argmax {
+            Some(m) => RowsOut::Argmax {
+                masked: m,
+                row_masks: &[],
+            },
+            None => RowsOut::Logits,
+        };
+        self.submit_batch(ids, &batch, rows, out)
+    }
+
+    /// Runs one micro-batch: `ids[t]` of sequence `batch[t].seq` at `batch[t].pos` (several
+    /// sequences, each contiguous from its cached length), and returns `out` for `rows`
+    /// (indices into `ids`, typically each sequence's last token).
+    pub async fn step_batch(
+        &self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        rows: &[u32],
+        out: RowsOut<'_>,
+    ) -> Result<StepOutput, ClusterError> {
+        let rx = self.submit_batch(ids, batch, rows, out)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+
+    /// [`Pipeline::step_batch`] for a thread outside the runtime.
+    pub fn step_batch_blocking(
+        &self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        rows: &[u32],
+        out: RowsOut<'_>,
+    ) -> Result<StepOutput, ClusterError> {
+        let rx = self.submit_batch(ids, batch, rows, out)?;
+        rx.blocking_recv().map_err(|_| ClusterError::Stopped)?
+    }
+
+    fn submit_batch(
+        &self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        rows: &[u32],
+        out: RowsOut<'_>,
+    ) -> Result<oneshot::Receiver<Result<StepOutput, ClusterError>>, ClusterError> {
+        if ids.is_empty() || ids.len() != batch.len() {
+            return Err(ClusterError::Invalid(format!(
+                "a step needs at least one token and a position per token ({} ids, {} positions)",
+                ids.len(),
+                batch.len()
+            )));
         }
         if let Some(&r) = rows.iter().find(|&&r| r as usize >= ids.len()) {
             return Err(ClusterError::Invalid(format!(
@@ -723,13 +794,33 @@ impl Pipeline {
                 ids.len()
             )));
         }
+        let (argmax, row_masks) = match out {
+            RowsOut::Logits => (None, Vec::new()),
+            RowsOut::Argmax { masked, row_masks } => {
+                if !row_masks.is_empty() && row_masks.len() != rows.len() {
+                    return Err(ClusterError::Invalid(format!(
+                        "{} per-row masks for {} rows",
+                        row_masks.len(),
+                        rows.len()
+                    )));
+                }
+                let n = masked.len() + row_masks.iter().map(Vec::len).sum::<usize>();
+                if n > wire::MAX_MASKED {
+                    return Err(ClusterError::Invalid(format!(
+                        "{n} masked ids (at most {})",
+                        wire::MAX_MASKED
+                    )));
+                }
+                (Some(masked.to_vec()), row_masks.to_vec())
+            }
+        };
         let (reply, rx) = oneshot::channel();
         let cmd = Cmd::Step {
-            seq,
+            batch: batch.to_vec(),
             ids: ids.to_vec(),
-            start_pos,
             rows: rows.to_vec(),
             argmax,
+            row_masks,
             reply,
         };
         self.tx.send(cmd).map_err(|_| ClusterError::Stopped)?;
@@ -763,74 +854,6 @@ impl Pipeline {
             let _ = rx.await;
         }
     }
-
-    /// A [`StepBackend`] for the shared generation loop (call from outside the runtime).
-    pub fn backend(&self) -> PipelineBackend {
-        PipelineBackend {
-            pipeline: self.clone(),
-            last: None,
-            error: None,
-        }
-    }
-}
-
-/// The pipeline as a [`StepBackend`]: `loip generate --cluster` and `loip local` run the
-/// engine's own generation loop over it.
-pub struct PipelineBackend {
-    pipeline: Pipeline,
-    /// timing of the last step
-    pub last: Option<StepStats>,
-    /// the typed error of the step that failed (the engine's loop carries only its text)
-    pub error: Option<ClusterError>,
-}
-
-impl PipelineBackend {
-    /// Keeps a step's outcome: its timing, or its typed error (the loop gets the text).
-    fn keep<T>(
-        &mut self,
-        r: Result<StepOutput, ClusterError>,
-        f: impl FnOnce(StepOutput) -> Result<T, EngineError>,
-    ) -> Result<T, EngineError> {
-        match r {
-            Ok(out) => {
-                self.last = Some(out.stats);
-                f(out)
-            }
-            Err(e) => {
-                let text = e.to_string();
-                self.error = Some(e);
-                Err(EngineError::Backend(text))
-            }
-        }
-    }
-}
-
-impl StepBackend for PipelineBackend {
-    fn step(&mut self, seq: u64, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError> {
-        let last = ids.len().saturating_sub(1) as u32;
-        let r = self.pipeline.step_blocking(seq, ids, start_pos, &[last]);
-        self.keep(r, |out| Ok(out.logits))
-    }
-
-    fn step_argmax(
-        &mut self,
-        seq: u64,
-        ids: &[u32],
-        start_pos: usize,
-        masked: &[u32],
-    ) -> Result<u32, EngineError> {
-        let last = ids.len().saturating_sub(1) as u32;
-        let r = self
-            .pipeline
-            .step_argmax_blocking(seq, ids, start_pos, &[last], masked);
-        self.keep(r, |out| match out.argmax.as_slice() {
-            [(id, _)] => Ok(*id),
-            other => Err(EngineError::Backend(format!(
-                "an argmax step returned {} rows, expected 1",
-                other.len()
-            ))),
-        })
-    }
 }
 
 enum Event {
@@ -839,10 +862,11 @@ enum Event {
 }
 
 struct InFlight {
-    seq: u64,
+    seqs: Vec<u64>, // the step's distinct sequences
     batch: Vec<TokenPos>,
     rows: Vec<u32>,
     argmax: Option<Vec<u32>>,
+    row_masks: Vec<Vec<u32>>,
     hop: usize,
     reply: oneshot::Sender<Result<StepOutput, ClusterError>>,
     started: Instant,
@@ -915,6 +939,11 @@ impl Sched {
             batch: f.batch.clone(),
             rows: if hop.head { f.rows.clone() } else { Vec::new() },
             argmax: if hop.head { f.argmax.clone() } else { None },
+            row_masks: if hop.head {
+                f.row_masks.clone()
+            } else {
+                Vec::new()
+            },
         };
         let payload = wire::encode_step(&header, &data);
         let n = payload.len() as u64;
@@ -930,9 +959,8 @@ impl Sched {
 
     fn fail(&mut self, step: u64, e: ClusterError) {
         if let Some(f) = self.inflight.remove(&step) {
-            let seq = f.seq;
             let _ = f.reply.send(Err(e));
-            self.release(&[seq]);
+            self.release(&f.seqs);
         }
         self.parked.retain(|(s, _)| *s != step);
         self.admit_parked();
@@ -1089,7 +1117,8 @@ impl Sched {
                     fl.stats.tokens = fl.batch.len() as u64;
                     {
                         let mut t = lock(&self.shared.totals);
-                        if fl.batch.len() == 1 {
+                        // one token per sequence: a decode step (of a micro-batch)
+                        if fl.seqs.len() == fl.batch.len() {
                             t.decode_steps += 1;
                             t.decode.add(&fl.stats);
                         } else {
@@ -1231,17 +1260,22 @@ async fn scheduler(
     loop {
         tokio::select! {
             cmd = rx.recv() => match cmd {
-                Some(Cmd::Step { seq, ids, start_pos, rows, argmax, reply }) => {
+                Some(Cmd::Step { batch, ids, rows, argmax, row_masks, reply }) => {
                     if let Some(d) = s.alive.iter().position(|a| a.is_some()) {
                         let _ = reply.send(Err(s.gone_error(d)));
                         continue;
                     }
                     let step = next_step;
                     next_step += 1;
-                    let batch = (0..ids.len()).map(|i| TokenPos { seq, pos: start_pos + i }).collect();
+                    let mut seqs: Vec<u64> = Vec::new();
+                    for t in &batch {
+                        if !seqs.contains(&t.seq) {
+                            seqs.push(t.seq);
+                        }
+                    }
                     let now = Instant::now();
                     s.inflight.insert(step, InFlight {
-                        seq, batch, rows, argmax, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0,
+                        seqs, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0,
                     });
                     s.admit(step, wire::u32_bytes(&ids));
                 }

@@ -446,6 +446,10 @@ impl Device {
 
     /// Final norm and LM head on selected rows of `x`: `(rows.len(), vocab)`.
     pub fn head(&mut self, x: &[f32], rows: &[usize]) -> Result<Vec<f32>, RuntimeError> {
+        if rows.is_empty() {
+            // a micro-batch of prompt chunks only: no row needs a token yet
+            return Ok(Vec::new());
+        }
         let t = Instant::now();
         let h = self.tf.cfg.hidden_size;
         let mut sel = Vec::with_capacity(rows.len() * h);

@@ -514,6 +514,10 @@ pub struct StepHeader {
     /// length). Greedy decoding needs nothing more, and the token's return trip shrinks from
     /// the vocabulary's 4 bytes per entry to 8 bytes.
     pub argmax: Option<Vec<u32>>,
+    /// with `argmax`: empty, or one more list of masked ids per row of `rows` (each
+    /// sequence of a micro-batch holds back its own EOS ids until its own minimum length);
+    /// row `i` masks `argmax` and `row_masks[i]`. At most [`MAX_MASKED`] ids in all.
+    pub row_masks: Vec<Vec<u32>>,
 }
 
 /// Bounds on a step header (far above any real step).
@@ -524,8 +528,10 @@ const FLAG_EMBED: u8 = 1;
 const FLAG_HEAD: u8 = 2;
 const FLAG_KEEP: u8 = 4;
 const FLAG_ARGMAX: u8 = 8;
-/// Bound on the masked ids of an argmax step (far above any real list of EOS ids).
-const MAX_MASKED: usize = 1 << 16;
+const FLAG_ROW_MASKS: u8 = 16;
+/// Bound on the masked ids of an argmax step, common and per-row lists together (far above
+/// any real list of EOS ids).
+pub const MAX_MASKED: usize = 1 << 16;
 
 /// A bounds-checked little-endian reader over a payload.
 struct Cursor<'a> {
@@ -584,7 +590,8 @@ pub fn encode_step(h: &StepHeader, data: &[u8]) -> Vec<u8> {
     let flags = (h.embed as u8 * FLAG_EMBED)
         | (h.head as u8 * FLAG_HEAD)
         | (h.keep as u8 * FLAG_KEEP)
-        | (h.argmax.is_some() as u8 * FLAG_ARGMAX);
+        | (h.argmax.is_some() as u8 * FLAG_ARGMAX)
+        | ((h.argmax.is_some() && !h.row_masks.is_empty()) as u8 * FLAG_ROW_MASKS);
     p.push(flags);
     p.extend_from_slice(&(h.stages.len() as u32).to_le_bytes());
     for &s in &h.stages {
@@ -604,6 +611,15 @@ pub fn encode_step(h: &StepHeader, data: &[u8]) -> Vec<u8> {
         for &id in masked {
             p.extend_from_slice(&id.to_le_bytes());
         }
+        if !h.row_masks.is_empty() {
+            // one list per head row, in row order
+            for m in &h.row_masks {
+                p.extend_from_slice(&(m.len() as u32).to_le_bytes());
+                for &id in m {
+                    p.extend_from_slice(&id.to_le_bytes());
+                }
+            }
+        }
     }
     p.extend_from_slice(data);
     p
@@ -618,7 +634,7 @@ pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
     };
     let step = c.u64()?;
     let flags = c.u8()?;
-    if flags & !(FLAG_EMBED | FLAG_HEAD | FLAG_KEEP | FLAG_ARGMAX) != 0 {
+    if flags & !(FLAG_EMBED | FLAG_HEAD | FLAG_KEEP | FLAG_ARGMAX | FLAG_ROW_MASKS) != 0 {
         return Err(WireError::Protocol(format!(
             "unknown step flags {flags:#x}"
         )));
@@ -649,6 +665,20 @@ pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
     } else {
         None
     };
+    let mut row_masks = Vec::new();
+    if flags & FLAG_ROW_MASKS != 0 {
+        let Some(common) = &argmax else {
+            return Err(WireError::Protocol(
+                "per-row masks without an argmax".into(),
+            ));
+        };
+        let mut left = MAX_MASKED - common.len();
+        for _ in 0..rows.len() {
+            let n = c.count(left, "masked ids (all rows)")?;
+            left -= n;
+            row_masks.push((0..n).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?);
+        }
+    }
     let h = StepHeader {
         step,
         embed: flags & FLAG_EMBED != 0,
@@ -658,6 +688,7 @@ pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
         batch,
         rows,
         argmax,
+        row_masks,
     };
     Ok((h, c.rest()))
 }
@@ -863,6 +894,7 @@ mod tests {
                 batch: vec![TokenPos { seq: 1, pos: 0 }],
                 rows: vec![0],
                 argmax: Some(vec![2]),
+                row_masks: vec![vec![3]],
             },
             &[0; 4],
         );
@@ -903,6 +935,7 @@ mod tests {
             batch: vec![TokenPos { seq: 3, pos: 9 }, TokenPos { seq: 3, pos: 10 }],
             rows: vec![1],
             argmax: None,
+            row_masks: vec![],
         };
         let data = f32_bytes(&[1.5, -0.0, f32::MIN_POSITIVE, 3.0]);
         let p = encode_step(&h, &data);
@@ -937,6 +970,40 @@ mod tests {
     }
 
     #[test]
+    fn per_row_masks_round_trip_and_are_bounded() {
+        let h = StepHeader {
+            step: 4,
+            embed: true,
+            head: true,
+            keep: false,
+            stages: vec![0],
+            batch: (0..3).map(|s| TokenPos { seq: s + 1, pos: 5 }).collect(),
+            rows: vec![0, 1, 2],
+            argmax: Some(vec![]),
+            row_masks: vec![vec![2], vec![], vec![2, 7]],
+        };
+        let data = u32_bytes(&[1, 2, 3]);
+        let p = encode_step(&h, &data);
+        let (h2, d2) = decode_step(&p).unwrap();
+        assert_eq!(h2, h);
+        assert_eq!(d2, &data[..]);
+        for cut in 0..p.len() - data.len() {
+            assert!(decode_step(&p[..cut]).is_err(), "cut at {cut}");
+        }
+        // the flag without an argmax is refused
+        let mut bad = p.clone();
+        bad[8] &= !FLAG_ARGMAX;
+        assert!(decode_step(&bad).is_err());
+        // the per-row lists share one bound with the common list
+        let mut h = h;
+        h.argmax = Some(vec![0; MAX_MASKED - 1]);
+        h.row_masks = vec![vec![1], vec![2], vec![]];
+        assert!(decode_step(&encode_step(&h, &data)).is_err());
+        h.row_masks = vec![vec![1], vec![], vec![]];
+        assert!(decode_step(&encode_step(&h, &data)).is_ok());
+    }
+
+    #[test]
     fn argmax_step_round_trips_and_needs_the_head() {
         let mut h = StepHeader {
             step: 9,
@@ -947,6 +1014,7 @@ mod tests {
             batch: vec![TokenPos { seq: 1, pos: 0 }],
             rows: vec![0],
             argmax: Some(vec![2, 49_152]),
+            row_masks: vec![],
         };
         let data = u32_bytes(&[17]);
         let p = encode_step(&h, &data);

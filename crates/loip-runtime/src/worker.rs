@@ -737,11 +737,23 @@ fn run_step(
             let bytes = wire::f32_bytes(&logits);
             return Ok((OutputKind::Logits, vocab as u32, rows.len() as u32, bytes));
         };
-        // the coordinator's greedy sampler, here: mask, then the same argmax
+        if !h.row_masks.is_empty() && h.row_masks.len() != rows.len() {
+            return Err(bad(format!(
+                "{} per-row masks for {} rows",
+                h.row_masks.len(),
+                rows.len()
+            )));
+        }
+        // the coordinator's greedy sampler, here: mask (the common list, then the row's
+        // own), then the same argmax
         let picks: Vec<(u32, f32)> = logits
             .chunks_exact_mut(vocab.max(1))
-            .map(|row| {
+            .enumerate()
+            .map(|(i, row)| {
                 loip_engine::sampling::mask(row, masked);
+                if let Some(own) = h.row_masks.get(i) {
+                    loip_engine::sampling::mask(row, own);
+                }
                 let id = loip_engine::sampling::argmax(row);
                 (id, row[id as usize])
             })

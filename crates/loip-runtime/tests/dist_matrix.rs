@@ -4,6 +4,10 @@
 //! single-device engine. The tiny fixtures run the whole matrix; SmolLM2 a representative
 //! subset. Every case also decodes greedily through argmax steps (the last device picks the
 //! token, with EOS held back by a minimum length): the same tokens, and no logits on the wire.
+//! Batched micro-batches (`batched_micro_batches_*`): 1–4 sequences per pipeline step through
+//! the engine's `Serving` over the pipeline, staggered arrivals, different lengths, chunked
+//! prefill, seeded sampling, per-row EOS masks, a cancellation mid-batch, and two
+//! micro-batches in flight at once: every sequence's tokens and logits as the engine alone.
 
 mod dist_common;
 
@@ -11,14 +15,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use dist_common::*;
+use std::collections::BTreeMap;
+
 use loip_engine::generate::{generate, Flow, GenerateOptions};
-use loip_engine::Model;
-use loip_engine::SamplingParams;
+use loip_engine::{
+    BatchBackend, EngineError, Model, SamplingParams, SeqEvent, SeqId, Serving, TokenPos,
+};
 use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
+use loip_plan::sched::Limits;
 use loip_plan::ExecMode;
 use loip_runtime::cluster_run::{uniform_plan, Session, SessionOptions, WorkerSpec};
-use loip_runtime::coordinator::next_seq_id;
+use loip_runtime::coordinator::{next_seq_id, PipelineBackend};
 use loip_runtime::LoaderKind;
 
 #[test]
@@ -88,6 +96,7 @@ fn start(
         shape_name: "m".into(),
         context: 256,
         max_step_tokens: 32,
+        max_step_seqs: 4,
         step_timeout: Duration::from_secs(120),
         ..Default::default()
     };
@@ -349,4 +358,318 @@ fn smollm2_representative_paths() {
         check_argmax(&what, &s, &ckpt, refs[0].0[0], n_new);
         s.shutdown();
     }
+}
+
+/// Logits rows per sequence, in order (before any EOS mask).
+type Rows = BTreeMap<SeqId, Vec<Vec<f32>>>;
+
+/// The pipeline as a batch backend that asks for every sampled row's logits and records them
+/// under its sequence (the picks then happen here, as the engine's default does).
+struct RecPipe {
+    inner: PipelineBackend,
+    rows: Rows,
+    max_seqs_in_step: usize,
+}
+
+impl BatchBackend for RecPipe {
+    fn forward_rows(
+        &mut self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        rows: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let out = self.inner.forward_rows(ids, batch, rows)?;
+        let vocab = self.inner.vocab_size();
+        for (r, l) in rows.iter().zip(out.chunks_exact(vocab)) {
+            self.rows.entry(batch[*r].seq).or_default().push(l.to_vec());
+        }
+        let mut seqs: Vec<SeqId> = batch.iter().map(|t| t.seq).collect();
+        seqs.dedup();
+        self.max_seqs_in_step = self.max_seqs_in_step.max(seqs.len());
+        Ok(out)
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.inner.release(seq)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+}
+
+/// A request of the batched matrix.
+#[derive(Clone)]
+struct Req {
+    seq: SeqId,
+    at_round: usize, // arrives before this round
+    prompt: Vec<u32>,
+    opts: GenerateOptions,
+}
+
+/// Four requests of different lengths and arrivals: greedy ones with their own EOS mask
+/// (the engine's first pick held back until the third token, so the mask decides), one
+/// greedy without a mask, one sampled with its own seed.
+fn batched_reqs(ckpt: &Checkpoint) -> Vec<Req> {
+    let prompts: [&[u32]; 4] = [PROMPTS[0], PROMPTS[1], PROMPTS[2], &[1, 9]];
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let max_tokens = 4 + i;
+            let first = reference(ckpt, p, &greedy(1)).0[0];
+            let opts = match i {
+                1 => GenerateOptions {
+                    sampling: SamplingParams {
+                        temperature: 0.8,
+                        top_k: 20,
+                        top_p: 0.9,
+                        seed: 4242,
+                    },
+                    ..greedy(max_tokens)
+                },
+                3 => greedy(max_tokens),
+                _ => GenerateOptions {
+                    eos_ids: vec![first],
+                    min_tokens: 3,
+                    ..greedy(max_tokens)
+                },
+            };
+            Req {
+                seq: next_seq_id(),
+                at_round: [0, 0, 1, 3][i],
+                prompt: p.to_vec(),
+                opts,
+            }
+        })
+        .collect()
+}
+
+/// What a backend recorded: logits rows per sequence, most sequences in one step.
+trait Recorded {
+    fn recorded(&self) -> (Rows, usize);
+}
+
+impl Recorded for RecPipe {
+    fn recorded(&self) -> (Rows, usize) {
+        (self.rows.clone(), self.max_seqs_in_step)
+    }
+}
+
+impl Recorded for PipelineBackend {
+    fn recorded(&self) -> (Rows, usize) {
+        (Rows::new(), 0)
+    }
+}
+
+struct Served {
+    tokens: BTreeMap<SeqId, Vec<u32>>, // from Token events
+    done: BTreeMap<SeqId, Vec<u32>>,   // from Done events
+    cancelled: Vec<SeqId>,
+    rows: Rows,
+    max_seqs_in_step: usize,
+}
+
+/// Serves `reqs` through the engine's scheduler over `backend` (micro-batches of up to 4
+/// sequences, prefill chunks of 4 tokens), cancelling `cancel = (seq, round)`.
+fn serve<B: BatchBackend + Recorded>(
+    what: &str,
+    backend: B,
+    reqs: &[Req],
+    cancel: Option<(SeqId, usize)>,
+) -> Served {
+    let mut limits = Limits::one_device(u64::MAX, 1);
+    limits.max_step_seqs = 4;
+    limits.max_seqs = 4;
+    limits.prefill_chunk = 4;
+    limits.max_batch_tokens = 12;
+    let mut serving = Serving::new(limits, backend).unwrap();
+    let mut served = Served {
+        tokens: BTreeMap::new(),
+        done: BTreeMap::new(),
+        cancelled: Vec::new(),
+        rows: Rows::new(),
+        max_seqs_in_step: 0,
+    };
+    let mut t = 0.0;
+    let last = reqs.iter().map(|r| r.at_round).max().unwrap_or(0);
+    for round in 0..200 {
+        for r in reqs.iter().filter(|r| r.at_round == round) {
+            serving.submit(t, r.seq, &r.prompt, &r.opts).unwrap();
+        }
+        if let Some((seq, at)) = cancel {
+            if at == round {
+                assert!(serving.cancel(t, seq), "{what}: cancel");
+            }
+        }
+        let mut clock = || {
+            t += 1.0;
+            t
+        };
+        for e in serving.step(&mut clock).unwrap() {
+            match e {
+                SeqEvent::Token { seq, id } => served.tokens.entry(seq).or_default().push(id),
+                SeqEvent::Done { seq, new_ids, .. } => {
+                    assert!(served.done.insert(seq, new_ids).is_none())
+                }
+                SeqEvent::Cancelled { seq } => served.cancelled.push(seq),
+                SeqEvent::Failed { seq, error } => panic!("{what}: {seq} failed: {error}"),
+            }
+        }
+        if round >= last && serving.is_idle() {
+            let stats = serving.stats();
+            assert!(
+                stats.kv.iter().all(|k| k.used == 0 && k.reserved == 0),
+                "{what}: KV held after the end"
+            );
+            (served.rows, served.max_seqs_in_step) = serving.runner().backend().recorded();
+            return served;
+        }
+    }
+    panic!("{what}: not idle after 200 rounds");
+}
+
+fn rec(s: &Session) -> RecPipe {
+    RecPipe {
+        inner: s.pipeline().backend(),
+        rows: Rows::new(),
+        max_seqs_in_step: 0,
+    }
+}
+
+/// Every request's tokens and logits (a cancelled one's: a prefix) as the engine alone.
+fn check_served(
+    what: &str,
+    s: &Served,
+    reqs: &[Req],
+    refs: &BTreeMap<SeqId, (Vec<u32>, Vec<Vec<f32>>)>,
+    logits: bool,
+) {
+    for r in reqs {
+        let (want, want_rows) = &refs[&r.seq];
+        let got = s.tokens.get(&r.seq).cloned().unwrap_or_default();
+        let ctx = format!("{what}: seq {} ({} prompt tokens)", r.seq, r.prompt.len());
+        if s.cancelled.contains(&r.seq) {
+            assert!(!s.done.contains_key(&r.seq), "{ctx}: cancelled and done");
+            assert!(
+                got.len() < want.len() && want.starts_with(&got),
+                "{ctx}: prefix"
+            );
+        } else {
+            assert_eq!(&got, want, "{ctx}: tokens");
+            assert_eq!(s.done.get(&r.seq), Some(want), "{ctx}: done");
+        }
+        if logits {
+            let rows = s.rows.get(&r.seq).cloned().unwrap_or_default();
+            assert!(rows.len() <= want_rows.len(), "{ctx}: rows");
+            assert_bits(&ctx, &rows, &want_rows[..rows.len()]);
+            if !s.cancelled.contains(&r.seq) {
+                assert_eq!(rows.len(), want_rows.len(), "{ctx}: rows");
+            }
+        }
+    }
+}
+
+/// The batched matrix on one fixture: micro-batches of 1–4 sequences through the pipeline.
+fn batched(fixture_name: &str, cases: &[Case]) {
+    let ckpt_path = fixture(fixture_name);
+    let ckpt = Checkpoint::open(&ckpt_path).unwrap();
+    let slices = slices_of(&ckpt_path, fixture_name);
+    let reqs = batched_reqs(&ckpt);
+    let refs: BTreeMap<SeqId, _> = reqs
+        .iter()
+        .map(|r| (r.seq, reference(&ckpt, &r.prompt, &r.opts)))
+        .collect();
+    let root = scratch(&format!("batched-{fixture_name}"));
+    let n = cases.iter().map(|c| c.devices).max().unwrap_or(1);
+    let workers = spawn_workers(&root, n, 1 << 30, Some("batched"));
+    for c in cases {
+        let what = format!(
+            "{fixture_name} batched D={} s={} {:?} {:?} {:?}",
+            c.devices, c.stages, c.off, c.loader, c.mode
+        );
+        let s = start(&slices, &workers, c, Some("batched"));
+        // One sequence a step, then micro-batches of up to 4 (logits back, picked here).
+        let one = serve(&format!("{what} alone"), rec(&s), &reqs[..1], None);
+        check_served(&format!("{what} alone"), &one, &reqs[..1], &refs, true);
+        let all = serve(&what, rec(&s), &reqs, None);
+        check_served(&what, &all, &reqs, &refs, true);
+        assert!(all.max_seqs_in_step >= 3, "{what}: never batched");
+        // The last device picks every greedy micro-batch's tokens under each row's own mask
+        // (the sampled request left out: with it in the step, logits come back); a worker
+        // that ignored the per-row masks would end a sequence at its held-back EOS.
+        let greedy_reqs: Vec<Req> = reqs
+            .iter()
+            .filter(|r| r.opts.sampling.temperature == 0.0)
+            .cloned()
+            .collect();
+        let what_a = format!("{what} argmax");
+        let picked = serve(&what_a, s.pipeline().backend(), &greedy_reqs, None);
+        check_served(&what_a, &picked, &greedy_reqs, &refs, false);
+        // A cancellation in the middle of the batch: the others are untouched.
+        let victim = reqs[2].seq;
+        let cut = serve(&format!("{what} cancel"), rec(&s), &reqs, Some((victim, 3)));
+        assert_eq!(cut.cancelled, vec![victim], "{what}");
+        check_served(&format!("{what} cancel"), &cut, &reqs, &refs, true);
+        // Two micro-batches of two sequences in flight at once.
+        let halves: Vec<Served> = std::thread::scope(|sc| {
+            let hs: Vec<_> = reqs
+                .chunks(2)
+                .map(|half| {
+                    let b = rec(&s);
+                    let what = &what;
+                    sc.spawn(move || serve(&format!("{what} in flight"), b, half, None))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (half, got) in reqs.chunks(2).zip(&halves) {
+            check_served(&format!("{what} in flight"), got, half, &refs, true);
+        }
+        s.shutdown();
+    }
+}
+
+#[test]
+fn batched_micro_batches_tiny_llama() {
+    batched(
+        "tiny-llama",
+        &[
+            Case {
+                devices: 2,
+                stages: 2,
+                off: Off::Mixed,
+                loader: LoaderKind::Direct,
+                mode: ExecMode::Overlapped,
+            },
+            Case {
+                devices: 3,
+                stages: 1,
+                off: Off::Heavy,
+                loader: LoaderKind::Conventional,
+                mode: ExecMode::Sequential,
+            },
+            Case {
+                devices: 1,
+                stages: 1,
+                off: Off::None,
+                loader: LoaderKind::Direct,
+                mode: ExecMode::Overlapped,
+            },
+        ],
+    );
+}
+
+#[test]
+fn batched_micro_batches_tiny_qwen3() {
+    batched(
+        "tiny-qwen3",
+        &[Case {
+            devices: 4,
+            stages: 1,
+            off: Off::Heavy,
+            loader: LoaderKind::Direct,
+            mode: ExecMode::Overlapped,
+        }],
+    );
 }

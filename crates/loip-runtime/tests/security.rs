@@ -173,6 +173,7 @@ fn step(n: usize, head: bool) -> (StepHeader, Vec<u8>) {
         batch: (0..n).map(|i| TokenPos { seq: 1, pos: i % 200 }).collect(),
         rows: if head { vec![0] } else { vec![] },
         argmax: None,
+        row_masks: vec![],
     };
     (h, wire::u32_bytes(&vec![1u32; n]))
 }
@@ -329,6 +330,7 @@ fn finding_6_unread_outputs_keep_the_worker_within_its_budget() {
             batch: (0..tokens).map(|i| TokenPos { seq: 1, pos: i % 200 }).collect(),
             rows: vec![],
             argmax: None,
+            row_masks: vec![],
         };
         let frame = wire::encode_step(&h, &vec![0u8; tokens * hidden * 4]);
         // 48 steps, never reading an output; the worker must slow us down, not grow
