@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use loip_engine::generate::generate as run_generate;
 use loip_engine::{Generator, Model};

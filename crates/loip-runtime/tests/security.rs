@@ -232,14 +232,7 @@ fn finding_4_silent_peers_after_hello_do_not_lock_out_the_coordinator() {
         let mut silent = Vec::new();
         for _ in 0..4 {
             let mut s = TcpStream::connect(&addr).await.unwrap();
-            wire::write_frame(
-                &mut s,
-                FrameKind::Hello,
-                &wire::hello_payload(Role::Coordinator, wire::PROTOCOL_VERSION),
-                None,
-            )
-            .await
-            .unwrap();
+            raw::hello(&mut s).await.unwrap();
             silent.push(s); // and say nothing more
         }
         let t = Instant::now();
@@ -485,13 +478,7 @@ fn fuzz_frames_before_and_after_the_handshake_never_take_the_worker_down() {
                 // before authentication: random bytes, or a hello then random frames
                 let mut s = TcpStream::connect(&addr).await.unwrap();
                 if rng.gen_bool(0.5) {
-                    let _ = wire::write_frame(
-                        &mut s,
-                        FrameKind::Hello,
-                        &wire::hello_payload(Role::Coordinator, wire::PROTOCOL_VERSION),
-                        None,
-                    )
-                    .await;
+                    let _ = raw::hello(&mut s).await;
                 }
                 let mut head = (payload.len() as u32).to_le_bytes().to_vec();
                 head.push(kind);
@@ -508,15 +495,7 @@ fn fuzz_frames_before_and_after_the_handshake_never_take_the_worker_down() {
                     json[at] = rng.gen();
                     payload = json;
                 }
-                let k = match kind {
-                    1 => FrameKind::Hello,
-                    2 => FrameKind::Control,
-                    3 => FrameKind::Step,
-                    4 => FrameKind::Output,
-                    5 => FrameKind::SliceData,
-                    6 => FrameKind::Bulk,
-                    _ => FrameKind::Error,
-                };
+                let k = FrameKind::from_u8(kind).unwrap_or(FrameKind::Error);
                 let _ = s.wr.write(k, &payload).await;
                 s.control(&ToWorker::Bye).await;
                 drop(s);

@@ -16,6 +16,12 @@ pub struct Raw {
     pub info: WorkerInfo,
 }
 
+/// Sends a coordinator's hello of this protocol version (and nothing more).
+pub async fn hello(s: &mut TcpStream) -> Result<(), WireError> {
+    let h = wire::hello_payload(Role::Coordinator, wire::PROTOCOL_VERSION);
+    wire::write_frame(s, FrameKind::Hello, &h, None).await
+}
+
 /// Connects and authenticates; retries while the worker is busy with an earlier session.
 pub async fn authed(addr: &str, token: Option<&str>) -> Raw {
     for _ in 0..200 {
