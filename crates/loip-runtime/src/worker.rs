@@ -6,7 +6,8 @@
 //! handshake of [`crate::net::session`] within `handshake_timeout` (a wrong token is
 //! refused), then sealed requests until the coordinator says `Bye`, goes away, or sends
 //! nothing for `idle_timeout` (TCP keepalive notices a vanished host too). At most
-//! `max_unauthenticated` connections may be in their handshake at once; the worker turns
+//! `max_unauthenticated` connections may be in their handshake at once, at most a quarter of
+//! them (and at least 2) from one host; the worker turns
 //! busy only once a coordinator is authenticated, so strangers cannot lock it out.
 //!
 //! The socket is read by one task and written by another; everything that touches the model
@@ -105,6 +106,47 @@ struct Shared {
     throttle: Option<Throttle>,
     addr: SocketAddr,
     preauth: Arc<Semaphore>,
+    preauth_by_host: Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// A connection's place among those in their handshake: one of the worker's
+/// `max_unauthenticated` and one of its host's quarter of them, both given back when dropped.
+struct PreAuth {
+    _permit: OwnedSemaphorePermit,
+    host: std::net::IpAddr,
+    by_host: Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+impl Drop for PreAuth {
+    fn drop(&mut self) {
+        let mut m = lock(&self.by_host);
+        if let Some(n) = m.get_mut(&self.host) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.host);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Admits a new connection from `host` into the handshake, or None when the worker or that
+    /// host already has its share in flight (so one host cannot crowd out the coordinator).
+    fn admit(&self, host: std::net::IpAddr) -> Option<PreAuth> {
+        let permit = self.preauth.clone().try_acquire_owned().ok()?;
+        let per_host = (self.opts.max_unauthenticated / 4).max(2);
+        let mut m = lock(&self.preauth_by_host);
+        let n = m.entry(host).or_insert(0);
+        if *n >= per_host {
+            return None;
+        }
+        *n += 1;
+        Some(PreAuth {
+            _permit: permit,
+            host,
+            by_host: self.preauth_by_host.clone(),
+        })
+    }
 }
 
 /// A bound worker, ready to serve.
@@ -157,6 +199,7 @@ impl Worker {
                 throttle,
                 addr,
                 preauth: Arc::new(Semaphore::new(opts_preauth)),
+                preauth_by_host: Arc::default(),
             }),
         })
     }
@@ -182,7 +225,7 @@ impl Worker {
                     continue;
                 }
             };
-            let Ok(permit) = self.shared.preauth.clone().try_acquire_owned() else {
+            let Some(permit) = self.shared.admit(peer.ip()) else {
                 tracing::warn!("closing {peer}: too many connections in their handshake");
                 drop(stream);
                 continue;
@@ -226,7 +269,7 @@ type Out = (FrameKind, Vec<u8>, Option<BytePermit>);
 async fn connection(
     stream: TcpStream,
     shared: Arc<Shared>,
-    preauth: OwnedSemaphorePermit,
+    preauth: PreAuth,
 ) -> Result<(), WireError> {
     session::keepalive(&stream);
     let (mut rd, mut wr) = stream.into_split();

@@ -229,8 +229,9 @@ fn finding_3_a_worker_off_loopback_needs_a_token_and_makes_one() {
 fn finding_4_silent_peers_after_hello_do_not_lock_out_the_coordinator() {
     rt().block_on(async {
         let (addr, _) = start("f4", |o| o.handshake_timeout = Duration::from_secs(30)).await;
+        // (three: a fourth would use up this host's share of handshake slots, see below)
         let mut silent = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..3 {
             let mut s = TcpStream::connect(&addr).await.unwrap();
             raw::hello(&mut s).await.unwrap();
             silent.push(s); // and say nothing more
@@ -503,5 +504,40 @@ fn fuzz_frames_before_and_after_the_handshake_never_take_the_worker_down() {
         }
         eprintln!("{CASES} fuzzed connections, worker still serving");
         still_serves(&addr).await;
+    });
+}
+
+#[test]
+fn finding_4_one_host_cannot_use_up_the_handshake_slots_of_all() {
+    rt().block_on(async {
+        let (addr, _) = start("f4host", |o| o.handshake_timeout = Duration::from_secs(30)).await;
+        // 16 slots in all, 4 per host: four silent connections from 127.0.0.1 use its share
+        let mut silent = Vec::new();
+        for _ in 0..4 {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            raw::hello(&mut s).await.unwrap();
+            silent.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut fifth = TcpStream::connect(&addr).await.unwrap();
+        let f = tokio::time::timeout(Duration::from_secs(5), wire::read_frame(&mut fifth, 1 << 16))
+            .await
+            .expect("closed at once");
+        assert!(f.is_err(), "{f:?}");
+        // a coordinator on another host (127.0.0.2) still gets in
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let s = sock.connect(addr.parse().unwrap()).await.unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        let keys = loip_runtime::net::handshake::connect(&mut rd, &mut wr, TOKEN)
+            .await
+            .unwrap();
+        let (mut rd, _wr) = keys.seal(Role::Coordinator, rd, wr, None);
+        let f = rd.read(wire::MAX_FRAME).await.unwrap();
+        assert!(matches!(
+            wire::parse_control::<ToCoordinator>(&f).unwrap(),
+            ToCoordinator::Welcome { .. }
+        ));
+        drop(silent);
     });
 }
