@@ -53,19 +53,7 @@ pub trait BatchBackend {
         let rows: Vec<usize> = picks.iter().map(|p| p.row).collect();
         let logits = self.forward_rows(ids, batch, &rows)?;
         let vocab = logits.len() / picks.len().max(1);
-        Ok(picks
-            .iter()
-            .zip(logits.chunks_exact(vocab.max(1)))
-            .map(|(p, l)| {
-                let mut l = l.to_vec();
-                mask(&mut l, p.masked);
-                if p.greedy {
-                    Next::Id(argmax(&l))
-                } else {
-                    Next::Logits(l)
-                }
-            })
-            .collect())
+        Ok(pick_rows(&logits, vocab, picks))
     }
 
     /// Frees `seq`'s KV (nothing when unknown).
@@ -73,6 +61,25 @@ pub trait BatchBackend {
 
     /// Token ids must be below this.
     fn vocab_size(&self) -> usize;
+}
+
+/// Each row's next token from `logits: (picks.len(), vocab)`: its mask applied, then the argmax
+/// (greedy rows) or the masked logits to sample from — the engine's own sampler's first steps,
+/// wherever the logits were computed.
+pub fn pick_rows(logits: &[f32], vocab: usize, picks: &[RowPick<'_>]) -> Vec<Next> {
+    picks
+        .iter()
+        .zip(logits.chunks_exact(vocab.max(1)))
+        .map(|(p, l)| {
+            let mut l = l.to_vec();
+            mask(&mut l, p.masked);
+            if p.greedy {
+                Next::Id(argmax(&l))
+            } else {
+                Next::Logits(l)
+            }
+        })
+        .collect()
 }
 
 impl BatchBackend for Generator<'_, '_> {

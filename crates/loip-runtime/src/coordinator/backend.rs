@@ -9,7 +9,7 @@
 
 use loip_engine::generate::Next;
 use loip_engine::kv::SeqId;
-use loip_engine::sampling::{argmax, mask};
+use loip_engine::batch::pick_rows;
 use loip_engine::{BatchBackend, EngineError, RowPick, StepBackend, TokenPos};
 
 use super::{ClusterError, Pipeline, RowsOut, StepOutput, StepStats};
@@ -135,19 +135,7 @@ impl BatchBackend for PipelineBackend {
                     picks.len()
                 )));
             }
-            return Ok(picks
-                .iter()
-                .zip(logits.chunks_exact(vocab))
-                .map(|(p, l)| {
-                    let mut l = l.to_vec();
-                    mask(&mut l, p.masked);
-                    if p.greedy {
-                        Next::Id(argmax(&l))
-                    } else {
-                        Next::Logits(l)
-                    }
-                })
-                .collect());
+            return Ok(pick_rows(&logits, vocab, picks));
         }
         let common = picks[0].masked;
         let same = picks.iter().all(|p| p.masked == common);

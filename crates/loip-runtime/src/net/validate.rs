@@ -1,7 +1,8 @@
 //! The one check of every manifest a worker receives (`probe`, `load`), run before anything
 //! is opened, allocated or written: slice names pass the store's name check (nothing outside
-//! the store can be named), every config field is bounded, and every tensor lies inside its
-//! slice with a size that matches its dtype and shape. Error messages name the slice or the
+//! the store can be named), every config field is bounded (by `ModelConfig::validate`, as in
+//! a model file), and every tensor lies inside its slice with a size that matches its dtype
+//! and shape. Error messages name the slice or the
 //! field; they never carry a path, a size or a checksum of a file the peer did not send.
 
 use loip_model::slice::{Manifest, SliceKind};
@@ -9,50 +10,20 @@ use loip_model::ModelConfig;
 
 use crate::net::store::{valid_name, MAX_SLICE_BYTES};
 
-/// Largest values a peer's config may carry (far above any real model; they keep every
-/// count-derived allocation and product in range).
+/// Limits of a slice's tensor list (the config's own bounds are
+/// [`ModelConfig::validate`]'s, the same as for a model file).
 pub struct Bounds;
 
 impl Bounds {
-    /// decoder layers
-    pub const LAYERS: usize = 1024;
-    /// hidden size
-    pub const HIDDEN: usize = 1 << 16;
-    /// MLP inner size
-    pub const INTERMEDIATE: usize = 1 << 20;
-    /// attention heads (and KV heads)
-    pub const HEADS: usize = 1024;
-    /// per-head dimension
-    pub const HEAD_DIM: usize = 1024;
-    /// vocabulary
-    pub const VOCAB: usize = 1 << 22;
-    /// context, tokens
-    pub const CONTEXT: usize = 1 << 22;
     /// tensors in one slice
     pub const TENSORS_PER_SLICE: usize = 64;
     /// tensor dimensions
     pub const RANK: usize = 4;
 }
 
-/// Checks a peer's model config: [`ModelConfig::validate`] plus the [`Bounds`].
+/// Checks a peer's model config with the bounds every model file is held to.
 pub fn check_config(c: &ModelConfig) -> Result<(), String> {
-    c.validate().map_err(|e| format!("bad model config: {e}"))?;
-    let fields = [
-        ("num_layers", c.num_layers, Bounds::LAYERS),
-        ("hidden_size", c.hidden_size, Bounds::HIDDEN),
-        ("intermediate_size", c.intermediate_size, Bounds::INTERMEDIATE),
-        ("num_heads", c.num_heads, Bounds::HEADS),
-        ("num_kv_heads", c.num_kv_heads, Bounds::HEADS),
-        ("head_dim", c.head_dim, Bounds::HEAD_DIM),
-        ("vocab_size", c.vocab_size, Bounds::VOCAB),
-        ("max_position_embeddings", c.max_position_embeddings, Bounds::CONTEXT),
-    ];
-    for (name, v, max) in fields {
-        if v > max {
-            return Err(format!("bad model config: {name} = {v} is over the limit of {max}"));
-        }
-    }
-    Ok(())
+    c.validate().map_err(|e| format!("bad model config: {e}"))
 }
 
 /// Checks a whole manifest received from a peer.
