@@ -128,6 +128,9 @@ pub(crate) fn dequant_into(dtype: DType, bytes: &[u8], out: &mut [f32]) {
             }
         }
         DType::Q5_0 | DType::Q5_1 => crate::quant_ext::dequant_q5(dtype, bytes, out),
+        DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4NL | DType::IQ4XS => {
+            crate::quant_k_ext::dequant_ext(dtype, bytes, out)
+        }
         DType::Q6K => {
             for (o, b) in out.chunks_exact_mut(256).zip(bytes.chunks_exact(210)) {
                 let d = f16_at(b, 208);

@@ -83,6 +83,16 @@ pub enum DType {
     Q5_0,
     /// ggml Q5_1: 32 elements = f16 scale + f16 min + 4 + 16 bytes (24 bytes)
     Q5_1,
+    /// ggml Q2_K: 256 elements, 84 bytes (16 × 4-bit scale/min pairs, 2-bit values)
+    Q2K,
+    /// ggml Q3_K: 256 elements, 110 bytes (16 × 6-bit scales, 3-bit values)
+    Q3K,
+    /// ggml Q5_K: 256 elements, 176 bytes (8 × 6-bit scale/min pairs, 5-bit values)
+    Q5K,
+    /// ggml IQ4_NL: 32 elements = f16 scale + 16 bytes of nibbles into a fixed table (18 bytes)
+    IQ4NL,
+    /// ggml IQ4_XS: 256 elements, 136 bytes (8 × 6-bit scales, nibbles into the IQ4_NL table)
+    IQ4XS,
 }
 
 impl DType {
@@ -99,6 +109,11 @@ impl DType {
             DType::Q6K => "Q6_K",
             DType::Q5_0 => "Q5_0",
             DType::Q5_1 => "Q5_1",
+            DType::Q2K => "Q2_K",
+            DType::Q3K => "Q3_K",
+            DType::Q5K => "Q5_K",
+            DType::IQ4NL => "IQ4_NL",
+            DType::IQ4XS => "IQ4_XS",
         }
     }
 
@@ -115,6 +130,11 @@ impl DType {
             "Q6_K" => DType::Q6K,
             "Q5_0" => DType::Q5_0,
             "Q5_1" => DType::Q5_1,
+            "Q2_K" => DType::Q2K,
+            "Q3_K" => DType::Q3K,
+            "Q5_K" => DType::Q5K,
+            "IQ4_NL" => DType::IQ4NL,
+            "IQ4_XS" => DType::IQ4XS,
             _ => return None,
         })
     }
@@ -123,8 +143,13 @@ impl DType {
     pub fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
-            DType::Q4K | DType::Q6K => 256,
+            DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::IQ4NL => 32,
+            DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => 256,
         }
     }
 
@@ -140,6 +165,11 @@ impl DType {
             DType::Q6K => 210,
             DType::Q5_0 => 22,
             DType::Q5_1 => 24,
+            DType::Q2K => 84,
+            DType::Q3K => 110,
+            DType::Q5K => 176,
+            DType::IQ4NL => 18,
+            DType::IQ4XS => 136,
         }
     }
 

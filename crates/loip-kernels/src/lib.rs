@@ -31,6 +31,7 @@ mod dispatch;
 mod elementwise;
 mod matmul;
 mod quant_ext;
+mod quant_k_ext;
 mod simd;
 #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
 mod x86;

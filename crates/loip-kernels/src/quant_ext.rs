@@ -9,10 +9,10 @@
 //! - `Q5_1`, 24 bytes: f16 `d`, f16 `m`, `u32 qh`, 16 bytes `qs`; value `q * d + m`.
 //!
 //! Dequantization performs ggml's `dequantize_row_q5_0` / `_q5_1` operations in the same
-//! order (exact: `q * d` has at most 16 significant bits). The SIMD levels dequantize each
-//! row with this code and take their level's canonical f32 dot product (`canon.rs`), which
-//! performs the same operations in the same order as the portable path: every level gives the
-//! same bits. (A fused SIMD dequantization would be faster; this keeps the hook minimal.)
+//! order (exact: `q * d` has at most 16 significant bits). The SIMD levels
+//! (`x86/quant_ext_simd.rs`) decode the same values with 256-bit integer unpacking and feed
+//! them to their canonical accumulators (`canon.rs`) in the portable path's order: every level
+//! gives the same bits.
 
 use crate::dtype::DType;
 use half::f16;
@@ -59,34 +59,9 @@ pub(crate) fn dequant_q5(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `out[r * n + t] = dot(row r, token t)` for a dtype without a fused SIMD kernel: each row
-/// is dequantized once (exactly), then `dot` (a level's canonical f32 dot) runs per token.
-/// `data`: rows of `rb` bytes of `cols` elements; `x`: `n × cols`.
-pub(crate) fn rows_via_f32(
-    dtype: DType,
-    data: &[u8],
-    rb: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    out: &mut [f32],
-    dot: impl Fn(&[f32], &[f32]) -> f32,
-) {
-    let mut w = vec![0f32; cols]; // one dequantized row
-    for (row, o) in data.chunks_exact(rb).zip(out.chunks_exact_mut(n)) {
-        crate::dequant::dequant_into(dtype, row, &mut w);
-        for (t, v) in o.iter_mut().enumerate() {
-            *v = dot(&w, &x[t * cols..(t + 1) * cols]);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::Matrix;
-    use crate::matmul::matmul_at;
-    use crate::simd::{supported, Level};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -122,48 +97,6 @@ mod tests {
                         _ => q[j] as f32 * d + m,
                     };
                     assert_eq!(out[j].to_bits(), want.to_bits(), "{dtype} element {j}");
-                }
-            }
-        }
-    }
-
-    /// Every SIMD level this CPU runs gives the portable path's bits, for odd shapes.
-    #[test]
-    fn q5_levels_are_bit_identical() {
-        let mut rng = ChaCha8Rng::seed_from_u64(55);
-        for dtype in [DType::Q5_0, DType::Q5_1] {
-            for &(rows, cols, n) in &[(3, 32, 1), (5, 640, 3), (7, 896, 2), (2, 96, 9)] {
-                let mut data = vec![0u8; rows * dtype.row_bytes(cols).unwrap()];
-                rng.fill(&mut data[..]);
-                for b in data.chunks_exact_mut(dtype.block_bytes()) {
-                    b[..2].copy_from_slice(
-                        &f16::from_f32(rng.gen_range(-0.05f32..0.05))
-                            .to_bits()
-                            .to_le_bytes(),
-                    );
-                    if dtype == DType::Q5_1 {
-                        b[2..4].copy_from_slice(
-                            &f16::from_f32(rng.gen_range(-0.05f32..0.05))
-                                .to_bits()
-                                .to_le_bytes(),
-                        );
-                    }
-                }
-                let w = Matrix::new(dtype, rows, cols, &data).unwrap();
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-                let mut want = vec![0f32; rows * n];
-                matmul_at(Level::Scalar, &w, &x, &mut want).unwrap();
-                for level in [Level::Avx2, Level::Avx512] {
-                    if !supported(level) {
-                        continue;
-                    }
-                    let mut got = vec![0f32; rows * n];
-                    matmul_at(level, &w, &x, &mut got).unwrap();
-                    let same = want
-                        .iter()
-                        .zip(&got)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{dtype} {rows}x{cols} n={n} at {level:?}");
                 }
             }
         }

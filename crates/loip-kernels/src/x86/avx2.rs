@@ -28,14 +28,14 @@ unsafe fn f16_splat(p: *const u8) -> __m256 {
 }
 
 #[inline(always)]
-unsafe fn f16_scalar(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_scalar(p: *const u8) -> f32 {
     let h = read_unaligned(p as *const u16) as i32;
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)))
 }
 
 /// 8 bytes at `p`, zero-extended to 8 × i32.
 #[inline(always)]
-unsafe fn u8x8(p: *const u8) -> __m256i {
+pub(super) unsafe fn u8x8(p: *const u8) -> __m256i {
     _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
 }
 
@@ -540,9 +540,13 @@ pub(crate) unsafe fn rows(
         DType::Q4_1 => rows_quant::<Q41>(data, rb, cols, x, n, out),
         DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
         DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
-        DType::Q5_0 | DType::Q5_1 => {
-            crate::quant_ext::rows_via_f32(dtype, data, rb, cols, x, n, out, |a, b| dot_f32(a, b))
-        }
+        DType::Q5_0
+        | DType::Q5_1
+        | DType::Q2K
+        | DType::Q3K
+        | DType::Q5K
+        | DType::IQ4NL
+        | DType::IQ4XS => super::quant_ext_simd::rows::<false>(dtype, data, rb, cols, x, n, out),
     }
 }
 
@@ -624,6 +628,9 @@ pub(crate) unsafe fn dequant_rows(dtype: DType, data: &[u8], cols: usize, out: &
         DType::Q4_1 => each_row!(dequant_quant, Q41),
         DType::Q4K => each_row!(dequant_quant, Q4K),
         DType::Q6K => each_row!(dequant_quant, Q6K),
+        d if super::quant_ext_simd::handles(d) => {
+            super::quant_ext_simd::dequant_rows(dtype, data, cols, out)
+        }
         #[allow(unreachable_patterns)]
         _ => return false,
     }

@@ -757,10 +757,12 @@ pub(crate) unsafe fn rows(
         DType::Q4_1 => rows_quant::<Q41>(data, rb, cols, x, n, out),
         DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
         DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
-        DType::Q5_0 | DType::Q5_1 => {
-            crate::quant_ext::rows_via_f32(dtype, data, rb, cols, x, n, out, |a, b| {
-                crate::x86::avx512_act::dot_f32(a, b)
-            })
-        }
+        DType::Q5_0
+        | DType::Q5_1
+        | DType::Q2K
+        | DType::Q3K
+        | DType::Q5K
+        | DType::IQ4NL
+        | DType::IQ4XS => super::quant_ext_simd::rows::<true>(dtype, data, rb, cols, x, n, out),
     }
 }

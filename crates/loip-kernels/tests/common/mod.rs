@@ -7,7 +7,7 @@ use loip_kernels::DType;
 use rand::Rng;
 
 /// All stored types.
-pub const ALL: [DType; 10] = [
+pub const ALL: [DType; 15] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -18,6 +18,11 @@ pub const ALL: [DType; 10] = [
     DType::Q6K,
     DType::Q5_0,
     DType::Q5_1,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q5K,
+    DType::IQ4NL,
+    DType::IQ4XS,
 ];
 
 fn put_f16(b: &mut [u8], at: usize, v: f32) {
@@ -73,8 +78,18 @@ pub fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut impl Rng)
                     }
                 };
                 match dtype {
-                    DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => put_f16(b, 0, scale()),
-                    DType::Q4_1 | DType::Q4K | DType::Q5_1 => {
+                    DType::Q8_0
+                    | DType::Q4_0
+                    | DType::Q5_0
+                    | DType::IQ4NL
+                    | DType::IQ4XS => put_f16(b, 0, scale()),
+                    DType::Q2K => {
+                        let (d, m) = (scale(), scale());
+                        put_f16(b, 80, d);
+                        put_f16(b, 82, m);
+                    }
+                    DType::Q3K => put_f16(b, 108, scale()),
+                    DType::Q4_1 | DType::Q4K | DType::Q5_1 | DType::Q5K => {
                         let (d, m) = (scale(), scale());
                         put_f16(b, 0, d);
                         put_f16(b, 2, m);

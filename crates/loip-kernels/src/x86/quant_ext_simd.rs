@@ -1,0 +1,457 @@
+//! SIMD kernels of the extra GGUF types: `Q5_0`, `Q5_1` (`crate::quant_ext`) and `Q2_K`,
+//! `Q3_K`, `Q5_K`, `IQ4_NL`, `IQ4_XS` (`crate::quant_k_ext`).
+//!
+//! Each type has a 256-bit decoder that writes a block's exact values (those of the scalar
+//! references, by the same integer unpacking and the same f32 operations; a product with an
+//! exact `q · d` may be fused with the following add) to a small buffer in L1. The dot kernels
+//! decode a 256-element segment of a row at a time and feed it to the canonical accumulators
+//! of their level (AVX-512: 4 × 16 lanes, four rows per activation load; AVX2: 4 × 2 × 8
+//! lanes), in the canonical order of [`crate::canon`]: every level gives the portable path's
+//! bits. Batches (n > 1) decode each row once and take the level's canonical f32 dot per token;
+//! the AVX2 tiled kernel takes the decoded rows from [`dequant_rows`].
+//!
+//! Safety: every `unsafe fn` here requires AVX2, FMA and F16C (and AVX-512F for the `512`
+//! kernels), checked by [`crate::simd`], and the buffer lengths stated in its docs.
+
+#[cfg(target_arch = "x86")]
+use std::arch::x86::*;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use crate::dequant::scale_min_k4;
+use crate::dtype::DType;
+use crate::quant_k_ext::{scale_iq4xs, scales_q3k, IQ4_TABLE};
+use std::mem::MaybeUninit;
+use std::ptr::read_unaligned;
+// exact f16 → f32 of the 2 bytes at `p`; 8 bytes zero-extended to 8 × i32
+use super::avx2::{f16_scalar as f16_at, u8x8 as bytes8};
+
+/// A stored type decoded one block at a time.
+trait Decode {
+    /// elements per block (32 or 256)
+    const ELEMS: usize;
+    /// bytes per block
+    const BYTES: usize;
+    /// Writes the `ELEMS` exact values of the block at `p` to `out`.
+    unsafe fn decode(p: *const u8, out: *mut f32);
+}
+
+/// `v >> s` per 32-bit lane, `s` the same for all lanes.
+#[inline(always)]
+unsafe fn shr(v: __m256i, s: u32) -> __m256i {
+    _mm256_srl_epi32(v, _mm_cvtsi32_si128(s as i32))
+}
+
+/// `q * d - m` with one rounding (`q * d` is exact, so this is the scalar `d * q - m`).
+#[inline(always)]
+unsafe fn affine_store(out: *mut f32, q: __m256i, d: f32, m: f32) {
+    let v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d), _mm256_set1_ps(m));
+    _mm256_storeu_ps(out, v);
+}
+
+struct Q5<const MIN: bool>;
+impl<const MIN: bool> Decode for Q5<MIN> {
+    const ELEMS: usize = 32;
+    const BYTES: usize = if MIN { 24 } else { 22 };
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        let off = if MIN { 4 } else { 2 };
+        let d = _mm256_set1_ps(f16_at(p));
+        let m = _mm256_set1_ps(if MIN { f16_at(p.add(2)) } else { 0.0 });
+        let qh = _mm256_set1_epi32(read_unaligned(p.add(off) as *const u32) as i32);
+        let qs = p.add(off + 4);
+        let (m4, one) = (_mm256_set1_epi32(0xF), _mm256_set1_epi32(1));
+        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for o in 0..4 {
+            // elements 8o .. 8o + 8: nibbles of bytes 8(o % 2) .., high bits 8o ..
+            let b = bytes8(qs.add(8 * (o % 2)));
+            let nib = if o < 2 {
+                _mm256_and_si256(b, m4)
+            } else {
+                _mm256_srli_epi32(b, 4)
+            };
+            let sh = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * o as i32));
+            let hb = _mm256_and_si256(_mm256_srlv_epi32(qh, sh), one);
+            let q = _mm256_or_si256(nib, _mm256_slli_epi32(hb, 4));
+            let v = if MIN {
+                // q * d exact: one rounding, like q * d + m
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m)
+            } else {
+                let c16 = _mm256_set1_epi32(16);
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, c16)), d)
+            };
+            _mm256_storeu_ps(out.add(8 * o), v);
+        }
+    }
+}
+
+/// One 32-element IQ4 block of scale `d` over the 16 bytes at `qs`: table lookups by byte
+/// shuffle, then `d * value` (exact).
+#[inline(always)]
+unsafe fn iq4_block(d: f32, qs: *const u8, out: *mut f32) {
+    let table = _mm_loadu_si128(IQ4_TABLE.as_ptr() as *const __m128i);
+    let q = _mm_loadu_si128(qs as *const __m128i);
+    let m4 = _mm_set1_epi8(0xF);
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+    let d = _mm256_set1_ps(d);
+    let put = |at: usize, v: __m128i| {
+        let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        _mm256_storeu_ps(out.add(at), _mm256_mul_ps(d, f));
+    };
+    put(0, lo);
+    put(8, _mm_srli_si128(lo, 8));
+    put(16, hi);
+    put(24, _mm_srli_si128(hi, 8));
+}
+
+struct IQ4NL;
+impl Decode for IQ4NL {
+    const ELEMS: usize = 32;
+    const BYTES: usize = 18;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        iq4_block(f16_at(p), p.add(2), out)
+    }
+}
+
+struct IQ4XS;
+impl Decode for IQ4XS {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 136;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        let d = f16_at(p);
+        let blk = std::slice::from_raw_parts(p, 8);
+        for i in 0..8 {
+            let dl = d * (scale_iq4xs(blk, i) - 32) as f32;
+            iq4_block(dl, p.add(8 + 16 * i), out.add(32 * i));
+        }
+    }
+}
+
+struct Q2K;
+impl Decode for Q2K {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 84;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        let (d, min) = (f16_at(p.add(80)), f16_at(p.add(82)));
+        let m3 = _mm256_set1_epi32(3);
+        for n in 0..2 {
+            let q = p.add(16 + 32 * n);
+            let qv = [bytes8(q), bytes8(q.add(8)), bytes8(q.add(16)), bytes8(q.add(24))];
+            for j in 0..4 {
+                for h in 0..2 {
+                    let sc = *p.add(8 * n + 2 * j + h);
+                    let dl = d * (sc & 0xF) as f32;
+                    let ml = min * (sc >> 4) as f32;
+                    for k in 0..2 {
+                        let v = _mm256_and_si256(shr(qv[2 * h + k], 2 * j as u32), m3);
+                        affine_store(out.add(128 * n + 32 * j + 16 * h + 8 * k), v, dl, ml);
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Q3K;
+impl Decode for Q3K {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 110;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        let d = f16_at(p.add(108));
+        let scales = scales_q3k(std::slice::from_raw_parts(p.add(96), 12));
+        let hm = [bytes8(p), bytes8(p.add(8)), bytes8(p.add(16)), bytes8(p.add(24))];
+        let (m3, c4, zero) = (
+            _mm256_set1_epi32(3),
+            _mm256_set1_epi32(4),
+            _mm256_setzero_si256(),
+        );
+        for n in 0..2 {
+            let q = p.add(32 + 32 * n);
+            let qv = [bytes8(q), bytes8(q.add(8)), bytes8(q.add(16)), bytes8(q.add(24))];
+            for j in 0..4 {
+                let bit = _mm256_set1_epi32(1 << (4 * n + j));
+                for h in 0..2 {
+                    let dl = _mm256_set1_ps(d * (scales[8 * n + 2 * j + h] as i32 - 32) as f32);
+                    for k in 0..2 {
+                        let o = 2 * h + k;
+                        let ql = _mm256_and_si256(shr(qv[o], 2 * j as u32), m3);
+                        // a clear high bit subtracts 4
+                        let clear = _mm256_cmpeq_epi32(_mm256_and_si256(hm[o], bit), zero);
+                        let q = _mm256_sub_epi32(ql, _mm256_and_si256(clear, c4));
+                        let v = _mm256_mul_ps(dl, _mm256_cvtepi32_ps(q));
+                        _mm256_storeu_ps(out.add(128 * n + 32 * j + 16 * h + 8 * k), v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Q5K;
+impl Decode for Q5K {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 176;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        let (d, min) = (f16_at(p), f16_at(p.add(2)));
+        let scales = std::slice::from_raw_parts(p.add(4), 12);
+        let qh = p.add(16);
+        let qhv = [bytes8(qh), bytes8(qh.add(8)), bytes8(qh.add(16)), bytes8(qh.add(24))];
+        let (m4, one) = (_mm256_set1_epi32(0xF), _mm256_set1_epi32(1));
+        for c in 0..4 {
+            let ql = p.add(48 + 32 * c);
+            let qv = [bytes8(ql), bytes8(ql.add(8)), bytes8(ql.add(16)), bytes8(ql.add(24))];
+            for h in 0..2 {
+                let (sc, m) = scale_min_k4(2 * c + h, scales);
+                let (dl, ml) = (d * sc as f32, min * m as f32);
+                for (o, &b) in qv.iter().enumerate() {
+                    let lo = _mm256_and_si256(shr(b, 4 * h as u32), m4);
+                    let hb = _mm256_and_si256(shr(qhv[o], (2 * c + h) as u32), one);
+                    let q = _mm256_or_si256(lo, _mm256_slli_epi32(hb, 4));
+                    affine_store(out.add(64 * c + 32 * h + 8 * o), q, dl, ml);
+                }
+            }
+        }
+    }
+}
+
+/// Elements per decoded segment (a multiple of every block size).
+const SEG: usize = 256;
+
+/// `R` decoded segments, 64-byte aligned.
+#[repr(align(64))]
+struct Segs<const R: usize>([[MaybeUninit<f32>; SEG]; R]);
+
+/// Decodes the `elems` elements (whole blocks) at `p` into `out`.
+#[inline(always)]
+unsafe fn decode_run<D: Decode>(p: *const u8, elems: usize, out: *mut f32) {
+    for b in 0..elems / D::ELEMS {
+        D::decode(p.add(b * D::BYTES), out.add(b * D::ELEMS));
+    }
+}
+
+/// Canonical dots of R rows of `D` (`cols` elements, a multiple of 32) with one activation
+/// row; `dist` is the prefetch distance in bytes (the next tile of rows).
+#[inline(always)]
+unsafe fn dot512<D: Decode, const R: usize>(
+    rows: [*const u8; R],
+    cols: usize,
+    x: *const f32,
+    dist: usize,
+) -> [f32; R] {
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let mut buf = Segs::<R>([[MaybeUninit::uninit(); SEG]; R]);
+    let mut e = 0;
+    while e < cols {
+        let len = SEG.min(cols - e);
+        let off = e / D::ELEMS * D::BYTES;
+        for (row, seg) in rows.iter().zip(buf.0.iter_mut()) {
+            super::prefetch(row.wrapping_add(dist + off), len / D::ELEMS * D::BYTES);
+            decode_run::<D>(row.add(off), len, seg.as_mut_ptr() as *mut f32);
+        }
+        let w = |r: usize, i: usize| _mm512_loadu_ps((buf.0[r].as_ptr() as *const f32).add(i));
+        // whole 64-element chunks: groups 4c .. 4c + 4 -> accumulators 0..4
+        for c in 0..len / 64 {
+            let xv: [__m512; 4] =
+                std::array::from_fn(|i| _mm512_loadu_ps(x.add(e + 64 * c + 16 * i)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                for i in 0..4 {
+                    a[i] = _mm512_fmadd_ps(w(r, 64 * c + 16 * i), xv[i], a[i]);
+                }
+            }
+        }
+        // a last 32 elements (only at the row's end): accumulators 0, 1
+        if len % 64 != 0 {
+            let c = len / 64;
+            for i in 0..2 {
+                let xv = _mm512_loadu_ps(x.add(e + 64 * c + 16 * i));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    a[i] = _mm512_fmadd_ps(w(r, 64 * c + 16 * i), xv, a[i]);
+                }
+            }
+        }
+        e += len;
+    }
+    // (acc0 + acc2) + (acc1 + acc3), then the lane tree, four rows at a time
+    let v: [__m512; R] = std::array::from_fn(|r| {
+        let a = &acc[r];
+        _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
+    });
+    let mut out = [0f32; R];
+    for r0 in (0..R).step_by(4) {
+        let four: [__m512; 4] = std::array::from_fn(|i| v[(r0 + i).min(R - 1)]);
+        let mut s = [0f32; 4];
+        _mm_storeu_ps(s.as_mut_ptr(), super::avx512::reduce4(four));
+        for i in 0..4.min(R - r0) {
+            out[r0 + i] = s[i];
+        }
+    }
+    out
+}
+
+/// Canonical dot of one row of `D` with one activation row (AVX2 accumulators: `acc[2i]`,
+/// `acc[2i + 1]` are the halves of canonical accumulator `i`).
+#[inline(always)]
+unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: usize) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut buf = Segs::<1>([[MaybeUninit::uninit(); SEG]; 1]);
+    let seg = buf.0[0].as_mut_ptr() as *mut f32;
+    let mut e = 0;
+    while e < cols {
+        let len = SEG.min(cols - e);
+        let off = e / D::ELEMS * D::BYTES;
+        super::prefetch(row.wrapping_add(dist + off), len / D::ELEMS * D::BYTES);
+        decode_run::<D>(row.add(off), len, seg);
+        let mut fma = |h: usize, at: usize| {
+            let xv = _mm256_loadu_ps(x.add(e + at));
+            acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(seg.add(at)), xv, acc[h]);
+        };
+        for c in 0..len / 64 {
+            for h in 0..8 {
+                fma(h, 64 * c + 8 * h);
+            }
+        }
+        if len % 64 != 0 {
+            let c = len / 64;
+            for h in 0..4 {
+                fma(h, 64 * c + 8 * h);
+            }
+        }
+        e += len;
+    }
+    super::avx2::reduce(&acc)
+}
+
+/// Decodes the rows of `data` (rows of `rb` bytes, `cols` elements) into `w` one at a time
+/// and writes `out[r * n + t] = dot(w, token t)` with the level's canonical f32 `dot`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_decoded<D: Decode>(
+    data: &[u8],
+    rb: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    dot: impl Fn(&[f32], &[f32]) -> f32,
+) {
+    let mut w = vec![0f32; cols]; // one decoded row
+    for (r, o) in out.chunks_exact_mut(n).enumerate() {
+        decode_run::<D>(data.as_ptr().add(r * rb), cols, w.as_mut_ptr());
+        for (t, v) in o.iter_mut().enumerate() {
+            *v = dot(&w, &x[t * cols..(t + 1) * cols]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn rows512<D: Decode>(
+    data: &[u8],
+    rb: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    if n > 1 {
+        let dot = |a: &[f32], b: &[f32]| super::avx512_act::dot_f32(a, b);
+        return rows_decoded::<D>(data, rb, cols, x, n, out, dot);
+    }
+    const T: usize = 4; // rows per activation load
+    let rows = out.len();
+    let p = |r: usize| data.as_ptr().add(r * rb);
+    let mut r = 0;
+    while r + T <= rows {
+        let d = dot512::<D, T>(std::array::from_fn(|i| p(r + i)), cols, x.as_ptr(), T * rb);
+        out[r..r + T].copy_from_slice(&d);
+        r += T;
+    }
+    for r in r..rows {
+        out[r] = dot512::<D, 1>([p(r)], cols, x.as_ptr(), rb)[0];
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows256<D: Decode>(
+    data: &[u8],
+    rb: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    if n > 1 {
+        let dot = |a: &[f32], b: &[f32]| super::avx2::dot_f32(a, b);
+        return rows_decoded::<D>(data, rb, cols, x, n, out, dot);
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = dot256::<D>(data.as_ptr().add(r * rb), cols, x.as_ptr(), rb);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_rows<D: Decode>(data: &[u8], cols: usize, out: &mut [f32]) {
+    let rb = cols / D::ELEMS * D::BYTES;
+    for (r, o) in out.chunks_exact_mut(cols).enumerate() {
+        decode_run::<D>(data.as_ptr().add(r * rb), cols, o.as_mut_ptr());
+    }
+}
+
+/// Whether `dtype` has its kernels here.
+pub(crate) fn handles(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::Q5_0 | DType::Q5_1 | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4NL | DType::IQ4XS
+    )
+}
+
+macro_rules! by_type {
+    ($dtype:expr, $f:ident ( $($a:expr),* )) => {
+        match $dtype {
+            DType::Q5_0 => $f::<Q5<false>>($($a),*),
+            DType::Q5_1 => $f::<Q5<true>>($($a),*),
+            DType::Q2K => $f::<Q2K>($($a),*),
+            DType::Q3K => $f::<Q3K>($($a),*),
+            DType::Q5K => $f::<Q5K>($($a),*),
+            DType::IQ4NL => $f::<IQ4NL>($($a),*),
+            DType::IQ4XS => $f::<IQ4XS>($($a),*),
+            other => unreachable!("no extra-type kernel for {other}"),
+        }
+    };
+}
+
+/// `out[r * n + t]` = canonical dot of row `r` of `data` with token `t` of `x`, with the
+/// AVX-512 kernels (`AVX512`) or the AVX2 ones.
+///
+/// # Safety
+/// AVX2/FMA/F16C (and AVX-512F for `AVX512`) available; [`handles`]`(dtype)`;
+/// `rb == row_bytes(cols)`, `data.len() == out.len() / n * rb`, `x.len() == n * cols`, `n > 0`.
+pub(crate) unsafe fn rows<const AVX512: bool>(
+    dtype: DType,
+    data: &[u8],
+    rb: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    if AVX512 {
+        by_type!(dtype, rows512(data, rb, cols, x, n, out))
+    } else {
+        by_type!(dtype, rows256(data, rb, cols, x, n, out))
+    }
+}
+
+/// Decodes the `out.len() / cols` rows of `data` into `out`, row-major (the exact values).
+///
+/// # Safety
+/// AVX2/FMA/F16C available; [`handles`]`(dtype)`; `cols > 0` a multiple of the block size,
+/// `data.len() == out.len() / cols * row_bytes(cols)`.
+pub(crate) unsafe fn dequant_rows(dtype: DType, data: &[u8], cols: usize, out: &mut [f32]) {
+    by_type!(dtype, decode_rows(data, cols, out))
+}
