@@ -310,8 +310,13 @@ pub fn dtype_from_ggml(id: u32) -> Option<DType> {
         6 => DType::Q5_0,
         7 => DType::Q5_1,
         8 => DType::Q8_0,
+        10 => DType::Q2K,
+        11 => DType::Q3K,
         12 => DType::Q4K,
+        13 => DType::Q5K,
         14 => DType::Q6K,
+        20 => DType::IQ4NL,
+        23 => DType::IQ4XS,
         30 => DType::BF16,
         _ => return None,
     })
@@ -329,6 +334,11 @@ pub fn ggml_type_of(dtype: DType) -> u32 {
         DType::Q6K => 14,
         DType::Q5_0 => 6,
         DType::Q5_1 => 7,
+        DType::Q2K => 10,
+        DType::Q3K => 11,
+        DType::Q5K => 13,
+        DType::IQ4NL => 20,
+        DType::IQ4XS => 23,
         DType::BF16 => 30,
     }
 }

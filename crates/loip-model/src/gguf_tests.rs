@@ -83,12 +83,19 @@ fn type_tables_agree() {
         DType::Q6K,
         DType::Q5_0,
         DType::Q5_1,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q5K,
+        DType::IQ4NL,
+        DType::IQ4XS,
     ] {
         let id = ggml_type_of(d);
         assert_eq!(dtype_from_ggml(id), Some(d));
         assert_eq!(ggml_type_name(id), Some(d.name()));
     }
     assert_eq!(type_label(13), "Q5_K (13)");
+    assert_eq!(type_label(16), "IQ2_XXS (16)");
+    assert_eq!(dtype_from_ggml(16), None);
     assert_eq!(dtype_from_ggml(6), Some(DType::Q5_0));
     assert_eq!(type_label(77), "unknown (77)");
 }

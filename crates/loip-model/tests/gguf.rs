@@ -216,12 +216,12 @@ fn truncated_tensor_data() {
 fn unsupported_tensor_type_is_named() {
     let mut w = GgufWriter::new();
     w.llama_metadata(&small_cfg());
-    w.tensor_raw("blk.0.attn_q.weight", 13, &[256, 4], vec![0u8; 4 * 176]);
+    w.tensor_raw("blk.0.attn_q.weight", 16, &[256, 4], vec![0u8; 4 * 66]);
     let e = parse(&w.to_bytes().unwrap()).unwrap_err();
     match &e {
         ModelError::UnsupportedTensorType { tensor, type_name } => {
             assert_eq!(tensor, "blk.0.attn_q.weight");
-            assert_eq!(type_name, "Q5_K (13)");
+            assert_eq!(type_name, "IQ2_XXS (16)");
         }
         other => panic!("{other}"),
     }

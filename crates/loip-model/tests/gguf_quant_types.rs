@@ -1,0 +1,103 @@
+//! GGUF files the project writes with every matrix in one of the extra ggml types (`Q2_K`,
+//! `Q3_K`, `Q5_K`, `IQ4_NL`, `IQ4_XS`, `Q5_0`, `Q5_1`) open, keep their type and bytes, and
+//! multiply as the kernels' scalar reference does.
+
+mod common;
+
+use common::TempDir;
+use loip_kernels::{matmul, matmul_ref, DType};
+use loip_model::gguf_write::GgufWriter;
+use loip_model::names::{suffix, EMBED_TOKENS};
+use loip_model::{layer_tensor_name, model_tensors, preset_config, Checkpoint, GgufValue};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const TYPES: [DType; 7] = [
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q5K,
+    DType::IQ4NL,
+    DType::IQ4XS,
+    DType::Q5_0,
+    DType::Q5_1,
+];
+
+/// Byte offsets of the f16 scale fields in a block of `dtype` (set to finite values).
+fn scale_fields(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q5_0 | DType::IQ4NL | DType::IQ4XS => &[0],
+        DType::Q5_1 | DType::Q5K => &[0, 2],
+        DType::Q2K => &[80, 82],
+        DType::Q3K => &[108],
+        other => panic!("{other}"),
+    }
+}
+
+fn random_blocks(dtype: DType, elems: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let mut data = vec![0u8; elems / dtype.block_elems() * dtype.block_bytes()];
+    rng.fill(&mut data[..]);
+    for b in data.chunks_exact_mut(dtype.block_bytes()) {
+        for &at in scale_fields(dtype) {
+            let v = half::f16::from_f32(rng.gen_range(-0.05f32..0.05));
+            b[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+        }
+    }
+    data
+}
+
+#[test]
+fn extra_types_load_and_multiply() {
+    let mut cfg = preset_config("tiny").unwrap();
+    // 256-element blocks: every matrix row a whole number of super-blocks
+    (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers) = (256, 512, 1);
+    (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) = (4, 2, 64);
+    cfg.tie_word_embeddings = true;
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    for dtype in TYPES {
+        let mut w = GgufWriter::new();
+        w.llama_metadata(&cfg);
+        w.kv(
+            "tokenizer.ggml.tokens",
+            GgufValue::Array(
+                (0..cfg.vocab_size)
+                    .map(|i| GgufValue::Str(format!("t{i}")))
+                    .collect(),
+            ),
+        );
+        let mut written = Vec::new();
+        for spec in model_tensors(&cfg) {
+            let gname = loip_model::gguf::hf_to_gguf_name(&spec.name).unwrap();
+            let (ty, data) = match spec.shape[..] {
+                [n] => (DType::F32, vec![0u8; 4 * n]),
+                [r, c] => (dtype, random_blocks(dtype, r * c, &mut rng)),
+                _ => unreachable!(),
+            };
+            w.tensor(gname, ty, &spec.shape, data.clone());
+            written.push((spec.name.clone(), spec.shape.clone(), data));
+        }
+        let dir = TempDir::new("quant-types");
+        let path = dir.join("m.gguf");
+        w.write(&path).unwrap();
+        let ck = Checkpoint::open(&path).unwrap();
+        for (name, shape, data) in &written {
+            let [rows, cols] = shape[..] else { continue };
+            let m = ck.matrix(name, rows, cols).unwrap();
+            assert_eq!(m.dtype, dtype, "{name}");
+            // q and k rows are permuted back from GGUF's order; the others are the bytes
+            let permuted = name.ends_with(suffix::Q_PROJ) || name.ends_with(suffix::K_PROJ);
+            if !permuted {
+                assert!(m.data == &data[..], "{dtype} {name}: bytes changed");
+            }
+            let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let (mut y, mut y_ref) = (vec![0f32; rows], vec![0f32; rows]);
+            matmul(&m, &x, &mut y).unwrap();
+            matmul_ref(&m, &x, &mut y_ref).unwrap();
+            for (a, b) in y.iter().zip(&y_ref) {
+                assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "{dtype} {name}: {a} vs {b}");
+            }
+        }
+        let down = layer_tensor_name(0, suffix::DOWN_PROJ);
+        assert_eq!(ck.tensor_info(&down).unwrap().dtype, dtype);
+        assert!(ck.has(EMBED_TOKENS));
+    }
+}
