@@ -219,7 +219,10 @@ mod tests {
     fn dequant_matches_gguf_py() {
         for (dtype, blocks, want) in FIXTURES {
             let want = f32s(want);
-            assert_eq!(blocks.len() / dtype.block_bytes() * dtype.block_elems(), want.len());
+            assert_eq!(
+                blocks.len() / dtype.block_bytes() * dtype.block_elems(),
+                want.len()
+            );
             let mut got = vec![0f32; want.len()];
             crate::dequant::dequant_into(dtype, blocks, &mut got);
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -232,7 +235,10 @@ mod tests {
                 let cols = dtype.block_elems();
                 // SAFETY: AVX2 checked; `blocks` holds want.len() / cols rows of cols elements
                 unsafe { crate::x86::quant_ext_simd::dequant_rows(dtype, blocks, cols, &mut simd) };
-                let same = simd.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same = simd
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{dtype}: AVX2 decoder differs from gguf-py");
             }
         }
@@ -275,7 +281,13 @@ mod tests {
         for dtype in types {
             let be = dtype.block_elems();
             let shapes: &[(usize, usize, usize)] = if be == 32 {
-                &[(3, 32, 1), (9, 640, 1), (7, 896, 2), (5, 96, 9), (6, 1024, 3)]
+                &[
+                    (3, 32, 1),
+                    (9, 640, 1),
+                    (7, 896, 2),
+                    (5, 96, 9),
+                    (6, 1024, 3),
+                ]
             } else {
                 &[(3, 256, 1), (9, 768, 1), (5, 1280, 2), (4, 512, 9)]
             };
@@ -288,7 +300,10 @@ mod tests {
                 let mut reference = vec![0f32; rows * n];
                 crate::matmul::matmul_ref(&w, &x, &mut reference).unwrap();
                 for (a, b) in want.iter().zip(&reference) {
-                    assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "{dtype}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
+                        "{dtype}: {a} vs {b}"
+                    );
                 }
                 for level in [Level::Avx2, Level::Avx512] {
                     if !supported(level) {

@@ -4,8 +4,8 @@
 //! Only what the forward pass of a dense Llama, Mistral, Qwen2 or Qwen3 decoder needs is kept.
 //! Each family's differences are fields here (q/k/v biases, q/k norms, a sliding window), read
 //! by the one forward pass. Settings that would change the computation in ways the engine does
-//! not implement (other biases, Qwen2's per-layer sliding window, RoPE types other than default
-//! and llama3, activations other than SiLU) are rejected here, naming the field, rather than
+//! not implement (other biases, RoPE types other than default and llama3, activations other
+//! than SiLU) are rejected here, naming the field, rather than
 //! silently ignored: the output must be exact.
 
 use serde::{Deserialize, Serialize};
@@ -248,17 +248,18 @@ impl ModelConfig {
             Arch::Qwen3 | Arch::Qwen2 => 32768,
             Arch::Mistral | Arch::Gemma3 => 131072,
         };
-        let sliding_window = match arch {
-            Arch::Mistral | Arch::Gemma3 => opt_usize(obj, "sliding_window")?,
-            _ => None,
-        };
         let num_layers = req_usize(obj, "num_hidden_layers")?;
-        let (sliding_layers, query_pre_attn_scalar) = match arch {
-            Arch::Gemma3 => (
-                gemma_sliding_layers(obj, num_layers)?,
-                Some(opt_f32(obj, "query_pre_attn_scalar")?.unwrap_or(head_dim as f32)),
-            ),
-            _ => (Vec::new(), None),
+        let (sliding_window, mut sliding_layers) = match arch {
+            Arch::Mistral | Arch::Gemma3 => (opt_usize(obj, "sliding_window")?, Vec::new()),
+            Arch::Qwen2 | Arch::Qwen3 => qwen_sliding(obj, num_layers)?,
+            Arch::Llama => (None, Vec::new()),
+        };
+        let query_pre_attn_scalar = match arch {
+            Arch::Gemma3 => {
+                sliding_layers = gemma_sliding_layers(obj, num_layers)?;
+                Some(opt_f32(obj, "query_pre_attn_scalar")?.unwrap_or(head_dim as f32))
+            }
+            _ => None,
         };
         let rope_local_theta = match arch {
             Arch::Gemma3 => Some(rope_local_theta.unwrap_or(10000.0)),
@@ -342,12 +343,15 @@ impl ModelConfig {
         if let Some(w) = self.sliding_window {
             m.insert("sliding_window".into(), Value::from(w));
         }
-        if !self.sliding_layers.is_empty() {
-            let types: Vec<&str> = self
-                .sliding_layers
-                .iter()
-                .map(|&s| {
-                    if s {
+        let qwen = matches!(self.arch, Arch::Qwen2 | Arch::Qwen3);
+        if qwen && self.sliding_window.is_some() {
+            // Qwen reads the window only with `use_sliding_window`, per layer from `layer_types`
+            m.insert("use_sliding_window".into(), Value::from(true));
+        }
+        if !self.sliding_layers.is_empty() || (qwen && self.sliding_window.is_some()) {
+            let types: Vec<&str> = (0..self.num_layers)
+                .map(|l| {
+                    if self.is_sliding_layer(l) {
                         "sliding_attention"
                     } else {
                         "full_attention"
@@ -502,25 +506,23 @@ impl ModelConfig {
                     "must be greater than 0",
                 ))
             }
-            Some(_) if !matches!(self.arch, Arch::Mistral | Arch::Gemma3) => {
+            Some(_) if self.arch == Arch::Llama => {
                 return Err(ModelError::config(
                     "sliding_window",
-                    format!(
-                        "arch {} has no sliding window here (mistral, gemma3 only)",
-                        self.arch
-                    ),
+                    format!("arch {} has no sliding window here", self.arch),
                 ))
             }
             _ => {}
         }
         let gemma = self.arch == Arch::Gemma3;
+        let per_layer = matches!(self.arch, Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3);
         if !self.sliding_layers.is_empty()
-            && (!gemma || self.sliding_layers.len() != self.num_layers)
+            && (!per_layer || self.sliding_layers.len() != self.num_layers)
         {
             return Err(ModelError::config(
                 "sliding_layers",
                 format!(
-                    "{} layer types for {} layers of arch {} (gemma3 only, one per layer)",
+                    "{} layer types for {} layers of arch {} (gemma3, qwen2, qwen3; one per layer)",
                     self.sliding_layers.len(),
                     self.num_layers,
                     self.arch
@@ -663,6 +665,18 @@ impl ModelConfig {
     }
 }
 
+/// The error for a multimodal Gemma 3 checkpoint (`model_type` `gemma3`: a vision tower and
+/// a `text_config`), which is not read: its text model loads from a `gemma3_text` checkpoint
+/// or a GGUF `gemma3` file.
+fn multimodal_gemma3() -> ModelError {
+    ModelError::config(
+        "model_type",
+        "gemma3 is the multimodal Gemma 3 (vision tower + text_config), which is not supported: \
+         only its text model runs, from a gemma3_text checkpoint (Gemma3ForCausalLM) or a GGUF \
+         gemma3 file",
+    )
+}
+
 fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
     if let Some(mt) = obj.get("model_type").filter(|v| !v.is_null()) {
         let mt = mt.as_str().ok_or_else(|| {
@@ -674,6 +688,7 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
             "qwen3" => Ok(Arch::Qwen3),
             "qwen2" => Ok(Arch::Qwen2),
             "mistral" => Ok(Arch::Mistral),
+            "gemma3" => Err(multimodal_gemma3()),
             other => Err(ModelError::UnknownArch(other.to_string())),
         };
     }
@@ -694,6 +709,7 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
         "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
         "MistralForCausalLM" => Ok(Arch::Mistral),
         "Gemma3ForCausalLM" => Ok(Arch::Gemma3),
+        "Gemma3ForConditionalGeneration" => Err(multimodal_gemma3()),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }
 }
@@ -709,16 +725,6 @@ fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(
         if opt_bool(obj, key)? == Some(true) {
             return Err(ModelError::config(key, "biases are not supported"));
         }
-    }
-    // Qwen2/3 slide only from `max_window_layers` on: not implemented. Mistral's window covers
-    // every layer and is read as `sliding_window`.
-    if matches!(arch, Arch::Qwen3 | Arch::Qwen2)
-        && opt_bool(obj, "use_sliding_window")? == Some(true)
-    {
-        return Err(ModelError::config(
-            "use_sliding_window",
-            "per-layer sliding-window attention is not supported for qwen",
-        ));
     }
     if arch == Arch::Gemma3 {
         for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
@@ -749,7 +755,13 @@ fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(
         }
         return Ok(());
     }
-    if let Some(types) = obj.get("layer_types").and_then(Value::as_array) {
+    // Qwen2/3 layer types are read with the window (`qwen_sliding`)
+    let qwen = matches!(arch, Arch::Qwen3 | Arch::Qwen2);
+    if let Some(types) = obj
+        .get("layer_types")
+        .and_then(Value::as_array)
+        .filter(|_| !qwen)
+    {
         if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
             return Err(ModelError::config(
                 "layer_types",
@@ -768,27 +780,80 @@ fn reject_unsupported_features(obj: &Map<String, Value>, arch: Arch) -> Result<(
     Ok(())
 }
 
+/// `layer_types` ("sliding_attention" → `true` / "full_attention" → `false`), if present.
+fn layer_types(obj: &Map<String, Value>) -> Result<Option<Vec<bool>>, ModelError> {
+    let Some(types) = obj.get("layer_types").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let types = types
+        .as_array()
+        .ok_or_else(|| ModelError::config("layer_types", "expected a list"))?;
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("sliding_attention") => Ok(true),
+            Some("full_attention") => Ok(false),
+            _ => Err(ModelError::config(
+                "layer_types",
+                format!("layer type {t} is not supported"),
+            )),
+        })
+        .collect::<Result<Vec<bool>, ModelError>>()
+        .map(Some)
+}
+
+/// Qwen2/Qwen3's window, as HF's `Qwen2Config` reads it: `sliding_window` only when
+/// `use_sliding_window` is true; then per layer from `layer_types`, else on the layers from
+/// `max_window_layers` (default 28) on. Returns `(window, per-layer flags)`, the flags empty
+/// when every layer is alike (the window `None` when no layer slides).
+fn qwen_sliding(
+    obj: &Map<String, Value>,
+    num_layers: usize,
+) -> Result<(Option<usize>, Vec<bool>), ModelError> {
+    let types = layer_types(obj)?;
+    let window = match opt_bool(obj, "use_sliding_window")? {
+        Some(true) => opt_usize(obj, "sliding_window")?,
+        _ => None,
+    };
+    let Some(window) = window else {
+        return Ok((None, Vec::new()));
+    };
+    let layers = match types {
+        Some(t) => t,
+        None if num_layers > MAX_NUM_LAYERS => {
+            return Err(ModelError::config(
+                "num_hidden_layers",
+                format!("{num_layers} is above {MAX_NUM_LAYERS}"),
+            ))
+        }
+        None => {
+            let from = opt_usize(obj, "max_window_layers")?.unwrap_or(28);
+            (0..num_layers).map(|i| i >= from).collect()
+        }
+    };
+    if layers.len() != num_layers {
+        return Err(ModelError::config(
+            "layer_types",
+            format!("{} layer types for {num_layers} layers", layers.len()),
+        ));
+    }
+    Ok(if layers.iter().all(|&s| s) {
+        (Some(window), Vec::new())
+    } else if layers.iter().any(|&s| s) {
+        (Some(window), layers)
+    } else {
+        (None, Vec::new())
+    })
+}
+
 /// Gemma 3's per-layer attention kinds: `layer_types` ("sliding_attention" /
 /// "full_attention"), else `sliding_window_pattern` P (every P-th layer full), else 6.
 fn gemma_sliding_layers(
     obj: &Map<String, Value>,
     num_layers: usize,
 ) -> Result<Vec<bool>, ModelError> {
-    if let Some(types) = obj.get("layer_types").filter(|v| !v.is_null()) {
-        let types = types
-            .as_array()
-            .ok_or_else(|| ModelError::config("layer_types", "expected a list"))?;
-        return types
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("sliding_attention") => Ok(true),
-                Some("full_attention") => Ok(false),
-                _ => Err(ModelError::config(
-                    "layer_types",
-                    format!("layer type {t} is not supported"),
-                )),
-            })
-            .collect();
+    if let Some(types) = layer_types(obj)? {
+        return Ok(types);
     }
     let pattern = match opt_usize(obj, "sliding_window_pattern")? {
         Some(p) => p,

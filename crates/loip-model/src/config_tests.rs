@@ -162,11 +162,16 @@ fn qwen2_biases_and_mistral_window() {
     .unwrap();
     q.validate().unwrap();
     assert!(q.attn_bias && !q.qk_norm && q.sliding_window.is_none());
-    let e = cfg("qwen2", r#", "use_sliding_window": true"#).unwrap_err();
-    assert!(e.to_string().contains("use_sliding_window"), "{e}");
-    let e = cfg(
+    // layer types alone change nothing: HF reads the window only with use_sliding_window
+    let t = cfg(
         "qwen2",
         r#", "layer_types": ["full_attention", "sliding_attention"]"#,
+    )
+    .unwrap();
+    assert_eq!((t.layer_window(0), t.layer_window(1)), (None, None));
+    let e = cfg(
+        "qwen2",
+        r#", "layer_types": ["full_attention", "chunked_attention"]"#,
     )
     .unwrap_err();
     assert!(e.to_string().contains("layer_types"), "{e}");
@@ -265,5 +270,94 @@ fn hf_json_round_trip() {
         let c = ModelConfig::from_hf_json(text).unwrap();
         let back = ModelConfig::from_hf_json(&c.to_hf_json("bfloat16")).unwrap();
         assert_eq!(c, back);
+    }
+}
+
+/// Qwen2/Qwen3 `use_sliding_window`, read as HF's `Qwen2Config` does: the window applies to
+/// the layers from `max_window_layers` on (default 28), or to those `layer_types` names; it
+/// survives the `config.json` round trip; other architectures and shapes are refused.
+#[test]
+fn qwen_sliding_window_per_layer() {
+    let base = r#"{"model_type": "MT", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256X}"#;
+    let cfg = |mt: &str, extra: &str| {
+        ModelConfig::from_hf_json(&base.replace("MT", mt).replace('X', extra))
+    };
+    let windows = |c: &ModelConfig| {
+        (0..c.num_layers)
+            .map(|l| c.layer_window(l))
+            .collect::<Vec<_>>()
+    };
+    for mt in ["qwen2", "qwen3"] {
+        let on = r#", "use_sliding_window": true, "sliding_window": 8"#;
+        let c = cfg(mt, &format!(r#"{on}, "max_window_layers": 2"#)).unwrap();
+        c.validate().unwrap();
+        assert_eq!(windows(&c), [None, None, Some(8), Some(8)], "{mt}");
+        assert!(c.is_sliding_layer(3) && !c.is_sliding_layer(1));
+        let back = ModelConfig::from_hf_json(&c.to_hf_json("float32")).unwrap();
+        assert_eq!(back, c, "{mt} round trip");
+        // every layer slides: one window, no per-layer list; it round-trips too
+        let all = cfg(mt, &format!(r#"{on}, "max_window_layers": 0"#)).unwrap();
+        assert_eq!((all.sliding_window, all.sliding_layers.len()), (Some(8), 0));
+        assert_eq!(
+            ModelConfig::from_hf_json(&all.to_hf_json("float32")).unwrap(),
+            all
+        );
+        // the default max_window_layers (28) leaves these 4 layers full
+        let none = cfg(mt, on).unwrap();
+        assert_eq!((none.sliding_window, none.sliding_layers.len()), (None, 0));
+        // off, or no window: full attention whatever the rest says
+        let off = cfg(
+            mt,
+            r#", "use_sliding_window": false, "sliding_window": 8, "max_window_layers": 0"#,
+        )
+        .unwrap();
+        assert_eq!(off.sliding_window, None);
+        let null = cfg(
+            mt,
+            r#", "use_sliding_window": true, "sliding_window": null, "max_window_layers": 0"#,
+        )
+        .unwrap();
+        assert_eq!(null.sliding_window, None);
+        // explicit layer types win over max_window_layers
+        let t = cfg(
+            mt,
+            &format!(
+                r#"{on}, "max_window_layers": 0, "layer_types":
+                ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]"#
+            ),
+        )
+        .unwrap();
+        assert_eq!(windows(&t), [Some(8), None, Some(8), None]);
+        let e = cfg(mt, &format!(r#"{on}, "layer_types": ["full_attention"]"#)).unwrap_err();
+        assert!(e.to_string().contains("layer_types"), "{e}");
+        let e = cfg(
+            mt,
+            r#", "use_sliding_window": true, "sliding_window": 0, "max_window_layers": 0"#,
+        )
+        .unwrap()
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("sliding_window"), "{e}");
+    }
+    let mut llama = cfg("llama", "").unwrap();
+    llama.sliding_window = Some(8);
+    assert!(llama
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("sliding_window"));
+}
+
+/// A multimodal Gemma 3 `config.json` is refused with an error that says what is and is not
+/// supported, by `model_type` or by `architectures[0]`.
+#[test]
+fn multimodal_gemma3_is_refused_honestly() {
+    for text in [
+        r#"{"model_type": "gemma3", "text_config": {"hidden_size": 640}, "vision_config": {}}"#,
+        r#"{"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {}}"#,
+    ] {
+        let e = ModelConfig::from_hf_json(text).unwrap_err().to_string();
+        assert!(e.contains("multimodal") && e.contains("gemma3_text"), "{e}");
     }
 }

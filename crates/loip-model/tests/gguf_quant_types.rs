@@ -93,7 +93,10 @@ fn extra_types_load_and_multiply() {
             matmul(&m, &x, &mut y).unwrap();
             matmul_ref(&m, &x, &mut y_ref).unwrap();
             for (a, b) in y.iter().zip(&y_ref) {
-                assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "{dtype} {name}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
+                    "{dtype} {name}: {a} vs {b}"
+                );
             }
         }
         let down = layer_tensor_name(0, suffix::DOWN_PROJ);

@@ -140,7 +140,12 @@ impl Decode for Q2K {
         let m3 = _mm256_set1_epi32(3);
         for n in 0..2 {
             let q = p.add(16 + 32 * n);
-            let qv = [bytes8(q), bytes8(q.add(8)), bytes8(q.add(16)), bytes8(q.add(24))];
+            let qv = [
+                bytes8(q),
+                bytes8(q.add(8)),
+                bytes8(q.add(16)),
+                bytes8(q.add(24)),
+            ];
             for j in 0..4 {
                 for h in 0..2 {
                     let sc = *p.add(8 * n + 2 * j + h);
@@ -164,7 +169,12 @@ impl Decode for Q3K {
     unsafe fn decode(p: *const u8, out: *mut f32) {
         let d = f16_at(p.add(108));
         let scales = scales_q3k(std::slice::from_raw_parts(p.add(96), 12));
-        let hm = [bytes8(p), bytes8(p.add(8)), bytes8(p.add(16)), bytes8(p.add(24))];
+        let hm = [
+            bytes8(p),
+            bytes8(p.add(8)),
+            bytes8(p.add(16)),
+            bytes8(p.add(24)),
+        ];
         let (m3, c4, zero) = (
             _mm256_set1_epi32(3),
             _mm256_set1_epi32(4),
@@ -172,7 +182,12 @@ impl Decode for Q3K {
         );
         for n in 0..2 {
             let q = p.add(32 + 32 * n);
-            let qv = [bytes8(q), bytes8(q.add(8)), bytes8(q.add(16)), bytes8(q.add(24))];
+            let qv = [
+                bytes8(q),
+                bytes8(q.add(8)),
+                bytes8(q.add(16)),
+                bytes8(q.add(24)),
+            ];
             for j in 0..4 {
                 let bit = _mm256_set1_epi32(1 << (4 * n + j));
                 for h in 0..2 {
@@ -201,11 +216,21 @@ impl Decode for Q5K {
         let (d, min) = (f16_at(p), f16_at(p.add(2)));
         let scales = std::slice::from_raw_parts(p.add(4), 12);
         let qh = p.add(16);
-        let qhv = [bytes8(qh), bytes8(qh.add(8)), bytes8(qh.add(16)), bytes8(qh.add(24))];
+        let qhv = [
+            bytes8(qh),
+            bytes8(qh.add(8)),
+            bytes8(qh.add(16)),
+            bytes8(qh.add(24)),
+        ];
         let (m4, one) = (_mm256_set1_epi32(0xF), _mm256_set1_epi32(1));
         for c in 0..4 {
             let ql = p.add(48 + 32 * c);
-            let qv = [bytes8(ql), bytes8(ql.add(8)), bytes8(ql.add(16)), bytes8(ql.add(24))];
+            let qv = [
+                bytes8(ql),
+                bytes8(ql.add(8)),
+                bytes8(ql.add(16)),
+                bytes8(ql.add(24)),
+            ];
             for h in 0..2 {
                 let (sc, m) = scale_min_k4(2 * c + h, scales);
                 let (dl, ml) = (d * sc as f32, min * m as f32);
@@ -406,7 +431,13 @@ unsafe fn decode_rows<D: Decode>(data: &[u8], cols: usize, out: &mut [f32]) {
 pub(crate) fn handles(dtype: DType) -> bool {
     matches!(
         dtype,
-        DType::Q5_0 | DType::Q5_1 | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4NL | DType::IQ4XS
+        DType::Q5_0
+            | DType::Q5_1
+            | DType::Q2K
+            | DType::Q3K
+            | DType::Q5K
+            | DType::IQ4NL
+            | DType::IQ4XS
     )
 }
 
