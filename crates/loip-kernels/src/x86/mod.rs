@@ -4,6 +4,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod avx512_act;
 pub(crate) mod gemm;
+pub(crate) mod quant_ext_avx512;
 pub(crate) mod quant_ext_simd;
 
 /// Software prefetch of the `bytes` bytes at `p` into L2, one request per 64-byte line (into

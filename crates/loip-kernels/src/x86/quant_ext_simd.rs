@@ -3,12 +3,12 @@
 //!
 //! Each type has a 256-bit decoder that writes a block's exact values (those of the scalar
 //! references, by the same integer unpacking and the same f32 operations; a product with an
-//! exact `q · d` may be fused with the following add) to a small buffer in L1. The dot kernels
-//! decode a 256-element segment of a row at a time and feed it to the canonical accumulators
-//! of their level (AVX-512: 4 × 16 lanes, four rows per activation load; AVX2: 4 × 2 × 8
-//! lanes), in the canonical order of [`crate::canon`]: every level gives the portable path's
-//! bits. Batches (n > 1) decode each row once and take the level's canonical f32 dot per token;
-//! the AVX2 tiled kernel takes the decoded rows from [`dequant_rows`].
+//! exact `q · d` may be fused with the following add) to a small buffer in L1. The AVX2 dot
+//! kernel decodes a 256-element segment of a row at a time and feeds it to its canonical
+//! accumulators (4 × 2 × 8 lanes) in the canonical order of [`crate::canon`]; single-token
+//! AVX-512 calls dequantize in registers instead (`quant_ext_avx512.rs`). Every level gives the
+//! portable path's bits. Batches (n > 1) decode each row once and take the level's canonical
+//! f32 dot per token; the AVX2 tiled kernel takes the decoded rows from [`dequant_rows`].
 //!
 //! Safety: every `unsafe fn` here requires AVX2, FMA and F16C (and AVX-512F for the `512`
 //! kernels), checked by [`crate::simd`], and the buffer lengths stated in its docs.
@@ -27,7 +27,7 @@ use std::ptr::read_unaligned;
 use super::avx2::{f16_scalar as f16_at, u8x8 as bytes8};
 
 /// A stored type decoded one block at a time.
-trait Decode {
+pub(super) trait Decode {
     /// elements per block (32 or 256)
     const ELEMS: usize;
     /// bytes per block
@@ -49,7 +49,7 @@ unsafe fn affine_store(out: *mut f32, q: __m256i, d: f32, m: f32) {
     _mm256_storeu_ps(out, v);
 }
 
-struct Q5<const MIN: bool>;
+pub(super) struct Q5<const MIN: bool>;
 impl<const MIN: bool> Decode for Q5<MIN> {
     const ELEMS: usize = 32;
     const BYTES: usize = if MIN { 24 } else { 22 };
@@ -105,7 +105,7 @@ unsafe fn iq4_block(d: f32, qs: *const u8, out: *mut f32) {
     put(24, _mm_srli_si128(hi, 8));
 }
 
-struct IQ4NL;
+pub(super) struct IQ4NL;
 impl Decode for IQ4NL {
     const ELEMS: usize = 32;
     const BYTES: usize = 18;
@@ -115,7 +115,7 @@ impl Decode for IQ4NL {
     }
 }
 
-struct IQ4XS;
+pub(super) struct IQ4XS;
 impl Decode for IQ4XS {
     const ELEMS: usize = 256;
     const BYTES: usize = 136;
@@ -130,7 +130,7 @@ impl Decode for IQ4XS {
     }
 }
 
-struct Q2K;
+pub(super) struct Q2K;
 impl Decode for Q2K {
     const ELEMS: usize = 256;
     const BYTES: usize = 84;
@@ -161,7 +161,7 @@ impl Decode for Q2K {
     }
 }
 
-struct Q3K;
+pub(super) struct Q3K;
 impl Decode for Q3K {
     const ELEMS: usize = 256;
     const BYTES: usize = 110;
@@ -207,7 +207,7 @@ impl Decode for Q3K {
     }
 }
 
-struct Q5K;
+pub(super) struct Q5K;
 impl Decode for Q5K {
     const ELEMS: usize = 256;
     const BYTES: usize = 176;
@@ -248,9 +248,9 @@ impl Decode for Q5K {
 /// Elements per decoded segment (a multiple of every block size).
 const SEG: usize = 256;
 
-/// `R` decoded segments, 64-byte aligned.
+/// One decoded segment, 64-byte aligned.
 #[repr(align(64))]
-struct Segs<const R: usize>([[MaybeUninit<f32>; SEG]; R]);
+struct Seg([MaybeUninit<f32>; SEG]);
 
 /// Decodes the `elems` elements (whole blocks) at `p` into `out`.
 #[inline(always)]
@@ -260,72 +260,13 @@ unsafe fn decode_run<D: Decode>(p: *const u8, elems: usize, out: *mut f32) {
     }
 }
 
-/// Canonical dots of R rows of `D` (`cols` elements, a multiple of 32) with one activation
-/// row; `dist` is the prefetch distance in bytes (the next tile of rows).
-#[inline(always)]
-unsafe fn dot512<D: Decode, const R: usize>(
-    rows: [*const u8; R],
-    cols: usize,
-    x: *const f32,
-    dist: usize,
-) -> [f32; R] {
-    let mut acc = [[_mm512_setzero_ps(); 4]; R];
-    let mut buf = Segs::<R>([[MaybeUninit::uninit(); SEG]; R]);
-    let mut e = 0;
-    while e < cols {
-        let len = SEG.min(cols - e);
-        let off = e / D::ELEMS * D::BYTES;
-        for (row, seg) in rows.iter().zip(buf.0.iter_mut()) {
-            super::prefetch(row.wrapping_add(dist + off), len / D::ELEMS * D::BYTES);
-            decode_run::<D>(row.add(off), len, seg.as_mut_ptr() as *mut f32);
-        }
-        let w = |r: usize, i: usize| _mm512_loadu_ps((buf.0[r].as_ptr() as *const f32).add(i));
-        // whole 64-element chunks: groups 4c .. 4c + 4 -> accumulators 0..4
-        for c in 0..len / 64 {
-            let xv: [__m512; 4] =
-                std::array::from_fn(|i| _mm512_loadu_ps(x.add(e + 64 * c + 16 * i)));
-            for (r, a) in acc.iter_mut().enumerate() {
-                for i in 0..4 {
-                    a[i] = _mm512_fmadd_ps(w(r, 64 * c + 16 * i), xv[i], a[i]);
-                }
-            }
-        }
-        // a last 32 elements (only at the row's end): accumulators 0, 1
-        if len % 64 != 0 {
-            let c = len / 64;
-            for i in 0..2 {
-                let xv = _mm512_loadu_ps(x.add(e + 64 * c + 16 * i));
-                for (r, a) in acc.iter_mut().enumerate() {
-                    a[i] = _mm512_fmadd_ps(w(r, 64 * c + 16 * i), xv, a[i]);
-                }
-            }
-        }
-        e += len;
-    }
-    // (acc0 + acc2) + (acc1 + acc3), then the lane tree, four rows at a time
-    let v: [__m512; R] = std::array::from_fn(|r| {
-        let a = &acc[r];
-        _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
-    });
-    let mut out = [0f32; R];
-    for r0 in (0..R).step_by(4) {
-        let four: [__m512; 4] = std::array::from_fn(|i| v[(r0 + i).min(R - 1)]);
-        let mut s = [0f32; 4];
-        _mm_storeu_ps(s.as_mut_ptr(), super::avx512::reduce4(four));
-        for i in 0..4.min(R - r0) {
-            out[r0 + i] = s[i];
-        }
-    }
-    out
-}
-
 /// Canonical dot of one row of `D` with one activation row (AVX2 accumulators: `acc[2i]`,
 /// `acc[2i + 1]` are the halves of canonical accumulator `i`).
 #[inline(always)]
 unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: usize) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 8];
-    let mut buf = Segs::<1>([[MaybeUninit::uninit(); SEG]; 1]);
-    let seg = buf.0[0].as_mut_ptr() as *mut f32;
+    let mut buf = Seg([MaybeUninit::uninit(); SEG]);
+    let seg = buf.0.as_mut_ptr() as *mut f32;
     let mut e = 0;
     while e < cols {
         let len = SEG.min(cols - e);
@@ -375,7 +316,7 @@ unsafe fn rows_decoded<D: Decode>(
 }
 
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn rows512<D: Decode>(
+unsafe fn rows512<D: super::quant_ext_avx512::Fused>(
     data: &[u8],
     rb: usize,
     cols: usize,
@@ -392,12 +333,17 @@ unsafe fn rows512<D: Decode>(
     let p = |r: usize| data.as_ptr().add(r * rb);
     let mut r = 0;
     while r + T <= rows {
-        let d = dot512::<D, T>(std::array::from_fn(|i| p(r + i)), cols, x.as_ptr(), T * rb);
+        let d = super::quant_ext_avx512::dot::<D, T>(
+            std::array::from_fn(|i| p(r + i)),
+            cols,
+            x.as_ptr(),
+            T * rb,
+        );
         out[r..r + T].copy_from_slice(&d);
         r += T;
     }
-    for r in r..rows {
-        out[r] = dot512::<D, 1>([p(r)], cols, x.as_ptr(), rb)[0];
+    for (i, o) in out[r..].iter_mut().enumerate() {
+        *o = super::quant_ext_avx512::dot::<D, 1>([p(r + i)], cols, x.as_ptr(), rb)[0];
     }
 }
 
