@@ -240,7 +240,8 @@ pub fn matmul_ref(w: &Matrix, x: &[f32], y: &mut [f32]) -> Result<(), KernelErro
 /// Dequantizes row `r` of `w` into `out` (`out.len() == w.cols`), exactly as ggml / Hugging
 /// Face do: `Q8_0` `q·d`; `Q4_0` `(q − 8)·d`; `Q4_1` `q·d + m` (low nibbles are elements
 /// 0..16 of a block, high nibbles 16..32); `Q4_K` `(d·sc)·q − dmin·m` with ggml's 6-bit
-/// scales; `Q6_K` `(d·sc)·(q − 32)`; f16/bf16 widened exactly.
+/// scales; `Q6_K` `(d·sc)·(q − 32)`; `Q5_0`, `Q5_1`, `Q2_K`, `Q3_K`, `Q5_K`, `IQ4_NL`, `IQ4_XS`
+/// as ggml's `dequantize_row_*`; f16/bf16 widened exactly.
 ///
 /// # Errors
 /// [`KernelError`] if `w` is inconsistent, `r >= w.rows` or `out.len() != w.cols`.
