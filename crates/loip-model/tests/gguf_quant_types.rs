@@ -104,3 +104,32 @@ fn extra_types_load_and_multiply() {
         assert!(ck.has(EMBED_TOKENS));
     }
 }
+
+/// A row that is not whole blocks of an extra type, or data shorter than its shape, is a clear
+/// error naming the tensor and type, not a panic.
+#[test]
+fn extra_type_shapes_are_checked() {
+    use loip_model::gguf::GgufFile;
+    for dtype in TYPES {
+        let id = loip_model::gguf::ggml_type_of(dtype);
+        let be = dtype.block_elems();
+        let mut w = GgufWriter::new();
+        w.tensor_raw(
+            "a",
+            id,
+            &[(be + 16) as u64, 2],
+            vec![0u8; 4 * dtype.block_bytes()],
+        );
+        let e = GgufFile::parse(&w.to_bytes().unwrap(), std::path::Path::new("x.gguf"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tensor a") && e.contains(dtype.name()), "{e}");
+        let mut w = GgufWriter::new();
+        // 8 blocks announced, 1 stored (more than the alignment padding short)
+        w.tensor_raw("b", id, &[be as u64, 8], vec![0u8; dtype.block_bytes()]);
+        assert!(
+            GgufFile::parse(&w.to_bytes().unwrap(), std::path::Path::new("x.gguf")).is_err(),
+            "{dtype}: short data accepted"
+        );
+    }
+}
