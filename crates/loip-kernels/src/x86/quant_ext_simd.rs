@@ -34,6 +34,22 @@ pub(super) trait Decode {
     const BYTES: usize;
     /// Writes the `ELEMS` exact values of the block at `p` to `out`.
     unsafe fn decode(p: *const u8, out: *mut f32);
+    /// Whether [`Decode::octets`] is implemented (32-element types: the AVX2 dot then takes
+    /// the values in registers).
+    const OCTETS: bool = false;
+    /// The 32 values of the block at `p` as 4 × 8 lanes.
+    #[inline(always)]
+    unsafe fn octets(_p: *const u8) -> [__m256; 4] {
+        unreachable!("no register decoder")
+    }
+}
+
+/// Stores 4 × 8 values at `out`.
+#[inline(always)]
+unsafe fn store4(out: *mut f32, v: [__m256; 4]) {
+    for (o, vo) in v.iter().enumerate() {
+        _mm256_storeu_ps(out.add(8 * o), *vo);
+    }
 }
 
 /// `v >> s` per 32-bit lane, `s` the same for all lanes.
@@ -55,54 +71,75 @@ impl<const MIN: bool> Decode for Q5<MIN> {
     const BYTES: usize = if MIN { 24 } else { 22 };
     #[inline(always)]
     unsafe fn decode(p: *const u8, out: *mut f32) {
+        store4(out, Self::octets(p))
+    }
+    const OCTETS: bool = true;
+    #[inline(always)]
+    unsafe fn octets(p: *const u8) -> [__m256; 4] {
         let off = if MIN { 4 } else { 2 };
         let d = _mm256_set1_ps(f16_at(p));
-        let m = _mm256_set1_ps(if MIN { f16_at(p.add(2)) } else { 0.0 });
+        // the 32 high bits as bytes 0xFF / 0x00: byte j takes qh byte j / 8, then every bit
+        // but j % 8 is set and the byte compared with all ones
         let qh = _mm256_set1_epi32(read_unaligned(p.add(off) as *const u32) as i32);
-        let qs = p.add(off + 4);
-        let (m4, one) = (_mm256_set1_epi32(0xF), _mm256_set1_epi32(1));
-        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        for o in 0..4 {
-            // elements 8o .. 8o + 8: nibbles of bytes 8(o % 2) .., high bits 8o ..
-            let b = bytes8(qs.add(8 * (o % 2)));
-            let nib = if o < 2 {
-                _mm256_and_si256(b, m4)
-            } else {
-                _mm256_srli_epi32(b, 4)
-            };
-            let sh = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * o as i32));
-            let hb = _mm256_and_si256(_mm256_srlv_epi32(qh, sh), one);
-            let q = _mm256_or_si256(nib, _mm256_slli_epi32(hb, 4));
-            let v = if MIN {
-                // q * d exact: one rounding, like q * d + m
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m)
-            } else {
-                let c16 = _mm256_set1_epi32(16);
-                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, c16)), d)
-            };
-            _mm256_storeu_ps(out.add(8 * o), v);
+        let spread = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let others = _mm256_set1_epi64x(0x7FBF_DFEF_F7FB_FDFE);
+        let set = _mm256_cmpeq_epi8(
+            _mm256_or_si256(_mm256_shuffle_epi8(qh, spread), others),
+            _mm256_set1_epi8(-1),
+        );
+        // the 5-bit values as bytes: low nibbles are elements 0..16, high nibbles 16..32
+        let qs = _mm_loadu_si128(p.add(off + 4) as *const __m128i);
+        let m4 = _mm_set1_epi8(0xF);
+        let nib = _mm256_set_m128i(
+            _mm_and_si128(_mm_srli_epi16(qs, 4), m4),
+            _mm_and_si128(qs, m4),
+        );
+        let q = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        // Q5_0: q - 16 as a signed byte
+        let q = if MIN {
+            q
+        } else {
+            _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+        };
+        let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        let parts = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+        let mut w = [_mm256_setzero_ps(); 4];
+        if MIN {
+            // q * d exact: one rounding, like q * d + m
+            let m = _mm256_set1_ps(f16_at(p.add(2)));
+            for (wo, v) in w.iter_mut().zip(parts) {
+                *wo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d, m);
+            }
+        } else {
+            for (wo, v) in w.iter_mut().zip(parts) {
+                *wo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+            }
         }
+        w
     }
 }
 
 /// One 32-element IQ4 block of scale `d` over the 16 bytes at `qs`: table lookups by byte
 /// shuffle, then `d * value` (exact).
 #[inline(always)]
-unsafe fn iq4_block(d: f32, qs: *const u8, out: *mut f32) {
+unsafe fn iq4_octets(d: f32, qs: *const u8) -> [__m256; 4] {
     let table = _mm_loadu_si128(IQ4_TABLE.as_ptr() as *const __m128i);
     let q = _mm_loadu_si128(qs as *const __m128i);
     let m4 = _mm_set1_epi8(0xF);
     let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
     let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
     let d = _mm256_set1_ps(d);
-    let put = |at: usize, v: __m128i| {
-        let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-        _mm256_storeu_ps(out.add(at), _mm256_mul_ps(d, f));
-    };
-    put(0, lo);
-    put(8, _mm_srli_si128(lo, 8));
-    put(16, hi);
-    put(24, _mm_srli_si128(hi, 8));
+    let v = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+    let mut w = [_mm256_setzero_ps(); 4];
+    for (wo, vo) in w.iter_mut().zip(v) {
+        *wo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(vo)));
+    }
+    w
 }
 
 pub(super) struct IQ4NL;
@@ -111,7 +148,12 @@ impl Decode for IQ4NL {
     const BYTES: usize = 18;
     #[inline(always)]
     unsafe fn decode(p: *const u8, out: *mut f32) {
-        iq4_block(f16_at(p), p.add(2), out)
+        store4(out, Self::octets(p))
+    }
+    const OCTETS: bool = true;
+    #[inline(always)]
+    unsafe fn octets(p: *const u8) -> [__m256; 4] {
+        iq4_octets(f16_at(p), p.add(2))
     }
 }
 
@@ -125,7 +167,7 @@ impl Decode for IQ4XS {
         let blk = std::slice::from_raw_parts(p, 8);
         for i in 0..8 {
             let dl = d * (scale_iq4xs(blk, i) - 32) as f32;
-            iq4_block(dl, p.add(8 + 16 * i), out.add(32 * i));
+            store4(out.add(32 * i), iq4_octets(dl, p.add(8 + 16 * i)));
         }
     }
 }
@@ -265,6 +307,29 @@ unsafe fn decode_run<D: Decode>(p: *const u8, elems: usize, out: *mut f32) {
 #[inline(always)]
 unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: usize) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 8];
+    if D::OCTETS {
+        // values in registers, a block pair (64 elements: acc[0..8]) at a time
+        let pairs = cols / 64;
+        for u in 0..pairs {
+            let p = row.add(2 * u * D::BYTES);
+            super::prefetch(p.wrapping_add(dist), 2 * D::BYTES);
+            let (a, b) = (D::octets(p), D::octets(p.add(D::BYTES)));
+            let w = [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]];
+            for (h, wh) in w.iter().enumerate() {
+                let xv = _mm256_loadu_ps(x.add(64 * u + 8 * h));
+                acc[h] = _mm256_fmadd_ps(*wh, xv, acc[h]);
+            }
+        }
+        if cols % 64 != 0 {
+            // the last block: canonical groups 4c, 4c + 1 -> acc[0..4]
+            let a = D::octets(row.add(2 * pairs * D::BYTES));
+            for (h, wh) in a.iter().enumerate() {
+                let xv = _mm256_loadu_ps(x.add(64 * pairs + 8 * h));
+                acc[h] = _mm256_fmadd_ps(*wh, xv, acc[h]);
+            }
+        }
+        return super::avx2::reduce(&acc);
+    }
     let mut buf = Seg([MaybeUninit::uninit(); SEG]);
     let seg = buf.0.as_mut_ptr() as *mut f32;
     let mut e = 0;
