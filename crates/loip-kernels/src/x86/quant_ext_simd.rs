@@ -18,7 +18,7 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use crate::dequant::scale_min_k4;
+use crate::dequant::unpack_scales_k4;
 use crate::dtype::DType;
 use crate::quant_k_ext::{scale_iq4xs, scales_q3k, IQ4_TABLE};
 use std::mem::MaybeUninit;
@@ -58,11 +58,22 @@ unsafe fn shr(v: __m256i, s: u32) -> __m256i {
     _mm256_srl_epi32(v, _mm_cvtsi32_si128(s as i32))
 }
 
-/// `q * d - m` with one rounding (`q * d` is exact, so this is the scalar `d * q - m`).
+/// `q * d - m` with one rounding (`q * d` is exact, so this is the scalar `d * q - m`);
+/// `d` and `m` are broadcast from memory.
 #[inline(always)]
-unsafe fn affine_store(out: *mut f32, q: __m256i, d: f32, m: f32) {
-    let v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d), _mm256_set1_ps(m));
+unsafe fn affine_store(out: *mut f32, q: __m256i, d: &f32, m: &f32) {
+    let v = _mm256_fmsub_ps(
+        _mm256_cvtepi32_ps(q),
+        _mm256_broadcast_ss(d),
+        _mm256_broadcast_ss(m),
+    );
     _mm256_storeu_ps(out, v);
+}
+
+/// `s * v` for the 8 integers `v` (exact conversion, one product each), stored at `out`.
+#[inline(always)]
+unsafe fn scaled8(out: *mut f32, s: f32, v: __m256i) {
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(v)));
 }
 
 pub(super) struct Q5<const MIN: bool>;
@@ -163,11 +174,19 @@ impl Decode for IQ4XS {
     const BYTES: usize = 136;
     #[inline(always)]
     unsafe fn decode(p: *const u8, out: *mut f32) {
-        let d = f16_at(p);
         let blk = std::slice::from_raw_parts(p, 8);
-        for i in 0..8 {
-            let dl = d * (scale_iq4xs(blk, i) - 32) as f32;
-            store4(out.add(32 * i), iq4_octets(dl, p.add(8 + 16 * i)));
+        let mut ls = [0i32; 8];
+        for (i, l) in ls.iter_mut().enumerate() {
+            *l = scale_iq4xs(blk, i) - 32;
+        }
+        let mut dl = [0f32; 8]; // d * (ls - 32) per block
+        scaled8(
+            dl.as_mut_ptr(),
+            f16_at(p),
+            _mm256_loadu_si256(ls.as_ptr() as *const __m256i),
+        );
+        for (i, &d) in dl.iter().enumerate() {
+            store4(out.add(32 * i), iq4_octets(d, p.add(8 + 16 * i)));
         }
     }
 }
@@ -178,7 +197,22 @@ impl Decode for Q2K {
     const BYTES: usize = 84;
     #[inline(always)]
     unsafe fn decode(p: *const u8, out: *mut f32) {
-        let (d, min) = (f16_at(p.add(80)), f16_at(p.add(82)));
+        // d * sc_g for the 16 groups, then dmin * m_g
+        let mut s = [0f32; 32];
+        let m4 = _mm256_set1_epi32(0xF);
+        for (i, at) in [0, 8].into_iter().enumerate() {
+            let sc = bytes8(p.add(at));
+            scaled8(
+                s.as_mut_ptr().add(8 * i),
+                f16_at(p.add(80)),
+                _mm256_and_si256(sc, m4),
+            );
+            scaled8(
+                s.as_mut_ptr().add(16 + 8 * i),
+                f16_at(p.add(82)),
+                _mm256_srli_epi32(sc, 4),
+            );
+        }
         let m3 = _mm256_set1_epi32(3);
         for n in 0..2 {
             let q = p.add(16 + 32 * n);
@@ -190,12 +224,11 @@ impl Decode for Q2K {
             ];
             for j in 0..4 {
                 for h in 0..2 {
-                    let sc = *p.add(8 * n + 2 * j + h);
-                    let dl = d * (sc & 0xF) as f32;
-                    let ml = min * (sc >> 4) as f32;
+                    let g = 8 * n + 2 * j + h;
                     for k in 0..2 {
                         let v = _mm256_and_si256(shr(qv[2 * h + k], 2 * j as u32), m3);
-                        affine_store(out.add(128 * n + 32 * j + 16 * h + 8 * k), v, dl, ml);
+                        let o = out.add(128 * n + 32 * j + 16 * h + 8 * k);
+                        affine_store(o, v, &s[g], &s[16 + g]);
                     }
                 }
             }
@@ -209,8 +242,13 @@ impl Decode for Q3K {
     const BYTES: usize = 110;
     #[inline(always)]
     unsafe fn decode(p: *const u8, out: *mut f32) {
-        let d = f16_at(p.add(108));
-        let scales = scales_q3k(std::slice::from_raw_parts(p.add(96), 12));
+        let sc = scales_q3k(std::slice::from_raw_parts(p.add(96), 12));
+        let mut s = [0f32; 16]; // d * (sc_g - 32) for the 16 groups
+        let (d, c32) = (f16_at(p.add(108)), _mm256_set1_epi32(32));
+        for i in 0..2 {
+            let v = _mm256_sub_epi32(bytes8(sc.as_ptr().add(8 * i)), c32);
+            scaled8(s.as_mut_ptr().add(8 * i), d, v);
+        }
         let hm = [
             bytes8(p),
             bytes8(p.add(8)),
@@ -233,7 +271,7 @@ impl Decode for Q3K {
             for j in 0..4 {
                 let bit = _mm256_set1_epi32(1 << (4 * n + j));
                 for h in 0..2 {
-                    let dl = _mm256_set1_ps(d * (scales[8 * n + 2 * j + h] as i32 - 32) as f32);
+                    let dl = _mm256_broadcast_ss(&s[8 * n + 2 * j + h]);
                     for k in 0..2 {
                         let o = 2 * h + k;
                         let ql = _mm256_and_si256(shr(qv[o], 2 * j as u32), m3);
@@ -255,8 +293,13 @@ impl Decode for Q5K {
     const BYTES: usize = 176;
     #[inline(always)]
     unsafe fn decode(p: *const u8, out: *mut f32) {
-        let (d, min) = (f16_at(p), f16_at(p.add(2)));
-        let scales = std::slice::from_raw_parts(p.add(4), 12);
+        // d * sc_k for the 8 sub-blocks, then dmin * m_k
+        let [sc, m] = unpack_scales_k4(p.add(4));
+        let packed = [sc[0], sc[1], m[0], m[1]];
+        let b = packed.as_ptr() as *const u8;
+        let mut s = [0f32; 16];
+        scaled8(s.as_mut_ptr(), f16_at(p), bytes8(b));
+        scaled8(s.as_mut_ptr().add(8), f16_at(p.add(2)), bytes8(b.add(8)));
         let qh = p.add(16);
         let qhv = [
             bytes8(qh),
@@ -274,13 +317,12 @@ impl Decode for Q5K {
                 bytes8(ql.add(24)),
             ];
             for h in 0..2 {
-                let (sc, m) = scale_min_k4(2 * c + h, scales);
-                let (dl, ml) = (d * sc as f32, min * m as f32);
+                let sub = 2 * c + h;
                 for (o, &b) in qv.iter().enumerate() {
                     let lo = _mm256_and_si256(shr(b, 4 * h as u32), m4);
-                    let hb = _mm256_and_si256(shr(qhv[o], (2 * c + h) as u32), one);
+                    let hb = _mm256_and_si256(shr(qhv[o], sub as u32), one);
                     let q = _mm256_or_si256(lo, _mm256_slli_epi32(hb, 4));
-                    affine_store(out.add(64 * c + 32 * h + 8 * o), q, dl, ml);
+                    affine_store(out.add(64 * c + 32 * h + 8 * o), q, &s[sub], &s[8 + sub]);
                 }
             }
         }
