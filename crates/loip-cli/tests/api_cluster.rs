@@ -8,7 +8,7 @@ use common::*;
 
 use std::process::Stdio;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[test]
 fn a_cluster_serves_the_same_tokens_and_replans_after_a_lost_device() {
@@ -57,6 +57,10 @@ fn a_cluster_serves_the_same_tokens_and_replans_after_a_lost_device() {
         TEST_TOKEN,
         "--planner",
         "loip-uniform",
+        "--parallel",
+        "6",
+        "--micro-batches",
+        "2",
     ]);
     let health = http(&s.addr, "GET", "/health", b"").json();
     assert_eq!(health["status"], "ok", "{health}");
@@ -72,6 +76,11 @@ fn a_cluster_serves_the_same_tokens_and_replans_after_a_lost_device() {
     assert_eq!(got["choices"][0]["token_ids"], want[0], "{}", s.log());
     let concurrent = concurrent_ids(&s, &prompts, 10);
     assert_eq!(concurrent, want);
+    // Two micro-batches (one serving loop each) of three sequences at once over the one
+    // pipeline: each request still gets its tokens alone (sequence ids never collide).
+    let six: Vec<Vec<u32>> = prompts.iter().chain(&prompts).cloned().collect();
+    let want_six: Vec<Value> = want.iter().chain(&want).cloned().collect();
+    assert_eq!(concurrent_ids(&s, &six, 10), want_six, "{}", s.log());
 
     // A device that dies: the request in flight fails with 503 naming it; the server
     // re-plans over the remaining device (the tiny model fits on one), /health is ok again

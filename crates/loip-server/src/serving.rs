@@ -12,11 +12,12 @@
 //! - The loop never panics on a request: refusals and step failures go back to the caller
 //!   as typed errors, and the loop keeps serving the others.
 //! - The loop ends when every [`Batcher`] handle is dropped and nothing is running.
+//! - Sequence ids are unique in the process (loops sharing a pipeline never collide).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -120,7 +121,6 @@ impl DeviceTotals {
 pub struct Batcher {
     tx: Sender<Cmd>,
     stats: Arc<Mutex<LoopStats>>,
-    next: Arc<AtomicU64>,
     /// requests inside [`Batcher::generate`] now
     outstanding: Arc<AtomicUsize>,
     /// the loop's thread, joined by [`Batcher::finish`]
@@ -165,7 +165,6 @@ impl Batcher {
         Ok(Batcher {
             tx,
             stats,
-            next: Arc::new(AtomicU64::new(1)),
             outstanding: Arc::new(AtomicUsize::new(0)),
             thread: Arc::new(Mutex::new(Some(thread))),
         })
@@ -213,7 +212,9 @@ impl Batcher {
         on_token: &mut dyn FnMut(u32) -> Flow,
         alive: &mut dyn FnMut() -> bool,
     ) -> Result<GenerateOutput, BatchError> {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        // Process-wide ids: several loops (a cluster's micro-batches) share one pipeline,
+        // whose devices key the KV cache by sequence id.
+        let seq = loip_runtime::coordinator::next_seq_id();
         self.outstanding.fetch_add(1, Ordering::Relaxed);
         let _outstanding = Outstanding(&self.outstanding);
         let (reply, rx) = channel();
