@@ -1,19 +1,18 @@
 //! `loip api`: an OpenAI-compatible HTTP server for one model, run by this machine's engine
 //! (in memory, or from slice files with `--mem`) or, with `--cluster FILE`, by a cluster of
-//! workers. This module only turns flags into a [`Backend`] and a [`ServerConfig`]; the
-//! routes, validation and limits are `loip-server`'s.
+//! workers. This module only turns flags into a backend (through [`backend::open`], as
+//! `loip generate` and `loip serve` do) and a [`ServerConfig`]; the routes, validation and
+//! limits are `loip-server`'s.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use loip_plan::Pattern;
-use loip_runtime::LoaderKind;
-use loip_server::{Backend, Limits, ServedModel, ServerConfig};
+use loip_server::{Limits, ServedModel, ServerConfig};
 
-use crate::cmd_serve::ClusterArgs;
+use crate::backend::{self, ClusterArgs, OffloadArgs};
 use crate::model_load;
 
 /// Arguments of `loip api`.
@@ -83,19 +82,12 @@ pub struct ApiArgs {
     /// flight; it also bounds one request's prompt + max_tokens.
     #[arg(long, default_value_t = 4096)]
     pub context: u64,
-    /// On this machine: a memory budget, e.g. `300MiB`; what does not fit is streamed from
-    /// slice files (as `loip generate --mem`). The KV cache of all requests in flight shares
-    /// what is left.
-    #[arg(long)]
-    pub mem: Option<String>,
-    /// On this machine: which blocks to offload (auto, none, mlp, attn, all, alternate, plan;
-    /// see `loip generate --help`). Anything but auto, or --mem, serves from slice files.
-    #[arg(long, default_value = "auto")]
-    pub offload_blocks: loip_runtime::local::OffloadRule,
-    /// Loading path for offloaded blocks (on the workers with --cluster): direct or
-    /// conventional.
-    #[arg(long, default_value = "direct")]
-    pub loader: LoaderKind,
+    /// On this machine: a memory budget (`--mem`), which blocks to offload and how they are
+    /// loaded (on the workers with --cluster), as for `loip generate`; --mem or any
+    /// --offload-blocks but auto serves from slice files, and the KV cache of all requests in
+    /// flight shares what the budget leaves.
+    #[command(flatten)]
+    pub offload: OffloadArgs,
     /// With --cluster: plan for this request pattern, sporadic or bursty.
     #[arg(long, default_value = "sporadic")]
     pub pattern: Pattern,
@@ -114,45 +106,38 @@ pub fn run(a: ApiArgs) -> Result<()> {
     }
     let api_key = api_key(a.api_key.as_deref(), a.api_key_file.as_deref())?;
     let name = a.name.clone().unwrap_or_else(|| default_name(&a.model));
-    let planned =
-        |max_position: usize| max_position.min(usize::try_from(a.context).unwrap_or(usize::MAX));
-    let (backend, info, context) = if a.cluster.cluster.is_some() {
-        let (session, dir) = crate::cmd_serve::start(
-            &a.model,
-            &a.cluster,
-            a.loader,
-            a.pattern,
-            a.micro_batches,
-            a.context,
-            a.max_prompt,
-            false,
-        )?;
-        crate::cmd_serve::print_setup(&session);
-        let info = match model_load::info(&dir.to_string_lossy()) {
-            Ok(info) => info,
-            Err(e) => {
-                session.shutdown();
-                return Err(e);
-            }
-        };
-        let context = planned(info.config.max_position_embeddings);
-        let session = Arc::new(Mutex::new(session));
-        let backend = Backend::Cluster {
-            session,
-            no_replan: a.no_replan,
-        };
-        (backend, info, context)
-    } else if a.mem.is_some() || a.offload_blocks != loip_runtime::local::OffloadRule::Auto {
-        sliced(&a, planned)?
+    let (src, info) = backend::source(&a.model, &a.offload, &a.cluster)?;
+    let context = info
+        .config
+        .max_position_embeddings
+        .min(usize::try_from(a.context).unwrap_or(usize::MAX));
+    let how = backend::How {
+        model: &a.model,
+        offload: &a.offload,
+        cluster: &a.cluster,
+        loader: a.offload.loader,
+        parallel: a.parallel,
+        max_step_tokens: a.max_prompt,
+        context,
+        pattern: a.pattern,
+        micro_batches: a.micro_batches,
+        planned_context: a.context,
+        greedy: false,
+        no_replan: a.no_replan,
+        quiet: false,
+    };
+    let in_memory = matches!(src, backend::Source::Memory(_));
+    let opened = backend::open(src, &how)?;
+    if let Some(m) = &opened.memory {
+        backend::print_memory(m);
+        eprintln!();
+    }
+    let backend = opened.backend;
+    // In memory, a request's context is the model's own limit.
+    let context = if in_memory {
+        info.config.max_position_embeddings
     } else {
-        let ckpt = model_load::open(&a.model)?;
-        let info = model_load::ModelInfo {
-            config: ckpt.config.clone(),
-            tokenizer: model_load::tokenizer(&ckpt),
-            chat: model_load::chat_template(&ckpt),
-        };
-        let context = ckpt.config.max_position_embeddings;
-        (Backend::local(ckpt, a.parallel)?, info, context)
+        context
     };
     let cfg = ServerConfig {
         name,
@@ -169,36 +154,6 @@ pub fn run(a: ApiArgs) -> Result<()> {
     };
     loip_server::serve(&a.listen, cfg, served(info), backend)?;
     Ok(())
-}
-
-/// `loip api --mem …`: one device running from slice files under a memory budget.
-fn sliced(
-    a: &ApiArgs,
-    planned: impl Fn(usize) -> usize,
-) -> Result<(Backend, model_load::ModelInfo, usize)> {
-    use loip_runtime::local::{LocalModel, LocalOptions};
-    let dir = crate::cmd_split::slices_for(&a.model)?;
-    let info = model_load::info(&dir.to_string_lossy())?;
-    let context = planned(info.config.max_position_embeddings);
-    let opts = LocalOptions {
-        mem_budget: a.mem.as_deref().map(loip_plan::parse_bytes).transpose()?,
-        rule: a.offload_blocks,
-        loader: a.loader,
-        overlap: true,
-        context,
-        max_step_tokens: a.max_prompt,
-    };
-    let model = LocalModel::open_batched(&dir, &opts, a.parallel)?;
-    let m = model.device.memory();
-    eprintln!(
-        "memory: budget {} B, resident {} B, slot {} B, working {} B, KV budget {} B",
-        m.budget, m.resident, m.slot, m.working, m.kv_budget
-    );
-    Ok((
-        Backend::sliced(model, a.parallel, a.max_prompt)?,
-        info,
-        context,
-    ))
 }
 
 /// The server's view of the model; why a tokenizer or template is missing is logged here

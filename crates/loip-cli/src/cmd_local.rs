@@ -30,9 +30,9 @@ use loip_runtime::cluster_run::{Breakdown, Session, SessionOptions, WorkerProces
 use loip_runtime::LoaderKind;
 use serde::Serialize;
 
-use crate::cmd_generate::{prepare, report, Printer, PromptArgs};
-use crate::cmd_serve::{print_breakdown, print_setup};
+use crate::backend::{print_breakdown, print_setup};
 use crate::model_load;
+use crate::request::{prepare, report, Printer, PromptArgs};
 
 /// Arguments of `loip local`.
 #[derive(Args, Debug)]

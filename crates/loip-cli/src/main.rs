@@ -1,5 +1,6 @@
 //! `loip`: lossless LLM inference over a few memory-constrained edge devices.
 
+mod backend;
 mod cmd_api;
 mod cmd_bench;
 mod cmd_bench_serve;

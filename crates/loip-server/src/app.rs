@@ -473,6 +473,9 @@ impl App {
         let mut text = TextStream::new(self.tokenizer.as_ref().ok(), &job.stops);
         let t0 = std::time::Instant::now();
         let mut last: Option<std::time::Instant> = None;
+        // `emit("")` asks whether anybody listens: also while the request waits for its
+        // first token, so that a client gone from the queue frees its place.
+        let emit = std::cell::RefCell::new(emit);
         let mut on_token = |id: u32| {
             let now = std::time::Instant::now();
             match last {
@@ -481,15 +484,16 @@ impl App {
             }
             last = Some(now);
             let (piece, hit_stop) = text.push(id);
-            if !emit(&piece) || hit_stop {
+            if !(*emit.borrow_mut())(&piece) || hit_stop {
                 Flow::Stop
             } else {
                 Flow::Continue
             }
         };
+        let mut alive = || (*emit.borrow_mut())("");
         let out = self
             .backend
-            .generate(&job.prompt_ids, &job.opts, &mut on_token)
+            .generate_watched(&job.prompt_ids, &job.opts, &mut on_token, &mut alive)
             .map_err(|e| match e {
                 BackendError::Cluster(e) => ApiError::from_cluster(e),
                 BackendError::Engine(e) => ApiError::from_engine(e),
@@ -497,7 +501,7 @@ impl App {
             })?;
         crate::metrics::request_done(job.prompt_ids.len(), out.new_ids.len());
         let (rest, text) = text.finish();
-        emit(&rest);
+        (*emit.borrow_mut())(&rest);
         Ok(Finished {
             text,
             new_ids: out.new_ids,

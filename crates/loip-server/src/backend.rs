@@ -1,33 +1,37 @@
-//! What runs the forward passes behind the API: one type for this machine's in-memory engine,
-//! this machine from slice files under a memory budget, or a cluster.
+//! What runs the forward passes behind the API, `loip generate` and `loip serve`: one type
+//! for this machine's in-memory engine, this machine from slice files under a memory budget,
+//! or a cluster.
 //!
 //! The interface is per sequence: [`Backend::generate`] runs one request's prompt and
 //! decoding loop to its end, calling back with each token, and may be called from several
-//! threads at once (each call is its own sequence). On one device (in memory or from slice
-//! files) a [`Batcher`] sits behind it: one thread owns the model, its KV cache and the step
-//! scheduler, and concurrent requests share one batched forward per step. A cluster runs one
-//! generation loop per request; a batched pipeline backend plugs in as another [`Batcher`].
+//! threads at once (each call is its own sequence). Behind it sit [`Batcher`]s: one thread
+//! owns the model (its KV cache) and the step scheduler, and concurrent requests share one
+//! batched forward per step. One device has one loop; a cluster has one loop per
+//! micro-batch in flight (each a [`PipelineBackend`] over the same pipeline), and a request
+//! joins the loop with the fewest requests.
 //!
 //! Invariants:
 //! - Every variant gives each request exactly the tokens of the engine's own generation loop
 //!   ([`loip_engine::generate`]) alone with the caller's options (the batch runner's
-//!   invariant on one device), so a greedy request gives the single-device engine's tokens.
+//!   invariant), so a greedy request gives the single-device engine's tokens.
 //! - The in-memory loop owns its checkpoint; the model's weight views are bound once on the
 //!   loop's thread (binding only records views into the mapped file), so nothing is leaked.
 //! - A cluster failure leaves the session usable: when a device is gone the session is
-//!   re-planned over the others (unless `no_replan`), and the request still fails.
+//!   re-planned over the others (unless `no_replan`) before the failed requests hear of it,
+//!   and each loop moves to the new pipeline after its next failed step.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use loip_engine::{
-    one_device_limits, EngineError, Flow, GenerateOptions, GenerateOutput, Generator, Model,
+    one_device_limits, BatchBackend, EngineError, Flow, GenerateOptions, GenerateOutput, Generator,
+    Model, Next, RowPick, SeqId, TokenPos,
 };
 use loip_model::Checkpoint;
-use loip_runtime::cluster_run::{generate_on, Session};
-use loip_runtime::coordinator::{ClusterError, DeviceHealth};
+use loip_runtime::cluster_run::Session;
+use loip_runtime::coordinator::{ClusterError, DeviceHealth, Pipeline, PipelineBackend, Totals};
 use loip_runtime::local::LocalModel;
 
-use crate::serving::{BatchError, Batcher, LoopStats};
+use crate::serving::{BatchBackendDyn, BatchError, Batcher, DeviceTotals, LoopStats};
 
 /// Why a generation failed.
 #[derive(Debug, thiserror::Error)]
@@ -54,14 +58,29 @@ pub enum Backend {
         /// where it runs, for the startup line
         what: &'static str,
     },
-    /// A cluster; requests are concurrent sequences on its pipeline. Locked only to take the
-    /// pipeline, to read the devices' health, and to re-plan when one is gone.
+    /// A cluster: one batched loop per micro-batch in flight over its pipeline.
     Cluster {
-        /// the session with the workers
+        /// the loops
+        lanes: Vec<Batcher>,
+        /// the session with the workers; locked to take the pipeline, to read the devices'
+        /// health, and to re-plan when one is gone
         session: Arc<Mutex<Session>>,
-        /// keep a failed cluster as it is instead of re-planning
-        no_replan: bool,
     },
+}
+
+/// How a cluster backend serves.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterServing {
+    /// micro-batches in flight (one serving loop each)
+    pub micro_batches: usize,
+    /// sequences at once, over all micro-batches
+    pub parallel: usize,
+    /// most tokens in one step (the workers' buffers)  // tokens
+    pub max_step_tokens: usize,
+    /// one sequence's prompt + new tokens at most  // tokens
+    pub context: usize,
+    /// keep a failed cluster as it is instead of re-planning
+    pub no_replan: bool,
 }
 
 /// What `/health` reports of the backend.
@@ -78,7 +97,7 @@ pub enum Health {
 
 /// The session (or device), also after a thread panicked while holding it (its state stays
 /// usable: every change to it is one call).
-pub(crate) fn lock<T>(s: &Mutex<T>) -> MutexGuard<'_, T> {
+pub fn lock<T>(s: &Mutex<T>) -> MutexGuard<'_, T> {
     s.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -134,6 +153,38 @@ impl Backend {
         })
     }
 
+    /// A cluster backend over `session`: `how.micro_batches` serving loops over its pipeline.
+    pub fn cluster(session: Session, how: ClusterServing) -> Result<Backend, BackendError> {
+        let lanes_n = how.micro_batches.clamp(1, how.parallel.max(1));
+        let per_lane = how.parallel.max(1).div_ceil(lanes_n);
+        let pipeline = session.pipeline().clone();
+        let session = Arc::new(Mutex::new(session));
+        let mut lanes = Vec::with_capacity(lanes_n);
+        for i in 0..lanes_n {
+            // The workers hold the KV; the scheduler only bounds a sequence's length.
+            let mut limits = loip_plan::sched::Limits::one_device(u64::MAX, 1);
+            limits.max_seq_len = Some(how.context.max(1));
+            set_parallel(&mut limits, per_lane, how.max_step_tokens);
+            let mut lane = Some(ClusterLane {
+                be: pipeline.backend(),
+                pipe: pipeline.clone(),
+                session: session.clone(),
+                all: DeviceTotals::default(),
+                network_s: 0.0,
+                no_replan: how.no_replan,
+                failed: None,
+            });
+            let batcher = Batcher::start(&format!("loip-lane-{i}"), move |run| {
+                if let Some(mut l) = lane.take() {
+                    run(limits, &mut l);
+                }
+            })
+            .map_err(|e| EngineError::Backend(format!("starting the serving loop: {e}")))?;
+            lanes.push(batcher);
+        }
+        Ok(Backend::Cluster { lanes, session })
+    }
+
     /// Where it runs, for the startup line.
     pub fn describe(&self) -> String {
         match self {
@@ -162,25 +213,78 @@ impl Backend {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> Flow,
     ) -> Result<GenerateOutput, BackendError> {
+        self.generate_watched(prompt, opts, on_token, &mut || true)
+    }
+
+    /// [`Backend::generate`] that cancels the request once `alive` says its client is gone,
+    /// also before its first token (see [`Batcher::generate_watched`]).
+    pub fn generate_watched(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> Flow,
+        alive: &mut dyn FnMut() -> bool,
+    ) -> Result<GenerateOutput, BackendError> {
+        let batcher = match self {
+            Backend::Batched { batcher, .. } => batcher,
+            Backend::Cluster { lanes, .. } => lanes
+                .iter()
+                .min_by_key(|l| l.outstanding())
+                .ok_or(BatchError::Stopped)?,
+        };
+        Ok(batcher.generate_watched(prompt, opts, on_token, alive)?)
+    }
+
+    /// The serving loop's numbers (a cluster's loops summed; the last batch is the largest).
+    pub fn stats(&self) -> LoopStats {
         match self {
-            Backend::Batched { batcher, .. } => Ok(batcher.generate(prompt, opts, on_token)?),
-            Backend::Cluster { session, no_replan } => {
-                let pipe = lock(session).pipeline().clone();
-                generate_on(&pipe, prompt, opts, on_token).map_err(|e| {
-                    if !no_replan {
-                        replan_if_gone(session);
-                    }
-                    BackendError::Cluster(e)
-                })
+            Backend::Batched { batcher, .. } => batcher.stats(),
+            Backend::Cluster { lanes, .. } => {
+                let mut all = LoopStats::default();
+                for l in lanes {
+                    let s = l.stats();
+                    all.queued += s.queued;
+                    all.running += s.running;
+                    all.kv_used += s.kv_used;
+                    all.kv_reserved += s.kv_reserved;
+                    all.last_batch = all.last_batch.max(s.last_batch);
+                    all.steps += s.steps;
+                    all.step_s += s.step_s;
+                    all.kv_budget = s.kv_budget;
+                }
+                all
             }
         }
     }
 
-    /// Ends the backend: a cluster's last owner says goodbye to the workers.
+    /// The cluster session (`None` on one device).
+    pub fn session(&self) -> Option<&Arc<Mutex<Session>>> {
+        match self {
+            Backend::Batched { .. } => None,
+            Backend::Cluster { session, .. } => Some(session),
+        }
+    }
+
+    /// A cluster's pipeline step times since the last call (then reset); zero on one device.
+    pub fn take_totals(&self) -> Totals {
+        match self {
+            Backend::Batched { .. } => Totals::default(),
+            Backend::Cluster { session, .. } => lock(session).take_totals(),
+        }
+    }
+
+    /// Ends the backend: its loops stop once nothing runs, and a cluster's last owner says
+    /// goodbye to the workers.
     pub fn shutdown(self) {
-        if let Backend::Cluster { session, .. } = self {
-            if let Ok(s) = Arc::try_unwrap(session) {
-                s.into_inner().unwrap_or_else(|p| p.into_inner()).shutdown();
+        match self {
+            Backend::Batched { batcher, .. } => batcher.finish(),
+            Backend::Cluster { lanes, session, .. } => {
+                for l in lanes {
+                    l.finish();
+                }
+                if let Ok(s) = Arc::try_unwrap(session) {
+                    s.into_inner().unwrap_or_else(|p| p.into_inner()).shutdown();
+                }
             }
         }
     }
@@ -206,13 +310,97 @@ fn replan_if_gone(session: &Mutex<Session>) {
     }
     match s.replan() {
         Ok(left_out) => eprintln!(
-            "loip api: {} gone; re-planned without {}",
+            "loip: {} gone; re-planned without {}",
             gone.join(", "),
             left_out.join(", ")
         ),
         Err(e) => eprintln!(
-            "loip api: {} gone and the model does not fit the rest ({e}); requests will fail",
+            "loip: {} gone and the model does not fit the rest ({e}); requests will fail",
             gone.join(", ")
         ),
+    }
+}
+
+/// One serving loop's backend on a cluster: the pipeline, moved to the session's current
+/// pipeline after a failed step (a re-plan builds a new one).
+struct ClusterLane {
+    be: PipelineBackend,
+    /// the pipeline `be` runs on
+    pipe: Pipeline,
+    session: Arc<Mutex<Session>>,
+    /// the devices' time in this lane's steps, for `/metrics`
+    all: DeviceTotals,
+    /// transfers, latency and relaying in this lane's steps  // s
+    network_s: f64,
+    no_replan: bool,
+    /// the last failed step's error
+    failed: Option<ClusterError>,
+}
+
+impl ClusterLane {
+    /// After a step: its times go to `/metrics`; a failure re-plans when a device is gone
+    /// (before the failed requests hear of it) and takes the session's current pipeline.
+    fn after<T>(&mut self, r: Result<T, EngineError>) -> Result<T, EngineError> {
+        if let Some(t) = self.be.last.take() {
+            self.all.compute_s += t.compute_s;
+            self.all.load_stall_s += t.stall_s;
+            self.all.loaded_bytes += t.loaded_bytes;
+            self.network_s += t.network_s;
+            crate::metrics::device("cluster", &self.all, self.network_s);
+        }
+        if r.is_err() {
+            self.failed = self.be.error.take();
+            if !self.no_replan {
+                replan_if_gone(&self.session);
+            }
+            self.pipe = lock(&self.session).pipeline().clone();
+            self.be = self.pipe.backend();
+        }
+        r
+    }
+}
+
+impl BatchBackend for ClusterLane {
+    fn forward_rows(
+        &mut self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        rows: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let r = self.be.forward_rows(ids, batch, rows);
+        self.after(r)
+    }
+
+    fn forward_pick(
+        &mut self,
+        ids: &[u32],
+        batch: &[TokenPos],
+        picks: &[RowPick<'_>],
+    ) -> Result<Vec<Next>, EngineError> {
+        let r = self.be.forward_pick(ids, batch, picks);
+        self.after(r)
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.be.release(seq)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.be.vocab_size()
+    }
+}
+
+impl BatchBackendDyn for ClusterLane {
+    /// A device gone or unreachable: 503 naming it, the full error logged (it names
+    /// addresses).
+    fn unavailable(&mut self) -> Option<String> {
+        let e = self.failed.take()?;
+        let which = match &e {
+            ClusterError::DeviceGone { device, .. } => format!("device {device} is gone"),
+            ClusterError::Stopped | ClusterError::Net(_) => "a device is unavailable".into(),
+            _ => return None,
+        };
+        eprintln!("loip: a step failed: {e}");
+        Some(which)
     }
 }

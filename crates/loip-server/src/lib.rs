@@ -33,7 +33,7 @@ use loip_model::chat::ChatTemplate;
 use loip_model::tokenizer::Tokenizer;
 use loip_model::ModelConfig;
 
-pub use backend::{Backend, BackendError};
+pub use backend::{Backend, BackendError, ClusterServing};
 pub use http::Limits;
 
 /// Limits and identity of a server (no command-line types).

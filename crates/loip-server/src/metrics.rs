@@ -8,6 +8,9 @@
 //! - `loip_queue_depth`, `loip_running_sequences`, `loip_batch_size` (sequences in the last
 //!   step), `loip_kv_used_bytes`, `loip_kv_reserved_bytes`, `loip_kv_budget_bytes` (gauges,
 //!   one-device serving loop, after each step);
+//! - `loip_device_compute_seconds`, `loip_device_load_stall_seconds`,
+//!   `loip_device_loaded_bytes` (gauges, totals since the start, `device` label: this machine
+//!   from slice files, or a cluster's devices together);
 //! - `loip_step_seconds`, `loip_time_to_first_token_seconds`, `loip_inter_token_seconds`
 //!   (histograms).
 
@@ -66,7 +69,21 @@ pub(crate) fn step(st: &crate::serving::LoopStats, step_s: Option<f64>) {
     if st.kv_budget != u64::MAX {
         metrics::gauge!("loip_kv_budget_bytes").set(st.kv_budget as f64);
     }
+    if st.device != crate::serving::DeviceTotals::default() {
+        device("this", &st.device, 0.0);
+    }
     if let Some(s) = step_s {
         metrics::histogram!("loip_step_seconds").record(s);
+    }
+}
+
+/// A device's totals since the start (`network_s`: a cluster's transfers and latency).
+pub(crate) fn device(name: &str, d: &crate::serving::DeviceTotals, network_s: f64) {
+    let n = name.to_string();
+    metrics::gauge!("loip_device_compute_seconds", "device" => n.clone()).set(d.compute_s);
+    metrics::gauge!("loip_device_load_stall_seconds", "device" => n.clone()).set(d.load_stall_s);
+    metrics::gauge!("loip_device_loaded_bytes", "device" => n.clone()).set(d.loaded_bytes as f64);
+    if network_s > 0.0 {
+        metrics::gauge!("loip_device_network_seconds", "device" => n).set(network_s);
     }
 }

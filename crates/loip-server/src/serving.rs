@@ -7,22 +7,30 @@
 //!   invariant): the caller's side of [`Batcher::generate`] sees the same tokens in the same
 //!   order and stops where `generate` would (a `Flow::Stop` keeps the current token).
 //! - A caller that stops (a stop string, a client gone) cancels its sequence: the scheduler
-//!   frees its KV at the next step; tokens the loop made after the stop are dropped.
+//!   frees its KV at the next step; tokens the loop made after the stop are dropped. A client
+//!   gone before its first token (queued, or in prefill) is noticed within [`WATCH`].
 //! - The loop never panics on a request: refusals and step failures go back to the caller
 //!   as typed errors, and the loop keeps serving the others.
 //! - The loop ends when every [`Batcher`] handle is dropped and nothing is running.
+//! - Sequence ids are unique in the process (loops sharing a pipeline never collide).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use loip_engine::{
     BatchBackend, EngineError, Flow, GenerateOptions, GenerateOutput, SeqEvent, SeqId, ServeError,
     Serving, StopReason,
 };
 use loip_plan::sched::{Limits, RejectReason};
+
+/// How often a request waiting for its next token asks whether its client is still there.
+pub const WATCH: Duration = Duration::from_millis(50);
 
 /// What the loop tells one request.
 enum Reply {
@@ -47,6 +55,10 @@ pub enum BatchError {
     /// a step failed
     #[error("the step failed: {0}")]
     Step(String),
+    /// a device of the cluster is gone or unreachable (the client may retry; the cluster is
+    /// re-planned over the others unless told not to)
+    #[error("{0}; retry later")]
+    Unavailable(String),
     /// the serving loop is gone (it failed to start or stopped)
     #[error("the serving loop stopped")]
     Stopped,
@@ -81,6 +93,27 @@ pub struct LoopStats {
     pub step_s: f64,
     /// the KV budget of the device  // bytes (u64::MAX: unlimited)
     pub kv_budget: u64,
+    /// what the device did in all steps so far (a device run from slice files)
+    pub device: DeviceTotals,
+}
+
+/// Time and bytes of a device over the steps run so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeviceTotals {
+    /// computing blocks  // s
+    pub compute_s: f64,
+    /// waiting for offloaded blocks to load (not hidden behind compute)  // s
+    pub load_stall_s: f64,
+    /// read from slice files  // bytes
+    pub loaded_bytes: u64,
+}
+
+impl DeviceTotals {
+    fn add(&mut self, o: &DeviceTotals) {
+        self.compute_s += o.compute_s;
+        self.load_stall_s += o.load_stall_s;
+        self.loaded_bytes += o.loaded_bytes;
+    }
 }
 
 /// A handle on the serving loop; cheap to clone, usable from any thread.
@@ -88,7 +121,19 @@ pub struct LoopStats {
 pub struct Batcher {
     tx: Sender<Cmd>,
     stats: Arc<Mutex<LoopStats>>,
-    next: Arc<AtomicU64>,
+    /// requests inside [`Batcher::generate`] now
+    outstanding: Arc<AtomicUsize>,
+    /// the loop's thread, joined by [`Batcher::finish`]
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+/// Counts a request as outstanding while it lives.
+struct Outstanding<'a>(&'a AtomicUsize);
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Batcher {
@@ -101,13 +146,18 @@ impl Batcher {
         let (tx, rx) = channel::<Cmd>();
         let stats = Arc::new(Mutex::new(LoopStats::default()));
         let st = stats.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
                 let mut rx = Some(rx);
                 make(&mut |limits, backend| {
                     if let Some(rx) = rx.take() {
-                        run_loop(limits, DynBackend(backend), rx, &st);
+                        let side = Rc::new(RefCell::new(Side::default()));
+                        let backend = DynBackend {
+                            inner: backend,
+                            side: side.clone(),
+                        };
+                        run_loop(limits, backend, &side, rx, &st);
                     }
                 });
                 // `make` failed before running: callers see `Stopped` (their replies drop).
@@ -115,8 +165,25 @@ impl Batcher {
         Ok(Batcher {
             tx,
             stats,
-            next: Arc::new(AtomicU64::new(1)),
+            outstanding: Arc::new(AtomicUsize::new(0)),
+            thread: Arc::new(Mutex::new(Some(thread))),
         })
+    }
+
+    /// Requests inside [`Batcher::generate`] now (queued or running).
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Drops this handle and, when it was the last one, waits for the loop to end (it ends
+    /// once nothing is running), so that what the backend holds is dropped.
+    pub fn finish(self) {
+        let last = Arc::strong_count(&self.thread) == 1;
+        let thread = crate::backend::lock(&self.thread).take();
+        drop(self);
+        if let (true, Some(t)) = (last, thread) {
+            let _ = t.join();
+        }
     }
 
     /// The loop's numbers after its last step.
@@ -132,7 +199,24 @@ impl Batcher {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> Flow,
     ) -> Result<GenerateOutput, BatchError> {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        self.generate_watched(prompt, opts, on_token, &mut || true)
+    }
+
+    /// [`Batcher::generate`] that also asks `alive` every [`WATCH`] while no token comes
+    /// (queued, or in a long prefill): once it says no (the client is gone), the sequence is
+    /// cancelled and its KV freed, and the output so far is returned (stop reason `Stop`).
+    pub fn generate_watched(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> Flow,
+        alive: &mut dyn FnMut() -> bool,
+    ) -> Result<GenerateOutput, BatchError> {
+        // Process-wide ids: several loops (a cluster's micro-batches) share one pipeline,
+        // whose devices key the KV cache by sequence id.
+        let seq = loip_runtime::coordinator::next_seq_id();
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        let _outstanding = Outstanding(&self.outstanding);
         let (reply, rx) = channel();
         let t0 = Instant::now();
         self.tx
@@ -146,7 +230,13 @@ impl Batcher {
         let mut new_ids = Vec::new();
         let mut first: Option<Instant> = None;
         let stop = loop {
-            match rx.recv() {
+            match rx.recv_timeout(WATCH) {
+                Err(RecvTimeoutError::Timeout) => {
+                    if !alive() {
+                        let _ = self.tx.send(Cmd::Cancel(seq));
+                        break StopReason::Stop;
+                    }
+                }
                 Ok(Reply::Token(id)) => {
                     first.get_or_insert_with(Instant::now);
                     new_ids.push(id);
@@ -157,7 +247,7 @@ impl Batcher {
                 }
                 Ok(Reply::Done(stop)) => break stop,
                 Ok(Reply::Failed(e)) => return Err(e),
-                Err(_) => return Err(BatchError::Stopped),
+                Err(RecvTimeoutError::Disconnected) => return Err(BatchError::Stopped),
             }
         };
         let first = first.unwrap_or_else(Instant::now);
@@ -175,50 +265,70 @@ impl Batcher {
     }
 }
 
-/// [`BatchBackend`] as an object, so one loop serves any backend type.
-pub trait BatchBackendDyn {
-    /// see [`BatchBackend::forward_pick`]
-    fn pick(
-        &mut self,
-        ids: &[u32],
-        batch: &[loip_engine::TokenPos],
-        picks: &[loip_engine::RowPick<'_>],
-    ) -> Result<Vec<loip_engine::Next>, EngineError>;
-    /// see [`BatchBackend::release`]
-    fn free(&mut self, seq: SeqId);
-    /// see [`BatchBackend::vocab_size`]
-    fn vocab(&self) -> usize;
-}
-
-impl<B: BatchBackend> BatchBackendDyn for B {
-    fn pick(
-        &mut self,
-        ids: &[u32],
-        batch: &[loip_engine::TokenPos],
-        picks: &[loip_engine::RowPick<'_>],
-    ) -> Result<Vec<loip_engine::Next>, EngineError> {
-        self.forward_pick(ids, batch, picks)
+/// [`BatchBackend`] as an object, so one loop serves any backend type, with what the loop
+/// reads of a backend besides its steps.
+pub trait BatchBackendDyn: BatchBackend {
+    /// What the device did since the last call (nothing for a backend that keeps no times).
+    fn take_device(&mut self) -> DeviceTotals {
+        DeviceTotals::default()
     }
-    fn free(&mut self, seq: SeqId) {
-        self.release(seq)
-    }
-    fn vocab(&self) -> usize {
-        self.vocab_size()
+    /// After a failed step: why, when it is that a device is unavailable (the client may
+    /// retry), as the client may read it (no addresses).
+    fn unavailable(&mut self) -> Option<String> {
+        None
     }
 }
 
-struct DynBackend<'b>(&'b mut dyn BatchBackendDyn);
+impl BatchBackendDyn for loip_engine::Generator<'_, '_> {}
+
+impl BatchBackendDyn for loip_runtime::local::LocalModel {
+    fn take_device(&mut self) -> DeviceTotals {
+        let t = self.device.take_times();
+        DeviceTotals {
+            compute_s: t.compute_s,
+            load_stall_s: t.stall_s,
+            loaded_bytes: t.loaded_bytes,
+        }
+    }
+}
+
+/// What a step told the loop besides its events.
+#[derive(Default)]
+struct Side {
+    /// the device's totals since the loop started
+    device: DeviceTotals,
+    /// a failed step's device-unavailable reason, taken by the loop
+    unavailable: Option<String>,
+}
+
+/// The backend object as the serving loop's backend; after each step it notes the device's
+/// times and a failure's reason in `side` (same thread).
+struct DynBackend<'b> {
+    inner: &'b mut dyn BatchBackendDyn,
+    side: Rc<RefCell<Side>>,
+}
+
+impl DynBackend<'_> {
+    fn note<T>(&mut self, r: Result<T, EngineError>) -> Result<T, EngineError> {
+        let d = self.inner.take_device();
+        let mut side = self.side.borrow_mut();
+        side.device.add(&d);
+        if r.is_err() {
+            side.unavailable = self.inner.unavailable();
+        }
+        r
+    }
+}
 
 impl BatchBackend for DynBackend<'_> {
     fn forward_rows(
         &mut self,
-        _ids: &[u32],
-        _batch: &[loip_engine::TokenPos],
-        _rows: &[usize],
+        ids: &[u32],
+        batch: &[loip_engine::TokenPos],
+        rows: &[usize],
     ) -> Result<Vec<f32>, EngineError> {
-        Err(EngineError::Backend(
-            "rows are picked by the backend".into(),
-        ))
+        let r = self.inner.forward_rows(ids, batch, rows);
+        self.note(r)
     }
     fn forward_pick(
         &mut self,
@@ -226,13 +336,14 @@ impl BatchBackend for DynBackend<'_> {
         batch: &[loip_engine::TokenPos],
         picks: &[loip_engine::RowPick<'_>],
     ) -> Result<Vec<loip_engine::Next>, EngineError> {
-        self.0.pick(ids, batch, picks)
+        let r = self.inner.forward_pick(ids, batch, picks);
+        self.note(r)
     }
     fn release(&mut self, seq: SeqId) {
-        self.0.free(seq)
+        self.inner.release(seq)
     }
     fn vocab_size(&self) -> usize {
-        self.0.vocab()
+        self.inner.vocab_size()
     }
 }
 
@@ -248,6 +359,7 @@ fn serve_error(e: ServeError) -> BatchError {
 fn run_loop<B: BatchBackend>(
     limits: Limits,
     backend: B,
+    side: &RefCell<Side>,
     rx: Receiver<Cmd>,
     stats: &Mutex<LoopStats>,
 ) {
@@ -315,11 +427,35 @@ fn run_loop<B: BatchBackend>(
             }
         };
         let step_s = t.elapsed().as_secs_f64();
-        let mut batch = std::collections::BTreeSet::new();
+        // The numbers first, so that a caller who got its last token reads them whole.
+        let batch: std::collections::BTreeSet<SeqId> = events
+            .iter()
+            .filter_map(|ev| match ev {
+                SeqEvent::Token { seq, .. } | SeqEvent::Done { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        let unavailable = {
+            let mut side = side.borrow_mut();
+            let mut s = crate::backend::lock(stats);
+            let st = serving.stats();
+            s.queued = st.queued;
+            s.running = st.running;
+            s.kv_used = st.kv.iter().map(|k| k.used).sum();
+            s.kv_reserved = st.kv.iter().map(|k| k.reserved).sum();
+            if !batch.is_empty() {
+                s.last_batch = batch.len();
+                s.steps += 1;
+                s.step_s += step_s;
+            }
+            s.kv_budget = kv_budget;
+            s.device = side.device;
+            crate::metrics::step(&s, (!batch.is_empty()).then_some(step_s));
+            side.unavailable.take()
+        };
         for ev in events {
             match ev {
                 SeqEvent::Token { seq, id } => {
-                    batch.insert(seq);
                     if let Some(r) = replies.get(&seq) {
                         if r.send(Reply::Token(id)).is_err() {
                             // its caller is gone: free the sequence
@@ -329,14 +465,17 @@ fn run_loop<B: BatchBackend>(
                     }
                 }
                 SeqEvent::Done { seq, stop, .. } => {
-                    batch.insert(seq);
                     if let Some(r) = replies.remove(&seq) {
                         let _ = r.send(Reply::Done(stop));
                     }
                 }
                 SeqEvent::Failed { seq, error } => {
                     if let Some(r) = replies.remove(&seq) {
-                        let _ = r.send(Reply::Failed(BatchError::Step(error)));
+                        let e = match &unavailable {
+                            Some(why) => BatchError::Unavailable(why.clone()),
+                            None => BatchError::Step(error),
+                        };
+                        let _ = r.send(Reply::Failed(e));
                     }
                 }
                 SeqEvent::Cancelled { seq } => {
@@ -344,18 +483,96 @@ fn run_loop<B: BatchBackend>(
                 }
             }
         }
-        let mut s = crate::backend::lock(stats);
-        let st = serving.stats();
-        s.queued = st.queued;
-        s.running = st.running;
-        s.kv_used = st.kv.iter().map(|k| k.used).sum();
-        s.kv_reserved = st.kv.iter().map(|k| k.reserved).sum();
-        if !batch.is_empty() {
-            s.last_batch = batch.len();
-            s.steps += 1;
-            s.step_s += step_s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loip_engine::{Generator, Model, Next, RowPick, SamplingParams, TokenPos};
+
+    /// The engine, 20 ms a step: a request behind another waits in the queue.
+    struct Slow<'m, 'a>(Generator<'m, 'a>);
+
+    impl BatchBackend for Slow<'_, '_> {
+        fn forward_rows(
+            &mut self,
+            ids: &[u32],
+            batch: &[TokenPos],
+            rows: &[usize],
+        ) -> Result<Vec<f32>, EngineError> {
+            std::thread::sleep(Duration::from_millis(20));
+            self.0.forward_rows(ids, batch, rows)
         }
-        s.kv_budget = kv_budget;
-        crate::metrics::step(&s, (!batch.is_empty()).then_some(step_s));
+        fn forward_pick(
+            &mut self,
+            ids: &[u32],
+            batch: &[TokenPos],
+            picks: &[RowPick<'_>],
+        ) -> Result<Vec<Next>, EngineError> {
+            std::thread::sleep(Duration::from_millis(20));
+            self.0.forward_pick(ids, batch, picks)
+        }
+        fn release(&mut self, seq: SeqId) {
+            self.0.release(seq)
+        }
+        fn vocab_size(&self) -> usize {
+            self.0.vocab_size()
+        }
+    }
+
+    impl BatchBackendDyn for Slow<'_, '_> {}
+
+    fn opts(n: usize) -> GenerateOptions {
+        GenerateOptions {
+            max_tokens: n,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                top_k: 0,
+                top_p: 1.0,
+                seed: 0,
+            },
+            eos_ids: Vec::new(),
+            min_tokens: n,
+        }
+    }
+
+    #[test]
+    fn a_queued_request_whose_client_left_is_cancelled_before_its_first_token() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tiny-llama"
+        );
+        let ckpt = Arc::new(loip_model::Checkpoint::open(std::path::Path::new(dir)).unwrap());
+        let batcher = Batcher::start("test-loop", move |run| {
+            let model = Model::from_checkpoint(&ckpt).unwrap();
+            let mut limits = Limits::one_device(u64::MAX, 1);
+            limits.max_seqs = 1;
+            limits.max_step_seqs = 1;
+            let mut slow = Slow(Generator::new(&model, None));
+            run(limits, &mut slow);
+        })
+        .unwrap();
+        let first = batcher.clone();
+        let a = std::thread::spawn(move || {
+            first.generate(&[1, 2, 3], &opts(20), &mut |_| Flow::Continue)
+        });
+        // wait until the first request runs, so that the second one queues behind it
+        let t = Instant::now();
+        while batcher.stats().running == 0 && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let t = Instant::now();
+        let b = batcher
+            .generate_watched(&[4, 5], &opts(20), &mut |_| Flow::Stop, &mut || false)
+            .unwrap();
+        let waited = t.elapsed();
+        assert!(b.new_ids.is_empty(), "{:?}", b.new_ids);
+        assert_eq!(b.stop, StopReason::Stop);
+        let a = a.join().unwrap().unwrap();
+        assert_eq!(a.new_ids.len(), 20);
+        assert!(waited < Duration::from_millis(400), "{waited:?}");
+        let st = batcher.stats();
+        assert_eq!((st.queued, st.running), (0, 0), "{st:?}");
     }
 }

@@ -79,7 +79,8 @@ impl ApiError {
     }
 
     /// 429 when the scheduler's queue is full, 400 for a request the device can never
-    /// hold, 503 when the serving loop stopped, else 500 (logged).
+    /// hold, 503 when the serving loop stopped or a cluster device is unavailable, else 500
+    /// (logged).
     pub(crate) fn from_batch(e: crate::serving::BatchError) -> ApiError {
         use crate::serving::BatchError;
         match e {
@@ -90,6 +91,9 @@ impl ApiError {
             BatchError::Refused(m) => ApiError::bad(m),
             BatchError::Stopped => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the serving loop stopped")
+            }
+            e @ BatchError::Unavailable(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }
             e => ApiError::internal(e),
         }

@@ -15,7 +15,8 @@
 //! [`bandwidth`] (constant and dynamic links), [`adapt`] (memory over time, online adaptation),
 //! [`pipeline`], [`tp`], [`methods`], [`experiments`], [`report`], [`plot`], [`plot_lines`],
 //! [`shapes`]
-//! (built-in model shapes), [`testkit`] (seeded random clusters for checks), [`sim`]
+//! (built-in model shapes), [`serving`] (the runtime's step scheduler on the virtual clock),
+//! [`testkit`] (seeded random clusters for checks), [`sim`]
 //! (configuration and report types), [`error`].
 //!
 //! Results of the paper-scale experiments and how they compare with the paper's claims:
@@ -33,6 +34,7 @@ pub mod pipeline;
 pub mod plot;
 pub mod plot_lines;
 pub mod report;
+pub mod serving;
 pub mod shapes;
 pub mod sim;
 pub mod testkit;

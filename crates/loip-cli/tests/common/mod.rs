@@ -17,3 +17,5 @@ pub fn fixture(name: &str) -> String {
         .to_string_lossy()
         .into_owned()
 }
+
+pub mod api;
