@@ -356,7 +356,7 @@ fn batched_matmul_is_token_by_token_every_level() {
                             .num_threads(threads)
                             .build()
                             .expect("pool");
-                        for n in [2, 5, 16] {
+                        for n in [2, 5, 8, 9, 16] {
                             let mut y = vec![f32::NAN; n * rows];
                             pool.install(|| matmul_at(level, &w, &x[..n * cols], &mut y))
                                 .expect("matmul");
@@ -387,20 +387,29 @@ fn tiled_kernel_bit_identical() {
             let rows = 11;
             let data = random_matrix(dtype, rows, cols, &mut rng);
             let rb = dtype.row_bytes(cols).expect("blocks");
-            for n in [2, 6, 9] {
+            for n in [2, 3, 4, 5, 6, 7, 8, 9, 17] {
                 let x = random_f32(n * cols, &mut rng);
                 let mut want = vec![0f32; rows * n];
                 for (r, o) in want.chunks_exact_mut(n).enumerate() {
                     let row = &data[r * rb..(r + 1) * rb];
                     crate::dequant::row_dots_scalar(dtype, row, cols, &x, o);
                 }
-                let mut got = vec![f32::NAN; rows * n];
-                // SAFETY: AVX2 is supported; lengths as documented
-                unsafe {
-                    let out = crate::x86::gemm::Out::row_major(&mut got, n);
-                    crate::x86::gemm::rows(dtype, &data, cols, &x, n, rows, out)
-                };
-                assert_eq!(bits(&got), bits(&want), "{dtype} {rows}x{cols} n={n}");
+                for wide in [false, true] {
+                    if wide && !supported(Level::Avx512) {
+                        continue;
+                    }
+                    let mut got = vec![f32::NAN; rows * n];
+                    // SAFETY: AVX2 (and AVX-512 if wide) is supported; lengths as documented
+                    unsafe {
+                        let out = crate::x86::gemm::Out::row_major(&mut got, n);
+                        crate::x86::gemm::rows(wide, dtype, &data, cols, &x, n, rows, out)
+                    };
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{dtype} {rows}x{cols} n={n} wide={wide}"
+                    );
+                }
             }
         }
     }
