@@ -22,7 +22,9 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use loip_kernels::{attention, matmul, set_per_row_batches, simd_level, DType, Matrix};
+use loip_kernels::{
+    attention, attention_causal, matmul, set_per_row_batches, simd_level, DType, Matrix,
+};
 use rand::SeedableRng;
 use rayon::prelude::*;
 use std::time::{Duration, Instant};
@@ -378,26 +380,38 @@ fn smol(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng) {
     let k = common::random_f32(n_ctx * n_kv * hd, rng);
     let v = common::random_f32(n_ctx * n_kv * hd, rng);
     let mut out = vec![0f32; n_ctx * n_heads * hd];
-    print!("  prefill of {n_ctx} tokens, causal:");
-    for &t in &args.threads {
-        let p = pool(t);
-        let qd = n_heads * hd;
-        // `rate` counts bytes; here a "byte" is one attended (token, position) pair
-        let pairs = n_ctx * (n_ctx + 1) / 2;
-        let r = p.install(|| {
-            rate(pairs, min_time, || {
-                out.par_chunks_mut(qd).enumerate().for_each(|(i, o)| {
-                    let qi = &q[i * qd..(i + 1) * qd];
-                    attention(qi, &k, &v, i + 1, n_heads, n_kv, hd, o)
-                })
-            })
-        });
+    // `rate` counts bytes; here a "byte" is one attended (token, position) pair
+    let pairs = n_ctx * (n_ctx + 1) / 2;
+    let qd = n_heads * hd;
+    for tiled in [false, true] {
         print!(
-            "  {t} thr {:>6.3} ms/token",
-            30.0 * pairs as f64 / r / 1e6 / n_ctx as f64
+            "  prefill of {n_ctx} tokens, causal, {}:",
+            if tiled {
+                "tiled over queries (attention_causal)"
+            } else {
+                "token by token in parallel"
+            }
         );
+        for &t in &args.threads {
+            let p = pool(t);
+            let r = p.install(|| {
+                rate(pairs, min_time, || {
+                    if tiled {
+                        attention_causal(&q, &k, &v, 0, n_heads, n_kv, hd, &mut out)
+                    } else {
+                        out.par_chunks_mut(qd).enumerate().for_each(|(i, o)| {
+                            let qi = &q[i * qd..(i + 1) * qd];
+                            attention(qi, &k, &v, i + 1, n_heads, n_kv, hd, o)
+                        })
+                    }
+                })
+            });
+            let ms = 30.0 * pairs as f64 / r / 1e6 / n_ctx as f64;
+            print!("  {t} thr {ms:>6.3} ms/token");
+        }
+        println!();
     }
-    println!("  (30 layers, tokens in parallel as the engine runs them)");
+    println!("  (30 layers)");
 }
 
 /// The clock `/proc/cpuinfo` reports, in MHz (0 if unknown).

@@ -1,7 +1,7 @@
 //! In-crate tests: every SIMD level this CPU runs must give the same bits as the portable
 //! canonical path, for every kernel and odd shapes (tails, remainders, tiles).
 
-use crate::attention::attention_at;
+use crate::attention::{attention_at, attention_causal_at};
 use crate::canon;
 use crate::dispatch;
 use crate::dtype::{DType, Matrix};
@@ -288,6 +288,47 @@ fn attention_and_rmsnorm_levels_bit_identical() {
             let mut out = vec![0f32; len];
             rmsnorm_at(level, &x, &w, 1e-5, &mut out);
             assert_eq!(bits(&out), bits(&want), "rmsnorm {len} {level:?}");
+        }
+    }
+}
+
+/// Prompt attention tiled over queries is each query's decode attention, bit for bit, on
+/// every level and thread count (query blocks of 16, chunks starting mid-cache).
+#[test]
+fn causal_attention_is_token_by_token() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for (start, m, n_heads, n_kv, hd) in [
+        (0, 1, 1, 1, 16),
+        (0, 37, 9, 3, 64),
+        (5, 20, 4, 2, 24),
+        (130, 17, 6, 1, 32),
+    ] {
+        let n = start + m;
+        let q = random_f32(m * n_heads * hd, &mut rng);
+        let k = random_f32(n * n_kv * hd, &mut rng);
+        let v = random_f32(n * n_kv * hd, &mut rng);
+        let w = n_heads * hd;
+        for level in LEVELS.into_iter().filter(|&l| supported(l)) {
+            let mut want = vec![0f32; m * w];
+            for (i, o) in want.chunks_exact_mut(w).enumerate() {
+                let qi = &q[i * w..(i + 1) * w];
+                attention_at(level, qi, &k, &v, start + i + 1, n_heads, n_kv, hd, o);
+            }
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("pool");
+                let mut got = vec![f32::NAN; m * w];
+                pool.install(|| {
+                    attention_causal_at(level, &q, &k, &v, start, (n_heads, n_kv, hd), &mut got)
+                });
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "causal {start}+{m} {n_heads}/{n_kv} {level:?} threads={threads}"
+                );
+            }
         }
     }
 }
