@@ -592,10 +592,7 @@ fn batch_row(label: &str, set: &Set, per_call: usize, trial: Duration, threads: 
 fn batch_table(args: &Args, rng: &mut rand_chacha::ChaCha8Rng) {
     let trial = Duration::from_millis(if args.quick { 30 } else { 100 });
     let working_set: usize = if args.hot { 0 } else { 16 << 20 }; // bytes
-    println!(
-        "simd path: {}; µs per call, per-row kernels / default (ratio to n = 1 in brackets)",
-        simd_level()
-    );
+    println!("µs per call, per-row kernels / default (ratio to n = 1 in brackets)");
     let (rows, cols) = (576, 1536);
     for &t in &args.threads {
         print!("{:<14}", format!("{t} thr"));

@@ -402,6 +402,9 @@ pub(crate) unsafe fn rows(
             let pr = per_panel.min(rows - p0);
             let wb = &mut buf[off..off + pr * cols];
             let bytes = &data[p0 * rb..(p0 + pr) * rb];
+            // the next panel's weights, while this one computes (a hint; may point past the
+            // end, never faults): small panels stream from L3 or memory like decode's rows
+            super::prefetch(data.as_ptr().wrapping_add((p0 + pr) * rb), pr * rb);
             if !super::avx2::dequant_rows(dtype, bytes, cols, wb) {
                 for (o, b) in wb.chunks_exact_mut(cols).zip(bytes.chunks_exact(rb)) {
                     dequant_into(dtype, b, o);
