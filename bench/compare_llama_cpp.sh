@@ -21,6 +21,11 @@ fi
 loip=target/release/loip
 model=$("$loip" fetch smollm2 | tail -n 1)
 "$venv/bin/python" -c "import llama_cpp; print('llama.cpp', llama_cpp.__version__, 'build:', llama_cpp.llama_print_system_info().decode().strip())"
+# llama.cpp's AMX matmul dies with SIGILL where the CPU lists AMX but the VM does not grant it
+if ! "$venv/bin/python" bench/llama_cpp_decode.py "$model" 1 1 >/dev/null 2>&1; then
+    export LLAMA_NO_EXTRA_BUFTS=1
+    echo "llama.cpp failed with its extra buffer types (AMX, repacking): running without them"
+fi
 # prefill: the same 256 token ids for both (cycling below SmolLM2's vocabulary of 49152)
 ids=$(python3 -c "print(','.join(str((i * 7 + 1) % 49152) for i in range(256)))")
 json_field() { python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['$1']:.2f}\")"; }

@@ -8,14 +8,13 @@ best of 3 runs, ms per prompt token (the same work as `loip generate --prompt-id
 import sys
 import time
 
-from llama_cpp import Llama
+from llama_cpp_common import load
 
 
 def main() -> None:
     path, threads = sys.argv[1], int(sys.argv[2])
     ids = [int(i) for i in sys.argv[3].split(",")]
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads,
-                n_ctx=max(512, len(ids) + 8), n_batch=512, verbose=False, seed=0)
+    llm = load(path, threads, n_ctx=max(512, len(ids) + 8))
     best = float("inf")
     for _ in range(3):
         llm.reset()
