@@ -8,14 +8,13 @@ prompt (the same work as `loip generate --ignore-eos`: one forward pass per new 
 import sys
 import time
 
-from llama_cpp import Llama
+from llama_cpp_common import load
 
 
 def main() -> None:
     path, threads = sys.argv[1], int(sys.argv[2])
     tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 64
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads,
-                n_ctx=512, verbose=False, seed=0)
+    llm = load(path, threads)
     prompt = llm.tokenize(b"The capital of France is")
     best = float("inf")
     for _ in range(3):

@@ -11,11 +11,20 @@
 //! shared with other work). `--gemm`: GFLOP/s of `matmul` with n = 1, 8, 64, 256 tokens on a SmolLM2 MLP shape
 //! (576×1536, the down projection, in cache) per stored type, next to the FMA peak of one AVX2 core at the clock
 //! `/proc/cpuinfo` reports (2 FMA units × 8 lanes × 2 flops per cycle).
+//!
+//! `--batch`: the cost of a batched decode step over a step of one token: µs per `matmul` call
+//! with n = 1, 2, 4, 8 tokens and the ratio to n = 1, per stored type on the SmolLM2 down shape
+//! (576×1536; distinct copies, 16 MiB, cycled through; with `--hot` one copy, in L2), then the
+//! whole SmolLM2-135M step (30 Q4_1 layers and the Q8_0 tied head). Per-row kernels / default
+//! kernel choice, alternating trials; by CPU time with one thread, wall time with more.
+//! `LOIP_SIMD=avx2` gives the AVX2 figures on an AVX-512 machine.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use loip_kernels::{attention, matmul, set_per_row_batches, simd_level, DType, Matrix};
+use loip_kernels::{
+    attention, attention_causal, matmul, set_per_row_batches, simd_level, DType, Matrix,
+};
 use rand::SeedableRng;
 use rayon::prelude::*;
 use std::time::{Duration, Instant};
@@ -38,6 +47,8 @@ struct Args {
     gemm: bool,
     /// only this stored type in the GEMM table
     dtype: Option<DType>,
+    /// only the batched-decode table (n = 1, 2, 4, 8)
+    batch: bool,
 }
 
 fn parse_args() -> Args {
@@ -48,6 +59,7 @@ fn parse_args() -> Args {
     let mut hot = false;
     let mut gemm = false;
     let mut dtype = None;
+    let mut batch = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -64,6 +76,7 @@ fn parse_args() -> Args {
             "--table" => table_only = true,
             "--hot" => hot = true,
             "--gemm" => gemm = true,
+            "--batch" => batch = true,
             "--cpu" => CPU_TIME.store(true, std::sync::atomic::Ordering::Relaxed),
             "--dtype" => match it.next().as_deref().and_then(DType::from_name) {
                 Some(d) => dtype = Some(d),
@@ -74,7 +87,7 @@ fn parse_args() -> Args {
             },
             _ => {
                 eprintln!(
-                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--smol | --table | --gemm [--dtype T]]"
+                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--smol | --table | --gemm [--dtype T] | --batch [--dtype T]]"
                 );
                 std::process::exit(2);
             }
@@ -88,6 +101,7 @@ fn parse_args() -> Args {
         hot,
         gemm,
         dtype,
+        batch,
     }
 }
 
@@ -221,6 +235,10 @@ fn main() {
         gemm_table(&args, min_time, &mut rng);
         return;
     }
+    if args.batch {
+        batch_table(&args, &mut rng);
+        return;
+    }
 
     if !args.smol_only {
         dtype_table(&args, min_time, working_set, &mut rng);
@@ -301,49 +319,11 @@ fn dtype_table(
 
 /// SmolLM2-135M decode: 30 layers of Q4_1 projections + the tied Q8_0 head, distinct copies.
 fn smol(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng) {
-    let layer: [(usize, usize); 7] = [
-        (576, 576),
-        (192, 576),
-        (192, 576),
-        (576, 576),
-        (1536, 576),
-        (1536, 576),
-        (576, 1536),
-    ];
-    let mut mats = Vec::new(); // (matrix bytes, rows, cols, dtype)
-    for _ in 0..30 {
-        for &(r, c) in &layer {
-            mats.push((
-                common::random_matrix(DType::Q4_1, r, c, rng),
-                r,
-                c,
-                DType::Q4_1,
-            ));
-        }
-    }
-    mats.push((
-        common::random_matrix(DType::Q8_0, 49152, 576, rng),
-        49152,
-        576,
-        DType::Q8_0,
-    ));
+    let mats = smol_set(rng);
     let total: usize = mats.iter().map(|m| m.0.len()).sum();
     let xs = common::random_f32(1536, rng);
     let mut ys = vec![0f32; 49152];
-    let mut token = || {
-        for (b, r, c, d) in &mats {
-            let w = Matrix {
-                dtype: *d,
-                rows: *r,
-                cols: *c,
-                data: b,
-            };
-            if let Err(e) = matmul(&w, &xs[..*c], &mut ys[..*r]) {
-                eprintln!("matmul: {e}");
-                std::process::exit(1);
-            }
-        }
-    };
+    let mut token = || run_set(&mats, &xs, &mut ys, 1);
     println!(
         "SmolLM2-135M per-token matmuls (30 x Q4_1 layer + Q8_0 head 49152x576), {:.1} MiB:",
         total as f64 / (1 << 20) as f64
@@ -358,20 +338,7 @@ fn smol(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng) {
     let nb = 32;
     let xb = common::random_f32(nb * 1536, rng);
     let mut yb = vec![0f32; nb * 49152];
-    let mut batch = || {
-        for (b, r, c, d) in &mats {
-            let w = Matrix {
-                dtype: *d,
-                rows: *r,
-                cols: *c,
-                data: b,
-            };
-            if let Err(e) = matmul(&w, &xb[..nb * c], &mut yb[..nb * r]) {
-                eprintln!("matmul: {e}");
-                std::process::exit(1);
-            }
-        }
-    };
+    let mut batch = || run_set(&mats, &xb, &mut yb, nb);
     print!("  prefill, batch of {nb} tokens:");
     for &t in &args.threads {
         let p = pool(t);
@@ -413,26 +380,38 @@ fn smol(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng) {
     let k = common::random_f32(n_ctx * n_kv * hd, rng);
     let v = common::random_f32(n_ctx * n_kv * hd, rng);
     let mut out = vec![0f32; n_ctx * n_heads * hd];
-    print!("  prefill of {n_ctx} tokens, causal:");
-    for &t in &args.threads {
-        let p = pool(t);
-        let qd = n_heads * hd;
-        // `rate` counts bytes; here a "byte" is one attended (token, position) pair
-        let pairs = n_ctx * (n_ctx + 1) / 2;
-        let r = p.install(|| {
-            rate(pairs, min_time, || {
-                out.par_chunks_mut(qd).enumerate().for_each(|(i, o)| {
-                    let qi = &q[i * qd..(i + 1) * qd];
-                    attention(qi, &k, &v, i + 1, n_heads, n_kv, hd, o)
-                })
-            })
-        });
+    // `rate` counts bytes; here a "byte" is one attended (token, position) pair
+    let pairs = n_ctx * (n_ctx + 1) / 2;
+    let qd = n_heads * hd;
+    for tiled in [false, true] {
         print!(
-            "  {t} thr {:>6.3} ms/token",
-            30.0 * pairs as f64 / r / 1e6 / n_ctx as f64
+            "  prefill of {n_ctx} tokens, causal, {}:",
+            if tiled {
+                "tiled over queries (attention_causal)"
+            } else {
+                "token by token in parallel"
+            }
         );
+        for &t in &args.threads {
+            let p = pool(t);
+            let r = p.install(|| {
+                rate(pairs, min_time, || {
+                    if tiled {
+                        attention_causal(&q, &k, &v, 0, n_heads, n_kv, hd, &mut out)
+                    } else {
+                        out.par_chunks_mut(qd).enumerate().for_each(|(i, o)| {
+                            let qi = &q[i * qd..(i + 1) * qd];
+                            attention(qi, &k, &v, i + 1, n_heads, n_kv, hd, o)
+                        })
+                    }
+                })
+            });
+            let ms = 30.0 * pairs as f64 / r / 1e6 / n_ctx as f64;
+            print!("  {t} thr {ms:>6.3} ms/token");
+        }
+        println!();
     }
-    println!("  (30 layers, tokens in parallel as the engine runs them)");
+    println!("  (30 layers)");
 }
 
 /// The clock `/proc/cpuinfo` reports, in MHz (0 if unknown).
@@ -545,4 +524,119 @@ fn gemm_table(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng
             println!();
         }
     }
+}
+
+/// Best µs per call of `f` (7 trials, as [`rate`]; by CPU time if `cpu`).
+fn micros(trial: Duration, cpu: bool, f: impl FnMut()) -> f64 {
+    CPU_TIME.store(cpu, std::sync::atomic::Ordering::Relaxed);
+    // `rate` of one "byte" per call: calls per ns
+    1e-3 / rate(1, 7 * trial, f)
+}
+
+/// Matrices of one batch benchmark: `(bytes, rows, cols, dtype)`, run in order per call.
+type Set = Vec<(Vec<u8>, usize, usize, DType)>;
+
+/// `matmul` of each matrix of `set` with `n` tokens of `x` (the first `n × cols` of it).
+fn run_set(set: &Set, x: &[f32], y: &mut [f32], n: usize) {
+    for (b, r, c, d) in set {
+        let w = Matrix {
+            dtype: *d,
+            rows: *r,
+            cols: *c,
+            data: b,
+        };
+        if let Err(e) = matmul(&w, &x[..n * c], &mut y[..n * r]) {
+            eprintln!("matmul: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// One row of the batch table: µs per call of `set` (`per_call` matmuls) for n = 1, 2, 4, 8,
+/// per-row kernels / default, with the ratios to n = 1.
+fn batch_row(label: &str, set: &Set, per_call: usize, trial: Duration, threads: usize) {
+    let p = pool(threads);
+    let cols = set.iter().map(|m| m.2).max().unwrap_or(0);
+    let rows = set.iter().map(|m| m.1).max().unwrap_or(0);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let x = common::random_f32(8 * cols, &mut rng);
+    let mut y = vec![0f32; 8 * rows];
+    print!("{label:<14}");
+    let mut base = 0f64;
+    for n in [1, 2, 4, 8] {
+        let mut time = |per_row: bool| {
+            set_per_row_batches(per_row);
+            let us = p.install(|| micros(trial, threads == 1, || run_set(set, &x, &mut y, n)));
+            us / per_call as f64
+        };
+        let (mut a, mut b) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..2 {
+            if n > 1 {
+                a = a.min(time(true));
+            }
+            b = b.min(time(false));
+        }
+        set_per_row_batches(false);
+        if n == 1 {
+            base = b;
+            print!(" {:>22}", format!("{b:.1}"));
+        } else {
+            let cell = format!("{a:.1}/{b:.1} ({:.2}/{:.2})", a / base, b / base);
+            print!(" {cell:>22}");
+        }
+    }
+    println!();
+}
+
+/// The batched-decode table (`--batch`).
+fn batch_table(args: &Args, rng: &mut rand_chacha::ChaCha8Rng) {
+    let trial = Duration::from_millis(if args.quick { 30 } else { 100 });
+    let working_set: usize = if args.hot { 0 } else { 16 << 20 }; // bytes
+    println!("µs per call, per-row kernels / default (ratio to n = 1 in brackets)");
+    let (rows, cols) = (576, 1536);
+    for &t in &args.threads {
+        print!("{:<14}", format!("{t} thr"));
+        for n in [1, 2, 4, 8] {
+            print!(" {:>22}", format!("n={n}"));
+        }
+        println!();
+        for dtype in common::ALL {
+            if args.dtype.is_some_and(|d| d != dtype) {
+                continue;
+            }
+            let one = common::random_matrix(dtype, rows, cols, rng);
+            let copies = working_set.div_ceil(one.len()).max(1);
+            let set: Set = (0..copies)
+                .map(|_| (one.clone(), rows, cols, dtype))
+                .collect();
+            let label = format!("{} {rows}x{cols}", dtype.name());
+            batch_row(&label, &set, copies, trial, t);
+        }
+        if args.dtype.is_none() {
+            batch_row("SmolLM2 step", &smol_set(rng), 1, trial, t);
+        }
+    }
+}
+
+/// SmolLM2-135M's per-step matmuls: 30 layers of Q4_1 projections and the tied Q8_0 head.
+fn smol_set(rng: &mut rand_chacha::ChaCha8Rng) -> Set {
+    let layer = [
+        (576, 576),
+        (192, 576),
+        (192, 576),
+        (576, 576),
+        (1536, 576),
+        (1536, 576),
+        (576, 1536),
+    ];
+    let mut set = Set::new();
+    for _ in 0..30 {
+        for &(r, c) in &layer {
+            let m = common::random_matrix(DType::Q4_1, r, c, rng);
+            set.push((m, r, c, DType::Q4_1));
+        }
+    }
+    let head = common::random_matrix(DType::Q8_0, 49152, 576, rng);
+    set.push((head, 49152, 576, DType::Q8_0));
+    set
 }

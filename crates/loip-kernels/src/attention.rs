@@ -1,4 +1,6 @@
-//! Decode-time attention: one query token over `n_ctx` cached positions, grouped-query.
+//! Attention, grouped-query: one query token over `n_ctx` cached positions ([`attention`],
+//! decode), or the tokens of a prompt each over its causal prefix ([`attention_causal`],
+//! prefill: tiled over queries, the same operations per query as [`attention`]).
 //!
 //! Per head `h` (kv head `h / (n_heads / n_kv_heads)`), in this fixed order:
 //! 1. `s[t] = dot(q_h, k_t) * scale` (canonical dot, `scale = 1/sqrt(head_dim)` rounded to f32);
@@ -17,10 +19,9 @@ use rayon::prelude::*;
 /// Below this many multiply-adds (`n_ctx × n_heads × head_dim`) heads run on the caller.
 const PAR_MIN_WORK: usize = 1 << 15;
 
-/// The shape of one attention call.
+/// The shape of one attention call (the context length is per query).
 #[derive(Clone, Copy)]
 struct Shape {
-    n_ctx: usize,
     head_dim: usize,
     /// query heads per kv head
     group: usize,
@@ -51,7 +52,6 @@ fn check(
         "attention: k/v shorter than n_ctx positions"
     );
     Shape {
-        n_ctx,
         head_dim,
         group: n_heads / n_kv_heads,
         stride,
@@ -88,60 +88,206 @@ pub(crate) fn sum(s: &[f32]) -> f32 {
 /// is in cache (`POS_BLOCK × head_dim × 4` bytes).
 const POS_BLOCK: usize = 128;
 
-/// Query heads `h0 .. h0 + out.len() / head_dim`, all on the same kv head.
+/// One query token of a task: its queries for the task's heads (`heads × head_dim`), the
+/// number of positions it attends, and its outputs (`heads × head_dim`).
+struct Query<'a> {
+    q: &'a [f32],
+    n_ctx: usize,
+    out: &'a mut [f32],
+}
+
+/// Query heads `h0 ..` (all on the same kv head) of each query token in `qs`; every query
+/// gets exactly the operations of the module docs, whatever the other queries of the task.
 ///
-/// `q`: those heads' queries; `out`: their outputs; `scores`: scratch of `heads × n_ctx`.
-#[allow(clippy::too_many_arguments)]
+/// `scores`: scratch, `heads × n_ctx` per query. Each block of K (or V) rows is read once
+/// for all heads and queries of the task while it is in cache.
 fn heads(
     level: Level,
     sh: Shape,
     h0: usize,
+    qs: &mut [Query<'_>],
+    k: &[f32],
+    v: &[f32],
+    scores: &mut Vec<f32>,
+) {
+    let hd = sh.head_dim;
+    let off = (h0 / sh.group) * hd; // the kv head's columns
+    let scale = (1.0 / (hd as f64).sqrt()) as f32;
+    // per query: its first score, heads
+    let starts: Vec<usize> = qs
+        .iter()
+        .scan(0, |acc, q| {
+            let at = *acc;
+            *acc += q.out.len() / hd * q.n_ctx;
+            Some(at)
+        })
+        .collect();
+    let total: usize = qs.iter().map(|q| q.out.len() / hd * q.n_ctx).sum();
+    scores.clear();
+    scores.resize(total, 0.0);
+    let longest = qs.iter().map(|q| q.n_ctx).max().unwrap_or(0);
+    // scores, block by block
+    for t0 in (0..longest).step_by(POS_BLOCK) {
+        let kb = &k[t0 * sh.stride + off..];
+        for (qi, &at) in qs.iter().zip(&starts) {
+            let n = qi.n_ctx;
+            if n <= t0 {
+                continue;
+            }
+            let t1 = (t0 + POS_BLOCK).min(n);
+            let sq = &mut scores[at..at + qi.out.len() / hd * n];
+            for (i, s) in sq.chunks_exact_mut(n).enumerate() {
+                let qh = &qi.q[i * hd..(i + 1) * hd];
+                dispatch::dot_rows(level, qh, kb, sh.stride, &mut s[t0..t1]);
+            }
+        }
+    }
+    // softmax per query and head
+    for (qi, &at) in qs.iter().zip(&starts) {
+        let n = qi.n_ctx;
+        if n == 0 {
+            continue;
+        }
+        for s in scores[at..at + qi.out.len() / hd * n].chunks_exact_mut(n) {
+            s.iter_mut().for_each(|x| *x *= scale);
+            let m = s.iter().fold(f32::NEG_INFINITY, |m, &x| vmax(x, m));
+            s.iter_mut().for_each(|x| *x -= m);
+            dispatch::exp_inplace(level, s);
+            let total = sum(s);
+            s.iter_mut().for_each(|e| *e /= total);
+        }
+    }
+    // weighted sums of V rows, block by block, in increasing position
+    qs.iter_mut().for_each(|q| q.out.fill(0.0));
+    for t0 in (0..longest).step_by(POS_BLOCK) {
+        let vb = &v[t0 * sh.stride + off..];
+        for (qi, &at) in qs.iter_mut().zip(&starts) {
+            let n = qi.n_ctx;
+            if n <= t0 {
+                continue;
+            }
+            let t1 = (t0 + POS_BLOCK).min(n);
+            let sq = &scores[at..at + qi.out.len() / hd * n];
+            for (s, oh) in sq.chunks_exact(n).zip(qi.out.chunks_exact_mut(hd)) {
+                dispatch::weighted_rows(level, &s[t0..t1], vb, sh.stride, oh);
+            }
+        }
+    }
+}
+
+/// Runs of query heads that one task takes, `(first head, heads)`: a run lies on one kv head;
+/// groups are split until there are at least two runs per thread (results do not depend on
+/// the split).
+fn head_runs(sh: Shape, n_kv_heads: usize, threads: usize) -> Vec<(usize, usize)> {
+    let splits = (2 * threads).div_ceil(n_kv_heads).clamp(1, sh.group);
+    let task_heads = sh.group.div_ceil(splits);
+    (0..n_kv_heads)
+        .flat_map(|kv| {
+            (0..sh.group)
+                .step_by(task_heads)
+                .map(move |j| (kv * sh.group + j, task_heads.min(sh.group - j)))
+        })
+        .collect()
+}
+
+/// Query tokens per task of [`attention_causal`]: their scores (`heads × n_ctx` each) stay
+/// in L2 while the task's K and V blocks pass once for all of them.
+const QUERY_BLOCK: usize = 16;
+
+/// Causal attention of `m = q.len() / (n_heads × head_dim)` consecutive query tokens (a
+/// prompt or a prompt chunk): query `i` sits at position `start + i` and attends positions
+/// `0 ..= start + i`. Bit-identical to [`attention`] of each query alone with
+/// `n_ctx = start + i + 1` (the same operations in the same order per query and head), but
+/// tiled over queries: each block of K and V rows is read once for up to [`QUERY_BLOCK`]
+/// queries, and the tasks are blocks of queries × runs of heads.
+///
+/// `q`, `out`: `m × n_heads × head_dim`; `k`, `v`: at least `start + m` rows of
+/// `n_kv_heads × head_dim`.
+///
+/// # Panics
+/// If the lengths do not match the shape or `n_heads` is not a multiple of `n_kv_heads > 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_causal(
     q: &[f32],
     k: &[f32],
     v: &[f32],
+    start: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
     out: &mut [f32],
-    scores: &mut Vec<f32>,
 ) {
-    let (hd, n) = (sh.head_dim, sh.n_ctx);
-    let nh = out.len() / hd;
-    let off = (h0 / sh.group) * hd; // the kv head's columns
-    out.fill(0.0);
-    if n == 0 {
+    let heads = (n_heads, n_kv_heads, head_dim);
+    attention_causal_at(simd::current(), q, k, v, start, heads, out)
+}
+
+/// [`attention_causal`] on an explicit level; `heads`: `(n_heads, n_kv_heads, head_dim)`.
+pub(crate) fn attention_causal_at(
+    level: Level,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    start: usize,
+    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let width = n_heads * head_dim;
+    assert!(width > 0 || q.is_empty(), "attention: empty heads");
+    let m = q.len().checked_div(width).unwrap_or(0);
+    assert_eq!(q.len(), m * width, "attention: q length");
+    assert_eq!(out.len(), q.len(), "attention: out length");
+    if m == 0 {
         return;
     }
-    let scale = (1.0 / (hd as f64).sqrt()) as f32;
-    scores.clear();
-    scores.resize(nh * n, 0.0);
-    // scores, block by block so that each K block is read from memory once for all heads
-    for t0 in (0..n).step_by(POS_BLOCK) {
-        let t1 = (t0 + POS_BLOCK).min(n);
-        let kb = &k[t0 * sh.stride + off..];
-        for (i, s) in scores.chunks_exact_mut(n).enumerate() {
-            dispatch::dot_rows(
-                level,
-                &q[i * hd..(i + 1) * hd],
-                kb,
-                sh.stride,
-                &mut s[t0..t1],
-            );
+    let n_last = start + m;
+    // checks k, v and the head counts once, for the longest context
+    let sh = check(
+        &q[..width],
+        k,
+        v,
+        n_last,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        &out[..width],
+    );
+    let runs = head_runs(sh, n_kv_heads, rayon::current_num_threads());
+    // tasks: (query block, run) with each query's outputs of that run
+    let mut tasks: Vec<(usize, usize, Vec<Query<'_>>)> = Vec::new();
+    for (b, (qb, ob)) in q
+        .chunks(QUERY_BLOCK * width)
+        .zip(out.chunks_mut(QUERY_BLOCK * width))
+        .enumerate()
+    {
+        let mut per_run: Vec<Vec<Query<'_>>> = runs.iter().map(|_| Vec::new()).collect();
+        for (i, (qt, ot)) in qb.chunks(width).zip(ob.chunks_mut(width)).enumerate() {
+            let mut rest = ot;
+            for (r, &(h0, nh)) in runs.iter().enumerate() {
+                let (o, tail) = rest.split_at_mut(nh * head_dim);
+                rest = tail;
+                per_run[r].push(Query {
+                    q: &qt[h0 * head_dim..(h0 + nh) * head_dim],
+                    n_ctx: start + b * QUERY_BLOCK + i + 1,
+                    out: o,
+                });
+            }
+        }
+        for (r, qs) in per_run.into_iter().enumerate() {
+            tasks.push((b, runs[r].0, qs));
         }
     }
-    // softmax per head
-    for s in scores.chunks_exact_mut(n) {
-        s.iter_mut().for_each(|x| *x *= scale);
-        let m = s.iter().fold(f32::NEG_INFINITY, |m, &x| vmax(x, m));
-        s.iter_mut().for_each(|x| *x -= m);
-        dispatch::exp_inplace(level, s);
-        let total = sum(s);
-        s.iter_mut().for_each(|e| *e /= total);
-    }
-    // weighted sums of V rows, block by block, in increasing position
-    for t0 in (0..n).step_by(POS_BLOCK) {
-        let t1 = (t0 + POS_BLOCK).min(n);
-        let vb = &v[t0 * sh.stride + off..];
-        for (s, oh) in scores.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
-            dispatch::weighted_rows(level, &s[t0..t1], vb, sh.stride, oh);
+    let work = m.saturating_mul(n_last).saturating_mul(width);
+    if rayon::current_num_threads() <= 1 || work < PAR_MIN_WORK {
+        let mut scores = Vec::new();
+        for (_, h0, mut qs) in tasks {
+            heads(level, sh, h0, &mut qs, k, v, &mut scores);
         }
+    } else {
+        tasks
+            .into_par_iter()
+            .for_each_init(Vec::new, |scores, (_, h0, mut qs)| {
+                heads(level, sh, h0, &mut qs, k, v, scores)
+            });
     }
 }
 
@@ -196,33 +342,22 @@ pub(crate) fn attention_at(
     }
     let threads = rayon::current_num_threads();
     let work = n_ctx.saturating_mul(n_heads).saturating_mul(head_dim);
+    let one = |h0: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+        let nh = o.len() / head_dim;
+        let mut qs = [Query {
+            q: &q[h0 * head_dim..(h0 + nh) * head_dim],
+            n_ctx,
+            out: o,
+        }];
+        heads(level, sh, h0, &mut qs, k, v, scores);
+    };
     if threads <= 1 || work < PAR_MIN_WORK || n_heads < 2 {
         let mut scores = Vec::new();
         for (i, o) in out.chunks_mut(sh.group * head_dim).enumerate() {
-            let h0 = i * sh.group;
-            heads(
-                level,
-                sh,
-                h0,
-                &q[h0 * head_dim..(h0 + sh.group) * head_dim],
-                k,
-                v,
-                o,
-                &mut scores,
-            );
+            one(i * sh.group, o, &mut scores);
         }
     } else {
-        // a task is a run of query heads of one kv head; split groups until there are at
-        // least two tasks per thread (results do not depend on the split)
-        let splits = (2 * threads).div_ceil(n_kv_heads).clamp(1, sh.group);
-        let task_heads = sh.group.div_ceil(splits);
-        let tasks: Vec<(usize, usize)> = (0..n_kv_heads)
-            .flat_map(|kv| {
-                (0..sh.group)
-                    .step_by(task_heads)
-                    .map(move |j| (kv * sh.group + j, task_heads.min(sh.group - j)))
-            })
-            .collect();
+        let tasks = head_runs(sh, n_kv_heads, threads);
         // one output slice per task, in head order
         let mut outs = Vec::with_capacity(tasks.len());
         let mut rest = &mut out[..];
@@ -234,18 +369,7 @@ pub(crate) fn attention_at(
         tasks
             .into_par_iter()
             .zip(outs)
-            .for_each_init(Vec::new, |scores, ((h0, nh), o)| {
-                heads(
-                    level,
-                    sh,
-                    h0,
-                    &q[h0 * head_dim..(h0 + nh) * head_dim],
-                    k,
-                    v,
-                    o,
-                    scores,
-                )
-            });
+            .for_each_init(Vec::new, |scores, ((h0, _), o)| one(h0, o, scores));
     }
 }
 

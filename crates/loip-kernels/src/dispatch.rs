@@ -9,8 +9,29 @@ use crate::simd::{detected, per_row_batches, Level};
 
 /// From this many tokens on, AVX2 matmuls use the register-tiled kernel
 /// ([`crate::x86::gemm`], through [`rows_token_major`]); below, the per-row dot kernels of
-/// [`rows`]. (AVX-512 keeps its per-row kernels.)
+/// [`rows`]. AVX-512 keeps its per-row kernels (1 row × 4 tokens, weights dequantized in
+/// registers) for the types it has them for, [`avx512_native`]: measured faster than
+/// 512-bit tiles for every n there; other types take 512-bit tiles.
 const GEMM_MIN_TOKENS: usize = 2;
+
+/// Types with AVX-512 per-row kernels of their own (others go through f32 rows there).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
+fn avx512_native(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::F32
+            | DType::F16
+            | DType::BF16
+            | DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q4K
+            | DType::Q6K
+    )
+}
 
 /// Whether a matmul of `n` tokens takes the register-tiled kernel.
 #[inline]
@@ -97,14 +118,16 @@ impl<'a> TokenMajor<'a> {
     }
 }
 
-/// Whether [`rows_token_major`] has a kernel for `n` tokens on `level` (else callers use
+/// Whether [`rows_token_major`] takes `n` tokens of `dtype` on `level` (else callers use
 /// [`rows`] and transpose).
-pub(crate) fn has_token_major(level: Level, n: usize) -> bool {
+pub(crate) fn has_token_major(level: Level, dtype: DType, n: usize) -> bool {
     #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-    if usable(level) == Level::Avx2 && tiled(n) {
-        return true;
+    match usable(level) {
+        Level::Avx2 => return tiled(n),
+        Level::Avx512 => return tiled(n) && !avx512_native(dtype),
+        Level::Scalar => {}
     }
-    let _ = (level, n);
+    let _ = (level, dtype, n);
     false
 }
 
@@ -124,7 +147,7 @@ pub(crate) fn rows_token_major(
     y: TokenMajor<'_>,
     r0: usize,
 ) {
-    assert!(has_token_major(level, n), "no token-major kernel");
+    assert!(has_token_major(level, dtype, n), "no token-major kernel");
     assert!(n > 0 && cols % dtype.block_elems() == 0, "bad matmul shape");
     assert_eq!(x.len(), n * cols, "x length");
     assert_eq!(y.len, n * y.rows, "y length");
@@ -133,12 +156,13 @@ pub(crate) fn rows_token_major(
     let rows = data.len() / rb;
     assert!(r0 + rows <= y.rows, "rows outside y");
     #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-    // SAFETY: AVX2/FMA/F16C detected (has_token_major); lengths checked above; the output
-    // rows r0 .. r0 + rows are this caller's alone (the contract above), and every index
-    // r0 + r + t * rows (r < rows, t < n) is below len.
+    // SAFETY: AVX2/FMA/F16C (and AVX-512F where `wide`) detected (has_token_major); lengths
+    // checked above; the output rows r0 .. r0 + rows are this caller's alone (the contract
+    // above), and every index r0 + r + t * rows (r < rows, t < n) is below len.
     unsafe {
         let out = crate::x86::gemm::Out::token_major(y.ptr.add(r0), y.len - r0, y.rows);
-        crate::x86::gemm::rows(dtype, data, cols, x, n, rows, out)
+        let wide = usable(level) == Level::Avx512;
+        crate::x86::gemm::rows(wide, dtype, data, cols, x, n, rows, out)
     }
 }
 

@@ -98,7 +98,7 @@ pub(crate) fn matmul_at(
     };
     let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);
 
-    if dispatch::has_token_major(level, n) {
+    if dispatch::has_token_major(level, dtype, n) {
         // the tiled kernel writes y's layout itself; each task its own rows
         let yt = dispatch::TokenMajor::new(y, rows);
         let run = |r0: usize, r1: usize| {

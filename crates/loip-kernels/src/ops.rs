@@ -3,7 +3,8 @@
 //! - [`matmul`] / [`matmul_many`] / [`matmul_ref`] / [`dequant_row`]: weights in their stored
 //!   dtype.
 //! - [`rmsnorm`], [`silu_mul`], [`rope_half`]: element-wise f32 kernels.
-//! - [`attention`] / [`attention_ref`]: one query token over a KV cache.
+//! - [`attention`] / [`attention_ref`]: one query token over a KV cache;
+//!   [`attention_causal`]: the tokens of a prompt chunk, each over its causal prefix.
 //! - [`simd_level`] / [`set_force_scalar`] / [`set_per_row_batches`]: which SIMD path runs.
 //! - [`on_pool`]: run a whole step on the thread pool (one hand-off, not one per matmul).
 //!
@@ -11,7 +12,7 @@
 //! docs), so results are bit-identical across SIMD paths, batch sizes, thread counts and
 //! weight addresses. The `_ref` functions are plain, independent scalar code for tests.
 
-pub use crate::attention::{attention, attention_ref};
+pub use crate::attention::{attention, attention_causal, attention_ref};
 pub use crate::elementwise::{rmsnorm, rope_half, silu_mul};
 pub use crate::matmul::{dequant_row, matmul, matmul_many, matmul_ref};
 pub use crate::simd::{set_force_scalar, set_per_row_batches, simd_level};

@@ -1,7 +1,7 @@
 //! In-crate tests: every SIMD level this CPU runs must give the same bits as the portable
 //! canonical path, for every kernel and odd shapes (tails, remainders, tiles).
 
-use crate::attention::attention_at;
+use crate::attention::{attention_at, attention_causal_at};
 use crate::canon;
 use crate::dispatch;
 use crate::dtype::{DType, Matrix};
@@ -292,6 +292,47 @@ fn attention_and_rmsnorm_levels_bit_identical() {
     }
 }
 
+/// Prompt attention tiled over queries is each query's decode attention, bit for bit, on
+/// every level and thread count (query blocks of 16, chunks starting mid-cache).
+#[test]
+fn causal_attention_is_token_by_token() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for (start, m, n_heads, n_kv, hd) in [
+        (0, 1, 1, 1, 16),
+        (0, 37, 9, 3, 64),
+        (5, 20, 4, 2, 24),
+        (130, 17, 6, 1, 32),
+    ] {
+        let n = start + m;
+        let q = random_f32(m * n_heads * hd, &mut rng);
+        let k = random_f32(n * n_kv * hd, &mut rng);
+        let v = random_f32(n * n_kv * hd, &mut rng);
+        let w = n_heads * hd;
+        for level in LEVELS.into_iter().filter(|&l| supported(l)) {
+            let mut want = vec![0f32; m * w];
+            for (i, o) in want.chunks_exact_mut(w).enumerate() {
+                let qi = &q[i * w..(i + 1) * w];
+                attention_at(level, qi, &k, &v, start + i + 1, n_heads, n_kv, hd, o);
+            }
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("pool");
+                let mut got = vec![f32::NAN; m * w];
+                pool.install(|| {
+                    attention_causal_at(level, &q, &k, &v, start, (n_heads, n_kv, hd), &mut got)
+                });
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "causal {start}+{m} {n_heads}/{n_kv} {level:?} threads={threads}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn unsupported_level_falls_back() {
     // asking for any level is safe: unsupported ones run the scalar path
@@ -356,7 +397,7 @@ fn batched_matmul_is_token_by_token_every_level() {
                             .num_threads(threads)
                             .build()
                             .expect("pool");
-                        for n in [2, 5, 16] {
+                        for n in [2, 5, 8, 9, 16] {
                             let mut y = vec![f32::NAN; n * rows];
                             pool.install(|| matmul_at(level, &w, &x[..n * cols], &mut y))
                                 .expect("matmul");
@@ -387,20 +428,29 @@ fn tiled_kernel_bit_identical() {
             let rows = 11;
             let data = random_matrix(dtype, rows, cols, &mut rng);
             let rb = dtype.row_bytes(cols).expect("blocks");
-            for n in [2, 6, 9] {
+            for n in [2, 3, 4, 5, 6, 7, 8, 9, 17] {
                 let x = random_f32(n * cols, &mut rng);
                 let mut want = vec![0f32; rows * n];
                 for (r, o) in want.chunks_exact_mut(n).enumerate() {
                     let row = &data[r * rb..(r + 1) * rb];
                     crate::dequant::row_dots_scalar(dtype, row, cols, &x, o);
                 }
-                let mut got = vec![f32::NAN; rows * n];
-                // SAFETY: AVX2 is supported; lengths as documented
-                unsafe {
-                    let out = crate::x86::gemm::Out::row_major(&mut got, n);
-                    crate::x86::gemm::rows(dtype, &data, cols, &x, n, rows, out)
-                };
-                assert_eq!(bits(&got), bits(&want), "{dtype} {rows}x{cols} n={n}");
+                for wide in [false, true] {
+                    if wide && !supported(Level::Avx512) {
+                        continue;
+                    }
+                    let mut got = vec![f32::NAN; rows * n];
+                    // SAFETY: AVX2 (and AVX-512 if wide) is supported; lengths as documented
+                    unsafe {
+                        let out = crate::x86::gemm::Out::row_major(&mut got, n);
+                        crate::x86::gemm::rows(wide, dtype, &data, cols, &x, n, rows, out)
+                    };
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{dtype} {rows}x{cols} n={n} wide={wide}"
+                    );
+                }
             }
         }
     }

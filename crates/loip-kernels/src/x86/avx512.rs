@@ -365,7 +365,7 @@ impl Float for BF16 {
 
 /// Canonical reduction of four 16-lane accumulators (see [`crate::canon::reduce`]).
 #[inline(always)]
-unsafe fn reduce(a: &[__m512; 4]) -> f32 {
+pub(super) unsafe fn reduce(a: &[__m512; 4]) -> f32 {
     let v = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
     let lo = _mm512_castps512_ps256(v);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));

@@ -16,9 +16,15 @@
 //! path, whatever `n`, the tile shapes, the panel size and the thread split; only the
 //! interleaving of independent accumulator lanes differs.
 //!
-//! AVX2 machines use it for every batch. AVX-512 machines keep their per-row kernels
-//! (`avx512`: 1 row × 4 tokens with the whole state in 16 of the 32 registers), which measured
-//! as fast as 512-bit tiles of this kind here.
+//! Panels: batches of up to [`SHORT_BATCH`] tokens (batched decode) dequantize one tile of
+//! `R` rows at a time into a 64-byte-aligned buffer that stays in L1, then run every token
+//! over it; longer batches (prefill) dequantize panels of [`PANEL_BYTES`] that stay in L2.
+//!
+//! AVX2 machines use it for every batch, with 256-bit slots. AVX-512 machines keep their
+//! per-row kernels (`avx512`: 1 row × 4 tokens, weights dequantized in registers by table
+//! lookups, no panel) for the types they have them for, measured faster than 512-bit tiles at
+//! every n on the machine this was tuned on (whose 512-bit FMA rate equals its 256-bit one);
+//! the other types take 512-bit slots here.
 //!
 //! Safety: every `unsafe fn` here requires AVX2, FMA and F16C, checked by [`crate::simd`], and
 //! the buffer lengths stated in its docs.
@@ -31,9 +37,14 @@ use std::arch::x86_64::*;
 use crate::dequant::{dequant_into, prefix_bytes};
 use crate::dtype::DType;
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 
-/// f32 bytes of one dequantized panel of rows (about a quarter of a small L2).
+/// f32 bytes of one dequantized panel of rows for long batches (about a quarter of a small
+/// L2). Batches of at most [`SHORT_BATCH`] tokens dequantize one tile of rows at a time
+/// instead, into L1 (the panel's stores to L2 were their bottleneck).
 const PANEL_BYTES: usize = 128 << 10;
+/// Longest batch whose panels are one tile of rows.
+const SHORT_BATCH: usize = 8;
 /// Columns per block of the slot passes: the `R + T` rows of a tile stay in L1 meanwhile
 /// (a multiple of 64, the canonical chunk).
 const KB: usize = 1024;
@@ -56,46 +67,85 @@ trait Slot: Copy {
     unsafe fn reduce(s: &[Self; 8]) -> f32;
 }
 
-impl Slot for __m256 {
-    const WIDTH: usize = 8;
-    const SLOTS: usize = 8;
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        _mm256_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        _mm256_loadu_ps(p)
-    }
-    #[inline(always)]
-    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-        _mm256_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn reduce(s: &[Self; 8]) -> f32 {
-        // slot 2a + h is half h of accumulator a: the layout of the AVX2 reduction
-        super::avx2::reduce(s)
-    }
+/// `impl Slot` for a register type: lanes, the three intrinsics, and its reduction.
+macro_rules! slot {
+    ($v:ty, $width:expr, $zero:ident, $load:ident, $fma:ident, |$s:ident| $reduce:expr) => {
+        impl Slot for $v {
+            const WIDTH: usize = $width;
+            const SLOTS: usize = 64 / $width;
+            #[inline(always)]
+            unsafe fn zero() -> Self {
+                $zero()
+            }
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> Self {
+                $load(p)
+            }
+            #[inline(always)]
+            unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+                $fma(a, b, c)
+            }
+            #[inline(always)]
+            unsafe fn reduce($s: &[Self; 8]) -> f32 {
+                $reduce
+            }
+        }
+    };
 }
+// slot 2a + h is half h of accumulator a: the layout of the AVX2 reduction
+slot!(
+    __m256,
+    8,
+    _mm256_setzero_ps,
+    _mm256_loadu_ps,
+    _mm256_fmadd_ps,
+    |s| super::avx2::reduce(s)
+);
+// slot a is accumulator a: the layout of the AVX-512 reduction
+slot!(
+    __m512,
+    16,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_fmadd_ps,
+    |s| super::avx512::reduce(&[s[0], s[1], s[2], s[3]])
+);
 
-/// One tile: `st[i][t][s]` += slot `s` of rows `w[i]` · tokens `x[t]` over the full-group
-/// elements `0 .. full` (`full` a multiple of 16).
+/// Slot states of a tile, `[row][token][slot]`; slots `SLOTS ..` are never written or read
+/// (left uninitialized: zeroing the whole array was a `memset` per tile, 9 % of a prefill).
+type State<V, const R: usize, const T: usize> = [[[MaybeUninit<V>; 8]; T]; R];
+
+/// One tile: `st[i][t][s]` = slot `s` of rows `w[i]` · tokens `x[t]` over the full-group
+/// elements `0 .. full` (`full` a multiple of 16); writes every slot `s < SLOTS`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // one index runs over three arrays
 unsafe fn tile<V: Slot, const R: usize, const T: usize>(
     w: &[*const f32; R],
     x: &[*const f32; T],
     full: usize,
-    st: &mut [[[V; 8]; T]; R],
+    st: &mut State<V, R, T>,
 ) {
+    if full == 0 {
+        for sti in st.iter_mut() {
+            for s in sti.iter_mut() {
+                s[..V::SLOTS].iter_mut().for_each(|v| {
+                    v.write(V::zero());
+                });
+            }
+        }
+        return;
+    }
     let mut k0 = 0;
     while k0 < full {
         let k1 = (k0 + KB).min(full);
         for s in 0..V::SLOTS {
             let mut acc = [[V::zero(); T]; R];
-            for i in 0..R {
-                for t in 0..T {
-                    acc[i][t] = st[i][t][s];
+            if k0 > 0 {
+                for i in 0..R {
+                    for t in 0..T {
+                        // written by the block before (k0 > 0)
+                        acc[i][t] = st[i][t][s].assume_init();
+                    }
                 }
             }
             let mut e = k0 + V::WIDTH * s;
@@ -111,7 +161,7 @@ unsafe fn tile<V: Slot, const R: usize, const T: usize>(
             }
             for i in 0..R {
                 for t in 0..T {
-                    st[i][t][s] = acc[i][t];
+                    st[i][t][s].write(acc[i][t]);
                 }
             }
         }
@@ -138,11 +188,19 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
     let mut r0 = 0;
     while r0 < pr {
         let ws: [*const f32; R] = std::array::from_fn(|i| w.add((r0 + i).min(pr - 1) * cols));
-        let mut st = [[[V::zero(); 8]; T]; R];
+        let mut st: State<V, R, T> = [[[MaybeUninit::uninit(); 8]; T]; R];
         tile::<V, R, T>(&ws, &xs, full, &mut st);
         for (i, sti) in st.iter().enumerate().take(pr - r0) {
             for (t, s) in sti.iter().enumerate() {
-                let mut v = V::reduce(s);
+                // slots < SLOTS are written by `tile`; the others are not read
+                let s: [V; 8] = std::array::from_fn(|k| {
+                    if k < V::SLOTS {
+                        s[k].assume_init()
+                    } else {
+                        V::zero()
+                    }
+                });
+                let mut v = V::reduce(&s);
                 if full < cols {
                     let mut tail = 0f32;
                     for j in full..cols {
@@ -157,45 +215,97 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
     }
 }
 
-/// All tokens against the panel: blocks of `T` tokens, the last block narrower.
-#[inline(always)]
-unsafe fn panel<V: Slot, const R: usize, const T: usize>(
-    w: &[f32],
+/// One panel's job: `pr` dequantized rows `w` (`pr × cols` f32, rows `row0 ..` of `out`)
+/// against all `n` tokens of `x` (`n × cols`).
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    w: &'a [f32],
     pr: usize,
     cols: usize,
-    x: &[f32],
+    x: &'a [f32],
     n: usize,
     out: Out,
     row0: usize,
-) {
+}
+
+/// All tokens against the panel: blocks of `T` tokens, the last block narrower (`R` rows
+/// per tile throughout).
+#[inline(always)]
+unsafe fn panel<V: Slot, const R: usize, const T: usize>(job: Job<'_>) {
+    let Job {
+        w,
+        pr,
+        cols,
+        x,
+        n,
+        out,
+        row0,
+    } = job;
     let (w, x) = (w.as_ptr(), x.as_ptr());
     let mut t0 = 0;
     while t0 + T <= n {
         tokens::<V, R, T>(w, pr, cols, x, t0, out, row0);
         t0 += T;
     }
-    // the remaining 0 .. T - 1 tokens (T is at most 4)
+    // the remaining 0 .. T - 1 tokens (T is at most 8)
     match n - t0 {
         0 => {}
         1 => tokens::<V, R, 1>(w, pr, cols, x, t0, out, row0),
         2 => tokens::<V, R, 2>(w, pr, cols, x, t0, out, row0),
-        _ => tokens::<V, R, 3>(w, pr, cols, x, t0, out, row0),
+        3 => tokens::<V, R, 3>(w, pr, cols, x, t0, out, row0),
+        4 => tokens::<V, R, 4>(w, pr, cols, x, t0, out, row0),
+        5 => tokens::<V, R, 5>(w, pr, cols, x, t0, out, row0),
+        6 => tokens::<V, R, 6>(w, pr, cols, x, t0, out, row0),
+        _ => tokens::<V, R, 7>(w, pr, cols, x, t0, out, row0),
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_avx2(
-    w: &[f32],
-    pr: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    out: Out,
-    row0: usize,
-) {
-    // 3 × 4 accumulators + 3 rows + 4 tokens: 19 registers, one reloaded (best measured
-    // against 3 × 3, 2 × 4, 4 × 2 and 2 × 3)
-    panel::<__m256, 3, 4>(w, pr, cols, x, n, out, row0)
+/// A panel kernel for one level (`$name`, with `$feat` enabled) and its tile shapes: for `n`
+/// tokens matching `$n`, tiles of `$r` rows × `$t` tokens; `$rows` returns that `$r`.
+macro_rules! panel_level {
+    ($name:ident, $rows:ident, $feat:literal, $v:ty, $($n:pat => ($r:literal, $t:literal)),+) => {
+        /// Rows per tile of [`
+        #[doc = stringify!($name)]
+        /// `] for `n` tokens.
+        fn $rows(n: usize) -> usize {
+            match n {
+                $($n => $r),+
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(job: Job<'_>) {
+            match job.n {
+                $($n => panel::<$v, $r, $t>(job)),+
+            }
+        }
+    };
+}
+
+// 16 registers: R × T accumulators + R rows + T tokens (2 × 4 measured best for n >= 4 with
+// panels in L1: no spills; 3 × 4 needs 19)
+panel_level!(panel_avx2, rows_avx2, "avx2,fma,f16c", __m256,
+    2 => (4, 2),
+    3 => (3, 3),
+    _ => (2, 4)
+);
+// 32 registers
+panel_level!(panel_avx512, rows_avx512, "avx512f,avx2,fma,f16c", __m512,
+    2 => (8, 2),
+    3 => (6, 3),
+    4 => (4, 4),
+    5 => (4, 5),
+    8 => (2, 8),
+    _ => (3, 6)
+);
+
+/// Rows per tile of the panel kernels for `n` tokens.
+fn tile_rows(wide: bool, n: usize) -> usize {
+    if wide {
+        rows_avx512(n)
+    } else {
+        rows_avx2(n)
+    }
 }
 
 /// Where the outputs go: element (row `r`, token `t`) at `ptr[r * rs + t * ts]`, inside
@@ -244,12 +354,14 @@ impl Out {
 }
 
 /// Output (row `r`, token `t`) of `out` = canonical dot of row `r` of `data` (`rows` rows)
-/// with row `t` of `x` (`n × cols`).
+/// with row `t` of `x` (`n × cols`), with 512-bit slots if `wide`, else 256-bit.
 ///
 /// # Safety
-/// AVX2/FMA/F16C available; `data.len() == rows * row_bytes(cols)`, `x.len() == n * cols`,
+/// AVX2/FMA/F16C available, and AVX-512F if `wide`; `data.len() == rows * row_bytes(cols)`, `x.len() == n * cols`,
 /// `cols` a multiple of the block size, `n > 0`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows(
+    wide: bool,
     dtype: DType,
     data: &[u8],
     cols: usize,
@@ -271,23 +383,47 @@ pub(crate) unsafe fn rows(
     if rows == 0 {
         return;
     }
-    let per_panel = (PANEL_BYTES / (4 * cols)).clamp(1, rows);
+    let tr = tile_rows(wide, n);
+    let per_panel = if n <= SHORT_BATCH {
+        tr
+    } else {
+        (PANEL_BYTES / (4 * cols)).max(tr) / tr * tr
+    }
+    .min(rows);
     PANEL.with(|buf| {
         let mut buf = buf.borrow_mut();
-        if buf.len() < per_panel * cols {
-            buf.resize(per_panel * cols, 0.0);
+        // 15 more for the start on a 64-byte line (no store splits a line)
+        if buf.len() < per_panel * cols + 15 {
+            buf.resize(per_panel * cols + 15, 0.0);
         }
+        let off = buf.as_ptr().align_offset(64).min(15);
         let mut p0 = 0;
         while p0 < rows {
             let pr = per_panel.min(rows - p0);
-            let wb = &mut buf[..pr * cols];
+            let wb = &mut buf[off..off + pr * cols];
             let bytes = &data[p0 * rb..(p0 + pr) * rb];
+            // the next panel's weights, while this one computes (a hint; may point past the
+            // end, never faults): small panels stream from L3 or memory like decode's rows
+            super::prefetch(data.as_ptr().wrapping_add((p0 + pr) * rb), pr * rb);
             if !super::avx2::dequant_rows(dtype, bytes, cols, wb) {
                 for (o, b) in wb.chunks_exact_mut(cols).zip(bytes.chunks_exact(rb)) {
                     dequant_into(dtype, b, o);
                 }
             }
-            panel_avx2(wb, pr, cols, x, n, out, p0);
+            let job = Job {
+                w: wb,
+                pr,
+                cols,
+                x,
+                n,
+                out,
+                row0: p0,
+            };
+            if wide {
+                panel_avx512(job);
+            } else {
+                panel_avx2(job);
+            }
             p0 += pr;
         }
     });
