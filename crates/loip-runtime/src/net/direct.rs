@@ -13,7 +13,7 @@
 //! [`Routed`] prefix (hop index, where the input comes from, where the output goes) before a
 //! normal `Step` payload (header, then the input when it comes from the coordinator). A
 //! device whose output goes to a peer sends it there in a `Hand` frame (`[u64 step][u16
-//! hop][rows]`) and sends the coordinator a `Notice` (`[u64 step][u16 hop][u64 bytes]` and the
+//! hop][rows]`, the hop the rows are the input of) and sends the coordinator a `Notice` (`[u64 step][u16 hop][u64 bytes]` and the
 //! hop's [`JobTimes`]), so the coordinator still knows where each step is and where its time
 //! went. The last device returns an `Output` to the coordinator as without forwarding.
 //!

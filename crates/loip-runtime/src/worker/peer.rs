@@ -400,7 +400,8 @@ impl Direct {
         rows: Vec<u8>,
         times: JobTimes,
     ) -> bool {
-        let payload = direct::encode_hand(step, route.hop, &rows);
+        // the rows are the input of the next hop
+        let payload = direct::encode_hand(step, route.hop.saturating_add(1), &rows);
         drop(rows);
         let bytes = payload.len() as u64;
         let link = lock(&self.state).links.get(&to).cloned();
