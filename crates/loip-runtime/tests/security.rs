@@ -553,7 +553,7 @@ async fn handshake_as(addr: &str, hello_role: Role, mac_role: Role) -> Result<()
     wire::write_frame(&mut wr, FrameKind::Hello, &hello_c, None).await.unwrap();
     let hello_w = wire::read_frame(&mut rd, 1 << 16).await.unwrap();
     let f = wire::read_frame(&mut rd, 1 << 16).await.unwrap();
-    let (nonce_w, key_w) = match wire::parse_control::<ToCoordinator>(&f).unwrap() {
+    let (nonce_w, key_w) = match wire::parse_control::<ToCoordinator>(&f).map_err(|e| e.to_string())? {
         ToCoordinator::Challenge { nonce, key } => {
             (unhex::<32>(&nonce).unwrap(), unhex::<32>(&key).unwrap())
         }
