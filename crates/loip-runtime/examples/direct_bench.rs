@@ -35,12 +35,19 @@ fn main() {
         .iter()
         .map(|n| {
             let mut c = Command::new(bin);
-            c.args(["worker", "--listen", "127.0.0.1:0", "--exit-with-parent", "--name", n])
-                .args(["--mem", &(1u64 << 30).to_string()])
-                .arg("--store")
-                .arg(root.join(n))
-                .args(["--bandwidth", &bw.to_string()])
-                .env("LOIP_TOKEN", token);
+            c.args([
+                "worker",
+                "--listen",
+                "127.0.0.1:0",
+                "--exit-with-parent",
+                "--name",
+                n,
+            ])
+            .args(["--mem", &(1u64 << 30).to_string()])
+            .arg("--store")
+            .arg(root.join(n))
+            .args(["--bandwidth", &bw.to_string()])
+            .env("LOIP_TOKEN", token);
             WorkerProcess::spawn(c, Duration::from_secs(60)).expect("worker")
         })
         .collect();
@@ -91,7 +98,9 @@ fn main() {
             let before = s.link_bytes();
             let _ = s.take_totals();
             let out = s
-                .generate(&prompt, &gen, &mut |_| loip_engine::generate::Flow::Continue)
+                .generate(&prompt, &gen, &mut |_| {
+                    loip_engine::generate::Flow::Continue
+                })
                 .expect("generate");
             let b = Breakdown::of(&s.take_totals());
             let steps = (out.new_ids.len().max(2) - 1) as f64 + 1.0;

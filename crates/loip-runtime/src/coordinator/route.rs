@@ -50,8 +50,11 @@ pub(super) struct Progress {
     /// per hop: it answered (empty until the first answer)
     done: Vec<bool>,
     /// the last hop's result and when it arrived
-    head: Option<(Vec<f32>, Vec<(u32, f32)>, Instant)>,
+    head: Option<HeadOut>,
 }
+
+/// The last hop's logits (or argmax picks) and when they arrived.
+type HeadOut = (Vec<f32>, Vec<(u32, f32)>, Instant);
 
 /// The coordinator's name in [`LinkBytes`].
 const COORDINATOR: &str = "coordinator";
@@ -291,7 +294,10 @@ impl Sched {
         if !valid {
             return self.mark_gone(
                 d,
-                format!("sent a notice for step {} hop {k}, which is not at this device", n.step),
+                format!(
+                    "sent a notice for step {} hop {k}, which is not at this device",
+                    n.step
+                ),
             );
         }
         let len = f.payload.len() as u64;

@@ -254,8 +254,7 @@ pub fn decode_notice(p: &[u8]) -> Result<Notice, WireError> {
 /// Compares two secrets in time independent of where they differ.
 pub fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len()
-        && a
-            .bytes()
+        && a.bytes()
             .zip(b.bytes())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0

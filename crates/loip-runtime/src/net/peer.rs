@@ -76,7 +76,10 @@ impl PeerConn {
     }
 
     async fn recv(&mut self, what: &'static str) -> Result<FromPeer, WireError> {
-        let f = self.rd.read_timeout(PRE_AUTH_FRAME, self.timeout, what).await?;
+        let f = self
+            .rd
+            .read_timeout(PRE_AUTH_FRAME, self.timeout, what)
+            .await?;
         wire::parse_control::<FromPeer>(&f)
     }
 

@@ -255,12 +255,17 @@ impl Direct {
     /// Admits a peer session's hello: the key, an expected device, one session each.
     fn admit(&self, key: &str, from: u16) -> Result<String, String> {
         let mut st = lock(&self.state);
-        let ok_key = st.key.as_deref().is_some_and(|k| direct::same_secret(k, key));
+        let ok_key = st
+            .key
+            .as_deref()
+            .is_some_and(|k| direct::same_secret(k, key));
         if !st.open || !ok_key {
             return Err("refused: no pipeline of this worker has that key".into());
         }
         if !st.expect.iter().any(|p| p.device == from) {
-            return Err(format!("refused: device {from} does not hand rows to this worker"));
+            return Err(format!(
+                "refused: device {from} does not hand rows to this worker"
+            ));
         }
         if !st.incoming.insert(from) {
             return Err(format!("refused: device {from} already has a session here"));
@@ -298,7 +303,11 @@ impl Direct {
                     shared.throttle.clone(),
                 )
                 .await?;
-                let m = if msg.measure { c.measure().await? } else { (0.0, 0.0) };
+                let m = if msg.measure {
+                    c.measure().await?
+                } else {
+                    (0.0, 0.0)
+                };
                 Ok::<_, WireError>((c, m))
             }
             .await;
@@ -408,7 +417,8 @@ impl Direct {
         let sent = match link {
             Some(l) => {
                 let permit = ctx.outbox.blocking_acquire(payload.len(), &ctx.rt);
-                l.blocking_send((FrameKind::Hand, payload, Some(permit))).is_ok()
+                l.blocking_send((FrameKind::Hand, payload, Some(permit)))
+                    .is_ok()
             }
             None => false,
         };
@@ -450,7 +460,9 @@ async fn peer_session(
     shared: &Shared,
 ) -> Result<(), WireError> {
     let to = shared.opts.handshake_timeout;
-    let f = rd.read_timeout(PRE_AUTH_FRAME, to, "the peer's hello").await?;
+    let f = rd
+        .read_timeout(PRE_AUTH_FRAME, to, "the peer's hello")
+        .await?;
     let (key, from) = match wire::parse_control::<ToPeer>(&f)? {
         ToPeer::Hello { key, from } => (key, from),
         _ => return Err(WireError::Protocol("expected the peer's hello".into())),
@@ -466,11 +478,9 @@ async fn peer_session(
     r
 }
 
-async fn send(
-    wr: &mut SealedWriter<OwnedWriteHalf>,
-    m: &FromPeer,
-) -> Result<(), WireError> {
-    wr.write(FrameKind::Control, &wire::control_payload(m)?).await
+async fn send(wr: &mut SealedWriter<OwnedWriteHalf>, m: &FromPeer) -> Result<(), WireError> {
+    wr.write(FrameKind::Control, &wire::control_payload(m)?)
+        .await
 }
 
 async fn peer_frames(
@@ -540,7 +550,11 @@ async fn peer_frames(
                     String::from_utf8_lossy(&f.payload).into_owned(),
                 ))
             }
-            k => return Err(WireError::Protocol(format!("unexpected {k:?} frame from a peer"))),
+            k => {
+                return Err(WireError::Protocol(format!(
+                    "unexpected {k:?} frame from a peer"
+                )))
+            }
         }
     }
 }
