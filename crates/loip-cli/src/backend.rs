@@ -40,6 +40,10 @@ pub struct ClusterArgs {
     /// Use the cluster file's `[link]` for planning instead of the measured links.
     #[arg(long)]
     pub file_link: bool,
+    /// Relay every hop through the coordinator instead of handing the rows from worker to
+    /// worker (for networks where workers cannot reach each other).
+    #[arg(long)]
+    pub relay: bool,
     /// Write the plan as JSON to this file.
     #[arg(long)]
     pub plan_out: Option<PathBuf>,
@@ -165,6 +169,7 @@ pub fn start(
         link: c.file_link.then_some(cluster.link),
         shape_name: model.to_string(),
         greedy,
+        relay: c.relay,
         ..Default::default()
     };
     opts.connect.token =

@@ -63,9 +63,14 @@ pub struct LocalArgs {
     /// Keep the workers' slice stores here (reused by later runs) instead of a temp dir.
     #[arg(long)]
     pub store_root: Option<PathBuf>,
-    /// Print one JSON object (as `loip generate --json`, plus "plan" and "breakdown").
+    /// Print one JSON object (as `loip generate --json`, plus "plan", "breakdown" and the
+    /// bytes each link carried, "links").
     #[arg(long)]
     pub json: bool,
+    /// Relay every hop through the coordinator instead of handing the rows from worker to
+    /// worker (for comparison, and for networks where workers cannot reach each other).
+    #[arg(long)]
+    pub relay: bool,
     #[command(flatten)]
     pub prompt: PromptArgs,
     /// Measure the devices' loaders all at the same time (they share this machine's disk)
@@ -309,6 +314,7 @@ fn session_options(
         // planned devices load. One at a time is what the run sees (0.9–1.0 GB/s).
         probe_loads_together: a.probe_loads_together,
         greedy: a.prompt.greedy(),
+        relay: a.relay,
         ..Default::default()
     };
     o.connect.token = Some(token.to_string());
@@ -515,6 +521,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
     };
     let b = Breakdown::of(&s.take_totals());
     extra.insert("breakdown".into(), serde_json::to_value(b)?);
+    extra.insert("links".into(), serde_json::to_value(s.link_bytes())?);
     extra.insert("ms_per_token".into(), measured.into());
     extra.insert(
         "predicted_ms_per_token".into(),
@@ -735,6 +742,7 @@ fn clone_args(a: &LocalArgs) -> LocalArgs {
         concurrent: a.concurrent,
         store_root: a.store_root.clone(),
         json: a.json,
+        relay: a.relay,
         prompt: a.prompt.clone(),
         probe_loads_together: a.probe_loads_together,
         micro_batch_seqs: a.micro_batch_seqs.clone(),

@@ -14,9 +14,15 @@
 //! the others and lists it in `Plan::dropped` with the reason; a worker that answers but
 //! refuses (wrong token) is still an error.
 //!
-//! The cost model's link is what a pipeline hop sees: with the coordinator relaying (star),
-//! one hop crosses two measured links, so the planner gets half the slowest measured
-//! bandwidth and twice the largest one-way latency.
+//! Direct forwarding ([`crate::net::direct`]): after connecting, every worker opens (and, with
+//! `measure_links`, measures) a peer session to every other; a hop whose two devices reach
+//! each other gets its rows device to device, any other hop is relayed by the coordinator,
+//! and `relay` relays every hop (the star).
+//!
+//! The cost model's link is what a pipeline hop sees: over peer links, the slowest measured
+//! peer bandwidth and the largest peer latency (a pair that cannot reach each other counts as
+//! relayed); relaying (star), one hop crosses two measured links, so the planner gets half
+//! the slowest measured bandwidth and twice the largest one-way latency.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -32,13 +38,18 @@ use loip_plan::{
 use serde::Serialize;
 
 use crate::coordinator::{
-    next_seq_id, ClusterError, Conn, ConnectOptions, DeviceHealth, Endpoint, LinkStats, Pipeline,
-    PipelineOptions, Route, ShipStats, StepStats, Totals,
+    next_seq_id, ClusterError, Conn, ConnectOptions, DeviceHealth, Endpoint, HopLinks, LinkBytes,
+    LinkStats, Pipeline, PipelineOptions, Route, ShipStats, StepStats, Totals,
 };
 use crate::executor::{BlockPlacement, DeviceSpec, StageLayer, StageSpec};
 use crate::loader::LoaderKind;
 use crate::wire::{DeviceMemory, NetError, ProbeResult, WireError};
 use crate::RuntimeError;
+
+mod peers;
+
+use peers::connect_peers;
+pub use peers::{direct_link, PeerLinkStats};
 
 /// One worker of the cluster.
 #[derive(Debug, Clone)]
@@ -111,6 +122,12 @@ pub struct SessionOptions {
     /// the plan costs the token's return trip so; else it returns the logits (vocabulary × 4
     /// bytes). Either way a step that asks for logits gets them.
     pub greedy: bool,
+    /// relay every hop through the coordinator (no peer sessions): for networks where workers
+    /// cannot reach each other, and for comparison (`--relay`)
+    pub relay: bool,
+    /// device name pairs whose hops are relayed even when they could reach each other (no
+    /// peer session between them; tests of the fallback)
+    pub relay_pairs: Vec<(String, String)>,
 }
 
 impl Default for SessionOptions {
@@ -132,6 +149,8 @@ impl Default for SessionOptions {
             shape_name: "model".into(),
             probe_loads_together: false,
             greedy: false,
+            relay: false,
+            relay_pairs: Vec::new(),
         }
     }
 }
@@ -151,6 +170,8 @@ pub struct DeviceReport {
     pub shipped: ShipStats,
     /// how its budget is spent, when it runs part of the plan
     pub memory: Option<DeviceMemory>,
+    /// its peer sessions to the other workers (direct forwarding)
+    pub peers: Vec<PeerLinkStats>,
 }
 
 /// Per generated token, from the pipeline's decode steps.  // milliseconds
@@ -345,6 +366,7 @@ pub fn on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> std::io::Result<
 
 struct Setup {
     pipeline: Pipeline,
+    hop_links: HopLinks,
     plan: Plan,
     cluster: Cluster,
     shape: loip_plan::ModelShape,
@@ -407,6 +429,7 @@ async fn setup(
             probe: None,
             shipped: ShipStats::default(),
             memory: None,
+            peers: Vec::new(),
         })
         .collect();
     let mut links = Vec::new();
@@ -417,6 +440,11 @@ async fn setup(
             links.push(l);
         }
     }
+    let reach = if opts.relay || conns.len() < 2 {
+        Vec::new()
+    } else {
+        connect_peers(&mut conns, opts, &mut reports).await?
+    };
     // The token's return trip on the wire: the last device sends the coordinator the argmax
     // (greedy) or the last position's full logits, and the coordinator samples.
     let shape = crate::shape::shape_from_manifest(&opts.shape_name, manifest);
@@ -508,7 +536,14 @@ async fn setup(
             addr: Some(w.endpoint.addr.clone()),
         });
     }
-    let link = opts.link.unwrap_or_else(|| star_link(&links));
+    let link = opts.link.unwrap_or_else(|| {
+        let star = star_link(&links);
+        if reach.is_empty() {
+            star
+        } else {
+            direct_link(star, &reports)
+        }
+    });
     let cluster = Cluster {
         devices,
         link,
@@ -539,6 +574,7 @@ async fn setup(
         });
     }
     let route = Route::from_plan(&plan)?;
+    let mut peer_ids = Vec::new();
     let mut slots: Vec<Option<Conn>> = conns.into_iter().map(Some).collect();
     let mut plan_conns = Vec::new();
     for (i, d) in plan.devices.iter().enumerate() {
@@ -551,6 +587,7 @@ async fn setup(
                     d.name
                 ))
             })?;
+        peer_ids.push(idx as u16);
         let mut c = slots[idx].take().ok_or_else(|| {
             ClusterError::Invalid(format!("device `{}` appears twice in the plan", d.name))
         })?;
@@ -584,9 +621,18 @@ async fn setup(
         hidden: manifest.config.hidden_size,
         vocab: manifest.config.vocab_size,
     };
-    let pipeline = Pipeline::start(plan_conns, route, popts);
+    let reaches = |a: usize, b: usize| {
+        let (a, b) = (peer_ids[a] as usize, peer_ids[b] as usize);
+        reach.get(a).and_then(|r| r.get(b)).copied().unwrap_or(false)
+    };
+    let direct: Vec<bool> = (0..route.hops.len())
+        .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))
+        .collect();
+    let hop_links = HopLinks { direct, peer_ids };
+    let pipeline = Pipeline::start_with(plan_conns, route, popts, hop_links.clone());
     Ok(Setup {
         pipeline,
+        hop_links,
         plan,
         cluster,
         shape,
@@ -599,6 +645,7 @@ async fn setup(
 pub struct Session {
     rt: tokio::runtime::Runtime,
     pipeline: Pipeline,
+    hop_links: HopLinks,
     /// the plan it runs
     pub plan: Plan,
     /// the model's shape as planned
@@ -640,6 +687,7 @@ impl Session {
         Ok(Session {
             rt,
             pipeline: s.pipeline,
+            hop_links: s.hop_links,
             plan: s.plan,
             shape: s.shape,
             cluster: s.cluster,
@@ -704,6 +752,17 @@ impl Session {
         })
     }
 
+    /// Bytes each link carried since the pipeline started (coordinator ↔ workers, and worker
+    /// → worker as the workers reported).
+    pub fn link_bytes(&self) -> Vec<LinkBytes> {
+        self.pipeline.link_bytes()
+    }
+
+    /// Which hops go device to device.
+    pub fn hop_links(&self) -> &HopLinks {
+        &self.hop_links
+    }
+
     /// Timing sums since the last call (then reset).
     pub fn take_totals(&self) -> Totals {
         self.pipeline.take_totals()
@@ -737,6 +796,7 @@ impl Session {
             .rt
             .block_on(setup(&self.model_dir, &self.manifest, &workers, &opts))?;
         self.pipeline = s.pipeline;
+        self.hop_links = s.hop_links;
         self.plan = s.plan;
         self.shape = s.shape;
         self.cluster = s.cluster;

@@ -2,10 +2,12 @@
 //! measurement, slice shipping, probing, loading) and the [`Pipeline`] that runs steps over
 //! them.
 //!
-//! Topology: a star. The coordinator sends each hop of a step (one device, one or more of
-//! its stages) to the device that owns it, receives the hidden rows back and forwards the
-//! exact bytes to the next device; the last device returns the logits of the requested rows
-//! and sampling happens here. Several steps (different sequences) may be in flight at once:
+//! Topology: the coordinator steers, the rows go device to device where they can. Each hop of
+//! a step (one device, one or more of its stages) goes to the device that owns it; with
+//! direct forwarding ([`HopLinks`], `coordinator/route.rs`) the device before hands it the
+//! hidden rows over their peer session and sends the coordinator a small notice, else the
+//! coordinator relays (receives the rows and forwards the exact bytes, the star). The last
+//! device returns the logits of the requested rows and sampling happens here. Several steps (different sequences) may be in flight at once:
 //! each device processes its steps first come, first served, so steps traverse the
 //! pipeline one after another (the bursty pattern). A step is a micro-batch: the tokens of
 //! one or several sequences ([`Pipeline::step_batch_blocking`]), each row of the head with
@@ -26,15 +28,17 @@ use thiserror::Error;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::wire::{
-    self, Frame, FrameKind, NetError, OutputKind, StepHeader, ToCoordinator, ToWorker, WireError,
+    self, Frame, FrameKind, NetError, ToCoordinator, ToWorker, WireError,
 };
 use crate::RuntimeError;
 
 mod backend;
 mod conn;
+mod route;
 
 pub use conn::{Conn, ConnectOptions, Endpoint, LinkStats, ShipStats, KEEPALIVE};
 pub use backend::PipelineBackend;
+pub use route::{HopLinks, LinkBytes};
 
 /// Errors of the distributed runtime; every network failure names its device.
 #[derive(Debug, Error)]
@@ -232,6 +236,8 @@ enum Cmd {
 struct Shared {
     health: Mutex<Vec<DeviceHealth>>,
     totals: Mutex<Totals>,
+    /// bytes per link (from, to)  // bytes
+    links: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -262,8 +268,20 @@ pub struct PipelineOptions {
 }
 
 impl Pipeline {
-    /// Starts the scheduler on the current tokio runtime over `conns` (in plan device order).
+    /// Starts the scheduler on the current tokio runtime over `conns` (in plan device order),
+    /// relaying every hop.
     pub fn start(conns: Vec<Conn>, route: Route, opts: PipelineOptions) -> Pipeline {
+        Pipeline::start_with(conns, route, opts, HopLinks::default())
+    }
+
+    /// [`Pipeline::start`] with each hop's input as `links` says (direct forwarding where the
+    /// workers' peer sessions are up, see [`crate::net::direct`]).
+    pub fn start_with(
+        conns: Vec<Conn>,
+        route: Route,
+        opts: PipelineOptions,
+        links: HopLinks,
+    ) -> Pipeline {
         let health = conns
             .iter()
             .map(|c| DeviceHealth {
@@ -275,9 +293,10 @@ impl Pipeline {
         let shared = Arc::new(Shared {
             health: Mutex::new(health),
             totals: Mutex::new(Totals::default()),
+            links: Mutex::new(BTreeMap::new()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(scheduler(conns, route, opts, rx, shared.clone()));
+        tokio::spawn(scheduler(conns, route, links, opts, rx, shared.clone()));
         Pipeline {
             tx,
             shared,
@@ -444,6 +463,11 @@ impl Pipeline {
         lock(&self.shared.health).clone()
     }
 
+    /// Bytes each link carried since the start, as the coordinator counts them.
+    pub fn link_bytes(&self) -> Vec<LinkBytes> {
+        route::link_bytes(&lock(&self.shared.links))
+    }
+
     /// Timing sums since the last call, then resets them.
     pub fn take_totals(&self) -> Totals {
         std::mem::take(&mut *lock(&self.shared.totals))
@@ -475,10 +499,12 @@ struct InFlight {
     sent: Instant,
     stats: StepStats,
     worker_s: f64,
+    progress: route::Progress,
 }
 
 struct Sched {
     route: Route,
+    links: HopLinks,
     opts: PipelineOptions,
     writers: Vec<mpsc::UnboundedSender<(FrameKind, Vec<u8>)>>,
     alive: Vec<Option<String>>, // None: alive; Some(reason): gone
@@ -520,48 +546,10 @@ impl Sched {
             })
     }
 
-    fn dispatch(&mut self, step: u64, data: Vec<u8>) {
-        let Some(f) = self.inflight.get(&step) else {
-            return;
-        };
-        let h = f.hop;
-        let hop = &self.route.hops[h];
-        let d = hop.device;
-        if self.alive[d].is_some() {
-            let e = self.gone_error(d);
-            self.fail(step, e);
-            return;
-        }
-        let header = StepHeader {
-            step,
-            embed: hop.embed,
-            head: hop.head,
-            keep: self.keep(step, h),
-            stages: hop.stages.clone(),
-            batch: f.batch.clone(),
-            rows: if hop.head { f.rows.clone() } else { Vec::new() },
-            argmax: if hop.head { f.argmax.clone() } else { None },
-            row_masks: if hop.head {
-                f.row_masks.clone()
-            } else {
-                Vec::new()
-            },
-        };
-        let payload = wire::encode_step(&header, &data);
-        let n = payload.len() as u64;
-        if self.writers[d].send((FrameKind::Step, payload)).is_err() {
-            self.mark_gone(d, "its connection closed".into());
-            return;
-        }
-        if let Some(f) = self.inflight.get_mut(&step) {
-            f.stats.bytes += n;
-            f.sent = Instant::now();
-        }
-    }
-
     fn fail(&mut self, step: u64, e: ClusterError) {
         if let Some(f) = self.inflight.remove(&step) {
             let _ = f.reply.send(Err(e));
+            self.forget(step);
             self.release(&f.seqs);
         }
         self.parked.retain(|(s, _)| *s != step);
@@ -647,99 +635,8 @@ impl Sched {
 
     fn on_frame(&mut self, d: usize, f: Frame) {
         match f.kind {
-            FrameKind::Output => {
-                let parsed = wire::decode_output(&f.payload);
-                let (h, data) = match parsed {
-                    Ok(x) => x,
-                    Err(e) => return self.mark_gone(d, format!("sent a malformed output: {e}")),
-                };
-                let Some(fl) = self.inflight.get_mut(&h.step) else {
-                    return;
-                };
-                let hop = &self.route.hops[fl.hop];
-                if hop.device != d {
-                    return self.mark_gone(
-                        d,
-                        format!("answered step {} that is not at this device", h.step),
-                    );
-                }
-                let (want_kind, want_rows, want_cols) = match (hop.head, fl.argmax.is_some()) {
-                    (true, true) => (OutputKind::Argmax, fl.rows.len() as u32, 2),
-                    (true, false) => (
-                        OutputKind::Logits,
-                        fl.rows.len() as u32,
-                        self.opts.vocab as u32,
-                    ),
-                    (false, _) => (
-                        OutputKind::Hidden,
-                        fl.batch.len() as u32,
-                        self.opts.hidden as u32,
-                    ),
-                };
-                if h.kind != want_kind || h.rows != want_rows || h.cols != want_cols {
-                    return self.mark_gone(
-                        d,
-                        format!(
-                            "answered with {:?} {}×{}, expected {want_kind:?} {want_rows}×{want_cols}",
-                            h.kind, h.rows, h.cols
-                        ),
-                    );
-                }
-                fl.stats.compute_s += h.times.compute_s;
-                fl.stats.stall_s += h.times.stall_s;
-                fl.stats.queued_s += h.times.queued_s;
-                fl.stats.loaded_bytes += h.times.loaded_bytes;
-                fl.stats.bytes += f.payload.len() as u64;
-                fl.worker_s += h.times.total_s;
-                if hop.head {
-                    let Some(mut fl) = self.inflight.remove(&h.step) else {
-                        return;
-                    };
-                    let (logits, argmax) = if h.kind == OutputKind::Argmax {
-                        match wire::bytes_argmax(data) {
-                            Ok(a) if a.iter().all(|&(id, _)| (id as usize) < self.opts.vocab) => {
-                                (Vec::new(), a)
-                            }
-                            Ok(_) => {
-                                return self.mark_gone(
-                                    d,
-                                    "returned a token id outside the vocabulary".into(),
-                                )
-                            }
-                            Err(e) => return self.mark_gone(d, e.to_string()),
-                        }
-                    } else {
-                        match wire::bytes_f32(data) {
-                            Ok(l) => (l, Vec::new()),
-                            Err(e) => return self.mark_gone(d, e.to_string()),
-                        }
-                    };
-                    fl.stats.wall_s = fl.started.elapsed().as_secs_f64();
-                    fl.stats.network_s = (fl.stats.wall_s - fl.worker_s).max(0.0);
-                    fl.stats.tokens = fl.batch.len() as u64;
-                    {
-                        let mut t = lock(&self.shared.totals);
-                        // one token per sequence: a decode step (of a micro-batch)
-                        if fl.seqs.len() == fl.batch.len() {
-                            t.decode_steps += 1;
-                            t.decode.add(&fl.stats);
-                        } else {
-                            t.prompt_steps += 1;
-                            t.prompt.add(&fl.stats);
-                        }
-                    }
-                    let _ = fl.reply.send(Ok(StepOutput {
-                        logits,
-                        argmax,
-                        stats: fl.stats,
-                    }));
-                    self.admit_parked();
-                } else {
-                    fl.hop += 1;
-                    let data = data.to_vec();
-                    self.dispatch(h.step, data);
-                }
-            }
+            FrameKind::Output => self.on_output(d, f),
+            FrameKind::Notice => self.on_notice(d, f),
             FrameKind::Control => match wire::parse_control::<ToCoordinator>(&f) {
                 Ok(ToCoordinator::Failed {
                     step: Some(s),
@@ -758,6 +655,9 @@ impl Sched {
                     message,
                 }) => tracing::warn!("device {}: {message}", self.endpoints[d].name),
                 Ok(ToCoordinator::Pong { .. }) => {}
+                Ok(ToCoordinator::PeerGone { device, reason }) => {
+                    self.on_peer_gone(d, device, reason)
+                }
                 Ok(other) => self.mark_gone(d, format!("sent an unexpected message: {other:?}")),
                 Err(e) => self.mark_gone(d, e.to_string()),
             },
@@ -778,7 +678,7 @@ impl Sched {
                 f.sent.elapsed() > limit && !self.parked.iter().any(|(p, _)| p == *id)
             })
             .map(|(_, f)| f)
-            .map(|f| self.route.hops[f.hop].device)
+            .map(|f| self.route.hops[f.hop.min(self.route.hops.len() - 1)].device)
             .collect();
         for d in late {
             self.mark_gone(
@@ -792,6 +692,7 @@ impl Sched {
 async fn scheduler(
     conns: Vec<Conn>,
     route: Route,
+    links: HopLinks,
     opts: PipelineOptions,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     shared: Arc<Shared>,
@@ -847,6 +748,7 @@ async fn scheduler(
     let n = writers.len();
     let mut s = Sched {
         route,
+        links,
         opts,
         writers,
         alive: vec![None; n],
@@ -877,7 +779,7 @@ async fn scheduler(
                     }
                     let now = Instant::now();
                     s.inflight.insert(step, InFlight {
-                        seqs, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0,
+                        seqs, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0, progress: Default::default(),
                     });
                     s.admit(step, wire::u32_bytes(&ids));
                 }

@@ -7,13 +7,16 @@
 //!
 //! | kind | payload |
 //! |---|---|
-//! | `Hello` | `b"LOIP"`, u32 LE protocol version, u8 role (0 coordinator, 1 worker) |
+//! | `Hello` | `b"LOIP"`, u32 LE protocol version, u8 role (0 coordinator, 1 worker, 2 peer: a worker connecting to another) |
 //! | `Control` | JSON of [`ToWorker`] or [`ToCoordinator`] |
 //! | `Step` | binary [`StepHeader`] then the step's input: u32 LE token ids (embed) or f32 LE hidden rows |
 //! | `Output` | binary [`OutputHeader`] then f32 LE rows (hidden states or logits), or (u32 LE id, f32 LE logit) per row (argmax) |
 //! | `SliceData` | raw bytes of the slice announced by the last [`ToWorker::PutSlice`] (≤ 8 MiB each) |
 //! | `Bulk` | filler bytes of a bandwidth measurement |
 //! | `Error` | UTF-8 text; the sender closes the connection after it |
+//! | `Routed` | a `Step` payload behind where its input comes from and its output goes ([`crate::net::direct`]) |
+//! | `Hand` | a peer's hidden rows for one hop of a step, worker to worker ([`crate::net::direct`]) |
+//! | `Notice` | a worker's small per-hop receipt after it handed rows to a peer ([`crate::net::direct`]) |
 //!
 //! Session: both sides send `Hello` first; a peer with another magic or version is refused
 //! with an `Error` frame naming both versions. Then the handshake of
@@ -39,7 +42,7 @@ use crate::net::throttle::Throttle;
 /// Magic of the `Hello` frame.
 pub const MAGIC: [u8; 4] = *b"LOIP";
 /// Version of this protocol; peers must match exactly.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Largest payload of one frame, bytes.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest `SliceData` chunk, bytes.
@@ -65,6 +68,12 @@ pub enum FrameKind {
     Bulk = 6,
     /// a fatal error message; the connection closes after it
     Error = 7,
+    /// a routed step for a worker (direct forwarding)
+    Routed = 8,
+    /// hidden rows from one worker to the next
+    Hand = 9,
+    /// a worker's per-hop receipt to the coordinator
+    Notice = 10,
 }
 
 impl FrameKind {
@@ -78,6 +87,9 @@ impl FrameKind {
             5 => FrameKind::SliceData,
             6 => FrameKind::Bulk,
             7 => FrameKind::Error,
+            8 => FrameKind::Routed,
+            9 => FrameKind::Hand,
+            10 => FrameKind::Notice,
             _ => return None,
         })
     }
@@ -249,6 +261,18 @@ pub enum Role {
     Coordinator = 0,
     /// a worker
     Worker = 1,
+    /// a worker connecting to another worker (direct forwarding)
+    Peer = 2,
+}
+
+/// The role byte of a `Hello` frame checked by [`check_hello`].
+pub fn hello_role(f: &Frame) -> Option<Role> {
+    match f.payload.get(8) {
+        Some(0) => Some(Role::Coordinator),
+        Some(1) => Some(Role::Worker),
+        Some(2) => Some(Role::Peer),
+        _ => None,
+    }
 }
 
 /// The `Hello` payload of `role` at `version`.
@@ -387,6 +411,14 @@ pub enum ToWorker {
     },
     /// end of session (the worker keeps listening)
     Bye,
+    /// direct forwarding: accept peer sessions from `expect`, then connect to `connect`
+    /// (and measure those links); answered with `PeersReady`
+    Peers(crate::net::direct::PeersMsg),
+    /// drop what is held for these steps (they failed); their rows may still arrive
+    Forget {
+        /// step ids
+        steps: Vec<u64>,
+    },
 }
 
 /// How a worker's budget is spent, bytes (the wire form of [`MemoryReport`]).
@@ -463,6 +495,18 @@ pub enum ToCoordinator {
     Loaded {
         /// how its budget is spent
         memory: DeviceMemory,
+    },
+    /// the links asked by `Peers`: which are up, and what they measured
+    PeersReady {
+        /// one per link asked
+        links: Vec<crate::net::direct::PeerLinkReport>,
+    },
+    /// the session to a peer this worker hands rows to has failed
+    PeerGone {
+        /// the peer's device index (as in `Peers`)
+        device: u16,
+        /// what happened
+        reason: String,
     },
     /// a request failed; the connection stays usable
     Failed {

@@ -21,6 +21,10 @@
 //! budget) is answered at once with `Failed` and the connection stays up. Nothing a peer
 //! sends can panic the process, and no message sent to a peer carries a path of this
 //! machine.
+//!
+//! Direct forwarding ([`crate::net::direct`], `worker/peer.rs`): a connection whose hello says
+//! `peer` is another worker of the coordinator's pipeline; it goes through the same
+//! handshake slots, then hands this worker rows for steps the coordinator announced here.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -45,6 +49,8 @@ use crate::wire::{
     WireError, WorkerInfo,
 };
 use crate::RuntimeError;
+
+mod peer;
 
 /// Options of one worker.
 #[derive(Debug, Clone)]
@@ -107,6 +113,8 @@ struct Shared {
     addr: SocketAddr,
     preauth: Arc<Semaphore>,
     preauth_by_host: Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    /// the forwarding state of the coordinator session being served
+    direct: Mutex<Option<Arc<peer::Direct>>>,
 }
 
 /// A connection's place among those in their handshake: one of the worker's
@@ -200,6 +208,7 @@ impl Worker {
                 addr,
                 preauth: Arc::new(Semaphore::new(opts_preauth)),
                 preauth_by_host: Arc::default(),
+                direct: Mutex::new(None),
             }),
         })
     }
@@ -275,10 +284,13 @@ async fn connection(
     let (mut rd, mut wr) = stream.into_split();
     let to = shared.opts.handshake_timeout;
     let token = shared.opts.token.clone().unwrap_or_default();
-    let keys = tokio::time::timeout(to, handshake::accept(&mut rd, &mut wr, &token))
+    let (keys, role) = tokio::time::timeout(to, handshake::accept_role(&mut rd, &mut wr, &token))
         .await
         .map_err(|_| WireError::Timeout(to, "the handshake"))??;
     drop(preauth);
+    if role == Role::Peer {
+        return peer::serve_peer(keys, rd, wr, shared).await;
+    }
     let (mut rd, mut wr) = keys.seal(Role::Worker, rd, wr, shared.throttle.clone());
     rd.set_idle_timeout(Some(shared.opts.idle_timeout));
     if shared.busy.swap(true, Ordering::SeqCst) {
@@ -300,19 +312,29 @@ async fn connection(
         bandwidth_limit: shared.opts.bandwidth,
         store: lock(&shared.store).inventory(),
     };
-    let welcome = wire::control_payload(&ToCoordinator::Welcome { info })?;
+    let welcome = wire::control_payload(&ToCoordinator::Welcome { info: info.clone() })?;
     wr.write(FrameKind::Control, &welcome).await?;
 
     // Authenticated: one writer task, one compute thread, this task reads.
     let qbytes = queue_bytes(shared.opts.mem_budget);
-    let q = Queues {
-        inbox: ByteBudget::new(qbytes),
-        outbox: ByteBudget::new(qbytes),
-        frame_limit: Arc::new(AtomicUsize::new(BASE_FRAME)),
-    };
     let (out_tx, out_rx) = mpsc::channel::<Out>(256);
     let writer = tokio::spawn(write_loop(wr, out_rx));
     let (job_tx, job_rx) = std::sync::mpsc::channel::<(Job, BytePermit)>();
+    let (inbox, frame_limit) = (ByteBudget::new(qbytes), Arc::new(AtomicUsize::new(BASE_FRAME)));
+    let direct = peer::Direct::new(
+        info.name.clone(),
+        job_tx.clone(),
+        out_tx.clone(),
+        inbox.clone(),
+        frame_limit.clone(),
+    );
+    *lock(&shared.direct) = Some(direct.clone());
+    let q = Queues {
+        inbox,
+        outbox: ByteBudget::new(qbytes),
+        frame_limit,
+        direct: direct.clone(),
+    };
     let compute = {
         let ctx = ComputeCtx {
             out: out_tx.clone(),
@@ -321,6 +343,7 @@ async fn connection(
             dir: lock(&shared.store).dir().to_path_buf(),
             budget: shared.opts.mem_budget,
             frame_limit: q.frame_limit.clone(),
+            direct: direct.clone(),
         };
         std::thread::Builder::new()
             .name("loip-compute".into())
@@ -332,6 +355,9 @@ async fn connection(
         let msg = scrub(&e.to_string(), &shared);
         let _ = out_tx.send((FrameKind::Error, msg.into_bytes(), None)).await;
     }
+    direct.close();
+    *lock(&shared.direct) = None;
+    drop(q);
     drop(job_tx);
     drop(out_tx);
     // The device (and its memory) is gone before the next coordinator is accepted.
@@ -363,6 +389,8 @@ struct Queues {
     outbox: ByteBudget,
     /// largest frame accepted now, bytes (raised when a device is loaded)
     frame_limit: Arc<AtomicUsize>,
+    /// direct forwarding
+    direct: Arc<peer::Direct>,
 }
 
 /// Removes this machine's store path from a message meant for a peer.
@@ -420,11 +448,18 @@ async fn session(
                     header,
                     data,
                     arrived,
+                    route: None,
                 };
                 jobs.send((job, permit)).map_err(|_| gone())?;
             }
+            FrameKind::Routed => q.direct.on_routed(&f.payload, permit)?,
             FrameKind::Control => match wire::parse_control::<ToWorker>(&f)? {
                 ToWorker::Ping { id } => reply(out, &ToCoordinator::Pong { id }).await?,
+                ToWorker::Peers(m) => {
+                    let links = q.direct.on_peers(shared, m).await;
+                    reply(out, &ToCoordinator::PeersReady { links }).await?
+                }
+                ToWorker::Forget { steps } => q.direct.forget(&steps),
                 ToWorker::KeepAlive => {}
                 ToWorker::BulkSend { bytes } => {
                     if bytes > MAX_BULK {
@@ -550,6 +585,8 @@ enum Job {
         header: StepHeader,
         data: Vec<u8>,
         arrived: Instant,
+        /// direct forwarding: the hop and where its output goes
+        route: Option<peer::HopRoute>,
     },
     Release(Vec<u64>),
 }
@@ -562,6 +599,7 @@ struct ComputeCtx {
     dir: PathBuf,
     budget: u64,
     frame_limit: Arc<AtomicUsize>,
+    direct: Arc<peer::Direct>,
 }
 
 impl ComputeCtx {
@@ -632,6 +670,7 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<(Job, BytePermit)>, ctx: Compu
                 header,
                 data,
                 arrived,
+                route,
             } => {
                 let queued_s = arrived.elapsed().as_secs_f64();
                 let result = match device.as_mut() {
@@ -649,6 +688,14 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<(Job, BytePermit)>, ctx: Compu
                             total_s: arrived.elapsed().as_secs_f64(),
                             loaded_bytes: t.loaded_bytes,
                         };
+                        if let Some((r, to)) = route.and_then(|r| Some((r, r.to?))) {
+                            drop(permit);
+                            let (step, d) = (header.step, &ctx.direct);
+                            if !d.hand_on(&ctx, step, r, to, bytes, times) {
+                                return;
+                            }
+                            continue;
+                        }
                         let h = OutputHeader {
                             step: header.step,
                             kind,

@@ -1,7 +1,10 @@
 //! Faults and restarts with real worker processes: a worker killed mid-generation fails the
 //! request with an error naming it while the coordinator stays up and re-plans over the
 //! others; a stuck worker times out; a wrong token is refused; a restarted worker is not sent
-//! its weights again, and a damaged slice is sent again alone.
+//! its weights again, and a damaged slice is sent again alone. With direct forwarding (the
+//! default) and with `relay`: a killed worker is named whether its peer or the coordinator
+//! notices first, the worker that waited for its rows does not hang (it serves the re-plan),
+//! and a step that fails on one device leaves nothing behind on the others.
 
 mod dist_common;
 
@@ -60,6 +63,15 @@ fn plan(n: usize, stages: u32, layers: u32) -> loip_plan::Plan {
 
 #[test]
 fn killed_worker_fails_the_request_by_name_and_the_coordinator_replans() {
+    killed_worker(false);
+}
+
+#[test]
+fn killed_worker_is_named_and_replanned_when_relaying_too() {
+    killed_worker(true);
+}
+
+fn killed_worker(relay: bool) {
     let path = fixture("tiny-llama");
     let ckpt = Checkpoint::open(&path).unwrap();
     let slices = slices_of(&path, "tiny-llama");
@@ -68,7 +80,10 @@ fn killed_worker_fails_the_request_by_name_and_the_coordinator_replans() {
     let root = scratch("kill");
     let mut workers = spawn_workers(&root, 3, 1 << 30, Some("k"));
     let victim_addr = workers[1].addr.clone();
-    let mut s = Session::start(&slices, specs(&workers), opts(plan(3, 1, 4), Some("k"))).unwrap();
+    let mut o = opts(plan(3, 1, 4), Some("k"));
+    o.relay = relay;
+    let mut s = Session::start(&slices, specs(&workers), o).unwrap();
+    assert_eq!(s.hop_links().direct, [false, !relay, !relay]);
     let mut produced = 0;
     let err = s
         .generate(&prompt, &greedy(12), &mut |_| {
@@ -105,6 +120,39 @@ fn killed_worker_fails_the_request_by_name_and_the_coordinator_replans() {
         .generate(&prompt, &greedy(12), &mut |_| Flow::Continue)
         .unwrap();
     assert_eq!(out.new_ids, want);
+    s.shutdown();
+}
+
+#[test]
+fn a_step_that_fails_on_one_device_leaves_nothing_behind_on_the_others() {
+    let path = fixture("tiny-llama");
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let slices = slices_of(&path, "tiny-llama");
+    let prompt = [1u32, 5, 9, 23, 42];
+    let (want, _) = reference(&ckpt, &prompt, &greedy(6));
+    let root = scratch("failed-step");
+    let workers = spawn_workers(&root, 3, 1 << 30, None);
+    let s = Session::start(&slices, specs(&workers), opts(plan(3, 1, 4), None)).unwrap();
+    assert_eq!(s.hop_links().direct, [false, true, true]);
+    // 20 tokens on devices opened for 16: the first device refuses; the others had been told
+    // about the step's hops and forget them.
+    for _ in 0..3 {
+        let seq = loip_runtime::coordinator::next_seq_id();
+        let err = s
+            .pipeline()
+            .step_blocking(seq, &[1; 20], 0, &[19])
+            .expect_err("too many tokens");
+        s.pipeline().release(&[seq]);
+        assert!(
+            matches!(err, ClusterError::StepFailed { ref device, .. } if device == "dev1"),
+            "{err}"
+        );
+    }
+    let out = s
+        .generate(&prompt, &greedy(6), &mut |_| Flow::Continue)
+        .unwrap();
+    assert_eq!(out.new_ids, want);
+    assert!(s.health().iter().all(|h| h.alive));
     s.shutdown();
 }
 

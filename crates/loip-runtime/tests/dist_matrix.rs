@@ -8,6 +8,10 @@
 //! the engine's `Serving` over the pipeline, staggered arrivals, different lengths, chunked
 //! prefill, seeded sampling, per-row EOS masks, a cancellation mid-batch, and two
 //! micro-batches in flight at once: every sequence's tokens and logits as the engine alone.
+//! Forwarding: the whole matrix runs with direct forwarding (rows worker to worker), the
+//! mixed-offload cases again with `relay` (through the coordinator) and with one pair of
+//! devices relayed (a route of direct and relayed hops): the same tokens and logits, and the
+//! link counters show where the rows went.
 
 mod dist_common;
 
@@ -64,11 +68,32 @@ struct Case {
     mode: ExecMode,
 }
 
+/// How hops get their rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fwd {
+    /// worker to worker
+    Direct,
+    /// through the coordinator (`--relay`)
+    Relay,
+    /// dev1 ↔ dev2 relayed, the other hops direct
+    Mixed,
+}
+
 fn start(
     slices: &Path,
     workers: &[loip_runtime::cluster_run::WorkerProcess],
     c: &Case,
     token: Option<&str>,
+) -> Session {
+    start_fwd(slices, workers, c, token, Fwd::Direct)
+}
+
+fn start_fwd(
+    slices: &Path,
+    workers: &[loip_runtime::cluster_run::WorkerProcess],
+    c: &Case,
+    token: Option<&str>,
+    fwd: Fwd,
 ) -> Session {
     let m = Manifest::load(slices).unwrap();
     let names: Vec<String> = (1..=c.devices).map(|i| format!("dev{i}")).collect();
@@ -102,7 +127,42 @@ fn start(
     };
     let mut opts = opts;
     opts.connect.token = token.map(str::to_string);
+    opts.relay = fwd == Fwd::Relay;
+    if fwd == Fwd::Mixed {
+        opts.relay_pairs = vec![("dev1".into(), "dev2".into())];
+    }
     Session::start(slices, specs, opts).unwrap_or_else(|e| panic!("session: {e}"))
+}
+
+/// Where the rows went: worker → worker bytes only on direct hops, and with direct
+/// forwarding the coordinator's links carry far less than the workers' links.
+fn check_links(what: &str, s: &Session, fwd: Fwd) {
+    let links = s.link_bytes();
+    let peer = |a: &str, b: &str| {
+        links
+            .iter()
+            .filter(|l| l.from == a && l.to == b)
+            .map(|l| l.bytes)
+            .sum::<u64>()
+    };
+    let between: u64 = links
+        .iter()
+        .filter(|l| l.from != "coordinator" && l.to != "coordinator")
+        .map(|l| l.bytes)
+        .sum();
+    let hops = &s.hop_links().direct;
+    let multi = hops.len() > 1;
+    match fwd {
+        Fwd::Relay => assert_eq!(between, 0, "{what}: rows between workers when relaying"),
+        Fwd::Direct => {
+            assert!(hops.iter().skip(1).all(|&d| d), "{what}: every hop direct");
+            assert_eq!(between > 0, multi, "{what}: rows between workers {links:?}");
+        }
+        Fwd::Mixed => {
+            assert_eq!(peer("dev1", "dev2") + peer("dev2", "dev1"), 0, "{what}: {links:?}");
+            assert!(hops.iter().skip(1).any(|&d| !d), "{what}: a relayed hop");
+        }
+    }
 }
 
 const PROMPTS: [&[u32]; 3] = [
@@ -260,6 +320,7 @@ fn matrix(fixture_name: &str) {
                     );
                     let s = start(&slices, &workers, &c, Some("matrix"));
                     check_case(&what, &s, &model, &refs, n_new);
+                    check_links(&what, &s, Fwd::Direct);
                     let t = s.take_totals();
                     // A device whose only offload group is its one stage's keeps it in the
                     // slot after the first load, so count prompt and decode loads together.
@@ -277,6 +338,21 @@ fn matrix(fixture_name: &str) {
                     check_argmax(&what, &s, &ckpt, refs[0].0[0], n_new);
                     s.shutdown();
                     cases += 1;
+                    // The same through the coordinator, and with dev1 ↔ dev2 relayed.
+                    if off == Off::Mixed && loader == LoaderKind::Direct && devices > 1 {
+                        let mut fwds = vec![Fwd::Relay];
+                        if devices > 2 || stages > 1 {
+                            fwds.push(Fwd::Mixed);
+                        }
+                        for fwd in fwds {
+                            let what = format!("{what} {fwd:?}");
+                            let s = start_fwd(&slices, &workers, &c, Some("matrix"), fwd);
+                            check_case(&what, &s, &model, &refs, n_new);
+                            check_links(&what, &s, fwd);
+                            check_argmax(&what, &s, &ckpt, refs[0].0[0], n_new);
+                            s.shutdown();
+                        }
+                    }
                 }
             }
         }
@@ -353,10 +429,19 @@ fn smollm2_representative_paths() {
             "smollm2 D={} s={} {:?} {:?} {:?}",
             c.devices, c.stages, c.off, c.loader, c.mode
         );
-        let s = start(&slices, &workers, c, None);
-        check_case(&what, &s, &model, &refs, n_new);
-        check_argmax(&what, &s, &ckpt, refs[0].0[0], n_new);
-        s.shutdown();
+        let fwds: &[Fwd] = if c.devices == 3 {
+            &[Fwd::Direct, Fwd::Relay, Fwd::Mixed]
+        } else {
+            &[Fwd::Direct]
+        };
+        for &fwd in fwds {
+            let what = format!("{what} {fwd:?}");
+            let s = start_fwd(&slices, &workers, c, None, fwd);
+            check_case(&what, &s, &model, &refs, n_new);
+            check_links(&what, &s, fwd);
+            check_argmax(&what, &s, &ckpt, refs[0].0[0], n_new);
+            s.shutdown();
+        }
     }
 }
 

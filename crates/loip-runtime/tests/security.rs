@@ -1,7 +1,8 @@
 //! Regression tests for the findings of the worker security review, one per finding, named
 //! after it: a peer that can reach a worker's port must not be able to read outside its
 //! store, exhaust its memory, lock it out, keep it busy forever, panic it, or tamper with a
-//! session. Plus a bounded fuzz run of frames before and after the handshake.
+//! session. Plus a bounded fuzz run of frames before and after the handshake, and the peer
+//! sessions of direct forwarding (token, role, pipeline key, announced steps, frame limit).
 
 mod dist_common;
 
@@ -539,5 +540,165 @@ fn finding_4_one_host_cannot_use_up_the_handshake_slots_of_all() {
             ToCoordinator::Welcome { .. }
         ));
         drop(silent);
+    });
+}
+
+/// Runs the handshake by hand: a hello of `hello_role`, then a MAC labelled `mac_role`.
+/// Returns the worker's answer (its proof, or the error it sent).
+async fn handshake_as(addr: &str, hello_role: Role, mac_role: Role) -> Result<(), String> {
+    use loip_runtime::net::session::{unhex, Ephemeral, SessionKeys, TranscriptParts};
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let hello_c = wire::hello_payload(hello_role, wire::PROTOCOL_VERSION);
+    wire::write_frame(&mut wr, FrameKind::Hello, &hello_c, None).await.unwrap();
+    let hello_w = wire::read_frame(&mut rd, 1 << 16).await.unwrap();
+    let f = wire::read_frame(&mut rd, 1 << 16).await.unwrap();
+    let (nonce_w, key_w) = match wire::parse_control::<ToCoordinator>(&f).map_err(|e| e.to_string())? {
+        ToCoordinator::Challenge { nonce, key } => {
+            (unhex::<32>(&nonce).unwrap(), unhex::<32>(&key).unwrap())
+        }
+        other => panic!("{other:?}"),
+    };
+    let ours = Ephemeral::new();
+    let (nonce_c, key_c) = (ours.nonce, ours.public);
+    let parts = TranscriptParts {
+        hello_c: &hello_c,
+        hello_w: &hello_w.payload,
+        nonce_w: &nonce_w,
+        key_w: &key_w,
+        nonce_c: &nonce_c,
+        key_c: &key_c,
+    };
+    let keys = SessionKeys::derive(TOKEN, ours, &key_w, &parts).unwrap();
+    let auth = ToWorker::Auth {
+        nonce: wire::hex(&nonce_c),
+        key: wire::hex(&key_c),
+        mac: keys.proof(mac_role),
+    };
+    let p = wire::control_payload(&auth).unwrap();
+    wire::write_frame(&mut wr, FrameKind::Control, &p, None).await.unwrap();
+    let f = wire::read_frame(&mut rd, 1 << 16).await.map_err(|e| e.to_string())?;
+    match wire::parse_control::<ToCoordinator>(&f) {
+        Ok(ToCoordinator::Proof { mac }) if keys.verify(Role::Worker, &mac) => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+#[test]
+fn peer_sessions_need_the_token_their_role_the_key_and_announced_steps() {
+    use loip_runtime::net::direct::{self, PeerRef, PeersMsg};
+    use loip_runtime::net::peer;
+    rt().block_on(async {
+        let (addr, _) = start("peer", |_| {}).await;
+        let mut c = raw::authed(&addr, Some(TOKEN)).await;
+        let key = "ab".repeat(32);
+        let up = PeerRef {
+            device: 1,
+            name: "up".into(),
+            addr: String::new(),
+        };
+        let msg = PeersMsg {
+            key: key.clone(),
+            me: 0,
+            expect: vec![up],
+            connect: vec![],
+            measure: false,
+        };
+        c.control(&ToWorker::Peers(msg)).await;
+        assert!(matches!(
+            c.recv_control().await,
+            ToCoordinator::PeersReady { links } if links.is_empty()
+        ));
+        let me = PeerRef {
+            device: 0,
+            name: "peer".into(),
+            addr: addr.clone(),
+        };
+        let to = Duration::from_secs(5);
+        let refused = |r: Result<peer::PeerConn, WireError>| match r {
+            Ok(_) => panic!("a peer session was opened"),
+            Err(e) => e.to_string(),
+        };
+        // the token, the pipeline's key, a device the worker expects
+        let e = refused(peer::connect(&me, 1, &key, "wrong", to, None).await);
+        assert!(e.contains("authentication"), "{e}");
+        let e = refused(peer::connect(&me, 1, &"cd".repeat(32), TOKEN, to, None).await);
+        assert!(e.contains("key"), "{e}");
+        let e = refused(peer::connect(&me, 2, &key, TOKEN, to, None).await);
+        assert!(e.contains("does not hand rows"), "{e}");
+        // the connecting side checks the name it was given
+        let other = PeerRef {
+            name: "other".into(),
+            ..me.clone()
+        };
+        let e = refused(peer::connect(&other, 1, &key, TOKEN, to, None).await);
+        assert!(e.contains("expected device other"), "{e}");
+        // no role's proof opens another role's session
+        let e = handshake_as(&addr, Role::Peer, Role::Coordinator).await.unwrap_err();
+        assert!(e.contains("wrong token"), "{e}");
+        let e = handshake_as(&addr, Role::Coordinator, Role::Peer).await.unwrap_err();
+        assert!(e.contains("wrong token"), "{e}");
+        let e = handshake_as(&addr, Role::Worker, Role::Worker).await.unwrap_err();
+        assert!(e.contains("connecting role"), "{e}");
+        handshake_as(&addr, Role::Peer, Role::Peer).await.unwrap();
+        // rows for a step the coordinator did not announce close the peer session
+        let open = || async {
+            for _ in 0..100 {
+                match peer::connect(&me, 1, &key, TOKEN, to, None).await {
+                    Ok(p) => return p,
+                    Err(e) if e.to_string().contains("already has a session") => {
+                        tokio::time::sleep(Duration::from_millis(20)).await
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            panic!("the earlier peer session stayed")
+        };
+        let mut p = open().await;
+        p.wr.write(FrameKind::Hand, &direct::encode_hand(77, 1, &[0u8; 64]))
+            .await
+            .unwrap();
+        let f = p
+            .rd
+            .read_timeout(1 << 16, Duration::from_secs(20), "the error")
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&f.payload).into_owned();
+        assert!(f.kind == FrameKind::Error && text.contains("did not announce"), "{text}");
+        drop(p);
+        // a frame over the session's limit (16 MiB before a device is loaded)
+        let mut p = open().await;
+        let mut head = (((16 << 20) + 17) as u32).to_le_bytes().to_vec();
+        head.push(FrameKind::Hand as u8);
+        p.wr.get_mut().write_all(&head).await.unwrap();
+        let f = p
+            .rd
+            .read_timeout(1 << 16, Duration::from_secs(10), "the error")
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&f.payload).into_owned();
+        assert!(f.kind == FrameKind::Error && text.contains("exceeds the limit"), "{text}");
+        // a coordinator's request on a peer session is refused
+        let mut p = open().await;
+        let m = Manifest::load(&dist_common::slices_of(
+            &dist_common::fixture("tiny-llama"),
+            "security",
+        ))
+        .unwrap();
+        let bye = wire::control_payload(&ToWorker::Load {
+            spec: spec(&m, 16),
+            manifest: m,
+        })
+        .unwrap();
+        p.wr.write(FrameKind::Control, &bye).await.unwrap();
+        let f = p
+            .rd
+            .read_timeout(1 << 16, Duration::from_secs(10), "the error")
+            .await
+            .unwrap();
+        assert_eq!(f.kind, FrameKind::Error);
+        // the coordinator's session is untouched
+        c.control(&ToWorker::Ping { id: 1 }).await;
+        assert!(matches!(c.recv_control().await, ToCoordinator::Pong { id: 1 }));
     });
 }

@@ -408,6 +408,22 @@ impl Conn {
         }
     }
 
+    /// Direct forwarding: sends the worker `Peers` and returns its report of each link asked
+    /// (reachable or not, measured figures).
+    pub async fn peers(
+        &mut self,
+        msg: crate::net::direct::PeersMsg,
+    ) -> Result<Vec<crate::net::direct::PeerLinkReport>, NetError> {
+        let asked = msg.connect.len();
+        self.send(&ToWorker::Peers(msg)).await?;
+        match self.recv("the peer links").await? {
+            ToCoordinator::PeersReady { links } if links.len() == asked => Ok(links),
+            other => Err(self.err(WireError::Protocol(format!(
+                "expected {asked} peer link reports, got {other:?}"
+            )))),
+        }
+    }
+
     /// Ends the session politely.
     pub async fn bye(mut self) {
         let _ = self.send(&ToWorker::Bye).await;

@@ -28,8 +28,25 @@ fn key_of(s: &str, what: &str) -> Result<[u8; 32], WireError> {
     unhex::<32>(s).ok_or_else(|| WireError::Protocol(format!("{what} is not 32 bytes of hex")))
 }
 
-/// The worker's side: hello, challenge, the coordinator's proof checked, our proof.
+/// The worker's side for a coordinator only (see [`accept_role`]).
 pub async fn accept<R, W>(rd: &mut R, wr: &mut W, token: &str) -> Result<SessionKeys, WireError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    match accept_role(rd, wr, token).await? {
+        (keys, Role::Coordinator) => Ok(keys),
+        _ => Err(WireError::Protocol("a peer where a coordinator was expected".into())),
+    }
+}
+
+/// The worker's side: hello, challenge, the proof of the role the hello names (coordinator
+/// or peer) checked, our proof. Returns the keys and that role.
+pub async fn accept_role<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    token: &str,
+) -> Result<(SessionKeys, Role), WireError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -48,6 +65,13 @@ where
             };
             send_error(wr, &msg).await;
             return Err(e);
+        }
+    };
+    let role = match wire::hello_role(&hello) {
+        Some(r @ (Role::Coordinator | Role::Peer)) => r,
+        _ => {
+            send_error(wr, "refused: a hello with no connecting role").await;
+            return Err(WireError::Protocol("a hello with no connecting role".into()));
         }
     };
     let ours = Ephemeral::new();
@@ -89,11 +113,10 @@ where
         key_c: &key_c,
     };
     let keys = SessionKeys::derive(token, ours, &key_c, &parts)?;
-    if !keys.verify(Role::Coordinator, &mac) {
+    if !keys.verify(role, &mac) {
         send_error(wr, "authentication failed: wrong token").await;
-        return Err(WireError::AuthRefused(
-            "a coordinator gave a wrong token".into(),
-        ));
+        let who = if role == Role::Peer { "peer" } else { "coordinator" };
+        return Err(WireError::AuthRefused(format!("a {who} gave a wrong token")));
     }
     control(
         wr,
@@ -102,7 +125,7 @@ where
         },
     )
     .await?;
-    Ok(keys)
+    Ok((keys, role))
 }
 
 /// The coordinator's side: hello, the challenge answered with our proof, the worker's proof
@@ -112,10 +135,27 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let hello_c = wire::hello_payload(Role::Coordinator, PROTOCOL_VERSION);
+    connect_as(rd, wr, token, Role::Coordinator).await
+}
+
+/// [`connect`] as `role`: the coordinator, or a worker opening a peer session.
+pub async fn connect_as<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    token: &str,
+    role: Role,
+) -> Result<SessionKeys, WireError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let hello_c = wire::hello_payload(role, PROTOCOL_VERSION);
     wire::write_frame(wr, FrameKind::Hello, &hello_c, None).await?;
     let hello = wire::read_frame(rd, PRE_AUTH_FRAME).await?;
     wire::check_hello(&hello)?;
+    if wire::hello_role(&hello) != Some(Role::Worker) {
+        return Err(WireError::Protocol("the peer does not answer as a worker".into()));
+    }
     let f = wire::read_frame(rd, PRE_AUTH_FRAME).await?;
     let (nonce_w, key_w) = match wire::parse_control::<ToCoordinator>(&f)? {
         ToCoordinator::Challenge { nonce, key } => {
@@ -144,7 +184,7 @@ where
         &ToWorker::Auth {
             nonce: hex(&nonce_c),
             key: hex(&key_c),
-            mac: keys.proof(Role::Coordinator),
+            mac: keys.proof(role),
         },
     )
     .await?;
@@ -177,5 +217,7 @@ fn kind_of(m: &ToCoordinator) -> &'static str {
         ToCoordinator::Probed(_) => "probe results",
         ToCoordinator::Loaded { .. } => "a load receipt",
         ToCoordinator::Failed { .. } => "a failure",
+        ToCoordinator::PeersReady { .. } => "a peer report",
+        ToCoordinator::PeerGone { .. } => "a lost peer",
     }
 }

@@ -17,6 +17,10 @@
 //! k_auth, k_c→w, k_w→c = HKDF-Expand(prk, "loip v3 auth" | "loip v3 c2w" | "loip v3 w2c")
 //! ```
 //!
+//! A worker connecting to another worker (direct forwarding) runs the same handshake in the
+//! coordinator's place with role `peer`: its hello says so and its MAC is labelled "peer",
+//! so a coordinator's proof cannot open a peer session nor a peer's a coordinator session.
+//!
 //! Each MAC binds both roles (different labels, so a reflected MAC is refused), both nonces,
 //! both ephemeral keys and both hellos. Only a peer that holds the token can compute
 //! `k_auth`; a man in the middle without it cannot complete either side, and the ephemeral
@@ -159,6 +163,7 @@ impl SessionKeys {
         let label: &[u8] = match role {
             Role::Coordinator => b"coordinator",
             Role::Worker => b"worker",
+            Role::Peer => b"peer",
         };
         // HMAC takes keys of any length; 32 bytes cannot fail.
         let mut m = <HmacSha256 as Mac>::new_from_slice(&self.auth)
@@ -190,7 +195,8 @@ impl SessionKeys {
         throttle: Option<Throttle>,
     ) -> (SealedReader<R>, SealedWriter<W>) {
         let (send, recv) = match role {
-            Role::Coordinator => (&self.c2w, &self.w2c),
+            // the connecting side, coordinator or peer, sends with c2w
+            Role::Coordinator | Role::Peer => (&self.c2w, &self.w2c),
             Role::Worker => (&self.w2c, &self.c2w),
         };
         (

@@ -1,0 +1,560 @@
+//! The worker's side of direct forwarding ([`crate::net::direct`]): the pipeline state of one
+//! coordinator session ([`Direct`]), the peer sessions this worker accepts (rows from the
+//! device before it) and opens (rows to the device after it), and routed steps.
+//!
+//! Invariants:
+//! - A [`Direct`] lives as long as its coordinator session; [`Direct::close`] drops every
+//!   sender it holds (job queue, coordinator output, links), so the session's compute thread
+//!   and writer end, and ends its peer sessions.
+//! - Rows from a peer become a job only for a hop the coordinator announced on this worker as
+//!   coming from that very peer; they wait for the announcement at most
+//!   [`ANNOUNCE_WAIT`], holding their inbox bytes (one frame per peer session at a time).
+//!   Rows for a step the coordinator told this worker to forget are dropped. Anything else
+//!   closes that peer session with an `Error` frame; the coordinator session stays up.
+//! - A peer session is admitted only with the pipeline's key, from a device the coordinator
+//!   said to expect, one session per such device; frames obey the session's frame limit and
+//!   inbox budget, as the coordinator's do.
+//! - A link this worker hands rows to that fails is reported to the coordinator
+//!   (`PeerGone`), which fails the steps in flight naming that device; nothing waits on it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, watch, Notify};
+
+use super::{lock, ComputeCtx, Job, Out, Shared, MAX_BULK};
+use crate::net::direct::{
+    self, FromPeer, Notice, PeerLinkReport, PeerRef, PeersMsg, ToPeer, ANNOUNCE_WAIT,
+};
+use crate::net::handshake::PRE_AUTH_FRAME;
+use crate::net::peer::{self, PeerConn};
+use crate::net::queue::{ByteBudget, BytePermit};
+use crate::net::session::{SealedReader, SealedWriter, SessionKeys};
+use crate::wire::{self, FrameKind, JobTimes, Role, StepHeader, ToCoordinator, WireError};
+
+/// Steps remembered as forgotten (their late rows are dropped quietly).
+const FORGET_MAX: usize = 4096;
+/// Frames queued towards one peer before the compute thread waits.
+const LINK_QUEUE: usize = 64;
+
+/// Where a routed hop's output goes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HopRoute {
+    /// the hop's index in its step's route
+    pub hop: u16,
+    /// the peer to hand the output to; None: the coordinator
+    pub to: Option<u16>,
+}
+
+/// A hop announced by the coordinator whose rows come from a peer.
+struct Pending {
+    header: StepHeader,
+    from: u16,
+    to: Option<u16>,
+    _permit: BytePermit, // the header frame's inbox bytes
+}
+
+struct State {
+    open: bool,
+    jobs: Option<std::sync::mpsc::Sender<(Job, BytePermit)>>,
+    out: Option<mpsc::Sender<Out>>, // to the coordinator
+    key: Option<String>,
+    name: String,
+    expect: Vec<PeerRef>,
+    incoming: HashSet<u16>,
+    links: HashMap<u16, mpsc::Sender<Out>>,
+    pending: HashMap<(u64, u16), Pending>,
+    forgotten: VecDeque<u64>,
+}
+
+/// The direct-forwarding state of one coordinator session.
+pub(super) struct Direct {
+    inbox: ByteBudget,
+    frame_limit: Arc<AtomicUsize>,
+    state: Mutex<State>,
+    announced: Notify,
+    closed: watch::Sender<bool>,
+}
+
+fn gone() -> WireError {
+    WireError::Protocol("the compute thread stopped".into())
+}
+
+impl Direct {
+    /// The state of a new coordinator session.
+    pub(super) fn new(
+        name: String,
+        jobs: std::sync::mpsc::Sender<(Job, BytePermit)>,
+        out: mpsc::Sender<Out>,
+        inbox: ByteBudget,
+        frame_limit: Arc<AtomicUsize>,
+    ) -> Arc<Direct> {
+        Arc::new(Direct {
+            inbox,
+            frame_limit,
+            state: Mutex::new(State {
+                open: true,
+                jobs: Some(jobs),
+                out: Some(out),
+                key: None,
+                name,
+                expect: Vec::new(),
+                incoming: HashSet::new(),
+                links: HashMap::new(),
+                pending: HashMap::new(),
+                forgotten: VecDeque::new(),
+            }),
+            announced: Notify::new(),
+            closed: watch::channel(false).0,
+        })
+    }
+
+    /// Ends the session's forwarding: drops every sender and ends the peer sessions.
+    pub(super) fn close(&self) {
+        {
+            let mut st = lock(&self.state);
+            st.open = false;
+            st.jobs = None;
+            st.out = None;
+            st.links.clear();
+            st.pending.clear();
+        }
+        self.closed.send_replace(true);
+        self.announced.notify_waiters();
+    }
+
+    fn push(st: &State, job: Job, permit: BytePermit) -> Result<(), WireError> {
+        match &st.jobs {
+            Some(j) => j.send((job, permit)).map_err(|_| gone()),
+            None => Err(gone()),
+        }
+    }
+
+    /// A `Routed` frame from the coordinator.
+    pub(super) fn on_routed(&self, payload: &[u8], permit: BytePermit) -> Result<(), WireError> {
+        let arrived = Instant::now();
+        let (r, rest) = direct::decode_routed(payload)?;
+        let (header, data) = wire::decode_step(rest)?;
+        let mut st = lock(&self.state);
+        let route = Some(HopRoute {
+            hop: r.hop,
+            to: r.to,
+        });
+        let Some(from) = r.from else {
+            let job = Job::Step {
+                header,
+                data: data.to_vec(),
+                arrived,
+                route,
+            };
+            return Self::push(&st, job, permit);
+        };
+        if !st.expect.iter().any(|p| p.device == from) {
+            return Err(WireError::Protocol(format!(
+                "step {} announced from device {from}, which this worker does not expect",
+                header.step
+            )));
+        }
+        if !data.is_empty() {
+            return Err(WireError::Protocol(
+                "a step announced from a peer carries its own input".into(),
+            ));
+        }
+        let k = (header.step, r.hop);
+        if st.pending.contains_key(&k) {
+            return Err(WireError::Protocol(format!(
+                "step {} hop {} announced twice",
+                k.0, k.1
+            )));
+        }
+        st.pending.insert(
+            k,
+            Pending {
+                header,
+                from,
+                to: r.to,
+                _permit: permit,
+            },
+        );
+        drop(st);
+        self.announced.notify_waiters();
+        Ok(())
+    }
+
+    /// The coordinator failed these steps: drop what waits for them.
+    pub(super) fn forget(&self, steps: &[u64]) {
+        let mut st = lock(&self.state);
+        st.pending.retain(|(s, _), _| !steps.contains(s));
+        for &s in steps {
+            if st.forgotten.len() >= FORGET_MAX {
+                st.forgotten.pop_front();
+            }
+            st.forgotten.push_back(s);
+        }
+    }
+
+    /// Rows from peer `from` for `hop` of `step`.
+    async fn on_hand(
+        &self,
+        from: u16,
+        step: u64,
+        hop: u16,
+        rows: Vec<u8>,
+        permit: BytePermit,
+    ) -> Result<(), WireError> {
+        let deadline = tokio::time::Instant::now() + ANNOUNCE_WAIT;
+        let mut permit = Some(permit);
+        let mut rows = Some(rows);
+        loop {
+            let notified = self.announced.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = lock(&self.state);
+                if !st.open {
+                    return Err(WireError::Closed);
+                }
+                if let Some(p) = st.pending.get(&(step, hop)) {
+                    if p.from != from {
+                        return Err(WireError::Protocol(format!(
+                            "rows for step {step} hop {hop} from device {from}; they come from device {}",
+                            p.from
+                        )));
+                    }
+                    if let (Some(p), Some(data), Some(permit)) =
+                        (st.pending.remove(&(step, hop)), rows.take(), permit.take())
+                    {
+                        let job = Job::Step {
+                            header: p.header,
+                            data,
+                            arrived: Instant::now(),
+                            route: Some(HopRoute { hop, to: p.to }),
+                        };
+                        return Self::push(&st, job, permit);
+                    }
+                    return Err(gone());
+                }
+                if st.forgotten.contains(&step) {
+                    return Ok(());
+                }
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(WireError::Protocol(format!(
+                        "rows for step {step} hop {hop} that the coordinator did not announce here"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Admits a peer session's hello: the key, an expected device, one session each.
+    fn admit(&self, key: &str, from: u16) -> Result<String, String> {
+        let mut st = lock(&self.state);
+        let ok_key = st
+            .key
+            .as_deref()
+            .is_some_and(|k| direct::same_secret(k, key));
+        if !st.open || !ok_key {
+            return Err("refused: no pipeline of this worker has that key".into());
+        }
+        if !st.expect.iter().any(|p| p.device == from) {
+            return Err(format!(
+                "refused: device {from} does not hand rows to this worker"
+            ));
+        }
+        if !st.incoming.insert(from) {
+            return Err(format!("refused: device {from} already has a session here"));
+        }
+        Ok(st.name.clone())
+    }
+
+    fn leave(&self, from: u16) {
+        lock(&self.state).incoming.remove(&from);
+    }
+
+    /// `Peers` from the coordinator: expect `msg.expect`, then open and measure the links to
+    /// `msg.connect`.
+    pub(super) async fn on_peers(
+        self: &Arc<Self>,
+        shared: &Shared,
+        msg: PeersMsg,
+    ) -> Vec<PeerLinkReport> {
+        {
+            let mut st = lock(&self.state);
+            st.key = Some(msg.key.clone());
+            st.expect = msg.expect.clone();
+        }
+        let token = shared.opts.token.clone().unwrap_or_default();
+        let to = shared.opts.handshake_timeout;
+        let mut reports = Vec::new();
+        for target in &msg.connect {
+            let r = async {
+                let mut c = peer::connect(
+                    target,
+                    msg.me,
+                    &msg.key,
+                    &token,
+                    to,
+                    shared.throttle.clone(),
+                )
+                .await?;
+                let m = if msg.measure {
+                    c.measure().await?
+                } else {
+                    (0.0, 0.0)
+                };
+                Ok::<_, WireError>((c, m))
+            }
+            .await;
+            match r {
+                Ok((c, (latency_s, bps))) => {
+                    let tx = self.spawn_link(target.device, c);
+                    lock(&self.state).links.insert(target.device, tx);
+                    reports.push(PeerLinkReport {
+                        device: target.device,
+                        reachable: true,
+                        error: None,
+                        latency_s,
+                        bps,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("no peer session to {} ({}): {e}", target.name, target.addr);
+                    reports.push(PeerLinkReport {
+                        device: target.device,
+                        reachable: false,
+                        error: Some(e.to_string()),
+                        latency_s: 0.0,
+                        bps: 0.0,
+                    });
+                }
+            }
+        }
+        reports
+    }
+
+    /// Reports a failed link to the coordinator (once; nothing waits for the answer).
+    fn peer_gone(&self, device: u16, reason: String) {
+        let mut st = lock(&self.state);
+        if !st.open || st.links.remove(&device).is_none() {
+            return;
+        }
+        if let Some(out) = &st.out {
+            if let Ok(p) = wire::control_payload(&ToCoordinator::PeerGone { device, reason }) {
+                let _ = out.try_send((FrameKind::Control, p, None));
+            }
+        }
+    }
+
+    /// The writer (keepalives when idle) and the watcher of one outgoing peer session.
+    fn spawn_link(self: &Arc<Self>, device: u16, c: PeerConn) -> mpsc::Sender<Out> {
+        let (tx, mut rx) = mpsc::channel::<Out>(LINK_QUEUE);
+        let PeerConn { mut rd, mut wr, .. } = c;
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let ka = wire::control_payload(&ToPeer::KeepAlive).unwrap_or_default();
+            loop {
+                let next = tokio::time::timeout(crate::coordinator::KEEPALIVE, rx.recv()).await;
+                let r = match next {
+                    Ok(Some((kind, payload, permit))) => {
+                        let r = wr.write(kind, &payload).await;
+                        drop(permit);
+                        r
+                    }
+                    Ok(None) => return,
+                    Err(_) => wr.write(FrameKind::Control, &ka).await,
+                };
+                if let Err(e) = r {
+                    if let Some(d) = me.upgrade() {
+                        d.peer_gone(device, format!("sending to it failed: {e}"));
+                    }
+                    return;
+                }
+            }
+        });
+        let me = Arc::downgrade(self);
+        let mut closed = self.closed.subscribe();
+        tokio::spawn(async move {
+            let why = tokio::select! {
+                r = rd.read(PRE_AUTH_FRAME) => match r {
+                    Ok(f) if f.kind == FrameKind::Error => {
+                        format!("it reported: {}", String::from_utf8_lossy(&f.payload))
+                    }
+                    Ok(f) => format!("it sent an unexpected {:?} frame", f.kind),
+                    Err(WireError::Closed) => "it closed the session".to_string(),
+                    Err(e) => e.to_string(),
+                },
+                _ = closed.changed() => return,
+            };
+            if let Some(d) = me.upgrade() {
+                d.peer_gone(device, why);
+            }
+        });
+        tx
+    }
+
+    /// On the compute thread: hands a hop's output to peer `to`, then tells the coordinator.
+    /// False when the coordinator session is gone.
+    pub(super) fn hand_on(
+        &self,
+        ctx: &ComputeCtx,
+        step: u64,
+        route: HopRoute,
+        to: u16,
+        rows: Vec<u8>,
+        times: JobTimes,
+    ) -> bool {
+        // the rows are the input of the next hop
+        let payload = direct::encode_hand(step, route.hop.saturating_add(1), &rows);
+        drop(rows);
+        let bytes = payload.len() as u64;
+        let link = lock(&self.state).links.get(&to).cloned();
+        let sent = match link {
+            Some(l) => {
+                let permit = ctx.outbox.blocking_acquire(payload.len(), &ctx.rt);
+                l.blocking_send((FrameKind::Hand, payload, Some(permit)))
+                    .is_ok()
+            }
+            None => false,
+        };
+        if !sent {
+            // Tell the coordinator (once per link); it fails the steps in flight.
+            let reason = "the session to it is closed".to_string();
+            return ctx.send(ToCoordinator::PeerGone { device: to, reason });
+        }
+        let n = Notice {
+            step,
+            hop: route.hop,
+            bytes,
+            times,
+        };
+        ctx.send_frame(FrameKind::Notice, direct::encode_notice(&n))
+    }
+}
+
+/// Serves a peer session this worker accepted (after the handshake as role `peer`).
+pub(super) async fn serve_peer(
+    keys: SessionKeys,
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    shared: Arc<Shared>,
+) -> Result<(), WireError> {
+    let (mut rd, mut wr) = keys.seal(Role::Worker, rd, wr, shared.throttle.clone());
+    rd.set_idle_timeout(Some(shared.opts.idle_timeout));
+    let r = peer_session(&mut rd, &mut wr, &shared).await;
+    if let Err(e) = &r {
+        let msg = super::scrub(&e.to_string(), &shared);
+        let _ = wr.write(FrameKind::Error, msg.as_bytes()).await;
+    }
+    r
+}
+
+async fn peer_session(
+    rd: &mut SealedReader<OwnedReadHalf>,
+    wr: &mut SealedWriter<OwnedWriteHalf>,
+    shared: &Shared,
+) -> Result<(), WireError> {
+    let to = shared.opts.handshake_timeout;
+    let f = rd
+        .read_timeout(PRE_AUTH_FRAME, to, "the peer's hello")
+        .await?;
+    let (key, from) = match wire::parse_control::<ToPeer>(&f)? {
+        ToPeer::Hello { key, from } => (key, from),
+        _ => return Err(WireError::Protocol("expected the peer's hello".into())),
+    };
+    let Some(d) = lock(&shared.direct).clone() else {
+        return Err(WireError::AuthRefused(
+            "no pipeline of this worker expects peers".into(),
+        ));
+    };
+    let name = d.admit(&key, from).map_err(WireError::AuthRefused)?;
+    let r = peer_frames(rd, wr, &d, from, name).await;
+    d.leave(from);
+    r
+}
+
+async fn send(wr: &mut SealedWriter<OwnedWriteHalf>, m: &FromPeer) -> Result<(), WireError> {
+    wr.write(FrameKind::Control, &wire::control_payload(m)?)
+        .await
+}
+
+async fn peer_frames(
+    rd: &mut SealedReader<OwnedReadHalf>,
+    wr: &mut SealedWriter<OwnedWriteHalf>,
+    d: &Direct,
+    from: u16,
+    name: String,
+) -> Result<(), WireError> {
+    send(wr, &FromPeer::Welcome { name }).await?;
+    let mut closed = d.closed.subscribe();
+    if *closed.borrow() {
+        return Ok(());
+    }
+    loop {
+        let limit = d.frame_limit.load(Ordering::Relaxed);
+        let (kind, len) = tokio::select! {
+            r = rd.read_header(limit) => match r {
+                Ok(x) => x,
+                Err(WireError::Closed) => return Ok(()),
+                Err(e) => return Err(e),
+            },
+            _ = closed.changed() => return Ok(()),
+        };
+        let permit = tokio::select! {
+            p = d.inbox.acquire(len) => p,
+            _ = closed.changed() => return Ok(()),
+        };
+        let f = rd.read_body(kind, len).await?;
+        match f.kind {
+            FrameKind::Hand => {
+                let (step, hop, rows) = direct::decode_hand(&f.payload)?;
+                let rows = rows.to_vec();
+                drop(f);
+                tokio::select! {
+                    r = d.on_hand(from, step, hop, rows, permit) => r?,
+                    _ = closed.changed() => return Ok(()),
+                }
+            }
+            FrameKind::Control => match wire::parse_control::<ToPeer>(&f)? {
+                ToPeer::KeepAlive => {}
+                ToPeer::Ping { id } => send(wr, &FromPeer::Pong { id }).await?,
+                ToPeer::BulkSend { bytes } => {
+                    if bytes > MAX_BULK {
+                        return Err(WireError::Protocol(format!(
+                            "bulk of {bytes} bytes is over the limit"
+                        )));
+                    }
+                    drop(permit);
+                    let mut got = 0u64;
+                    while got < bytes {
+                        let b = rd.read(super::BULK_CHUNK).await?;
+                        if b.kind != FrameKind::Bulk {
+                            return Err(WireError::Protocol(format!(
+                                "expected bulk data, got {:?}",
+                                b.kind
+                            )));
+                        }
+                        got += b.payload.len() as u64;
+                    }
+                    send(wr, &FromPeer::BulkReceived { bytes: got }).await?;
+                }
+                ToPeer::Hello { .. } => return Err(WireError::Protocol("a second hello".into())),
+            },
+            FrameKind::Error => {
+                return Err(WireError::Remote(
+                    String::from_utf8_lossy(&f.payload).into_owned(),
+                ))
+            }
+            k => {
+                return Err(WireError::Protocol(format!(
+                    "unexpected {k:?} frame from a peer"
+                )))
+            }
+        }
+    }
+}
