@@ -111,6 +111,10 @@ pub struct SessionOptions {
     /// the plan costs the token's return trip so; else it returns the logits (vocabulary × 4
     /// bytes). Either way a step that asks for logits gets them.
     pub greedy: bool,
+    /// plan for this many KV tokens held at admission (summed over sequences) and adapt
+    /// online as the KV grows to `context` ([`crate::adapt`]); `None`: plan for `context`
+    /// up front, no adaptation  // tokens
+    pub admitted: Option<u64>,
 }
 
 impl Default for SessionOptions {
@@ -132,6 +136,7 @@ impl Default for SessionOptions {
             shape_name: "model".into(),
             probe_loads_together: false,
             greedy: false,
+            admitted: None,
         }
     }
 }
@@ -350,6 +355,7 @@ struct Setup {
     shape: loip_plan::ModelShape,
     reports: Vec<DeviceReport>,
     profiles: Vec<(String, DeviceProfile)>,
+    adapt: Option<std::sync::Arc<std::sync::Mutex<crate::adapt::AdaptReport>>>,
 }
 
 async fn setup(
@@ -527,8 +533,17 @@ async fn setup(
                 loader: plan_loader(opts.loader),
                 allow_drop: opts.allow_drop,
             };
-            loip_plan::plan(&opts.planner, &shape, &cluster, &req)
-                .map_err(|e| left_out(e.into()))?
+            match opts.admitted {
+                Some(n) => loip_plan::adapt::plan_for_admission(
+                    &opts.planner,
+                    &shape,
+                    &cluster,
+                    &req,
+                    n,
+                ),
+                None => loip_plan::plan(&opts.planner, &shape, &cluster, &req),
+            }
+            .map_err(|e| left_out(e.into()))?
         }
     };
     let mut plan = plan;
@@ -541,6 +556,7 @@ async fn setup(
     let route = Route::from_plan(&plan)?;
     let mut slots: Vec<Option<Conn>> = conns.into_iter().map(Some).collect();
     let mut plan_conns = Vec::new();
+    let mut opened = Vec::new(); // (spec, memory) per plan device
     for (i, d) in plan.devices.iter().enumerate() {
         let idx = workers
             .iter()
@@ -573,7 +589,9 @@ async fn setup(
             max_step_seqs: opts.max_step_seqs.max(1),
             ..spec
         };
-        r.memory = Some(c.load(manifest, &spec).await?);
+        let memory = c.load(manifest, &spec).await?;
+        r.memory = Some(memory);
+        opened.push((spec, memory));
         plan_conns.push(c);
     }
     for c in slots.into_iter().flatten() {
@@ -584,7 +602,11 @@ async fn setup(
         hidden: manifest.config.hidden_size,
         vocab: manifest.config.vocab_size,
     };
-    let pipeline = Pipeline::start(plan_conns, route, popts);
+    let adapter = opts
+        .admitted
+        .map(|_| crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened));
+    let adapt = adapter.as_ref().map(|a| a.report());
+    let pipeline = Pipeline::start_adaptive(plan_conns, route, popts, adapter);
     Ok(Setup {
         pipeline,
         plan,
@@ -592,6 +614,7 @@ async fn setup(
         shape,
         reports,
         profiles,
+        adapt,
     })
 }
 
@@ -614,6 +637,7 @@ pub struct Session {
     model_dir: PathBuf,
     workers: Vec<WorkerSpec>,
     opts: SessionOptions,
+    adapt: Option<std::sync::Arc<std::sync::Mutex<crate::adapt::AdaptReport>>>,
 }
 
 impl Session {
@@ -649,6 +673,15 @@ impl Session {
             model_dir: model_dir.to_path_buf(),
             workers,
             opts,
+            adapt: s.adapt,
+        })
+    }
+
+    /// What online adaptation did so far (when planned for admission).
+    pub fn adaptation(&self) -> Option<crate::adapt::AdaptReport> {
+        self.adapt.as_ref().map(|a| match a.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
         })
     }
 
@@ -741,6 +774,7 @@ impl Session {
         self.shape = s.shape;
         self.cluster = s.cluster;
         self.reports = s.reports;
+        self.adapt = s.adapt;
         self.setup_s = t.elapsed().as_secs_f64();
         self.workers = workers;
         remember_profiles(&mut self.workers, &s.profiles);

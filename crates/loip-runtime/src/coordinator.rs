@@ -30,6 +30,7 @@ use crate::wire::{
 };
 use crate::RuntimeError;
 
+mod adapt_hook;
 mod backend;
 mod conn;
 
@@ -264,6 +265,16 @@ pub struct PipelineOptions {
 impl Pipeline {
     /// Starts the scheduler on the current tokio runtime over `conns` (in plan device order).
     pub fn start(conns: Vec<Conn>, route: Route, opts: PipelineOptions) -> Pipeline {
+        Pipeline::start_adaptive(conns, route, opts, None)
+    }
+
+    /// [`Pipeline::start`] with online memory adaptation ([`crate::adapt`]) when `adapt`.
+    pub fn start_adaptive(
+        conns: Vec<Conn>,
+        route: Route,
+        opts: PipelineOptions,
+        adapt: Option<crate::adapt::Adapter>,
+    ) -> Pipeline {
         let health = conns
             .iter()
             .map(|c| DeviceHealth {
@@ -277,7 +288,7 @@ impl Pipeline {
             totals: Mutex::new(Totals::default()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(scheduler(conns, route, opts, rx, shared.clone()));
+        tokio::spawn(scheduler(conns, route, opts, rx, shared.clone(), adapt));
         Pipeline {
             tx,
             shared,
@@ -489,6 +500,7 @@ struct Sched {
     /// while admitting a wave: more of its steps enter right after the one being sent
     entry_behind: bool,
     shared: Arc<Shared>,
+    adapt: Option<adapt_hook::AdaptState>,
 }
 
 impl Sched {
@@ -621,6 +633,7 @@ impl Sched {
                 let _ = w.send((FrameKind::Control, p.clone()));
             }
         }
+        self.adapt_released(seqs);
     }
 
     fn mark_gone(&mut self, d: usize, reason: String) {
@@ -758,6 +771,7 @@ impl Sched {
                     message,
                 }) => tracing::warn!("device {}: {message}", self.endpoints[d].name),
                 Ok(ToCoordinator::Pong { .. }) => {}
+                Ok(ToCoordinator::Switched { memory }) => self.adapt_switched(d, memory),
                 Ok(other) => self.mark_gone(d, format!("sent an unexpected message: {other:?}")),
                 Err(e) => self.mark_gone(d, e.to_string()),
             },
@@ -795,6 +809,7 @@ async fn scheduler(
     opts: PipelineOptions,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     shared: Arc<Shared>,
+    adapt: Option<crate::adapt::Adapter>,
 ) {
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<Event>();
     let mut writers = Vec::new();
@@ -855,6 +870,10 @@ async fn scheduler(
         parked: Vec::new(),
         entry_behind: false,
         shared,
+        adapt: adapt.map(|adapter| adapt_hook::AdaptState {
+            adapter,
+            held_back: Vec::new(),
+        }),
     };
     let mut next_step: u64 = 1;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -876,10 +895,10 @@ async fn scheduler(
                         }
                     }
                     let now = Instant::now();
-                    s.inflight.insert(step, InFlight {
+                    let f = InFlight {
                         seqs, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0,
-                    });
-                    s.admit(step, wire::u32_bytes(&ids));
+                    };
+                    s.enter(step, f, wire::u32_bytes(&ids));
                 }
                 Some(Cmd::Release(seqs)) => s.release(&seqs),
                 Some(Cmd::Shutdown(ack)) => { done = Some(ack); break; }

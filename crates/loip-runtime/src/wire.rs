@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::executor::{DeviceSpec, MemoryReport};
+use crate::executor::{DeviceSpec, MemoryReport, StageSpec};
 use crate::net::throttle::Throttle;
 
 /// Magic of the `Hello` frame.
@@ -380,6 +380,12 @@ pub enum ToWorker {
         /// what this device runs
         spec: DeviceSpec,
     },
+    /// between steps, change which blocks of the stages are resident and which offloaded
+    /// (a plan switch, design §6); answered with `Switched` or `Failed`
+    Switch {
+        /// the device's stages with their new placements (same layers)
+        stages: Vec<StageSpec>,
+    },
     /// forget these sequences' KV cache
     Release {
         /// sequence ids
@@ -462,6 +468,11 @@ pub enum ToCoordinator {
     /// the device is open
     Loaded {
         /// how its budget is spent
+        memory: DeviceMemory,
+    },
+    /// a plan switch is applied
+    Switched {
+        /// how the budget is spent now
         memory: DeviceMemory,
     },
     /// a request failed; the connection stays usable

@@ -11,15 +11,19 @@
 //!   per stage, the same in every stage, or brought back: the least `g = ld + span` that
 //!   fits), the layout it leads to, and the Eq. 8 lending amount with the `n_ts` dead band
 //!   (shrink at once, grow only near a threshold).
+//! - [`admission`]: a plan for the KV held at admission that adaptation carries to the
+//!   whole context.
 //! - [`policy`]: the whole decision loop over a pipeline of devices ([`Adapter`]), in the
 //!   cost model's memory terms; the simulator drives it step by step.
 //!
 //! Invariant: a decision never lets a device's predicted memory exceed its budget while a
 //! layout that fits exists; when none does, eviction (the last resort) takes the rest.
 
+pub mod admission;
 pub mod policy;
 pub mod switch;
 
+pub use admission::{can_grow_to, plan_for_admission};
 pub use policy::{Adapter, BlockTimes, DevState, Measure};
 pub use switch::{
     choose_switch, counts_max, lend_cap_tokens, lend_grow, lend_shrink, lend_update, stage_layout,
