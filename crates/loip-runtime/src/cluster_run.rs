@@ -27,7 +27,7 @@ use loip_engine::generate::{generate, Flow};
 use loip_engine::{GenerateOptions, GenerateOutput};
 use loip_model::slice::{Manifest, SliceKind};
 use loip_plan::{
-    Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest, Residency,
+    Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest,
 };
 use serde::Serialize;
 
@@ -35,7 +35,7 @@ use crate::coordinator::{
     next_seq_id, ClusterError, Conn, ConnectOptions, DeviceHealth, Endpoint, LinkStats, Pipeline,
     PipelineOptions, Route, ShipStats, StepStats, Totals,
 };
-use crate::executor::{BlockPlacement, DeviceSpec, StageLayer, StageSpec};
+use crate::executor::DeviceSpec;
 use crate::loader::LoaderKind;
 use crate::wire::{DeviceMemory, NetError, ProbeResult, WireError};
 use crate::RuntimeError;
@@ -205,26 +205,8 @@ pub fn device_spec(
     mem_budget: Option<u64>,
 ) -> DeviceSpec {
     let d = &plan.devices[i];
-    let place = |r: Residency| match r {
-        Residency::Retained => BlockPlacement::Resident,
-        Residency::Offloaded => BlockPlacement::Offloaded,
-    };
     DeviceSpec {
-        stages: d
-            .stages
-            .iter()
-            .map(|s| StageSpec {
-                layers: s
-                    .layers
-                    .iter()
-                    .map(|l| StageLayer {
-                        layer: l.layer as usize,
-                        attn: place(l.attn),
-                        mlp: place(l.mlp),
-                    })
-                    .collect(),
-            })
-            .collect(),
+        stages: crate::adapt::stage_specs(&d.stages),
         embed: d.holds_embedding,
         head: d.holds_head,
         loader,
