@@ -99,15 +99,15 @@ pub enum Verdict {
 }
 
 struct Dev {
-    spec: DeviceSpec,          // current stages and what the worker opened
+    spec: DeviceSpec,            // current stages and what the worker opened
     plan_stages: Vec<StagePlan>, // the same, in plan terms
-    budget: u64,               // bytes
-    working: u64,              // bytes
-    kv_budget: u64,            // bytes, of the current layout
-    kv_per_token: u64,         // bytes per token over the device's layers
-    n_max: u32,                // layers of its largest stage
-    attn_s: f64,               // attention block time  // seconds
-    mlp_s: f64,                // MLP block time  // seconds
+    budget: u64,                 // bytes
+    working: u64,                // bytes
+    kv_budget: u64,              // bytes, of the current layout
+    kv_per_token: u64,           // bytes per token over the device's layers
+    n_max: u32,                  // layers of its largest stage
+    attn_s: f64,                 // attention block time  // seconds
+    mlp_s: f64,                  // MLP block time  // seconds
     loader: loip_plan::LoaderProfile,
 }
 

@@ -339,7 +339,10 @@ impl Device {
         let same = stages.len() == self.spec.stages.len()
             && stages.iter().zip(&self.spec.stages).all(|(a, b)| {
                 a.layers.len() == b.layers.len()
-                    && a.layers.iter().zip(&b.layers).all(|(x, y)| x.layer == y.layer)
+                    && a.layers
+                        .iter()
+                        .zip(&b.layers)
+                        .all(|(x, y)| x.layer == y.layer)
             });
         if !same {
             return Err(RuntimeError::Invalid(

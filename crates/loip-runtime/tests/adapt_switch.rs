@@ -47,7 +47,8 @@ fn full_fixed(m: &Manifest, plan: &loip_plan::Plan, i: usize) -> u64 {
     }
     for s in &d.stages {
         for l in &s.layers {
-            b += size(m, SliceKind::Attn(l.layer as usize)) + size(m, SliceKind::Mlp(l.layer as usize));
+            b += size(m, SliceKind::Attn(l.layer as usize))
+                + size(m, SliceKind::Mlp(l.layer as usize));
         }
     }
     b
@@ -72,8 +73,8 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
     .unwrap();
     let c = &m.config;
     let kv_per_token = 2 * (c.num_kv_heads * c.head_dim) as u64 * 4 * 2; // two layers a device
-    // Room for 12 tokens of KV with everything resident: the prompt fits, the generation
-    // passes the threshold after a few tokens.
+                                                                         // Room for 12 tokens of KV with everything resident: the prompt fits, the generation
+                                                                         // passes the threshold after a few tokens.
     let held = 12;
     let root = scratch("adapt-switch");
     let workers: Vec<_> = (0..2)
@@ -119,8 +120,10 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
         logits: vec![],
     };
     let seq = next_seq_id();
-    let out = generate(&mut rec, seq, PROMPT, &greedy(n_new), &mut |_| Flow::Continue)
-        .unwrap_or_else(|e| panic!("generation: {e}"));
+    let out = generate(&mut rec, seq, PROMPT, &greedy(n_new), &mut |_| {
+        Flow::Continue
+    })
+    .unwrap_or_else(|e| panic!("generation: {e}"));
     s.pipeline().release(&[seq]);
     assert_eq!(out.new_ids, want_ids, "tokens");
     assert_bits("through the switches", &rec.logits, &want_logits);
@@ -130,9 +133,18 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
         .events
         .iter()
         .filter_map(|e| match e {
-            AdaptEvent::Switch { device, from, to, tokens, .. } => {
+            AdaptEvent::Switch {
+                device,
+                from,
+                to,
+                tokens,
+                ..
+            } => {
                 assert_ne!(from, to);
-                assert!(*tokens > held, "switched at {tokens} tokens, before the threshold");
+                assert!(
+                    *tokens > held,
+                    "switched at {tokens} tokens, before the threshold"
+                );
                 Some(*device)
             }
             _ => None,
@@ -171,9 +183,14 @@ fn a_switch_over_budget_or_changing_layers_is_refused() {
     let m = Manifest::load(&slices).unwrap();
     let names: Vec<String> = vec!["dev1".into()];
     // everything offloaded: bringing blocks back needs more memory than the budget leaves
-    let plan = uniform_plan("m", m.config.num_layers as u32, &names, 2, ExecMode::Overlapped, &|_, n| {
-        (n, n)
-    })
+    let plan = uniform_plan(
+        "m",
+        m.config.num_layers as u32,
+        &names,
+        2,
+        ExecMode::Overlapped,
+        &|_, n| (n, n),
+    )
     .unwrap();
     let spec = device_spec(&plan, 0, LoaderKind::Direct, MAX_STEP, CONTEXT, None);
     let mut probe = Device::open(&slices, &m, spec.clone()).unwrap();
@@ -187,7 +204,10 @@ fn a_switch_over_budget_or_changing_layers_is_refused() {
         }
     }
     let after = probe.switch(resident.clone()).unwrap();
-    assert!(after.resident > mem.resident && after.slot == 0, "{after:?}");
+    assert!(
+        after.resident > mem.resident && after.slot == 0,
+        "{after:?}"
+    );
     drop(probe);
     // A budget that holds the offloaded layout only.
     let budget = mem.resident + mem.slot + mem.working + 1024;
@@ -195,7 +215,7 @@ fn a_switch_over_budget_or_changing_layers_is_refused() {
     spec_b.mem_budget = Some(budget);
     let mut dev = Device::open(&slices, &m, spec_b).unwrap();
     let before = dev.memory();
-    let err = dev.switch(resident).err().expect("over budget").to_string();
+    let err = dev.switch(resident).expect_err("over budget").to_string();
     assert!(err.contains("budget"), "{err}");
     assert_eq!(dev.memory(), before, "a refused switch changes nothing");
     // Different layers: refused.

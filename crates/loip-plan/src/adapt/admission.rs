@@ -28,7 +28,12 @@ pub fn can_grow_to(plan: &Plan, shape: &ModelShape, cluster: &Cluster, context: 
         let Some(dev) = cluster.devices.iter().find(|c| c.name == d.name) else {
             return false;
         };
-        let n = d.stages.iter().map(|s| s.layers.len() as u32).max().unwrap_or(0);
+        let n = d
+            .stages
+            .iter()
+            .map(|s| s.layers.len() as u32)
+            .max()
+            .unwrap_or(0);
         let fits = |a: u32, m: u32| {
             let stages = stage_layout(&d.stages, a, m);
             let mem = cost::device_memory(

@@ -132,7 +132,10 @@ mod tests {
 
     #[test]
     fn layout_keeps_the_layers() {
-        let s = vec![StagePlan::with_offload(0, 3, 0, 0), StagePlan::with_offload(6, 3, 1, 0)];
+        let s = vec![
+            StagePlan::with_offload(0, 3, 0, 0),
+            StagePlan::with_offload(6, 3, 1, 0),
+        ];
         let l = stage_layout(&s, 2, 1);
         assert_eq!(counts_max(&l), (2, 1));
         assert_eq!(l[1].layers.first().map(|l| l.layer), Some(6));
