@@ -5,8 +5,9 @@
 //! blocks offloaded per stage) holds the device's KV of the whole context within its budget.
 //!
 //! Order: the plan for the admitted tokens if it can grow; else the plan for the whole
-//! context if there is one (nothing to adapt); else the plan for the largest context the
-//! planner can place (bisection), if it can grow; else the whole-context planning error.
+//! context if there is one (nothing to adapt); else, if the plan for the largest context the
+//! planner can place (bisection) can grow, the plan for the smallest context that still
+//! can (bisection below it); else the whole-context planning error.
 
 use super::switch::{choose_switch, stage_layout};
 use crate::cost;
@@ -97,8 +98,22 @@ pub fn plan_for_admission(
             Err(_) => hi = mid,
         }
     }
-    match best {
-        Some(p) if can_grow_to(&p, shape, cluster, whole) => Ok(p),
-        _ => Err(err),
+    let Some(mut best) = best.filter(|p| can_grow_to(p, shape, cluster, whole)) else {
+        return Err(err);
+    };
+    // The smallest context whose plan still grows to the whole: the fewest blocks offloaded
+    // up front, more as the KV grows (bisection; growth is not strictly monotonic in the
+    // context, so this is the smallest found, not necessarily the smallest there is).
+    let (mut lo, mut hi) = (admitted, lo);
+    while hi - lo > step {
+        let mid = lo + (hi - lo) / 2;
+        match at(mid) {
+            Ok(p) if can_grow_to(&p, shape, cluster, whole) => {
+                hi = mid;
+                best = p;
+            }
+            _ => lo = mid,
+        }
     }
+    Ok(best)
 }
