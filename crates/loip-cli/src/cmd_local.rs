@@ -464,7 +464,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
     } else {
         Pattern::Sporadic
     };
-    let opts = session_options(
+    let mut opts = session_options(
         &a,
         &a.planner,
         pattern,
@@ -473,6 +473,8 @@ pub fn run(a: LocalArgs) -> Result<()> {
         prep.prompt_ids.len(),
         &token,
     );
+    // Plan for the prompts' KV and adapt online as it grows (design §6).
+    opts.admitted = Some((prep.prompt_ids.len() * n) as u64);
     let s = Session::start(&dir, specs(&workers, None), opts)?;
     if !a.json {
         print_setup(&s);
@@ -522,6 +524,9 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let b = Breakdown::of(&s.take_totals());
     extra.insert("breakdown".into(), serde_json::to_value(b)?);
     extra.insert("links".into(), serde_json::to_value(s.link_bytes())?);
+    if let Some(ad) = s.adaptation() {
+        extra.insert("adaptation".into(), serde_json::to_value(ad)?);
+    }
     extra.insert("ms_per_token".into(), measured.into());
     extra.insert(
         "predicted_ms_per_token".into(),

@@ -5,13 +5,15 @@
 //! [`Plan`] (JSON round-trippable, checked by [`Plan::validate`]) → runtime / simulator.
 //! [`cost::evaluate`] prices any plan; every planner's prediction comes from it.
 //!
-//! Modules: [`units`] (byte/bandwidth/duration strings), [`shape`], [`profile`] (device and
+//! Modules: [`adapt`] (the online memory adaptation policy, shared by the simulator and the
+//! runtime), [`units`] (byte/bandwidth/duration strings), [`shape`], [`profile`] (device and
 //! link profiles, shipped presets), [`cluster`] (cluster files), [`mod@plan`], [`cost`],
 //! [`planners`], [`render`] (tables), [`sched`] (the continuous-batching step scheduler), [`error`].
 #![deny(missing_docs)]
 // `x % d == 0` instead of `is_multiple_of`: the workspace's rust-version is 1.85.
 #![allow(clippy::manual_is_multiple_of)]
 
+pub mod adapt;
 pub mod cluster;
 pub mod cost;
 pub mod error;

@@ -33,7 +33,7 @@ use loip_engine::generate::{generate, Flow};
 use loip_engine::{GenerateOptions, GenerateOutput};
 use loip_model::slice::{Manifest, SliceKind};
 use loip_plan::{
-    Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest, Residency,
+    Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest,
 };
 use serde::Serialize;
 
@@ -41,7 +41,7 @@ use crate::coordinator::{
     next_seq_id, ClusterError, Conn, ConnectOptions, DeviceHealth, Endpoint, HopLinks, LinkBytes,
     LinkStats, Pipeline, PipelineOptions, Route, ShipStats, StepStats, Totals,
 };
-use crate::executor::{BlockPlacement, DeviceSpec, StageLayer, StageSpec};
+use crate::executor::DeviceSpec;
 use crate::loader::LoaderKind;
 use crate::wire::{DeviceMemory, NetError, ProbeResult, WireError};
 use crate::RuntimeError;
@@ -128,6 +128,10 @@ pub struct SessionOptions {
     /// device name pairs whose hops are relayed even when they could reach each other (no
     /// peer session between them; tests of the fallback)
     pub relay_pairs: Vec<(String, String)>,
+    /// plan for this many KV tokens held at admission (summed over sequences) and adapt
+    /// online as the KV grows to `context` ([`crate::adapt`]); `None`: plan for `context`
+    /// up front, no adaptation  // tokens
+    pub admitted: Option<u64>,
 }
 
 impl Default for SessionOptions {
@@ -151,6 +155,7 @@ impl Default for SessionOptions {
             greedy: false,
             relay: false,
             relay_pairs: Vec::new(),
+            admitted: None,
         }
     }
 }
@@ -221,26 +226,8 @@ pub fn device_spec(
     mem_budget: Option<u64>,
 ) -> DeviceSpec {
     let d = &plan.devices[i];
-    let place = |r: Residency| match r {
-        Residency::Retained => BlockPlacement::Resident,
-        Residency::Offloaded => BlockPlacement::Offloaded,
-    };
     DeviceSpec {
-        stages: d
-            .stages
-            .iter()
-            .map(|s| StageSpec {
-                layers: s
-                    .layers
-                    .iter()
-                    .map(|l| StageLayer {
-                        layer: l.layer as usize,
-                        attn: place(l.attn),
-                        mlp: place(l.mlp),
-                    })
-                    .collect(),
-            })
-            .collect(),
+        stages: crate::adapt::stage_specs(&d.stages),
         embed: d.holds_embedding,
         head: d.holds_head,
         loader,
@@ -372,6 +359,7 @@ struct Setup {
     shape: loip_plan::ModelShape,
     reports: Vec<DeviceReport>,
     profiles: Vec<(String, DeviceProfile)>,
+    adapt: Option<std::sync::Arc<std::sync::Mutex<crate::adapt::AdaptReport>>>,
 }
 
 async fn setup(
@@ -562,8 +550,17 @@ async fn setup(
                 loader: plan_loader(opts.loader),
                 allow_drop: opts.allow_drop,
             };
-            loip_plan::plan(&opts.planner, &shape, &cluster, &req)
-                .map_err(|e| left_out(e.into()))?
+            match opts.admitted {
+                Some(n) => loip_plan::adapt::plan_for_admission(
+                    &opts.planner,
+                    &shape,
+                    &cluster,
+                    &req,
+                    n,
+                ),
+                None => loip_plan::plan(&opts.planner, &shape, &cluster, &req),
+            }
+            .map_err(|e| left_out(e.into()))?
         }
     };
     let mut plan = plan;
@@ -577,6 +574,7 @@ async fn setup(
     let mut peer_ids = Vec::new();
     let mut slots: Vec<Option<Conn>> = conns.into_iter().map(Some).collect();
     let mut plan_conns = Vec::new();
+    let mut opened = Vec::new(); // (spec, memory) per plan device
     for (i, d) in plan.devices.iter().enumerate() {
         let idx = workers
             .iter()
@@ -610,7 +608,9 @@ async fn setup(
             max_step_seqs: opts.max_step_seqs.max(1),
             ..spec
         };
-        r.memory = Some(c.load(manifest, &spec).await?);
+        let memory = c.load(manifest, &spec).await?;
+        r.memory = Some(memory);
+        opened.push((spec, memory));
         plan_conns.push(c);
     }
     for c in slots.into_iter().flatten() {
@@ -629,7 +629,11 @@ async fn setup(
         .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))
         .collect();
     let hop_links = HopLinks { direct, peer_ids };
-    let pipeline = Pipeline::start_with(plan_conns, route, popts, hop_links.clone());
+    let adapter = opts
+        .admitted
+        .map(|_| crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened));
+    let adapt = adapter.as_ref().map(|a| a.report());
+    let pipeline = Pipeline::start_with(plan_conns, route, popts, hop_links.clone(), adapter);
     Ok(Setup {
         pipeline,
         hop_links,
@@ -638,6 +642,7 @@ async fn setup(
         shape,
         reports,
         profiles,
+        adapt,
     })
 }
 
@@ -661,6 +666,7 @@ pub struct Session {
     model_dir: PathBuf,
     workers: Vec<WorkerSpec>,
     opts: SessionOptions,
+    adapt: Option<std::sync::Arc<std::sync::Mutex<crate::adapt::AdaptReport>>>,
 }
 
 impl Session {
@@ -697,6 +703,15 @@ impl Session {
             model_dir: model_dir.to_path_buf(),
             workers,
             opts,
+            adapt: s.adapt,
+        })
+    }
+
+    /// What online adaptation did so far (when planned for admission).
+    pub fn adaptation(&self) -> Option<crate::adapt::AdaptReport> {
+        self.adapt.as_ref().map(|a| match a.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
         })
     }
 
@@ -801,6 +816,7 @@ impl Session {
         self.shape = s.shape;
         self.cluster = s.cluster;
         self.reports = s.reports;
+        self.adapt = s.adapt;
         self.setup_s = t.elapsed().as_secs_f64();
         self.workers = workers;
         remember_profiles(&mut self.workers, &s.profiles);

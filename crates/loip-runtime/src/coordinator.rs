@@ -32,6 +32,7 @@ use crate::wire::{
 };
 use crate::RuntimeError;
 
+mod adapt_hook;
 mod backend;
 mod conn;
 mod route;
@@ -271,16 +272,18 @@ impl Pipeline {
     /// Starts the scheduler on the current tokio runtime over `conns` (in plan device order),
     /// relaying every hop.
     pub fn start(conns: Vec<Conn>, route: Route, opts: PipelineOptions) -> Pipeline {
-        Pipeline::start_with(conns, route, opts, HopLinks::default())
+        Pipeline::start_with(conns, route, opts, HopLinks::default(), None)
     }
 
     /// [`Pipeline::start`] with each hop's input as `links` says (direct forwarding where the
-    /// workers' peer sessions are up, see [`crate::net::direct`]).
+    /// workers' peer sessions are up, see [`crate::net::direct`]), and online memory
+    /// adaptation ([`crate::adapt`]) when `adapt`.
     pub fn start_with(
         conns: Vec<Conn>,
         route: Route,
         opts: PipelineOptions,
         links: HopLinks,
+        adapt: Option<crate::adapt::Adapter>,
     ) -> Pipeline {
         let health = conns
             .iter()
@@ -296,7 +299,7 @@ impl Pipeline {
             links: Mutex::new(BTreeMap::new()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(scheduler(conns, route, links, opts, rx, shared.clone()));
+        tokio::spawn(scheduler(conns, route, links, opts, rx, shared.clone(), adapt));
         Pipeline {
             tx,
             shared,
@@ -515,6 +518,7 @@ struct Sched {
     /// while admitting a wave: more of its steps enter right after the one being sent
     entry_behind: bool,
     shared: Arc<Shared>,
+    adapt: Option<adapt_hook::AdaptState>,
 }
 
 impl Sched {
@@ -609,6 +613,7 @@ impl Sched {
                 let _ = w.send((FrameKind::Control, p.clone()));
             }
         }
+        self.adapt_released(seqs);
     }
 
     fn mark_gone(&mut self, d: usize, reason: String) {
@@ -658,6 +663,7 @@ impl Sched {
                 Ok(ToCoordinator::PeerGone { device, reason }) => {
                     self.on_peer_gone(d, device, reason)
                 }
+                Ok(ToCoordinator::Switched { memory }) => self.adapt_switched(d, memory),
                 Ok(other) => self.mark_gone(d, format!("sent an unexpected message: {other:?}")),
                 Err(e) => self.mark_gone(d, e.to_string()),
             },
@@ -696,6 +702,7 @@ async fn scheduler(
     opts: PipelineOptions,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     shared: Arc<Shared>,
+    adapt: Option<crate::adapt::Adapter>,
 ) {
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<Event>();
     let mut writers = Vec::new();
@@ -757,6 +764,10 @@ async fn scheduler(
         parked: Vec::new(),
         entry_behind: false,
         shared,
+        adapt: adapt.map(|adapter| adapt_hook::AdaptState {
+            adapter,
+            held_back: Vec::new(),
+        }),
     };
     let mut next_step: u64 = 1;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -778,10 +789,10 @@ async fn scheduler(
                         }
                     }
                     let now = Instant::now();
-                    s.inflight.insert(step, InFlight {
+                    let f = InFlight {
                         seqs, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0, progress: Default::default(),
-                    });
-                    s.admit(step, wire::u32_bytes(&ids));
+                    };
+                    s.enter(step, f, wire::u32_bytes(&ids));
                 }
                 Some(Cmd::Release(seqs)) => s.release(&seqs),
                 Some(Cmd::Shutdown(ack)) => { done = Some(ack); break; }

@@ -6,8 +6,14 @@
 //! starts on the next stage's offloaded blocks (the "ready signal" of the design), so the
 //! load overlaps everything this device computes in between and whatever the other devices
 //! compute meanwhile.
+//!
+//! A plan switch ([`Device::switch`], design §6) changes which blocks of the stages are
+//! resident and which offloaded, between two steps: the same layers in the same stages,
+//! the KV cache kept as it is. Invariant: resident blocks + slot + working buffers + the KV
+//! held never exceed the budget, before, during (the old blocks are freed before the new
+//! ones are read) and after a switch; one that would is refused and changes nothing.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use loip_engine::forward::{param_dtype_of, Transformer};
@@ -127,6 +133,88 @@ pub struct Device {
     spec: DeviceSpec,
     mem: MemoryReport,
     times: StepTimes,
+    dir: PathBuf,
+    manifest: Manifest,
+    last_stage: Option<usize>, // the stage that ran last (where the next prefetch follows)
+}
+
+/// What a device's stages read where: resident slices, loader groups and their bytes.
+struct Layout {
+    resident: Vec<SliceEntry>,
+    groups: Vec<Vec<(Vec<SliceKind>, usize)>>, // per stage: (offloaded blocks, loader group)
+    group_slices: Vec<Vec<SliceEntry>>,
+    resident_need: u64, // bytes
+    slot_need: u64,     // bytes
+}
+
+/// The layout of `spec`'s stages over the slices of `manifest`.
+fn layout(manifest: &Manifest, spec: &DeviceSpec) -> Result<Layout, RuntimeError> {
+    let cfg = &manifest.config;
+    let get = |k: SliceKind| -> Result<SliceEntry, RuntimeError> {
+        manifest.slice(k).cloned().ok_or_else(|| {
+            RuntimeError::Invalid(format!("slice {} is not in the manifest", k.id()))
+        })
+    };
+    let mut resident = Vec::new();
+    let mut groups = Vec::new();
+    let mut group_slices: Vec<Vec<SliceEntry>> = Vec::new();
+    for stage in &spec.stages {
+        for l in &stage.layers {
+            if l.layer >= cfg.num_layers {
+                return Err(RuntimeError::Invalid(format!(
+                    "layer {} of a {}-layer model",
+                    l.layer, cfg.num_layers
+                )));
+            }
+            if l.attn == BlockPlacement::Resident {
+                resident.push(get(SliceKind::Attn(l.layer))?);
+            }
+            if l.mlp == BlockPlacement::Resident {
+                resident.push(get(SliceKind::Mlp(l.layer))?);
+            }
+        }
+        // Overlapped: one group per stage (the slot holds the stage's offloaded blocks).
+        // On demand: one group per block (a one-block buffer, loaded when needed).
+        let mut stage_groups = Vec::new();
+        let off = stage.offloaded();
+        if spec.overlap && !off.is_empty() {
+            stage_groups.push((off.clone(), group_slices.len()));
+            group_slices.push(off.into_iter().map(get).collect::<Result<_, _>>()?);
+        } else {
+            for kind in off {
+                stage_groups.push((vec![kind], group_slices.len()));
+                group_slices.push(vec![get(kind)?]);
+            }
+        }
+        groups.push(stage_groups);
+    }
+    // A tied head computes with the embedding matrix.
+    if spec.embed || (spec.head && cfg.tie_word_embeddings) {
+        resident.push(get(SliceKind::Embed)?);
+    }
+    if spec.head {
+        resident.push(get(SliceKind::Head)?);
+    }
+    let slot_need: u64 = group_slices
+        .iter()
+        .map(|g| g.iter().map(|s| s.size).sum::<u64>())
+        .max()
+        .unwrap_or(0);
+    let resident_need: u64 = resident.iter().map(|s| s.size).sum();
+    Ok(Layout {
+        resident,
+        groups,
+        group_slices,
+        resident_need,
+        slot_need,
+    })
+}
+
+/// Resident and slot bytes `spec` needs on `manifest`'s slices: what [`Device::open`] and
+/// [`Device::switch`] account (the coordinator prices switches with it).  // bytes
+pub fn layout_bytes(manifest: &Manifest, spec: &DeviceSpec) -> Result<(u64, u64), RuntimeError> {
+    let l = layout(manifest, spec)?;
+    Ok((l.resident_need, l.slot_need))
 }
 
 /// The first loader group of the first stage after `k` (wrapping) that has one.
@@ -171,59 +259,18 @@ impl Device {
     /// budget, and (with overlap) starts loading the first stage's offloaded blocks.
     pub fn open(dir: &Path, manifest: &Manifest, spec: DeviceSpec) -> Result<Device, RuntimeError> {
         let cfg = &manifest.config;
-        let get = |k: SliceKind| -> Result<SliceEntry, RuntimeError> {
-            manifest.slice(k).cloned().ok_or_else(|| {
-                RuntimeError::Invalid(format!("slice {} is not in the manifest", k.id()))
-            })
-        };
-        let mut resident_slices = Vec::new();
-        let mut groups = Vec::new();
-        let mut group_slices: Vec<Vec<SliceEntry>> = Vec::new();
-        let mut layers = Vec::new();
-        for stage in &spec.stages {
-            for l in &stage.layers {
-                if l.layer >= cfg.num_layers {
-                    return Err(RuntimeError::Invalid(format!(
-                        "layer {} of a {}-layer model",
-                        l.layer, cfg.num_layers
-                    )));
-                }
-                layers.push(l.layer);
-                if l.attn == BlockPlacement::Resident {
-                    resident_slices.push(get(SliceKind::Attn(l.layer))?);
-                }
-                if l.mlp == BlockPlacement::Resident {
-                    resident_slices.push(get(SliceKind::Mlp(l.layer))?);
-                }
-            }
-            // Overlapped: one group per stage (the slot holds the stage's offloaded blocks).
-            // On demand: one group per block (a one-block buffer, loaded when needed).
-            let mut stage_groups = Vec::new();
-            let off = stage.offloaded();
-            if spec.overlap && !off.is_empty() {
-                stage_groups.push((off.clone(), group_slices.len()));
-                group_slices.push(off.into_iter().map(get).collect::<Result<_, _>>()?);
-            } else {
-                for kind in off {
-                    stage_groups.push((vec![kind], group_slices.len()));
-                    group_slices.push(vec![get(kind)?]);
-                }
-            }
-            groups.push(stage_groups);
-        }
-        // A tied head computes with the embedding matrix.
-        if spec.embed || (spec.head && cfg.tie_word_embeddings) {
-            resident_slices.push(get(SliceKind::Embed)?);
-        }
-        if spec.head {
-            resident_slices.push(get(SliceKind::Head)?);
-        }
-        let slot_need: u64 = group_slices
+        let Layout {
+            resident: resident_slices,
+            groups,
+            group_slices,
+            resident_need,
+            slot_need,
+        } = layout(manifest, &spec)?;
+        let layers: Vec<usize> = spec
+            .stages
             .iter()
-            .map(|g| g.iter().map(|s| s.size).sum::<u64>())
-            .max()
-            .unwrap_or(0);
-        let resident_need: u64 = resident_slices.iter().map(|s| s.size).sum();
+            .flat_map(|s| s.layers.iter().map(|l| l.layer))
+            .collect();
         let working = working_bytes(
             manifest,
             spec.max_step_tokens,
@@ -268,6 +315,9 @@ impl Device {
             spec,
             mem,
             times: StepTimes::default(),
+            dir: dir.to_path_buf(),
+            manifest: manifest.clone(),
+            last_stage: None,
         };
         if dev.spec.overlap {
             if let Some(g) = dev.next_group(dev.spec.stages.len().saturating_sub(1)) {
@@ -277,6 +327,73 @@ impl Device {
             }
         }
         Ok(dev)
+    }
+
+    /// Switches the placement of the stages' blocks to `stages` (the same layers in the
+    /// same stages; only resident/offloaded changes), between steps: frees the old resident
+    /// blocks and the slot, reads the new resident set from the slice store, sizes the new
+    /// slot and gives the KV cache what is left. Refused, changing nothing, when the new
+    /// layout with the KV held would not fit the budget. On a read error afterwards the
+    /// device is left without blocks (its next step fails with a typed error).
+    pub fn switch(&mut self, stages: Vec<StageSpec>) -> Result<MemoryReport, RuntimeError> {
+        let same = stages.len() == self.spec.stages.len()
+            && stages.iter().zip(&self.spec.stages).all(|(a, b)| {
+                a.layers.len() == b.layers.len()
+                    && a.layers
+                        .iter()
+                        .zip(&b.layers)
+                        .all(|(x, y)| x.layer == y.layer)
+            });
+        if !same {
+            return Err(RuntimeError::Invalid(
+                "a plan switch must keep the device's stages and layers".into(),
+            ));
+        }
+        let spec = DeviceSpec {
+            stages,
+            ..self.spec.clone()
+        };
+        let l = layout(&self.manifest, &spec)?;
+        let fixed = l.resident_need + l.slot_need + self.mem.working;
+        let kv_budget = match spec.mem_budget {
+            Some(b) if fixed.saturating_add(self.kv.used_bytes()) > b => {
+                return Err(RuntimeError::OverBudget {
+                    budget: b,
+                    detail: format!(
+                        "the switch needs {} for resident blocks, {} for the slot, {} for working \
+                         buffers and {} for the KV cache held",
+                        l.resident_need,
+                        l.slot_need,
+                        self.mem.working,
+                        self.kv.used_bytes()
+                    ),
+                })
+            }
+            Some(b) => b - fixed,
+            None => u64::MAX,
+        };
+        // Free first, then read: the budget holds during the switch too.
+        self.loader = None;
+        self.resident = Resident::default();
+        self.groups = l.groups;
+        self.spec = spec;
+        self.mem.resident = l.resident_need;
+        self.mem.slot = l.slot_need;
+        self.mem.kv_budget = kv_budget;
+        self.kv.set_budget(self.spec.mem_budget.map(|_| kv_budget));
+        self.resident = Resident::load(&self.dir, &l.resident)?;
+        if !l.group_slices.is_empty() {
+            self.loader = Some(Loader::new(self.spec.loader, &self.dir, &l.group_slices)?);
+        }
+        if self.spec.overlap {
+            let after = self
+                .last_stage
+                .unwrap_or(self.spec.stages.len().saturating_sub(1));
+            if let (Some(g), Some(ld)) = (next_group(&self.groups, after), self.loader.as_mut()) {
+                ld.start(g)?;
+            }
+        }
+        Ok(self.mem)
     }
 
     /// How the memory budget is spent.
@@ -354,6 +471,7 @@ impl Device {
         batch: &[TokenPos],
         release: bool,
     ) -> Result<(), RuntimeError> {
+        self.last_stage = Some(k);
         // the whole stage on the compute pool: one hand-off, not one per matmul
         loip_kernels::on_pool(|| self.run_stage_on_pool(k, x, batch, release))
     }

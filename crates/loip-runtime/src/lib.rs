@@ -6,6 +6,7 @@
 //! direct loader; both document the protocol that makes them sound.
 #![deny(missing_docs)]
 
+pub mod adapt;
 pub mod aligned;
 pub mod cluster_run;
 pub mod coordinator;

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::executor::{DeviceSpec, MemoryReport};
+use crate::executor::{DeviceSpec, MemoryReport, StageSpec};
 use crate::net::throttle::Throttle;
 
 /// Magic of the `Hello` frame.
@@ -404,6 +404,12 @@ pub enum ToWorker {
         /// what this device runs
         spec: DeviceSpec,
     },
+    /// between steps, change which blocks of the stages are resident and which offloaded
+    /// (a plan switch, design §6); answered with `Switched` or `Failed`
+    Switch {
+        /// the device's stages with their new placements (same layers)
+        stages: Vec<StageSpec>,
+    },
     /// forget these sequences' KV cache
     Release {
         /// sequence ids
@@ -507,6 +513,11 @@ pub enum ToCoordinator {
         device: u16,
         /// what happened
         reason: String,
+    },
+    /// a plan switch is applied
+    Switched {
+        /// how the budget is spent now
+        memory: DeviceMemory,
     },
     /// a request failed; the connection stays usable
     Failed {

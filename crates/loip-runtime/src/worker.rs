@@ -542,6 +542,9 @@ async fn session(
                 ToWorker::Release { seqs } => {
                     jobs.send((Job::Release(seqs), permit)).map_err(|_| gone())?
                 }
+                ToWorker::Switch { stages } => {
+                    jobs.send((Job::Switch(stages), permit)).map_err(|_| gone())?
+                }
                 ToWorker::Bye => return Ok(()),
                 ToWorker::Auth { .. } => {
                     return Err(WireError::Protocol("authentication twice".into()))
@@ -589,6 +592,7 @@ enum Job {
         route: Option<peer::HopRoute>,
     },
     Release(Vec<u64>),
+    Switch(Vec<crate::executor::StageSpec>),
 }
 
 /// What the compute thread works with.
@@ -658,6 +662,7 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<(Job, BytePermit)>, ctx: Compu
                     Err(e) => ctx.fail(None, format!("cannot open the device: {e}")),
                 }
             }
+            Job::Switch(stages) => ctx.send(crate::adapt::apply_switch(device.as_mut(), stages)),
             Job::Release(seqs) => {
                 if let Some(d) = device.as_mut() {
                     for s in seqs {

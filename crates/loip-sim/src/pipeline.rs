@@ -23,7 +23,7 @@
 //! Compute, loader and egress port of each device serve their tasks in program order
 //! (step, stage, micro-batch), so a faster link or device never delays anything.
 
-use crate::adapt::{Adapter, DevState, Measure};
+use crate::adapt::{Adapter, DevState, Measure, Models};
 use crate::compute::DeviceModel;
 use crate::engine::{Engine, ResId, TaskId, Work};
 use crate::error::SimError;
@@ -94,7 +94,7 @@ struct Dev {
 struct Pipeline<'a> {
     shape: &'a ModelShape,
     eng: Engine,
-    ad: Adapter<'a>,
+    ad: Adapter<'a, Models<'a>>,
     devs: Vec<Dev>,
     b: u32,
     prompt: u32,
@@ -171,7 +171,7 @@ impl Pipeline<'_> {
             .unwrap_or(0);
         let mut incoming: Vec<Option<TaskId>> = self.token.clone();
         let last_dev = nd - 1;
-        let t_head = self.ad.models[last_dev].head(1);
+        let t_head = self.ad.clock.0[last_dev].head(1);
         let mut ends = Vec::with_capacity(b);
         for k in 0..s {
             for i in 0..nd {
@@ -180,7 +180,7 @@ impl Pipeline<'_> {
                 };
                 let seg = segments(stage, self.shape);
                 let stage_layers = stage.layers.len() as f64;
-                let model = self.ad.models[i];
+                let model = self.ad.clock.0[i];
                 let (ta, tm) = (model.attn(1, 1 + e, n_ctx, 1.0), model.mlp(1 + e, 1.0));
                 let loader = self.ad.loaders[i];
                 let global_last = k + 1 == s && i == last_dev;
@@ -390,10 +390,12 @@ pub fn simulate_pipeline(
         steps,
         latency: cfg.latency,
         devs,
-        models: profiles
-            .iter()
-            .map(|p| DeviceModel::new(p, shape))
-            .collect(),
+        clock: Models(
+            profiles
+                .iter()
+                .map(|p| DeviceModel::new(p, shape))
+                .collect(),
+        ),
         loaders: profiles.iter().map(|p| *p.loader(plan.loader)).collect(),
         evict: 0,
         events: Vec::new(),

@@ -5,8 +5,17 @@
 //! (over its layers). A sequence reserves, at admission, the most tokens it can ever cache
 //! (`prompt + max_new_tokens − 1`: the last sampled token is never fed), on every device.
 //!
-//! Invariants: on every device `Σ reserved × bytes_per_token ≤ budget`, and a sequence's
-//! cached tokens never exceed its reservation; a released sequence holds nothing at once.
+//! Growth (design §6, planning for what is held at admission): instead of the worst case, a
+//! caller may reserve only what a sequence holds at admission and [`KvLedger::grant`] more as
+//! it grows, while that fits; [`KvLedger::set_device`] follows a device whose KV room changed
+//! (a plan switch offloaded or brought back blocks). A grant that does not fit is refused,
+//! never half-made: the caller holds new admissions (the last resort), and an admitted
+//! sequence's grant waits for room.
+//!
+//! Invariants: on every device `Σ reserved × bytes_per_token ≤ budget` (a budget lowered
+//! below what is reserved refuses every grant until releases bring it back under), and a
+//! sequence's cached tokens never exceed its reservation; a released sequence holds nothing
+//! at once.
 
 use std::collections::BTreeMap;
 
@@ -101,6 +110,37 @@ impl KvLedger {
         }
     }
 
+    /// Grants `tokens` more to admitted `seq`'s reservation if they fit on every device now;
+    /// false (nothing changed) when they do not or `seq` is unknown.
+    pub fn grant(&mut self, seq: u64, tokens: u64) -> bool {
+        if !self.seqs.contains_key(&seq) || !self.fits(tokens) {
+            return false;
+        }
+        if let Some(e) = self.seqs.get_mut(&seq) {
+            e.reserved += tokens;
+            self.reserved += tokens;
+        }
+        true
+    }
+
+    /// Tokens that can still be reserved (or granted) on every device.  // tokens
+    pub fn headroom(&self) -> u64 {
+        self.devices
+            .iter()
+            .map(|d| {
+                (d.budget / d.bytes_per_token.max(1)).saturating_sub(self.reserved)
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Device `i`'s capacity changed (a plan switch); unknown `i` is ignored.
+    pub fn set_device(&mut self, i: usize, device: KvDevice) {
+        if let Some(d) = self.devices.get_mut(i) {
+            *d = device;
+        }
+    }
+
     /// Tokens cached for `seq` (0 when unknown).
     pub fn cached_tokens(&self, seq: u64) -> u64 {
         self.seqs.get(&seq).map_or(0, |e| e.cached)
@@ -116,5 +156,58 @@ impl KvLedger {
                 budget: d.budget,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger() -> KvLedger {
+        KvLedger::new(vec![
+            KvDevice {
+                budget: 1000,
+                bytes_per_token: 10,
+            },
+            KvDevice {
+                budget: 400,
+                bytes_per_token: 2,
+            },
+        ])
+    }
+
+    #[test]
+    fn grants_follow_growth_within_every_budget() {
+        let mut l = ledger();
+        assert_eq!(l.headroom(), 100);
+        l.reserve(1, 30); // what the sequence holds at admission
+        assert!(l.grant(1, 60));
+        assert_eq!(l.headroom(), 10);
+        assert!(!l.grant(1, 11), "over the first device's budget");
+        assert!(!l.grant(2, 1), "unknown sequence");
+        assert_eq!(l.usage()[0].reserved, 900);
+        // a switch gives the first device more room
+        l.set_device(
+            0,
+            KvDevice {
+                budget: 2000,
+                bytes_per_token: 10,
+            },
+        );
+        assert!(l.grant(1, 100));
+        assert_eq!(l.headroom(), 10, "now the second device limits");
+        // a switch that takes room away: no grant until releases
+        l.set_device(
+            1,
+            KvDevice {
+                budget: 100,
+                bytes_per_token: 2,
+            },
+        );
+        assert_eq!(l.headroom(), 0);
+        assert!(!l.grant(1, 1));
+        l.release(1);
+        assert_eq!(l.headroom(), 50);
+        assert_eq!(l.usage()[1].reserved, 0);
     }
 }

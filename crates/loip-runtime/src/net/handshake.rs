@@ -216,6 +216,7 @@ fn kind_of(m: &ToCoordinator) -> &'static str {
         ToCoordinator::Stored { .. } => "a slice receipt",
         ToCoordinator::Probed(_) => "probe results",
         ToCoordinator::Loaded { .. } => "a load receipt",
+        ToCoordinator::Switched { .. } => "a switch receipt",
         ToCoordinator::Failed { .. } => "a failure",
         ToCoordinator::PeersReady { .. } => "a peer report",
         ToCoordinator::PeerGone { .. } => "a lost peer",

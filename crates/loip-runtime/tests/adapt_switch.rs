@@ -1,0 +1,226 @@
+//! Online memory adaptation in the running cluster (design §6): two worker processes whose
+//! budgets hold the tiny model with every block resident but only a few tokens of KV; a
+//! generation outgrows that mid-run, the coordinator switches each device's plan (blocks
+//! offloaded per stage), the workers apply it between steps, and tokens and logits stay
+//! bit-identical to the single-device engine (an attention switch, then an MLP one that
+//! brings the attention block back). Also: a switch that would exceed the budget
+//! is refused and changes nothing; a switch that changes the layers is refused.
+
+mod dist_common;
+
+use std::time::Duration;
+
+use dist_common::*;
+use loip_engine::generate::{generate, Flow};
+use loip_model::slice::{Manifest, SliceKind};
+use loip_model::Checkpoint;
+use loip_plan::adapt::AdaptEvent;
+use loip_plan::ExecMode;
+use loip_runtime::cluster_run::{device_spec, uniform_plan, Session, SessionOptions, WorkerSpec};
+use loip_runtime::coordinator::next_seq_id;
+use loip_runtime::executor::{working_bytes, BlockPlacement, Device};
+use loip_runtime::LoaderKind;
+
+#[test]
+fn dist_worker_entry() {
+    worker_entry();
+}
+
+const PROMPT: &[u32] = &[1, 5, 9, 23, 42, 7];
+const MAX_STEP: usize = 16;
+const CONTEXT: usize = 256;
+
+/// Bytes of one slice.
+fn size(m: &Manifest, k: SliceKind) -> u64 {
+    m.slice(k).map(|s| s.size).unwrap_or(0)
+}
+
+/// Resident bytes of plan device `i` with everything resident, plus its working buffers.
+fn full_fixed(m: &Manifest, plan: &loip_plan::Plan, i: usize) -> u64 {
+    let d = &plan.devices[i];
+    let mut b = working_bytes(m, MAX_STEP, 1, CONTEXT);
+    if d.holds_embedding || (d.holds_head && m.config.tie_word_embeddings) {
+        b += size(m, SliceKind::Embed);
+    }
+    if d.holds_head {
+        b += size(m, SliceKind::Head);
+    }
+    for s in &d.stages {
+        for l in &s.layers {
+            b += size(m, SliceKind::Attn(l.layer as usize))
+                + size(m, SliceKind::Mlp(l.layer as usize));
+        }
+    }
+    b
+}
+
+#[test]
+fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
+    let path = fixture("tiny-llama");
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let slices = slices_of(&path, "tiny-llama");
+    let m = Manifest::load(&slices).unwrap();
+    let names: Vec<String> = vec!["dev1".into(), "dev2".into()];
+    // two stages of one layer per device, nothing offloaded
+    let plan = uniform_plan(
+        "m",
+        m.config.num_layers as u32,
+        &names,
+        2,
+        ExecMode::Overlapped,
+        &|_, _| (0, 0),
+    )
+    .unwrap();
+    let c = &m.config;
+    let kv_per_token = 2 * (c.num_kv_heads * c.head_dim) as u64 * 4 * 2; // two layers a device
+                                                                         // Room for 12 tokens of KV with everything resident: the prompt fits, the generation
+                                                                         // passes the threshold after a few tokens.
+    let held = 12;
+    let root = scratch("adapt-switch");
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            spawn_worker(&W {
+                name: names[i].clone(),
+                mem: full_fixed(&m, &plan, i) + held * kv_per_token,
+                store: root.join(&names[i]),
+                ..Default::default()
+            })
+        })
+        .collect();
+    let specs = names
+        .iter()
+        .zip(&workers)
+        .map(|(n, w)| WorkerSpec {
+            profile: loip_plan::profile::preset("host-zen5-2c"),
+            // the fixed plan is checked against the planner's working allowance (16 MiB of
+            // scratch); the worker opens with its own, small budget, which is the truth
+            mem: Some(1 << 30),
+            ..WorkerSpec::new(n, &w.addr)
+        })
+        .collect();
+    let opts = SessionOptions {
+        plan: Some(plan),
+        measure_links: false,
+        loader: LoaderKind::Direct,
+        shape_name: "m".into(),
+        context: CONTEXT as u64,
+        max_step_tokens: MAX_STEP,
+        max_step_seqs: 1,
+        step_timeout: Duration::from_secs(120),
+        admitted: Some(PROMPT.len() as u64),
+        ..Default::default()
+    };
+    let s = Session::start(&slices, specs, opts).unwrap_or_else(|e| panic!("session: {e}"));
+    // 12 tokens fit with every block resident, ~124 with one attention block offloaded per
+    // stage: the run crosses two thresholds (an attention switch, then an MLP one)
+    let n_new = 150;
+    let (want_ids, want_logits) = reference(&ckpt, PROMPT, &greedy(n_new));
+    let mut rec = Rec {
+        inner: s.pipeline().backend(),
+        logits: vec![],
+    };
+    let seq = next_seq_id();
+    let out = generate(&mut rec, seq, PROMPT, &greedy(n_new), &mut |_| {
+        Flow::Continue
+    })
+    .unwrap_or_else(|e| panic!("generation: {e}"));
+    s.pipeline().release(&[seq]);
+    assert_eq!(out.new_ids, want_ids, "tokens");
+    assert_bits("through the switches", &rec.logits, &want_logits);
+    let ad = s.adaptation().expect("adaptation on");
+    eprintln!("adaptation: {:?}", ad.events);
+    let switched: Vec<usize> = ad
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AdaptEvent::Switch {
+                device,
+                from,
+                to,
+                tokens,
+                ..
+            } => {
+                assert_ne!(from, to);
+                assert!(
+                    *tokens > held,
+                    "switched at {tokens} tokens, before the threshold"
+                );
+                Some(*device)
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(switched.contains(&0) && switched.contains(&1), "{ad:?}");
+    let tos: Vec<(u32, u32)> = ad
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AdaptEvent::Switch { to, .. } => Some(*to),
+            _ => None,
+        })
+        .collect();
+    assert!(tos.iter().any(|t| t.0 > 0), "an attention switch: {tos:?}");
+    assert!(tos.iter().any(|t| t.1 > 0), "an MLP switch: {tos:?}");
+    for d in &ad.devices {
+        assert!(d.switches_applied >= 1, "{d:?}");
+        assert!(!d.crossings.is_empty(), "{d:?}");
+        assert!(d.offloaded != (0, 0), "{d:?}");
+        assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
+        // The workers' own accounting: what is left for KV after the switch holds the run.
+        assert!(
+            d.kv_peak_bytes >= (PROMPT.len() + n_new - 1) as u64 * kv_per_token,
+            "{d:?}"
+        );
+    }
+    assert_eq!(ad.held_admissions, 0);
+    s.shutdown();
+}
+
+#[test]
+fn a_switch_over_budget_or_changing_layers_is_refused() {
+    let path = fixture("tiny-llama");
+    let slices = slices_of(&path, "tiny-llama");
+    let m = Manifest::load(&slices).unwrap();
+    let names: Vec<String> = vec!["dev1".into()];
+    // everything offloaded: bringing blocks back needs more memory than the budget leaves
+    let plan = uniform_plan(
+        "m",
+        m.config.num_layers as u32,
+        &names,
+        2,
+        ExecMode::Overlapped,
+        &|_, n| (n, n),
+    )
+    .unwrap();
+    let spec = device_spec(&plan, 0, LoaderKind::Direct, MAX_STEP, CONTEXT, None);
+    let mut probe = Device::open(&slices, &m, spec.clone()).unwrap();
+    let mem = probe.memory();
+    // Unlimited: bringing every block back works and accounts the new resident set.
+    let mut resident = spec.stages.clone();
+    for s in &mut resident {
+        for l in &mut s.layers {
+            l.attn = BlockPlacement::Resident;
+            l.mlp = BlockPlacement::Resident;
+        }
+    }
+    let after = probe.switch(resident.clone()).unwrap();
+    assert!(
+        after.resident > mem.resident && after.slot == 0,
+        "{after:?}"
+    );
+    drop(probe);
+    // A budget that holds the offloaded layout only.
+    let budget = mem.resident + mem.slot + mem.working + 1024;
+    let mut spec_b = spec.clone();
+    spec_b.mem_budget = Some(budget);
+    let mut dev = Device::open(&slices, &m, spec_b).unwrap();
+    let before = dev.memory();
+    let err = dev.switch(resident).expect_err("over budget").to_string();
+    assert!(err.contains("budget"), "{err}");
+    assert_eq!(dev.memory(), before, "a refused switch changes nothing");
+    // Different layers: refused.
+    let mut other = spec.stages.clone();
+    other.swap(0, 1);
+    assert!(dev.switch(other).is_err());
+    assert_eq!(dev.memory(), before);
+}
