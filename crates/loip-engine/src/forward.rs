@@ -174,7 +174,22 @@ impl Transformer {
 
         let mut att = vec![0f32; n * qd]; // (n, n_heads * head_dim)
         let kv_ref = &*kv;
+        // Runs of one sequence's consecutive positions (a prompt or a prompt chunk) attend
+        // tiled over queries, bit-identical to each query alone; the other tokens (decode
+        // tokens of several sequences, sliding-window layers) attend one by one.
+        let runs = if window.is_none() {
+            prompt_runs(batch)
+        } else {
+            Vec::new()
+        };
+        let mut in_run = vec![false; n];
+        for &(a, b) in &runs {
+            in_run[a..b].fill(true);
+        }
         let attend = |(t, out): (usize, &mut [f32])| -> Result<(), EngineError> {
+            if in_run[t] {
+                return Ok(());
+            }
             let tp = batch[t];
             let ctx = tp.pos + 1;
             let (kc, vc) = kv_ref.get(tp.seq, layer, ctx)?;
@@ -197,6 +212,20 @@ impl Transformer {
             att.par_chunks_mut(qd).enumerate().try_for_each(attend)?;
         } else {
             att.chunks_mut(qd).enumerate().try_for_each(attend)?;
+        }
+        for &(a, b) in &runs {
+            let tp = batch[a];
+            let (kc, vc) = kv_ref.get(tp.seq, layer, tp.pos + (b - a))?;
+            k::attention_causal(
+                &q[a * qd..b * qd],
+                kc,
+                vc,
+                tp.pos,
+                c.num_heads,
+                c.num_kv_heads,
+                d,
+                &mut att[a * qd..b * qd],
+            );
         }
 
         let mut o = vec![0f32; n * h]; // (n, hidden)
@@ -403,4 +432,23 @@ impl<'a> Model<'a> {
         let rows: Vec<usize> = (0..ids.len()).collect();
         self.logits(&x, &rows)
     }
+}
+
+/// Maximal runs `[a, b)` (at least two tokens) of `batch` that are one sequence's consecutive
+/// positions, in batch order.
+fn prompt_runs(batch: &Batch) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut a = 0;
+    for t in 1..=batch.len() {
+        let continues = t < batch.len()
+            && batch[t].seq == batch[t - 1].seq
+            && batch[t].pos == batch[t - 1].pos + 1;
+        if !continues {
+            if t - a >= 2 {
+                runs.push((a, t));
+            }
+            a = t;
+        }
+    }
+    runs
 }
