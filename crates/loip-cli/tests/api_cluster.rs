@@ -82,6 +82,34 @@ fn a_cluster_serves_the_same_tokens_and_replans_after_a_lost_device() {
     let want_six: Vec<Value> = want.iter().chain(&want).cloned().collect();
     assert_eq!(concurrent_ids(&s, &six, 10), want_six, "{}", s.log());
 
+    // `/metrics` breaks the steps down per device: compute, network, load stall, queueing,
+    // and KV bytes held against the room each budget leaves.
+    let m = http(&s.addr, "GET", "/metrics", b"");
+    assert_eq!(m.status, 200);
+    let text = String::from_utf8_lossy(&m.body);
+    for w in ["w1", "w2"] {
+        for series in [
+            "loip_device_compute_seconds",
+            "loip_device_network_seconds",
+            "loip_device_load_stall_seconds",
+            "loip_device_queued_seconds",
+            "loip_device_hops_total",
+            "loip_kv_device_used_bytes",
+            "loip_kv_device_budget_bytes",
+        ] {
+            let line = format!("{series}{{device=\"{w}\"}} ");
+            assert!(text.contains(&line), "no {line} in\n{text}");
+        }
+        let hops = format!("loip_device_hops_total{{device=\"{w}\"}} ");
+        let n: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&hops))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0);
+        assert!(n > 0.0, "{w} ran no hop:\n{text}");
+    }
+    assert!(!text.contains("device=\"cluster\""), "{text}");
+
     // A device that dies: the request in flight fails with 503 naming it; the server
     // re-plans over the remaining device (the tiny model fits on one), /health is ok again
     // with one device, and the next requests give the same tokens as before.

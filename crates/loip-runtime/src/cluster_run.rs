@@ -47,9 +47,11 @@ use crate::wire::{DeviceMemory, NetError, ProbeResult, WireError};
 use crate::RuntimeError;
 
 mod peers;
+mod stats;
 
 use peers::connect_peers;
 pub use peers::{direct_link, PeerLinkStats};
+pub use stats::{DeviceAdaptStats, DeviceStats};
 
 /// One worker of the cluster.
 #[derive(Debug, Clone)]

@@ -35,10 +35,12 @@ use crate::RuntimeError;
 mod adapt_hook;
 mod backend;
 mod conn;
+mod device_stats;
 mod route;
 
 pub use conn::{Conn, ConnectOptions, Endpoint, LinkStats, ShipStats, KEEPALIVE};
 pub use backend::PipelineBackend;
+pub use device_stats::DeviceStepTotals;
 pub use route::{HopLinks, LinkBytes};
 
 /// Errors of the distributed runtime; every network failure names its device.
@@ -239,6 +241,8 @@ struct Shared {
     totals: Mutex<Totals>,
     /// bytes per link (from, to)  // bytes
     links: Mutex<BTreeMap<(String, String), u64>>,
+    /// per-device sums and the KV tokens held (never reset)
+    devices: Mutex<device_stats::DeviceLedger>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -285,6 +289,7 @@ impl Pipeline {
         links: HopLinks,
         adapt: Option<crate::adapt::Adapter>,
     ) -> Pipeline {
+        let n_devices = conns.len();
         let health = conns
             .iter()
             .map(|c| DeviceHealth {
@@ -297,6 +302,7 @@ impl Pipeline {
             health: Mutex::new(health),
             totals: Mutex::new(Totals::default()),
             links: Mutex::new(BTreeMap::new()),
+            devices: Mutex::new(device_stats::DeviceLedger::new(n_devices)),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(scheduler(conns, route, links, opts, rx, shared.clone(), adapt));
@@ -471,6 +477,17 @@ impl Pipeline {
         route::link_bytes(&lock(&self.shared.links))
     }
 
+    /// Each device's step sums since the pipeline started, in pipeline order.
+    pub fn device_totals(&self) -> Vec<DeviceStepTotals> {
+        lock(&self.shared.devices).devices()
+    }
+
+    /// KV tokens the pipeline's sequences hold now, summed over sequences (each device holds
+    /// them for its own layers)  // tokens
+    pub fn held_tokens(&self) -> u64 {
+        lock(&self.shared.devices).held_tokens()
+    }
+
     /// Timing sums since the last call, then resets them.
     pub fn take_totals(&self) -> Totals {
         std::mem::take(&mut *lock(&self.shared.totals))
@@ -613,6 +630,7 @@ impl Sched {
                 let _ = w.send((FrameKind::Control, p.clone()));
             }
         }
+        lock(&self.shared.devices).release(seqs);
         self.adapt_released(seqs);
     }
 
@@ -788,6 +806,7 @@ async fn scheduler(
                             seqs.push(t.seq);
                         }
                     }
+                    lock(&s.shared.devices).step(&batch);
                     let now = Instant::now();
                     let f = InFlight {
                         seqs, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0, progress: Default::default(),

@@ -196,7 +196,13 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn metrics_text() -> Response {
+async fn metrics_text(State(app): State<Arc<App>>) -> Response {
+    let backend = app.backend.clone();
+    // The session's lock is only tried, but reading it is still blocking work.
+    let devices = tokio::task::spawn_blocking(move || backend.device_stats())
+        .await
+        .unwrap_or_default();
+    crate::metrics::cluster_devices(&devices);
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -27,11 +27,11 @@ use loip_engine::{
     Model, Next, RowPick, SeqId, TokenPos,
 };
 use loip_model::Checkpoint;
-use loip_runtime::cluster_run::Session;
+use loip_runtime::cluster_run::{DeviceStats, Session};
 use loip_runtime::coordinator::{ClusterError, DeviceHealth, Pipeline, PipelineBackend, Totals};
 use loip_runtime::local::LocalModel;
 
-use crate::serving::{BatchBackendDyn, BatchError, Batcher, DeviceTotals, LoopStats};
+use crate::serving::{BatchBackendDyn, BatchError, Batcher, LoopStats};
 
 /// Why a generation failed.
 #[derive(Debug, thiserror::Error)]
@@ -169,8 +169,6 @@ impl Backend {
                 be: pipeline.backend(),
                 pipe: pipeline.clone(),
                 session: session.clone(),
-                all: DeviceTotals::default(),
-                network_s: 0.0,
                 no_replan: how.no_replan,
                 failed: None,
             });
@@ -265,6 +263,19 @@ impl Backend {
         }
     }
 
+    /// A cluster's numbers per plan device (empty on one device, and while a re-plan holds
+    /// the session).
+    pub fn device_stats(&self) -> Vec<DeviceStats> {
+        match self {
+            Backend::Batched { .. } => Vec::new(),
+            Backend::Cluster { session, .. } => match session.try_lock() {
+                Ok(s) => s.device_stats(),
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().device_stats(),
+                Err(std::sync::TryLockError::WouldBlock) => Vec::new(),
+            },
+        }
+    }
+
     /// A cluster's pipeline step times since the last call (then reset); zero on one device.
     pub fn take_totals(&self) -> Totals {
         match self {
@@ -328,26 +339,16 @@ struct ClusterLane {
     /// the pipeline `be` runs on
     pipe: Pipeline,
     session: Arc<Mutex<Session>>,
-    /// the devices' time in this lane's steps, for `/metrics`
-    all: DeviceTotals,
-    /// transfers, latency and relaying in this lane's steps  // s
-    network_s: f64,
     no_replan: bool,
     /// the last failed step's error
     failed: Option<ClusterError>,
 }
 
 impl ClusterLane {
-    /// After a step: its times go to `/metrics`; a failure re-plans when a device is gone
-    /// (before the failed requests hear of it) and takes the session's current pipeline.
+    /// After a step: a failure re-plans when a device is gone (before the failed requests
+    /// hear of it) and takes the session's current pipeline. (The devices' times reach
+    /// `/metrics` from the session, per device, see [`Backend::device_stats`].)
     fn after<T>(&mut self, r: Result<T, EngineError>) -> Result<T, EngineError> {
-        if let Some(t) = self.be.last.take() {
-            self.all.compute_s += t.compute_s;
-            self.all.load_stall_s += t.stall_s;
-            self.all.loaded_bytes += t.loaded_bytes;
-            self.network_s += t.network_s;
-            crate::metrics::device("cluster", &self.all, self.network_s);
-        }
         if r.is_err() {
             self.failed = self.be.error.take();
             if !self.no_replan {

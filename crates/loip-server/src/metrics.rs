@@ -9,8 +9,14 @@
 //!   step), `loip_kv_used_bytes`, `loip_kv_reserved_bytes`, `loip_kv_budget_bytes` (gauges,
 //!   one-device serving loop, after each step);
 //! - `loip_device_compute_seconds`, `loip_device_load_stall_seconds`,
-//!   `loip_device_loaded_bytes` (gauges, totals since the start, `device` label: this machine
-//!   from slice files, or a cluster's devices together);
+//!   `loip_device_loaded_bytes` (gauges, totals since the start, `device` label: `this` for
+//!   this machine from slice files, or each plan device of a cluster by name), and for a
+//!   cluster's devices also `loip_device_network_seconds`, `loip_device_queued_seconds`,
+//!   `loip_device_hops_total`, `loip_kv_device_used_bytes`, `loip_kv_device_budget_bytes`
+//!   (gauges, read from the session when `/metrics` is asked);
+//! - with online adaptation on, per device: `loip_adapt_switches_total`,
+//!   `loip_adapt_crossings_total`, `loip_adapt_threshold_tokens`, `loip_kv_device_peak_bytes`,
+//!   `loip_adapt_offloaded_blocks` (`kind` label `attention` / `mlp`, per stage);
 //! - `loip_step_seconds`, `loip_time_to_first_token_seconds`, `loip_inter_token_seconds`
 //!   (histograms).
 
@@ -70,20 +76,51 @@ pub(crate) fn step(st: &crate::serving::LoopStats, step_s: Option<f64>) {
         metrics::gauge!("loip_kv_budget_bytes").set(st.kv_budget as f64);
     }
     if st.device != crate::serving::DeviceTotals::default() {
-        device("this", &st.device, 0.0);
+        device("this", &st.device);
     }
     if let Some(s) = step_s {
         metrics::histogram!("loip_step_seconds").record(s);
     }
 }
 
-/// A device's totals since the start (`network_s`: a cluster's transfers and latency).
-pub(crate) fn device(name: &str, d: &crate::serving::DeviceTotals, network_s: f64) {
+/// A device's totals since the start.
+pub(crate) fn device(name: &str, d: &crate::serving::DeviceTotals) {
     let n = name.to_string();
     metrics::gauge!("loip_device_compute_seconds", "device" => n.clone()).set(d.compute_s);
     metrics::gauge!("loip_device_load_stall_seconds", "device" => n.clone()).set(d.load_stall_s);
-    metrics::gauge!("loip_device_loaded_bytes", "device" => n.clone()).set(d.loaded_bytes as f64);
-    if network_s > 0.0 {
-        metrics::gauge!("loip_device_network_seconds", "device" => n).set(network_s);
+    metrics::gauge!("loip_device_loaded_bytes", "device" => n).set(d.loaded_bytes as f64);
+}
+
+/// A cluster's devices, as the session reports them now.
+pub(crate) fn cluster_devices(devices: &[loip_runtime::cluster_run::DeviceStats]) {
+    for d in devices {
+        let t = &d.steps;
+        let totals = crate::serving::DeviceTotals {
+            compute_s: t.compute_s,
+            load_stall_s: t.stall_s,
+            loaded_bytes: t.loaded_bytes,
+        };
+        device(&d.name, &totals);
+        let n = d.name.clone();
+        metrics::gauge!("loip_device_network_seconds", "device" => n.clone()).set(t.network_s);
+        metrics::gauge!("loip_device_queued_seconds", "device" => n.clone()).set(t.queued_s);
+        metrics::gauge!("loip_device_hops_total", "device" => n.clone()).set(t.hops as f64);
+        metrics::gauge!("loip_kv_device_used_bytes", "device" => n.clone()).set(d.kv_used as f64);
+        if let Some(b) = d.kv_budget {
+            metrics::gauge!("loip_kv_device_budget_bytes", "device" => n.clone()).set(b as f64);
+        }
+        let Some(a) = &d.adapt else { continue };
+        metrics::gauge!("loip_adapt_switches_total", "device" => n.clone()).set(a.switches as f64);
+        metrics::gauge!("loip_adapt_crossings_total", "device" => n.clone())
+            .set(a.crossings as f64);
+        if let Some(ts) = a.threshold {
+            metrics::gauge!("loip_adapt_threshold_tokens", "device" => n.clone()).set(ts as f64);
+        }
+        metrics::gauge!("loip_kv_device_peak_bytes", "device" => n.clone()).set(a.kv_peak as f64);
+        let (attn, mlp) = a.offloaded;
+        metrics::gauge!("loip_adapt_offloaded_blocks", "device" => n.clone(), "kind" => "attention")
+            .set(f64::from(attn));
+        metrics::gauge!("loip_adapt_offloaded_blocks", "device" => n, "kind" => "mlp")
+            .set(f64::from(mlp));
     }
 }

@@ -193,6 +193,8 @@ impl Sched {
             f.progress.done = vec![false; n];
         }
         f.progress.done[k] = true;
+        let waited_s = f.sent.elapsed().as_secs_f64();
+        lock(&self.shared.devices).hop(self.route.hops[k].device, times, waited_s);
         f.stats.compute_s += times.compute_s;
         f.stats.stall_s += times.stall_s;
         f.stats.queued_s += times.queued_s;
