@@ -81,6 +81,15 @@ pub struct LocalArgs {
     /// step as without this flag; `q`: micro-batches of `q` sequences, `N/q` in flight).
     #[arg(long, value_delimiter = ',')]
     pub micro_batch_seqs: Vec<usize>,
+    /// Draw memory per device over the run into this file (PNG, or SVG when it ends in
+    /// `.svg`): KV + weights/slot/buffers against the budget, one sample per step, with the
+    /// threshold crossings (plan switches) and KV lending marked.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Plan for the whole context (prompt + --max-tokens) up front instead of for the
+    /// prompt's KV with online adaptation (for comparison).
+    #[arg(long)]
+    pub whole_context: bool,
     /// Run the benchmark matrix instead and write its rows to this JSON file.
     #[arg(long)]
     pub bench: Option<PathBuf>,
@@ -474,7 +483,9 @@ pub fn run(a: LocalArgs) -> Result<()> {
         &token,
     );
     // Plan for the prompts' KV and adapt online as it grows (design §6).
-    opts.admitted = Some((prep.prompt_ids.len() * n) as u64);
+    if !a.whole_context {
+        opts.admitted = Some((prep.prompt_ids.len() * n) as u64);
+    }
     let s = Session::start(&dir, specs(&workers, None), opts)?;
     if !a.json {
         print_setup(&s);
@@ -524,8 +535,19 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let b = Breakdown::of(&s.take_totals());
     extra.insert("breakdown".into(), serde_json::to_value(b)?);
     extra.insert("links".into(), serde_json::to_value(s.link_bytes())?);
-    if let Some(ad) = s.adaptation() {
+    let adaptation = s.adaptation();
+    if let Some(ad) = &adaptation {
         extra.insert("adaptation".into(), serde_json::to_value(ad)?);
+    }
+    // What the simulator needs to replay the run (`loip simulate --from-local`).
+    extra.insert("shape".into(), serde_json::to_value(&s.shape)?);
+    extra.insert("cluster".into(), serde_json::to_value(&s.cluster)?);
+    if let Some(path) = &a.plot {
+        let Some(ad) = &adaptation else {
+            bail!("--plot: this run has no adaptation report");
+        };
+        let title = format!("loip local {} ({} new tokens)", a.model, out.new_ids.len());
+        crate::cmd_local_plot::write(path, ad, &title)?;
     }
     extra.insert("ms_per_token".into(), measured.into());
     extra.insert(
@@ -751,6 +773,8 @@ fn clone_args(a: &LocalArgs) -> LocalArgs {
         prompt: a.prompt.clone(),
         probe_loads_together: a.probe_loads_together,
         micro_batch_seqs: a.micro_batch_seqs.clone(),
+        plot: None,
+        whole_context: a.whole_context,
         bench: None,
         bench_bandwidths: vec![],
         bench_planners: vec![],

@@ -6,6 +6,7 @@ mod cmd_bench;
 mod cmd_bench_serve;
 mod cmd_generate;
 mod cmd_local;
+mod cmd_local_plot;
 mod cmd_plan;
 mod cmd_profile;
 mod cmd_serve;

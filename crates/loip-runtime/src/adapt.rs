@@ -29,7 +29,9 @@ use std::time::Instant;
 
 use loip_engine::TokenPos;
 use loip_model::slice::Manifest;
-use loip_plan::adapt::{choose_switch, counts_max, stage_layout, AdaptConfig, AdaptEvent};
+use loip_plan::adapt::{
+    choose_switch, counts_max, stage_layout, AdaptConfig, AdaptEvent, MemorySample,
+};
 use loip_plan::{cost, DeviceProfile, ModelShape, Plan, Residency, StagePlan};
 use serde::Serialize;
 
@@ -86,6 +88,8 @@ pub struct AdaptReport {
     /// memory of every device at every switch and crossing: (seconds, device, KV bytes,
     /// weights + slot + working bytes)
     pub samples: Vec<(f64, usize, u64, u64)>,
+    /// memory of every plan device at every step admitted, `memory[device][k]`
+    pub memory: Vec<Vec<MemorySample>>,
 }
 
 /// What to do with a step.
@@ -374,10 +378,23 @@ impl Adapter {
         self.held = after;
         self.step += 1;
         rep.tokens = tokens;
+        rep.memory.resize(self.devs.len(), Vec::new());
         for (i, d) in self.devs.iter().enumerate() {
             let r = &mut rep.devices[i];
             r.kv_bytes = tokens.saturating_mul(d.kv_per_token);
             r.kv_peak_bytes = r.kv_peak_bytes.max(r.kv_bytes);
+            let (weights, kv) = (d.budget.saturating_sub(d.kv_budget), r.kv_bytes);
+            rep.memory[i].push(MemorySample {
+                time_s: now,
+                step,
+                tokens,
+                total: weights + kv,
+                weights,
+                kv_local: kv,
+                kv_lent: 0,
+                kv_borrowed: 0,
+                kv_evicted: 0,
+            });
         }
         Verdict::Go(switches)
     }

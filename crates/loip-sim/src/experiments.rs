@@ -18,7 +18,8 @@
 //! (after its reservation) by one factor per point, from 1.3× the weight bytes down to where
 //! no method places the model; the context sweep decodes up to 8192 tokens per sequence so
 //! that the KV cache outgrows the memory and the online adaptation (§6) runs. The
-//! memory-over-time plot comes from the LOIP run with the most adaptation.
+//! memory-over-time plot comes from the LOIP run with the most adaptation. Experiments that
+//! run by name only (not in `all`) are in [`crate::experiments_long`].
 //! Devices are the planner crate's Jetson presets; link latency 2 ms (as in
 //! `examples/clusters/`). Runs are independent and executed in parallel; results come back
 //! in a fixed order, so the output does not depend on scheduling.
@@ -378,6 +379,9 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
             _ => return None,
         })
     };
+    if let Some(e) = crate::experiments_long::long_experiment(name) {
+        return Ok(vec![e?]);
+    }
     if name == "all" {
         return Ok(EXPERIMENT_NAMES[..EXPERIMENT_NAMES.len() - 1]
             .iter()
@@ -388,7 +392,12 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
         .map(|e| vec![e])
         .ok_or_else(|| SimError::UnknownExperiment {
             name: name.to_string(),
-            known: EXPERIMENT_NAMES.join(", "),
+            known: EXPERIMENT_NAMES
+                .iter()
+                .chain(&crate::experiments_long::LONG_EXPERIMENT_NAMES)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", "),
         })
 }
 

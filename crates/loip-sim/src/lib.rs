@@ -15,7 +15,7 @@
 //! [`bandwidth`] (constant and dynamic links), [`adapt`] (memory over time, online adaptation),
 //! [`pipeline`], [`tp`], [`methods`], [`experiments`], [`report`], [`plot`], [`plot_lines`],
 //! [`shapes`]
-//! (built-in model shapes), [`serving`] (the runtime's step scheduler on the virtual clock),
+//! (built-in model shapes), [`replay`] (a run of the runtime replayed), [`serving`] (the runtime's step scheduler on the virtual clock),
 //! [`testkit`] (seeded random clusters for checks), [`sim`]
 //! (configuration and report types), [`error`].
 //!
@@ -29,10 +29,12 @@ pub mod compute;
 pub mod engine;
 pub mod error;
 pub mod experiments;
+pub mod experiments_long;
 pub mod methods;
 pub mod pipeline;
 pub mod plot;
 pub mod plot_lines;
+pub mod replay;
 pub mod report;
 pub mod serving;
 pub mod shapes;

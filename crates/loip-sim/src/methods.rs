@@ -7,6 +7,7 @@
 //! | `loip-no-kvtransfer` | planner `loip` | overlapped | thresholds only |
 //! | `loip-uniform` | planner `loip-uniform` | overlapped | thresholds + lending |
 //! | `loip-conventional-load` | planner `loip-conventional-load` | overlapped, conventional loader | thresholds + lending |
+//! | `loip-recompute` | planner `loip` | overlapped | evict + recompute only (no switch, no lending) |
 //! | `pp` | planner `pp` | no offloading | evict + recompute |
 //! | `pp-offload` | planner `pp-offload` (conventional loader) | sequential loads | evict + recompute |
 //! | `edgeshard` | planner `edgeshard` | no offloading | evict + recompute |
@@ -46,6 +47,9 @@ pub enum Method {
     LoipUniform,
     /// LOIP with the conventional loading path.
     LoipConventionalLoad,
+    /// LOIP's placement whose KV overflow is only evicted and recomputed (no threshold
+    /// switch, no lending).
+    LoipRecompute,
     /// Pipeline parallelism.
     Pp,
     /// Conventional pipeline + offloading.
@@ -62,7 +66,7 @@ pub enum Method {
 
 impl Method {
     /// Every method.
-    pub const ALL: [Method; 10] = [
+    pub const ALL: [Method; 11] = [
         Method::Loip,
         Method::Pp,
         Method::PpOffload,
@@ -73,6 +77,7 @@ impl Method {
         Method::LoipNoKvtransfer,
         Method::LoipUniform,
         Method::LoipConventionalLoad,
+        Method::LoipRecompute,
     ];
     /// The seven methods of the main comparison.
     pub const MAIN: [Method; 7] = [
@@ -99,6 +104,7 @@ impl Method {
             Method::LoipNoKvtransfer => "loip-no-kvtransfer",
             Method::LoipUniform => "loip-uniform",
             Method::LoipConventionalLoad => "loip-conventional-load",
+            Method::LoipRecompute => "loip-recompute",
             Method::Pp => "pp",
             Method::PpOffload => "pp-offload",
             Method::Edgeshard => "edgeshard",
@@ -127,13 +133,14 @@ impl Method {
                 | Method::LoipNoKvtransfer
                 | Method::LoipUniform
                 | Method::LoipConventionalLoad
+                | Method::LoipRecompute
         )
     }
 
     /// Its planner in the planner crate, `None` for the tensor-parallel ones.
     pub fn planner(self) -> Option<&'static str> {
         Some(match self {
-            Method::Loip | Method::LoipNoKvtransfer => "loip",
+            Method::Loip | Method::LoipNoKvtransfer | Method::LoipRecompute => "loip",
             Method::LoipUniform => "loip-uniform",
             Method::LoipConventionalLoad => "loip-conventional-load",
             Method::Pp => "pp",

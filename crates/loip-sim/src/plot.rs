@@ -4,14 +4,17 @@
 //!   one bar per method, OOM/OOT written where the bar would be (as in the paper's figures);
 //! - the sweeps' line figures ([`crate::plot_lines`]);
 //! - memory over time of one device of one LOIP run: total memory, weights + buffers, KV
-//!   lent to a peer, the budget, and the threshold switches.
+//!   lent to a peer, the budget, and the threshold switches;
+//! - the same per device of one run, stacked in one file ([`memory_panels`],
+//!   [`device_charts`]): the simulator's runs and the runtime's (`loip local --plot`) draw
+//!   with the same code.
 //!
 //! Text uses DejaVu Sans, embedded from `assets/` (its licence is next to it) and registered
 //! with plotters once, so nothing depends on system fonts.
 
 use crate::error::SimError;
 use crate::experiments::{MemoryRun, Results};
-use crate::sim::{AdaptEvent, Status};
+use crate::sim::{AdaptEvent, MemorySample, Status};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -214,7 +217,13 @@ fn draw_memory<DB: DrawingBackend>(
     c: &MemoryChart,
 ) -> Result<(), String> {
     root.fill(&WHITE).map_err(|e| format!("{e:?}"))?;
-    let gb = |b: u64| b as f64 / 1e9;
+    // GB at the simulator's scale, MB for small budgets (the runtime on this machine).
+    let (unit, div) = if c.budget >= 2_000_000_000 {
+        ("GB", 1e9)
+    } else {
+        ("MB", 1e6)
+    };
+    let gb = |b: u64| b as f64 / div;
     let tmax = c.points.last().map(|p| p.0).unwrap_or(1.0).max(1e-9);
     let ymax = c
         .points
@@ -244,7 +253,7 @@ fn draw_memory<DB: DrawingBackend>(
     chart
         .configure_mesh()
         .x_desc("time (s)")
-        .y_desc("memory in use (GB)")
+        .y_desc(format!("memory in use ({unit})"))
         .x_label_formatter(&|v| format!("{v:.0}"))
         .y_label_formatter(&|v| format!("{v:.1}"))
         .label_style(("sans-serif", 14))
@@ -260,6 +269,9 @@ fn draw_memory<DB: DrawingBackend>(
     let line = |f: fn(&Point) -> f64| -> Vec<(f64, f64)> {
         c.points.iter().map(|p| (p.0, f(p))).collect()
     };
+    let scaled = |f: fn(&Point) -> f64| -> Vec<(f64, f64)> {
+        c.points.iter().map(|p| (p.0, f(p) / div)).collect()
+    };
     let blue = RGBColor(31, 119, 180);
     let green = RGBColor(44, 160, 44);
     chart
@@ -272,7 +284,7 @@ fn draw_memory<DB: DrawingBackend>(
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], RED.stroke_width(2)));
     chart
         .draw_series(std::iter::once(PathElement::new(
-            line(|p| p.1 as f64 / 1e9),
+            scaled(|p| p.1 as f64),
             blue.stroke_width(2),
         )))
         .map_err(|e| format!("{e:?}"))?
@@ -280,7 +292,7 @@ fn draw_memory<DB: DrawingBackend>(
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], blue.stroke_width(2)));
     chart
         .draw_series(std::iter::once(PathElement::new(
-            line(|p| p.2 as f64 / 1e9),
+            scaled(|p| p.2 as f64),
             BLACK.stroke_width(1),
         )))
         .map_err(|e| format!("{e:?}"))?
@@ -319,6 +331,14 @@ fn draw_memory<DB: DrawingBackend>(
         .label_font(("sans-serif", 13))
         .draw()
         .map_err(|e| format!("{e:?}"))?;
+    Ok(())
+}
+
+fn draw_memory_alone<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    c: &MemoryChart,
+) -> Result<(), String> {
+    draw_memory(root, c)?;
     root.present().map_err(|e| format!("{e:?}"))
 }
 
@@ -327,10 +347,117 @@ pub fn memory_chart(base: &Path, c: &MemoryChart) -> Result<Vec<PathBuf>, SimErr
     register_font();
     let size = (1100, 560);
     let svg = base.with_extension("svg");
-    draw_memory(&SVGBackend::new(&svg, size).into_drawing_area(), c).map_err(err(&svg))?;
+    draw_memory_alone(&SVGBackend::new(&svg, size).into_drawing_area(), c).map_err(err(&svg))?;
     let png = base.with_extension("png");
-    draw_memory(&BitMapBackend::new(&png, size).into_drawing_area(), c).map_err(err(&png))?;
+    draw_memory_alone(&BitMapBackend::new(&png, size).into_drawing_area(), c).map_err(err(&png))?;
     Ok(vec![svg, png])
+}
+
+/// Writes `charts` stacked in one figure at `path`: SVG when it ends in `.svg`, else PNG
+/// (one panel per device of a run, e.g. `loip local --plot`).
+pub fn memory_panels(path: &Path, charts: &[MemoryChart]) -> Result<PathBuf, SimError> {
+    register_font();
+    let n = charts.len().max(1);
+    let size = (1100, (420 * n as u32).min(8400));
+    let svg = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    if svg {
+        draw_stack(&SVGBackend::new(path, size).into_drawing_area(), charts).map_err(err(path))?;
+    } else {
+        draw_stack(&BitMapBackend::new(path, size).into_drawing_area(), charts)
+            .map_err(err(path))?;
+    }
+    Ok(path.to_path_buf())
+}
+
+fn draw_stack<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    charts: &[MemoryChart],
+) -> Result<(), String> {
+    root.fill(&WHITE).map_err(|e| format!("{e:?}"))?;
+    for (area, c) in root
+        .split_evenly((charts.len().max(1), 1))
+        .iter()
+        .zip(charts)
+    {
+        draw_memory(area, c)?;
+    }
+    root.present().map_err(|e| format!("{e:?}"))
+}
+
+/// One chart per device from memory samples (`memory[device]`, one per step) and the
+/// adaptation events: threshold switches, lending changes and evictions marked where they
+/// apply. `names` and `budgets` per device; `title` heads every panel.
+pub fn device_charts(
+    title: &str,
+    names: &[String],
+    budgets: &[u64],
+    memory: &[Vec<MemorySample>],
+    events: &[AdaptEvent],
+) -> Vec<MemoryChart> {
+    let names_of = |i: usize| names.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
+    memory
+        .iter()
+        .enumerate()
+        .map(|(i, samples)| {
+            let time_of = |step: u32| {
+                samples
+                    .iter()
+                    .find(|s| s.step >= step)
+                    .or(samples.last())
+                    .map_or(0.0, |s| s.time_s)
+            };
+            let mut k = 0;
+            let marks = events
+                .iter()
+                .filter_map(|e| match e {
+                    AdaptEvent::Switch {
+                        step,
+                        device,
+                        tokens,
+                        from,
+                        to,
+                    } if *device == i => {
+                        k += 1;
+                        let label = format!(
+                            "TS{k} ({tokens} tok): a,m {},{} → {},{}",
+                            from.0, from.1, to.0, to.1
+                        );
+                        Some((time_of(*step), label))
+                    }
+                    AdaptEvent::Lend {
+                        step,
+                        device,
+                        peer,
+                        tokens,
+                    } if *device == i => Some((
+                        time_of(*step),
+                        format!("lend {tokens} tok → {}", names_of(*peer)),
+                    )),
+                    AdaptEvent::Evict { step, tokens } => {
+                        Some((time_of(*step), format!("evict {tokens} tok")))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let lent =
+                samples.iter().any(|s| s.kv_lent > 0) || samples.iter().all(|s| s.kv_evicted == 0);
+            MemoryChart {
+                title: format!("{title}: memory of `{}`", names_of(i)),
+                budget: budgets.get(i).copied().unwrap_or(0),
+                points: samples
+                    .iter()
+                    .map(|s| {
+                        let right = if lent { s.kv_lent } else { s.kv_evicted };
+                        (s.time_s, s.total, s.weights, right)
+                    })
+                    .collect(),
+                right_axis: if lent { "lent to a peer" } else { "evicted" }.to_string(),
+                switches: marks,
+            }
+        })
+        .collect()
 }
 
 /// The memory chart of the device of `m` with the most adaptation events.
