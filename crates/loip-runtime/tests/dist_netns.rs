@@ -16,7 +16,7 @@ use dist_common::*;
 use loip_engine::generate::{generate, Flow};
 use loip_model::Checkpoint;
 use loip_plan::ExecMode;
-use loip_runtime::cluster_run::{uniform_plan, Session, SessionOptions, WorkerSpec};
+use loip_runtime::cluster_run::{uniform_plan, Session};
 use loip_runtime::coordinator::next_seq_id;
 
 /// Off loopback a worker needs a token.
@@ -38,12 +38,7 @@ fn dist_coord_entry() {
         return;
     };
     let slices = std::path::PathBuf::from(v["slices"].as_str().unwrap());
-    let addrs: Vec<String> = v["addrs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect();
+    let addrs = netns::strings(&v["addrs"]);
     let names: Vec<String> = (1..=addrs.len()).map(|i| format!("dev{i}")).collect();
     let plan = uniform_plan("m", 4, &names, 2, ExecMode::Overlapped, &|d, n| {
         if d == 0 {
@@ -53,23 +48,8 @@ fn dist_coord_entry() {
         }
     })
     .unwrap();
-    let specs = names
-        .iter()
-        .zip(&addrs)
-        .map(|(n, a)| WorkerSpec {
-            profile: loip_plan::profile::preset("host-zen5-2c"),
-            ..WorkerSpec::new(n, a)
-        })
-        .collect();
-    let mut opts = SessionOptions {
-        plan: Some(plan),
-        shape_name: "m".into(),
-        context: 64,
-        max_step_tokens: 16,
-        ..Default::default()
-    };
-    opts.connect.token = Some(NETNS_TOKEN.into());
-    let s = Session::start(&slices, specs, opts).unwrap();
+    let opts = netns::session_options(plan, NETNS_TOKEN);
+    let s = Session::start(&slices, netns::worker_specs(&addrs), opts).unwrap();
     let mut rec = Rec {
         inner: s.pipeline().backend(),
         logits: vec![],
@@ -109,9 +89,6 @@ fn setup(net: &mut Net) -> Result<(), String> {
 
 #[test]
 fn limited_link_is_measured_and_output_is_unchanged() {
-    if netns::is_child() {
-        return;
-    }
     let Some(net) = netns::build("d", setup) else {
         return;
     };

@@ -27,6 +27,9 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use loip_plan::Plan;
+use loip_runtime::cluster_run::{SessionOptions, WorkerSpec};
+
 /// Runs a command; its stdout, or an error naming the command and its stderr.
 pub fn sh(args: &[&str]) -> Result<String, String> {
     let out = Command::new(args[0])
@@ -313,8 +316,12 @@ pub fn counters(end: &End) -> Result<Counters, String> {
 
 /// Builds a network with `setup`; None (with the reason printed) where namespace tests
 /// cannot run here: not root, no `ip`/`tc`, or namespaces not permitted. Any other setup
-/// error panics (after the partial network is deleted).
+/// error panics (after the partial network is deleted). None without a word in a child
+/// process ([`is_child`]: a worker or a [`run_child`] run), where the test does nothing.
 pub fn build(tag: &str, setup: impl FnOnce(&mut Net) -> Result<(), String>) -> Option<Net> {
+    if is_child() {
+        return None;
+    }
     if let Some(r) = skip_reason() {
         eprintln!("skipping the network-namespace test: {r}");
         return None;
@@ -397,6 +404,41 @@ pub fn run_child(
         .find_map(|l| l.split("RESULT ").nth(1))
         .unwrap_or_else(|| panic!("no result in: {stdout}"));
     serde_json::from_str(line).unwrap()
+}
+
+/// The strings of a JSON array (a child's spec).
+pub fn strings(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Workers dev1..devN at `addrs`, with one fixed profile (plans do not depend on the host).
+pub fn worker_specs(addrs: &[String]) -> Vec<WorkerSpec> {
+    addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| WorkerSpec {
+            profile: loip_plan::profile::preset("host-zen5-2c"),
+            ..WorkerSpec::new(format!("dev{}", i + 1), a)
+        })
+        .collect()
+}
+
+/// A session of the small test models with a fixed `plan` (shape `m`), workers off loopback
+/// (so with `token`).
+pub fn session_options(plan: Plan, token: &str) -> SessionOptions {
+    let mut o = SessionOptions {
+        plan: Some(plan),
+        shape_name: "m".into(),
+        context: 64,
+        max_step_tokens: 16,
+        ..Default::default()
+    };
+    o.connect.token = Some(token.into());
+    o
 }
 
 /// Tokens and logits as JSON (logits as f32 bit patterns, so they survive exactly).
