@@ -145,3 +145,25 @@ fn limited_link_is_measured_and_output_is_unchanged() {
     drop(workers);
     drop(net);
 }
+
+/// The helper's live rate change: a limited veth pair, its limit replaced, then removed.
+#[test]
+fn a_links_rate_changes_while_it_is_up() {
+    let Some(net) = netns::build("r", |net| {
+        let (a, b) = (net.ns("a")?, net.ns("b")?);
+        let link = net.veth(&a, Some("10.231.9.1/24"), &b, Some("10.231.9.2/24"))?;
+        net.limit(&link, 100e6)
+    }) else {
+        return;
+    };
+    let link = net.links()[0].clone();
+    for end in [&link.a, &link.b] {
+        assert_eq!(netns::rate(end).unwrap(), Some(100e6));
+    }
+    net.set_rate(&link, 20e6).unwrap();
+    for end in [&link.a, &link.b] {
+        assert_eq!(netns::rate(end).unwrap(), Some(20e6));
+    }
+    net.unlimit(&link).unwrap();
+    assert_eq!(netns::rate(&link.a).unwrap(), None);
+}

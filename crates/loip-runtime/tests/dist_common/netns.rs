@@ -314,6 +314,21 @@ pub fn counters(end: &End) -> Result<Counters, String> {
     }
 }
 
+/// The `tbf` limit on `end`'s egress, if any  // bits/s
+pub fn rate(end: &End) -> Result<Option<f64>, String> {
+    let out = sh(&[
+        "ip", "netns", "exec", &end.ns, "tc", "-j", "qdisc", "show", "dev", &end.dev,
+    ])?;
+    let v: serde_json::Value =
+        serde_json::from_str(&out).map_err(|e| format!("`tc -j` output: {e}"))?;
+    Ok(v.as_array()
+        .into_iter()
+        .flatten()
+        .find(|q| q["kind"] == "tbf")
+        .and_then(|q| q["options"]["rate"].as_f64())
+        .map(|bytes_per_s| bytes_per_s * 8.0))
+}
+
 /// Builds a network with `setup`; None (with the reason printed) where namespace tests
 /// cannot run here: not root, no `ip`/`tc`, or namespaces not permitted. Any other setup
 /// error panics (after the partial network is deleted). None without a word in a child
