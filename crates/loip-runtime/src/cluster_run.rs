@@ -132,6 +132,8 @@ pub struct SessionOptions {
     /// online as the KV grows to `context` ([`crate::adapt`]); `None`: plan for `context`
     /// up front, no adaptation  // tokens
     pub admitted: Option<u64>,
+    /// with adaptation: lend KV to a peer when a device nears its threshold (design §6)
+    pub lending: bool,
 }
 
 impl Default for SessionOptions {
@@ -156,6 +158,7 @@ impl Default for SessionOptions {
             relay: false,
             relay_pairs: Vec::new(),
             admitted: None,
+            lending: false,
         }
     }
 }
@@ -629,9 +632,11 @@ async fn setup(
         .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))
         .collect();
     let hop_links = HopLinks { direct, peer_ids };
-    let adapter = opts
-        .admitted
-        .map(|_| crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened));
+    let adapter = opts.admitted.map(|_| {
+        let mut a = crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened);
+        a.set_lending(opts.lending);
+        a
+    });
     let adapt = adapter.as_ref().map(|a| a.report());
     let pipeline = Pipeline::start_with(plan_conns, route, popts, hop_links.clone(), adapter);
     Ok(Setup {

@@ -19,6 +19,7 @@ use loip_plan::ExecMode;
 use loip_runtime::cluster_run::{device_spec, uniform_plan, Session, SessionOptions, WorkerSpec};
 use loip_runtime::coordinator::next_seq_id;
 use loip_runtime::executor::{working_bytes, BlockPlacement, Device};
+use loip_runtime::worker::{run_blocking, WorkerOptions};
 use loip_runtime::LoaderKind;
 
 #[test]
@@ -54,8 +55,34 @@ fn full_fixed(m: &Manifest, plan: &loip_plan::Plan, i: usize) -> u64 {
     b
 }
 
-#[test]
-fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
+/// How the workers of [`run_switches`] run.
+enum Workers {
+    /// worker processes
+    Processes,
+    /// in this process, each refusing its first this many plan switches
+    Refusing([u32; 2]),
+}
+
+/// Starts a worker in this process (its own runtime on a thread); its address.
+fn in_process_worker(name: &str, mem: u64, store: std::path::PathBuf, refuse: u32) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut o = WorkerOptions::new("127.0.0.1:0", mem, store);
+    o.name = Some(name.to_string());
+    o.refuse_switches = refuse;
+    std::thread::spawn(move || {
+        let _ = run_blocking(o, |a| {
+            let _ = tx.send(a);
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap()
+        .to_string()
+}
+
+/// Two devices of two one-layer stages each, every block resident, room for 12 tokens of
+/// KV: a 150-token generation crosses thresholds on both. Checks tokens and logits against
+/// the single-device engine; returns the adaptation report and the KV bytes per token.
+fn run_switches(workers: Workers, tag: &str) -> (loip_runtime::adapt::AdaptReport, u64) {
     let path = fixture("tiny-llama");
     let ckpt = Checkpoint::open(&path).unwrap();
     let slices = slices_of(&path, "tiny-llama");
@@ -76,26 +103,36 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
                                                                          // Room for 12 tokens of KV with everything resident: the prompt fits, the generation
                                                                          // passes the threshold after a few tokens.
     let held = 12;
-    let root = scratch("adapt-switch");
-    let workers: Vec<_> = (0..2)
-        .map(|i| {
-            spawn_worker(&W {
-                name: names[i].clone(),
-                mem: full_fixed(&m, &plan, i) + held * kv_per_token,
-                store: root.join(&names[i]),
-                ..Default::default()
+    let root = scratch(tag);
+    let mem = |i: usize| full_fixed(&m, &plan, i) + held * kv_per_token;
+    let mut procs = Vec::new();
+    let addrs: Vec<String> = match workers {
+        Workers::Processes => (0..2)
+            .map(|i| {
+                let w = spawn_worker(&W {
+                    name: names[i].clone(),
+                    mem: mem(i),
+                    store: root.join(&names[i]),
+                    ..Default::default()
+                });
+                let a = w.addr.clone();
+                procs.push(w);
+                a
             })
-        })
-        .collect();
+            .collect(),
+        Workers::Refusing(r) => (0..2)
+            .map(|i| in_process_worker(&names[i], mem(i), root.join(&names[i]), r[i]))
+            .collect(),
+    };
     let specs = names
         .iter()
-        .zip(&workers)
-        .map(|(n, w)| WorkerSpec {
+        .zip(&addrs)
+        .map(|(n, a)| WorkerSpec {
             profile: loip_plan::profile::preset("host-zen5-2c"),
             // the fixed plan is checked against the planner's working allowance (16 MiB of
             // scratch); the worker opens with its own, small budget, which is the truth
             mem: Some(1 << 30),
-            ..WorkerSpec::new(n, &w.addr)
+            ..WorkerSpec::new(n, a)
         })
         .collect();
     let opts = SessionOptions {
@@ -113,7 +150,7 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
     let s = Session::start(&slices, specs, opts).unwrap_or_else(|e| panic!("session: {e}"));
     // 12 tokens fit with every block resident, ~124 with one attention block offloaded per
     // stage: the run crosses two thresholds (an attention switch, then an MLP one)
-    let n_new = 150;
+    let n_new = N_NEW;
     let (want_ids, want_logits) = reference(&ckpt, PROMPT, &greedy(n_new));
     let mut rec = Rec {
         inner: s.pipeline().backend(),
@@ -129,6 +166,18 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
     assert_bits("through the switches", &rec.logits, &want_logits);
     let ad = s.adaptation().expect("adaptation on");
     eprintln!("adaptation: {:?}", ad.events);
+    s.shutdown();
+    drop(procs);
+    (ad, kv_per_token)
+}
+
+const N_NEW: usize = 150;
+
+#[test]
+fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
+    let held = 12;
+    let (ad, kv_per_token) = run_switches(Workers::Processes, "adapt-switch");
+    let n_new = N_NEW;
     let switched: Vec<usize> = ad
         .events
         .iter()
@@ -173,7 +222,34 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
         );
     }
     assert_eq!(ad.held_admissions, 0);
-    s.shutdown();
+}
+
+#[test]
+fn a_refused_switch_is_not_assumed_applied() {
+    // dev1 refuses its first switch: the coordinator waits for the answer, keeps dev1's
+    // layout, takes the next cheapest switch; the run completes bit-identical
+    let (ad, _) = run_switches(Workers::Refusing([1, 0]), "adapt-refuse");
+    let d = &ad.devices;
+    assert_eq!(d[0].switches_refused, 1, "{d:?}");
+    assert_eq!(d[1].switches_refused, 0, "{d:?}");
+    assert!(d[0].switches_applied >= 1, "{d:?}");
+    assert!(d[0].kv_peak_bytes <= d[0].kv_budget, "{d:?}");
+    let firsts: Vec<(u32, u32)> = ad
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AdaptEvent::Switch { device: 0, to, .. } => Some(*to),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        firsts.len() >= 2,
+        "a switch after the refused one: {firsts:?}"
+    );
+    assert_ne!(
+        firsts[0], firsts[1],
+        "the refused layout is not asked again: {firsts:?}"
+    );
 }
 
 #[test]
