@@ -608,7 +608,7 @@ impl Adapter {
             }
             let soon = tokens + 2 * seqs;
             if soon.saturating_mul(self.devs[i].kv_per_token) > self.room(i) {
-                let lend = self.try_lend(i, soon.max(ahead.min(soon + n_ts)), ahead, tokens, seqs);
+                let lend = self.try_lend(i, soon, ahead, tokens, seqs);
                 if let Some(a) = lend {
                     if let Action::Borrow {
                         peer, tokens: to, ..

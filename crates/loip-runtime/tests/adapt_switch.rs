@@ -6,20 +6,21 @@
 //! brings the attention block back). Also: a switch that would exceed the budget
 //! is refused and changes nothing; a switch that changes the layers is refused.
 
+mod adapt_common;
 mod dist_common;
 
 use std::time::Duration;
 
+use adapt_common::*;
 use dist_common::*;
 use loip_engine::generate::{generate, Flow};
-use loip_model::slice::{Manifest, SliceKind};
+use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::adapt::AdaptEvent;
 use loip_plan::ExecMode;
 use loip_runtime::cluster_run::{device_spec, uniform_plan, Session, SessionOptions, WorkerSpec};
 use loip_runtime::coordinator::next_seq_id;
-use loip_runtime::executor::{working_bytes, BlockPlacement, Device};
-use loip_runtime::worker::{run_blocking, WorkerOptions};
+use loip_runtime::executor::{BlockPlacement, Device};
 use loip_runtime::LoaderKind;
 
 #[test]
@@ -28,32 +29,6 @@ fn dist_worker_entry() {
 }
 
 const PROMPT: &[u32] = &[1, 5, 9, 23, 42, 7];
-const MAX_STEP: usize = 16;
-const CONTEXT: usize = 256;
-
-/// Bytes of one slice.
-fn size(m: &Manifest, k: SliceKind) -> u64 {
-    m.slice(k).map(|s| s.size).unwrap_or(0)
-}
-
-/// Resident bytes of plan device `i` with everything resident, plus its working buffers.
-fn full_fixed(m: &Manifest, plan: &loip_plan::Plan, i: usize) -> u64 {
-    let d = &plan.devices[i];
-    let mut b = working_bytes(m, MAX_STEP, 1, CONTEXT);
-    if d.holds_embedding || (d.holds_head && m.config.tie_word_embeddings) {
-        b += size(m, SliceKind::Embed);
-    }
-    if d.holds_head {
-        b += size(m, SliceKind::Head);
-    }
-    for s in &d.stages {
-        for l in &s.layers {
-            b += size(m, SliceKind::Attn(l.layer as usize))
-                + size(m, SliceKind::Mlp(l.layer as usize));
-        }
-    }
-    b
-}
 
 /// How the workers of [`run_switches`] run.
 enum Workers {
@@ -61,22 +36,6 @@ enum Workers {
     Processes,
     /// in this process, each refusing its first this many plan switches
     Refusing([u32; 2]),
-}
-
-/// Starts a worker in this process (its own runtime on a thread); its address.
-fn in_process_worker(name: &str, mem: u64, store: std::path::PathBuf, refuse: u32) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut o = WorkerOptions::new("127.0.0.1:0", mem, store);
-    o.name = Some(name.to_string());
-    o.refuse_switches = refuse;
-    std::thread::spawn(move || {
-        let _ = run_blocking(o, |a| {
-            let _ = tx.send(a);
-        });
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap()
-        .to_string()
 }
 
 /// Two devices of two one-layer stages each, every block resident, room for 12 tokens of
