@@ -43,7 +43,7 @@ fn main() {
                 "--name",
                 n,
             ])
-            .args(["--mem", &(1u64 << 30).to_string()])
+            .args(["--mem", &(2u64 << 30).to_string()])
             .arg("--store")
             .arg(root.join(n))
             .args(["--bandwidth", &bw.to_string()])

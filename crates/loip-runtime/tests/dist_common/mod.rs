@@ -3,6 +3,7 @@
 //! wrapper that records every step's logits.
 #![allow(dead_code)]
 
+pub mod netns;
 pub mod raw;
 
 use std::path::{Path, PathBuf};
