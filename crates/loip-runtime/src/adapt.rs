@@ -396,6 +396,11 @@ impl Adapter {
             .or_else(|| choose_switch(d.n_max, cur, holds(tokens), g))
     }
 
+    /// Sets the knobs (the session's; defaults otherwise).
+    pub fn set_config(&mut self, cfg: AdaptConfig) {
+        self.cfg = cfg;
+    }
+
     /// Allows KV lending (design §6; off by default).
     pub fn set_lending(&mut self, on: bool) {
         self.lending = on;

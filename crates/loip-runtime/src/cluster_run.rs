@@ -32,9 +32,7 @@ use std::time::{Duration, Instant};
 use loip_engine::generate::{generate, Flow};
 use loip_engine::{GenerateOptions, GenerateOutput};
 use loip_model::slice::{Manifest, SliceKind};
-use loip_plan::{
-    Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest,
-};
+use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest};
 use serde::Serialize;
 
 use crate::coordinator::{
@@ -134,6 +132,8 @@ pub struct SessionOptions {
     pub admitted: Option<u64>,
     /// with adaptation: lend KV to a peer when a device nears its threshold (design §6)
     pub lending: bool,
+    /// with adaptation: its knobs (`n_ts`, horizon, link fraction)
+    pub adapt: loip_plan::adapt::AdaptConfig,
 }
 
 impl Default for SessionOptions {
@@ -159,6 +159,7 @@ impl Default for SessionOptions {
             relay_pairs: Vec::new(),
             admitted: None,
             lending: false,
+            adapt: Default::default(),
         }
     }
 }
@@ -554,13 +555,9 @@ async fn setup(
                 allow_drop: opts.allow_drop,
             };
             match opts.admitted {
-                Some(n) => loip_plan::adapt::plan_for_admission(
-                    &opts.planner,
-                    &shape,
-                    &cluster,
-                    &req,
-                    n,
-                ),
+                Some(n) => {
+                    loip_plan::adapt::plan_for_admission(&opts.planner, &shape, &cluster, &req, n)
+                }
                 None => loip_plan::plan(&opts.planner, &shape, &cluster, &req),
             }
             .map_err(|e| left_out(e.into()))?
@@ -626,7 +623,11 @@ async fn setup(
     };
     let reaches = |a: usize, b: usize| {
         let (a, b) = (peer_ids[a] as usize, peer_ids[b] as usize);
-        reach.get(a).and_then(|r| r.get(b)).copied().unwrap_or(false)
+        reach
+            .get(a)
+            .and_then(|r| r.get(b))
+            .copied()
+            .unwrap_or(false)
     };
     let direct: Vec<bool> = (0..route.hops.len())
         .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))
@@ -635,6 +636,7 @@ async fn setup(
     let adapter = opts.admitted.map(|_| {
         let mut a = crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened);
         a.set_lending(opts.lending);
+        a.set_config(opts.adapt);
         a
     });
     let adapt = adapter.as_ref().map(|a| a.report());
