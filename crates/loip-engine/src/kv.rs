@@ -3,6 +3,12 @@
 //! A cache holds only the layers of the stages that use it (any set of global layer indices).
 //! Growth is accounted in bytes against an optional budget; a step that would exceed it is
 //! refused before anything is written, so a refused step leaves the cache unchanged.
+//!
+//! KV lending (design §6): the oldest rows of a layer may be taken out ([`KvCache::lend_rows`])
+//! to be held elsewhere and put back ([`KvCache::return_rows`]) before the layer is read
+//! again; while they are out the layer cannot be read (a typed error, never a partial read),
+//! their bytes are freed here, and bytes held for a peer ([`KvCache::set_held_for_peers`])
+//! count against the budget.
 
 use std::collections::HashMap;
 
@@ -23,11 +29,13 @@ pub struct LayerKv {
 /// The KV cache of one device (all its stages).
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    kv_dim: usize,                      // n_kv_heads * head_dim
-    layers: Vec<usize>,                 // global indices of held layers, sorted
-    seqs: HashMap<SeqId, Vec<LayerKv>>, // per sequence, per held layer (same order)
-    budget: Option<u64>,                // bytes
-    used: u64,                          // bytes of K and V held
+    kv_dim: usize,                        // n_kv_heads * head_dim
+    layers: Vec<usize>,                   // global indices of held layers, sorted
+    seqs: HashMap<SeqId, Vec<LayerKv>>,   // per sequence, per held layer (same order)
+    budget: Option<u64>,                  // bytes
+    used: u64,                            // bytes of K and V held
+    lent: HashMap<(SeqId, usize), usize>, // (seq, held-layer slot) → oldest rows lent out
+    for_peers: u64,                       // bytes held for peers (borrowed KV)
 }
 
 impl KvCache {
@@ -47,6 +55,8 @@ impl KvCache {
             seqs: HashMap::new(),
             budget,
             used: 0,
+            lent: HashMap::new(),
+            for_peers: 0,
         }
     }
 
@@ -65,12 +75,126 @@ impl KvCache {
         self.budget = budget;
     }
 
-    /// Tokens cached for `seq` at held layer `layer` (0 when unknown).
+    /// Tokens cached for `seq` at held layer `layer` (0 when unknown), lent rows included.
     pub fn len(&self, seq: SeqId, layer: usize) -> usize {
         match (self.slot(layer), self.seqs.get(&seq)) {
-            (Ok(i), Some(l)) => l[i].k.len() / self.kv_dim.max(1),
+            (Ok(i), Some(l)) => l[i].k.len() / self.kv_dim.max(1) + self.lent_at(seq, i),
             _ => 0,
         }
+    }
+
+    fn lent_at(&self, seq: SeqId, slot: usize) -> usize {
+        self.lent.get(&(seq, slot)).copied().unwrap_or(0)
+    }
+
+    /// Sequences cached, in id order.
+    pub fn seq_ids(&self) -> Vec<SeqId> {
+        let mut v: Vec<SeqId> = self.seqs.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Rows of `seq` at held layer `layer` lent out (0 when none).
+    pub fn lent(&self, seq: SeqId, layer: usize) -> usize {
+        self.slot(layer).map_or(0, |i| self.lent_at(seq, i))
+    }
+
+    /// Takes the oldest `n` rows of `seq` at held layer `layer` out (to lend them): K then V,
+    /// each `(n, kv_dim)`. Refused when rows are already out or fewer are held.
+    pub fn lend_rows(
+        &mut self,
+        seq: SeqId,
+        layer: usize,
+        n: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), EngineError> {
+        let slot = self.slot(layer)?;
+        let kv_dim = self.kv_dim;
+        let out = self.lent_at(seq, slot);
+        let l = self.seqs.get_mut(&seq).map(|l| &mut l[slot]);
+        let held = l.as_ref().map_or(0, |l| l.k.len() / kv_dim.max(1));
+        match l {
+            Some(l) if out == 0 && n <= held => {
+                let k: Vec<f32> = l.k.drain(..n * kv_dim).collect();
+                let v: Vec<f32> = l.v.drain(..n * kv_dim).collect();
+                self.used -= (k.len() + v.len()) as u64 * 4;
+                if n > 0 {
+                    self.lent.insert((seq, slot), n);
+                }
+                Ok((k, v))
+            }
+            _ => Err(EngineError::BadPosition {
+                seq,
+                pos: n.saturating_sub(1),
+                layer,
+                held,
+            }),
+        }
+    }
+
+    /// Puts back the rows [`KvCache::lend_rows`] took out: exactly as many as are out.
+    /// Checked against the budget like any growth.
+    pub fn return_rows(
+        &mut self,
+        seq: SeqId,
+        layer: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), EngineError> {
+        let slot = self.slot(layer)?;
+        let kv_dim = self.kv_dim.max(1);
+        let out = self.lent_at(seq, slot);
+        let Some(l) = self.seqs.get_mut(&seq).map(|l| &mut l[slot]) else {
+            return Err(EngineError::BadPosition {
+                seq,
+                pos: 0,
+                layer,
+                held: 0,
+            });
+        };
+        if k.len() != out * kv_dim || v.len() != k.len() {
+            return Err(EngineError::BadPosition {
+                seq,
+                pos: (k.len().max(v.len()) / kv_dim).saturating_sub(1),
+                layer,
+                held: out,
+            });
+        }
+        let bytes = (k.len() + v.len()) as u64 * 4;
+        if let Some(budget) = self.budget {
+            let available = budget.saturating_sub(self.used + self.for_peers);
+            if bytes > available {
+                return Err(EngineError::KvBudget {
+                    needed: bytes,
+                    available,
+                });
+            }
+        }
+        l.k.splice(0..0, k.iter().copied());
+        l.v.splice(0..0, v.iter().copied());
+        self.used += bytes;
+        self.lent.remove(&(seq, slot));
+        Ok(())
+    }
+
+    /// Bytes held for peers (KV they lent here), counted against the budget; refused (and
+    /// unchanged) when they do not fit next to what is cached.
+    pub fn set_held_for_peers(&mut self, bytes: u64) -> Result<(), EngineError> {
+        if let Some(budget) = self.budget {
+            let available = budget.saturating_sub(self.used);
+            if bytes > self.for_peers && bytes > available {
+                return Err(EngineError::KvBudget {
+                    needed: bytes,
+                    available,
+                });
+            }
+        }
+        self.for_peers = bytes;
+        Ok(())
+    }
+
+    /// Bytes held for peers.
+    pub fn held_for_peers(&self) -> u64 {
+        self.for_peers
     }
 
     /// Whether no sequence is cached.
@@ -88,7 +212,7 @@ impl KvCache {
     pub fn reserve(&self, tokens: usize) -> Result<(), EngineError> {
         if let Some(budget) = self.budget {
             let needed = tokens as u64 * self.layers.len() as u64 * self.bytes_per_token_layer();
-            let available = budget.saturating_sub(self.used);
+            let available = budget.saturating_sub(self.used + self.for_peers);
             if needed > available {
                 return Err(EngineError::KvBudget { needed, available });
             }
@@ -113,7 +237,7 @@ impl KvCache {
             .entry(seq)
             .or_insert_with(|| vec![LayerKv::default(); n_layers]);
         let l = &mut entry[slot];
-        let held = l.k.len() / kv_dim.max(1);
+        let held = l.k.len() / kv_dim.max(1) + self.lent.get(&(seq, slot)).copied().unwrap_or(0);
         if pos != held {
             return Err(EngineError::BadPosition {
                 seq,
@@ -134,7 +258,10 @@ impl KvCache {
         let l = self.seqs.get(&seq).map(|l| &l[slot]);
         let held = l.map_or(0, |l| l.k.len() / self.kv_dim.max(1));
         match l {
-            Some(l) if n <= held => Ok((&l.k[..n * self.kv_dim], &l.v[..n * self.kv_dim])),
+            // rows lent out: nothing is read until they are back
+            Some(l) if n <= held && self.lent_at(seq, slot) == 0 => {
+                Ok((&l.k[..n * self.kv_dim], &l.v[..n * self.kv_dim]))
+            }
             _ => Err(EngineError::BadPosition {
                 seq,
                 pos: n.saturating_sub(1),
@@ -150,6 +277,7 @@ impl KvCache {
             let floats: usize = l.iter().map(|l| l.k.len() + l.v.len()).sum();
             self.used -= floats as u64 * 4;
         }
+        self.lent.retain(|(s, _), _| *s != seq);
     }
 
     /// Truncates a sequence to its first `n` positions on every held layer (used to roll back
@@ -158,13 +286,55 @@ impl KvCache {
         let kv_dim = self.kv_dim;
         if let Some(layers) = self.seqs.get_mut(&seq) {
             let mut freed = 0usize;
-            for l in layers.iter_mut() {
-                let keep = (n * kv_dim).min(l.k.len());
+            for (i, l) in layers.iter_mut().enumerate() {
+                let out = self.lent.get(&(seq, i)).copied().unwrap_or(0);
+                let keep = (n.saturating_sub(out) * kv_dim).min(l.k.len());
                 freed += (l.k.len() - keep) * 2;
                 l.k.truncate(keep);
                 l.v.truncate(keep);
             }
             self.used -= freed as u64 * 4;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lent_rows_come_back_bit_identical_and_are_checked() {
+        let mut c = KvCache::new([3, 5], 2, Some(1 << 20));
+        for pos in 0..4 {
+            let k = [pos as f32, 0.5];
+            let v = [-(pos as f32), 1.5];
+            c.append(7, 3, pos, &k, &v).unwrap();
+        }
+        let before = c
+            .get(7, 3, 4)
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .unwrap();
+        let used = c.used_bytes();
+        let (k, v) = c.lend_rows(7, 3, 3).unwrap();
+        assert_eq!(c.used_bytes(), used - 3 * 2 * 2 * 4, "lent rows are freed");
+        assert_eq!(c.len(7, 3), 4);
+        assert!(c.get(7, 3, 4).is_err(), "no read while rows are out");
+        assert!(c.lend_rows(7, 3, 1).is_err(), "rows out once");
+        // short, long or mismatched: refused, nothing changes
+        assert!(c.return_rows(7, 3, &k[..4], &v[..4]).is_err());
+        assert!(c.return_rows(7, 3, &k, &v[..4]).is_err());
+        c.return_rows(7, 3, &k, &v).unwrap();
+        assert_eq!(c.used_bytes(), used);
+        let after = c
+            .get(7, 3, 4)
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .unwrap();
+        assert_eq!(before, after);
+        // held for peers counts against the budget
+        let mut small = KvCache::new([0], 2, Some(64));
+        small.set_held_for_peers(48).unwrap();
+        assert!(small.reserve(1).is_ok());
+        assert!(small.reserve(2).is_err());
+        assert!(small.set_held_for_peers(80).is_err());
     }
 }

@@ -30,7 +30,8 @@ use std::time::Instant;
 use loip_engine::TokenPos;
 use loip_model::slice::Manifest;
 use loip_plan::adapt::{
-    choose_switch, counts_max, stage_layout, AdaptConfig, AdaptEvent, MemorySample,
+    choose_switch, counts_max, lend_cap_tokens, lend_grow, lend_shrink, stage_layout, AdaptConfig,
+    AdaptEvent, MemorySample,
 };
 use loip_plan::{cost, DeviceProfile, ModelShape, Plan, Residency, StagePlan};
 use serde::Serialize;
@@ -70,6 +71,20 @@ pub struct DeviceAdapt {
     pub crossings: Vec<Crossing>,
     /// switches applied (acknowledged by the worker)
     pub switches_applied: u32,
+    /// switches the worker refused (the layout it kept stays; another measure was taken)
+    pub switches_refused: u32,
+    /// KV lending: the peer it lends to and the rows lent per stage now  // tokens
+    pub lent_to: Option<String>,
+    /// rows lent per stage now  // tokens
+    pub lent_tokens: u64,
+    /// KV bytes lending frees here now  // bytes
+    pub lent_bytes: u64,
+    /// bytes reserved here for peers' lent KV  // bytes
+    pub borrowed_bytes: u64,
+    /// lent KV fetched back (relayed fetches answered)
+    pub fetches: u64,
+    /// lent KV bytes that left and came back through the coordinator  // bytes
+    pub kv_moved_bytes: u64,
     /// (attention, MLP) blocks offloaded per stage now
     pub offloaded: (u32, u32),
 }
@@ -83,8 +98,13 @@ pub struct AdaptReport {
     pub events: Vec<AdaptEvent>,
     /// steps of new sequences held back because nothing could free enough
     pub held_admissions: u64,
+    /// steps of admitted sequences held back until another step finished or a sequence was
+    /// released (nothing else could free enough)
+    pub held_steps: u64,
     /// KV tokens held now, summed over sequences  // tokens
     pub tokens: u64,
+    /// lent-KV transfer rate last measured  // bytes/s
+    pub lend_bandwidth: Option<f64>,
     /// memory of every device at every switch and crossing: (seconds, device, KV bytes,
     /// weights + slot + working bytes)
     pub samples: Vec<(f64, usize, u64, u64)>,
@@ -92,14 +112,40 @@ pub struct AdaptReport {
     pub memory: Vec<Vec<MemorySample>>,
 }
 
+/// What the coordinator sends before a step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// a plan switch: the device and its new stages (answered)
+    Switch(usize, Vec<StageSpec>),
+    /// ask `peer` to reserve `bytes` for `lender`'s KV (answered); once reserved, `lender`
+    /// lends `tokens` per stage
+    Borrow {
+        /// the borrowing device
+        peer: usize,
+        /// the lending device
+        lender: usize,
+        /// bytes to reserve  // bytes
+        bytes: u64,
+        /// rows per stage to lend then  // tokens
+        tokens: u64,
+    },
+    /// `device` lends `tokens` per stage from now (a shrink: no reservation needed)
+    Lend {
+        /// the lending device
+        device: usize,
+        /// rows per stage  // tokens
+        tokens: u64,
+    },
+}
+
 /// What to do with a step.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
-    /// send it, after these switches (plan device, its new stages)
-    Go(Vec<(usize, Vec<StageSpec>)>),
-    /// hold it back until sequences are released (a new admission that does not fit),
-    /// after these switches (they only make room)
-    Hold(Vec<(usize, Vec<StageSpec>)>),
+    /// send it, after these actions
+    Go(Vec<Action>),
+    /// hold it back until sequences are released or steps finish, after these actions
+    /// (they only make room)
+    Hold(Vec<Action>),
 }
 
 struct Dev {
@@ -113,6 +159,21 @@ struct Dev {
     attn_s: f64,                 // attention block time  // seconds
     mlp_s: f64,                  // MLP block time  // seconds
     loader: loip_plan::LoaderProfile,
+    /// before the switch sent last and not yet answered: (plan stages, KV room)
+    prev: Option<(Vec<StagePlan>, u64)>,
+    /// layouts this device refused since its memory last changed: (attention, MLP) counts
+    refused: Vec<(u32, u32)>,
+    stages: usize, // stages on the device
+    layers: u64,   // layers on the device
+    /// lending: (peer, rows per stage), and what it was before an unanswered reservation
+    lend: Option<(usize, u64)>,
+    lend_prev: Option<Option<(usize, u64)>>,
+    /// the peer it lends to, once chosen (its lent rows are there)
+    peer: Option<usize>,
+    /// a peer refused to hold its KV since its memory last changed
+    lend_refused: bool,
+    /// reserved on its peer for its lent KV  // bytes
+    lend_bytes: u64,
 }
 
 /// The coordinator's adaptation state (see the module docs).
@@ -125,6 +186,17 @@ pub struct Adapter {
     step: u32,
     started: Instant,
     report: Arc<Mutex<AdaptReport>>,
+    /// before the last step admitted: (KV held per sequence, decision step)
+    undo: Option<(BTreeMap<u64, u64>, u32)>,
+    /// KV lending allowed
+    lending: bool,
+    per_layer: u64, // KV bytes per token per layer
+    act_bytes: u64, // hidden-row bytes per token
+    /// last measured lent-KV transfer rate  // bytes/s
+    bandwidth: Option<f64>,
+    /// time between the last two steps entering  // seconds
+    round_s: Option<f64>,
+    last_entry: Option<Instant>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -193,6 +265,15 @@ impl Adapter {
                 attn_s: prof.attn_time(shape, 1, n),
                 mlp_s: prof.mlp_time(shape, 1),
                 loader: *prof.loader(plan.loader),
+                prev: None,
+                refused: Vec::new(),
+                stages: d.stages.len(),
+                layers: d.layer_count() as u64,
+                lend: None,
+                lend_prev: None,
+                peer: None,
+                lend_refused: false,
+                lend_bytes: 0,
             })
             .collect();
         let report = AdaptReport {
@@ -209,6 +290,13 @@ impl Adapter {
                     threshold: v.threshold(),
                     crossings: Vec::new(),
                     switches_applied: 0,
+                    switches_refused: 0,
+                    lent_to: None,
+                    lent_tokens: 0,
+                    lent_bytes: 0,
+                    borrowed_bytes: 0,
+                    fetches: 0,
+                    kv_moved_bytes: 0,
                     offloaded: counts_max(&v.plan_stages),
                 })
                 .collect(),
@@ -223,6 +311,13 @@ impl Adapter {
             step: 0,
             started: Instant::now(),
             report: Arc::new(Mutex::new(report)),
+            undo: None,
+            lending: false,
+            per_layer,
+            act_bytes: c.hidden_size as u64 * 4,
+            bandwidth: None,
+            round_s: None,
+            last_entry: None,
         }
     }
 
@@ -292,9 +387,10 @@ impl Adapter {
         };
         let holds = |want: u64| {
             move |a: u32, m: u32| {
-                self.price(i, a, m).is_some_and(|(base, _)| {
-                    base.saturating_add(want.saturating_mul(d.kv_per_token)) <= d.budget
-                })
+                !d.refused.contains(&(a, m))
+                    && self.price(i, a, m).is_some_and(|(base, _)| {
+                        base.saturating_add(want.saturating_mul(d.kv_per_token)) <= d.budget
+                    })
             }
         };
         let ahead = tokens + seqs * self.cfg.horizon_tokens as u64;
@@ -302,8 +398,170 @@ impl Adapter {
             .or_else(|| choose_switch(d.n_max, cur, holds(tokens), g))
     }
 
-    /// Decides what happens before a step of `batch` enters the pipeline (module docs).
-    pub fn before_step(&mut self, batch: &[TokenPos]) -> Verdict {
+    /// Sets the knobs (the session's; defaults otherwise).
+    pub fn set_config(&mut self, cfg: AdaptConfig) {
+        self.cfg = cfg;
+    }
+
+    /// Allows KV lending (design §6; off by default).
+    pub fn set_lending(&mut self, on: bool) {
+        self.lending = on;
+    }
+
+    /// Bytes reserved on device `p` for its peers' lent KV.  // bytes
+    fn borrowed(&self, p: usize) -> u64 {
+        self.devs
+            .iter()
+            .filter(|d| d.lend.is_some_and(|l| l.0 == p))
+            .map(|d| d.lend_bytes)
+            .sum()
+    }
+
+    /// KV bytes device `i` can hold for its own sequences: its layout's room, less what it
+    /// reserved for peers, plus what lending frees there.  // bytes
+    fn room(&self, i: usize) -> u64 {
+        let d = &self.devs[i];
+        let lent = d.lend.map_or(0, |l| l.1) * d.saving_pt(self.per_layer);
+        d.kv_budget.saturating_sub(self.borrowed(i)) + lent
+    }
+
+    /// Eq. 8 for device `i`: most rows per stage whose send and fetch-back fit the idle
+    /// window between two of its stages at the measured rate (unbounded before any
+    /// measurement).  // tokens
+    fn link_cap(&self, i: usize, seqs: u64) -> u64 {
+        let (Some(bw), Some(round)) = (self.bandwidth, self.round_s) else {
+            return u64::MAX;
+        };
+        let d = &self.devs[i];
+        let s = d.stages.max(1) as f64;
+        let busy = seqs as f64 * d.n_max as f64 * (d.attn_s + d.mlp_s);
+        lend_cap_tokens(
+            bw,
+            round / s - busy,
+            (seqs * self.act_bytes) as f64,
+            0.0,
+            (d.n_max as u64 * self.per_layer) as f64,
+            self.cfg.lend_link_fraction,
+        )
+    }
+
+    fn set_lend(&mut self, i: usize, lend: Option<(usize, u64)>, seqs: u64) {
+        let d = &mut self.devs[i];
+        d.lend = lend.filter(|l| l.1 > 0);
+        d.lend_bytes = d.lend.map_or(0, |(_, n)| {
+            n * d.kv_per_token + d.stages as u64 * (4 + 12 * (seqs + 1))
+        });
+    }
+
+    /// Lending that makes device `i` hold `want` tokens: grown on its peer (the current one,
+    /// or the one with the most spare memory) when the link and the peer's memory carry
+    /// it; the action to send, after recording it.
+    fn try_lend(
+        &mut self,
+        i: usize,
+        want: u64,
+        ahead: u64,
+        tokens: u64,
+        seqs: u64,
+    ) -> Option<Action> {
+        let d = &self.devs[i];
+        let saving = d.saving_pt(self.per_layer);
+        if !self.lending || saving == 0 || d.lend_refused || d.kv_per_token == 0 {
+            return None;
+        }
+        let over = want
+            .saturating_mul(d.kv_per_token)
+            .saturating_sub(self.room(i));
+        let spare = |p: usize| {
+            self.room(p)
+                .saturating_sub(ahead.saturating_mul(self.devs[p].kv_per_token))
+        };
+        let peer = d.peer.or_else(|| {
+            (0..self.devs.len())
+                .filter(|&p| p != i && self.devs[p].lend.is_none())
+                .max_by_key(|&p| (spare(p), std::cmp::Reverse(p)))
+        })?;
+        let have = d.lend.map_or(0, |l| l.1);
+        let memory = (spare(peer) + d.lend_bytes) / d.kv_per_token.max(1);
+        // rows this device has to lend (the newest of each sequence stays)
+        let rows = tokens.saturating_sub(seqs);
+        let cap = self.link_cap(i, seqs).min(memory).min(rows);
+        let n_ts = self.cfg.min_change_tokens as u64;
+        let to = lend_grow(have, cap, over, saving, n_ts)?;
+        let prev = d.lend;
+        self.devs[i].lend_prev = Some(prev);
+        self.devs[i].peer = Some(peer);
+        self.set_lend(i, Some((peer, to)), seqs);
+        let bytes = self.devs[i].lend_bytes;
+        Some(Action::Borrow {
+            peer,
+            lender: i,
+            bytes,
+            tokens: to,
+        })
+    }
+
+    /// A peer answered a reservation for `lender`'s KV: when reserved, the lend to send.
+    pub fn on_borrowed(&mut self, lender: usize, ok: bool) -> Option<Action> {
+        let d = self.devs.get_mut(lender)?;
+        let prev = d.lend_prev.take()?;
+        let mut rep = lock(&self.report);
+        let name = rep
+            .devices
+            .get(lender)
+            .map(|r| r.name.clone())
+            .unwrap_or_default();
+        if !ok {
+            tracing::warn!("device {name}: its peer refused to hold its KV; not lending more");
+            d.lend = prev;
+            d.lend_refused = true;
+            return None;
+        }
+        let (peer, tokens) = d.lend?;
+        let peer_name = rep.devices.get(peer).map(|r| r.name.clone());
+        tracing::info!(
+            "device {name}: lends {tokens} KV tokens per stage to {}",
+            peer_name.clone().unwrap_or_default()
+        );
+        let lent = tokens * d.saving_pt(self.per_layer);
+        let bytes = d.lend_bytes;
+        if let Some(r) = rep.devices.get_mut(lender) {
+            r.lent_to = peer_name;
+            r.lent_tokens = tokens;
+            r.lent_bytes = lent;
+        }
+        if let Some(r) = rep.devices.get_mut(peer) {
+            r.borrowed_bytes = bytes;
+        }
+        Some(Action::Lend {
+            device: lender,
+            tokens,
+        })
+    }
+
+    /// Lent KV of `lender` came back: `bytes` in `secs` since it was asked (the transfer
+    /// rate lending is sized by).
+    pub fn on_fetched(&mut self, lender: usize, bytes: u64, secs: f64) {
+        if secs > 0.0 && bytes > 0 {
+            self.bandwidth = Some(bytes as f64 / secs);
+        }
+        let mut rep = lock(&self.report);
+        rep.lend_bandwidth = self.bandwidth;
+        if let Some(r) = rep.devices.get_mut(lender) {
+            r.fetches += 1;
+            r.kv_moved_bytes += 2 * bytes;
+        }
+    }
+
+    /// The peer `lender` lends to (or lent to), if any.
+    pub fn lend_peer(&self, lender: usize) -> Option<usize> {
+        self.devs.get(lender)?.peer
+    }
+
+    /// Decides what happens before a step of `batch` enters the pipeline (module docs);
+    /// `others_in_flight`: other steps are in the pipeline (an admitted sequence's step that
+    /// nothing makes room for waits for them rather than fail).
+    pub fn before_step(&mut self, batch: &[TokenPos], others_in_flight: bool) -> Verdict {
         let mut after = self.held.clone();
         let mut new_seq = false;
         for t in batch {
@@ -319,10 +577,62 @@ impl Adapter {
         let mut fits_all = true;
         let step = self.step;
         let now = self.started.elapsed().as_secs_f64();
-        let mut rep = lock(&self.report);
+        let report = self.report.clone();
+        let mut rep = lock(&report);
+        let now_i = Instant::now();
+        if let Some(t) = self.last_entry.replace(now_i) {
+            self.round_s = Some(now_i.duration_since(t).as_secs_f64());
+        }
+        let n_ts = self.cfg.min_change_tokens as u64;
+        let ahead = tokens + seqs * self.cfg.horizon_tokens as u64;
         for i in 0..self.devs.len() {
+            // Lending: shrink at once what the measured link no longer carries; grow it
+            // (a little before the threshold: it frees memory from the next stage run on)
+            // when the device is near its room.
+            if let Some((p, cur)) = self.devs[i].lend {
+                if self.devs[i].lend_prev.is_none() {
+                    let cap = self.link_cap(i, seqs).min(tokens.saturating_sub(seqs));
+                    if let Some(to) = lend_shrink(cur, cap, n_ts) {
+                        self.set_lend(i, Some((p, to)), seqs);
+                        tracing::info!(
+                            "lending of device {i} shrinks {cur} -> {to} tokens per stage"
+                        );
+                        rep.events.push(AdaptEvent::Lend {
+                            step,
+                            device: i,
+                            peer: p,
+                            tokens: to,
+                        });
+                        let r = &mut rep.devices[i];
+                        r.lent_tokens = to;
+                        r.lent_bytes = to * self.devs[i].saving_pt(self.per_layer);
+                        switches.push(Action::Lend {
+                            device: i,
+                            tokens: to,
+                        });
+                    }
+                }
+            }
+            let soon = tokens + 2 * seqs;
+            if soon.saturating_mul(self.devs[i].kv_per_token) > self.room(i) {
+                let lend = self.try_lend(i, soon, ahead, tokens, seqs);
+                if let Some(a) = lend {
+                    if let Action::Borrow {
+                        peer, tokens: to, ..
+                    } = a
+                    {
+                        rep.events.push(AdaptEvent::Lend {
+                            step,
+                            device: i,
+                            peer,
+                            tokens: to,
+                        });
+                    }
+                    switches.push(a);
+                }
+            }
             let d = &self.devs[i];
-            if tokens.saturating_mul(d.kv_per_token) <= d.kv_budget {
+            if tokens.saturating_mul(d.kv_per_token) <= self.room(i) {
                 continue;
             }
             let threshold = d.threshold().unwrap_or(0);
@@ -336,10 +646,11 @@ impl Adapter {
                         rep.devices[i].name
                     );
                     let d = &mut self.devs[i];
+                    d.prev = Some((d.plan_stages.clone(), d.kv_budget));
                     d.kv_budget = d.budget.saturating_sub(base);
                     d.plan_stages = stages;
                     d.spec.stages = stage_specs(&d.plan_stages);
-                    switches.push((i, d.spec.stages.clone()));
+                    switches.push(Action::Switch(i, d.spec.stages.clone()));
                     let r = &mut rep.devices[i];
                     r.crossings.push(Crossing {
                         step,
@@ -369,13 +680,23 @@ impl Adapter {
             tracing::warn!("a new sequence does not fit yet; held until one is released");
             return Verdict::Hold(switches);
         }
+        if !fits_all && !new_seq && others_in_flight {
+            // An admitted sequence: wait for the steps in flight (a sequence may finish and
+            // be released) rather than fail.
+            rep.held_steps += 1;
+            tracing::warn!(
+                "the KV of {tokens} tokens does not fit yet; the step waits for the steps in \
+                 flight"
+            );
+            return Verdict::Hold(switches);
+        }
         if !fits_all {
             tracing::warn!(
                 "the KV of {tokens} tokens outgrows a device that cannot offload more; the step \
                  will fail on it"
             );
         }
-        self.held = after;
+        self.undo = Some((std::mem::replace(&mut self.held, after), self.step));
         self.step += 1;
         rep.tokens = tokens;
         rep.memory.resize(self.devs.len(), Vec::new());
@@ -383,26 +704,37 @@ impl Adapter {
             let r = &mut rep.devices[i];
             r.kv_bytes = tokens.saturating_mul(d.kv_per_token);
             r.kv_peak_bytes = r.kv_peak_bytes.max(r.kv_bytes);
-            let (weights, kv) = (d.budget.saturating_sub(d.kv_budget), r.kv_bytes);
+            let weights = d.budget.saturating_sub(d.kv_budget);
+            let (lent, borrowed) = (r.lent_bytes, r.borrowed_bytes);
+            let kv = r.kv_bytes.saturating_sub(lent);
             rep.memory[i].push(MemorySample {
                 time_s: now,
                 step,
                 tokens,
-                total: weights + kv,
+                total: weights + kv + borrowed,
                 weights,
                 kv_local: kv,
-                kv_lent: 0,
-                kv_borrowed: 0,
+                kv_lent: lent,
+                kv_borrowed: borrowed,
                 kv_evicted: 0,
             });
         }
         Verdict::Go(switches)
     }
 
-    /// Sequences released: their KV is gone everywhere.
+    /// Sequences released: their KV is gone everywhere (layouts refused before may fit
+    /// now).
     pub fn release(&mut self, seqs: &[u64]) {
         for s in seqs {
             self.held.remove(s);
+        }
+        if let Some(u) = self.undo.as_mut() {
+            for s in seqs {
+                u.0.remove(s);
+            }
+        }
+        for d in &mut self.devs {
+            d.refused.clear();
         }
         let tokens = self.total();
         let mut rep = lock(&self.report);
@@ -412,11 +744,55 @@ impl Adapter {
         }
     }
 
+    /// Forgets the last step admitted by [`Adapter::before_step`] (it did not enter: a
+    /// switch it needed was refused), so that it is decided again.
+    pub fn undo_step(&mut self) {
+        if let Some((held, step)) = self.undo.take() {
+            self.held = held;
+            self.step = step;
+            // the step's memory samples go with it (it is decided again)
+            for m in &mut lock(&self.report).memory {
+                if m.last().is_some_and(|s| s.step == step) {
+                    m.pop();
+                }
+            }
+        }
+    }
+
+    /// A worker refused a switch: it keeps the layout it had (`memory`, its accounting);
+    /// that layout is not chosen again until its memory changes.
+    pub fn on_refused(&mut self, device: usize, memory: DeviceMemory, message: &str) {
+        let Some(d) = self.devs.get_mut(device) else {
+            return;
+        };
+        let refused = counts_max(&d.plan_stages);
+        if let Some((stages, _)) = d.prev.take() {
+            d.plan_stages = stages;
+            d.spec.stages = stage_specs(&d.plan_stages);
+        }
+        d.refused.push(refused);
+        d.kv_budget = memory.kv_budget;
+        let mut rep = lock(&self.report);
+        if let Some(r) = rep.devices.get_mut(device) {
+            tracing::warn!(
+                "device {}: plan switch to {refused:?} refused ({message}); keeping {:?}",
+                r.name,
+                counts_max(&d.plan_stages)
+            );
+            r.switches_refused += 1;
+            r.kv_budget = memory.kv_budget;
+            r.threshold = d.threshold();
+            r.offloaded = counts_max(&d.plan_stages);
+        }
+    }
+
     /// A worker applied a switch and reports its accounting (the truth).
     pub fn on_switched(&mut self, device: usize, memory: DeviceMemory) {
         let Some(d) = self.devs.get_mut(device) else {
             return;
         };
+        d.prev = None;
+        d.refused.clear();
         d.kv_budget = memory.kv_budget;
         let mut rep = lock(&self.report);
         if let Some(r) = rep.devices.get_mut(device) {
@@ -431,13 +807,36 @@ impl Dev {
     fn threshold(&self) -> Option<u64> {
         (self.kv_per_token > 0).then(|| self.kv_budget / self.kv_per_token)
     }
+
+    /// Bytes lending frees per token lent per stage: every stage's rows but one stage's
+    /// (the one fetched back to run).  // bytes
+    fn saving_pt(&self, per_layer: u64) -> u64 {
+        if self.stages < 2 {
+            return 0;
+        }
+        self.layers.saturating_sub(self.n_max as u64) * per_layer
+    }
 }
 
-/// The worker's side: applies a switch to the loaded device, or says why not.
-pub(crate) fn apply_switch(device: Option<&mut Device>, stages: Vec<StageSpec>) -> ToCoordinator {
-    let r = match device {
-        Some(d) => d.switch(stages),
-        None => Err(crate::RuntimeError::Invalid("no device is loaded".into())),
+/// The worker's side: applies a switch to the loaded device, or says why not (`refuse`:
+/// refuses it as if it did not fit, see [`crate::worker::WorkerOptions::refuse_switches`]).
+pub(crate) fn apply_switch(
+    device: Option<&mut Device>,
+    stages: Vec<StageSpec>,
+    refuse: bool,
+) -> ToCoordinator {
+    let Some(d) = device else {
+        return ToCoordinator::SwitchRefused {
+            message: "plan switch refused: no device is loaded".into(),
+            memory: DeviceMemory::default(),
+        };
+    };
+    let r = if refuse {
+        Err(crate::RuntimeError::Invalid(
+            "this worker refuses plan switches (fault injection)".into(),
+        ))
+    } else {
+        d.switch(stages)
     };
     match r {
         Ok(m) => {
@@ -449,9 +848,9 @@ pub(crate) fn apply_switch(device: Option<&mut Device>, stages: Vec<StageSpec>) 
             );
             ToCoordinator::Switched { memory: m.into() }
         }
-        Err(e) => ToCoordinator::Failed {
-            step: None,
+        Err(e) => ToCoordinator::SwitchRefused {
             message: format!("plan switch refused: {e}"),
+            memory: d.memory().into(),
         },
     }
 }

@@ -134,6 +134,10 @@ pub struct SessionOptions {
     /// online as the KV grows to `context` ([`crate::adapt`]); `None`: plan for `context`
     /// up front, no adaptation  // tokens
     pub admitted: Option<u64>,
+    /// with adaptation: lend KV to a peer when a device nears its threshold (design §6)
+    pub lending: bool,
+    /// with adaptation: its knobs (`n_ts`, horizon, link fraction)
+    pub adapt: loip_plan::adapt::AdaptConfig,
 }
 
 impl Default for SessionOptions {
@@ -158,6 +162,8 @@ impl Default for SessionOptions {
             relay: false,
             relay_pairs: Vec::new(),
             admitted: None,
+            lending: false,
+            adapt: Default::default(),
         }
     }
 }
@@ -631,9 +637,12 @@ async fn setup(
         .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))
         .collect();
     let hop_links = HopLinks { direct, peer_ids };
-    let adapter = opts
-        .admitted
-        .map(|_| crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened));
+    let adapter = opts.admitted.map(|_| {
+        let mut a = crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened);
+        a.set_lending(opts.lending);
+        a.set_config(opts.adapt);
+        a
+    });
     let adapt = adapter.as_ref().map(|a| a.report());
     let pipeline = Pipeline::start_with(plan_conns, route, popts, hop_links.clone(), adapter);
     Ok(Setup {

@@ -36,6 +36,7 @@ mod adapt_hook;
 mod backend;
 mod conn;
 mod device_stats;
+mod lend;
 mod route;
 
 pub use conn::{Conn, ConnectOptions, Endpoint, LinkStats, ShipStats, KEEPALIVE};
@@ -599,6 +600,8 @@ impl Sched {
     }
 
     fn admit_parked(&mut self) {
+        // a step finished or failed: steps held for room try again
+        self.adapt_retry();
         if self.parked.is_empty() || self.wave_in_flight() {
             return;
         }
@@ -654,12 +657,21 @@ impl Sched {
             let e = self.gone_error(d);
             self.fail(s, e);
         }
+        self.adapt_gone(d);
+        let ep = self.endpoints[d].clone();
+        let why = self.alive[d].clone().unwrap_or_default();
+        self.adapt_fail_waiting(|| ClusterError::DeviceGone {
+            device: ep.name.clone(),
+            addr: ep.addr.clone(),
+            reason: why.clone(),
+        });
     }
 
     fn on_frame(&mut self, d: usize, f: Frame) {
         match f.kind {
             FrameKind::Output => self.on_output(d, f),
             FrameKind::Notice => self.on_notice(d, f),
+            FrameKind::Kv => self.on_kv(d, f),
             FrameKind::Control => match wire::parse_control::<ToCoordinator>(&f) {
                 Ok(ToCoordinator::Failed {
                     step: Some(s),
@@ -682,6 +694,13 @@ impl Sched {
                     self.on_peer_gone(d, device, reason)
                 }
                 Ok(ToCoordinator::Switched { memory }) => self.adapt_switched(d, memory),
+                Ok(ToCoordinator::SwitchRefused { message, memory }) => {
+                    self.adapt_refused(d, memory, &message)
+                }
+                Ok(ToCoordinator::Borrowed { lender, ok, .. }) => {
+                    self.adapt_borrowed(d, lender, ok)
+                }
+                Ok(ToCoordinator::KvFetch { stage }) => self.on_kv_fetch(d, stage),
                 Ok(other) => self.mark_gone(d, format!("sent an unexpected message: {other:?}")),
                 Err(e) => self.mark_gone(d, e.to_string()),
             },
@@ -782,10 +801,7 @@ async fn scheduler(
         parked: Vec::new(),
         entry_behind: false,
         shared,
-        adapt: adapt.map(|adapter| adapt_hook::AdaptState {
-            adapter,
-            held_back: Vec::new(),
-        }),
+        adapt: adapt.map(adapt_hook::AdaptState::new),
     };
     let mut next_step: u64 = 1;
     let mut tick = tokio::time::interval(Duration::from_millis(500));

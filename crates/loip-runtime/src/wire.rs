@@ -74,6 +74,8 @@ pub enum FrameKind {
     Hand = 9,
     /// a worker's per-hop receipt to the coordinator
     Notice = 10,
+    /// lent KV rows (see [`lend`])
+    Kv = 11,
 }
 
 impl FrameKind {
@@ -90,6 +92,7 @@ impl FrameKind {
             8 => FrameKind::Routed,
             9 => FrameKind::Hand,
             10 => FrameKind::Notice,
+            11 => FrameKind::Kv,
             _ => return None,
         })
     }
@@ -405,7 +408,7 @@ pub enum ToWorker {
         spec: DeviceSpec,
     },
     /// between steps, change which blocks of the stages are resident and which offloaded
-    /// (a plan switch, design §6); answered with `Switched` or `Failed`
+    /// (a plan switch, design §6); answered with `Switched` or `SwitchRefused`
     Switch {
         /// the device's stages with their new placements (same layers)
         stages: Vec<StageSpec>,
@@ -420,6 +423,27 @@ pub enum ToWorker {
     /// direct forwarding: accept peer sessions from `expect`, then connect to `connect`
     /// (and measure those links); answered with `PeersReady`
     Peers(crate::net::direct::PeersMsg),
+    /// KV lending: from now, lend the oldest `tokens` rows of each stage's KV after the stage
+    /// runs, and fetch them back before it runs again (0: stop lending)
+    Lend {
+        /// rows per stage, summed over sequences  // tokens
+        tokens: u64,
+    },
+    /// KV lending: hold up to `bytes` of `lender`'s lent KV (counted in the budget);
+    /// answered with `Borrowed`
+    Borrow {
+        /// the lending device's plan index
+        lender: u16,
+        /// bytes to reserve  // bytes
+        bytes: u64,
+    },
+    /// KV lending: send `lender`'s lent KV of `stage` back (a `Kv` data frame)
+    KvFetch {
+        /// the lending device's plan index
+        lender: u16,
+        /// its stage
+        stage: u16,
+    },
     /// drop what is held for these steps (they failed); their rows may still arrive
     Forget {
         /// step ids
@@ -517,6 +541,27 @@ pub enum ToCoordinator {
     /// a plan switch is applied
     Switched {
         /// how the budget is spent now
+        memory: DeviceMemory,
+    },
+    /// answer to `Borrow`: whether the bytes are reserved
+    Borrowed {
+        /// the lending device's plan index
+        lender: u16,
+        /// bytes reserved now (the old reservation when refused)  // bytes
+        bytes: u64,
+        /// reserved
+        ok: bool,
+    },
+    /// KV lending: the lender asks its lent KV of `stage` back
+    KvFetch {
+        /// its stage
+        stage: u16,
+    },
+    /// a plan switch was refused: nothing changed
+    SwitchRefused {
+        /// why
+        message: String,
+        /// how the budget is spent (unchanged)
         memory: DeviceMemory,
     },
     /// a request failed; the connection stays usable
@@ -931,6 +976,8 @@ pub fn bytes_u32(b: &[u8]) -> Result<Vec<u32>, WireError> {
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+pub mod lend;
 
 #[cfg(test)]
 #[path = "wire_tests.rs"]

@@ -50,6 +50,7 @@ use crate::wire::{
 };
 use crate::RuntimeError;
 
+mod lend;
 mod peer;
 
 /// Options of one worker.
@@ -75,6 +76,9 @@ pub struct WorkerOptions {
     pub idle_timeout: Duration,
     /// connections allowed in their handshake at once; more are closed at once
     pub max_unauthenticated: usize,
+    /// fault injection (tests of the coordinator's fallback): refuse the first this many
+    /// plan switches as if they did not fit; 0 otherwise
+    pub refuse_switches: u32,
 }
 
 impl WorkerOptions {
@@ -94,6 +98,7 @@ impl WorkerOptions {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_unauthenticated: 16,
+            refuse_switches: 0,
         }
     }
 }
@@ -321,6 +326,7 @@ async fn connection(
     let writer = tokio::spawn(write_loop(wr, out_rx));
     let (job_tx, job_rx) = std::sync::mpsc::channel::<(Job, BytePermit)>();
     let (inbox, frame_limit) = (ByteBudget::new(qbytes), Arc::new(AtomicUsize::new(BASE_FRAME)));
+    let (kv_tx, kv_rx) = std::sync::mpsc::channel::<(u16, Vec<u8>)>();
     let direct = peer::Direct::new(
         info.name.clone(),
         job_tx.clone(),
@@ -334,6 +340,7 @@ async fn connection(
         outbox: ByteBudget::new(qbytes),
         frame_limit,
         direct: direct.clone(),
+        kv_back: kv_tx,
     };
     let compute = {
         let ctx = ComputeCtx {
@@ -344,10 +351,11 @@ async fn connection(
             budget: shared.opts.mem_budget,
             frame_limit: q.frame_limit.clone(),
             direct: direct.clone(),
+            refuse_switches: shared.opts.refuse_switches,
         };
         std::thread::Builder::new()
             .name("loip-compute".into())
-            .spawn(move || compute_thread(job_rx, ctx))
+            .spawn(move || compute_thread(job_rx, ctx, lend::Lender::new(kv_rx)))
             .map_err(WireError::Io)?
     };
     let result = session(&mut rd, &shared, &out_tx, &job_tx, &q).await;
@@ -391,6 +399,8 @@ struct Queues {
     frame_limit: Arc<AtomicUsize>,
     /// direct forwarding
     direct: Arc<peer::Direct>,
+    /// lent KV coming back, to the compute thread (which may be waiting for it)
+    kv_back: std::sync::mpsc::Sender<(u16, Vec<u8>)>,
 }
 
 /// Removes this machine's store path from a message meant for a peer.
@@ -453,6 +463,19 @@ async fn session(
                 jobs.send((job, permit)).map_err(|_| gone())?;
             }
             FrameKind::Routed => q.direct.on_routed(&f.payload, permit)?,
+            FrameKind::Kv => {
+                let (h, blob) = wire::lend::decode_kv(&f.payload)
+                    .map_err(|e| WireError::Protocol(e.to_string()))?;
+                match h.op {
+                    wire::lend::KvOp::Put => jobs
+                        .send((Job::KvPut(h.lender, h.stage, blob.to_vec()), permit))
+                        .map_err(|_| gone())?,
+                    wire::lend::KvOp::Data => q
+                        .kv_back
+                        .send((h.stage, blob.to_vec()))
+                        .map_err(|_| gone())?,
+                }
+            }
             FrameKind::Control => match wire::parse_control::<ToWorker>(&f)? {
                 ToWorker::Ping { id } => reply(out, &ToCoordinator::Pong { id }).await?,
                 ToWorker::Peers(m) => {
@@ -545,6 +568,15 @@ async fn session(
                 ToWorker::Switch { stages } => {
                     jobs.send((Job::Switch(stages), permit)).map_err(|_| gone())?
                 }
+                ToWorker::Lend { tokens } => {
+                    jobs.send((Job::Lend(tokens), permit)).map_err(|_| gone())?
+                }
+                ToWorker::Borrow { lender, bytes } => jobs
+                    .send((Job::Borrow(lender, bytes), permit))
+                    .map_err(|_| gone())?,
+                ToWorker::KvFetch { lender, stage } => jobs
+                    .send((Job::KvFetch(lender, stage), permit))
+                    .map_err(|_| gone())?,
                 ToWorker::Bye => return Ok(()),
                 ToWorker::Auth { .. } => {
                     return Err(WireError::Protocol("authentication twice".into()))
@@ -593,6 +625,11 @@ enum Job {
     },
     Release(Vec<u64>),
     Switch(Vec<crate::executor::StageSpec>),
+    /// KV lending: rows per stage (lender); reserve for a lender, hold, return (borrower)
+    Lend(u64),
+    Borrow(u16, u64),
+    KvPut(u16, u16, Vec<u8>),
+    KvFetch(u16, u16),
 }
 
 /// What the compute thread works with.
@@ -604,6 +641,7 @@ struct ComputeCtx {
     budget: u64,
     frame_limit: Arc<AtomicUsize>,
     direct: Arc<peer::Direct>,
+    refuse_switches: u32,
 }
 
 impl ComputeCtx {
@@ -635,8 +673,14 @@ fn step_frame_limit(spec: &DeviceSpec, hidden: usize) -> usize {
         .clamp(BASE_FRAME, wire::MAX_FRAME)
 }
 
-fn compute_thread(jobs: std::sync::mpsc::Receiver<(Job, BytePermit)>, ctx: ComputeCtx) {
+fn compute_thread(
+    jobs: std::sync::mpsc::Receiver<(Job, BytePermit)>,
+    ctx: ComputeCtx,
+    mut lender: lend::Lender,
+) {
     let mut device: Option<Device> = None;
+    let mut borrower = lend::Borrower::default();
+    let mut refusals = ctx.refuse_switches;
     while let Ok((job, permit)) = jobs.recv() {
         let ok = match job {
             Job::Probe(m, compute, loads) => {
@@ -662,7 +706,21 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<(Job, BytePermit)>, ctx: Compu
                     Err(e) => ctx.fail(None, format!("cannot open the device: {e}")),
                 }
             }
-            Job::Switch(stages) => ctx.send(crate::adapt::apply_switch(device.as_mut(), stages)),
+            Job::Switch(stages) => {
+                let refuse = refusals > 0;
+                refusals = refusals.saturating_sub(1);
+                ctx.send(crate::adapt::apply_switch(device.as_mut(), stages, refuse))
+            }
+            Job::Lend(tokens) => {
+                lender.set(tokens);
+                true
+            }
+            Job::Borrow(l, bytes) => ctx.send(borrower.borrow(device.as_mut(), l, bytes)),
+            Job::KvPut(l, stage, blob) => match borrower.put(l, stage, blob) {
+                Ok(()) => true,
+                Err(e) => ctx.fail(None, e.to_string()),
+            },
+            Job::KvFetch(l, stage) => ctx.send_frame(FrameKind::Kv, borrower.fetch(l, stage)),
             Job::Release(seqs) => {
                 if let Some(d) = device.as_mut() {
                     for s in seqs {
@@ -679,7 +737,7 @@ fn compute_thread(jobs: std::sync::mpsc::Receiver<(Job, BytePermit)>, ctx: Compu
             } => {
                 let queued_s = arrived.elapsed().as_secs_f64();
                 let result = match device.as_mut() {
-                    Some(d) => run_step(d, &header, &data),
+                    Some(d) => run_step(d, &header, &data, &mut lender, &ctx),
                     None => Err(RuntimeError::Invalid("no device is loaded".into())),
                 };
                 drop(data);
@@ -735,6 +793,8 @@ fn run_step(
     d: &mut Device,
     h: &StepHeader,
     data: &[u8],
+    lend: &mut lend::Lender,
+    ctx: &ComputeCtx,
 ) -> Result<(OutputKind, u32, u32, Vec<u8>), RuntimeError> {
     let bad = |m: String| RuntimeError::Invalid(m);
     let (hidden, max_pos) = (d.tf.cfg.hidden_size, d.tf.cfg.max_position_embeddings);
@@ -808,13 +868,15 @@ fn run_step(
         d.reserve(n)?;
     }
     let last = h.stages.len().saturating_sub(1);
-    let run = |d: &mut Device, x: &mut Vec<f32>| -> Result<(), RuntimeError> {
+    let mut run = |d: &mut Device, x: &mut Vec<f32>| -> Result<(), RuntimeError> {
         for (i, &k) in h.stages.iter().enumerate() {
+            lend.before_stage(d, ctx, k as usize)?;
             if h.keep && i == last {
                 d.run_stage_keep(k as usize, x, &h.batch)?;
             } else {
                 d.run_stage(k as usize, x, &h.batch)?;
             }
+            lend.after_stage(d, ctx, k as usize)?;
         }
         Ok(())
     };

@@ -6,19 +6,21 @@
 //! brings the attention block back). Also: a switch that would exceed the budget
 //! is refused and changes nothing; a switch that changes the layers is refused.
 
+mod adapt_common;
 mod dist_common;
 
 use std::time::Duration;
 
+use adapt_common::*;
 use dist_common::*;
 use loip_engine::generate::{generate, Flow};
-use loip_model::slice::{Manifest, SliceKind};
+use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::adapt::AdaptEvent;
 use loip_plan::ExecMode;
 use loip_runtime::cluster_run::{device_spec, uniform_plan, Session, SessionOptions, WorkerSpec};
 use loip_runtime::coordinator::next_seq_id;
-use loip_runtime::executor::{working_bytes, BlockPlacement, Device};
+use loip_runtime::executor::{BlockPlacement, Device};
 use loip_runtime::LoaderKind;
 
 #[test]
@@ -27,35 +29,19 @@ fn dist_worker_entry() {
 }
 
 const PROMPT: &[u32] = &[1, 5, 9, 23, 42, 7];
-const MAX_STEP: usize = 16;
-const CONTEXT: usize = 256;
 
-/// Bytes of one slice.
-fn size(m: &Manifest, k: SliceKind) -> u64 {
-    m.slice(k).map(|s| s.size).unwrap_or(0)
+/// How the workers of [`run_switches`] run.
+enum Workers {
+    /// worker processes
+    Processes,
+    /// in this process, each refusing its first this many plan switches
+    Refusing([u32; 2]),
 }
 
-/// Resident bytes of plan device `i` with everything resident, plus its working buffers.
-fn full_fixed(m: &Manifest, plan: &loip_plan::Plan, i: usize) -> u64 {
-    let d = &plan.devices[i];
-    let mut b = working_bytes(m, MAX_STEP, 1, CONTEXT);
-    if d.holds_embedding || (d.holds_head && m.config.tie_word_embeddings) {
-        b += size(m, SliceKind::Embed);
-    }
-    if d.holds_head {
-        b += size(m, SliceKind::Head);
-    }
-    for s in &d.stages {
-        for l in &s.layers {
-            b += size(m, SliceKind::Attn(l.layer as usize))
-                + size(m, SliceKind::Mlp(l.layer as usize));
-        }
-    }
-    b
-}
-
-#[test]
-fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
+/// Two devices of two one-layer stages each, every block resident, room for 12 tokens of
+/// KV: a 150-token generation crosses thresholds on both. Checks tokens and logits against
+/// the single-device engine; returns the adaptation report and the KV bytes per token.
+fn run_switches(workers: Workers, tag: &str) -> (loip_runtime::adapt::AdaptReport, u64) {
     let path = fixture("tiny-llama");
     let ckpt = Checkpoint::open(&path).unwrap();
     let slices = slices_of(&path, "tiny-llama");
@@ -76,26 +62,36 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
                                                                          // Room for 12 tokens of KV with everything resident: the prompt fits, the generation
                                                                          // passes the threshold after a few tokens.
     let held = 12;
-    let root = scratch("adapt-switch");
-    let workers: Vec<_> = (0..2)
-        .map(|i| {
-            spawn_worker(&W {
-                name: names[i].clone(),
-                mem: full_fixed(&m, &plan, i) + held * kv_per_token,
-                store: root.join(&names[i]),
-                ..Default::default()
+    let root = scratch(tag);
+    let mem = |i: usize| full_fixed(&m, &plan, i) + held * kv_per_token;
+    let mut procs = Vec::new();
+    let addrs: Vec<String> = match workers {
+        Workers::Processes => (0..2)
+            .map(|i| {
+                let w = spawn_worker(&W {
+                    name: names[i].clone(),
+                    mem: mem(i),
+                    store: root.join(&names[i]),
+                    ..Default::default()
+                });
+                let a = w.addr.clone();
+                procs.push(w);
+                a
             })
-        })
-        .collect();
+            .collect(),
+        Workers::Refusing(r) => (0..2)
+            .map(|i| in_process_worker(&names[i], mem(i), root.join(&names[i]), r[i]))
+            .collect(),
+    };
     let specs = names
         .iter()
-        .zip(&workers)
-        .map(|(n, w)| WorkerSpec {
+        .zip(&addrs)
+        .map(|(n, a)| WorkerSpec {
             profile: loip_plan::profile::preset("host-zen5-2c"),
             // the fixed plan is checked against the planner's working allowance (16 MiB of
             // scratch); the worker opens with its own, small budget, which is the truth
             mem: Some(1 << 30),
-            ..WorkerSpec::new(n, &w.addr)
+            ..WorkerSpec::new(n, a)
         })
         .collect();
     let opts = SessionOptions {
@@ -113,7 +109,7 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
     let s = Session::start(&slices, specs, opts).unwrap_or_else(|e| panic!("session: {e}"));
     // 12 tokens fit with every block resident, ~124 with one attention block offloaded per
     // stage: the run crosses two thresholds (an attention switch, then an MLP one)
-    let n_new = 150;
+    let n_new = N_NEW;
     let (want_ids, want_logits) = reference(&ckpt, PROMPT, &greedy(n_new));
     let mut rec = Rec {
         inner: s.pipeline().backend(),
@@ -129,6 +125,18 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
     assert_bits("through the switches", &rec.logits, &want_logits);
     let ad = s.adaptation().expect("adaptation on");
     eprintln!("adaptation: {:?}", ad.events);
+    s.shutdown();
+    drop(procs);
+    (ad, kv_per_token)
+}
+
+const N_NEW: usize = 150;
+
+#[test]
+fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
+    let held = 12;
+    let (ad, kv_per_token) = run_switches(Workers::Processes, "adapt-switch");
+    let n_new = N_NEW;
     let switched: Vec<usize> = ad
         .events
         .iter()
@@ -173,7 +181,34 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
         );
     }
     assert_eq!(ad.held_admissions, 0);
-    s.shutdown();
+}
+
+#[test]
+fn a_refused_switch_is_not_assumed_applied() {
+    // dev1 refuses its first switch: the coordinator waits for the answer, keeps dev1's
+    // layout, takes the next cheapest switch; the run completes bit-identical
+    let (ad, _) = run_switches(Workers::Refusing([1, 0]), "adapt-refuse");
+    let d = &ad.devices;
+    assert_eq!(d[0].switches_refused, 1, "{d:?}");
+    assert_eq!(d[1].switches_refused, 0, "{d:?}");
+    assert!(d[0].switches_applied >= 1, "{d:?}");
+    assert!(d[0].kv_peak_bytes <= d[0].kv_budget, "{d:?}");
+    let firsts: Vec<(u32, u32)> = ad
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AdaptEvent::Switch { device: 0, to, .. } => Some(*to),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        firsts.len() >= 2,
+        "a switch after the refused one: {firsts:?}"
+    );
+    assert_ne!(
+        firsts[0], firsts[1],
+        "the refused layout is not asked again: {firsts:?}"
+    );
 }
 
 #[test]

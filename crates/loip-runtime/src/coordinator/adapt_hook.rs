@@ -1,51 +1,170 @@
 //! Where the pipeline's scheduler meets online adaptation ([`crate::adapt`]): before a step
 //! enters, the adapter may send plan switches to devices (ahead of the step on the same
-//! connection, so they apply between steps) or hold a new sequence back until others are
-//! released; releases and the workers' `Switched` answers update it.
+//! connection, so they apply between steps) or hold a step back until others finish or
+//! sequences are released; releases and the workers' answers update it.
+//!
+//! A switch is not assumed applied: the step that needs it (and every step after it) waits
+//! until each device switched answers `Switched` or `SwitchRefused`. After a refusal the
+//! step is decided again with the device's kept layout (and the refused one excluded):
+//! another switch, or holding it back, never failing an admitted sequence for it.
+
+use std::collections::{BTreeSet, VecDeque};
 
 use super::{InFlight, Sched};
-use crate::adapt::{switch_payload, Adapter, Verdict};
-use crate::executor::StageSpec;
-use crate::wire::{DeviceMemory, FrameKind};
+use crate::adapt::{switch_payload, Action, Adapter, Verdict};
+use crate::wire::{self, DeviceMemory, FrameKind, ToWorker};
 
-/// The adapter and the steps it holds back (id, step, its input).
+/// A step and its input, waiting to enter.
+type Waiting = (u64, InFlight, Vec<u8>);
+
+/// The adapter and the steps it holds back.
 pub(super) struct AdaptState {
     pub(super) adapter: Adapter,
-    pub(super) held_back: Vec<(u64, InFlight, Vec<u8>)>,
+    /// steps held until sequences are released or steps finish
+    pub(super) held_back: Vec<Waiting>,
+    /// devices sent a switch that have not answered yet
+    pending: BTreeSet<usize>,
+    /// steps waiting for those answers, in order; the first was admitted by the adapter
+    /// when `admitted` is its id
+    waiting: VecDeque<Waiting>,
+    admitted: Option<u64>,
+    /// a switch was refused since the waiting step was admitted
+    refused: bool,
+    /// lent KV asked back and not yet here: (lender, stage) → when asked
+    pub(super) fetch_at: std::collections::BTreeMap<(usize, u16), std::time::Instant>,
+}
+
+impl AdaptState {
+    pub(super) fn new(adapter: Adapter) -> AdaptState {
+        AdaptState {
+            adapter,
+            held_back: Vec::new(),
+            pending: BTreeSet::new(),
+            waiting: VecDeque::new(),
+            admitted: None,
+            refused: false,
+            fetch_at: Default::default(),
+        }
+    }
 }
 
 impl Sched {
     /// A new step: through the adapter when there is one, then into the pipeline.
     pub(super) fn enter(&mut self, step: u64, f: InFlight, data: Vec<u8>) {
-        let verdict = match self.adapt.as_mut() {
-            None => Verdict::Go(Vec::new()),
-            Some(a) => a.adapter.before_step(&f.batch),
+        let others = !self.inflight.is_empty();
+        let Some(a) = self.adapt.as_mut() else {
+            self.inflight.insert(step, f);
+            self.admit(step, data);
+            return;
         };
-        match verdict {
-            Verdict::Go(sw) => {
-                self.send_switches(sw);
+        if !a.pending.is_empty() {
+            a.waiting.push_back((step, f, data));
+            return;
+        }
+        match a.adapter.before_step(&f.batch, others) {
+            Verdict::Go(sw) if sw.is_empty() => {
                 self.inflight.insert(step, f);
                 self.admit(step, data);
             }
-            Verdict::Hold(sw) => {
+            Verdict::Go(sw) => {
+                a.admitted = Some(step);
+                a.refused = false;
+                a.waiting.push_front((step, f, data));
                 self.send_switches(sw);
-                if let Some(a) = self.adapt.as_mut() {
-                    a.held_back.push((step, f, data));
+            }
+            Verdict::Hold(sw) => {
+                a.held_back.push((step, f, data));
+                self.send_switches(sw);
+            }
+        }
+    }
+
+    /// Sends the adapter's actions; those answered (switches, reservations) hold the steps
+    /// behind them until the answer.
+    fn send_switches(&mut self, actions: Vec<Action>) {
+        for act in actions {
+            let (d, p, answered) = match act {
+                Action::Switch(d, stages) => (d, switch_payload(stages), true),
+                Action::Borrow {
+                    peer,
+                    lender,
+                    bytes,
+                    ..
+                } => {
+                    let msg = ToWorker::Borrow {
+                        lender: lender as u16,
+                        bytes,
+                    };
+                    (peer, wire::control_payload(&msg).ok(), true)
+                }
+                Action::Lend { device, tokens } => {
+                    let msg = ToWorker::Lend { tokens };
+                    (device, wire::control_payload(&msg).ok(), false)
+                }
+            };
+            let Some(p) = p else {
+                continue;
+            };
+            if self.alive.get(d).is_some_and(|a| a.is_none()) {
+                if answered {
+                    if let Some(a) = self.adapt.as_mut() {
+                        a.pending.insert(d);
+                    }
+                }
+                if self.writers[d].send((FrameKind::Control, p)).is_err() {
+                    self.mark_gone(d, "its connection closed".into());
                 }
             }
         }
     }
 
-    fn send_switches(&mut self, sw: Vec<(usize, Vec<StageSpec>)>) {
-        for (d, stages) in sw {
-            let Some(p) = switch_payload(stages) else {
-                continue;
-            };
-            if self.alive.get(d).is_some_and(|a| a.is_none())
-                && self.writers[d].send((FrameKind::Control, p)).is_err()
-            {
-                self.mark_gone(d, "its connection closed".into());
+    /// A peer answered a reservation for `lender`'s KV: the lender is told to lend (ahead
+    /// of the next step on its connection), or the step is decided again.
+    pub(super) fn adapt_borrowed(&mut self, d: usize, lender: u16, ok: bool) {
+        let Some(a) = self.adapt.as_mut() else {
+            return;
+        };
+        if a.adapter.lend_peer(lender as usize) != Some(d) {
+            self.mark_gone(
+                d,
+                format!("answered a reservation for device {lender} it was not asked"),
+            );
+            return;
+        }
+        let act = a.adapter.on_borrowed(lender as usize, ok);
+        a.pending.remove(&d);
+        if !ok {
+            a.refused = true;
+        }
+        if let Some(act) = act {
+            self.send_switches(vec![act]);
+        }
+        self.adapt_resume();
+    }
+
+    /// Once every switch is answered: the step that needed them enters (or, after a
+    /// refusal, is decided again), then the steps behind it.
+    fn adapt_resume(&mut self) {
+        let Some(a) = self.adapt.as_mut() else {
+            return;
+        };
+        if !a.pending.is_empty() {
+            return;
+        }
+        let mut waiting = std::mem::take(&mut a.waiting);
+        if let Some(id) = a.admitted.take() {
+            if let Some((step, f, data)) = waiting.pop_front().filter(|w| w.0 == id) {
+                if a.refused {
+                    a.adapter.undo_step();
+                    self.enter(step, f, data);
+                } else {
+                    self.inflight.insert(step, f);
+                    self.admit(step, data);
+                }
             }
+        }
+        for (step, f, data) in waiting {
+            self.enter(step, f, data);
         }
     }
 
@@ -55,8 +174,19 @@ impl Sched {
             return;
         };
         a.adapter.release(seqs);
-        let waiting = std::mem::take(&mut a.held_back);
-        for (step, f, data) in waiting {
+        self.adapt_retry();
+    }
+
+    /// Held-back steps try again (a sequence was released, or a step finished).
+    pub(super) fn adapt_retry(&mut self) {
+        let Some(a) = self.adapt.as_mut() else {
+            return;
+        };
+        if a.held_back.is_empty() {
+            return;
+        }
+        let held = std::mem::take(&mut a.held_back);
+        for (step, f, data) in held {
             self.enter(step, f, data);
         }
     }
@@ -65,6 +195,39 @@ impl Sched {
     pub(super) fn adapt_switched(&mut self, d: usize, memory: DeviceMemory) {
         if let Some(a) = self.adapt.as_mut() {
             a.adapter.on_switched(d, memory);
+            a.pending.remove(&d);
+        }
+        self.adapt_resume();
+    }
+
+    /// A worker refused a switch: it kept its layout.
+    pub(super) fn adapt_refused(&mut self, d: usize, memory: DeviceMemory, message: &str) {
+        if let Some(a) = self.adapt.as_mut() {
+            a.adapter.on_refused(d, memory, message);
+            a.pending.remove(&d);
+            a.refused = true;
+        }
+        self.adapt_resume();
+    }
+
+    /// A device is gone: its switches will not be answered (the steps waiting fail with
+    /// the pipeline's error when they enter).
+    pub(super) fn adapt_gone(&mut self, d: usize) {
+        if let Some(a) = self.adapt.as_mut() {
+            a.pending.remove(&d);
+        }
+    }
+
+    /// Steps waiting in the adapter, failed with `e` (the pipeline is broken).
+    pub(super) fn adapt_fail_waiting(&mut self, e: impl Fn() -> super::ClusterError) {
+        let Some(a) = self.adapt.as_mut() else {
+            return;
+        };
+        let mut all: Vec<Waiting> = a.waiting.drain(..).collect();
+        all.append(&mut a.held_back);
+        a.admitted = None;
+        for (_, f, _) in all {
+            let _ = f.reply.send(Err(e()));
         }
     }
 }

@@ -1,0 +1,53 @@
+//! What the adaptation tests share: budgets of a fixed plan and workers in this process.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use loip_model::slice::{Manifest, SliceKind};
+use loip_runtime::executor::working_bytes;
+use loip_runtime::worker::{run_blocking, WorkerOptions};
+
+/// Most tokens in one step of these tests.
+pub const MAX_STEP: usize = 16;
+/// Context of these tests.  // tokens
+pub const CONTEXT: usize = 256;
+
+/// Bytes of one slice.
+pub fn size(m: &Manifest, k: SliceKind) -> u64 {
+    m.slice(k).map(|s| s.size).unwrap_or(0)
+}
+
+/// Resident bytes of plan device `i` with everything resident, plus its working buffers.
+pub fn full_fixed(m: &Manifest, plan: &loip_plan::Plan, i: usize) -> u64 {
+    let d = &plan.devices[i];
+    let mut b = working_bytes(m, MAX_STEP, 1, CONTEXT);
+    if d.holds_embedding || (d.holds_head && m.config.tie_word_embeddings) {
+        b += size(m, SliceKind::Embed);
+    }
+    if d.holds_head {
+        b += size(m, SliceKind::Head);
+    }
+    for s in &d.stages {
+        for l in &s.layers {
+            b += size(m, SliceKind::Attn(l.layer as usize))
+                + size(m, SliceKind::Mlp(l.layer as usize));
+        }
+    }
+    b
+}
+
+/// Starts a worker in this process (its own runtime on a thread); its address.
+pub fn in_process_worker(name: &str, mem: u64, store: std::path::PathBuf, refuse: u32) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut o = WorkerOptions::new("127.0.0.1:0", mem, store);
+    o.name = Some(name.to_string());
+    o.refuse_switches = refuse;
+    std::thread::spawn(move || {
+        let _ = run_blocking(o, |a| {
+            let _ = tx.send(a);
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap()
+        .to_string()
+}
