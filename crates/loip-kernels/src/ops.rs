@@ -5,7 +5,8 @@
 //! - [`rmsnorm`], [`silu_mul`], [`rope_half`]: element-wise f32 kernels.
 //! - [`attention`] / [`attention_ref`]: one query token over a KV cache;
 //!   [`attention_causal`]: the tokens of a prompt chunk, each over its causal prefix.
-//! - [`simd_level`] / [`set_force_scalar`] / [`set_per_row_batches`]: which SIMD path runs.
+//! - [`simd_level`] / [`set_force_scalar`] / [`set_per_row_batches`] / [`set_lane_tiles`]:
+//!   which SIMD path runs.
 //! - [`on_pool`]: run a whole step on the thread pool (one hand-off, not one per matmul).
 //!
 //! Every optimized kernel follows the canonical order of operations of `canon` (see the crate
@@ -15,7 +16,7 @@
 pub use crate::attention::{attention, attention_causal, attention_ref};
 pub use crate::elementwise::{rmsnorm, rope_half, silu_mul};
 pub use crate::matmul::{dequant_row, matmul, matmul_many, matmul_ref};
-pub use crate::simd::{set_force_scalar, set_per_row_batches, simd_level};
+pub use crate::simd::{set_force_scalar, set_lane_tiles, set_per_row_batches, simd_level};
 
 /// Runs `f` on a thread of the current rayon pool: the caller's own thread when it already is
 /// one, else one hand-off to the pool for all of `f`.

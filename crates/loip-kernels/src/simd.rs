@@ -41,6 +41,8 @@ static DETECTED: OnceLock<Level> = OnceLock::new();
 static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
 static PER_ROW_BATCHES: AtomicBool = AtomicBool::new(false);
 static PER_ROW_ENV: OnceLock<bool> = OnceLock::new();
+static LANE_TILES: AtomicBool = AtomicBool::new(false);
+static LANE_ENV: OnceLock<bool> = OnceLock::new();
 
 /// The best level this CPU supports (detected once), lowered by the `LOIP_SIMD` environment
 /// variable (`avx2` or `scalar`) when set, for benchmarks and end-to-end tests of the other paths.
@@ -123,4 +125,23 @@ pub fn set_per_row_batches(per_row: bool) {
 pub(crate) fn per_row_batches() -> bool {
     PER_ROW_BATCHES.load(Ordering::Relaxed)
         || *PER_ROW_ENV.get_or_init(|| std::env::var("LOIP_BATCHES").is_ok_and(|v| v == "per-row"))
+}
+
+/// Makes AVX2 matmuls of 16 tokens or more use the token-lane tiles (`x86::gemm::lanes`: 8
+/// tokens per register, 6 rows × 16 tokens per tile) for whole groups of 16 tokens (`false`
+/// restores the column-lane tiles, unless the environment variable `LOIP_GEMM=lanes` asks for
+/// them in the whole process, for end-to-end A/B runs). Off by default until measured faster
+/// on an idle machine. Results are bit-identical either way; only speed changes.
+pub fn set_lane_tiles(on: bool) {
+    LANE_TILES.store(on, Ordering::Relaxed);
+}
+
+/// Whether the token-lane tiles are on ([`set_lane_tiles`] or `LOIP_GEMM=lanes`).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
+pub(crate) fn lane_tiles() -> bool {
+    LANE_TILES.load(Ordering::Relaxed)
+        || *LANE_ENV.get_or_init(|| std::env::var("LOIP_GEMM").is_ok_and(|v| v == "lanes"))
 }

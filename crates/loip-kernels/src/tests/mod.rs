@@ -428,27 +428,31 @@ fn tiled_kernel_bit_identical() {
             let rows = 11;
             let data = random_matrix(dtype, rows, cols, &mut rng);
             let rb = dtype.row_bytes(cols).expect("blocks");
-            for n in [2, 3, 4, 5, 6, 7, 8, 9, 17] {
+            for n in [2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 18, 33, 50] {
                 let x = random_f32(n * cols, &mut rng);
                 let mut want = vec![0f32; rows * n];
                 for (r, o) in want.chunks_exact_mut(n).enumerate() {
                     let row = &data[r * rb..(r + 1) * rb];
                     crate::dequant::row_dots_scalar(dtype, row, cols, &x, o);
                 }
-                for wide in [false, true] {
+                // the token-lane tiles (16 tokens and more) and the column-lane ones; other
+                // tests running meanwhile see either, with the same bits
+                for (wide, lanes) in [(false, false), (false, true), (true, false)] {
                     if wide && !supported(Level::Avx512) {
                         continue;
                     }
+                    crate::simd::set_lane_tiles(lanes);
                     let mut got = vec![f32::NAN; rows * n];
                     // SAFETY: AVX2 (and AVX-512 if wide) is supported; lengths as documented
                     unsafe {
                         let out = crate::x86::gemm::Out::row_major(&mut got, n);
                         crate::x86::gemm::rows(wide, dtype, &data, cols, &x, n, rows, out)
                     };
+                    crate::simd::set_lane_tiles(false);
                     assert_eq!(
                         bits(&got),
                         bits(&want),
-                        "{dtype} {rows}x{cols} n={n} wide={wide}"
+                        "{dtype} {rows}x{cols} n={n} wide={wide} lanes={lanes}"
                     );
                 }
             }

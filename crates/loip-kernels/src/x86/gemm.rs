@@ -39,6 +39,8 @@ use crate::dtype::DType;
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
+mod lanes;
+
 /// f32 bytes of one dequantized panel of rows for long batches (about a quarter of a small
 /// L2). Batches of at most [`SHORT_BATCH`] tokens dequantize one tile of rows at a time
 /// instead, into L1 (the panel's stores to L2 were their bottleneck).
@@ -52,6 +54,8 @@ const KB: usize = 1024;
 thread_local! {
     /// The dequantized panel of this thread, reused across calls (f32, `rows × cols`).
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The token-lane tiles' transposed tokens of this thread (f32), reused.
+    static LANES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A vector register holding one slot of the canonical dot state.
@@ -216,7 +220,7 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
 }
 
 /// One panel's job: `pr` dequantized rows `w` (`pr × cols` f32, rows `row0 ..` of `out`)
-/// against all `n` tokens of `x` (`n × cols`).
+/// against the tokens `t_start .. n` of `x` (`n × cols`).
 #[derive(Clone, Copy)]
 struct Job<'a> {
     w: &'a [f32],
@@ -224,12 +228,13 @@ struct Job<'a> {
     cols: usize,
     x: &'a [f32],
     n: usize,
+    t_start: usize,
     out: Out,
     row0: usize,
 }
 
-/// All tokens against the panel: blocks of `T` tokens, the last block narrower (`R` rows
-/// per tile throughout).
+/// The job's tokens against the panel: blocks of `T` tokens, the last block narrower (`R`
+/// rows per tile throughout).
 #[inline(always)]
 unsafe fn panel<V: Slot, const R: usize, const T: usize>(job: Job<'_>) {
     let Job {
@@ -238,11 +243,12 @@ unsafe fn panel<V: Slot, const R: usize, const T: usize>(job: Job<'_>) {
         cols,
         x,
         n,
+        t_start,
         out,
         row0,
     } = job;
     let (w, x) = (w.as_ptr(), x.as_ptr());
-    let mut t0 = 0;
+    let mut t0 = t_start;
     while t0 + T <= n {
         tokens::<V, R, T>(w, pr, cols, x, t0, out, row0);
         t0 += T;
@@ -261,7 +267,8 @@ unsafe fn panel<V: Slot, const R: usize, const T: usize>(job: Job<'_>) {
 }
 
 /// A panel kernel for one level (`$name`, with `$feat` enabled) and its tile shapes: for `n`
-/// tokens matching `$n`, tiles of `$r` rows × `$t` tokens; `$rows` returns that `$r`.
+/// tokens matching `$n` (the job's, from `t_start`), tiles of `$r` rows × `$t` tokens; `$rows`
+/// returns that `$r`.
 macro_rules! panel_level {
     ($name:ident, $rows:ident, $feat:literal, $v:ty, $($n:pat => ($r:literal, $t:literal)),+) => {
         /// Rows per tile of [`
@@ -275,7 +282,7 @@ macro_rules! panel_level {
 
         #[target_feature(enable = $feat)]
         unsafe fn $name(job: Job<'_>) {
-            match job.n {
+            match job.n - job.t_start {
                 $($n => panel::<$v, $r, $t>(job)),+
             }
         }
@@ -383,7 +390,20 @@ pub(crate) unsafe fn rows(
     if rows == 0 {
         return;
     }
-    let tr = tile_rows(wide, n);
+    // groups of 16 tokens take the token-lane tiles (AVX2, rows of whole 16-element groups),
+    // the remaining tokens the column-lane tiles
+    let groups = if !wide && cols % 16 == 0 && crate::simd::lane_tiles() {
+        n / lanes::GROUP
+    } else {
+        0
+    };
+    let rest = n - groups * lanes::GROUP;
+    let tr = match (groups, rest) {
+        (0, _) => tile_rows(wide, n),
+        (_, 0) => lanes::ROWS,
+        // a multiple of both row tiles (2, 3 or 4 rows for the rest)
+        (_, r) => lanes::ROWS * tile_rows(wide, r) / gcd(lanes::ROWS, tile_rows(wide, r)),
+    };
     let per_panel = if n <= SHORT_BATCH {
         tr
     } else {
@@ -397,34 +417,60 @@ pub(crate) unsafe fn rows(
             buf.resize(per_panel * cols + 15, 0.0);
         }
         let off = buf.as_ptr().align_offset(64).min(15);
-        let mut p0 = 0;
-        while p0 < rows {
-            let pr = per_panel.min(rows - p0);
-            let wb = &mut buf[off..off + pr * cols];
-            let bytes = &data[p0 * rb..(p0 + pr) * rb];
-            // the next panel's weights, while this one computes (a hint; may point past the
-            // end, never faults): small panels stream from L3 or memory like decode's rows
-            super::prefetch(data.as_ptr().wrapping_add((p0 + pr) * rb), pr * rb);
-            if !super::avx2::dequant_rows(dtype, bytes, cols, wb) {
-                for (o, b) in wb.chunks_exact_mut(cols).zip(bytes.chunks_exact(rb)) {
-                    dequant_into(dtype, b, o);
+        LANES.with(|lb| {
+            let mut lb = lb.borrow_mut();
+            let xt = &mut *lb;
+            if groups > 0 {
+                let gl = lanes::group_len(cols);
+                if xt.len() < groups * gl {
+                    xt.resize(groups * gl, 0.0);
                 }
+                lanes::transpose_tokens(x, groups, cols, xt);
             }
-            let job = Job {
-                w: wb,
-                pr,
-                cols,
-                x,
-                n,
-                out,
-                row0: p0,
-            };
-            if wide {
-                panel_avx512(job);
-            } else {
-                panel_avx2(job);
+            let mut p0 = 0;
+            while p0 < rows {
+                let pr = per_panel.min(rows - p0);
+                let wb = &mut buf[off..off + pr * cols];
+                let bytes = &data[p0 * rb..(p0 + pr) * rb];
+                // the next panel's weights, while this one computes (a hint; may point past
+                // the end, never faults): small panels stream from L3 or memory like decode's
+                super::prefetch(data.as_ptr().wrapping_add((p0 + pr) * rb), pr * rb);
+                if !super::avx2::dequant_rows(dtype, bytes, cols, wb) {
+                    for (o, b) in wb.chunks_exact_mut(cols).zip(bytes.chunks_exact(rb)) {
+                        dequant_into(dtype, b, o);
+                    }
+                }
+                if groups > 0 {
+                    lanes::panel(wb, pr, cols, xt, groups, out, p0);
+                }
+                if rest > 0 {
+                    let job = Job {
+                        w: wb,
+                        pr,
+                        cols,
+                        x,
+                        n,
+                        t_start: n - rest,
+                        out,
+                        row0: p0,
+                    };
+                    if wide {
+                        panel_avx512(job);
+                    } else {
+                        panel_avx2(job);
+                    }
+                }
+                p0 += pr;
             }
-            p0 += pr;
-        }
+        });
     });
+}
+
+/// Greatest common divisor.
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
