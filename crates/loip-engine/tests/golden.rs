@@ -202,6 +202,16 @@ fn converted_gguf_of_each_family_gives_the_hf_logits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Positions before `w` give the same logits as `full` (a window of `w` still sees all of
+/// them), every later one differs.
+fn assert_first_equal_then_differ(windowed: &[f32], full: &[f32], vocab: usize, w: usize) {
+    assert_eq!(windowed[..w * vocab], full[..w * vocab]);
+    for p in w..full.len() / vocab {
+        let row = p * vocab..(p + 1) * vocab;
+        assert_ne!(windowed[row.clone()], full[row], "{p}");
+    }
+}
+
 #[test]
 fn mistral_sliding_window_is_honoured() {
     let ck = Checkpoint::open(&fixture("tiny-mistral")).unwrap();
@@ -226,17 +236,225 @@ fn mistral_sliding_window_is_honoured() {
     assert_eq!(with_window(n), full);
     // A window of 4: the first 4 positions see everything anyway; later ones differ.
     let w4 = with_window(4);
-    assert_eq!(w4[..4 * vocab], full[..4 * vocab]);
-    for p in 4..n {
-        assert_ne!(
-            w4[p * vocab..(p + 1) * vocab],
-            full[p * vocab..(p + 1) * vocab],
-            "{p}"
-        );
-    }
+    assert_first_equal_then_differ(&w4, &full, vocab, 4);
     // A config that sets it is read.
     let text = std::fs::read_to_string(fixture("tiny-mistral").join("config.json")).unwrap();
     let text = text.replace("\"sliding_window\": null", "\"sliding_window\": 4");
     let cfg = loip_model::ModelConfig::from_hf_json(&text).unwrap();
     assert_eq!(cfg.sliding_window, Some(4));
+}
+
+/// With a window of `w` on the only layer, position `p` attends to positions `p - w + 1 ..= p`:
+/// its logits are those of full attention over those `w` tokens alone, run from position 0
+/// (RoPE scores depend only on the query and key positions' difference, up to rounding). An
+/// independent reference for the window, whatever the family.
+fn assert_window_is_last_tokens(ck: &Checkpoint, input: &[u32], w: usize) {
+    let vocab = ck.config.vocab_size;
+    let mut one = ck.config.clone();
+    one.num_layers = 1;
+    (one.sliding_window, one.sliding_layers) = (None, Vec::new());
+    one.validate().unwrap();
+    let full = Model::bind(ck, &one, ck.qk_permuted).unwrap();
+    one.sliding_window = Some(w);
+    one.validate().unwrap();
+    let windowed = Model::bind(ck, &one, ck.qk_permuted)
+        .unwrap()
+        .prompt_logits(input)
+        .unwrap();
+    for p in 0..input.len() {
+        let tail = &input[(p + 1).saturating_sub(w)..=p];
+        let reference = full.prompt_logits(tail).unwrap();
+        let want = &reference[(tail.len() - 1) * vocab..];
+        let got = &windowed[p * vocab..(p + 1) * vocab];
+        let worst = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= 1e-4, "{}: position {p}: {worst}", ck.config.arch);
+    }
+}
+
+#[test]
+fn windows_attend_to_the_last_tokens_only() {
+    for name in ["tiny-qwen2", "tiny-mistral", "tiny-qwen3"] {
+        let ck = Checkpoint::open(&fixture(name)).unwrap();
+        let input = ids(&expected(name)["input_ids"]);
+        assert_window_is_last_tokens(&ck, &input, 4);
+    }
+}
+
+#[test]
+fn qwen_sliding_window_is_honoured() {
+    let ck = Checkpoint::open(&fixture("tiny-qwen2")).unwrap();
+    assert_eq!(ck.config.sliding_window, None);
+    let input = ids(&expected("tiny-qwen2")["input_ids"]);
+    let vocab = ck.config.vocab_size;
+    let text = std::fs::read_to_string(fixture("tiny-qwen2").join("config.json")).unwrap();
+    let read = |use_window: bool, types: &str| {
+        let t = text
+            .replace("\"sliding_window\": null", "\"sliding_window\": 4")
+            .replace(
+                "\"use_sliding_window\": false",
+                &format!("\"use_sliding_window\": {use_window}"),
+            );
+        let full = r#""full_attention",
+    "full_attention",
+    "full_attention",
+    "full_attention""#;
+        let cfg = loip_model::ModelConfig::from_hf_json(&t.replace(full, types)).unwrap();
+        cfg.validate().unwrap();
+        cfg
+    };
+    let logits = |cfg: &loip_model::ModelConfig| {
+        Model::bind(&ck, cfg, false)
+            .unwrap()
+            .prompt_logits(&input)
+            .unwrap()
+    };
+    let full = Model::from_checkpoint(&ck)
+        .unwrap()
+        .prompt_logits(&input)
+        .unwrap();
+    let half = r#""full_attention", "full_attention", "sliding_attention", "sliding_attention""#;
+    // As HF reads it: `sliding_window` counts only with `use_sliding_window`.
+    let off = read(false, half);
+    assert_eq!((off.sliding_window, off.sliding_layers.len()), (None, 0));
+    assert_eq!(logits(&off), full);
+    // Layers 2 and 3 slide (window 4), 0 and 1 attend to everything.
+    let on = read(true, half);
+    let windows: Vec<_> = (0..4).map(|l| on.layer_window(l)).collect();
+    assert_eq!(windows, [None, None, Some(4), Some(4)]);
+    let w4 = logits(&on);
+    assert_first_equal_then_differ(&w4, &full, vocab, 4);
+    // Without layer types, the window starts at `max_window_layers` (28 here: no layer).
+    let t = text
+        .replace("\"sliding_window\": null", "\"sliding_window\": 4")
+        .replace(
+            "\"use_sliding_window\": false",
+            "\"use_sliding_window\": true",
+        );
+    let start = t.find("\"layer_types\"").unwrap();
+    let end = start + t[start..].find(']').unwrap() + 2;
+    let untyped = format!("{}{}", &t[..start], &t[end..]);
+    let cfg = loip_model::ModelConfig::from_hf_json(&untyped).unwrap();
+    assert_eq!(cfg.sliding_window, None);
+    let cfg = loip_model::ModelConfig::from_hf_json(
+        &untyped.replace("\"max_window_layers\": 28", "\"max_window_layers\": 2"),
+    )
+    .unwrap();
+    assert_eq!(cfg.layer_window(1), None);
+    assert_eq!(cfg.layer_window(2), Some(4));
+    assert_eq!(logits(&cfg), w4);
+}
+
+/// Writes `tensors` (name, F32 shape, bytes) as one safetensors file.
+fn write_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
+    let mut header = serde_json::Map::new();
+    let mut at = 0usize;
+    for (name, shape, data) in tensors {
+        let entry = serde_json::json!({
+            "dtype": "F32", "shape": shape, "data_offsets": [at, at + data.len()],
+        });
+        header.insert(name.clone(), entry);
+        at += data.len();
+    }
+    let mut head = Value::Object(header).to_string().into_bytes();
+    head.resize(head.len().next_multiple_of(8), b' ');
+    let mut out = (head.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&head);
+    for (_, _, data) in tensors {
+        out.extend_from_slice(data);
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+/// A multimodal Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`: the text model under
+/// `language_model.*` or `model.language_model.*`, a vision tower beside it, the text config
+/// inside `text_config`) runs its text model: the tiny-gemma3 fixture so wrapped gives its
+/// logits bit for bit, and so does a GGUF `gemma3` file that carries vision tensors.
+#[test]
+fn multimodal_gemma3_runs_its_text_model() {
+    let name = "tiny-gemma3";
+    let hf = Checkpoint::open(&fixture(name)).unwrap();
+    let input = ids(&expected(name)["input_ids"]);
+    let want = Model::from_checkpoint(&hf)
+        .unwrap()
+        .prompt_logits(&input)
+        .unwrap();
+    let text_config: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap())
+            .unwrap();
+    let dir = std::env::temp_dir().join(format!("loip-golden-mm-{}", std::process::id()));
+    for (prefix, vision) in [
+        (
+            "language_model.",
+            "vision_tower.vision_model.post_layernorm.weight",
+        ),
+        (
+            "model.language_model.",
+            "model.vision_tower.vision_model.post_layernorm.weight",
+        ),
+    ] {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = hf
+            .tensors
+            .values()
+            .map(|t| {
+                let stored = match prefix {
+                    "language_model." => format!("{prefix}{}", t.name),
+                    _ => t.name.replacen("model.", prefix, 1),
+                };
+                let bytes = hf.tensor_bytes(&t.name).unwrap().to_vec();
+                (stored, t.shape.clone(), bytes)
+            })
+            .collect();
+        tensors.push((vision.into(), vec![3], vec![0; 12]));
+        tensors.push((
+            "multi_modal_projector.mm_soft_emb_norm.weight".into(),
+            vec![2],
+            vec![0; 8],
+        ));
+        write_safetensors(&dir.join("model.safetensors"), &tensors);
+        let config = serde_json::json!({
+            "architectures": ["Gemma3ForConditionalGeneration"],
+            "model_type": "gemma3",
+            "text_config": text_config,
+            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 3},
+            "mm_tokens_per_image": 256,
+        });
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let mm = Checkpoint::open(&dir).unwrap();
+        assert_eq!(mm.config, hf.config, "{prefix}");
+        assert!(!mm.tensors.keys().any(|k| k.contains("vision")), "{prefix}");
+        let got = Model::from_checkpoint(&mm)
+            .unwrap()
+            .prompt_logits(&input)
+            .unwrap();
+        assert!(got == want, "{prefix}: logits differ");
+    }
+
+    let mut w = GgufWriter::from_checkpoint(&hf).unwrap();
+    w.tensor(
+        "v.blk.0.attn_q.weight",
+        loip_kernels::DType::F32,
+        &[2, 2],
+        vec![0; 16],
+    );
+    w.tensor(
+        "mm.input_projection.weight",
+        loip_kernels::DType::F32,
+        &[2],
+        vec![0; 8],
+    );
+    let path = dir.join("mm.gguf");
+    w.write(&path).unwrap();
+    let gg = Checkpoint::open(&path).unwrap();
+    let got = Model::from_checkpoint(&gg)
+        .unwrap()
+        .prompt_logits(&input)
+        .unwrap();
+    // the converted file gives the HF bits (see converted_gguf_of_each_family_gives_the_hf_logits)
+    assert!(got == want, "GGUF with vision tensors: logits differ");
+    let _ = std::fs::remove_dir_all(&dir);
 }

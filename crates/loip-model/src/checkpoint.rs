@@ -152,9 +152,15 @@ impl Checkpoint {
         let mut tensors = BTreeMap::new();
         // (name, dtype) of tensors whose dtype has no kernel: an error only if the model needs them
         let mut unsupported = Vec::new();
+        let mut vision = 0usize; // tensors of a vision tower, not read
         for (file, path) in files.iter().enumerate() {
             let map = map_file(path)?;
-            for e in read_header(&map, path)? {
+            for mut e in read_header(&map, path)? {
+                if names::is_vision_tensor(&e.name) {
+                    vision += 1;
+                    continue;
+                }
+                e.name = names::text_model_name(&e.name);
                 let dtype = match e.dtype {
                     Ok(d) => d,
                     Err(dtype) => {
@@ -183,6 +189,12 @@ impl Checkpoint {
             }
             maps.push(map);
         }
+        if vision > 0 {
+            tracing::info!(
+                tensors = vision,
+                "ignoring the vision tower (only the text model runs)"
+            );
+        }
         // The counts must fit the files before any name or buffer is sized from them.
         let file_bytes = maps.iter().map(|m| m.len() as u64).sum();
         config.check_fits(file_bytes)?;
@@ -201,6 +213,10 @@ impl Checkpoint {
         }
         if let Some(weight_map) = &weight_map {
             for (name, file) in weight_map {
+                if names::is_vision_tensor(name) {
+                    continue;
+                }
+                let name = &names::text_model_name(name);
                 match tensors.get(name) {
                     Some(info) if files[info.file] == dir.join(file) => {}
                     Some(info) => {
@@ -253,7 +269,22 @@ impl Checkpoint {
             .map(|s| s.name)
             .collect();
         let mut tensors = BTreeMap::new();
-        for t in &gguf.tensors {
+        let vision = gguf
+            .tensors
+            .iter()
+            .filter(|t| names::is_vision_tensor(&t.name))
+            .count();
+        if vision > 0 {
+            tracing::info!(
+                tensors = vision,
+                "ignoring the vision tower (only the text model runs)"
+            );
+        }
+        for t in gguf
+            .tensors
+            .iter()
+            .filter(|t| !names::is_vision_tensor(&t.name))
+        {
             // A tensor the graph does not read (a bias on a `llama` file, ...) would change
             // the computation if llama.cpp uses it: refused rather than ignored.
             let name = gguf_to_hf_name_for(config.arch, &t.name)

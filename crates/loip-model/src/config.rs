@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use crate::error::ModelError;
 
 mod fields;
+mod multimodal;
 use fields::*;
 
 /// The decoder family. All are pre-norm RMSNorm + RoPE + GQA + SwiGLU; Qwen2 adds biases to
@@ -177,7 +178,8 @@ impl ModelConfig {
     /// Parses an HF `config.json` (Llama 2/3, Qwen3).
     ///
     /// * `model_type` (or, without it, `architectures[0]`) picks the [`Arch`]; anything else is
-    ///   [`ModelError::UnknownArch`] naming it.
+    ///   [`ModelError::UnknownArch`] naming it. A multimodal Gemma 3 config (`gemma3`) is read
+    ///   as its text model (`text_config`, see `config/multimodal.rs`).
     /// * `head_dim` defaults to `hidden_size / num_attention_heads`; `num_key_value_heads` to
     ///   `num_attention_heads`.
     /// * `rope_theta` is read at top level or inside `rope_parameters` (transformers ≥ 5),
@@ -192,6 +194,10 @@ impl ModelConfig {
         let obj = root.as_object().ok_or_else(|| {
             ModelError::config("config.json", "the top level is not a JSON object")
         })?;
+        if multimodal::is_multimodal_gemma3(obj) {
+            let text = Value::Object(multimodal::gemma3_text_config(obj)?);
+            return Self::from_hf_json(&text.to_string());
+        }
         let arch = arch_of(obj)?;
         reject_unsupported_features(obj, arch)?;
 
@@ -668,18 +674,6 @@ impl ModelConfig {
     }
 }
 
-/// The error for a multimodal Gemma 3 checkpoint (`model_type` `gemma3`: a vision tower and
-/// a `text_config`), which is not read: its text model loads from a `gemma3_text` checkpoint
-/// or a GGUF `gemma3` file.
-fn multimodal_gemma3() -> ModelError {
-    ModelError::config(
-        "model_type",
-        "gemma3 is the multimodal Gemma 3 (vision tower + text_config), which is not supported: \
-         only its text model runs, from a gemma3_text checkpoint (Gemma3ForCausalLM) or a GGUF \
-         gemma3 file",
-    )
-}
-
 fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
     if let Some(mt) = obj.get("model_type").filter(|v| !v.is_null()) {
         let mt = mt.as_str().ok_or_else(|| {
@@ -691,7 +685,6 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
             "qwen3" => Ok(Arch::Qwen3),
             "qwen2" => Ok(Arch::Qwen2),
             "mistral" => Ok(Arch::Mistral),
-            "gemma3" => Err(multimodal_gemma3()),
             other => Err(ModelError::UnknownArch(other.to_string())),
         };
     }
@@ -712,7 +705,6 @@ fn arch_of(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
         "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
         "MistralForCausalLM" => Ok(Arch::Mistral),
         "Gemma3ForCausalLM" => Ok(Arch::Gemma3),
-        "Gemma3ForConditionalGeneration" => Err(multimodal_gemma3()),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }
 }

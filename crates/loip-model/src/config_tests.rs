@@ -349,15 +349,51 @@ fn qwen_sliding_window_per_layer() {
         .contains("sliding_window"));
 }
 
-/// A multimodal Gemma 3 `config.json` is refused with an error that says what is and is not
-/// supported, by `model_type` or by `architectures[0]`.
+/// A multimodal Gemma 3 `config.json` reads as its text model, by `model_type` or by
+/// `architectures[0]`: `text_config`, the keys it leaves out at `Gemma3TextConfig`'s defaults,
+/// token ids from the outer config. Without a `text_config` it is a clear error.
 #[test]
-fn multimodal_gemma3_is_refused_honestly() {
+fn multimodal_gemma3_reads_its_text_model() {
+    // the shape of a 4B checkpoint's config.json, which omits most text keys
+    let text = r#"{"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+        "eos_token_id": [1, 106], "bos_token_id": 2,
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 2560,
+            "intermediate_size": 10240, "num_hidden_layers": 34, "sliding_window": 1024},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}}"#;
+    let c = ModelConfig::from_hf_json(text).unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.arch, Arch::Gemma3);
+    let dims = (c.hidden_size, c.intermediate_size, c.num_layers);
+    assert_eq!(dims, (2560, 10240, 34));
+    let heads = (c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size);
+    assert_eq!(heads, (8, 4, 256, 262_208));
+    assert_eq!(c.sliding_window, Some(1024));
+    assert_eq!((c.rope_theta, c.rope_local_theta), (1e6, Some(1e4)));
+    assert_eq!(c.query_pre_attn_scalar, Some(256.0));
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.clone()),
+        (Some(2), vec![1, 106])
+    );
+    assert!(c.tie_word_embeddings && c.norm_plus_one && c.qk_norm);
+    assert!(c.is_sliding_layer(0) && !c.is_sliding_layer(5) && c.is_sliding_layer(6));
+
+    let bare = r#"{"architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": {"num_hidden_layers": 2, "eos_token_id": 7}, "eos_token_id": 1}"#;
+    let c = ModelConfig::from_hf_json(bare).unwrap();
+    assert_eq!(
+        (c.arch, c.num_layers, c.hidden_size),
+        (Arch::Gemma3, 2, 2304)
+    );
+    assert_eq!(
+        (c.sliding_window, c.eos_token_ids.clone()),
+        (Some(4096), vec![7])
+    );
+
     for text in [
-        r#"{"model_type": "gemma3", "text_config": {"hidden_size": 640}, "vision_config": {}}"#,
-        r#"{"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {}}"#,
+        r#"{"model_type": "gemma3", "vision_config": {}}"#,
+        r#"{"model_type": "gemma3", "text_config": [1]}"#,
     ] {
         let e = ModelConfig::from_hf_json(text).unwrap_err().to_string();
-        assert!(e.contains("multimodal") && e.contains("gemma3_text"), "{e}");
+        assert!(e.contains("text_config"), "{e}");
     }
 }

@@ -178,6 +178,43 @@ pub fn model_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
     v
 }
 
+/// Where a multimodal Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`) keeps its text
+/// model: `language_model.model.*` and `language_model.lm_head.*` (transformers before 4.52),
+/// or `model.language_model.*` (later); the canonical names drop the prefix.
+const TEXT_MODEL_PREFIXES: [(&str, &str); 3] = [
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+];
+
+/// Tensors of a vision tower or its projector: safetensors (`vision_tower.*`,
+/// `multi_modal_projector.*`, under `model.` in later transformers) and GGUF (`v.*`, `mm.*`).
+const VISION_PREFIXES: [&str; 6] = [
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+    "v.",
+    "mm.",
+];
+
+/// Whether a stored tensor belongs to a vision tower or its projector (never read: only the
+/// text model runs).
+pub fn is_vision_tensor(name: &str) -> bool {
+    VISION_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The canonical name of a stored safetensors tensor: a multimodal checkpoint's text-model
+/// tensors lose their prefix ([`TEXT_MODEL_PREFIXES`]); other names are kept as stored.
+pub fn text_model_name(name: &str) -> String {
+    for (stored, canonical) in TEXT_MODEL_PREFIXES {
+        if let Some(rest) = name.strip_prefix(stored) {
+            return format!("{canonical}{rest}");
+        }
+    }
+    name.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +231,28 @@ mod tests {
             parse_layer_tensor_name("model.layers.99999999999999999999999.x"),
             None
         );
+    }
+
+    #[test]
+    fn multimodal_text_names_map_to_canonical_ones() {
+        for (stored, canonical) in [
+            (
+                "language_model.model.layers.3.mlp.up_proj.weight",
+                "model.layers.3.mlp.up_proj.weight",
+            ),
+            ("language_model.lm_head.weight", LM_HEAD),
+            ("model.language_model.embed_tokens.weight", EMBED_TOKENS),
+            ("model.norm.weight", FINAL_NORM),
+        ] {
+            assert_eq!(text_model_name(stored), canonical);
+        }
+        assert!(is_vision_tensor(
+            "vision_tower.vision_model.post_layernorm.weight"
+        ));
+        assert!(is_vision_tensor(
+            "model.multi_modal_projector.mm_input_projection_weight"
+        ));
+        assert!(is_vision_tensor("v.blk.0.attn_q.weight"));
+        assert!(!is_vision_tensor(EMBED_TOKENS) && !is_vision_tensor("blk.0.attn_v.weight"));
     }
 }

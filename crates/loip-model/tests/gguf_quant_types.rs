@@ -3,6 +3,8 @@
 //! multiply as the kernels' scalar reference does.
 
 mod common;
+#[path = "../../loip-kernels/tests/common/mod.rs"]
+mod kernels_common;
 
 use common::TempDir;
 use loip_kernels::{matmul, matmul_ref, DType};
@@ -21,29 +23,6 @@ const TYPES: [DType; 7] = [
     DType::Q5_0,
     DType::Q5_1,
 ];
-
-/// Byte offsets of the f16 scale fields in a block of `dtype` (set to finite values).
-fn scale_fields(dtype: DType) -> &'static [usize] {
-    match dtype {
-        DType::Q5_0 | DType::IQ4NL | DType::IQ4XS => &[0],
-        DType::Q5_1 | DType::Q5K => &[0, 2],
-        DType::Q2K => &[80, 82],
-        DType::Q3K => &[108],
-        other => panic!("{other}"),
-    }
-}
-
-fn random_blocks(dtype: DType, elems: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
-    let mut data = vec![0u8; elems / dtype.block_elems() * dtype.block_bytes()];
-    rng.fill(&mut data[..]);
-    for b in data.chunks_exact_mut(dtype.block_bytes()) {
-        for &at in scale_fields(dtype) {
-            let v = half::f16::from_f32(rng.gen_range(-0.05f32..0.05));
-            b[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
-        }
-    }
-    data
-}
 
 #[test]
 fn extra_types_load_and_multiply() {
@@ -69,7 +48,7 @@ fn extra_types_load_and_multiply() {
             let gname = loip_model::gguf::hf_to_gguf_name(&spec.name).unwrap();
             let (ty, data) = match spec.shape[..] {
                 [n] => (DType::F32, vec![0u8; 4 * n]),
-                [r, c] => (dtype, random_blocks(dtype, r * c, &mut rng)),
+                [r, c] => (dtype, kernels_common::random_matrix(dtype, r, c, &mut rng)),
                 _ => unreachable!(),
             };
             w.tensor(gname, ty, &spec.shape, data.clone());

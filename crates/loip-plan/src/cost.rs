@@ -290,7 +290,7 @@ pub fn device_memory(
         } else {
             0
         }
-        + context * layers * shape.kv_bytes_per_token
+        + shape.kv_bytes(layers, context)
         + shape.working_bytes(micro_batches)
 }
 
@@ -313,7 +313,7 @@ pub fn stage_memory(
     s * n * shape.layer_bytes() - (s - 1) * off
         + if embed { shape.embed_bytes } else { 0 }
         + if head { shape.head_bytes_on(embed) } else { 0 }
-        + context * s * n * shape.kv_bytes_per_token
+        + shape.kv_bytes(s * n, context)
         + shape.working_bytes(micro_batches)
 }
 
@@ -586,7 +586,7 @@ pub fn evaluate_batched(
                 plan.context,
                 b.saturating_mul(q),
             );
-            let kv = plan.context * layers * shape.kv_bytes_per_token;
+            let kv = shape.kv_bytes(layers, plan.context);
             DeviceCost {
                 name: d.name.clone(),
                 memory_bytes: mem,

@@ -57,6 +57,15 @@ pub struct ModelShape {
     /// [`ModelShape::working_bytes`].  // tokens
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_tokens: Option<u64>,
+    /// Attention window of the sliding-window layers (Gemma 3, Mistral, Qwen with
+    /// `use_sliding_window`), or `None` when every layer attends to the whole context. See
+    /// [`ModelShape::kv_bytes`] for what it does to the KV cache.  // tokens
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u64>,
+    /// Per layer, whether it attends within [`ModelShape::sliding_window`]; empty with a window:
+    /// every layer does (Mistral).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sliding_layers: Vec<bool>,
 }
 
 /// Fixed scratch every device reserves on top of its step's buffers: the attention scores of
@@ -109,7 +118,37 @@ impl ModelShape {
             head_bytes: bytes(hidden + vocab * hidden),
             return_bytes: None,
             step_tokens: None,
+            sliding_window: None,
+            sliding_layers: Vec::new(),
         }
+    }
+
+    /// The same shape with sliding-window layers: `window` tokens, on the layers flagged in
+    /// `layers` (empty: on every layer).
+    pub fn with_sliding_window(mut self, window: Option<u64>, layers: Vec<bool>) -> ModelShape {
+        self.sliding_layers = if window.is_some() { layers } else { Vec::new() };
+        self.sliding_window = window;
+        self
+    }
+
+    /// The attention window of layer `layer`, tokens (`None`: the whole context).
+    pub fn layer_window(&self, layer: u32) -> Option<u64> {
+        match self.sliding_layers.get(layer as usize) {
+            Some(false) => None,
+            _ => self.sliding_window,
+        }
+    }
+
+    /// KV cache bytes of `layers` layers holding `context` positions of one sequence: the one
+    /// place every planner, cost and simulator KV size comes from.  // bytes
+    ///
+    /// A sliding-window layer is counted like any other, at the whole context: it attends to
+    /// its last [`ModelShape::sliding_window`] positions only, but the engine's cache
+    /// (`loip_engine::kv`) keeps every position of every layer, so counting a sliding layer
+    /// at its window would reserve less than a device holds. (When the cache drops positions
+    /// that left every window, this is where the count stops growing at the window.)
+    pub fn kv_bytes(&self, layers: u64, context: u64) -> u64 {
+        context * layers * self.kv_bytes_per_token
     }
 
     /// Bytes of the token's return trip `r` (last device → first device, once per generated

@@ -22,6 +22,7 @@ fn base(name: &str, c: &ModelConfig, bytes_per_param: f64) -> ModelShape {
         bytes_per_param,
         KV_DTYPE_BYTES,
     )
+    .with_sliding_window(c.sliding_window.map(|w| w as u64), c.sliding_layers.clone())
 }
 
 /// A preset's shape (16-bit weights).

@@ -357,7 +357,11 @@ fn matrix(fixture_name: &str) {
             }
         }
     }
-    assert_eq!(cases, 7 * 3 * 2);
+    let splits = (1..=4u32)
+        .flat_map(|d| (1..=3u32).map(move |s| d * s))
+        .filter(|&ds| ds <= layers)
+        .count();
+    assert_eq!(cases, splits * 3 * 2);
 }
 
 #[test]
@@ -368,6 +372,13 @@ fn tiny_llama_matrix() {
 #[test]
 fn tiny_qwen3_matrix() {
     matrix("tiny-qwen3");
+}
+
+/// Gemma 3: 6 layers, 5 of them sliding (window 4, shorter than the prompts and their
+/// generations), so sliding layers sit on both sides of every stage boundary.
+#[test]
+fn tiny_gemma3_matrix() {
+    matrix("tiny-gemma3");
 }
 
 #[test]

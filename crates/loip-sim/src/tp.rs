@@ -66,7 +66,7 @@ fn tp_mem(shape: &ModelShape, i: usize, f: f64, r: u32, window: u32, tokens: u64
     } else {
         0
     };
-    let kv = f * (shape.kv_bytes_per_token * l as u64 * tokens) as f64;
+    let kv = f * shape.kv_bytes(l as u64, tokens) as f64;
     (layer * held as f64 + kv) as u64 + fixed + shape.working_bytes(b)
 }
 

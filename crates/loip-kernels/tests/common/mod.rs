@@ -78,11 +78,9 @@ pub fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut impl Rng)
                     }
                 };
                 match dtype {
-                    DType::Q8_0
-                    | DType::Q4_0
-                    | DType::Q5_0
-                    | DType::IQ4NL
-                    | DType::IQ4XS => put_f16(b, 0, scale()),
+                    DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4NL | DType::IQ4XS => {
+                        put_f16(b, 0, scale())
+                    }
                     DType::Q2K => {
                         let (d, m) = (scale(), scale());
                         put_f16(b, 80, d);

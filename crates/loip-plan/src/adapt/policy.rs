@@ -116,7 +116,7 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
     }
 
     fn kv_pt(&self, i: usize) -> u64 {
-        self.devs[i].layers * self.shape.kv_bytes_per_token
+        self.shape.kv_bytes(self.devs[i].layers, 1)
     }
 
     /// Bytes freed per lent token on device `i` (0 when it cannot lend).  // bytes

@@ -123,7 +123,7 @@ impl Planner for LoipUniform {
 /// Most layers device `i` holds in one stage without offloading.
 fn cap_no_offload(ctx: &Ctx, i: usize, embed: bool, head: bool) -> u32 {
     let fixed = ctx.mem(1, 0, 0, 0, embed, head);
-    let per_layer = ctx.shape.layer_bytes() + ctx.req.context * ctx.shape.kv_bytes_per_token;
+    let per_layer = ctx.shape.layer_bytes() + ctx.shape.kv_bytes(1, ctx.req.context);
     (ctx.budgets[i].saturating_sub(fixed) / per_layer.max(1)).min(ctx.shape.layers as u64) as u32
 }
 
