@@ -54,9 +54,9 @@ impl std::str::FromStr for LoaderKind {
 }
 
 /// Read size of one io_uring request, bytes.
-const CHUNK: usize = 2 << 20;
+pub const CHUNK: usize = 2 << 20;
 /// io_uring requests in flight.
-const IN_FLIGHT: usize = 16;
+pub const IN_FLIGHT: usize = 16;
 
 /// A tensor's place in a loaded group.
 #[derive(Debug, Clone)]
@@ -399,6 +399,28 @@ fn read_uring(
     dst: &mut [u8],
     path: &Path,
 ) -> Result<u32, RuntimeError> {
+    let mut crcs: Vec<Option<crc32fast::Hasher>> = vec![None; dst.len().div_ceil(CHUNK)];
+    read_uring_chunks(ring, file, dst, path, &mut |idx, chunk| {
+        let mut h = crc32fast::Hasher::new();
+        h.update(chunk);
+        crcs[idx] = Some(h);
+    })?;
+    let mut total = crc32fast::Hasher::new();
+    for h in crcs.iter().flatten() {
+        total.combine(h);
+    }
+    Ok(total.finalize())
+}
+
+/// Reads the whole file into `dst` in [`CHUNK`]-byte reads, [`IN_FLIGHT`] at a time, and
+/// calls `on_chunk(index, bytes)` for each chunk as its read completes.
+fn read_uring_chunks(
+    ring: &mut io_uring::IoUring,
+    file: &File,
+    dst: &mut [u8],
+    path: &Path,
+    on_chunk: &mut dyn FnMut(usize, &[u8]),
+) -> Result<(), RuntimeError> {
     use io_uring::{opcode, types};
     let io = |e: std::io::Error| RuntimeError::Io {
         path: path.to_path_buf(),
@@ -408,7 +430,6 @@ fn read_uring(
     let n_chunks = dst.len().div_ceil(CHUNK);
     let base = dst.as_mut_ptr();
     let (mut next, mut done, mut in_flight) = (0usize, 0usize, 0usize);
-    let mut crcs: Vec<Option<crc32fast::Hasher>> = vec![None; n_chunks];
     while done < n_chunks {
         while in_flight < IN_FLIGHT && next < n_chunks {
             let start = next * CHUNK;
@@ -449,18 +470,58 @@ fn read_uring(
                     return Err(io(e));
                 }
             }
-            let mut h = crc32fast::Hasher::new();
             // SAFETY: this chunk's read completed; no request in flight touches it.
-            h.update(unsafe { std::slice::from_raw_parts(base.add(idx * CHUNK), want) });
-            crcs[idx] = Some(h);
+            on_chunk(idx, unsafe {
+                std::slice::from_raw_parts(base.add(idx * CHUNK), want)
+            });
             done += 1;
         }
     }
-    let mut total = crc32fast::Hasher::new();
-    for h in crcs.iter().flatten() {
-        total.combine(h);
+    Ok(())
+}
+
+/// The raw read path the direct loader is measured against: the same files read with
+/// `O_DIRECT` through io_uring at the same request size ([`CHUNK`]) and queue depth
+/// ([`IN_FLIGHT`]) into one reused page-aligned buffer, with nothing else (no checksum, no
+/// loader thread, no views). For `loip bench loader`.
+pub struct RawReader {
+    ring: io_uring::IoUring,
+    buf: AlignedBuf, // (largest file,) bytes
+}
+
+impl RawReader {
+    /// A reader whose buffer holds the largest of `entries`.
+    pub fn new(entries: &[SliceEntry]) -> Result<RawReader, RuntimeError> {
+        let io = |e| RuntimeError::Io {
+            path: PathBuf::from("<io_uring>"),
+            source: e,
+        };
+        let bytes = entries.iter().map(|s| s.size as usize).max().unwrap_or(0);
+        Ok(RawReader {
+            ring: io_uring::IoUring::new(IN_FLIGHT as u32 * 2).map_err(io)?,
+            buf: AlignedBuf::new(bytes.max(SLICE_ALIGN as usize), SLICE_ALIGN as usize)?,
+        })
     }
-    Ok(total.finalize())
+
+    /// Reads slice `entry` of directory `dir` whole; returns bytes and seconds.
+    pub fn read(&mut self, dir: &Path, entry: &SliceEntry) -> Result<LoadStats, RuntimeError> {
+        let path = dir.join(&entry.file);
+        let size = entry.size as usize;
+        if size > self.buf.len() {
+            return Err(RuntimeError::Invalid(format!(
+                "{} does not fit the buffer",
+                path.display()
+            )));
+        }
+        let t = Instant::now();
+        let file = crate::resident::open_slice(&path, entry, true)?;
+        let dst = &mut self.buf.as_mut_slice()[..size];
+        read_uring_chunks(&mut self.ring, &file, dst, &path, &mut |_, _| {})?;
+        Ok(LoadStats {
+            bytes: size as u64,
+            load_s: t.elapsed().as_secs_f64(),
+        })
+    }
 }
 
 fn drain(ring: &mut io_uring::IoUring, mut in_flight: usize) {
