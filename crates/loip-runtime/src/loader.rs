@@ -427,13 +427,15 @@ fn read_uring_chunks(
         source: e,
     };
     let fd = types::Fd(file.as_raw_fd());
-    let n_chunks = dst.len().div_ceil(CHUNK);
-    let base = dst.as_mut_ptr();
+    let (dst_len, base) = (dst.len(), dst.as_mut_ptr());
+    let n_chunks = dst_len.div_ceil(CHUNK);
     let (mut next, mut done, mut in_flight) = (0usize, 0usize, 0usize);
-    while done < n_chunks {
-        while in_flight < IN_FLIGHT && next < n_chunks {
+    // Queues reads until IN_FLIGHT are in flight; returns whether it queued any.
+    let mut push_reads = |ring: &mut io_uring::IoUring, in_flight: &mut usize| {
+        let mut pushed = false;
+        while *in_flight < IN_FLIGHT && next < n_chunks {
             let start = next * CHUNK;
-            let len = CHUNK.min(dst.len() - start);
+            let len = CHUNK.min(dst_len - start);
             // SAFETY: the buffer [start, start+len) stays alive and untouched until its
             // completion is reaped below (we reap every submission before returning).
             let sqe = opcode::Read::new(fd, unsafe { base.add(start) }, len as u32)
@@ -445,17 +447,24 @@ fn read_uring_chunks(
                 break;
             }
             next += 1;
-            in_flight += 1;
+            *in_flight += 1;
+            pushed = true;
         }
+        pushed
+    };
+    let mut ready = Vec::with_capacity(IN_FLIGHT);
+    while done < n_chunks {
+        push_reads(ring, &mut in_flight);
         ring.submit_and_wait(1).map_err(io)?;
         let cqes: Vec<(u64, i32)> = ring
             .completion()
             .map(|c| (c.user_data(), c.result()))
             .collect();
+        ready.clear();
         for (idx, res) in cqes {
             in_flight -= 1;
             let idx = idx as usize;
-            let want = CHUNK.min(dst.len() - idx * CHUNK);
+            let want = CHUNK.min(dst_len - idx * CHUNK);
             if res < 0 {
                 // Reap what is still in flight before reporting, so no read outlives `dst`.
                 drain(ring, in_flight);
@@ -464,12 +473,26 @@ fn read_uring_chunks(
             if res as usize != want {
                 // A short read: finish this chunk synchronously.
                 let got = res as usize;
-                let chunk = &mut dst[idx * CHUNK + got..idx * CHUNK + want];
+                // SAFETY: this chunk's read completed; no request in flight touches it.
+                let chunk = unsafe {
+                    std::slice::from_raw_parts_mut(base.add(idx * CHUNK + got), want - got)
+                };
                 if let Err(e) = pread_exact(file, chunk, (idx * CHUNK + got) as u64) {
                     drain(ring, in_flight);
                     return Err(io(e));
                 }
             }
+            ready.push((idx, want));
+        }
+        // Refill the queue before the per-chunk work (the checksum), so the device stays
+        // busy while it runs: on a contended CPU that work would otherwise stall the reads.
+        if push_reads(ring, &mut in_flight) {
+            if let Err(e) = ring.submit() {
+                drain(ring, in_flight);
+                return Err(io(e));
+            }
+        }
+        for &(idx, want) in &ready {
             // SAFETY: this chunk's read completed; no request in flight touches it.
             on_chunk(idx, unsafe {
                 std::slice::from_raw_parts(base.add(idx * CHUNK), want)
