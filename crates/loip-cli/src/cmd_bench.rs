@@ -1,8 +1,9 @@
 //! `loip bench`: benchmark programs that print tables (never timed assertions).
 //!
 //! - `engine`: decode ms/token of the single-device engine at 1 and 2 threads.
-//! - `loader`: one block's load latency and GB/s from a cold cache, direct vs conventional,
-//!   and load + compute of that block.
+//! - `loader`: one block's load latency and GB/s from a cold cache: the raw `O_DIRECT` read
+//!   rate of the same file at the loader's request size and queue depth, next to the direct
+//!   and conventional loaders (interleaved rounds, medians), and load + compute of that block.
 //! - `offload`: decode ms/token of one device with half its layers offloaded, with and
 //!   without overlap and with the conventional loader, next to the ideal max(compute, load).
 
@@ -14,7 +15,7 @@ use loip_engine::generate::{generate, Flow};
 use loip_engine::weights::MlpWeights;
 use loip_engine::{GenerateOptions, Generator, Model, SamplingParams, StepBackend};
 use loip_model::slice::{Manifest, SliceKind};
-use loip_runtime::loader::{drop_cache, Loader};
+use loip_runtime::loader::{drop_cache, Loader, RawReader};
 use loip_runtime::local::{LocalModel, LocalOptions, OffloadRule};
 use loip_runtime::LoaderKind;
 use serde_json::json;
@@ -40,13 +41,13 @@ enum BenchWhat {
         #[arg(long, default_value_t = 64)]
         tokens: usize,
     },
-    /// One block's load from a cold cache, direct vs conventional.
+    /// One block's load from a cold cache: raw O_DIRECT read, direct and conventional loaders.
     Loader {
         /// A slice directory (`loip split`), or a model to split into the cache.
         #[arg(long)]
         model: String,
-        /// Loads per loader.
-        #[arg(long, default_value_t = 8)]
+        /// Rounds (each: raw read, direct loader, conventional loader; blocks alternate).
+        #[arg(long, default_value_t = 16)]
         repeats: usize,
     },
     /// Decode with half the layers offloaded: overlap, no overlap, conventional.
@@ -133,6 +134,18 @@ fn engine(model: &str, tokens: usize) -> Result<serde_json::Value> {
     Ok(json!(rows))
 }
 
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    match xs.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+    }
+}
+
+/// One block's load from a cold cache: the raw `O_DIRECT` read of the same file (io_uring,
+/// the loader's request size and queue depth, no checksum), the direct loader and the
+/// conventional one, interleaved round by round; medians.
 fn loader(model: &str, repeats: usize) -> Result<serde_json::Value> {
     let dir = crate::cmd_split::slices_for(model)?;
     let m = Manifest::load(&dir)?;
@@ -148,38 +161,62 @@ fn loader(model: &str, repeats: usize) -> Result<serde_json::Value> {
         m.qk_permuted,
         loip_kernels::DType::F32,
     );
-    println!(
-        "| loader | block bytes | load ms | GB/s | load + compute ms |\n|---|---|---|---|---|"
-    );
-    let mut rows = vec![];
-    for kind in [LoaderKind::Direct, LoaderKind::Conventional] {
-        let groups = vec![vec![blocks[0].clone()], vec![blocks[1].clone()]];
-        let mut ld = Loader::new(kind, &dir, &groups)?;
-        let (mut load_s, mut total_s, mut bytes) = (0.0, 0.0, 0u64);
-        for i in 0..repeats {
-            let g = i % 2;
-            drop_cache(&dir.join(&blocks[g].file));
+    let groups = vec![vec![blocks[0].clone()], vec![blocks[1].clone()]];
+    let mut raw = RawReader::new(&blocks)?;
+    let mut loaders = [LoaderKind::Direct, LoaderKind::Conventional]
+        .into_iter()
+        .map(|kind| Ok(Loader::new(kind, &dir, &groups)?))
+        .collect::<Result<Vec<_>>>()?;
+    // per path: (load seconds, load + compute seconds) of every round
+    let mut times: Vec<(Vec<f64>, Vec<f64>)> = vec![Default::default(); 1 + loaders.len()];
+    for i in 0..repeats {
+        let g = i % 2;
+        let file = dir.join(&blocks[g].file);
+        drop_cache(&file);
+        let s = raw.read(&dir, &blocks[g])?;
+        times[0].0.push(s.load_s);
+        for (k, ld) in loaders.iter_mut().enumerate() {
+            drop_cache(&file);
             let t = Instant::now();
             ld.start(g)?;
             let view = ld.wait(g)?;
             let w = MlpWeights::bind(&view, &m.config, g)?;
             let mut x = vec![0.01f32; m.config.hidden_size];
             tf.mlp(&w, &mut x)?;
-            total_s += t.elapsed().as_secs_f64();
+            times[k + 1].1.push(t.elapsed().as_secs_f64());
             drop(view);
-            load_s += ld.last.load_s;
-            bytes += ld.last.bytes;
+            times[k + 1].0.push(ld.last.load_s);
         }
-        let n = repeats as f64;
-        let gbps = bytes as f64 / load_s / 1e9;
+    }
+    let bytes = blocks[0].size.max(blocks[1].size);
+    println!(
+        "| read path | block bytes | load ms (median) | GB/s | of raw O_DIRECT | load + compute ms |\n|---|---|---|---|---|---|"
+    );
+    let raw_ms = median(&mut times[0].0) * 1e3;
+    let names = [
+        "raw O_DIRECT (io_uring)",
+        "direct loader",
+        "conventional loader",
+    ];
+    let mut rows = vec![];
+    for (name, (load, total)) in names.iter().zip(times.iter_mut()) {
+        let ms = median(load) * 1e3;
+        let gbps = bytes as f64 / ms / 1e6;
+        let of_raw = raw_ms / ms;
+        let total_ms = median(total) * 1e3;
+        let total_txt = if total.is_empty() {
+            String::new()
+        } else {
+            format!("{total_ms:.2}")
+        };
         println!(
-            "| {kind:?} | {} | {:.2} | {gbps:.2} | {:.2} |",
-            bytes / repeats as u64,
-            load_s / n * 1e3,
-            total_s / n * 1e3
+            "| {name} | {bytes} | {ms:.2} | {gbps:.2} | {:.0}% | {total_txt} |",
+            of_raw * 100.0
         );
-        rows.push(json!({"loader": kind, "block_bytes": bytes / repeats as u64, "load_ms": load_s / n * 1e3,
-            "gb_per_s": gbps, "load_plus_compute_ms": total_s / n * 1e3}));
+        rows.push(json!({"path": name, "block_bytes": bytes, "load_ms": ms, "gb_per_s": gbps,
+            "fraction_of_raw": of_raw, "load_plus_compute_ms": (!total.is_empty()).then_some(total_ms),
+            "rounds": repeats, "chunk_bytes": loip_runtime::loader::CHUNK,
+            "queue_depth": loip_runtime::loader::IN_FLIGHT}));
     }
     Ok(json!(rows))
 }

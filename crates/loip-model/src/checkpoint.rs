@@ -7,6 +7,8 @@
 //! is sized from them) and every tensor the config implies is present with the right shape
 //! and a supported dtype, so the engine's later [`Checkpoint::matrix`] calls fail only on a
 //! programming error. Tensor bytes are borrowed from the mappings; nothing is copied.
+//! [`TensorReader`] reads them instead with positioned reads into one bounded buffer, for a
+//! pass over the whole checkpoint (a split) that must stay within a memory budget.
 //!
 //! The files must not be truncated by someone else while mapped (that would fault on access).
 
@@ -408,5 +410,76 @@ impl Checkpoint {
     /// Sum of all tensors' data lengths, bytes.
     pub fn total_tensor_bytes(&self) -> u64 {
         self.tensors.values().map(|t| t.nbytes).sum()
+    }
+}
+
+/// Reads a [`Checkpoint`]'s tensors chunk by chunk with positioned reads into one reused
+/// buffer, never through the mappings, and drops the source file's cached pages behind each
+/// chunk. A pass over the whole checkpoint (a split) thus keeps one chunk resident: pages of
+/// a file mapping count in the process's resident set, and a split of a model larger than a
+/// device's budget must not read it through one.
+#[derive(Debug)]
+pub struct TensorReader<'a> {
+    ckpt: &'a Checkpoint,
+    files: Vec<File>, // parallel to `ckpt.files`
+    buf: Vec<u8>,     // (chunk,) bytes, reused for every read
+}
+
+impl<'a> TensorReader<'a> {
+    /// A reader over `ckpt`'s files with a buffer of `chunk` bytes (at least 4 KiB).
+    pub fn new(ckpt: &'a Checkpoint, chunk: usize) -> Result<Self, ModelError> {
+        let files = ckpt
+            .files
+            .iter()
+            .map(|p| File::open(p).map_err(|e| ModelError::io(p, e)))
+            .collect::<Result<_, _>>()?;
+        Ok(TensorReader {
+            ckpt,
+            files,
+            buf: vec![0; chunk.max(4096)],
+        })
+    }
+
+    /// Calls `f` with a tensor's stored bytes in order, at most one chunk at a time.
+    pub fn for_each_chunk(
+        &mut self,
+        name: &str,
+        f: &mut dyn FnMut(&[u8]) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let info = self.ckpt.tensor_info(name)?;
+        let path = self
+            .ckpt
+            .files
+            .get(info.file)
+            .unwrap_or(&self.ckpt.dir_or_file);
+        let file = self
+            .files
+            .get(info.file)
+            .ok_or_else(|| ModelError::truncated(path, format!("the data of tensor {name}")))?;
+        let (mut pos, end) = (info.offset, info.offset.saturating_add(info.nbytes));
+        while pos < end {
+            let n = (end - pos).min(self.buf.len() as u64) as usize;
+            let chunk = &mut self.buf[..n];
+            file.read_exact_at(chunk, pos).map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => {
+                    ModelError::truncated(path, format!("the data of tensor {name}"))
+                }
+                _ => ModelError::io(path, e),
+            })?;
+            // SAFETY: plain syscall on an open descriptor; the advice only drops clean pages.
+            unsafe {
+                libc::posix_fadvise(
+                    file.as_raw_fd(),
+                    pos as libc::off_t,
+                    n as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                );
+            }
+            f(chunk)?;
+            pos += n as u64;
+        }
+        Ok(())
     }
 }

@@ -10,7 +10,10 @@
 //! conventional loader parses the header on every load.
 //!
 //! Invariants: a slice is written to a temporary name and renamed into place, so a crash never
-//! leaves a half-written slice under its real name; the manifest is written last.
+//! leaves a half-written slice under its real name; the manifest is written last. A split
+//! stays within a small, fixed memory: the checkpoint is read with positioned reads into one
+//! [`SPLIT_CHUNK`] buffer ([`TensorReader`], never through its mapping), and the written
+//! slices' pages are written back and dropped from the page cache behind the writer.
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
@@ -18,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, TensorReader};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use loip_kernels::DType;
@@ -30,6 +33,11 @@ pub const SLICE_MAGIC: &[u8; 8] = b"LOIPSLC1";
 /// Manifest file name inside a slice directory.
 pub const MANIFEST: &str = "manifest.json";
 const MANIFEST_VERSION: u32 = 2;
+/// Read buffer of a split, bytes: the most checkpoint data a split holds at once.
+pub const SPLIT_CHUNK: usize = 4 << 20;
+/// Written bytes a split lets accumulate before it writes them back and drops them from the
+/// page cache, bytes.
+const WRITE_WINDOW: u64 = 8 << 20;
 
 /// What a slice holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -296,8 +304,9 @@ pub fn split(
         .sum();
     let mut done = 0u64;
     let mut slices = Vec::new();
+    let mut reader = TensorReader::new(ckpt, SPLIT_CHUNK)?;
     for (kind, names) in groups {
-        let entry = write_slice(ckpt, out, kind, &names, &mut |n| {
+        let entry = write_slice(ckpt, &mut reader, out, kind, &names, &mut |n| {
             done += n;
             (progress.on_bytes)(done, total);
         })?;
@@ -380,6 +389,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
 
 fn write_slice(
     ckpt: &Checkpoint,
+    reader: &mut TensorReader<'_>,
     out: &Path,
     kind: SliceKind,
     names: &[&str],
@@ -439,7 +449,7 @@ fn write_slice(
     let tmp = out.join(format!("{file}.tmp"));
     let f = File::create(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
     let mut w = CrcWriter {
-        inner: BufWriter::with_capacity(1 << 20, f),
+        inner: BufWriter::with_capacity(1 << 20, DropBehind::new(f)),
         crc: crc32fast::Hasher::new(),
         pos: 0,
     };
@@ -450,22 +460,99 @@ fn write_slice(
     w.write_all(&header).map_err(io)?;
     for t in &entry.tensors {
         w.pad_to(t.offset).map_err(io)?;
-        let bytes = ckpt.tensor_bytes(&t.name)?;
-        for chunk in bytes.chunks(8 << 20) {
+        reader.for_each_chunk(&t.name, &mut |chunk| {
             w.write_all(chunk).map_err(io)?;
             on_bytes(chunk.len() as u64);
-        }
+            Ok(())
+        })?;
     }
     w.pad_to(entry.size).map_err(io)?;
     let crc = w.crc.clone().finalize();
-    let f = w
-        .inner
+    w.inner
         .into_inner()
-        .map_err(|e| ModelError::io(&tmp, e.into_error()))?;
-    f.sync_all().map_err(io)?;
+        .map_err(|e| ModelError::io(&tmp, e.into_error()))?
+        .finish()
+        .map_err(io)?;
     fs::rename(&tmp, &path).map_err(|e| ModelError::io(&path, e))?;
     entry.crc32 = format!("{crc:08x}");
     Ok(entry)
+}
+
+/// A file writer that hands every [`WRITE_WINDOW`] of written bytes to writeback at once
+/// and, one window later, waits for it and drops it from the page cache, so a split leaves
+/// no dirty or cached pages of its output behind (Linux `sync_file_range` + `fadvise`; both
+/// only advice: a file system without them keeps its pages, as a plain write would).
+struct DropBehind {
+    file: File,
+    pos: u64,     // bytes written
+    started: u64, // bytes handed to writeback
+    dropped: u64, // bytes written back and dropped from the cache
+}
+
+impl DropBehind {
+    fn new(file: File) -> Self {
+        DropBehind {
+            file,
+            pos: 0,
+            started: 0,
+            dropped: 0,
+        }
+    }
+
+    fn write_back(&mut self) {
+        use std::os::fd::AsRawFd;
+        let fd = self.file.as_raw_fd();
+        // SAFETY: plain syscalls on an open descriptor, over ranges already written.
+        unsafe {
+            if self.started > self.dropped {
+                let (off, len) = (
+                    self.dropped as libc::off64_t,
+                    (self.started - self.dropped) as libc::off64_t,
+                );
+                libc::sync_file_range(
+                    fd,
+                    off,
+                    len,
+                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                );
+                libc::posix_fadvise(fd, off, len, libc::POSIX_FADV_DONTNEED);
+                self.dropped = self.started;
+            }
+            let (off, len) = (
+                self.started as libc::off64_t,
+                (self.pos - self.started) as libc::off64_t,
+            );
+            libc::sync_file_range(fd, off, len, libc::SYNC_FILE_RANGE_WRITE);
+        }
+        self.started = self.pos;
+    }
+
+    /// Syncs the file and drops all its pages from the cache.
+    fn finish(self) -> std::io::Result<File> {
+        use std::os::fd::AsRawFd;
+        self.file.sync_all()?;
+        // SAFETY: plain syscall on an open descriptor.
+        unsafe {
+            libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+        Ok(self.file)
+    }
+}
+
+impl Write for DropBehind {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.pos += n as u64;
+        if self.pos - self.started >= WRITE_WINDOW {
+            self.write_back();
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 struct CrcWriter<W: Write> {
