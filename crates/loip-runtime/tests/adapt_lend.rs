@@ -12,13 +12,11 @@ use std::time::Duration;
 
 use adapt_common::*;
 use dist_common::*;
-use loip_engine::generate::{generate, Flow};
 use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::adapt::AdaptEvent;
-use loip_plan::ExecMode;
 use loip_runtime::adapt::AdaptReport;
-use loip_runtime::cluster_run::{uniform_plan, Session, SessionOptions, WorkerProcess, WorkerSpec};
+use loip_runtime::cluster_run::{Session, SessionOptions, WorkerProcess, WorkerSpec};
 use loip_runtime::coordinator::next_seq_id;
 use loip_runtime::LoaderKind;
 
@@ -35,18 +33,7 @@ fn start(lending: bool, relay: bool, tag: &str) -> (Session, Vec<WorkerProcess>)
     let path = fixture("tiny-llama");
     let slices = slices_of(&path, "tiny-llama");
     let m = Manifest::load(&slices).unwrap();
-    let names: Vec<String> = vec!["dev1".into(), "dev2".into()];
-    let plan = uniform_plan(
-        "m",
-        m.config.num_layers as u32,
-        &names,
-        2,
-        ExecMode::Overlapped,
-        &|_, _| (0, 0),
-    )
-    .unwrap();
-    let c = &m.config;
-    let kv_per_token = 2 * (c.num_kv_heads * c.head_dim) as u64 * 4 * 2; // two layers a device
+    let (names, plan, kv_per_token) = two_device_plan(&m);
     let held = [12, 4000];
     let root = scratch(tag);
     let workers: Vec<_> = (0..2)
@@ -91,16 +78,10 @@ fn start(lending: bool, relay: bool, tag: &str) -> (Session, Vec<WorkerProcess>)
 fn check(s: &Session, seq: u64, prompt: &[u32], n_new: usize, what: &str) {
     let ckpt = Checkpoint::open(&fixture("tiny-llama")).unwrap();
     let (want_ids, want_logits) = reference(&ckpt, prompt, &greedy(n_new));
-    let mut rec = Rec {
-        inner: s.pipeline().backend(),
-        logits: vec![],
-    };
-    let out = generate(&mut rec, seq, prompt, &greedy(n_new), &mut |_| {
-        Flow::Continue
-    })
-    .unwrap_or_else(|e| panic!("{what}: generation: {e}"));
-    assert_eq!(out.new_ids, want_ids, "{what}: tokens");
-    assert_bits(what, &rec.logits, &want_logits);
+    let (ids, logits) = recorded(s.pipeline().backend(), seq, prompt, &greedy(n_new))
+        .unwrap_or_else(|e| panic!("{what}: generation: {e}"));
+    assert_eq!(ids, want_ids, "{what}: tokens");
+    assert_bits(what, &logits, &want_logits);
 }
 
 fn lends(ad: &AdaptReport) -> Vec<(usize, usize, u64)> {

@@ -116,18 +116,7 @@ fn dist_coord_entry() {
 
 /// The coordinator's namespace with a veth pair to each worker's; 100 Mbit/s on both.
 fn setup(net: &mut Net) -> Result<(), String> {
-    let c = net.ns("c")?;
-    for i in 1..=2 {
-        let w = net.ns(&format!("w{i}"))?;
-        let link = net.veth(
-            &c,
-            Some(&format!("10.231.{i}.1/24")),
-            &w,
-            Some(&format!("10.231.{i}.2/24")),
-        )?;
-        net.limit(&link, 100e6)?;
-    }
-    Ok(())
+    net.star(2, |_| Some(100e6))
 }
 
 #[test]

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use adapt_common::*;
 use dist_common::*;
-use loip_engine::generate::{generate, Flow};
 use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::adapt::AdaptEvent;
@@ -46,21 +45,9 @@ fn run_switches(workers: Workers, tag: &str) -> (loip_runtime::adapt::AdaptRepor
     let ckpt = Checkpoint::open(&path).unwrap();
     let slices = slices_of(&path, "tiny-llama");
     let m = Manifest::load(&slices).unwrap();
-    let names: Vec<String> = vec!["dev1".into(), "dev2".into()];
-    // two stages of one layer per device, nothing offloaded
-    let plan = uniform_plan(
-        "m",
-        m.config.num_layers as u32,
-        &names,
-        2,
-        ExecMode::Overlapped,
-        &|_, _| (0, 0),
-    )
-    .unwrap();
-    let c = &m.config;
-    let kv_per_token = 2 * (c.num_kv_heads * c.head_dim) as u64 * 4 * 2; // two layers a device
-                                                                         // Room for 12 tokens of KV with everything resident: the prompt fits, the generation
-                                                                         // passes the threshold after a few tokens.
+    let (names, plan, kv_per_token) = two_device_plan(&m);
+    // Room for 12 tokens of KV with everything resident: the prompt fits, the generation
+    // passes the threshold after a few tokens.
     let held = 12;
     let root = scratch(tag);
     let mem = |i: usize| full_fixed(&m, &plan, i) + held * kv_per_token;
@@ -111,18 +98,12 @@ fn run_switches(workers: Workers, tag: &str) -> (loip_runtime::adapt::AdaptRepor
     // stage: the run crosses two thresholds (an attention switch, then an MLP one)
     let n_new = N_NEW;
     let (want_ids, want_logits) = reference(&ckpt, PROMPT, &greedy(n_new));
-    let mut rec = Rec {
-        inner: s.pipeline().backend(),
-        logits: vec![],
-    };
     let seq = next_seq_id();
-    let out = generate(&mut rec, seq, PROMPT, &greedy(n_new), &mut |_| {
-        Flow::Continue
-    })
-    .unwrap_or_else(|e| panic!("generation: {e}"));
+    let (ids, logits) = recorded(s.pipeline().backend(), seq, PROMPT, &greedy(n_new))
+        .unwrap_or_else(|e| panic!("generation: {e}"));
     s.pipeline().release(&[seq]);
-    assert_eq!(out.new_ids, want_ids, "tokens");
-    assert_bits("through the switches", &rec.logits, &want_logits);
+    assert_eq!(ids, want_ids, "tokens");
+    assert_bits("through the switches", &logits, &want_logits);
     let ad = s.adaptation().expect("adaptation on");
     eprintln!("adaptation: {:?}", ad.events);
     s.shutdown();

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use dist_common::netns::{self, Net};
 use dist_common::*;
-use loip_engine::generate::{generate, Flow};
 use loip_model::Checkpoint;
 use loip_plan::ExecMode;
 use loip_runtime::cluster_run::{uniform_plan, Session};
@@ -50,19 +49,14 @@ fn dist_coord_entry() {
     .unwrap();
     let opts = netns::session_options(plan, NETNS_TOKEN);
     let s = Session::start(&slices, netns::worker_specs(&addrs), opts).unwrap();
-    let mut rec = Rec {
-        inner: s.pipeline().backend(),
-        logits: vec![],
-    };
-    let out = generate(
-        &mut rec,
+    let (ids, logits) = recorded(
+        s.pipeline().backend(),
         next_seq_id(),
         &PROMPT,
         &greedy(N_NEW),
-        &mut |_| Flow::Continue,
     )
     .unwrap();
-    let mut res = netns::output_json(&out.new_ids, &rec.logits);
+    let mut res = netns::output_json(&ids, &logits);
     res["links"] = serde_json::json!(s.reports.iter().map(|r| r.link).collect::<Vec<_>>());
     netns::child_result(&res);
     s.shutdown();
@@ -71,20 +65,7 @@ fn dist_coord_entry() {
 /// The coordinator's namespace with a veth pair to each worker's; 100 Mbit/s on worker 1's
 /// link, both directions.
 fn setup(net: &mut Net) -> Result<(), String> {
-    let c = net.ns("c")?;
-    for i in 1..=2 {
-        let w = net.ns(&format!("w{i}"))?;
-        let link = net.veth(
-            &c,
-            Some(&format!("10.231.{i}.1/24")),
-            &w,
-            Some(&format!("10.231.{i}.2/24")),
-        )?;
-        if i == 1 {
-            net.limit(&link, LIMIT_BPS * 8.0)?;
-        }
-    }
-    Ok(())
+    net.star(2, |i| (i == 1).then_some(LIMIT_BPS * 8.0))
 }
 
 #[test]

@@ -36,6 +36,25 @@ pub fn full_fixed(m: &Manifest, plan: &loip_plan::Plan, i: usize) -> u64 {
     b
 }
 
+/// The tests' fixed plan: two devices `dev1`, `dev2` of two one-layer stages each, nothing
+/// offloaded; its device names and the KV bytes per token of one device (two layers, K and V,
+/// f32).
+pub fn two_device_plan(m: &Manifest) -> (Vec<String>, loip_plan::Plan, u64) {
+    let names: Vec<String> = vec!["dev1".into(), "dev2".into()];
+    let plan = loip_runtime::cluster_run::uniform_plan(
+        "m",
+        m.config.num_layers as u32,
+        &names,
+        2,
+        loip_plan::ExecMode::Overlapped,
+        &|_, _| (0, 0),
+    )
+    .unwrap();
+    let c = &m.config;
+    let kv_per_token = 2 * (c.num_kv_heads * c.head_dim) as u64 * 4 * 2;
+    (names, plan, kv_per_token)
+}
+
 /// Starts a worker in this process (its own runtime on a thread); its address.
 pub fn in_process_worker(name: &str, mem: u64, store: std::path::PathBuf, refuse: u32) -> String {
     let (tx, rx) = std::sync::mpsc::channel();

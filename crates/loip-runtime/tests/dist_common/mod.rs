@@ -176,12 +176,23 @@ pub fn reference(
     opts: &GenerateOptions,
 ) -> (Vec<u32>, Vec<Vec<f32>>) {
     let model = Model::from_checkpoint(ckpt).unwrap();
+    recorded(Generator::new(&model, None), 0, prompt, opts).unwrap()
+}
+
+/// Generates `prompt` as sequence `seq` through `backend`: the new tokens and every step's
+/// logits.
+pub fn recorded<B: StepBackend>(
+    backend: B,
+    seq: u64,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+) -> Result<(Vec<u32>, Vec<Vec<f32>>), EngineError> {
     let mut rec = Rec {
-        inner: Generator::new(&model, None),
+        inner: backend,
         logits: vec![],
     };
-    let out = generate(&mut rec, 0, prompt, opts, &mut |_| Flow::Continue).unwrap();
-    (out.new_ids, rec.logits)
+    let out = generate(&mut rec, seq, prompt, opts, &mut |_| Flow::Continue)?;
+    Ok((out.new_ids, rec.logits))
 }
 
 /// Bitwise equality of two logits lists, with a readable failure.

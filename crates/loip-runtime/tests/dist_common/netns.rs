@@ -225,6 +225,25 @@ impl Net {
         Ok(link)
     }
 
+    /// A star: namespace `c` (the coordinator's, 10.231.i.1) with a veth pair to each of
+    /// `w1..=wn` (10.231.i.2); `limit(i)` bits/s on worker i's link, both ways, if any.
+    pub fn star(&mut self, n: usize, limit: impl Fn(usize) -> Option<f64>) -> Result<(), String> {
+        let c = self.ns("c")?;
+        for i in 1..=n {
+            let w = self.ns(&format!("w{i}"))?;
+            let link = self.veth(
+                &c,
+                Some(&format!("10.231.{i}.1/24")),
+                &w,
+                Some(&format!("10.231.{i}.2/24")),
+            )?;
+            if let Some(bits) = limit(i) {
+                self.limit(&link, bits)?;
+            }
+        }
+        Ok(())
+    }
+
     /// A Linux bridge `name` inside namespace `ns`, up.
     pub fn bridge(&mut self, ns: &str, name: &str) -> Result<(), String> {
         sh(&["ip", "-n", ns, "link", "add", name, "type", "bridge"])?;
