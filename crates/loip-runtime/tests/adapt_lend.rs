@@ -8,17 +8,14 @@
 mod adapt_common;
 mod dist_common;
 
-use std::time::Duration;
-
 use adapt_common::*;
 use dist_common::*;
 use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::adapt::AdaptEvent;
 use loip_runtime::adapt::AdaptReport;
-use loip_runtime::cluster_run::{Session, SessionOptions, WorkerProcess, WorkerSpec};
+use loip_runtime::cluster_run::{Session, SessionOptions, WorkerProcess};
 use loip_runtime::coordinator::next_seq_id;
-use loip_runtime::LoaderKind;
 
 #[test]
 fn dist_worker_entry() {
@@ -46,28 +43,12 @@ fn start(lending: bool, relay: bool, tag: &str) -> (Session, Vec<WorkerProcess>)
             })
         })
         .collect();
-    let specs = names
-        .iter()
-        .zip(&workers)
-        .map(|(n, w)| WorkerSpec {
-            profile: loip_plan::profile::preset("host-zen5-2c"),
-            mem: Some(1 << 30),
-            ..WorkerSpec::new(n, &w.addr)
-        })
-        .collect();
+    let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
+    let specs = worker_specs(&names, &addrs);
     let opts = SessionOptions {
-        plan: Some(plan),
-        measure_links: false,
-        loader: LoaderKind::Direct,
-        shape_name: "m".into(),
-        context: CONTEXT as u64,
-        max_step_tokens: MAX_STEP,
-        max_step_seqs: 1,
-        step_timeout: Duration::from_secs(120),
-        admitted: Some(PROMPT.len() as u64),
         lending,
         relay,
-        ..Default::default()
+        ..session_options(plan, PROMPT.len())
     };
     let s = Session::start(&slices, specs, opts).unwrap_or_else(|e| panic!("session: {e}"));
     (s, workers)

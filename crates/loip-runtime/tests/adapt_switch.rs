@@ -9,15 +9,13 @@
 mod adapt_common;
 mod dist_common;
 
-use std::time::Duration;
-
 use adapt_common::*;
 use dist_common::*;
 use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::adapt::AdaptEvent;
 use loip_plan::ExecMode;
-use loip_runtime::cluster_run::{device_spec, uniform_plan, Session, SessionOptions, WorkerSpec};
+use loip_runtime::cluster_run::{device_spec, uniform_plan, Session};
 use loip_runtime::coordinator::next_seq_id;
 use loip_runtime::executor::{BlockPlacement, Device};
 use loip_runtime::LoaderKind;
@@ -70,29 +68,8 @@ fn run_switches(workers: Workers, tag: &str) -> (loip_runtime::adapt::AdaptRepor
             .map(|i| in_process_worker(&names[i], mem(i), root.join(&names[i]), r[i]))
             .collect(),
     };
-    let specs = names
-        .iter()
-        .zip(&addrs)
-        .map(|(n, a)| WorkerSpec {
-            profile: loip_plan::profile::preset("host-zen5-2c"),
-            // the fixed plan is checked against the planner's working allowance (16 MiB of
-            // scratch); the worker opens with its own, small budget, which is the truth
-            mem: Some(1 << 30),
-            ..WorkerSpec::new(n, a)
-        })
-        .collect();
-    let opts = SessionOptions {
-        plan: Some(plan),
-        measure_links: false,
-        loader: LoaderKind::Direct,
-        shape_name: "m".into(),
-        context: CONTEXT as u64,
-        max_step_tokens: MAX_STEP,
-        max_step_seqs: 1,
-        step_timeout: Duration::from_secs(120),
-        admitted: Some(PROMPT.len() as u64),
-        ..Default::default()
-    };
+    let specs = worker_specs(&names, &addrs);
+    let opts = session_options(plan, PROMPT.len());
     let s = Session::start(&slices, specs, opts).unwrap_or_else(|e| panic!("session: {e}"));
     // 12 tokens fit with every block resident, ~124 with one attention block offloaded per
     // stage: the run crosses two thresholds (an attention switch, then an MLP one)

@@ -212,6 +212,29 @@ pub struct MemoryChart {
     pub switches: Vec<(f64, String)>,
 }
 
+/// The points of a memory chart and what its right axis shows: KV lent to a peer, or KV
+/// evicted where the run evicted and never lent.
+fn memory_series(samples: &[MemorySample]) -> (Vec<Point>, String) {
+    let lent = samples.iter().any(|s| s.kv_lent > 0) || samples.iter().all(|s| s.kv_evicted == 0);
+    let points = samples
+        .iter()
+        .map(|s| {
+            let right = if lent { s.kv_lent } else { s.kv_evicted };
+            (s.time_s, s.total, s.weights, right)
+        })
+        .collect();
+    let axis = if lent { "lent to a peer" } else { "evicted" };
+    (points, axis.to_string())
+}
+
+/// The label of the `k`-th threshold switch.
+fn switch_label(k: usize, tokens: u64, from: (u32, u32), to: (u32, u32)) -> String {
+    format!(
+        "TS{k} ({tokens} tok): a,m {},{} → {},{}",
+        from.0, from.1, to.0, to.1
+    )
+}
+
 fn draw_memory<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     c: &MemoryChart,
@@ -420,11 +443,7 @@ pub fn device_charts(
                         to,
                     } if *device == i => {
                         k += 1;
-                        let label = format!(
-                            "TS{k} ({tokens} tok): a,m {},{} → {},{}",
-                            from.0, from.1, to.0, to.1
-                        );
-                        Some((time_of(*step), label))
+                        Some((time_of(*step), switch_label(k, *tokens, *from, *to)))
                     }
                     AdaptEvent::Lend {
                         step,
@@ -441,19 +460,12 @@ pub fn device_charts(
                     _ => None,
                 })
                 .collect();
-            let lent =
-                samples.iter().any(|s| s.kv_lent > 0) || samples.iter().all(|s| s.kv_evicted == 0);
+            let (points, right_axis) = memory_series(samples);
             MemoryChart {
                 title: format!("{title}: memory of `{}`", names_of(i)),
                 budget: budgets.get(i).copied().unwrap_or(0),
-                points: samples
-                    .iter()
-                    .map(|s| {
-                        let right = if lent { s.kv_lent } else { s.kv_evicted };
-                        (s.time_s, s.total, s.weights, right)
-                    })
-                    .collect(),
-                right_axis: if lent { "lent to a peer" } else { "evicted" }.to_string(),
+                points,
+                right_axis,
                 switches: marks,
             }
         })
@@ -482,7 +494,7 @@ pub fn memory_chart_of(m: &MemoryRun) -> Option<MemoryChart> {
     };
     let dev = (0..nd).max_by_key(|&i| (events_of(i), fullness(i), std::cmp::Reverse(i)))?;
     let samples = &r.memory[dev];
-    let lent = samples.iter().any(|s| s.kv_lent > 0) || samples.iter().all(|s| s.kv_evicted == 0);
+    let (points, right_axis) = memory_series(samples);
     let time_of = |step: u32| {
         samples
             .iter()
@@ -505,10 +517,7 @@ pub fn memory_chart_of(m: &MemoryRun) -> Option<MemoryChart> {
                 j += 1;
                 // Only the first switches are labelled: long runs have dozens.
                 let label = if j <= 4 {
-                    format!(
-                        "TS{j} ({tokens} tok): a,m {},{} → {},{}",
-                        from.0, from.1, to.0, to.1
-                    )
+                    switch_label(j, *tokens, *from, *to)
                 } else {
                     String::new()
                 };
@@ -528,14 +537,8 @@ pub fn memory_chart_of(m: &MemoryRun) -> Option<MemoryChart> {
             m.experiment, m.setup, m.pattern, m.bandwidth, name, r.steps
         ),
         budget: r.devices.get(dev).map(|d| d.budget).unwrap_or(0),
-        points: samples
-            .iter()
-            .map(|s| {
-                let right = if lent { s.kv_lent } else { s.kv_evicted };
-                (s.time_s, s.total, s.weights, right)
-            })
-            .collect(),
-        right_axis: if lent { "lent to a peer" } else { "evicted" }.to_string(),
+        points,
+        right_axis,
         switches,
     })
 }

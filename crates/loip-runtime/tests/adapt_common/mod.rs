@@ -55,6 +55,44 @@ pub fn two_device_plan(m: &Manifest) -> (Vec<String>, loip_plan::Plan, u64) {
     (names, plan, kv_per_token)
 }
 
+/// Worker specs of `names` at `addrs`. The fixed plan is checked against the planner's
+/// working allowance (16 MiB of scratch); the worker opens with its own, small budget, which
+/// is the truth.
+pub fn worker_specs(
+    names: &[String],
+    addrs: &[String],
+) -> Vec<loip_runtime::cluster_run::WorkerSpec> {
+    names
+        .iter()
+        .zip(addrs)
+        .map(|(n, a)| loip_runtime::cluster_run::WorkerSpec {
+            profile: loip_plan::profile::preset("host-zen5-2c"),
+            mem: Some(1 << 30),
+            ..loip_runtime::cluster_run::WorkerSpec::new(n, a)
+        })
+        .collect()
+}
+
+/// The session options of these tests: the fixed `plan`, direct loader, `admitted` prompt
+/// tokens planned for at admission.
+pub fn session_options(
+    plan: loip_plan::Plan,
+    admitted: usize,
+) -> loip_runtime::cluster_run::SessionOptions {
+    loip_runtime::cluster_run::SessionOptions {
+        plan: Some(plan),
+        measure_links: false,
+        loader: loip_runtime::LoaderKind::Direct,
+        shape_name: "m".into(),
+        context: CONTEXT as u64,
+        max_step_tokens: MAX_STEP,
+        max_step_seqs: 1,
+        step_timeout: Duration::from_secs(120),
+        admitted: Some(admitted as u64),
+        ..Default::default()
+    }
+}
+
 /// Starts a worker in this process (its own runtime on a thread); its address.
 pub fn in_process_worker(name: &str, mem: u64, store: std::path::PathBuf, refuse: u32) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
