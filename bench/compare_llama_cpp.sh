@@ -5,9 +5,9 @@
 #
 # usage: bench/compare_llama_cpp.sh [ROUNDS]
 # LEVELS (default "native avx2"): loip's SIMD paths to run, "native" being the best this CPU
-# has, "avx2" LOIP_SIMD=avx2 (the AVX2 figures on an AVX-512 machine) and "lanes" the native
-# path with the AVX2 token-lane prefill tiles (LOIP_GEMM=lanes; bit-identical, an A/B of
-# speed). llama.cpp runs its own native build once per round and thread count.
+# has, "avx2" LOIP_SIMD=avx2 (the AVX2 figures on an AVX-512 machine) and "lanes" the AVX2
+# path with its token-lane prefill tiles (LOIP_SIMD=avx2 LOIP_GEMM=lanes; bit-identical, an
+# A/B of speed against "avx2"). llama.cpp runs its own native build once per round and thread count.
 # Needs a release build (`cargo build --release -p loip-cli`). The first run installs
 # llama-cpp-python (a native build of llama.cpp, several minutes) into target/llama-venv.
 set -euo pipefail
@@ -36,7 +36,7 @@ loip_run() { # LEVEL ARGS...: loip generate on that SIMD level
     if [ "$level" = native ]; then
         "$loip" generate "$@"
     elif [ "$level" = lanes ]; then
-        LOIP_GEMM=lanes "$loip" generate "$@"
+        LOIP_SIMD=avx2 LOIP_GEMM=lanes "$loip" generate "$@"
     else
         LOIP_SIMD=$level "$loip" generate "$@"
     fi

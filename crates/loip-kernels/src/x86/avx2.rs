@@ -67,7 +67,14 @@ trait Quant {
     type State: Copy;
     unsafe fn prepare(p: *const u8) -> Self::State;
     /// 64-element chunk `k` of the block at `p` (or of the block pair for 32-element blocks)
-    unsafe fn chunk(p: *const u8, s: &Self::State, k: usize) -> Chunk;
+    unsafe fn chunk(p: *const u8, s: &Self::State, k: usize) -> Chunk {
+        let [a, b, c, d] = Self::half4(p, s, k, 0);
+        let [e, f, g, h] = Self::half4(p, s, k, 1);
+        [a, b, c, d, e, f, g, h]
+    }
+    /// halves `4h .. 4h + 4` of [`Quant::chunk`] (`h < 2`): the dot kernel takes a chunk in
+    /// two, so that 8 accumulators, 4 weights and the block's constants fit the 16 registers
+    unsafe fn half4(p: *const u8, s: &Self::State, k: usize, h: usize) -> [__m256; 4];
     /// one 32-element block as two groups (32-element types only)
     unsafe fn block32(p: *const u8) -> [Group; 2];
 }
@@ -91,10 +98,9 @@ macro_rules! pair_quant {
             #[inline(always)]
             unsafe fn prepare(_p: *const u8) {}
             #[inline(always)]
-            unsafe fn chunk(p: *const u8, _s: &(), _k: usize) -> Chunk {
-                let [[a, b], [c, d]] = $t::block32(p);
-                let [[e, f], [g, h]] = $t::block32(p.add($bytes));
-                [a, b, c, d, e, f, g, h]
+            unsafe fn half4(p: *const u8, _s: &(), _k: usize, h: usize) -> [__m256; 4] {
+                let [[a, b], [c, d]] = $t::block32(p.add(h * $bytes));
+                [a, b, c, d]
             }
             #[inline(always)]
             unsafe fn block32(p: *const u8) -> [Group; 2] {
@@ -166,29 +172,22 @@ impl Quant for Q4K {
         s
     }
     #[inline(always)]
-    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
+    unsafe fn half4(p: *const u8, s: &[f32; 16], k: usize, h: usize) -> [__m256; 4] {
         // (d * sc) * q - dmin * m as one fms: (d * sc) * q is exact (17 + 4 significant bits);
-        // low nibbles: sub-block 2k, high nibbles: 2k + 1
-        let (d1, m1) = (_mm256_set1_ps(s[2 * k]), _mm256_set1_ps(s[8 + 2 * k]));
-        let (d2, m2) = (
-            _mm256_set1_ps(s[2 * k + 1]),
-            _mm256_set1_ps(s[8 + 2 * k + 1]),
-        );
+        // low nibbles (h = 0): sub-block 2k, high nibbles (h = 1): 2k + 1
+        let (d, m) = (_mm256_set1_ps(s[2 * k + h]), _mm256_set1_ps(s[8 + 2 * k + h]));
         let q = p.add(16 + 32 * k);
         let mask = _mm256_set1_epi32(0xF);
-        let b = [u8x8(q), u8x8(q.add(8)), u8x8(q.add(16)), u8x8(q.add(24))];
-        let lo = |v| _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), d1, m1);
-        let hi = |v| _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d2, m2);
-        [
-            lo(b[0]),
-            lo(b[1]),
-            lo(b[2]),
-            lo(b[3]),
-            hi(b[0]),
-            hi(b[1]),
-            hi(b[2]),
-            hi(b[3]),
-        ]
+        let f = |o: usize| {
+            let v = u8x8(q.add(o));
+            let v = if h == 0 {
+                _mm256_and_si256(v, mask)
+            } else {
+                _mm256_srli_epi32(v, 4)
+            };
+            _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), d, m)
+        };
+        [f(0), f(8), f(16), f(24)]
     }
     #[inline(always)]
     unsafe fn block32(_p: *const u8) -> [Group; 2] {
@@ -212,16 +211,17 @@ impl Quant for Q6K {
         s
     }
     #[inline(always)]
-    unsafe fn chunk(p: *const u8, s: &[f32; 16], k: usize) -> Chunk {
+    unsafe fn half4(p: *const u8, s: &[f32; 16], k: usize, half: usize) -> [__m256; 4] {
         let h = k / 2;
         let ql = p.add(64 * h);
         let qh = p.add(128 + 32 * h);
         let m4 = _mm256_set1_epi32(0xF);
         let m2 = _mm256_set1_epi32(0x30);
         let c32 = _mm256_set1_epi32(32);
-        let mut w = [_mm256_setzero_ps(); 8];
-        for (j, wj) in w.iter_mut().enumerate() {
+        let mut w = [_mm256_setzero_ps(); 4];
+        for (jj, wj) in w.iter_mut().enumerate() {
             // half j of the chunk: group i = j / 2, bytes (j % 2) * 8 within the group
+            let j = 4 * half + jj;
             let i = j / 2;
             let l = u8x8(ql.add(16 * i + 8 * (j % 2)));
             let hb = u8x8(qh.add(16 * (i % 2) + 8 * (j % 2)));
@@ -328,16 +328,16 @@ pub(super) unsafe fn reduce(a: &[__m256; 8]) -> f32 {
     hsum(fold(a))
 }
 
-/// `acc[j] = fma(w[j], x[e + 8 j ..], acc[j])` for `j < J`.
+/// `acc[A + j] = fma(w[j], x[e + 8 j ..], acc[A + j])` for `j < J`.
 #[inline(always)]
-unsafe fn fma_halves<const J: usize>(
+unsafe fn fma_halves<const J: usize, const A: usize>(
     acc: &mut [__m256; 8],
     w: &[__m256; J],
     x: *const f32,
     e: usize,
 ) {
     for j in 0..J {
-        acc[j] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x.add(e + 8 * j)), acc[j]);
+        acc[A + j] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x.add(e + 8 * j)), acc[A + j]);
     }
 }
 
@@ -358,12 +358,18 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
                 row.wrapping_add(rb + 2 * u * Q::BLOCK_BYTES),
                 2 * Q::BLOCK_BYTES,
             );
-            let w = Q::chunk(row.add(2 * u * Q::BLOCK_BYTES), &Q::prepare(row), 0);
-            fma_halves(&mut acc, &w, x, 64 * u);
+            // each block's four halves go into their accumulators at once: 8 accumulators
+            // + 4 weights + the block's constants fit the 16 registers (a whole chunk of 8
+            // weights spilled)
+            let p = row.add(2 * u * Q::BLOCK_BYTES);
+            let [[a, b], [c, d]] = Q::block32(p);
+            fma_halves::<4, 0>(&mut acc, &[a, b, c, d], x, 64 * u);
+            let [[a, b], [c, d]] = Q::block32(p.add(Q::BLOCK_BYTES));
+            fma_halves::<4, 4>(&mut acc, &[a, b, c, d], x, 64 * u + 32);
         }
         if cols % 64 != 0 {
             let [[a, b], [c, d]] = Q::block32(row.add(2 * pairs * Q::BLOCK_BYTES));
-            fma_halves(&mut acc, &[a, b, c, d], x, 64 * pairs);
+            fma_halves::<4, 0>(&mut acc, &[a, b, c, d], x, 64 * pairs);
         }
     } else {
         for b in 0..cols / (64 * Q::CHUNKS) {
@@ -371,8 +377,9 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
             super::prefetch(p.wrapping_add(rb), Q::BLOCK_BYTES);
             let s = Q::prepare(p);
             for k in 0..Q::CHUNKS {
-                let w = Q::chunk(p, &s, k);
-                fma_halves(&mut acc, &w, x, (b * Q::CHUNKS + k) * 64);
+                let e = (b * Q::CHUNKS + k) * 64;
+                fma_halves::<4, 0>(&mut acc, &Q::half4(p, &s, k, 0), x, e);
+                fma_halves::<4, 4>(&mut acc, &Q::half4(p, &s, k, 1), x, e + 32);
             }
         }
     }
@@ -413,7 +420,7 @@ unsafe fn dot_float_folded<F: Float>(
         for (j, v) in w.iter_mut().enumerate() {
             *v = F::half(row, 8 * c + j);
         }
-        fma_halves(&mut acc, &w, x, 64 * c);
+        fma_halves::<8, 0>(&mut acc, &w, x, 64 * c);
     }
     // the last 1..3 groups go to accumulators 0.. (constant indices keep `acc` in registers)
     let g0 = 4 * chunks;
