@@ -22,9 +22,8 @@
 //!
 //! AVX2 machines use it for every batch, with 256-bit slots. AVX-512 machines keep their
 //! per-row kernels (`avx512`: 1 row × 4 tokens, weights dequantized in registers by table
-//! lookups, no panel) for the types they have them for, measured faster than 512-bit tiles at
-//! every n on the machine this was tuned on (whose 512-bit FMA rate equals its 256-bit one);
-//! the other types take 512-bit slots here.
+//! lookups, no panel) for short batches of the types they have them for; prefill and the
+//! other types take 512-bit slots here (see `dispatch::AVX512_ROWS_MAX_TOKENS`).
 //!
 //! Safety: every `unsafe fn` here requires AVX2, FMA and F16C, checked by [`crate::simd`], and
 //! the buffer lengths stated in its docs.
