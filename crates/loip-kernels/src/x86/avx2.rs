@@ -175,7 +175,10 @@ impl Quant for Q4K {
     unsafe fn half4(p: *const u8, s: &[f32; 16], k: usize, h: usize) -> [__m256; 4] {
         // (d * sc) * q - dmin * m as one fms: (d * sc) * q is exact (17 + 4 significant bits);
         // low nibbles (h = 0): sub-block 2k, high nibbles (h = 1): 2k + 1
-        let (d, m) = (_mm256_set1_ps(s[2 * k + h]), _mm256_set1_ps(s[8 + 2 * k + h]));
+        let (d, m) = (
+            _mm256_set1_ps(s[2 * k + h]),
+            _mm256_set1_ps(s[8 + 2 * k + h]),
+        );
         let q = p.add(16 + 32 * k);
         let mask = _mm256_set1_epi32(0xF);
         let f = |o: usize| {
