@@ -192,14 +192,15 @@ impl Transformer {
             }
             let tp = batch[t];
             let ctx = tp.pos + 1;
-            let (kc, vc) = kv_ref.get(tp.seq, layer, ctx)?;
             // A sliding window of W keeps the last W positions, this one included (HF
-            // `sliding_window_causal_mask`: kv_idx > q_idx - W).
+            // `sliding_window_causal_mask`: kv_idx > q_idx - W). The cache still holds them:
+            // it drops positions only after the whole step attended (`settle` below).
             let first = window.map_or(0, |w| ctx.saturating_sub(w));
+            let (kc, vc) = kv_ref.rows(tp.seq, layer, first, ctx)?;
             k::attention(
                 &q[t * qd..(t + 1) * qd],
-                &kc[first * kvd..],
-                &vc[first * kvd..],
+                kc,
+                vc,
                 ctx - first,
                 c.num_heads,
                 c.num_kv_heads,
@@ -215,7 +216,7 @@ impl Transformer {
         }
         for &(a, b) in &runs {
             let tp = batch[a];
-            let (kc, vc) = kv_ref.get(tp.seq, layer, tp.pos + (b - a))?;
+            let (kc, vc) = kv_ref.rows(tp.seq, layer, 0, tp.pos + (b - a))?;
             k::attention_causal(
                 &q[a * qd..b * qd],
                 kc,
@@ -226,6 +227,13 @@ impl Transformer {
                 d,
                 &mut att[a * qd..b * qd],
             );
+        }
+
+        if window.is_some() {
+            // the ring keeps the last W positions of each sequence for the next step
+            for tp in batch {
+                kv.settle(tp.seq, layer);
+            }
         }
 
         let mut o = vec![0f32; n * h]; // (n, hidden)
@@ -368,9 +376,11 @@ impl<'a> Model<'a> {
         Model::bind(ckpt, &ckpt.config, ckpt.qk_permuted)
     }
 
-    /// A fresh KV cache for all layers, with an optional byte budget.
+    /// A fresh KV cache for all layers, with an optional byte budget; sliding-window layers
+    /// keep their last `window` positions.
     pub fn new_cache(&self, budget: Option<u64>) -> KvCache {
         KvCache::new(0..self.tf.cfg.num_layers, self.tf.kv_dim(), budget)
+            .with_windows(|l| self.tf.cfg.layer_window(l))
     }
 
     /// Runs one step: `ids[t]` at `batch[t]`; returns hidden states `(n, hidden)` after the

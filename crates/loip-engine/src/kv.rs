@@ -1,29 +1,55 @@
-//! KV cache: per sequence, per held layer, f32 keys and values of every cached position.
+//! KV cache: per sequence, per held layer, f32 keys and values of the cached positions.
 //!
 //! A cache holds only the layers of the stages that use it (any set of global layer indices).
+//! A full-attention layer keeps every position. A sliding-window layer of window `W`
+//! ([`KvCache::with_windows`]) keeps only its last `W` positions (a ring): once a step has
+//! attended, [`KvCache::settle`] drops the positions that left the window, so its KV stops
+//! growing at `W` rows. Within a step the ring may hold more (a prompt chunk longer than the
+//! window appends all its rows before its queries attend, each to its own last `W`).
+//! Every layer's rows are one contiguous run in position order, so attention reads the same
+//! rows in the same order as from a cache that keeps everything (bit-identical).
+//!
 //! Growth is accounted in bytes against an optional budget; a step that would exceed it is
 //! refused before anything is written, so a refused step leaves the cache unchanged.
 //!
-//! KV lending (design §6): the oldest rows of a layer may be taken out ([`KvCache::lend_rows`])
-//! to be held elsewhere and put back ([`KvCache::return_rows`]) before the layer is read
-//! again; while they are out the layer cannot be read (a typed error, never a partial read),
-//! their bytes are freed here, and bytes held for a peer ([`KvCache::set_held_for_peers`])
-//! count against the budget.
+//! KV lending (design §6): the oldest rows a layer holds may be taken out
+//! ([`KvCache::lend_rows`]) to be held elsewhere and put back ([`KvCache::return_rows`])
+//! before the layer is read again; while they are out the layer cannot be read (a typed
+//! error, never a partial read), their bytes are freed here, and bytes held for a peer
+//! ([`KvCache::set_held_for_peers`]) count against the budget.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use crate::EngineError;
 
 /// A sequence (request) id.
 pub type SeqId = u64;
 
-/// Keys and values of one layer of one sequence.
+/// Keys and values of one layer of one sequence: positions `lo..lo + lent` are lent out,
+/// the rows held are the positions after them, contiguous (`k.as_slices().1` is empty).
 #[derive(Debug, Default, Clone)]
-pub struct LayerKv {
-    /// (len, n_kv_heads * head_dim)
-    pub k: Vec<f32>,
-    /// (len, n_kv_heads * head_dim)
-    pub v: Vec<f32>,
+struct LayerKv {
+    k: VecDeque<f32>, // (held, kv_dim)
+    v: VecDeque<f32>, // (held, kv_dim)
+    lo: usize,        // oldest position of the layer (lent or held)
+}
+
+impl LayerKv {
+    fn push_back(&mut self, k: &[f32], v: &[f32]) {
+        self.k.extend(k.iter().copied());
+        self.v.extend(v.iter().copied());
+        self.k.make_contiguous();
+        self.v.make_contiguous();
+    }
+
+    fn push_front(&mut self, k: &[f32], v: &[f32]) {
+        for (&a, &b) in k.iter().zip(v).rev() {
+            self.k.push_front(a);
+            self.v.push_front(b);
+        }
+        self.k.make_contiguous();
+        self.v.make_contiguous();
+    }
 }
 
 /// The KV cache of one device (all its stages).
@@ -31,6 +57,7 @@ pub struct LayerKv {
 pub struct KvCache {
     kv_dim: usize,                        // n_kv_heads * head_dim
     layers: Vec<usize>,                   // global indices of held layers, sorted
+    windows: Vec<Option<usize>>,          // per held layer: its sliding window, tokens
     seqs: HashMap<SeqId, Vec<LayerKv>>,   // per sequence, per held layer (same order)
     budget: Option<u64>,                  // bytes
     used: u64,                            // bytes of K and V held
@@ -40,7 +67,8 @@ pub struct KvCache {
 
 impl KvCache {
     /// A cache for the given global layers with `kv_dim = n_kv_heads * head_dim` floats per
-    /// token per layer for each of K and V, and an optional byte budget.
+    /// token per layer for each of K and V, and an optional byte budget. Every layer keeps
+    /// every position until [`KvCache::with_windows`] says which slide.
     pub fn new(
         layers: impl IntoIterator<Item = usize>,
         kv_dim: usize,
@@ -51,6 +79,7 @@ impl KvCache {
         layers.dedup();
         KvCache {
             kv_dim,
+            windows: vec![None; layers.len()],
             layers,
             seqs: HashMap::new(),
             budget,
@@ -58,6 +87,22 @@ impl KvCache {
             lent: HashMap::new(),
             for_peers: 0,
         }
+    }
+
+    /// The same (empty) cache with a sliding window on the layers `window_of` gives one
+    /// (`ModelConfig::layer_window`): those keep only their last `window` positions.
+    pub fn with_windows(mut self, window_of: impl Fn(usize) -> Option<usize>) -> KvCache {
+        self.windows = self
+            .layers
+            .iter()
+            .map(|&l| window_of(l).map(|w| w.max(1)))
+            .collect();
+        self
+    }
+
+    /// The window of held layer `layer` (`None`: it keeps every position, or is not held).
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.slot(layer).ok().and_then(|i| self.windows[i])
     }
 
     /// Bytes per cached token per layer (K and V).
@@ -75,10 +120,32 @@ impl KvCache {
         self.budget = budget;
     }
 
-    /// Tokens cached for `seq` at held layer `layer` (0 when unknown), lent rows included.
+    fn held_rows(&self, l: &LayerKv) -> usize {
+        l.k.len() / self.kv_dim.max(1)
+    }
+
+    fn layer(&self, seq: SeqId, slot: usize) -> Option<&LayerKv> {
+        self.seqs.get(&seq).map(|l| &l[slot])
+    }
+
+    /// Rows cached for `seq` at held layer `layer` (0 when unknown), lent rows included: every
+    /// position on a full-attention layer, at most its window on a sliding one (after a step).
     pub fn len(&self, seq: SeqId, layer: usize) -> usize {
-        match (self.slot(layer), self.seqs.get(&seq)) {
-            (Ok(i), Some(l)) => l[i].k.len() / self.kv_dim.max(1) + self.lent_at(seq, i),
+        match self.slot(layer) {
+            Ok(i) => self
+                .layer(seq, i)
+                .map_or(0, |l| self.held_rows(l) + self.lent_at(seq, i)),
+            _ => 0,
+        }
+    }
+
+    /// The next position `seq` appends at held layer `layer` (positions cached so far,
+    /// dropped and lent ones included).
+    pub fn next_pos(&self, seq: SeqId, layer: usize) -> usize {
+        match self.slot(layer) {
+            Ok(i) => self
+                .layer(seq, i)
+                .map_or(0, |l| l.lo + self.lent_at(seq, i) + self.held_rows(l)),
             _ => 0,
         }
     }
@@ -99,8 +166,8 @@ impl KvCache {
         self.slot(layer).map_or(0, |i| self.lent_at(seq, i))
     }
 
-    /// Takes the oldest `n` rows of `seq` at held layer `layer` out (to lend them): K then V,
-    /// each `(n, kv_dim)`. Refused when rows are already out or fewer are held.
+    /// Takes the oldest `n` rows `seq` holds at held layer `layer` out (to lend them): K then
+    /// V, each `(n, kv_dim)`. Refused when rows are already out or fewer are held.
     pub fn lend_rows(
         &mut self,
         seq: SeqId,
@@ -110,9 +177,8 @@ impl KvCache {
         let slot = self.slot(layer)?;
         let kv_dim = self.kv_dim;
         let out = self.lent_at(seq, slot);
-        let l = self.seqs.get_mut(&seq).map(|l| &mut l[slot]);
-        let held = l.as_ref().map_or(0, |l| l.k.len() / kv_dim.max(1));
-        match l {
+        let held = self.layer(seq, slot).map_or(0, |l| self.held_rows(l));
+        match self.seqs.get_mut(&seq).map(|l| &mut l[slot]) {
             Some(l) if out == 0 && n <= held => {
                 let k: Vec<f32> = l.k.drain(..n * kv_dim).collect();
                 let v: Vec<f32> = l.v.drain(..n * kv_dim).collect();
@@ -143,14 +209,14 @@ impl KvCache {
         let slot = self.slot(layer)?;
         let kv_dim = self.kv_dim.max(1);
         let out = self.lent_at(seq, slot);
-        let Some(l) = self.seqs.get_mut(&seq).map(|l| &mut l[slot]) else {
+        if self.layer(seq, slot).is_none() {
             return Err(EngineError::BadPosition {
                 seq,
                 pos: 0,
                 layer,
                 held: 0,
             });
-        };
+        }
         if k.len() != out * kv_dim || v.len() != k.len() {
             return Err(EngineError::BadPosition {
                 seq,
@@ -169,8 +235,9 @@ impl KvCache {
                 });
             }
         }
-        l.k.splice(0..0, k.iter().copied());
-        l.v.splice(0..0, v.iter().copied());
+        if let Some(l) = self.seqs.get_mut(&seq).map(|l| &mut l[slot]) {
+            l.push_front(k, v);
+        }
         self.used += bytes;
         self.lent.remove(&(seq, slot));
         Ok(())
@@ -208,7 +275,8 @@ impl KvCache {
             .map_err(|_| EngineError::LayerNotHeld(layer))
     }
 
-    /// Checks that `tokens` more tokens fit the budget on every held layer.
+    /// Checks that `tokens` more tokens fit the budget on every held layer (a sliding layer
+    /// holds a step's rows too until [`KvCache::settle`], so it is counted like the others).
     pub fn reserve(&self, tokens: usize) -> Result<(), EngineError> {
         if let Some(budget) = self.budget {
             let needed = tokens as u64 * self.layers.len() as u64 * self.bytes_per_token_layer();
@@ -230,45 +298,88 @@ impl KvCache {
         v: &[f32],
     ) -> Result<(), EngineError> {
         let slot = self.slot(layer)?;
-        let n_layers = self.layers.len();
         let kv_dim = self.kv_dim;
-        let entry = self
-            .seqs
-            .entry(seq)
-            .or_insert_with(|| vec![LayerKv::default(); n_layers]);
-        let l = &mut entry[slot];
-        let held = l.k.len() / kv_dim.max(1) + self.lent.get(&(seq, slot)).copied().unwrap_or(0);
-        if pos != held {
+        if k.len() != kv_dim || v.len() != kv_dim {
+            return Err(EngineError::Invalid(format!(
+                "KV rows of {} and {} floats for a width of {kv_dim}",
+                k.len(),
+                v.len()
+            )));
+        }
+        let next = self.next_pos(seq, layer);
+        if pos != next {
             return Err(EngineError::BadPosition {
                 seq,
                 pos,
                 layer,
-                held,
+                held: next,
             });
         }
-        l.k.extend_from_slice(k);
-        l.v.extend_from_slice(v);
+        let n_layers = self.layers.len();
+        let entry = self
+            .seqs
+            .entry(seq)
+            .or_insert_with(|| vec![LayerKv::default(); n_layers]);
+        entry[slot].push_back(k, v);
         self.used += 2 * kv_dim as u64 * 4;
         Ok(())
     }
 
-    /// K and V of `seq` at `layer`, the first `n` positions.
+    /// After a step attended at `layer`: a sliding layer of `seq` drops the positions before
+    /// its last `window` (none while rows are lent out). Nothing happens on other layers.
+    pub fn settle(&mut self, seq: SeqId, layer: usize) {
+        let Ok(slot) = self.slot(layer) else { return };
+        let (Some(w), 0) = (self.windows[slot], self.lent_at(seq, slot)) else {
+            return;
+        };
+        let kv_dim = self.kv_dim;
+        if let Some(l) = self.seqs.get_mut(&seq).map(|l| &mut l[slot]) {
+            let held = l.k.len() / kv_dim.max(1);
+            if held > w {
+                let drop = held - w;
+                l.k.drain(..drop * kv_dim);
+                l.v.drain(..drop * kv_dim);
+                l.lo += drop;
+                self.used -= (2 * drop * kv_dim) as u64 * 4;
+            }
+        }
+    }
+
+    /// K and V of `seq` at `layer`, the first `n` positions (a layer that still holds them).
     pub fn get(&self, seq: SeqId, layer: usize, n: usize) -> Result<(&[f32], &[f32]), EngineError> {
+        self.rows(seq, layer, 0, n)
+    }
+
+    /// K and V of `seq` at `layer`, positions `from..to`, each `(to - from, kv_dim)`. Refused
+    /// while rows are lent out, and for positions not held (past the end, or dropped from a
+    /// sliding window).
+    pub fn rows(
+        &self,
+        seq: SeqId,
+        layer: usize,
+        from: usize,
+        to: usize,
+    ) -> Result<(&[f32], &[f32]), EngineError> {
         let slot = self.slot(layer)?;
-        let l = self.seqs.get(&seq).map(|l| &l[slot]);
-        let held = l.map_or(0, |l| l.k.len() / self.kv_dim.max(1));
+        let l = self.layer(seq, slot);
+        let held = l.map_or(0, |l| self.held_rows(l));
         match l {
             // rows lent out: nothing is read until they are back
-            Some(l) if n <= held && self.lent_at(seq, slot) == 0 => {
-                Ok((&l.k[..n * self.kv_dim], &l.v[..n * self.kv_dim]))
+            Some(l) if from >= l.lo && from <= to && to <= l.lo + held => {
+                if self.lent_at(seq, slot) == 0 {
+                    let d = self.kv_dim;
+                    let (a, b) = ((from - l.lo) * d, (to - l.lo) * d);
+                    return Ok((&l.k.as_slices().0[a..b], &l.v.as_slices().0[a..b]));
+                }
             }
-            _ => Err(EngineError::BadPosition {
-                seq,
-                pos: n.saturating_sub(1),
-                layer,
-                held,
-            }),
+            _ => {}
         }
+        Err(EngineError::BadPosition {
+            seq,
+            pos: to.saturating_sub(1),
+            layer,
+            held,
+        })
     }
 
     /// Drops a sequence's cache.
@@ -281,17 +392,22 @@ impl KvCache {
     }
 
     /// Truncates a sequence to its first `n` positions on every held layer (used to roll back
-    /// a step that failed part-way).
+    /// a step that failed part-way). A sliding layer cannot bring back positions it dropped:
+    /// a step longer than one token rolled back there leaves the window short, and reading it
+    /// is then a typed error rather than a different answer.
     pub fn truncate(&mut self, seq: SeqId, n: usize) {
         let kv_dim = self.kv_dim;
         if let Some(layers) = self.seqs.get_mut(&seq) {
             let mut freed = 0usize;
             for (i, l) in layers.iter_mut().enumerate() {
                 let out = self.lent.get(&(seq, i)).copied().unwrap_or(0);
-                let keep = (n.saturating_sub(out) * kv_dim).min(l.k.len());
+                let keep = (n.saturating_sub(l.lo + out) * kv_dim).min(l.k.len());
                 freed += (l.k.len() - keep) * 2;
                 l.k.truncate(keep);
                 l.v.truncate(keep);
+                if out == 0 && n < l.lo {
+                    l.lo = n;
+                }
             }
             self.used -= freed as u64 * 4;
         }

@@ -277,7 +277,6 @@ pub fn device_memory(
     micro_batches: u32,
 ) -> u64 {
     let retained: u64 = stages.iter().map(|s| s.retained_bytes(shape)).sum();
-    let layers: u64 = stages.iter().map(|s| s.layers.len() as u64).sum();
     retained
         + slot_bytes(mode, stages, shape)
         + if holds_embedding {
@@ -290,8 +289,13 @@ pub fn device_memory(
         } else {
             0
         }
-        + shape.kv_bytes(layers, context)
+        + shape.kv_bytes_of(stage_layers(stages), context)
         + shape.working_bytes(micro_batches)
+}
+
+/// Global layers of `stages`.
+fn stage_layers(stages: &[StagePlan]) -> impl Iterator<Item = u32> + '_ {
+    stages.iter().flat_map(|s| s.layers.iter().map(|l| l.layer))
 }
 
 /// Memory of a device with `s` identical stages of `n` layers, `a`/`m` offloaded blocks each,
@@ -576,7 +580,6 @@ pub fn evaluate_batched(
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            let layers: u64 = d.stages.iter().map(|s| s.layers.len() as u64).sum();
             let mem = device_memory(
                 shape,
                 plan.mode,
@@ -586,7 +589,7 @@ pub fn evaluate_batched(
                 plan.context,
                 b.saturating_mul(q),
             );
-            let kv = shape.kv_bytes(layers, plan.context);
+            let kv = shape.kv_bytes_of(stage_layers(&d.stages), plan.context);
             DeviceCost {
                 name: d.name.clone(),
                 memory_bytes: mem,
@@ -657,11 +660,8 @@ pub fn thresholds(
             Threshold {
                 name: d.name.clone(),
                 left_bytes: left,
-                first_threshold: first_threshold(
-                    left,
-                    d.layer_count() as u64,
-                    shape.kv_bytes_per_token,
-                ),
+                // sliding layers stop growing at their window
+                first_threshold: shape.kv_tokens_within(d.layer_count() as u64, left),
             }
         })
         .collect())

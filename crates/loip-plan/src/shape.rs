@@ -142,13 +142,58 @@ impl ModelShape {
     /// KV cache bytes of `layers` layers holding `context` positions of one sequence: the one
     /// place every planner, cost and simulator KV size comes from.  // bytes
     ///
-    /// A sliding-window layer is counted like any other, at the whole context: it attends to
-    /// its last [`ModelShape::sliding_window`] positions only, but the engine's cache
-    /// (`loip_engine::kv`) keeps every position of every layer, so counting a sliding layer
-    /// at its window would reserve less than a device holds. (When the cache drops positions
-    /// that left every window, this is where the count stops growing at the window.)
+    /// A sliding-window layer holds at most its window, `min(context, window)` positions
+    /// (the engine's cache keeps only its last [`ModelShape::sliding_window`] positions), so
+    /// its KV stops growing at the window. Which layers slide matters: without their indices
+    /// this counts the most any `layers` layers of the model hold (its full-attention layers
+    /// first), exact for the whole model and for models with one window on every layer or
+    /// none; [`ModelShape::kv_bytes_of`] counts given layers exactly.
     pub fn kv_bytes(&self, layers: u64, context: u64) -> u64 {
-        context * layers * self.kv_bytes_per_token
+        let full = self.full_layers().min(layers);
+        self.kv_rows(full, layers - full, context) * self.kv_bytes_per_token
+    }
+
+    /// KV cache bytes of the given global layers holding `context` positions of one
+    /// sequence, each sliding layer at `min(context, window)`.  // bytes
+    pub fn kv_bytes_of(&self, layers: impl IntoIterator<Item = u32>, context: u64) -> u64 {
+        let (mut full, mut sliding) = (0, 0);
+        for l in layers {
+            match self.layer_window(l) {
+                Some(_) => sliding += 1,
+                None => full += 1,
+            }
+        }
+        self.kv_rows(full, sliding, context) * self.kv_bytes_per_token
+    }
+
+    /// Most positions of one sequence whose KV on `layers` layers (counted as
+    /// [`ModelShape::kv_bytes`]) fits in `bytes` (`u64::MAX`: it never fills them, as when
+    /// every layer slides).  // tokens
+    pub fn kv_tokens_within(&self, layers: u64, bytes: u64) -> u64 {
+        let full = self.full_layers().min(layers);
+        let sliding = layers - full;
+        let window = self.sliding_window.unwrap_or(u64::MAX);
+        let per = self.kv_bytes_per_token.max(1);
+        // below the window every layer grows; beyond it only the full ones
+        let all = bytes / per / layers.max(1);
+        if all <= window || sliding == 0 {
+            return if layers == 0 { u64::MAX } else { all };
+        }
+        let left = bytes / per - sliding * window;
+        left.checked_div(full).unwrap_or(u64::MAX)
+    }
+
+    /// Full-attention layers of the model.
+    fn full_layers(&self) -> u64 {
+        (0..self.layers)
+            .filter(|&l| self.layer_window(l).is_none())
+            .count() as u64
+    }
+
+    /// Cached rows: `full` layers at `context`, `sliding` ones at most at the window.
+    fn kv_rows(&self, full: u64, sliding: u64, context: u64) -> u64 {
+        let w = self.sliding_window.map_or(context, |w| w.min(context));
+        (full * context).saturating_add(sliding * w)
     }
 
     /// Bytes of the token's return trip `r` (last device → first device, once per generated

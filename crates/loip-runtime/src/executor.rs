@@ -298,7 +298,8 @@ impl Device {
             Some(Loader::new(spec.loader, dir, &group_slices)?)
         };
         let kv_dim = cfg.num_kv_heads * cfg.head_dim;
-        let kv = KvCache::new(layers, kv_dim, spec.mem_budget.map(|_| kv_budget));
+        let kv = KvCache::new(layers, kv_dim, spec.mem_budget.map(|_| kv_budget))
+            .with_windows(|l| cfg.layer_window(l));
         let mem = MemoryReport {
             budget: spec.mem_budget.unwrap_or(0),
             resident: resident_need,

@@ -123,8 +123,12 @@ pub fn local_spec_for(
             l.mlp = BlockPlacement::Offloaded;
         }
     }
-    let kv_bytes = (opts.context as u64 * max_seqs as u64)
-        .saturating_mul(n as u64 * 2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4);
+    // a sliding-window layer's cache stops at its window
+    let kv_rows: u64 = (0..n as usize)
+        .map(|l| m.config.layer_window(l).map_or(opts.context, |w| w.min(opts.context)) as u64)
+        .sum();
+    let kv_bytes = (kv_rows * max_seqs as u64)
+        .saturating_mul(2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4);
     let working = working_bytes(m, opts.max_step_tokens, max_seqs, opts.context);
     let need = |layers: &[StageLayer]| -> Result<u64, RuntimeError> {
         let mut resident = size(m, SliceKind::Embed)? + size(m, SliceKind::Head)?;

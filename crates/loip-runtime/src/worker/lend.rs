@@ -135,8 +135,9 @@ impl Lender {
         let mut left = self.tokens;
         let mut rows: LentRows = Vec::new();
         for seq in d.kv.seq_ids() {
-            // keep the newest row of each sequence here
-            let n = (d.kv.len(seq, first).saturating_sub(1) as u64).min(left);
+            // keep the newest row of each sequence here (a sliding layer holds only its window)
+            let held = layers.iter().map(|&l| d.kv.len(seq, l)).min().unwrap_or(0);
+            let n = (held.saturating_sub(1) as u64).min(left);
             if n > 0 && d.kv.lent(seq, first) == 0 {
                 rows.push((seq, n as u32));
                 left -= n;
