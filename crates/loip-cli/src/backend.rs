@@ -44,6 +44,10 @@ pub struct ClusterArgs {
     /// worker (for networks where workers cannot reach each other).
     #[arg(long)]
     pub relay: bool,
+    /// Online adaptation may lend KV to the peer with the most spare memory when a device
+    /// nears a memory threshold, fetched back before its stage runs again (off by default).
+    #[arg(long)]
+    pub lend: bool,
     /// Write the plan as JSON to this file.
     #[arg(long)]
     pub plan_out: Option<PathBuf>,
@@ -170,6 +174,7 @@ pub fn start(
         shape_name: model.to_string(),
         greedy,
         relay: c.relay,
+        lending: c.lend,
         ..Default::default()
     };
     opts.connect.token =

@@ -71,6 +71,12 @@ pub struct LocalArgs {
     /// worker (for comparison, and for networks where workers cannot reach each other).
     #[arg(long)]
     pub relay: bool,
+    /// Online adaptation may lend KV: a device about to cross a memory threshold sends the
+    /// oldest rows of each stage's KV to the peer with the most spare memory after the stage
+    /// runs, and fetches them back before it runs again, sized to the link's measured rate
+    /// (off by default; output is identical either way).
+    #[arg(long)]
+    pub lend: bool,
     #[command(flatten)]
     pub prompt: PromptArgs,
     /// Measure the devices' loaders all at the same time (they share this machine's disk)
@@ -324,6 +330,7 @@ fn session_options(
         probe_loads_together: a.probe_loads_together,
         greedy: a.prompt.greedy(),
         relay: a.relay,
+        lending: a.lend,
         ..Default::default()
     };
     o.connect.token = Some(token.to_string());
@@ -770,6 +777,7 @@ fn clone_args(a: &LocalArgs) -> LocalArgs {
         store_root: a.store_root.clone(),
         json: a.json,
         relay: a.relay,
+        lend: a.lend,
         prompt: a.prompt.clone(),
         probe_loads_together: a.probe_loads_together,
         micro_batch_seqs: a.micro_batch_seqs.clone(),
