@@ -90,7 +90,7 @@ pub fn batching(
         ..req.clone()
     };
     let p = plan(planner, shape, cluster, &req_b)?;
-    let c = cost::evaluate_batched(&p, shape, cluster, q)?;
+    let (ms_per_token, c) = price_layout(&p, shape, cluster, n, q)?;
     if let Some(d) = c.devices.iter().find(|d| d.memory_bytes > d.budget_bytes) {
         return Err(PlanError::DoesNotFit {
             planner: planner.to_string(),
@@ -98,15 +98,41 @@ pub fn batching(
             lacks_bytes: d.memory_bytes - d.budget_bytes,
         });
     }
-    let per_round = (p.micro_batches.max(1) * q) as f64; // tokens priced per round
     Ok(Batching {
         sequences: n,
         micro_batches: b,
         seqs_per_micro_batch: q,
-        ms_per_token: c.ms_per_token * per_round / n as f64,
+        ms_per_token,
         plan: p,
         cost: c,
     })
+}
+
+/// Prices `layout` (any plan; its layers and offloading kept) running `sequences` as
+/// micro-batches of `q` (`b = ⌈N/q⌉` in flight, bursty when `b > 1`): milliseconds per
+/// generated token over all `N` (module docs) and the full-round cost.
+pub fn price_layout(
+    layout: &Plan,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    sequences: u32,
+    q: u32,
+) -> Result<(f64, Cost), PlanError> {
+    let n = sequences.max(1);
+    let q = q.clamp(1, n);
+    let b = n.div_ceil(q);
+    let p = Plan {
+        micro_batches: b,
+        pattern: if b > 1 {
+            Pattern::Bursty
+        } else {
+            Pattern::Sporadic
+        },
+        ..layout.clone()
+    };
+    let c = cost::evaluate_batched(&p, shape, cluster, q)?;
+    let per_round = (b * q) as f64; // tokens a full round is priced for
+    Ok((c.ms_per_token * per_round / n as f64, c))
 }
 
 /// Every candidate of [`candidates`], priced (or why it cannot run), `q` ascending.
