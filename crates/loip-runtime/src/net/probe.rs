@@ -136,18 +136,32 @@ fn time_attn(
             pos: n as usize,
         })
         .collect();
-    let xb: Vec<f32> = x0.repeat(b as usize);
-    let mut times = Vec::new();
-    for rep in 0..=reps {
-        let mut x = xb.clone();
-        flush(cold, rep as u8);
-        let t = Instant::now();
-        tf.attention(0, aw, &mut x, &batch, &mut kv)?;
-        if rep > 0 {
-            times.push(t.elapsed().as_secs_f64());
-        }
+    time_median(&x0.repeat(b as usize), cold, reps, |x| {
+        tf.attention(0, aw, x, &batch, &mut kv)?;
         for seq in 0..b as u64 {
             kv.truncate(seq, n as usize);
+        }
+        Ok(())
+    })
+}
+
+/// The median time of `reps` runs of `run` on a fresh copy of `x` (after a warm-up run),
+/// the caches flushed before each. Everything `run` does is timed (for attention that
+/// includes dropping the one KV row per sequence it appended).  // seconds
+fn time_median(
+    x: &[f32],
+    cold: &mut [u8],
+    reps: usize,
+    mut run: impl FnMut(&mut [f32]) -> Result<(), RuntimeError>,
+) -> Result<f64, RuntimeError> {
+    let mut times = Vec::new();
+    for rep in 0..=reps {
+        let mut xr = x.to_vec();
+        flush(cold, rep as u8);
+        let t = Instant::now();
+        run(&mut xr)?;
+        if rep > 0 {
+            times.push(t.elapsed().as_secs_f64());
         }
     }
     Ok(median(times))
@@ -162,18 +176,7 @@ fn time_mlp(
     cold: &mut [u8],
     reps: usize,
 ) -> Result<f64, RuntimeError> {
-    let xb: Vec<f32> = x0.repeat(b as usize);
-    let mut times = Vec::new();
-    for rep in 0..=reps {
-        let mut x = xb.clone();
-        flush(cold, rep as u8);
-        let t = Instant::now();
-        tf.mlp(mw, &mut x)?;
-        if rep > 0 {
-            times.push(t.elapsed().as_secs_f64());
-        }
-    }
-    Ok(median(times))
+    time_median(&x0.repeat(b as usize), cold, reps, |x| Ok(tf.mlp(mw, x)?))
 }
 
 /// Completes micro-batch `b`'s attention row over `contexts` from the points measured
