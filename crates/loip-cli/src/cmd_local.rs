@@ -408,8 +408,20 @@ fn compare_micro_batches(
     sizes: &[usize],
 ) -> Result<()> {
     let prompts = vec![prompt.to_vec(); n];
-    println!("| sequences | sequences per step | steps in flight | tokens | wall s | tokens/s | ms/token |");
-    println!("|---|---|---|---|---|---|---|");
+    // The cost model's price of this session's layout run as micro-batches of q.
+    let predict = |q: usize| {
+        loip_plan::planners::batching::price_layout(&s.plan, &s.shape, &s.cluster, n as u32, q as u32)
+            .map_or(f64::NAN, |(ms, _)| ms)
+    };
+    let best = loip_plan::planners::batching::candidates(n as u32)
+        .into_iter()
+        .map(|(_, q)| (q, predict(q as usize)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((q, ms)) = best {
+        println!("cost model's choice: {q} sequences per micro-batch, {} in flight ({ms:.1} ms/token)", n.div_ceil(q as usize));
+    }
+    println!("| sequences | sequences per step | steps in flight | tokens | wall s | tokens/s | ms/token | predicted ms/token |");
+    println!("|---|---|---|---|---|---|---|---|");
     for &q in sizes {
         let (tokens, wall) = if q == 0 {
             let t = Instant::now();
@@ -422,10 +434,11 @@ fn compare_micro_batches(
         };
         let per = q.max(1);
         println!(
-            "| {n} | {per} | {} | {tokens} | {wall:.2} | {:.1} | {:.1} |",
+            "| {n} | {per} | {} | {tokens} | {wall:.2} | {:.1} | {:.1} | {:.1} |",
             n.div_ceil(per),
             tokens as f64 / wall.max(1e-9),
-            wall * 1e3 / tokens.max(1) as f64
+            wall * 1e3 / tokens.max(1) as f64,
+            predict(per)
         );
     }
     Ok(())

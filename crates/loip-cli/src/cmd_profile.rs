@@ -1,4 +1,8 @@
 //! `loip profile`: measure this machine as a device profile for the planner (design §7).
+//!
+//! Attention and MLP block times are taken for micro-batches of b = 1, 2, 4 and 8
+//! sequences (the profile's `b` grid, design §11); the cost model interpolates between
+//! them. Profiles written before the grid hold b = 1 only and mean a time flat in `b`.
 
 use std::path::PathBuf;
 
@@ -47,13 +51,31 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     std::fs::write(&a.out, profile.to_json())
         .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!(
-        "measured in {:.1} s: t^A(1,1) {:.3} ms, t^P(1) {:.3} ms, direct {:.2} GB/s, conventional {:.2} GB/s",
+        "measured in {:.1} s: direct {:.2} GB/s, conventional {:.2} GB/s",
         probe.took_s,
-        probe.attn.first().map_or(0.0, |a| a.1 * 1e3),
-        probe.mlp_s * 1e3,
         probe.direct.bandwidth / 1e9,
         probe.conventional.bandwidth / 1e9
     );
+    let one = loip_runtime::wire::BatchProbe {
+        b: 1,
+        attn: probe.attn.clone(),
+        mlp_s: probe.mlp_s,
+    };
+    eprintln!("| b | t^A(b, 1) ms | t^A(b, max n) ms | t^P(b) ms | layer ms per sequence |");
+    eprintln!("|---|---|---|---|---|");
+    for g in std::iter::once(&one).chain(&probe.batched) {
+        let first = g.attn.first().map_or(0.0, |a| a.1);
+        let last = g.attn.last().map_or((0, 0.0), |a| *a);
+        eprintln!(
+            "| {} | {:.3} | {:.3} (n = {}) | {:.3} | {:.3} |",
+            g.b,
+            first * 1e3,
+            last.1 * 1e3,
+            last.0,
+            g.mlp_s * 1e3,
+            (first + g.mlp_s) * 1e3 / g.b.max(1) as f64
+        );
+    }
     println!("{}", a.out.display());
     Ok(())
 }

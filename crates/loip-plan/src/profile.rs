@@ -47,6 +47,11 @@
 //!
 //! A measured profile used for another shape is scaled by the ratio of block bytes
 //! (`A'/A`, `P'/P`): an approximation that holds while decoding is memory-bound.
+//!
+//! `loip profile` measures the grids at b = 1, 2, 4, 8; between grid points the time is
+//! interpolated linearly, beyond the last one extrapolated from the last segment. A profile
+//! written before the b grid holds b = 1 only: its times are taken for every `b` (flat in
+//! `b`, the memory-bound assumption the cost model made before).
 
 use crate::error::ConfigError;
 use crate::shape::ModelShape;
@@ -520,6 +525,47 @@ mod tests {
             let p = preset(name).unwrap_or_else(|| panic!("preset {name}"));
             assert_eq!(DeviceProfile::from_json(&p.to_json()).unwrap(), p);
         }
+    }
+
+    #[test]
+    fn a_profile_with_b_1_only_is_flat_in_b() {
+        let s = shape();
+        let l = LoaderProfile {
+            bandwidth: 1e9,
+            per_read_overhead: 0.0,
+        };
+        let old = DeviceProfile::from_measurements(
+            "old",
+            1 << 30,
+            &s,
+            vec![(1, 1, 1e-3), (1, 1024, 2e-3)],
+            vec![(1, 3e-3)],
+            l,
+            l,
+        )
+        .unwrap();
+        let grid = DeviceProfile::from_measurements(
+            "grid",
+            1 << 30,
+            &s,
+            [1, 2, 4, 8]
+                .iter()
+                .flat_map(|&b| [(b, 1, 1e-3 * b as f64), (b, 1024, 2e-3 * b as f64)])
+                .collect(),
+            vec![(1, 3e-3), (2, 4e-3), (4, 6e-3), (8, 1e-2)],
+            l,
+            l,
+        )
+        .unwrap();
+        for b in [1, 2, 3, 8, 16] {
+            assert_eq!(old.attn_time(&s, b, 512), old.attn_time(&s, 1, 512));
+            assert_eq!(old.mlp_time(&s, b), 3e-3);
+        }
+        assert!((grid.mlp_time(&s, 3) - 5e-3).abs() < 1e-12);
+        assert!((grid.mlp_time(&s, 16) - 1.8e-2).abs() < 1e-12);
+        assert!((grid.attn_time(&s, 8, 1) - 8e-3).abs() < 1e-12);
+        let back = DeviceProfile::from_json(&grid.to_json()).unwrap();
+        assert_eq!(back, grid);
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! The cost model for micro-batches of several sequences (`cost::evaluate_batched`): one
 //! sequence per micro-batch is `evaluate` exactly; block times come from the profile's grid
-//! over b; with times flat in b the price is `evaluate` on q-fold transfers divided by q.
+//! over b; with times flat in b the price is `evaluate` on q-fold transfers divided by q;
+//! the planner's choice of micro-batches in flight and sequences per micro-batch
+//! (`planners::batching`).
 
 use loip_plan::cost::{block_times_batched, evaluate, evaluate_batched};
+use loip_plan::planners::batching::{batching, batchings, choose_batching};
 use loip_plan::planners::PlanRequest;
 use loip_plan::profile::{preset, LoaderProfile};
 use loip_plan::{
@@ -137,4 +140,73 @@ fn a_memory_bound_roofline_device_gains_nearly_q_fold() {
     let one = evaluate_batched(&p, &sh, &cl, 1).unwrap().ms_per_token;
     let eight = evaluate_batched(&p, &sh, &cl, 8).unwrap().ms_per_token;
     assert!(eight < one / 6.0, "{one} ms/token at q=1, {eight} at q=8");
+}
+
+#[test]
+fn the_planner_batches_memory_bound_sequences_and_not_compute_bound_ones() {
+    let sh = shape();
+    let req = PlanRequest {
+        context: 6 * 256,
+        allow_drop: false,
+        ..Default::default()
+    };
+    // Block times flat in b (memory-bound): one micro-batch per device in flight is
+    // slower than fewer, fuller micro-batches.
+    for nd in [1, 3] {
+        let cl = cluster(nd, if nd == 1 { 1.5 } else { 0.6 }, 1.0);
+        let best = choose_batching("loip", &sh, &cl, &req, 6).unwrap();
+        assert!(best.seqs_per_micro_batch > 1, "{nd} devices: {best:?}");
+        let all = batchings("loip", &sh, &cl, &req, 6);
+        assert_eq!(
+            all.iter().map(|(q, _)| *q).collect::<Vec<_>>(),
+            vec![1, 2, 3, 6]
+        );
+        for (q, r) in &all {
+            let r = r.as_ref().unwrap();
+            assert!(best.ms_per_token <= r.ms_per_token, "q={q}");
+            assert_eq!(r.micro_batches, 6u32.div_ceil(*q));
+        }
+    }
+    // Times that grow faster than b (compute-bound, 1, 5, 25 at b = 1, 4, 8): one
+    // sequence per micro-batch.
+    let cl = cluster(1, 1.5, 5.0);
+    let best = choose_batching("loip", &sh, &cl, &req, 6).unwrap();
+    assert_eq!(best.seqs_per_micro_batch, 1, "{best:?}");
+}
+
+#[test]
+fn a_short_last_micro_batch_is_priced_per_generated_token() {
+    let sh = shape();
+    let cl = cluster(3, 0.6, 1.2);
+    let req = PlanRequest {
+        context: 2048,
+        allow_drop: false,
+        ..Default::default()
+    };
+    // 5 sequences in micro-batches of 2: 3 in flight, the last one short; a round
+    // yields 5 tokens for the price of 6.
+    let bt = batching("loip", &sh, &cl, &req, 5, 2).unwrap();
+    assert_eq!((bt.micro_batches, bt.seqs_per_micro_batch), (3, 2));
+    assert_eq!(bt.plan.micro_batches, 3);
+    let full = evaluate_batched(&bt.plan, &sh, &cl, 2).unwrap().ms_per_token;
+    assert!((bt.ms_per_token - full * 6.0 / 5.0).abs() < 1e-9 * full);
+    assert!((bt.tokens_per_s() - 1e3 / bt.ms_per_token).abs() < 1e-9);
+    // One sequence: sporadic, q = 1, the plain plan's price.
+    let one = choose_batching("loip", &sh, &cl, &req, 1).unwrap();
+    let p = plan("loip", &sh, &cl, &req).unwrap();
+    assert_eq!(one.plan, p);
+    assert!((one.ms_per_token - evaluate(&p, &sh, &cl).unwrap().ms_per_token).abs() < 1e-12);
+}
+
+#[test]
+fn a_batching_that_does_not_fit_is_refused() {
+    let sh = shape();
+    let cl = cluster(1, 0.3, 1.0);
+    let req = PlanRequest {
+        context: 1 << 20,
+        allow_drop: false,
+        ..Default::default()
+    };
+    assert!(batching("loip", &sh, &cl, &req, 4, 4).is_err());
+    assert!(choose_batching("loip", &sh, &cl, &req, 4).is_err());
 }

@@ -281,13 +281,21 @@ pub fn profile_from_probe(
     shape: &loip_plan::ModelShape,
     p: &ProbeResult,
 ) -> Result<DeviceProfile, ClusterError> {
-    let attn = p.attn.iter().map(|&(n, s)| (1u32, n, s)).collect();
+    let mut attn: Vec<(u32, u64, f64)> = p.attn.iter().map(|&(n, s)| (1u32, n, s)).collect();
+    let mut mlp = vec![(1, p.mlp_s)];
+    // Micro-batches of b > 1 (absent from older workers): rows over b = 1's contexts only.
+    for g in p.batched.iter().filter(|g| g.b > 1) {
+        if g.attn.iter().map(|a| a.0).eq(p.attn.iter().map(|a| a.0)) {
+            attn.extend(g.attn.iter().map(|&(n, s)| (g.b, n, s)));
+            mlp.push((g.b, g.mlp_s));
+        }
+    }
     DeviceProfile::from_measurements(
         name,
         mem_budget,
         shape,
         attn,
-        vec![(1, p.mlp_s)],
+        mlp,
         p.direct,
         p.conventional,
     )

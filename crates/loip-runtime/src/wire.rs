@@ -347,6 +347,21 @@ pub struct ProbeResult {
     pub conventional: loip_plan::LoaderProfile,
     /// seconds the probe took
     pub took_s: f64,
+    /// the same blocks for micro-batches of `b > 1` sequences (empty from older workers:
+    /// the planner then takes the b = 1 times for every b)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batched: Vec<BatchProbe>,
+}
+
+/// Block times for one micro-batch of `b` sequences, one token each.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchProbe {
+    /// sequences in the micro-batch
+    pub b: u32,
+    /// `(context n per sequence, seconds)`: one attention block  // seconds
+    pub attn: Vec<(u64, f64)>,
+    /// one MLP block  // seconds
+    pub mlp_s: f64,
 }
 
 fn yes() -> bool {

@@ -13,8 +13,13 @@
 //! | `pp` | one stage per device, compute-proportional within memory, no offloading |
 //! | `pp-offload` | one stage per device, whole layers offloaded, loads not overlapped |
 //! | `edgeshard` | DP over devices (may skip some) minimising latency, no offloading |
+//!
+//! [`batching::choose_batching`] picks, for `N` concurrent sequences, the micro-batches in
+//! flight and the sequences per micro-batch (design's `q`) that the cost model prices
+//! fastest.
 
 mod baselines;
+pub mod batching;
 mod exact;
 mod paper;
 

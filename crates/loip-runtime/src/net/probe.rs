@@ -1,13 +1,18 @@
-//! A quick measurement of one device (about a second): attention and MLP block times of
-//! the real model's layer 0 at a few context lengths, and both loaders' read bandwidth and
+//! A quick measurement of one device (a few seconds): attention and MLP block times of the
+//! real model's layer 0 at a few context lengths, for micro-batches of b = 1, 2, 4 and 8
+//! sequences ([`BATCH_GRID`], one token each), and both loaders' read bandwidth and
 //! per-read overhead on the same slices. The coordinator turns the result into a measured
-//! [`loip_plan::DeviceProfile`] for the planner (design §7: t^A(1, n), t^P(1), β, λ).
+//! [`loip_plan::DeviceProfile`] for the planner (design §7 and §11: t^A(b, n), t^P(b), β, λ).
 //!
 //! Attention at context `n` is timed with `n` placeholder KV rows appended directly to the
 //! cache (the time does not depend on their values), so no prefill is computed. Before each
 //! timed run the CPU caches are flushed by writing a buffer larger than the last-level
 //! cache: in a real decoding step every block's weights come from memory, not from a cache
 //! warmed by the previous repetition (small models' blocks fit in L2/L3 otherwise).
+//!
+//! A micro-batch of `b` sequences at context `n` holds `b·n` KV rows; points with more than
+//! 4,096 rows (the largest b = 1 point) are not timed but completed from the b = 1 row
+//! ([`complete_row`]), so the probe's memory stays what it was.
 
 use std::path::Path;
 use std::time::Instant;
@@ -18,11 +23,18 @@ use loip_plan::LoaderProfile;
 
 use crate::loader::{Loader, LoaderKind};
 use crate::resident::Resident;
-use crate::wire::ProbeResult;
+use crate::wire::{BatchProbe, ProbeResult};
 use crate::RuntimeError;
 
 /// Timed repetitions per point (the median is kept).
 const REPS: usize = 9;
+/// Timed repetitions per point for micro-batches of more than one sequence.
+const REPS_BATCHED: usize = 5;
+/// Micro-batch sizes (sequences, one token each) at which the blocks are timed.
+pub const BATCH_GRID: [u32; 4] = [1, 2, 4, 8];
+/// Most KV rows (summed over the micro-batch) a timed attention block holds: larger points
+/// of the grid are completed by [`complete_row`] (the b = 1 row's largest context).  // tokens
+const MAX_PROBE_ROWS: u64 = 4096;
 /// Bytes written between repetitions to evict the weights from the CPU caches.
 const FLUSH_BYTES: usize = 96 << 20;
 
@@ -66,10 +78,17 @@ pub fn probe(
         bandwidth: 0.0,
         per_read_overhead: 0.0,
     };
-    let (attn, mlp_s) = if compute {
+    let mut grid = if compute {
         time_blocks(dir, m)?
     } else {
-        (Vec::new(), 0.0)
+        Vec::new()
+    };
+    let (attn, mlp_s) = match grid.first() {
+        Some(one) if one.b == 1 => {
+            let one = grid.remove(0);
+            (one.attn, one.mlp_s)
+        }
+        _ => (Vec::new(), 0.0),
     };
     let (direct, conventional) = if loads {
         let (attn0, mlp0) = (entry(m, SliceKind::Attn(0))?, entry(m, SliceKind::Mlp(0))?);
@@ -87,11 +106,112 @@ pub fn probe(
         direct,
         conventional,
         took_s: t0.elapsed().as_secs_f64(),
+        batched: grid,
     })
 }
 
-/// `(context, seconds)` of attention and the seconds of the MLP block, layer 0.
-fn time_blocks(dir: &Path, m: &Manifest) -> Result<(Vec<(u64, f64)>, f64), RuntimeError> {
+/// Times one attention block for `b` sequences of `n` cached tokens each (the median of
+/// `reps` runs after a warm-up).  // seconds
+#[allow(clippy::too_many_arguments)]
+fn time_attn(
+    tf: &loip_engine::forward::Transformer,
+    aw: &AttnWeights,
+    x0: &[f32],
+    kv_dim: usize,
+    b: u32,
+    n: u64,
+    cold: &mut [u8],
+    reps: usize,
+) -> Result<f64, RuntimeError> {
+    let filler = vec![0.01f32; kv_dim];
+    let mut kv = KvCache::new([0usize], kv_dim, None);
+    for seq in 0..b as u64 {
+        for pos in 0..n as usize {
+            kv.append(seq, 0, pos, &filler, &filler)?;
+        }
+    }
+    let batch: Vec<TokenPos> = (0..b as u64)
+        .map(|seq| TokenPos {
+            seq,
+            pos: n as usize,
+        })
+        .collect();
+    time_median(&x0.repeat(b as usize), cold, reps, |x| {
+        tf.attention(0, aw, x, &batch, &mut kv)?;
+        for seq in 0..b as u64 {
+            kv.truncate(seq, n as usize);
+        }
+        Ok(())
+    })
+}
+
+/// The median time of `reps` runs of `run` on a fresh copy of `x` (after a warm-up run),
+/// the caches flushed before each. Everything `run` does is timed (for attention that
+/// includes dropping the one KV row per sequence it appended).  // seconds
+fn time_median(
+    x: &[f32],
+    cold: &mut [u8],
+    reps: usize,
+    mut run: impl FnMut(&mut [f32]) -> Result<(), RuntimeError>,
+) -> Result<f64, RuntimeError> {
+    let mut times = Vec::new();
+    for rep in 0..=reps {
+        let mut xr = x.to_vec();
+        flush(cold, rep as u8);
+        let t = Instant::now();
+        run(&mut xr)?;
+        if rep > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(times))
+}
+
+/// Times one MLP block for `b` tokens (median of `reps` runs after a warm-up).  // seconds
+fn time_mlp(
+    tf: &loip_engine::forward::Transformer,
+    mw: &MlpWeights,
+    x0: &[f32],
+    b: u32,
+    cold: &mut [u8],
+    reps: usize,
+) -> Result<f64, RuntimeError> {
+    time_median(&x0.repeat(b as usize), cold, reps, |x| Ok(tf.mlp(mw, x)?))
+}
+
+/// Completes micro-batch `b`'s attention row over `contexts` from the points measured
+/// (`measured`, ascending, the contexts with `b·n ≤ MAX_PROBE_ROWS`) and the b = 1 row
+/// `one`: a context beyond the largest measured one, `n*`, adds `b` times what it adds at
+/// b = 1, `t(b, n) = t(b, n*) + b·(t(1, n) − t(1, n*))` (each sequence attends over its own
+/// cache; the projections do not depend on the context).  // seconds
+pub fn complete_row(
+    contexts: &[u64],
+    measured: &[(u64, f64)],
+    one: &[(u64, f64)],
+    b: u32,
+) -> Vec<(u64, f64)> {
+    let at_one = |n: u64| one.iter().find(|p| p.0 == n).map(|p| p.1);
+    let Some(&(top_n, top_t)) = measured.last() else {
+        return Vec::new();
+    };
+    contexts
+        .iter()
+        .map(|&n| {
+            if let Some(&p) = measured.iter().find(|p| p.0 == n) {
+                return p;
+            }
+            let grow = match (at_one(n), at_one(top_n)) {
+                (Some(a), Some(a_top)) if n > top_n => b as f64 * (a - a_top).max(0.0),
+                _ => 0.0,
+            };
+            (n, top_t + grow)
+        })
+        .collect()
+}
+
+/// Layer 0's attention at every probe context and its MLP block, for every micro-batch size
+/// of [`BATCH_GRID`] (b = 1 first).
+fn time_blocks(dir: &Path, m: &Manifest) -> Result<Vec<BatchProbe>, RuntimeError> {
     let cfg = &m.config;
     let (attn0, mlp0) = (entry(m, SliceKind::Attn(0))?, entry(m, SliceKind::Mlp(0))?);
     let resident = Resident::load(dir, &[attn0, mlp0])?;
@@ -101,43 +221,25 @@ fn time_blocks(dir: &Path, m: &Manifest) -> Result<(Vec<(u64, f64)>, f64), Runti
     let h = cfg.hidden_size;
     let x0: Vec<f32> = (0..h).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
     let kv_dim = tf.kv_dim();
-    let filler = vec![0.01f32; kv_dim];
     let mut cold = vec![0u8; FLUSH_BYTES];
-    let mut attn = Vec::new();
-    for n in probe_contexts(cfg.max_position_embeddings) {
-        let mut kv = KvCache::new([0usize], kv_dim, None);
-        for pos in 0..n as usize {
-            kv.append(0, 0, pos, &filler, &filler)?;
-        }
-        let batch = [TokenPos {
-            seq: 0,
-            pos: n as usize,
-        }];
-        let mut times = Vec::new();
-        for rep in 0..=REPS {
-            let mut x = x0.clone();
-            flush(&mut cold, rep as u8);
-            let t = Instant::now();
-            tf.attention(0, &aw, &mut x, &batch, &mut kv)?;
-            if rep > 0 {
-                times.push(t.elapsed().as_secs_f64());
+    let contexts = probe_contexts(cfg.max_position_embeddings);
+    let mut out: Vec<BatchProbe> = Vec::new();
+    for &b in &BATCH_GRID {
+        let reps = if b == 1 { REPS } else { REPS_BATCHED };
+        let mut measured = Vec::new();
+        for &n in &contexts {
+            if n == 1 || b as u64 * n <= MAX_PROBE_ROWS {
+                measured.push((n, time_attn(&tf, &aw, &x0, kv_dim, b, n, &mut cold, reps)?));
             }
-            kv.truncate(0, n as usize);
         }
-        attn.push((n, median(times)));
+        let attn = match out.first() {
+            Some(one) if b > 1 => complete_row(&contexts, &measured, &one.attn, b),
+            _ => measured,
+        };
+        let mlp_s = time_mlp(&tf, &mw, &x0, b, &mut cold, reps)?;
+        out.push(BatchProbe { b, attn, mlp_s });
     }
-    let mut times = Vec::new();
-    for rep in 0..=REPS {
-        let mut x = x0.clone();
-        flush(&mut cold, rep as u8);
-        let t = Instant::now();
-        tf.mlp(&mw, &mut x)?;
-        if rep > 0 {
-            times.push(t.elapsed().as_secs_f64());
-        }
-    }
-    let mlp_s = median(times);
-    Ok((attn, mlp_s))
+    Ok(out)
 }
 
 /// Fits `time = bytes / β + reads · λ` to loads of `groups` (least squares over the median
@@ -210,6 +312,25 @@ pub fn fit_loader(samples: &[(f64, f64, f64)]) -> LoaderProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batched_row_beyond_the_measured_rows_grows_b_fold() {
+        let contexts = [1, 256, 1024, 4096];
+        let one = [(1, 1.0), (256, 2.0), (1024, 4.0), (4096, 10.0)];
+        let measured = [(1, 1.5), (256, 3.0)];
+        let row = complete_row(&contexts, &measured, &one, 8);
+        assert_eq!(
+            row,
+            vec![
+                (1, 1.5),
+                (256, 3.0),
+                (1024, 3.0 + 8.0 * 2.0),
+                (4096, 3.0 + 8.0 * 8.0)
+            ]
+        );
+        assert_eq!(complete_row(&contexts, &one, &one, 1), one.to_vec());
+        assert!(complete_row(&contexts, &[], &one, 2).is_empty());
+    }
 
     #[test]
     fn loader_fit_recovers_bandwidth_and_overhead() {
