@@ -1,5 +1,7 @@
 //! Unit tests of the wire codecs (kept beside `wire.rs`).
+use super::step::FLAG_ARGMAX;
 use super::*;
+use loip_engine::TokenPos;
 
 #[test]
 fn random_bytes_never_panic_a_decoder() {
