@@ -18,37 +18,101 @@
 //! error, never a partial read), their bytes are freed here, and bytes held for a peer
 //! ([`KvCache::set_held_for_peers`]) count against the budget.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use crate::EngineError;
 
 /// A sequence (request) id.
 pub type SeqId = u64;
 
+/// Rows of one layer in position order: the live rows are `buf[start..]`.
+///
+/// Dropping the oldest rows (a sliding window, lending) only moves `start`; appending writes
+/// after the end. The dead front is reclaimed by one move to the start of the buffer when an
+/// append would otherwise grow a buffer that is at least half dead, so an append costs O(1)
+/// floats moved amortized (never a window of rows per token) and the buffer stays within a
+/// small factor of the rows held.
+#[derive(Debug, Default, Clone)]
+struct Rows {
+    buf: Vec<f32>, // (start + held rows, kv_dim): a dead front, then the live rows
+    start: usize,  // floats of the dead front
+}
+
+impl Rows {
+    /// Live floats.
+    fn len(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The live rows, contiguous.
+    fn as_slice(&self) -> &[f32] {
+        &self.buf[self.start..]
+    }
+
+    fn push_back(&mut self, x: &[f32]) {
+        if self.buf.len() + x.len() > self.buf.capacity() && 2 * self.start >= self.buf.len() {
+            self.buf.copy_within(self.start.., 0);
+            self.buf.truncate(self.buf.len() - self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(x);
+    }
+
+    /// Puts `x` before the live rows (rows coming back from a lend).
+    fn push_front(&mut self, x: &[f32]) {
+        if x.len() <= self.start {
+            self.start -= x.len();
+            self.buf[self.start..self.start + x.len()].copy_from_slice(x);
+        } else {
+            let mut buf = Vec::with_capacity(x.len() + self.len());
+            buf.extend_from_slice(x);
+            buf.extend_from_slice(self.as_slice());
+            *self = Rows { buf, start: 0 };
+        }
+    }
+
+    /// Drops the oldest `n` live floats and returns them.
+    fn take_front(&mut self, n: usize) -> Vec<f32> {
+        let n = n.min(self.len());
+        let out = self.buf[self.start..self.start + n].to_vec();
+        self.drop_front(n);
+        out
+    }
+
+    /// Drops the oldest `n` live floats.
+    fn drop_front(&mut self, n: usize) {
+        self.start += n.min(self.len());
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+    }
+
+    /// Keeps the oldest `n` live floats.
+    fn truncate(&mut self, n: usize) {
+        self.buf.truncate(self.start + n);
+        self.drop_front(0);
+    }
+}
+
 /// Keys and values of one layer of one sequence: positions `lo..lo + lent` are lent out,
-/// the rows held are the positions after them, contiguous (`k.as_slices().1` is empty).
+/// the rows held are the positions after them, contiguous.
 #[derive(Debug, Default, Clone)]
 struct LayerKv {
-    k: VecDeque<f32>, // (held, kv_dim)
-    v: VecDeque<f32>, // (held, kv_dim)
-    lo: usize,        // oldest position of the layer (lent or held)
+    k: Rows,   // (held, kv_dim)
+    v: Rows,   // (held, kv_dim)
+    lo: usize, // oldest position of the layer (lent or held)
 }
 
 impl LayerKv {
     fn push_back(&mut self, k: &[f32], v: &[f32]) {
-        self.k.extend(k.iter().copied());
-        self.v.extend(v.iter().copied());
-        self.k.make_contiguous();
-        self.v.make_contiguous();
+        self.k.push_back(k);
+        self.v.push_back(v);
     }
 
     fn push_front(&mut self, k: &[f32], v: &[f32]) {
-        for (&a, &b) in k.iter().zip(v).rev() {
-            self.k.push_front(a);
-            self.v.push_front(b);
-        }
-        self.k.make_contiguous();
-        self.v.make_contiguous();
+        self.k.push_front(k);
+        self.v.push_front(v);
     }
 }
 
@@ -180,8 +244,8 @@ impl KvCache {
         let held = self.layer(seq, slot).map_or(0, |l| self.held_rows(l));
         match self.seqs.get_mut(&seq).map(|l| &mut l[slot]) {
             Some(l) if out == 0 && n <= held => {
-                let k: Vec<f32> = l.k.drain(..n * kv_dim).collect();
-                let v: Vec<f32> = l.v.drain(..n * kv_dim).collect();
+                let k = l.k.take_front(n * kv_dim);
+                let v = l.v.take_front(n * kv_dim);
                 self.used -= (k.len() + v.len()) as u64 * 4;
                 if n > 0 {
                     self.lent.insert((seq, slot), n);
@@ -337,8 +401,8 @@ impl KvCache {
             let held = l.k.len() / kv_dim.max(1);
             if held > w {
                 let drop = held - w;
-                l.k.drain(..drop * kv_dim);
-                l.v.drain(..drop * kv_dim);
+                l.k.drop_front(drop * kv_dim);
+                l.v.drop_front(drop * kv_dim);
                 l.lo += drop;
                 self.used -= (2 * drop * kv_dim) as u64 * 4;
             }
@@ -369,7 +433,7 @@ impl KvCache {
                 if self.lent_at(seq, slot) == 0 {
                     let d = self.kv_dim;
                     let (a, b) = ((from - l.lo) * d, (to - l.lo) * d);
-                    return Ok((&l.k.as_slices().0[a..b], &l.v.as_slices().0[a..b]));
+                    return Ok((&l.k.as_slice()[a..b], &l.v.as_slice()[a..b]));
                 }
             }
             _ => {}
@@ -417,6 +481,53 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ring_moves_rows_rarely_and_stays_small() {
+        // window 8, kv_dim 3: 2,000 single-token steps, each settled; then a lend and return
+        let (w, d) = (8usize, 3usize);
+        let mut c = KvCache::new([0], d, None).with_windows(|_| Some(w));
+        let row =
+            |p: usize, s: f32| -> Vec<f32> { (0..d).map(|j| s * (p * d + j) as f32).collect() };
+        let mut moved_cap = 0;
+        for pos in 0..2000 {
+            c.append(1, 0, pos, &row(pos, 1.0), &row(pos, -1.0))
+                .unwrap();
+            c.settle(1, 0);
+            let l = &c.seqs[&1][0];
+            moved_cap = moved_cap.max(l.k.buf.capacity());
+            let lo = pos.saturating_sub(w - 1);
+            let (k, v) = c.rows(1, 0, lo, pos + 1).unwrap();
+            let want: Vec<f32> = (lo..=pos).flat_map(|p| row(p, 1.0)).collect();
+            assert_eq!(k, &want[..]);
+            assert_eq!(v.iter().map(|x| -x).collect::<Vec<_>>(), want);
+        }
+        assert!(
+            moved_cap <= 4 * w * d,
+            "buffer of {moved_cap} floats for {w} rows"
+        );
+        assert_eq!(c.used_bytes(), (2 * w * d * 4) as u64);
+        // lend the oldest 3 rows and put them back (into the dead front or a new buffer)
+        let before = c
+            .rows(1, 0, 1992, 2000)
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .unwrap();
+        let (k, v) = c.lend_rows(1, 0, 3).unwrap();
+        c.return_rows(1, 0, &k, &v).unwrap();
+        let after = c
+            .rows(1, 0, 1992, 2000)
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .unwrap();
+        assert_eq!(before, after);
+        // truncating back past the window leaves what is held, and appends continue
+        c.truncate(1, 1998);
+        assert_eq!(c.next_pos(1, 0), 1998);
+        c.append(1, 0, 1998, &row(1998, 1.0), &row(1998, -1.0))
+            .unwrap();
+        let (k, _) = c.rows(1, 0, 1992, 1999).unwrap();
+        let want: Vec<f32> = (1992..=1998).flat_map(|p| row(p, 1.0)).collect();
+        assert_eq!(k, &want[..]);
+    }
 
     #[test]
     fn lent_rows_come_back_bit_identical_and_are_checked() {
