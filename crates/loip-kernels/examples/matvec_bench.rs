@@ -23,7 +23,8 @@
 mod common;
 
 use loip_kernels::{
-    attention, attention_causal, matmul, set_per_row_batches, simd_level, DType, Matrix,
+    attention, attention_causal, matmul, set_per_row_batches, set_short_tiles_off, simd_level,
+    DType, Matrix,
 };
 use rand::SeedableRng;
 use rayon::prelude::*;
@@ -564,19 +565,27 @@ fn batch_row(label: &str, set: &Set, per_call: usize, trial: Duration, threads: 
     print!("{label:<14}");
     let mut base = 0f64;
     for n in [1, 2, 4, 8] {
+        // the first column: the per-row kernels, or with `LOIP_AB=short` the kernels used
+        // before the short-batch tiles
+        let short_ab = std::env::var("LOIP_AB").is_ok_and(|v| v == "short");
         let mut time = |per_row: bool| {
-            set_per_row_batches(per_row);
+            if short_ab {
+                set_short_tiles_off(per_row);
+            } else {
+                set_per_row_batches(per_row);
+            }
             let us = p.install(|| micros(trial, threads == 1, || run_set(set, &x, &mut y, n)));
             us / per_call as f64
         };
         let (mut a, mut b) = (f64::INFINITY, f64::INFINITY);
-        for _ in 0..2 {
+        for _ in 0..if short_ab { 5 } else { 2 } {
             if n > 1 {
                 a = a.min(time(true));
             }
             b = b.min(time(false));
         }
         set_per_row_batches(false);
+        set_short_tiles_off(false);
         if n == 1 {
             base = b;
             print!(" {:>22}", format!("{b:.1}"));

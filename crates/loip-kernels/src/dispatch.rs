@@ -129,7 +129,13 @@ pub(crate) fn has_token_major(level: Level, dtype: DType, n: usize) -> bool {
     #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
     match usable(level) {
         Level::Avx2 => return tiled(n),
-        Level::Avx512 => return tiled(n) && (n > AVX512_ROWS_MAX_TOKENS || !avx512_native(dtype)),
+        Level::Avx512 => {
+            return tiled(n)
+                && (n > AVX512_ROWS_MAX_TOKENS
+                    || !avx512_native(dtype)
+                    || (crate::x86::gemm::short::handles(dtype, n)
+                        && !crate::simd::short_tiles_off()))
+        }
         Level::Scalar => {}
     }
     let _ = (level, dtype, n);

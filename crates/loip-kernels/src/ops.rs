@@ -16,7 +16,9 @@
 pub use crate::attention::{attention, attention_causal, attention_ref};
 pub use crate::elementwise::{rmsnorm, rope_half, silu_mul};
 pub use crate::matmul::{dequant_row, matmul, matmul_many, matmul_ref};
-pub use crate::simd::{set_force_scalar, set_lane_tiles, set_per_row_batches, simd_level};
+pub use crate::simd::{
+    set_force_scalar, set_lane_tiles, set_per_row_batches, set_short_tiles_off, simd_level,
+};
 
 /// Runs `f` on a thread of the current rayon pool: the caller's own thread when it already is
 /// one, else one hand-off to the pool for all of `f`.

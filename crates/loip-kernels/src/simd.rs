@@ -39,10 +39,39 @@ impl Level {
 
 static DETECTED: OnceLock<Level> = OnceLock::new();
 static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
-static PER_ROW_BATCHES: AtomicBool = AtomicBool::new(false);
-static PER_ROW_ENV: OnceLock<bool> = OnceLock::new();
-static LANE_TILES: AtomicBool = AtomicBool::new(false);
-static LANE_ENV: OnceLock<bool> = OnceLock::new();
+/// A speed switch that is on when its flag is set or when an environment variable has a
+/// given value (read once); results are bit-identical either way.
+struct Switch {
+    flag: AtomicBool,
+    env: OnceLock<bool>,
+    /// variable name and the value that turns the switch on
+    var: (&'static str, &'static str),
+}
+
+impl Switch {
+    const fn new(var: &'static str, value: &'static str) -> Switch {
+        Switch {
+            flag: AtomicBool::new(false),
+            env: OnceLock::new(),
+            var: (var, value),
+        }
+    }
+
+    fn set(&self, on: bool) {
+        self.flag.store(on, Ordering::Relaxed);
+    }
+
+    fn on(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+            || *self
+                .env
+                .get_or_init(|| std::env::var(self.var.0).is_ok_and(|v| v == self.var.1))
+    }
+}
+
+static PER_ROW_BATCHES: Switch = Switch::new("LOIP_BATCHES", "per-row");
+static LANE_TILES: Switch = Switch::new("LOIP_GEMM", "lanes");
+static NO_SHORT_TILES: Switch = Switch::new("LOIP_SHORT", "off");
 
 /// The best level this CPU supports (detected once), lowered by the `LOIP_SIMD` environment
 /// variable (`avx2` or `scalar`) when set, for benchmarks and end-to-end tests of the other paths.
@@ -114,7 +143,7 @@ pub fn set_force_scalar(force: bool) {
 /// A/B runs). Results are bit-identical either way; only speed
 /// changes. Meant for benchmarks that compare the two side by side.
 pub fn set_per_row_batches(per_row: bool) {
-    PER_ROW_BATCHES.store(per_row, Ordering::Relaxed);
+    PER_ROW_BATCHES.set(per_row);
 }
 
 /// Whether [`set_per_row_batches`] is on.
@@ -123,8 +152,7 @@ pub fn set_per_row_batches(per_row: bool) {
     allow(dead_code)
 )]
 pub(crate) fn per_row_batches() -> bool {
-    PER_ROW_BATCHES.load(Ordering::Relaxed)
-        || *PER_ROW_ENV.get_or_init(|| std::env::var("LOIP_BATCHES").is_ok_and(|v| v == "per-row"))
+    PER_ROW_BATCHES.on()
 }
 
 /// Makes AVX2 matmuls of 16 tokens or more use the token-lane tiles (`x86::gemm::lanes`: 8
@@ -134,7 +162,7 @@ pub(crate) fn per_row_batches() -> bool {
 /// prefilled slower than the column-lane tiles (README, kernel benchmarks). Results are
 /// bit-identical either way; only speed changes.
 pub fn set_lane_tiles(on: bool) {
-    LANE_TILES.store(on, Ordering::Relaxed);
+    LANE_TILES.set(on);
 }
 
 /// Whether the token-lane tiles are on ([`set_lane_tiles`] or `LOIP_GEMM=lanes`).
@@ -143,6 +171,23 @@ pub fn set_lane_tiles(on: bool) {
     allow(dead_code)
 )]
 pub(crate) fn lane_tiles() -> bool {
-    LANE_TILES.load(Ordering::Relaxed)
-        || *LANE_ENV.get_or_init(|| std::env::var("LOIP_GEMM").is_ok_and(|v| v == "lanes"))
+    LANE_TILES.on()
+}
+
+/// Turns off the AVX-512 in-register tiles of short batches (5 to 8 tokens of Q4_0, Q4_1,
+/// Q8_0: `x86::gemm::short`), so that those batches take the per-row kernels (`false`
+/// turns them back on, unless the environment variable `LOIP_SHORT=off` turns them off in the
+/// whole process, for end-to-end A/B runs). Results are bit-identical either way; only speed
+/// changes.
+pub fn set_short_tiles_off(off: bool) {
+    NO_SHORT_TILES.set(off);
+}
+
+/// Whether the short-batch tiles are off ([`set_short_tiles_off`] or `LOIP_SHORT=off`).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
+pub(crate) fn short_tiles_off() -> bool {
+    NO_SHORT_TILES.on()
 }

@@ -435,13 +435,18 @@ fn tiled_kernel_bit_identical() {
                     let row = &data[r * rb..(r + 1) * rb];
                     crate::dequant::row_dots_scalar(dtype, row, cols, &x, o);
                 }
-                // the token-lane tiles (16 tokens and more) and the column-lane ones; other
-                // tests running meanwhile see either, with the same bits
-                for (wide, lanes) in [(false, false), (false, true), (true, false)] {
+                // the token-lane tiles (16 tokens and more) and the column-lane ones, the
+                // short batches' in-register tiles and the panels; other tests running
+                // meanwhile see either, with the same bits
+                let shapes = [(false, false), (false, true), (true, false)];
+                for ((wide, lanes), short_off) in
+                    shapes.into_iter().flat_map(|s| [(s, false), (s, true)])
+                {
                     if wide && !supported(Level::Avx512) {
                         continue;
                     }
                     crate::simd::set_lane_tiles(lanes);
+                    crate::simd::set_short_tiles_off(short_off);
                     let mut got = vec![f32::NAN; rows * n];
                     // SAFETY: AVX2 (and AVX-512 if wide) is supported; lengths as documented
                     unsafe {
@@ -449,10 +454,11 @@ fn tiled_kernel_bit_identical() {
                         crate::x86::gemm::rows(wide, dtype, &data, cols, &x, n, rows, out)
                     };
                     crate::simd::set_lane_tiles(false);
+                    crate::simd::set_short_tiles_off(false);
                     assert_eq!(
                         bits(&got),
                         bits(&want),
-                        "{dtype} {rows}x{cols} n={n} wide={wide} lanes={lanes}"
+                        "{dtype} {rows}x{cols} n={n} wide={wide} lanes={lanes} short_off={short_off}"
                     );
                 }
             }

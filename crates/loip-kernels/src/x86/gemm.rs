@@ -39,6 +39,7 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 mod lanes;
+pub(crate) mod short;
 
 /// f32 bytes of one dequantized panel of rows for long batches (about a quarter of a small
 /// L2). Batches of at most [`SHORT_BATCH`] tokens dequantize one tile of rows at a time
@@ -387,6 +388,10 @@ pub(crate) unsafe fn rows(
         return;
     }
     if rows == 0 {
+        return;
+    }
+    if wide && short::handles(dtype, n) && !crate::simd::short_tiles_off() {
+        short::rows(dtype, data, cols, x, n, rows, out);
         return;
     }
     // groups of 16 tokens take the token-lane tiles (AVX2, rows of whole 16-element groups),
