@@ -119,6 +119,22 @@ slot!(
 /// (left uninitialized: zeroing the whole array was a `memset` per tile, 9 % of a prefill).
 type State<V, const R: usize, const T: usize> = [[[MaybeUninit<V>; 8]; T]; R];
 
+/// The canonical reduction of one output's slot state (slots `SLOTS ..` are not read).
+///
+/// # Safety
+/// Slots `0 .. V::SLOTS` of `s` are written.
+#[inline(always)]
+unsafe fn reduce_state<V: Slot>(s: &[MaybeUninit<V>; 8]) -> f32 {
+    let s: [V; 8] = std::array::from_fn(|k| {
+        if k < V::SLOTS {
+            s[k].assume_init()
+        } else {
+            V::zero()
+        }
+    });
+    V::reduce(&s)
+}
+
 /// One tile: `st[i][t][s]` = slot `s` of rows `w[i]` · tokens `x[t]` over the full-group
 /// elements `0 .. full` (`full` a multiple of 16); writes every slot `s < SLOTS`.
 #[inline(always)]
@@ -196,15 +212,8 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
         tile::<V, R, T>(&ws, &xs, full, &mut st);
         for (i, sti) in st.iter().enumerate().take(pr - r0) {
             for (t, s) in sti.iter().enumerate() {
-                // slots < SLOTS are written by `tile`; the others are not read
-                let s: [V; 8] = std::array::from_fn(|k| {
-                    if k < V::SLOTS {
-                        s[k].assume_init()
-                    } else {
-                        V::zero()
-                    }
-                });
-                let mut v = V::reduce(&s);
+                // slots < SLOTS are written by `tile`
+                let mut v = reduce_state(s);
                 if full < cols {
                     let mut tail = 0f32;
                     for j in full..cols {

@@ -49,8 +49,14 @@ trait Deq<V> {
     const BLOCK_BYTES: usize;
     /// f32 scale values per block
     const SCALES: usize;
-    /// Converts the scales of the block at `p` to `s[..SCALES]`.
-    unsafe fn scales(p: *const u8, s: *mut f32);
+    /// Converts the scales of the block at `p` to `s[..SCALES]` (the block's first `SCALES`
+    /// f16 words).
+    #[inline(always)]
+    unsafe fn scales(p: *const u8, s: *mut f32) {
+        for i in 0..Self::SCALES {
+            *s.add(i) = f16_scalar(p.add(2 * i));
+        }
+    }
     /// Elements `o .. o + WIDTH` (`o` a multiple of the width, below 32) of the block at `p`,
     /// whose scales are at `s`: exactly the values of `dequant`.
     unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> V;
@@ -84,10 +90,6 @@ impl Deq<__m512> for Q40 {
     const BLOCK_BYTES: usize = 18;
     const SCALES: usize = 1;
     #[inline(always)]
-    unsafe fn scales(p: *const u8, s: *mut f32) {
-        *s = f16_scalar(p);
-    }
-    #[inline(always)]
     unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
         // (q - 8) * d is exact: the table holds the exact values
         let table = _mm512_mul_ps(
@@ -102,11 +104,6 @@ impl Deq<__m512> for Q41 {
     const BLOCK_BYTES: usize = 20;
     const SCALES: usize = 2;
     #[inline(always)]
-    unsafe fn scales(p: *const u8, s: *mut f32) {
-        *s = f16_scalar(p);
-        *s.add(1) = f16_scalar(p.add(2));
-    }
-    #[inline(always)]
     unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
         // q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
         let table = _mm512_fmadd_ps(iota(), _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1)));
@@ -117,10 +114,6 @@ impl Deq<__m512> for Q41 {
 impl Deq<__m512> for Q80 {
     const BLOCK_BYTES: usize = 34;
     const SCALES: usize = 1;
-    #[inline(always)]
-    unsafe fn scales(p: *const u8, s: *mut f32) {
-        *s = f16_scalar(p);
-    }
     #[inline(always)]
     unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
         let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + o) as *const __m128i));
@@ -256,15 +249,8 @@ unsafe fn run<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
         tile::<V, Q, R, T>(&ws, &xs, cols, &mut st);
         for (i, sti) in st.iter().enumerate().take(rows - r0) {
             for (t, s) in sti.iter().enumerate() {
-                // slots < SLOTS are written by `tile` (cols > 0); the others are not read
-                let s: [V; 8] = std::array::from_fn(|k| {
-                    if k < V::SLOTS {
-                        s[k].assume_init()
-                    } else {
-                        V::zero()
-                    }
-                });
-                out.put(r0 + i, t, V::reduce(&s));
+                // slots < SLOTS are written by `tile` (cols > 0)
+                out.put(r0 + i, t, super::reduce_state(s));
             }
         }
         r0 += R;
