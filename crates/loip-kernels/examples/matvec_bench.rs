@@ -17,6 +17,8 @@
 //! (576×1536; distinct copies, 16 MiB, cycled through; with `--hot` one copy, in L2), then the
 //! whole SmolLM2-135M step (30 Q4_1 layers and the Q8_0 tied head). Per-row kernels / default
 //! kernel choice, alternating trials; by CPU time with one thread, wall time with more.
+//! `--step`: only the whole step. `LOIP_AB=short`: the first column is the kernels without
+//! the AVX-512 short-batch tiles instead of the per-row kernels (5 alternating trials).
 //! `LOIP_SIMD=avx2` gives the AVX2 figures on an AVX-512 machine.
 
 #[path = "../tests/common/mod.rs"]
@@ -50,6 +52,8 @@ struct Args {
     dtype: Option<DType>,
     /// only the batched-decode table (n = 1, 2, 4, 8)
     batch: bool,
+    /// in the batched-decode table, only the whole SmolLM2 step
+    step: bool,
 }
 
 fn parse_args() -> Args {
@@ -61,6 +65,7 @@ fn parse_args() -> Args {
     let mut gemm = false;
     let mut dtype = None;
     let mut batch = false;
+    let mut step = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -78,6 +83,10 @@ fn parse_args() -> Args {
             "--hot" => hot = true,
             "--gemm" => gemm = true,
             "--batch" => batch = true,
+            "--step" => {
+                batch = true;
+                step = true
+            }
             "--cpu" => CPU_TIME.store(true, std::sync::atomic::Ordering::Relaxed),
             "--dtype" => match it.next().as_deref().and_then(DType::from_name) {
                 Some(d) => dtype = Some(d),
@@ -88,7 +97,7 @@ fn parse_args() -> Args {
             },
             _ => {
                 eprintln!(
-                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--smol | --table | --gemm [--dtype T] | --batch [--dtype T]]"
+                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--smol | --table | --gemm [--dtype T] | --batch [--dtype T] | --step]"
                 );
                 std::process::exit(2);
             }
@@ -103,6 +112,7 @@ fn parse_args() -> Args {
         gemm,
         dtype,
         batch,
+        step,
     }
 }
 
@@ -610,7 +620,7 @@ fn batch_table(args: &Args, rng: &mut rand_chacha::ChaCha8Rng) {
         }
         println!();
         for dtype in common::ALL {
-            if args.dtype.is_some_and(|d| d != dtype) {
+            if args.step || args.dtype.is_some_and(|d| d != dtype) {
                 continue;
             }
             let one = common::random_matrix(dtype, rows, cols, rng);
