@@ -410,19 +410,34 @@ fn compare_micro_batches(
     let prompts = vec![prompt.to_vec(); n];
     // The cost model's price of this session's layout run as micro-batches of q.
     let predict = |q: usize| {
-        loip_plan::planners::batching::price_layout(&s.plan, &s.shape, &s.cluster, n as u32, q as u32)
-            .map_or(f64::NAN, |(ms, _)| ms)
+        loip_plan::planners::batching::price_layout(
+            &s.plan, &s.shape, &s.cluster, n as u32, q as u32,
+        )
+        .map_or(f64::NAN, |(ms, _)| ms)
     };
     let best = loip_plan::planners::batching::candidates(n as u32)
         .into_iter()
         .map(|(_, q)| (q, predict(q as usize)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
     if let Some((q, ms)) = best {
-        println!("cost model's choice: {q} sequences per micro-batch, {} in flight ({ms:.1} ms/token)", n.div_ceil(q as usize));
+        println!(
+            "cost model's choice: {q} sequences per micro-batch, {} in flight ({ms:.1} ms/token)",
+            n.div_ceil(q as usize)
+        );
     }
-    println!("| sequences | sequences per step | steps in flight | tokens | wall s | tokens/s | ms/token | predicted ms/token |");
-    println!("|---|---|---|---|---|---|---|---|");
+    // Offloaded bytes of every stage of the plan: what one round reads when each stage's
+    // blocks are read once for all the micro-batches in flight.  // bytes
+    let per_round: u64 = s
+        .plan
+        .devices
+        .iter()
+        .flat_map(|d| &d.stages)
+        .map(|st| st.offloaded_bytes(&s.shape))
+        .sum();
+    println!("| sequences | sequences per step | steps in flight | tokens | wall s | tokens/s | ms/token | predicted ms/token | stage loads per round |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &q in sizes {
+        let _ = s.take_totals();
         let (tokens, wall) = if q == 0 {
             let t = Instant::now();
             let outs = s.generate_many(&prompts, opts);
@@ -433,8 +448,12 @@ fn compare_micro_batches(
             serve_batched(s, &prompts, opts, q)?
         };
         let per = q.max(1);
+        // loads per stage and round: decode bytes read over (rounds × one read of each stage)
+        let t = s.take_totals();
+        let rounds = t.decode_steps as f64 / n.div_ceil(per) as f64;
+        let loads = t.decode.loaded_bytes as f64 / (rounds * per_round as f64).max(1.0);
         println!(
-            "| {n} | {per} | {} | {tokens} | {wall:.2} | {:.1} | {:.1} | {:.1} |",
+            "| {n} | {per} | {} | {tokens} | {wall:.2} | {:.1} | {:.1} | {:.1} | {loads:.2} |",
             n.div_ceil(per),
             tokens as f64 / wall.max(1e-9),
             wall * 1e3 / tokens.max(1) as f64,

@@ -27,9 +27,7 @@ use serde::Serialize;
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::wire::{
-    self, Frame, FrameKind, NetError, ToCoordinator, ToWorker, WireError,
-};
+use crate::wire::{self, Frame, FrameKind, NetError, ToCoordinator, ToWorker, WireError};
 use crate::RuntimeError;
 
 mod adapt_hook;
@@ -38,9 +36,10 @@ mod conn;
 mod device_stats;
 mod lend;
 mod route;
+mod wave;
 
-pub use conn::{Conn, ConnectOptions, Endpoint, LinkStats, ShipStats, KEEPALIVE};
 pub use backend::PipelineBackend;
+pub use conn::{Conn, ConnectOptions, Endpoint, LinkStats, ShipStats, KEEPALIVE};
 pub use device_stats::DeviceStepTotals;
 pub use route::{HopLinks, LinkBytes};
 
@@ -306,7 +305,15 @@ impl Pipeline {
             devices: Mutex::new(device_stats::DeviceLedger::new(n_devices)),
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(scheduler(conns, route, links, opts, rx, shared.clone(), adapt));
+        tokio::spawn(scheduler(
+            conns,
+            route,
+            links,
+            opts,
+            rx,
+            shared.clone(),
+            adapt,
+        ));
         Pipeline {
             tx,
             shared,
@@ -531,10 +538,8 @@ struct Sched {
     alive: Vec<Option<String>>, // None: alive; Some(reason): gone
     endpoints: Vec<Endpoint>,
     inflight: BTreeMap<u64, InFlight>,
-    /// steps held at the pipeline's entry until the current wave has left it (see `admit`)
-    parked: Vec<(u64, Vec<u8>)>,
-    /// while admitting a wave: more of its steps enter right after the one being sent
-    entry_behind: bool,
+    /// steps parked at the pipeline's entry, dispatch order, sequences expected back
+    waves: wave::Waves,
     shared: Arc<Shared>,
     adapt: Option<adapt_hook::AdaptState>,
 }
@@ -549,77 +554,14 @@ impl Sched {
         }
     }
 
-    /// Whether another sequence will pass hop `h`'s device at this same stage before the
-    /// device's next stage: then the device keeps the stage's blocks in the slot.
-    ///
-    /// A step at the device's previous hop (`prev`) is still queued or running there, ahead
-    /// of this one, and reaches hop `h` after it; one before `prev` passes the device at an
-    /// earlier stage first, which reloads the slot anyway. At the pipeline's entry, steps of
-    /// the same wave admitted right after this one (`entry_behind`) follow it.
-    fn keep(&self, step: u64, h: usize) -> bool {
-        let d = self.route.hops[h].device;
-        let prev = self.route.hops[..h].iter().rposition(|x| x.device == d);
-        (h == 0 && self.entry_behind)
-            || self.inflight.iter().any(|(&id, f)| {
-                id != step
-                    && f.hop < h
-                    && prev.is_none_or(|p| f.hop >= p)
-                    && !self.parked.iter().any(|(q, _)| *q == id)
-            })
-    }
-
     fn fail(&mut self, step: u64, e: ClusterError) {
         if let Some(f) = self.inflight.remove(&step) {
             let _ = f.reply.send(Err(e));
             self.forget(step);
             self.release(&f.seqs);
         }
-        self.parked.retain(|(s, _)| *s != step);
-        self.admit_parked();
-    }
-
-    /// Whether a step is in the pipeline past its first hop.
-    fn wave_in_flight(&self) -> bool {
-        self.inflight
-            .iter()
-            .any(|(id, f)| f.hop > 0 && !self.parked.iter().any(|(p, _)| p == id))
-    }
-
-    /// A new step enters the pipeline at once, unless steps of other sequences are already
-    /// past its first hop: then it waits until they have all come back. Sequences in flight
-    /// together thus go through the stages as one wave, back to back, and each device keeps
-    /// a stage's offloaded blocks in its slot while the whole wave passes (the bursty pattern
-    /// of the cost model, design §3: loads amortised over the `b` sequences). Without this the
-    /// sequences drift apart around the ring and every one reloads every stage.
-    fn admit(&mut self, step: u64, data: Vec<u8>) {
-        if self.wave_in_flight() {
-            self.parked.push((step, data));
-        } else {
-            self.dispatch(step, data);
-        }
-    }
-
-    fn admit_parked(&mut self) {
-        // a step finished or failed: steps held for room try again
-        self.adapt_retry();
-        if self.parked.is_empty() || self.wave_in_flight() {
-            return;
-        }
-        let now = Instant::now();
-        let wave = std::mem::take(&mut self.parked);
-        let n = wave.len();
-        for (i, (step, data)) in wave.into_iter().enumerate() {
-            self.entry_behind = i + 1 < n;
-            if let Some(f) = self.inflight.get_mut(&step) {
-                // Time waiting for the wave counts as queueing, not as network.
-                let waited = f.started.elapsed().as_secs_f64();
-                f.stats.queued_s += waited;
-                f.worker_s += waited;
-                f.sent = now;
-                self.dispatch(step, data);
-            }
-        }
-        self.entry_behind = false;
+        self.waves.forget(step);
+        self.step_left();
     }
 
     fn release(&mut self, seqs: &[u64]) {
@@ -634,6 +576,7 @@ impl Sched {
             }
         }
         lock(&self.shared.devices).release(seqs);
+        self.waves.released(seqs);
         self.adapt_released(seqs);
     }
 
@@ -717,9 +660,7 @@ impl Sched {
         let late: Vec<usize> = self
             .inflight
             .iter()
-            .filter(|(id, f)| {
-                f.sent.elapsed() > limit && !self.parked.iter().any(|(p, _)| p == *id)
-            })
+            .filter(|(id, f)| f.sent.elapsed() > limit && !self.waves.is_parked(**id))
             .map(|(_, f)| f)
             .map(|f| self.route.hops[f.hop.min(self.route.hops.len() - 1)].device)
             .collect();
@@ -798,8 +739,7 @@ async fn scheduler(
         alive: vec![None; n],
         endpoints,
         inflight: BTreeMap::new(),
-        parked: Vec::new(),
-        entry_behind: false,
+        waves: wave::Waves::default(),
         shared,
         adapt: adapt.map(adapt_hook::AdaptState::new),
     };
@@ -827,9 +767,13 @@ async fn scheduler(
                     let f = InFlight {
                         seqs, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0, progress: Default::default(),
                     };
+                    s.waves.back(&f.seqs);
                     s.enter(step, f, wire::u32_bytes(&ids));
                 }
-                Some(Cmd::Release(seqs)) => s.release(&seqs),
+                Some(Cmd::Release(seqs)) => {
+                    s.release(&seqs);
+                    s.admit_parked();
+                }
                 Some(Cmd::Shutdown(ack)) => { done = Some(ack); break; }
                 None => break,
             },
@@ -839,6 +783,7 @@ async fn scheduler(
                 None => {}
             },
             _ = tick.tick() => s.check_timeouts(),
+            _ = wave_wake(s.waves.deadline()) => s.on_wave_deadline(),
         }
     }
     let steps: Vec<u64> = s.inflight.keys().copied().collect();
@@ -863,6 +808,14 @@ async fn scheduler(
     drop(keepalives);
     if let Some(ack) = done {
         let _ = ack.send(());
+    }
+}
+
+/// Sleeps until the waves' deadline (forever when there is none).
+async fn wave_wake(deadline: Option<Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -374,12 +374,15 @@ impl Sched {
                 t.prompt.add(&fl.stats);
             }
         }
+        // its sequences' next steps are due: the next wave waits for them (`wave`)
+        self.waves.returned(&fl.seqs, fl.stats.wall_s);
+        self.waves.forget(step);
         let _ = fl.reply.send(Ok(StepOutput {
             logits,
             argmax,
             stats: fl.stats,
         }));
-        self.admit_parked();
+        self.step_left();
     }
 }
 

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use loip_runtime::net::handshake;
 use loip_runtime::net::session::{SealedReader, SealedWriter};
-use loip_runtime::wire::{self, Frame, FrameKind, Role, ToCoordinator, ToWorker, WireError, WorkerInfo};
+use loip_runtime::wire::{
+    self, Frame, FrameKind, Role, ToCoordinator, ToWorker, WireError, WorkerInfo,
+};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
@@ -46,7 +48,8 @@ pub async fn authed(addr: &str, token: Option<&str>) -> Raw {
 impl Raw {
     /// Sends a control message.
     pub async fn control(&mut self, msg: &ToWorker) {
-        self.send(FrameKind::Control, &wire::control_payload(msg).unwrap()).await;
+        self.send(FrameKind::Control, &wire::control_payload(msg).unwrap())
+            .await;
     }
 
     /// Sends a sealed frame.
