@@ -701,6 +701,10 @@ impl Sched {
                     self.adapt_borrowed(d, lender, ok)
                 }
                 Ok(ToCoordinator::KvFetch { stage }) => self.on_kv_fetch(d, stage),
+                Ok(ToCoordinator::KvSent { stage, bytes }) => self.on_kv_sent(d, stage, bytes),
+                Ok(ToCoordinator::KvFetched { stage, bytes, secs }) => {
+                    self.on_kv_fetched(d, stage, bytes, secs)
+                }
                 Ok(other) => self.mark_gone(d, format!("sent an unexpected message: {other:?}")),
                 Err(e) => self.mark_gone(d, e.to_string()),
             },
