@@ -42,6 +42,7 @@ mod route;
 pub use conn::{Conn, ConnectOptions, Endpoint, LinkStats, ShipStats, KEEPALIVE};
 pub use backend::PipelineBackend;
 pub use device_stats::DeviceStepTotals;
+pub use lend::LendTotals;
 pub use route::{HopLinks, LinkBytes};
 
 /// Errors of the distributed runtime; every network failure names its device.
@@ -244,6 +245,8 @@ struct Shared {
     links: Mutex<BTreeMap<(String, String), u64>>,
     /// per-device sums and the KV tokens held (never reset)
     devices: Mutex<device_stats::DeviceLedger>,
+    /// lent KV fetched back, since the start
+    lend: Mutex<LendTotals>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -304,6 +307,7 @@ impl Pipeline {
             totals: Mutex::new(Totals::default()),
             links: Mutex::new(BTreeMap::new()),
             devices: Mutex::new(device_stats::DeviceLedger::new(n_devices)),
+            lend: Mutex::new(LendTotals::default()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(scheduler(conns, route, links, opts, rx, shared.clone(), adapt));
@@ -481,6 +485,11 @@ impl Pipeline {
     /// Each device's step sums since the pipeline started, in pipeline order.
     pub fn device_totals(&self) -> Vec<DeviceStepTotals> {
         lock(&self.shared.devices).devices()
+    }
+
+    /// Lent KV fetched back since the pipeline started (both paths).
+    pub fn lend_totals(&self) -> LendTotals {
+        *lock(&self.shared.lend)
     }
 
     /// KV tokens the pipeline's sequences hold now, summed over sequences (each device holds

@@ -144,7 +144,7 @@ fn lending_over_a_link_whose_rate_drops_keeps_the_output_and_tracks_the_rate() {
     };
     // the star's links: coordinator↔dev1, coordinator↔dev2
     let link = net.links()[1].clone();
-    let links = run(&net, &link, |i| format!("10.231.{i}.2:0"));
+    let links = run(&net, &link, "star", |i| format!("10.231.{i}.2:0"));
     let relayed = carried(&links, "dev1", "coordinator");
     assert!(
         relayed > 0,
@@ -154,12 +154,12 @@ fn lending_over_a_link_whose_rate_drops_keeps_the_output_and_tracks_the_rate() {
 
 #[test]
 fn lending_on_the_peer_session_over_a_link_whose_rate_drops() {
-    let Some(net) = netns::build("lb", bridge) else {
+    let Some(net) = netns::build("m", bridge) else {
         return;
     };
     // the bridge's ports: coordinator, dev1, dev2
     let link = net.links()[2].clone();
-    let links = run(&net, &link, |i| format!("10.231.1.1{i}:0"));
+    let links = run(&net, &link, "bridge", |i| format!("10.231.1.1{i}:0"));
     // dev1 hands every hop to dev2 and lends to it on their session: only its notices go to
     // the coordinator
     let direct = carried(&links, "dev1", "dev2");
@@ -181,10 +181,16 @@ fn carried(links: &serde_json::Value, from: &str, to: &str) -> u64 {
         .sum()
 }
 
-/// Generates with lending on `net` (the workers listening at `listen(i)`), dropping `link`
+/// Generates with lending on `net` (the workers listening at `listen(i)`, files under a
+/// scratch directory named with `tag`), dropping `link`
 /// to 1 Mbit/s after [`DROP_AT`] tokens; checks the output and the measured rate, and
 /// returns the coordinator's link bytes.
-fn run(net: &Net, link: &netns::Link, listen: impl Fn(usize) -> String) -> serde_json::Value {
+fn run(
+    net: &Net,
+    link: &netns::Link,
+    tag: &str,
+    listen: impl Fn(usize) -> String,
+) -> serde_json::Value {
     let started = Instant::now();
     let path = fixture("tiny-llama");
     let ckpt = Checkpoint::open(&path).unwrap();
@@ -195,7 +201,7 @@ fn run(net: &Net, link: &netns::Link, listen: impl Fn(usize) -> String) -> serde
     let kv_per_token = 2 * (c.num_kv_heads * c.head_dim) as u64 * 4 * 2; // two layers a device
     let held = [12, 4000];
     let (want_ids, want_logits) = reference(&ckpt, &PROMPT, &greedy(N_NEW));
-    let root = scratch("adapt-lend-netns");
+    let root = scratch(&format!("adapt-lend-netns-{tag}"));
     let workers: Vec<_> = (1..=2)
         .map(|i| {
             spawn_worker(&W {

@@ -12,11 +12,38 @@
 
 use std::time::Instant;
 
-use super::Sched;
+use serde::Serialize;
+
+use super::{lock, Sched};
 use crate::wire::lend::{decode_kv, encode_kv, KvHeader, KvOp};
 use crate::wire::{self, Frame, FrameKind, ToWorker};
 
+/// Lent KV fetched back, as the coordinator saw it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct LendTotals {
+    /// fetches on peer sessions (timed by the lender)
+    pub direct_fetches: u64,
+    /// fetches relayed by the coordinator (timed here)
+    pub relayed_fetches: u64,
+    /// their round trips, request to last byte, summed  // seconds
+    pub fetch_s: f64,
+    /// their bytes  // bytes
+    pub bytes: u64,
+}
+
 impl Sched {
+    /// Adds a fetch to the totals.
+    fn tally(&self, direct: bool, bytes: u64, secs: f64) {
+        let mut t = lock(&self.shared.lend);
+        if direct {
+            t.direct_fetches += 1;
+        } else {
+            t.relayed_fetches += 1;
+        }
+        t.fetch_s += secs;
+        t.bytes += bytes;
+    }
+
     /// Whether lender `a`'s rows held by `b` go on their peer session.
     pub(super) fn lends_direct(&self, a: usize, b: usize) -> bool {
         let r = &self.links.reach;
@@ -63,6 +90,7 @@ impl Sched {
         };
         self.count(Some(p), Some(d), bytes);
         let secs = if secs.is_finite() { secs.max(0.0) } else { 0.0 };
+        self.tally(true, bytes, secs);
         if let Some(a) = self.adapt.as_mut() {
             a.adapter.on_fetched(d, bytes, secs);
         }
@@ -108,6 +136,7 @@ impl Sched {
                 if let Some(t) = a.fetch_at.remove(&(l, h.stage)) {
                     let secs = t.elapsed().as_secs_f64();
                     a.adapter.on_fetched(l, blob.len() as u64, secs);
+                    self.tally(false, blob.len() as u64, secs);
                 }
                 let p = encode_kv(h, blob);
                 self.count(Some(d), None, blob.len() as u64);

@@ -1,9 +1,9 @@
 //! KV lending on a worker (design §6), both sides.
 //!
-//! Lender: after stage `k` runs, the oldest rows of its layers (up to `tokens`, summed over
+//! Lender: after stage `k` runs, it asks back the next stage's rows, so they are here before
+//! that stage runs, then the oldest rows of `k`'s layers (up to `tokens`, summed over
 //! sequences in id order) leave the KV cache (their bytes are freed) in a `Kv` put frame to
-//! the borrower; then it asks back the next stage's rows, so they are here before that stage
-//! runs (one stage's lent rows are held at a time). Before a stage with rows out runs, they
+//! the borrower (one stage's lent rows are held here at a time). Before a stage with rows out runs, they
 //! are put back exactly as they left, or the step fails with a typed error ([`LendError`])
 //! when what came back is not what was lent, nothing came back within [`FETCH_WAIT`], or
 //! the borrower holding them is gone (named).
@@ -216,8 +216,9 @@ impl Lender {
         Ok(())
     }
 
-    /// After stage `k` of a device with `stages` stages ran: its oldest rows go out, and
-    /// the next stage's rows are asked back.
+    /// After stage `k` of a device with `stages` stages ran: the next stage's rows are asked
+    /// back, then `k`'s oldest rows go out (the request goes ahead of the put on the link, so
+    /// the rows come back while the put travels, and the round trip times the rows alone).
     pub(super) fn after_stage(
         &mut self,
         d: &mut Device,
@@ -229,6 +230,7 @@ impl Lender {
             return Ok(());
         }
         let stage = k as u16;
+        self.ask(ctx, ((k + 1) % stages) as u16)?;
         let layers: Vec<usize> = d.spec().stages[k].layers.iter().map(|l| l.layer).collect();
         let Some(&first) = layers.first() else {
             return Ok(());
@@ -282,8 +284,7 @@ impl Lender {
             }
             self.out.insert(stage, Lent { rows, via, bytes });
         }
-        let next = ((k + 1) % stages) as u16;
-        self.ask(ctx, next)
+        Ok(())
     }
 }
 
