@@ -608,7 +608,15 @@ async fn setup(
     let direct: Vec<bool> = (0..route.hops.len())
         .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))
         .collect();
-    let hop_links = HopLinks { direct, peer_ids };
+    let n = plan_conns.len();
+    let reach = (0..n)
+        .map(|a| (0..n).map(|b| a != b && reaches(a, b)).collect())
+        .collect();
+    let hop_links = HopLinks {
+        direct,
+        peer_ids,
+        reach,
+    };
     let adapter = opts.admitted.map(|_| {
         let mut a = crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened);
         a.set_lending(opts.lending);

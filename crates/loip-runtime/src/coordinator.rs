@@ -41,6 +41,7 @@ mod wave;
 pub use backend::PipelineBackend;
 pub use conn::{Conn, ConnectOptions, Endpoint, LinkStats, ShipStats, KEEPALIVE};
 pub use device_stats::DeviceStepTotals;
+pub use lend::LendTotals;
 pub use route::{HopLinks, LinkBytes};
 
 /// Errors of the distributed runtime; every network failure names its device.
@@ -243,6 +244,8 @@ struct Shared {
     links: Mutex<BTreeMap<(String, String), u64>>,
     /// per-device sums and the KV tokens held (never reset)
     devices: Mutex<device_stats::DeviceLedger>,
+    /// lent KV fetched back, since the start
+    lend: Mutex<LendTotals>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -303,6 +306,7 @@ impl Pipeline {
             totals: Mutex::new(Totals::default()),
             links: Mutex::new(BTreeMap::new()),
             devices: Mutex::new(device_stats::DeviceLedger::new(n_devices)),
+            lend: Mutex::new(LendTotals::default()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(scheduler(
@@ -490,6 +494,11 @@ impl Pipeline {
         lock(&self.shared.devices).devices()
     }
 
+    /// Lent KV fetched back since the pipeline started (both paths).
+    pub fn lend_totals(&self) -> LendTotals {
+        *lock(&self.shared.lend)
+    }
+
     /// KV tokens the pipeline's sequences hold now, summed over sequences (each device holds
     /// them for its own layers)  // tokens
     pub fn held_tokens(&self) -> u64 {
@@ -644,6 +653,10 @@ impl Sched {
                     self.adapt_borrowed(d, lender, ok)
                 }
                 Ok(ToCoordinator::KvFetch { stage }) => self.on_kv_fetch(d, stage),
+                Ok(ToCoordinator::KvSent { stage, bytes }) => self.on_kv_sent(d, stage, bytes),
+                Ok(ToCoordinator::KvFetched { stage, bytes, secs }) => {
+                    self.on_kv_fetched(d, stage, bytes, secs)
+                }
                 Ok(other) => self.mark_gone(d, format!("sent an unexpected message: {other:?}")),
                 Err(e) => self.mark_gone(d, e.to_string()),
             },

@@ -442,6 +442,10 @@ pub enum ToWorker {
     Lend {
         /// rows per stage, summed over sequences  // tokens
         tokens: u64,
+        /// the borrower's peer-session index (as in `Peers`) when this worker's session to
+        /// it is up: the rows go there directly; None: through the coordinator
+        #[serde(default)]
+        via: Option<u16>,
     },
     /// KV lending: hold up to `bytes` of `lender`'s lent KV (counted in the budget);
     /// answered with `Borrowed`
@@ -450,6 +454,10 @@ pub enum ToWorker {
         lender: u16,
         /// bytes to reserve  // bytes
         bytes: u64,
+        /// the lender's peer-session index (as in `Peers`) when it sends its rows on its own
+        /// session to this worker; None: only through the coordinator
+        #[serde(default)]
+        via: Option<u16>,
     },
     /// KV lending: send `lender`'s lent KV of `stage` back (a `Kv` data frame)
     KvFetch {
@@ -570,6 +578,23 @@ pub enum ToCoordinator {
     KvFetch {
         /// its stage
         stage: u16,
+    },
+    /// KV lending over the peer session: `bytes` of lent KV of `stage` went to the borrower
+    KvSent {
+        /// its stage
+        stage: u16,
+        /// blob bytes  // bytes
+        bytes: u64,
+    },
+    /// KV lending over the peer session: lent KV of `stage` came back, `secs` after it was
+    /// asked (the link's round trip, what lending is sized by)
+    KvFetched {
+        /// its stage
+        stage: u16,
+        /// blob bytes  // bytes
+        bytes: u64,
+        /// from the request to the last byte  // seconds
+        secs: f64,
     },
     /// a plan switch was refused: nothing changed
     SwitchRefused {

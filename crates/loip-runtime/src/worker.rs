@@ -326,13 +326,14 @@ async fn connection(
     let writer = tokio::spawn(write_loop(wr, out_rx));
     let (job_tx, job_rx) = std::sync::mpsc::channel::<(Job, BytePermit)>();
     let (inbox, frame_limit) = (ByteBudget::new(qbytes), Arc::new(AtomicUsize::new(BASE_FRAME)));
-    let (kv_tx, kv_rx) = std::sync::mpsc::channel::<(u16, Vec<u8>)>();
+    let (kv_tx, kv_rx) = std::sync::mpsc::channel::<lend::KvBack>();
     let direct = peer::Direct::new(
         info.name.clone(),
         job_tx.clone(),
         out_tx.clone(),
         inbox.clone(),
         frame_limit.clone(),
+        kv_tx.clone(),
     );
     *lock(&shared.direct) = Some(direct.clone());
     let q = Queues {
@@ -400,7 +401,7 @@ struct Queues {
     /// direct forwarding
     direct: Arc<peer::Direct>,
     /// lent KV coming back, to the compute thread (which may be waiting for it)
-    kv_back: std::sync::mpsc::Sender<(u16, Vec<u8>)>,
+    kv_back: std::sync::mpsc::Sender<lend::KvBack>,
 }
 
 /// Removes this machine's store path from a message meant for a peer.
@@ -464,16 +465,31 @@ async fn session(
             }
             FrameKind::Routed => q.direct.on_routed(&f.payload, permit)?,
             FrameKind::Kv => {
+                // lent KV through the coordinator: held or handed back here, never queued
+                // behind steps
                 let (h, blob) = wire::lend::decode_kv(&f.payload)
                     .map_err(|e| WireError::Protocol(e.to_string()))?;
                 match h.op {
-                    wire::lend::KvOp::Put => jobs
-                        .send((Job::KvPut(h.lender, h.stage, blob.to_vec()), permit))
-                        .map_err(|_| gone())?,
-                    wire::lend::KvOp::Data => q
-                        .kv_back
-                        .send((h.stage, blob.to_vec()))
-                        .map_err(|_| gone())?,
+                    wire::lend::KvOp::Put => {
+                        let r = lock(&q.direct.held).put(h.lender, h.stage, blob.to_vec());
+                        if let Err(e) = r {
+                            let message = e.to_string();
+                            reply(out, &ToCoordinator::Failed { step: None, message }).await?
+                        }
+                    }
+                    wire::lend::KvOp::Data => {
+                        let back = lend::KvBack::Data {
+                            stage: h.stage,
+                            blob: blob.to_vec(),
+                            at: Instant::now(),
+                        };
+                        q.kv_back.send(back).map_err(|_| gone())?
+                    }
+                    wire::lend::KvOp::Fetch => {
+                        return Err(WireError::Protocol(
+                            "a lent-KV fetch frame from the coordinator".into(),
+                        ))
+                    }
                 }
             }
             FrameKind::Control => match wire::parse_control::<ToWorker>(&f)? {
@@ -568,15 +584,18 @@ async fn session(
                 ToWorker::Switch { stages } => {
                     jobs.send((Job::Switch(stages), permit)).map_err(|_| gone())?
                 }
-                ToWorker::Lend { tokens } => {
-                    jobs.send((Job::Lend(tokens), permit)).map_err(|_| gone())?
+                ToWorker::Lend { tokens, via } => jobs
+                    .send((Job::Lend(tokens, via), permit))
+                    .map_err(|_| gone())?,
+                ToWorker::Borrow { lender, bytes, via } => jobs
+                    .send((Job::Borrow(lender, bytes, via), permit))
+                    .map_err(|_| gone())?,
+                ToWorker::KvFetch { lender, stage } => {
+                    let p = lock(&q.direct.held).fetch(lender, stage);
+                    out.send((FrameKind::Kv, p, None))
+                        .await
+                        .map_err(|_| WireError::Closed)?
                 }
-                ToWorker::Borrow { lender, bytes } => jobs
-                    .send((Job::Borrow(lender, bytes), permit))
-                    .map_err(|_| gone())?,
-                ToWorker::KvFetch { lender, stage } => jobs
-                    .send((Job::KvFetch(lender, stage), permit))
-                    .map_err(|_| gone())?,
                 ToWorker::Bye => return Ok(()),
                 ToWorker::Auth { .. } => {
                     return Err(WireError::Protocol("authentication twice".into()))
@@ -625,11 +644,10 @@ enum Job {
     },
     Release(Vec<u64>),
     Switch(Vec<crate::executor::StageSpec>),
-    /// KV lending: rows per stage (lender); reserve for a lender, hold, return (borrower)
-    Lend(u64),
-    Borrow(u16, u64),
-    KvPut(u16, u16, Vec<u8>),
-    KvFetch(u16, u16),
+    /// KV lending: rows per stage and the borrower's peer index (lender); reserve for a
+    /// lender and the peer its rows come from (borrower)
+    Lend(u64, Option<u16>),
+    Borrow(u16, u64, Option<u16>),
 }
 
 /// What the compute thread works with.
@@ -679,7 +697,6 @@ fn compute_thread(
     mut lender: lend::Lender,
 ) {
     let mut device: Option<Device> = None;
-    let mut borrower = lend::Borrower::default();
     let mut refusals = ctx.refuse_switches;
     while let Ok((job, permit)) = jobs.recv() {
         let ok = match job {
@@ -711,16 +728,14 @@ fn compute_thread(
                 refusals = refusals.saturating_sub(1);
                 ctx.send(crate::adapt::apply_switch(device.as_mut(), stages, refuse))
             }
-            Job::Lend(tokens) => {
-                lender.set(tokens);
+            Job::Lend(tokens, via) => {
+                lender.set(tokens, via);
                 true
             }
-            Job::Borrow(l, bytes) => ctx.send(borrower.borrow(device.as_mut(), l, bytes)),
-            Job::KvPut(l, stage, blob) => match borrower.put(l, stage, blob) {
-                Ok(()) => true,
-                Err(e) => ctx.fail(None, e.to_string()),
-            },
-            Job::KvFetch(l, stage) => ctx.send_frame(FrameKind::Kv, borrower.fetch(l, stage)),
+            Job::Borrow(l, bytes, via) => {
+                let held = &ctx.direct.held;
+                ctx.send(lend::borrow(held, device.as_mut(), l, bytes, via))
+            }
             Job::Release(seqs) => {
                 if let Some(d) = device.as_mut() {
                     for s in seqs {

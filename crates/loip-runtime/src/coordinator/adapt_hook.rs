@@ -71,6 +71,8 @@ impl Sched {
                 a.refused = false;
                 a.waiting.push_front((step, f, data));
                 self.send_switches(sw);
+                // only unanswered actions (a lend shrinking): nothing else resumes the step
+                self.adapt_resume();
             }
             Verdict::Hold(sw) => {
                 a.held_back.push((step, f, data));
@@ -91,14 +93,19 @@ impl Sched {
                     bytes,
                     ..
                 } => {
+                    let direct = self.lends_direct(lender, peer);
                     let msg = ToWorker::Borrow {
                         lender: lender as u16,
                         bytes,
+                        via: direct.then(|| self.peer_id(lender)),
                     };
                     (peer, wire::control_payload(&msg).ok(), true)
                 }
                 Action::Lend { device, tokens } => {
-                    let msg = ToWorker::Lend { tokens };
+                    let msg = ToWorker::Lend {
+                        tokens,
+                        via: self.lend_via(device),
+                    };
                     (device, wire::control_payload(&msg).ok(), false)
                 }
             };

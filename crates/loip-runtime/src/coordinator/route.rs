@@ -30,6 +30,10 @@ pub struct HopLinks {
     pub direct: Vec<bool>,
     /// per pipeline device: its index in the workers' `Peers` messages
     pub peer_ids: Vec<u16>,
+    /// per pipeline device pair `[a][b]`: `a`'s peer session to `b` is up (lent KV of `a`
+    /// held by `b` goes on it); empty: none (everything relayed)
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reach: Vec<Vec<bool>>,
 }
 
 /// Bytes one link carried, counted by the coordinator: its own sends and receipts, and the
@@ -68,7 +72,7 @@ impl Sched {
         self.links.direct.iter().any(|&d| d)
     }
 
-    fn peer_id(&self, d: usize) -> u16 {
+    pub(super) fn peer_id(&self, d: usize) -> u16 {
         self.links.peer_ids.get(d).copied().unwrap_or(d as u16)
     }
 
@@ -80,7 +84,7 @@ impl Sched {
     }
 
     /// Adds `bytes` to the link `from` → `to` (None: the coordinator).
-    fn count(&self, from: Option<usize>, to: Option<usize>, bytes: u64) {
+    pub(super) fn count(&self, from: Option<usize>, to: Option<usize>, bytes: u64) {
         let k = (self.name(from), self.name(to));
         *lock(&self.shared.links).entry(k).or_insert(0) += bytes;
     }
@@ -319,7 +323,7 @@ impl Sched {
                 self.is_direct(k)
                     && self.route.hops[k - 1].device == d
                     && self.route.hops[k].device == p
-            })
+            }) || self.lending_on(d, p)
         });
         let from = self.endpoints[d].name.clone();
         let Some(p) = p.filter(|_| used) else {

@@ -220,6 +220,7 @@ fn kind_of(m: &ToCoordinator) -> &'static str {
         ToCoordinator::SwitchRefused { .. } => "a switch refusal",
         ToCoordinator::Borrowed { .. } => "a KV reservation receipt",
         ToCoordinator::KvFetch { .. } => "a lent-KV request",
+        ToCoordinator::KvSent { .. } | ToCoordinator::KvFetched { .. } => "a lent-KV notice",
         ToCoordinator::Failed { .. } => "a failure",
         ToCoordinator::PeersReady { .. } => "a peer report",
         ToCoordinator::PeerGone { .. } => "a lost peer",

@@ -1,7 +1,11 @@
-//! KV lending on the wire (design §6): `Kv` frames carry a stage's lent KV rows, lender →
-//! coordinator → borrower (`Put`) and back (`Data`), byte for byte.
+//! KV lending on the wire (design §6): `Kv` frames carry a stage's lent KV rows to the
+//! borrower (`Put`) and back (`Data`), byte for byte: on the lender's peer session to the
+//! borrower where it is up (the lender asks its rows back with a `Fetch` frame there, and the
+//! borrower answers on the same session in the reverse direction), else lender →
+//! coordinator → borrower and back (the coordinator asks with a `KvFetch` control message).
 //!
-//! Frame payload: `op u8 | lender u16 | stage u16 | blob`. The blob is opaque to the
+//! Frame payload: `op u8 | lender u16 | stage u16 | blob`. On a peer session the `lender`
+//! field is not trusted: the borrower knows the sender from the session. The blob is opaque to the
 //! borrower (it only holds it, within the bytes it reserved); the lender wrote it and
 //! checks it on the way back against what it lent: `nseq u32 | (seq u64, rows u32)·nseq |`
 //! then, per layer of the stage and per listed sequence, `rows` K rows then `rows` V rows
@@ -17,6 +21,8 @@ pub enum KvOp {
     Put = 1,
     /// lent rows coming back to the lender
     Data = 2,
+    /// the lender asks a stage's rows back (peer sessions; no blob)
+    Fetch = 3,
 }
 
 /// A `Kv` frame's header.
@@ -67,6 +73,31 @@ pub enum LendError {
     /// the borrower or the coordinator is gone
     #[error("the lent KV of stage {0} cannot come back: the session is gone")]
     Gone(u16),
+    /// the borrower that holds the rows is gone
+    #[error(
+        "the lent KV of stage {stage} is lost: device {device} that held it is gone ({reason})"
+    )]
+    PeerGone {
+        /// stage
+        stage: u16,
+        /// the borrower
+        device: String,
+        /// what happened
+        reason: String,
+    },
+    /// a put past what the borrower reserved for the lender
+    #[error("lent KV of device {lender}: {bytes} bytes held, {reserved} reserved")]
+    OverReserved {
+        /// the lender
+        lender: u16,
+        /// bytes it would hold  // bytes
+        bytes: u64,
+        /// bytes reserved for it  // bytes
+        reserved: u64,
+    },
+    /// lent KV on the session of a peer that lends nothing here
+    #[error("device {0} sent lent KV, but lends nothing to this worker")]
+    NotLending(u16),
 }
 
 /// Encodes a `Kv` frame.
@@ -91,6 +122,7 @@ pub fn decode_kv(p: &[u8]) -> Result<(KvHeader, &[u8]), LendError> {
     let op = match p[0] {
         1 => KvOp::Put,
         2 => KvOp::Data,
+        3 => KvOp::Fetch,
         o => return Err(LendError::BadOp(o)),
     };
     let lender = u16::from_le_bytes([p[1], p[2]]);

@@ -16,6 +16,11 @@
 //!   inbox budget, as the coordinator's do.
 //! - A link this worker hands rows to that fails is reported to the coordinator
 //!   (`PeerGone`), which fails the steps in flight naming that device; nothing waits on it.
+//! - KV lending ([`super::lend`]) uses the same sessions: the lender's puts and fetch
+//!   requests go on its outgoing session to the borrower, which holds the rows within what
+//!   it reserved for that very peer (a larger frame is refused before it is read) and sends
+//!   them back on the same session. The lender reads back only `Kv` data frames no larger
+//!   than what it has out there; a failed session also wakes a lender waiting for its rows.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,6 +30,7 @@ use std::time::Instant;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, watch, Notify};
 
+use super::lend::{Borrower, KvBack};
 use super::{lock, ComputeCtx, Job, Out, Shared, MAX_BULK};
 use crate::net::direct::{
     self, FromPeer, Notice, PeerLinkReport, PeerRef, PeersMsg, ToPeer, ANNOUNCE_WAIT,
@@ -33,6 +39,7 @@ use crate::net::handshake::PRE_AUTH_FRAME;
 use crate::net::peer::{self, PeerConn};
 use crate::net::queue::{ByteBudget, BytePermit};
 use crate::net::session::{SealedReader, SealedWriter, SessionKeys};
+use crate::wire::lend::{decode_kv, KvOp, KV_HEADER_BYTES};
 use crate::wire::{self, FrameKind, JobTimes, Role, StepHeader, ToCoordinator, WireError};
 
 /// Steps remembered as forgotten (their late rows are dropped quietly).
@@ -68,10 +75,17 @@ struct State {
     links: HashMap<u16, mpsc::Sender<Out>>,
     pending: HashMap<(u64, u16), Pending>,
     forgotten: VecDeque<u64>,
+    /// lent KV coming back, to the compute thread
+    kv_back: Option<std::sync::mpsc::Sender<KvBack>>,
+    /// lent KV out on each link (peer → bytes): the most a data frame from it may carry
+    lent: HashMap<u16, usize>,
 }
 
 /// The direct-forwarding state of one coordinator session.
 pub(super) struct Direct {
+    /// lent KV this worker holds for its peers (puts and fetches are served on the session
+    /// tasks, the coordinator's and the peers')
+    pub(super) held: Borrower,
     inbox: ByteBudget,
     frame_limit: Arc<AtomicUsize>,
     state: Mutex<State>,
@@ -91,8 +105,10 @@ impl Direct {
         out: mpsc::Sender<Out>,
         inbox: ByteBudget,
         frame_limit: Arc<AtomicUsize>,
+        kv_back: std::sync::mpsc::Sender<KvBack>,
     ) -> Arc<Direct> {
         Arc::new(Direct {
+            held: Borrower::default(),
             inbox,
             frame_limit,
             state: Mutex::new(State {
@@ -106,6 +122,8 @@ impl Direct {
                 links: HashMap::new(),
                 pending: HashMap::new(),
                 forgotten: VecDeque::new(),
+                kv_back: Some(kv_back),
+                lent: HashMap::new(),
             }),
             announced: Notify::new(),
             closed: watch::channel(false).0,
@@ -121,7 +139,10 @@ impl Direct {
             st.out = None;
             st.links.clear();
             st.pending.clear();
+            st.kv_back = None;
+            st.lent.clear();
         }
+        lock(&self.held).clear();
         self.closed.send_replace(true);
         self.announced.notify_waiters();
     }
@@ -344,6 +365,10 @@ impl Direct {
         if !st.open || st.links.remove(&device).is_none() {
             return;
         }
+        if let Some(k) = &st.kv_back {
+            let reason = reason.clone();
+            let _ = k.send(KvBack::Gone { device, reason });
+        }
         if let Some(out) = &st.out {
             if let Ok(p) = wire::control_payload(&ToCoordinator::PeerGone { device, reason }) {
                 let _ = out.try_send((FrameKind::Control, p, None));
@@ -380,22 +405,65 @@ impl Direct {
         let me = Arc::downgrade(self);
         let mut closed = self.closed.subscribe();
         tokio::spawn(async move {
-            let why = tokio::select! {
-                r = rd.read(PRE_AUTH_FRAME) => match r {
-                    Ok(f) if f.kind == FrameKind::Error => {
-                        format!("it reported: {}", String::from_utf8_lossy(&f.payload))
-                    }
-                    Ok(f) => format!("it sent an unexpected {:?} frame", f.kind),
-                    Err(WireError::Closed) => "it closed the session".to_string(),
-                    Err(e) => e.to_string(),
-                },
-                _ = closed.changed() => return,
+            let why = loop {
+                let r = tokio::select! {
+                    r = read_back(&mut rd, &me, device) => r,
+                    _ = closed.changed() => return,
+                };
+                match (r, me.upgrade()) {
+                    (Ok(back), Some(d)) => d.kv_back(back),
+                    (Ok(_), None) => return,
+                    (Err(why), _) => break why,
+                }
             };
             if let Some(d) = me.upgrade() {
                 d.peer_gone(device, why);
             }
         });
         tx
+    }
+
+    fn kv_back(&self, back: KvBack) {
+        if let Some(k) = &lock(&self.state).kv_back {
+            let _ = k.send(back);
+        }
+    }
+
+    /// Whether this worker's session to peer `to` is up.
+    pub(super) fn has_link(&self, to: u16) -> bool {
+        lock(&self.state).links.contains_key(&to)
+    }
+
+    /// Peer `device`'s name (its index when unknown).
+    pub(super) fn peer_name(&self, device: u16) -> String {
+        let st = lock(&self.state);
+        match st.expect.iter().find(|p| p.device == device) {
+            Some(p) => p.name.clone(),
+            None => device.to_string(),
+        }
+    }
+
+    /// `bytes` of lent KV go out to peer `to` (a data frame from it may carry them back).
+    pub(super) fn lending(&self, to: u16, bytes: usize) {
+        *lock(&self.state).lent.entry(to).or_insert(0) += bytes;
+    }
+
+    /// `bytes` of lent KV came back from peer `to`.
+    pub(super) fn returned(&self, to: u16, bytes: usize) {
+        if let Some(n) = lock(&self.state).lent.get_mut(&to) {
+            *n = n.saturating_sub(bytes);
+        }
+    }
+
+    /// On the compute thread: a `Kv` frame to peer `to` on this worker's session to it.
+    /// False when that session is closed.
+    pub(super) fn send_kv(&self, ctx: &ComputeCtx, to: u16, payload: Vec<u8>) -> bool {
+        let Some(l) = lock(&self.state).links.get(&to).cloned() else {
+            return false;
+        };
+        let permit = ctx.outbox.blocking_acquire(payload.len(), &ctx.rt);
+        l.blocking_send((FrameKind::Kv, payload, Some(permit)))
+            .is_ok()
     }
 
     /// On the compute thread: hands a hop's output to peer `to`, then tells the coordinator.
@@ -496,15 +564,26 @@ async fn peer_frames(
         return Ok(());
     }
     loop {
-        let limit = d.frame_limit.load(Ordering::Relaxed);
         let (kind, len) = tokio::select! {
-            r = rd.read_header(limit) => match r {
+            r = rd.read_header(wire::MAX_FRAME) => match r {
                 Ok(x) => x,
                 Err(WireError::Closed) => return Ok(()),
                 Err(e) => return Err(e),
             },
             _ = closed.changed() => return Ok(()),
         };
+        // the limit of this kind, now (before the body is read): lent KV may be larger than
+        // a step's rows, up to a put of all the peer's reservation
+        let cap = match kind {
+            FrameKind::Kv => lock(&d.held).frame_cap(from),
+            _ => d.frame_limit.load(Ordering::Relaxed),
+        };
+        if len > cap {
+            return Err(WireError::TooLarge {
+                len: len as u64,
+                max: cap,
+            });
+        }
         let permit = tokio::select! {
             p = d.inbox.acquire(len) => p,
             _ = closed.changed() => return Ok(()),
@@ -518,6 +597,16 @@ async fn peer_frames(
                 tokio::select! {
                     r = d.on_hand(from, step, hop, rows, permit) => r?,
                     _ = closed.changed() => return Ok(()),
+                }
+            }
+            FrameKind::Kv => {
+                let back = lock(&d.held)
+                    .on_peer_frame(from, &f.payload)
+                    .map_err(|e| WireError::Protocol(e.to_string()))?;
+                drop(f);
+                drop(permit);
+                if let Some(p) = back {
+                    wr.write(FrameKind::Kv, &p).await?;
                 }
             }
             FrameKind::Control => match wire::parse_control::<ToPeer>(&f)? {
@@ -556,5 +645,48 @@ async fn peer_frames(
                 )))
             }
         }
+    }
+}
+
+/// Reads the next frame a peer sends back on this worker's session to it (`device`): lent KV
+/// coming back, no larger than what is out there; anything else ends the session (why).
+async fn read_back(
+    rd: &mut SealedReader<OwnedReadHalf>,
+    me: &std::sync::Weak<Direct>,
+    device: u16,
+) -> Result<KvBack, String> {
+    let (kind, len) = match rd.read_header(wire::MAX_FRAME).await {
+        Ok(x) => x,
+        Err(WireError::Closed) => return Err("it closed the session".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let cap = match kind {
+        FrameKind::Kv => me.upgrade().map_or(0, |d| {
+            let out = lock(&d.state).lent.get(&device).copied().unwrap_or(0);
+            out.saturating_add(KV_HEADER_BYTES)
+        }),
+        FrameKind::Error => PRE_AUTH_FRAME,
+        k => return Err(format!("it sent an unexpected {k:?} frame")),
+    };
+    if len > cap {
+        return Err(format!(
+            "it sent a {kind:?} frame of {len} bytes; at most {cap} are expected"
+        ));
+    }
+    let f = rd.read_body(kind, len).await.map_err(|e| e.to_string())?;
+    if kind == FrameKind::Error {
+        return Err(format!(
+            "it reported: {}",
+            String::from_utf8_lossy(&f.payload)
+        ));
+    }
+    match decode_kv(&f.payload) {
+        Ok((h, blob)) if h.op == KvOp::Data => Ok(KvBack::Data {
+            stage: h.stage,
+            blob: blob.to_vec(),
+            at: Instant::now(),
+        }),
+        Ok((h, _)) => Err(format!("it sent a lent-KV frame of op {:?}", h.op)),
+        Err(e) => Err(e.to_string()),
     }
 }
