@@ -15,9 +15,12 @@
 //!
 //! Last resort: a step that starts a sequence (a new admission) whose KV no layout can hold
 //! next to what other sequences hold is held back ([`Verdict::Hold`]) until sequences are
-//! released; an admitted sequence's steps are never held (one that outgrows every layout
-//! fails on the device with a typed KV-budget error; the budget is never exceeded).
-//!
+//! released; an admitted sequence's steps are never held for long: with steps in flight
+//! they wait for them (one may finish), with none the newest-admitted other sequences are
+//! evicted and recomputed when they run again (`adapt/evict.rs`, lossless). Only a sequence
+//! that alone outgrows every layout fails, on the device, with a typed KV-budget error; the
+//! budget is never exceeded.
+
 //! Prices of layouts come from the manifest's slice sizes, the same function the worker
 //! accounts with ([`crate::executor::layout_bytes`]), so both sides agree to the byte.
 //!
