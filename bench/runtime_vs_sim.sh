@@ -6,15 +6,15 @@
 #
 #   bench/runtime_vs_sim.sh [ROUNDS] [-- extra `loip local` arguments]
 #
-# Default run: SmolLM2 on two workers of 50 MiB, 560 tokens (thresholds are crossed).
+# Default run: SmolLM2 on one worker of 64 MiB, 450 tokens (a threshold is crossed at ~389).
 set -euo pipefail
 LOIP=${LOIP:-target/release/loip}
 ROUNDS=${1:-1}
 shift || true
 [ "${1:-}" = "--" ] && shift
 if [ $# -eq 0 ]; then
-  set -- --model smollm2 --devices 2 --mem 50MiB,50MiB \
-    --prompt "Tell me a very long story about a dragon" --max-tokens 560 --min-tokens 560
+  set -- --model smollm2 --devices 1 --mem 64MiB \
+    --prompt "Tell me a very long story about a dragon" --max-tokens 450 --min-tokens 450
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

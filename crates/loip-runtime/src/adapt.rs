@@ -15,9 +15,12 @@
 //!
 //! Last resort: a step that starts a sequence (a new admission) whose KV no layout can hold
 //! next to what other sequences hold is held back ([`Verdict::Hold`]) until sequences are
-//! released; an admitted sequence's steps are never held (one that outgrows every layout
-//! fails on the device with a typed KV-budget error; the budget is never exceeded).
-//!
+//! released; an admitted sequence's steps are never held for long: with steps in flight
+//! they wait for them (one may finish), with none the newest-admitted other sequences are
+//! evicted and recomputed when they run again (`adapt/evict.rs`, lossless). Only a sequence
+//! that alone outgrows every layout fails, on the device, with a typed KV-budget error; the
+//! budget is never exceeded.
+
 //! Prices of layouts come from the manifest's slice sizes, the same function the worker
 //! accounts with ([`crate::executor::layout_bytes`]), so both sides agree to the byte.
 //!
@@ -34,83 +37,16 @@ use loip_plan::adapt::{
     AdaptEvent, MemorySample,
 };
 use loip_plan::{cost, DeviceProfile, ModelShape, Plan, Residency, StagePlan};
-use serde::Serialize;
 
-use crate::executor::{layout_bytes, BlockPlacement, Device, DeviceSpec, StageLayer, StageSpec};
-use crate::wire::{DeviceMemory, ToCoordinator, ToWorker};
+use crate::executor::{layout_bytes, BlockPlacement, DeviceSpec, StageLayer, StageSpec};
+use crate::wire::DeviceMemory;
 
-/// A threshold a device's KV reached.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Crossing {
-    /// decision step (steps admitted so far)
-    pub step: u32,
-    /// KV tokens held, summed over sequences, with the step  // tokens
-    pub tokens: u64,
-    /// the threshold `TS` crossed  // tokens
-    pub threshold: u64,
-    /// seconds since the pipeline started  // seconds
-    pub time_s: f64,
-}
+mod evict;
+mod report;
+mod worker_side;
 
-/// One device's adaptation, as reported.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DeviceAdapt {
-    /// device name
-    pub name: String,
-    /// its budget  // bytes
-    pub budget: u64,
-    /// KV held now  // bytes
-    pub kv_bytes: u64,
-    /// most KV held  // bytes
-    pub kv_peak_bytes: u64,
-    /// KV room of the current layout  // bytes
-    pub kv_budget: u64,
-    /// current threshold `TS`  // tokens
-    pub threshold: Option<u64>,
-    /// thresholds reached, in order
-    pub crossings: Vec<Crossing>,
-    /// switches applied (acknowledged by the worker)
-    pub switches_applied: u32,
-    /// switches the worker refused (the layout it kept stays; another measure was taken)
-    pub switches_refused: u32,
-    /// KV lending: the peer it lends to and the rows lent per stage now  // tokens
-    pub lent_to: Option<String>,
-    /// rows lent per stage now  // tokens
-    pub lent_tokens: u64,
-    /// KV bytes lending frees here now  // bytes
-    pub lent_bytes: u64,
-    /// bytes reserved here for peers' lent KV  // bytes
-    pub borrowed_bytes: u64,
-    /// lent KV fetched back (relayed fetches answered)
-    pub fetches: u64,
-    /// lent KV bytes that left and came back through the coordinator  // bytes
-    pub kv_moved_bytes: u64,
-    /// (attention, MLP) blocks offloaded per stage now
-    pub offloaded: (u32, u32),
-}
-
-/// What adaptation did over the run (`loip local --json` "adaptation").
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct AdaptReport {
-    /// per plan device
-    pub devices: Vec<DeviceAdapt>,
-    /// switches decided, in the simulator's terms (step = decision step)
-    pub events: Vec<AdaptEvent>,
-    /// steps of new sequences held back because nothing could free enough
-    pub held_admissions: u64,
-    /// steps of admitted sequences held back until another step finished or a sequence was
-    /// released (nothing else could free enough)
-    pub held_steps: u64,
-    /// KV tokens held now, summed over sequences  // tokens
-    pub tokens: u64,
-    /// lent-KV transfer rate last measured  // bytes/s
-    pub lend_bandwidth: Option<f64>,
-    /// memory of every device at every switch and crossing: (seconds, device, KV bytes,
-    /// weights + slot + working bytes)
-    pub samples: Vec<(f64, usize, u64, u64)>,
-    /// memory of every plan device at every step admitted, `memory[device][k]`
-    pub memory: Vec<Vec<MemorySample>>,
-}
+pub use report::{AdaptReport, Crossing, DeviceAdapt};
+pub(crate) use worker_side::{apply_switch, switch_payload};
 
 /// What the coordinator sends before a step.
 #[derive(Debug, Clone, PartialEq)]
@@ -136,6 +72,19 @@ pub enum Action {
         /// rows per stage  // tokens
         tokens: u64,
     },
+    /// the last resort: release these sequences' KV on every device (the coordinator keeps
+    /// their ids and recomputes them when they run again)
+    Evict(Vec<u64>),
+    /// steps to run right before the step (re-prefilling evicted sequences, no output
+    /// rows): (positions, ids) each
+    Recompute(Vec<(Vec<TokenPos>, Vec<u32>)>),
+}
+
+impl Action {
+    /// Whether the device answers it (the step waits for the answer).
+    pub fn answered(&self) -> bool {
+        matches!(self, Action::Switch(..) | Action::Borrow { .. })
+    }
 }
 
 /// What to do with a step.
@@ -197,6 +146,8 @@ pub struct Adapter {
     /// time between the last two steps entering  // seconds
     round_s: Option<f64>,
     last_entry: Option<Instant>,
+    /// eviction and recomputation (the last resort)
+    recomp: evict::Recompute,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -297,6 +248,7 @@ impl Adapter {
                     borrowed_bytes: 0,
                     fetches: 0,
                     kv_moved_bytes: 0,
+                    evicted_bytes: 0,
                     offloaded: counts_max(&v.plan_stages),
                 })
                 .collect(),
@@ -318,6 +270,7 @@ impl Adapter {
             bandwidth: None,
             round_s: None,
             last_entry: None,
+            recomp: Default::default(),
         }
     }
 
@@ -571,9 +524,19 @@ impl Adapter {
             });
             *e = (*e).max(t.pos as u64 + 1);
         }
+        // The last resort: an admitted sequence no layout holds next to the others, and no
+        // step in flight that could finish and make room: evict others (module evict).
+        let evicted = if !new_seq && !others_in_flight {
+            self.evict_for(batch, &mut after)
+        } else {
+            Vec::new()
+        };
         let tokens: u64 = after.values().sum();
         let seqs = after.len() as u64;
         let mut switches = Vec::new();
+        if !evicted.is_empty() {
+            switches.push(Action::Evict(evicted));
+        }
         let mut fits_all = true;
         let step = self.step;
         let now = self.started.elapsed().as_secs_f64();
@@ -700,6 +663,7 @@ impl Adapter {
         self.step += 1;
         rep.tokens = tokens;
         rep.memory.resize(self.devs.len(), Vec::new());
+        let evicted_tokens = self.recomp.evicted_tokens();
         for (i, d) in self.devs.iter().enumerate() {
             let r = &mut rep.devices[i];
             r.kv_bytes = tokens.saturating_mul(d.kv_per_token);
@@ -716,9 +680,11 @@ impl Adapter {
                 kv_local: kv,
                 kv_lent: lent,
                 kv_borrowed: borrowed,
-                kv_evicted: 0,
+                kv_evicted: evicted_tokens.saturating_mul(d.kv_per_token),
             });
         }
+        drop(rep);
+        switches.extend(self.recompute_for(batch));
         Verdict::Go(switches)
     }
 
@@ -733,6 +699,7 @@ impl Adapter {
                 u.0.remove(s);
             }
         }
+        self.release_recompute(seqs);
         for d in &mut self.devs {
             d.refused.clear();
         }
@@ -750,6 +717,7 @@ impl Adapter {
         if let Some((held, step)) = self.undo.take() {
             self.held = held;
             self.step = step;
+            self.undo_recompute();
             // the step's memory samples go with it (it is decided again)
             for m in &mut lock(&self.report).memory {
                 if m.last().is_some_and(|s| s.step == step) {
@@ -816,46 +784,4 @@ impl Dev {
         }
         self.layers.saturating_sub(self.n_max as u64) * per_layer
     }
-}
-
-/// The worker's side: applies a switch to the loaded device, or says why not (`refuse`:
-/// refuses it as if it did not fit, see [`crate::worker::WorkerOptions::refuse_switches`]).
-pub(crate) fn apply_switch(
-    device: Option<&mut Device>,
-    stages: Vec<StageSpec>,
-    refuse: bool,
-) -> ToCoordinator {
-    let Some(d) = device else {
-        return ToCoordinator::SwitchRefused {
-            message: "plan switch refused: no device is loaded".into(),
-            memory: DeviceMemory::default(),
-        };
-    };
-    let r = if refuse {
-        Err(crate::RuntimeError::Invalid(
-            "this worker refuses plan switches (fault injection)".into(),
-        ))
-    } else {
-        d.switch(stages)
-    };
-    match r {
-        Ok(m) => {
-            tracing::info!(
-                "plan switch applied: resident {} B, slot {} B, KV room {} B",
-                m.resident,
-                m.slot,
-                m.kv_budget
-            );
-            ToCoordinator::Switched { memory: m.into() }
-        }
-        Err(e) => ToCoordinator::SwitchRefused {
-            message: format!("plan switch refused: {e}"),
-            memory: d.memory().into(),
-        },
-    }
-}
-
-/// The control frame of a switch to `stages`, ready for a device's writer.
-pub(crate) fn switch_payload(stages: Vec<StageSpec>) -> Option<Vec<u8>> {
-    crate::wire::control_payload(&ToWorker::Switch { stages }).ok()
 }

@@ -551,6 +551,8 @@ struct Sched {
     waves: wave::Waves,
     shared: Arc<Shared>,
     adapt: Option<adapt_hook::AdaptState>,
+    /// the next step's id (steps the adapter adds to re-prefill evicted sequences included)
+    next_step: u64,
 }
 
 impl Sched {
@@ -574,6 +576,12 @@ impl Sched {
     }
 
     fn release(&mut self, seqs: &[u64]) {
+        self.release_kv(seqs);
+        self.adapt_released(seqs);
+    }
+
+    /// Drops the KV of `seqs` on every device (and in the ledger).
+    fn release_kv(&mut self, seqs: &[u64]) {
         let Ok(p) = wire::control_payload(&ToWorker::Release {
             seqs: seqs.to_vec(),
         }) else {
@@ -586,7 +594,6 @@ impl Sched {
         }
         lock(&self.shared.devices).release(seqs);
         self.waves.released(seqs);
-        self.adapt_released(seqs);
     }
 
     fn mark_gone(&mut self, d: usize, reason: String) {
@@ -755,8 +762,8 @@ async fn scheduler(
         waves: wave::Waves::default(),
         shared,
         adapt: adapt.map(adapt_hook::AdaptState::new),
+        next_step: 1,
     };
-    let mut next_step: u64 = 1;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut done: Option<oneshot::Sender<()>> = None;
     loop {
@@ -767,8 +774,8 @@ async fn scheduler(
                         let _ = reply.send(Err(s.gone_error(d)));
                         continue;
                     }
-                    let step = next_step;
-                    next_step += 1;
+                    let step = s.next_step;
+                    s.next_step += 1;
                     let mut seqs: Vec<u64> = Vec::new();
                     for t in &batch {
                         if !seqs.contains(&t.seq) {

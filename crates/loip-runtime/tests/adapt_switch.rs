@@ -14,8 +14,7 @@ use dist_common::*;
 use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::adapt::AdaptEvent;
-use loip_plan::ExecMode;
-use loip_runtime::cluster_run::{device_spec, uniform_plan, Session};
+use loip_runtime::cluster_run::{device_spec, Session};
 use loip_runtime::coordinator::next_seq_id;
 use loip_runtime::executor::{BlockPlacement, Device};
 use loip_runtime::LoaderKind;
@@ -176,15 +175,7 @@ fn a_switch_over_budget_or_changing_layers_is_refused() {
     let m = Manifest::load(&slices).unwrap();
     let names: Vec<String> = vec!["dev1".into()];
     // everything offloaded: bringing blocks back needs more memory than the budget leaves
-    let plan = uniform_plan(
-        "m",
-        m.config.num_layers as u32,
-        &names,
-        2,
-        ExecMode::Overlapped,
-        &|_, n| (n, n),
-    )
-    .unwrap();
+    let plan = offloaded_plan(&m, &names);
     let spec = device_spec(&plan, 0, LoaderKind::Direct, MAX_STEP, CONTEXT, None);
     let mut probe = Device::open(&slices, &m, spec.clone()).unwrap();
     let mem = probe.memory();

@@ -16,7 +16,11 @@
 //!   (gauges, read from the session when `/metrics` is asked);
 //! - with online adaptation on, per device: `loip_adapt_switches_total`,
 //!   `loip_adapt_crossings_total`, `loip_adapt_threshold_tokens`, `loip_kv_device_peak_bytes`,
-//!   `loip_adapt_offloaded_blocks` (`kind` label `attention` / `mlp`, per stage);
+//!   `loip_adapt_offloaded_blocks` (`kind` label `attention` / `mlp`, per stage),
+//!   `loip_adapt_lent_tokens` (KV rows lent to a peer per stage now),
+//!   `loip_adapt_borrowed_bytes` (reserved for peers' lent KV now),
+//!   `loip_adapt_evictions_total` (sequences evicted, the last resort; the same on every
+//!   device) and `loip_adapt_evicted_bytes_total` (KV evicted there, to be recomputed);
 //! - `loip_step_seconds`, `loip_time_to_first_token_seconds`, `loip_inter_token_seconds`
 //!   (histograms).
 
@@ -117,10 +121,74 @@ pub(crate) fn cluster_devices(devices: &[loip_runtime::cluster_run::DeviceStats]
             metrics::gauge!("loip_adapt_threshold_tokens", "device" => n.clone()).set(ts as f64);
         }
         metrics::gauge!("loip_kv_device_peak_bytes", "device" => n.clone()).set(a.kv_peak as f64);
+        metrics::gauge!("loip_adapt_lent_tokens", "device" => n.clone()).set(a.lent_tokens as f64);
+        metrics::gauge!("loip_adapt_borrowed_bytes", "device" => n.clone())
+            .set(a.borrowed_bytes as f64);
+        metrics::gauge!("loip_adapt_evictions_total", "device" => n.clone())
+            .set(a.evictions as f64);
+        metrics::gauge!("loip_adapt_evicted_bytes_total", "device" => n.clone())
+            .set(a.evicted_bytes as f64);
         let (attn, mlp) = a.offloaded;
         metrics::gauge!("loip_adapt_offloaded_blocks", "device" => n.clone(), "kind" => "attention")
             .set(f64::from(attn));
         metrics::gauge!("loip_adapt_offloaded_blocks", "device" => n, "kind" => "mlp")
             .set(f64::from(mlp));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use loip_runtime::cluster_run::{DeviceAdaptStats, DeviceStats};
+
+    /// A value of `series` for `device` in `text`.
+    fn value(text: &str, series: &str, device: &str) -> Option<f64> {
+        let p = format!("{series}{{device=\"{device}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&p))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    #[test]
+    fn adaptation_series_per_device() {
+        let dev = DeviceStats {
+            name: "adapt-m1".into(),
+            steps: Default::default(),
+            kv_used: 4096,
+            kv_budget: Some(8192),
+            adapt: Some(DeviceAdaptStats {
+                switches: 2,
+                crossings: 3,
+                threshold: Some(40),
+                kv_peak: 6000,
+                offloaded: (1, 2),
+                lent_tokens: 16,
+                borrowed_bytes: 512,
+                evictions: 1,
+                evicted_bytes: 2048,
+            }),
+        };
+        if super::init().is_none() {
+            return; // another recorder owns this process
+        }
+        super::cluster_devices(&[dev]);
+        let text = super::render();
+        for (series, want) in [
+            ("loip_kv_device_used_bytes", 4096.0),
+            ("loip_kv_device_budget_bytes", 8192.0),
+            ("loip_kv_device_peak_bytes", 6000.0),
+            ("loip_adapt_switches_total", 2.0),
+            ("loip_adapt_crossings_total", 3.0),
+            ("loip_adapt_threshold_tokens", 40.0),
+            ("loip_adapt_lent_tokens", 16.0),
+            ("loip_adapt_borrowed_bytes", 512.0),
+            ("loip_adapt_evictions_total", 1.0),
+            ("loip_adapt_evicted_bytes_total", 2048.0),
+        ] {
+            assert_eq!(
+                value(&text, series, "adapt-m1"),
+                Some(want),
+                "{series} in\n{text}"
+            );
+        }
     }
 }

@@ -118,11 +118,13 @@ pub enum AdaptEvent {
         /// Tokens lent per stage (0: stopped).  // tokens
         tokens: u64,
     },
-    /// KV evicted, recomputed in every pass.
+    /// KV evicted: in the simulator recomputed in every pass; in the runtime, whole
+    /// sequences released everywhere and re-prefilled once when they run again.
     Evict {
         /// Step it applies from.
         step: u32,
-        /// Tokens recomputed per sequence per pass.  // tokens
+        /// Simulator: tokens recomputed per sequence per pass; runtime: the evicted
+        /// sequences' KV tokens.  // tokens
         tokens: u32,
     },
 }

@@ -39,6 +39,14 @@ pub struct DeviceAdaptStats {
     pub kv_peak: u64,
     /// (attention, MLP) blocks offloaded per stage now
     pub offloaded: (u32, u32),
+    /// KV rows lent to a peer per stage now  // tokens
+    pub lent_tokens: u64,
+    /// bytes reserved here for peers' lent KV now  // bytes
+    pub borrowed_bytes: u64,
+    /// sequences evicted over the run (the pipeline's: every device drops them)
+    pub evictions: u64,
+    /// KV evicted here over the run, to be recomputed  // bytes
+    pub evicted_bytes: u64,
 }
 
 impl Session {
@@ -68,6 +76,7 @@ impl Session {
                     kv_budget: memory.map(|m| m.kv_budget),
                     adapt: None,
                 };
+                let evictions = adapt.as_ref().map_or(0, |a| a.evictions);
                 if let Some(a) = adapt.as_ref().and_then(|a| a.devices.get(i)) {
                     s.kv_used = a.kv_bytes;
                     s.kv_budget = Some(a.kv_budget);
@@ -77,6 +86,10 @@ impl Session {
                         threshold: a.threshold,
                         kv_peak: a.kv_peak_bytes,
                         offloaded: a.offloaded,
+                        lent_tokens: a.lent_tokens,
+                        borrowed_bytes: a.borrowed_bytes,
+                        evictions,
+                        evicted_bytes: a.evicted_bytes,
                     });
                 }
                 s

@@ -7,11 +7,17 @@
 //! until each device switched answers `Switched` or `SwitchRefused`. After a refusal the
 //! step is decided again with the device's kept layout (and the refused one excluded):
 //! another switch, or holding it back, never failing an admitted sequence for it.
+//!
+//! The last resort ([`crate::adapt`]'s eviction): sequences evicted are released on every
+//! device (their ids stay with the adapter); an evicted sequence's next step enters behind
+//! steps that re-prefill it, in order on the same connections.
 
 use std::collections::{BTreeSet, VecDeque};
 
 use super::{InFlight, Sched};
 use crate::adapt::{switch_payload, Action, Adapter, Verdict};
+use loip_engine::TokenPos;
+
 use crate::wire::{self, DeviceMemory, FrameKind, ToWorker};
 
 /// A step and its input, waiting to enter.
@@ -32,6 +38,8 @@ pub(super) struct AdaptState {
     refused: bool,
     /// lent KV asked back and not yet here: (lender, stage) → when asked
     pub(super) fetch_at: std::collections::BTreeMap<(usize, u16), std::time::Instant>,
+    /// steps that re-prefill evicted sequences, to enter right before the step keyed
+    recompute: std::collections::BTreeMap<u64, Vec<(Vec<TokenPos>, Vec<u32>)>>,
 }
 
 impl AdaptState {
@@ -44,6 +52,7 @@ impl AdaptState {
             admitted: None,
             refused: false,
             fetch_at: Default::default(),
+            recompute: Default::default(),
         }
     }
 }
@@ -62,17 +71,30 @@ impl Sched {
             return;
         }
         match a.adapter.before_step(&f.batch, others) {
-            Verdict::Go(sw) if sw.is_empty() => {
-                self.inflight.insert(step, f);
-                self.admit(step, data);
-            }
             Verdict::Go(sw) => {
-                a.admitted = Some(step);
-                a.refused = false;
-                a.waiting.push_front((step, f, data));
-                self.send_switches(sw);
-                // only unanswered actions (a lend shrinking): nothing else resumes the step
-                self.adapt_resume();
+                let ids: Vec<u32> = data
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                a.adapter.record(&f.batch, &ids);
+                let mut actions = Vec::new();
+                for act in sw {
+                    match act {
+                        Action::Recompute(steps) => {
+                            a.recompute.insert(step, steps);
+                        }
+                        act => actions.push(act),
+                    }
+                }
+                if actions.iter().any(Action::answered) {
+                    a.admitted = Some(step);
+                    a.refused = false;
+                    a.waiting.push_front((step, f, data));
+                    self.send_switches(actions);
+                } else {
+                    self.send_switches(actions);
+                    self.adapt_go(step, f, data);
+                }
             }
             Verdict::Hold(sw) => {
                 a.held_back.push((step, f, data));
@@ -108,6 +130,12 @@ impl Sched {
                     };
                     (device, wire::control_payload(&msg).ok(), false)
                 }
+                Action::Evict(seqs) => {
+                    // released on every device; the adapter keeps them to recompute
+                    self.release_kv(&seqs);
+                    continue;
+                }
+                Action::Recompute(_) => continue,
             };
             let Some(p) = p else {
                 continue;
@@ -163,16 +191,54 @@ impl Sched {
             if let Some((step, f, data)) = waiting.pop_front().filter(|w| w.0 == id) {
                 if a.refused {
                     a.adapter.undo_step();
+                    a.recompute.remove(&step);
                     self.enter(step, f, data);
                 } else {
-                    self.inflight.insert(step, f);
-                    self.admit(step, data);
+                    self.adapt_go(step, f, data);
                 }
             }
         }
         for (step, f, data) in waiting {
             self.enter(step, f, data);
         }
+    }
+
+    /// A step the adapter let through enters the pipeline, behind the steps that re-prefill
+    /// its evicted sequences (if any): same connections, same order.
+    fn adapt_go(&mut self, step: u64, f: InFlight, data: Vec<u8>) {
+        let pre = self
+            .adapt
+            .as_mut()
+            .and_then(|a| a.recompute.remove(&step))
+            .unwrap_or_default();
+        for (batch, ids) in pre {
+            let id = self.next_step;
+            self.next_step += 1;
+            let seqs: Vec<u64> = batch.first().map(|t| t.seq).into_iter().collect();
+            super::lock(&self.shared.devices).step(&batch);
+            // nobody waits for its output (no rows); a failure fails the sequence's step
+            // behind it on the device
+            let (reply, _) = tokio::sync::oneshot::channel();
+            let now = std::time::Instant::now();
+            let fl = InFlight {
+                seqs,
+                batch,
+                rows: Vec::new(),
+                argmax: None,
+                row_masks: Vec::new(),
+                hop: 0,
+                reply,
+                started: now,
+                sent: now,
+                stats: Default::default(),
+                worker_s: 0.0,
+                progress: Default::default(),
+            };
+            self.inflight.insert(id, fl);
+            self.admit(id, wire::u32_bytes(&ids));
+        }
+        self.inflight.insert(step, f);
+        self.admit(step, data);
     }
 
     /// Sequences released: the adapter forgets their KV and held-back steps try again.

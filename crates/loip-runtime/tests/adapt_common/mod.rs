@@ -55,6 +55,19 @@ pub fn two_device_plan(m: &Manifest) -> (Vec<String>, loip_plan::Plan, u64) {
     (names, plan, kv_per_token)
 }
 
+/// A plan over `names`, two one-layer stages each, every block offloaded.
+pub fn offloaded_plan(m: &Manifest, names: &[String]) -> loip_plan::Plan {
+    loip_runtime::cluster_run::uniform_plan(
+        "m",
+        m.config.num_layers as u32,
+        names,
+        2,
+        loip_plan::ExecMode::Overlapped,
+        &|_, n| (n, n),
+    )
+    .unwrap()
+}
+
 /// Worker specs of `names` at `addrs`. The fixed plan is checked against the planner's
 /// working allowance (16 MiB of scratch); the worker opens with its own, small budget, which
 /// is the truth.

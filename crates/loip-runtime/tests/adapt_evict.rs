@@ -1,0 +1,155 @@
+//! The last resort of online adaptation (design §6) in the running cluster: two worker
+//! processes, each with two one-layer stages already fully offloaded (no switch can free
+//! more) and room for 40 tokens of KV.
+//!
+//! - Eviction + recomputation: sequence A holds 20 tokens when sequence B starts; B grows
+//!   past what both can hold, with nothing else in flight, so the coordinator evicts A
+//!   (releases its KV everywhere, keeps its ids); once B is released, A's next step is
+//!   preceded by steps re-prefilling its 20 tokens. Both are bit-identical (tokens and every
+//!   step's logits) to each run alone on the single-device engine.
+//! - Holding an admission: B arrives while A holds 35 tokens; B's prompt does not fit, so it
+//!   is held (never failed, the budget never exceeded) and admitted when A is released.
+
+mod adapt_common;
+mod dist_common;
+
+use adapt_common::*;
+use dist_common::*;
+use loip_engine::generate::{generate, Flow};
+use loip_model::slice::Manifest;
+use loip_model::Checkpoint;
+use loip_plan::adapt::AdaptEvent;
+use loip_runtime::cluster_run::{device_spec, Session, WorkerProcess};
+use loip_runtime::coordinator::next_seq_id;
+use loip_runtime::executor::Device;
+use loip_runtime::LoaderKind;
+
+#[test]
+fn dist_worker_entry() {
+    worker_entry();
+}
+
+const PROMPT_A: &[u32] = &[1, 5, 9, 23, 42, 7];
+const PROMPT_B: &[u32] = &[3, 14, 15, 92, 65, 35];
+/// KV room of each device  // tokens
+const ROOM: u64 = 40;
+
+/// The two-worker session over the fully offloaded plan, `ROOM` tokens of KV each.
+fn start(tag: &str) -> (Session, Vec<WorkerProcess>) {
+    let path = fixture("tiny-llama");
+    let slices = slices_of(&path, "tiny-llama");
+    let m = Manifest::load(&slices).unwrap();
+    let (names, _, kv_per_token) = two_device_plan(&m);
+    let plan = offloaded_plan(&m, &names);
+    let root = scratch(tag);
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            let spec = device_spec(&plan, i, LoaderKind::Direct, MAX_STEP, CONTEXT, None);
+            let mem = Device::open(&slices, &m, spec).unwrap().memory();
+            spawn_worker(&W {
+                name: names[i].clone(),
+                mem: mem.resident + mem.slot + mem.working + ROOM * kv_per_token,
+                store: root.join(&names[i]),
+                ..Default::default()
+            })
+        })
+        .collect();
+    let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
+    let opts = session_options(plan, PROMPT_A.len());
+    let s = Session::start(&slices, worker_specs(&names, &addrs), opts)
+        .unwrap_or_else(|e| panic!("session: {e}"));
+    (s, workers)
+}
+
+/// Generates `n_new` tokens of `prompt` as `seq`, calling `at(k)` after the k-th new token;
+/// checks tokens and logits against the single-device engine.
+fn check(s: &Session, seq: u64, prompt: &[u32], n_new: usize, at: &mut dyn FnMut(usize)) {
+    let ckpt = Checkpoint::open(&fixture("tiny-llama")).unwrap();
+    let (want_ids, want_logits) = reference(&ckpt, prompt, &greedy(n_new));
+    let mut rec = Rec {
+        inner: s.pipeline().backend(),
+        logits: vec![],
+    };
+    let mut k = 0;
+    let out = generate(&mut rec, seq, prompt, &greedy(n_new), &mut |_| {
+        k += 1;
+        at(k);
+        Flow::Continue
+    })
+    .unwrap_or_else(|e| panic!("sequence {seq}: {e}"));
+    assert_eq!(out.new_ids, want_ids, "sequence {seq}: tokens");
+    assert_bits(&format!("sequence {seq}"), &rec.logits, &want_logits);
+}
+
+#[test]
+fn eviction_and_recomputation_keep_both_sequences_bit_identical() {
+    let (s, _w) = start("adapt-evict");
+    let (a, b) = (next_seq_id(), next_seq_id());
+    // A: 6 + 30 tokens; after its 15th, B runs whole (6 + 30) beside it: 20 + 35 > 40
+    check(&s, a, PROMPT_A, 30, &mut |k| {
+        if k == 15 {
+            check(&s, b, PROMPT_B, 30, &mut |_| {});
+            s.pipeline().release(&[b]);
+        }
+    });
+    s.pipeline().release(&[a]);
+    let ad = s.adaptation().expect("adaptation on");
+    eprintln!("events {:?}", ad.events);
+    eprintln!("devices {:?}", ad.devices);
+    assert_eq!(ad.evictions, 1, "{ad:?}");
+    let evicted: Vec<u32> = ad
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AdaptEvent::Evict { tokens, .. } => Some(*tokens),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(evicted, vec![20], "A held 6 + 14 fed tokens");
+    assert_eq!(ad.recomputed_tokens, 20, "{ad:?}");
+    for d in &ad.devices {
+        assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
+        assert!(d.evicted_bytes > 0, "{d:?}");
+    }
+    s.shutdown();
+}
+
+#[test]
+fn a_request_arriving_while_memory_is_tight_is_held_until_another_finishes() {
+    let (s, _w) = start("adapt-hold");
+    let (a, b) = (next_seq_id(), next_seq_id());
+    let mut second = None;
+    // A: 6 + 34 tokens (39 held at most); after its 30th (35 held), B's prompt (6) arrives
+    // and A waits until B is held
+    check(&s, a, PROMPT_A, 34, &mut |k| {
+        if k == 30 {
+            let s2 = s.pipeline().clone();
+            second = Some(std::thread::spawn(move || {
+                let got = recorded(s2.backend(), b, PROMPT_B, &greedy(20));
+                s2.release(&[b]);
+                got.map_err(|e| e.to_string())
+            }));
+            let t = std::time::Instant::now();
+            while s.adaptation().is_some_and(|ad| ad.held_admissions == 0)
+                && t.elapsed() < std::time::Duration::from_secs(60)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+    });
+    s.pipeline().release(&[a]);
+    let got = second.expect("B started").join().unwrap();
+    let (ids, logits) = got.unwrap_or_else(|e| panic!("B: {e}"));
+    let ckpt = Checkpoint::open(&fixture("tiny-llama")).unwrap();
+    let want = reference(&ckpt, PROMPT_B, &greedy(20));
+    assert_eq!(ids, want.0, "B: tokens");
+    assert_bits("B", &logits, &want.1);
+    let ad = s.adaptation().expect("adaptation on");
+    eprintln!("events {:?}", ad.events);
+    assert!(ad.held_admissions >= 1, "{ad:?}");
+    assert_eq!(ad.evictions, 0, "{ad:?}");
+    for d in &ad.devices {
+        assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
+    }
+    s.shutdown();
+}
