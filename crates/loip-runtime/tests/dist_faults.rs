@@ -24,14 +24,8 @@ fn dist_worker_entry() {
 }
 
 fn specs(workers: &[loip_runtime::cluster_run::WorkerProcess]) -> Vec<WorkerSpec> {
-    workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| WorkerSpec {
-            profile: loip_plan::profile::preset("host-zen5-2c"),
-            ..WorkerSpec::new(format!("dev{}", i + 1), &w.addr)
-        })
-        .collect()
+    let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
+    dist_common::netns::worker_specs(&addrs)
 }
 
 fn opts(plan: loip_plan::Plan, token: Option<&str>) -> SessionOptions {

@@ -29,7 +29,7 @@ use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::sched::Limits;
 use loip_plan::ExecMode;
-use loip_runtime::cluster_run::{uniform_plan, Session, SessionOptions, WorkerSpec};
+use loip_runtime::cluster_run::{uniform_plan, Session, SessionOptions};
 use loip_runtime::coordinator::{next_seq_id, PipelineBackend};
 use loip_runtime::LoaderKind;
 
@@ -106,14 +106,8 @@ fn start_fwd(
         &offload(c.off),
     )
     .unwrap();
-    let specs = names
-        .iter()
-        .zip(workers)
-        .map(|(n, w)| WorkerSpec {
-            profile: loip_plan::profile::preset("host-zen5-2c"),
-            ..WorkerSpec::new(n, &w.addr)
-        })
-        .collect();
+    let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
+    let specs = dist_common::netns::worker_specs(&addrs);
     let opts = SessionOptions {
         plan: Some(plan),
         measure_links: false,

@@ -17,7 +17,7 @@ use dist_common::*;
 use loip_model::slice::{Manifest, SliceKind};
 use loip_model::Checkpoint;
 use loip_plan::ExecMode;
-use loip_runtime::cluster_run::{uniform_plan, Session, SessionOptions, WorkerSpec};
+use loip_runtime::cluster_run::{uniform_plan, Session, SessionOptions};
 
 #[test]
 fn dist_worker_entry() {
@@ -57,14 +57,8 @@ fn run(relay: bool, bound: f64) {
             size(SliceKind::Attn(l.layer as usize)) + size(SliceKind::Mlp(l.layer as usize))
         })
         .sum();
-    let specs = names
-        .iter()
-        .zip(&workers)
-        .map(|(n, w)| WorkerSpec {
-            profile: loip_plan::profile::preset("host-zen5-2c"),
-            ..WorkerSpec::new(n, &w.addr)
-        })
-        .collect();
+    let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
+    let specs = dist_common::netns::worker_specs(&addrs);
     let opts = SessionOptions {
         plan: Some(plan),
         measure_links: false,
