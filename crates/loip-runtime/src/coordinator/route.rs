@@ -119,7 +119,7 @@ impl Sched {
                 step,
                 embed: hop.embed,
                 head: hop.head,
-                keep: self.keep(step, k),
+                keep: self.keep(step, k, k != h),
                 stages: hop.stages.clone(),
                 batch: f.batch.clone(),
                 rows: if hop.head { f.rows.clone() } else { Vec::new() },

@@ -14,8 +14,10 @@
 //!   keeps its stage's blocks when a later-dispatched step has not passed that hop yet but
 //!   has reached the device's previous hop (so nothing needs another stage of that device in
 //!   between). The last step of a wave does not keep: it releases the slot and the device
-//!   starts loading its next stage at once. The rule holds for headers sent ahead (direct
-//!   forwarding decides every hop at dispatch) as well as for relayed hops.
+//!   starts loading its next stage at once. Headers sent ahead (direct forwarding decides
+//!   every hop at dispatch) look ahead too: a later step of the same wave trails by less than
+//!   a hop, so by the time this step reaches the device's later stage the other has passed
+//!   the device's earlier one; it counts wherever it is before the hop.
 //!
 //! Keeping is a hint for the loaders only: whatever it says, a device reads the blocks a
 //! stage needs, so tokens never depend on it.
@@ -41,9 +43,10 @@ pub(super) fn grace(wall_s: f64) -> Duration {
 pub(super) struct Waves {
     /// steps held at the pipeline's entry until the current wave has left it, with their input
     pub(super) parked: Vec<(u64, Vec<u8>)>,
-    /// dispatch number of each step sent into the pipeline (step → number)
-    order: BTreeMap<u64, u64>,
+    /// dispatch number and wave of each step sent into the pipeline (step → (number, wave))
+    order: BTreeMap<u64, (u64, u64)>,
     next_order: u64,
+    next_wave: u64,
     /// sequences whose step came back and whose next step has not arrived (nor were they
     /// released): the parked wave waits for them until `deadline`
     returning: BTreeSet<u64>,
@@ -89,7 +92,7 @@ impl Waves {
     }
 
     fn number(&mut self, step: u64) {
-        self.order.insert(step, self.next_order);
+        self.order.insert(step, (self.next_order, self.next_wave));
         self.next_order += 1;
     }
 
@@ -115,18 +118,22 @@ impl Sched {
     /// Whether another sequence will pass hop `h`'s device at this same stage before the
     /// device's next stage: then the device keeps the stage's blocks in the slot (module
     /// docs: a later-dispatched step that has reached the device's previous hop and not
-    /// passed `h`).
-    pub(super) fn keep(&self, step: u64, h: usize) -> bool {
+    /// passed `h`; with `ahead`, a header decided before the step reaches the hop, a later
+    /// step of the same wave wherever it is before `h`).
+    pub(super) fn keep(&self, step: u64, h: usize, ahead: bool) -> bool {
         let d = self.route.hops[h].device;
         let prev = self.route.hops[..h].iter().rposition(|x| x.device == d);
-        let Some(&mine) = self.waves.order.get(&step) else {
+        let Some(&(mine, wave)) = self.waves.order.get(&step) else {
             return false;
         };
         self.inflight.iter().any(|(&id, f)| {
+            let Some(&(o, w)) = self.waves.order.get(&id) else {
+                return false;
+            };
             id != step
-                && self.waves.order.get(&id).is_some_and(|&o| o > mine)
+                && o > mine
                 && f.hop <= h
-                && prev.is_none_or(|p| f.hop >= p)
+                && ((ahead && w == wave) || prev.is_none_or(|p| f.hop >= p))
         })
     }
 
@@ -160,6 +167,7 @@ impl Sched {
         for (step, _) in &wave {
             self.waves.number(*step);
         }
+        self.waves.next_wave += 1;
         for (step, data) in wave {
             if let Some(f) = self.inflight.get_mut(&step) {
                 // Time waiting for the wave counts as queueing, not as network.
