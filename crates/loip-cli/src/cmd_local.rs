@@ -328,6 +328,8 @@ fn session_options(
         // in the pipeline the devices' loads are staggered by their stages, and only the
         // planned devices load. One at a time is what the run sees (0.9–1.0 GB/s).
         probe_loads_together: a.probe_loads_together,
+        // ... and in the run their loads of a round share it: the cost model says so.
+        shared_disk: true,
         greedy: a.prompt.greedy(),
         relay: a.relay,
         lending: a.lend,

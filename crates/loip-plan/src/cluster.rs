@@ -69,6 +69,8 @@ pub struct RawDevice {
     pub ssd_overhead: Option<NumOrStr>,
     pub ssd_conventional: Option<NumOrStr>,
     pub ssd_conventional_overhead: Option<NumOrStr>,
+    /// Devices naming the same disk read from it together (several workers on one host).
+    pub disk: Option<String>,
 }
 
 /// The `[link]` table as written.
@@ -150,6 +152,11 @@ pub struct Cluster {
     /// `[plan]` defaults.
     #[serde(default)]
     pub defaults: PlanDefaults,
+    /// Groups of devices that read their offloaded blocks from one disk (several workers on
+    /// one host, e.g. `loip local`): their loads in one round share the disk's rate
+    /// ([`Cluster::disk_mates`]). Devices in no group have a disk of their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<Vec<String>>,
 }
 
 impl Cluster {
@@ -167,6 +174,16 @@ impl Cluster {
                 .collect(),
             link,
             defaults: PlanDefaults::default(),
+            disks: Vec::new(),
+        }
+    }
+
+    /// The devices that share `name`'s disk, `name` included (just `name` when it has a disk
+    /// of its own).
+    pub fn disk_mates<'a>(&'a self, name: &'a str) -> Vec<&'a str> {
+        match self.disks.iter().find(|g| g.iter().any(|n| n == name)) {
+            Some(g) => g.iter().map(String::as_str).collect(),
+            None => vec![name],
         }
     }
 
@@ -414,10 +431,29 @@ impl RawCluster {
                 });
             }
         }
+        // devices naming one disk, in device order, groups in order of first mention
+        let mut disks: Vec<(String, Vec<String>)> = Vec::new();
+        for (d, raw) in devices.iter().zip(&self.device) {
+            let Some(disk) = raw.disk.as_deref().map(str::trim) else {
+                continue;
+            };
+            if disk.is_empty() {
+                return Err(invalid(&format!("device `{}`.disk", d.name), "must not be empty"));
+            }
+            match disks.iter_mut().find(|(k, _)| k == disk) {
+                Some((_, g)) => g.push(d.name.clone()),
+                None => disks.push((disk.to_string(), vec![d.name.clone()])),
+            }
+        }
         Ok(Cluster {
             devices,
             link: LinkProfile { bandwidth, latency },
             defaults,
+            disks: disks
+                .into_iter()
+                .map(|(_, g)| g)
+                .filter(|g| g.len() > 1)
+                .collect(),
         })
     }
 }

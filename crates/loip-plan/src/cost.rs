@@ -437,6 +437,37 @@ pub fn overlapped_round(devs: &[DeviceRound], b: u32, c: f64, link: f64) -> Roun
     }
 }
 
+/// Devices that share a disk ([`Cluster::disks`]) load their stage `k` in the same round, so
+/// the disk's rate is shared: fair sharing from a common start, a device's load ends once
+/// the disk has served `Σ_j min(B_j, B_i)` bytes (its own `B_i` plus, from each mate, as
+/// much as it reads or `B_i` if less), so its load time `ld_i` grows by that over `B_i`.
+/// Overlapped mode only: a sequential device loads when its stage runs, alone.
+fn share_disks(plan: &Plan, shape: &ModelShape, cluster: &Cluster, k: usize, ld: &mut [f64]) {
+    if cluster.disks.is_empty() {
+        return;
+    }
+    let bytes: Vec<u64> = plan
+        .devices
+        .iter()
+        .map(|d| d.stages.get(k).map_or(0, |st| st.offloaded_bytes(shape)))
+        .collect();
+    for (i, d) in plan.devices.iter().enumerate() {
+        let mine = bytes[i];
+        if mine == 0 {
+            continue;
+        }
+        let mates = cluster.disk_mates(&d.name);
+        let served: u64 = plan
+            .devices
+            .iter()
+            .zip(&bytes)
+            .filter(|(o, _)| mates.contains(&o.name.as_str()))
+            .map(|(_, &b)| b.min(mine))
+            .sum();
+        ld[i] *= served.max(mine) as f64 / mine as f64;
+    }
+}
+
 /// Prices a plan with the cost model. Errors only if a plan device is not in the cluster.
 pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Cost, PlanError> {
     evaluate_batched(plan, shape, cluster, 1)
@@ -525,6 +556,9 @@ pub fn evaluate_batched(
             ci[i] += n as f64 * (t.attn + t.mlp);
             ld[i] = t.loader.load_time(st.offloaded_bytes(shape), a + m);
             off[i] = stage_span(st, t.attn, t.mlp);
+        }
+        if plan.mode == ExecMode::Overlapped {
+            share_disks(plan, shape, cluster, k, &mut ld);
         }
         // Sequential mode reads every offloaded block once per micro-batch; overlapped mode
         // once per round for all of them.

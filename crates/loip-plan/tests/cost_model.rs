@@ -303,3 +303,58 @@ fn sequential_sporadic_exposes_every_load() {
     assert!(close(p.predicted_ms_per_token, (c + ld + comm) * 1e3));
     assert!(close(p.breakdown.uncovered_load_ms, ld * 1e3));
 }
+
+/// Devices that read from one disk (`Cluster::disks`, several workers on one host) share its
+/// rate in a round: with fair sharing from a common start, device `i`'s load lasts until
+/// `Σ_j min(B_j, B_i)` bytes were served, so `ld_i` grows by that over `B_i`.
+#[test]
+fn devices_on_one_disk_share_its_rate() {
+    let sh = llama13b();
+    let alone = cluster(&sh, 2, 2e8);
+    let mut shared = alone.clone();
+    shared.disks = vec![vec!["d0".into(), "d1".into()]];
+    let alloc = [(20, 5), (20, 10)];
+    let p = plan(&sh, &alone, &alloc, ExecMode::Overlapped, Pattern::Bursty, 2);
+    let q = plan(&sh, &shared, &alloc, ExecMode::Overlapped, Pattern::Bursty, 2);
+    let b: Vec<f64> = p.devices.iter().map(|d| d.stages[0].offloaded_bytes(&sh) as f64).collect();
+    assert!(b[0] < b[1]);
+    // the smaller load ends after twice its bytes; the larger after both devices' bytes
+    assert!(close(q.devices[0].load_ms, p.devices[0].load_ms * 2.0));
+    assert!(close(
+        q.devices[1].load_ms,
+        p.devices[1].load_ms * (b[0] + b[1]) / b[1]
+    ));
+    assert!(q.predicted_ms_per_token > p.predicted_ms_per_token);
+    // a device alone on its disk is priced as before; sequential mode loads one device at a time
+    assert_eq!(shared.disk_mates("d9"), vec!["d9"]);
+    let s1 = plan(&sh, &alone, &alloc, ExecMode::Sequential, Pattern::Bursty, 2);
+    let s2 = plan(&sh, &shared, &alloc, ExecMode::Sequential, Pattern::Bursty, 2);
+    assert_eq!(s1.predicted_ms_per_token, s2.predicted_ms_per_token);
+}
+
+/// `disk = "..."` in a cluster file groups the devices naming one disk.
+#[test]
+fn cluster_file_groups_devices_by_disk() {
+    let text = r#"
+[[device]]
+name = "a"
+preset = "orin32"
+disk = "host1"
+[[device]]
+name = "b"
+preset = "orin32"
+[[device]]
+name = "c"
+preset = "orin32"
+disk = "host1"
+[link]
+bandwidth = "100mbit"
+latency = "2ms"
+"#;
+    let c = Cluster::from_toml_str(text, &mut |_| Err("no files".into())).unwrap();
+    assert_eq!(c.disks, vec![vec!["a".to_string(), "c".to_string()]]);
+    assert_eq!(c.disk_mates("c"), vec!["a", "c"]);
+    assert_eq!(c.disk_mates("b"), vec!["b"]);
+    let bad = text.replacen("disk = \"host1\"", "disk = \" \"", 1);
+    assert!(Cluster::from_toml_str(&bad, &mut |_| Err("no files".into())).is_err());
+}

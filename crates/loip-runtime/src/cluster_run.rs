@@ -120,6 +120,10 @@ pub struct SessionOptions {
     /// emulated on one machine share its SSD and load at the same time in the pipeline);
     /// block compute is always timed one device at a time
     pub probe_loads_together: bool,
+    /// every device reads from the same disk (`loip local`: workers on one machine): the
+    /// cost model shares the disk's rate among their loads in a round
+    /// ([`loip_plan::Cluster::disks`])
+    pub shared_disk: bool,
     /// the generations are greedy: the last device returns each token's argmax (8 bytes), and
     /// the plan costs the token's return trip so; else it returns the logits (vocabulary × 4
     /// bytes). Either way a step that asks for logits gets them.
@@ -158,6 +162,7 @@ impl Default for SessionOptions {
             step_timeout: Duration::from_secs(300),
             shape_name: "model".into(),
             probe_loads_together: false,
+            shared_disk: false,
             greedy: false,
             relay: false,
             relay_pairs: Vec::new(),
@@ -512,10 +517,16 @@ async fn setup(
             direct_link(star, &reports)
         }
     });
+    let disks = if opts.shared_disk && devices.len() > 1 {
+        vec![devices.iter().map(|d| d.name.clone()).collect()]
+    } else {
+        Vec::new()
+    };
     let cluster = Cluster {
         devices,
         link,
         defaults: Default::default(),
+        disks,
     };
     let plan = match &opts.plan {
         Some(p) => {
