@@ -160,23 +160,34 @@ pub(crate) fn dequant_into(dtype: DType, bytes: &[u8], out: &mut [f32]) {
 /// Canonical dot products of one stored row with `n` activation rows (portable path).
 ///
 /// `row`: one row of `cols` elements of `dtype`; `x`: `n × cols`; `out`: `n`.
+///
+/// Each segment of the row is dequantized once for up to [`TOKENS`] tokens; every token's
+/// dot is fed the same elements in the same order as alone.
 pub(crate) fn row_dots_scalar(dtype: DType, row: &[u8], cols: usize, x: &[f32], out: &mut [f32]) {
     // 256 is a multiple of every block size, so segments start on block boundaries
     const SEG: usize = 256;
+    /// tokens sharing one dequantized segment
+    const TOKENS: usize = 8;
     let mut buf = [0f32; SEG]; // one dequantized segment
-    for (t, o) in out.iter_mut().enumerate() {
-        let xt = &x[t * cols..(t + 1) * cols];
-        let mut dot = crate::canon::Dot::new(cols);
+    for (c, outs) in out.chunks_mut(TOKENS).enumerate() {
+        let t0 = c * TOKENS;
+        let mut dots: [crate::canon::Dot; TOKENS] =
+            std::array::from_fn(|_| crate::canon::Dot::new(cols));
         let mut start = 0;
         while start < cols {
             let len = SEG.min(cols - start);
             let b0 = prefix_bytes(dtype, start);
             let b1 = b0 + prefix_bytes(dtype, len);
             dequant_into(dtype, &row[b0..b1], &mut buf[..len]);
-            dot.push(start, &buf[..len], &xt[start..start + len]);
+            for (i, dot) in dots[..outs.len()].iter_mut().enumerate() {
+                let xt = &x[(t0 + i) * cols + start..][..len];
+                dot.push(start, &buf[..len], xt);
+            }
             start += len;
         }
-        *o = dot.finish();
+        for (o, dot) in outs.iter_mut().zip(&dots) {
+            *o = dot.finish();
+        }
     }
 }
 
