@@ -139,6 +139,8 @@ pub struct Adapter {
     undo: Option<(BTreeMap<u64, u64>, u32)>,
     /// KV lending allowed
     lending: bool,
+    /// no switches and no lending: only eviction + recomputation
+    evict_only: bool,
     per_layer: u64, // KV bytes per token per layer
     act_bytes: u64, // hidden-row bytes per token
     /// last measured lent-KV transfer rate  // bytes/s
@@ -265,6 +267,7 @@ impl Adapter {
             report: Arc::new(Mutex::new(report)),
             undo: None,
             lending: false,
+            evict_only: false,
             per_layer,
             act_bytes: c.hidden_size as u64 * 4,
             bandwidth: None,
@@ -331,6 +334,9 @@ impl Adapter {
 
     /// The threshold switch of device `i` for `tokens` held (see the module docs).
     fn choose(&self, i: usize, tokens: u64, seqs: u64) -> Option<(u32, u32)> {
+        if self.evict_only {
+            return None;
+        }
         let d = &self.devs[i];
         let cur = counts_max(&d.plan_stages);
         let g = |a: u32, m: u32| {
@@ -359,6 +365,12 @@ impl Adapter {
     /// Allows KV lending (design §6; off by default).
     pub fn set_lending(&mut self, on: bool) {
         self.lending = on;
+    }
+
+    /// Eviction + recomputation only (`--evict-only`): no plan switch and no lending, ever;
+    /// a device near its budget evicts other sequences (design: the last resort alone).
+    pub fn set_evict_only(&mut self, on: bool) {
+        self.evict_only = on;
     }
 
     /// Bytes reserved on device `p` for its peers' lent KV.  // bytes
@@ -419,7 +431,7 @@ impl Adapter {
     ) -> Option<Action> {
         let d = &self.devs[i];
         let saving = d.saving_pt(self.per_layer);
-        if !self.lending || saving == 0 || d.lend_refused || d.kv_per_token == 0 {
+        if !self.lending || self.evict_only || saving == 0 || d.lend_refused || d.kv_per_token == 0 {
             return None;
         }
         let over = want

@@ -7,6 +7,9 @@
 //!   (releases its KV everywhere, keeps its ids); once B is released, A's next step is
 //!   preceded by steps re-prefilling its 20 tokens. Both are bit-identical (tokens and every
 //!   step's logits) to each run alone on the single-device engine.
+//! - Eviction only (`SessionOptions::evict_only`, `loip local --evict-only`): the same two
+//!   sequences over a plan with nothing offloaded, where a switch could make room; with
+//!   switches and lending off the coordinator evicts A instead, and both stay bit-identical.
 //! - Holding an admission: B arrives while A holds 35 tokens; B's prompt does not fit, so it
 //!   is held (never failed, the budget never exceeded) and admitted when A is released.
 
@@ -36,11 +39,21 @@ const ROOM: u64 = 40;
 
 /// The two-worker session over the fully offloaded plan, `ROOM` tokens of KV each.
 fn start(tag: &str) -> (Session, Vec<WorkerProcess>) {
+    start_with(tag, true, false)
+}
+
+/// The two-worker session, `ROOM` tokens of KV each: over the fully offloaded plan when
+/// `offloaded` (else nothing offloaded), with switches and lending off when `evict_only`.
+fn start_with(tag: &str, offloaded: bool, evict_only: bool) -> (Session, Vec<WorkerProcess>) {
     let path = fixture("tiny-llama");
     let slices = slices_of(&path, "tiny-llama");
     let m = Manifest::load(&slices).unwrap();
-    let (names, _, kv_per_token) = two_device_plan(&m);
-    let plan = offloaded_plan(&m, &names);
+    let (names, resident, kv_per_token) = two_device_plan(&m);
+    let plan = if offloaded {
+        offloaded_plan(&m, &names)
+    } else {
+        resident
+    };
     let root = scratch(tag);
     let workers: Vec<_> = (0..2)
         .map(|i| {
@@ -55,7 +68,8 @@ fn start(tag: &str) -> (Session, Vec<WorkerProcess>) {
         })
         .collect();
     let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
-    let opts = session_options(plan, PROMPT_A.len());
+    let mut opts = session_options(plan, PROMPT_A.len());
+    opts.evict_only = evict_only;
     let s = Session::start(&slices, worker_specs(&names, &addrs), opts)
         .unwrap_or_else(|e| panic!("session: {e}"));
     (s, workers)
@@ -110,6 +124,35 @@ fn eviction_and_recomputation_keep_both_sequences_bit_identical() {
     for d in &ad.devices {
         assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
         assert!(d.evicted_bytes > 0, "{d:?}");
+    }
+    s.shutdown();
+}
+
+#[test]
+fn eviction_only_evicts_where_a_switch_could_make_room_and_stays_bit_identical() {
+    let (s, _w) = start_with("adapt-evict-only", false, true);
+    let (a, b) = (next_seq_id(), next_seq_id());
+    check(&s, a, PROMPT_A, 30, &mut |k| {
+        if k == 15 {
+            check(&s, b, PROMPT_B, 30, &mut |_| {});
+            s.pipeline().release(&[b]);
+        }
+    });
+    s.pipeline().release(&[a]);
+    let ad = s.adaptation().expect("adaptation on");
+    eprintln!("events {:?}", ad.events);
+    assert_eq!(ad.evictions, 1, "{ad:?}");
+    assert_eq!(ad.recomputed_tokens, 20, "{ad:?}");
+    assert!(
+        !ad.events.iter().any(|e| !matches!(e, AdaptEvent::Evict { .. })),
+        "only evictions: {:?}",
+        ad.events
+    );
+    for d in &ad.devices {
+        assert_eq!(d.switches_applied + d.switches_refused, 0, "{d:?}");
+        assert_eq!(d.lent_tokens, 0, "{d:?}");
+        assert_eq!(d.offloaded, (0, 0), "{d:?}");
+        assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
     }
     s.shutdown();
 }
