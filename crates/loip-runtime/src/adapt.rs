@@ -431,7 +431,8 @@ impl Adapter {
     ) -> Option<Action> {
         let d = &self.devs[i];
         let saving = d.saving_pt(self.per_layer);
-        if !self.lending || self.evict_only || saving == 0 || d.lend_refused || d.kv_per_token == 0 {
+        if !self.lending || self.evict_only || saving == 0 || d.lend_refused || d.kv_per_token == 0
+        {
             return None;
         }
         let over = want
@@ -452,7 +453,13 @@ impl Adapter {
         let rows = tokens.saturating_sub(seqs);
         let cap = self.link_cap(i, seqs).min(memory).min(rows);
         let n_ts = self.cfg.min_change_tokens as u64;
-        let to = lend_grow(have, cap, over, saving, n_ts)?;
+        // When the link cannot carry what `want` needs, lend what the KV held now needs
+        // anyway where the peer's memory allows (slower, but the step does not fail).
+        let now = tokens
+            .saturating_mul(d.kv_per_token)
+            .saturating_sub(self.room(i));
+        let to = lend_grow(have, cap, over, saving, n_ts)
+            .or_else(|| lend_grow(have, memory.min(rows), now, saving, 0))?;
         let prev = d.lend;
         self.devs[i].lend_prev = Some(prev);
         self.devs[i].peer = Some(peer);
@@ -464,6 +471,46 @@ impl Adapter {
             bytes,
             tokens: to,
         })
+    }
+
+    /// Rows per stage device `i` must lend to hold `tokens` of KV in its current layout
+    /// (0 when it holds them without lending).  // tokens
+    fn lend_needed(&self, i: usize, tokens: u64) -> u64 {
+        let d = &self.devs[i];
+        let saving = d.saving_pt(self.per_layer);
+        let own = d.kv_budget.saturating_sub(self.borrowed(i));
+        let over = tokens.saturating_mul(d.kv_per_token).saturating_sub(own);
+        if saving == 0 {
+            return 0;
+        }
+        over.div_ceil(saving)
+    }
+
+    /// KV bytes lending could still free on device `i` holding `tokens` for `seqs`
+    /// sequences: every row but each sequence's newest lent, within its peer's spare memory
+    /// (0 without lending).  // bytes
+    fn lend_headroom(&self, i: usize, tokens: u64, seqs: u64) -> u64 {
+        let d = &self.devs[i];
+        let saving = d.saving_pt(self.per_layer);
+        if !self.lending || self.evict_only || saving == 0 || d.lend_refused {
+            return 0;
+        }
+        let spare = |p: usize| {
+            self.room(p)
+                .saturating_sub(tokens.saturating_mul(self.devs[p].kv_per_token))
+        };
+        let peer = d.peer.or_else(|| {
+            (0..self.devs.len())
+                .filter(|&p| p != i && self.devs[p].lend.is_none())
+                .max_by_key(|&p| (spare(p), std::cmp::Reverse(p)))
+        });
+        let Some(peer) = peer else {
+            return 0;
+        };
+        let have = d.lend.map_or(0, |l| l.1);
+        let memory = (spare(peer) + d.lend_bytes) / d.kv_per_token.max(1);
+        let most = memory.min(tokens.saturating_sub(seqs));
+        most.saturating_sub(have).saturating_mul(saving)
     }
 
     /// A peer answered a reservation for `lender`'s KV: when reserved, the lend to send.
@@ -566,7 +613,13 @@ impl Adapter {
             // when the device is near its room.
             if let Some((p, cur)) = self.devs[i].lend {
                 if self.devs[i].lend_prev.is_none() {
-                    let cap = self.link_cap(i, seqs).min(tokens.saturating_sub(seqs));
+                    // never below what the KV held now needs (the link's pace is a speed
+                    // matter; failing the step is not)
+                    let need = self.lend_needed(i, tokens);
+                    let cap = self
+                        .link_cap(i, seqs)
+                        .max(need)
+                        .min(tokens.saturating_sub(seqs));
                     if let Some(to) = lend_shrink(cur, cap, n_ts) {
                         self.set_lend(i, Some((p, to)), seqs);
                         tracing::info!(

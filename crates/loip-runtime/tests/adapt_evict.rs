@@ -144,7 +144,9 @@ fn eviction_only_evicts_where_a_switch_could_make_room_and_stays_bit_identical()
     assert_eq!(ad.evictions, 1, "{ad:?}");
     assert_eq!(ad.recomputed_tokens, 20, "{ad:?}");
     assert!(
-        !ad.events.iter().any(|e| !matches!(e, AdaptEvent::Evict { .. })),
+        !ad.events
+            .iter()
+            .any(|e| !matches!(e, AdaptEvent::Evict { .. })),
         "only evictions: {:?}",
         ad.events
     );
