@@ -429,26 +429,13 @@ impl Adapter {
         tokens: u64,
         seqs: u64,
     ) -> Option<Action> {
+        let (peer, memory) = self.lend_target(i, ahead)?;
         let d = &self.devs[i];
         let saving = d.saving_pt(self.per_layer);
-        if !self.lending || self.evict_only || saving == 0 || d.lend_refused || d.kv_per_token == 0
-        {
-            return None;
-        }
         let over = want
             .saturating_mul(d.kv_per_token)
             .saturating_sub(self.room(i));
-        let spare = |p: usize| {
-            self.room(p)
-                .saturating_sub(ahead.saturating_mul(self.devs[p].kv_per_token))
-        };
-        let peer = d.peer.or_else(|| {
-            (0..self.devs.len())
-                .filter(|&p| p != i && self.devs[p].lend.is_none())
-                .max_by_key(|&p| (spare(p), std::cmp::Reverse(p)))
-        })?;
         let have = d.lend.map_or(0, |l| l.1);
-        let memory = (spare(peer) + d.lend_bytes) / d.kv_per_token.max(1);
         // rows this device has to lend (the newest of each sequence stays)
         let rows = tokens.saturating_sub(seqs);
         let cap = self.link_cap(i, seqs).min(memory).min(rows);
@@ -490,27 +477,36 @@ impl Adapter {
     /// sequences: every row but each sequence's newest lent, within its peer's spare memory
     /// (0 without lending).  // bytes
     fn lend_headroom(&self, i: usize, tokens: u64, seqs: u64) -> u64 {
+        let Some((_, memory)) = self.lend_target(i, tokens) else {
+            return 0;
+        };
+        let d = &self.devs[i];
+        let have = d.lend.map_or(0, |l| l.1);
+        let most = memory.min(tokens.saturating_sub(seqs));
+        most.saturating_sub(have)
+            .saturating_mul(d.saving_pt(self.per_layer))
+    }
+
+    /// Where device `i` lends (its current peer, or the one with the most spare memory
+    /// once every device holds `ahead` tokens) and the most rows per stage that peer's
+    /// memory takes; `None` when it cannot lend.  // tokens
+    fn lend_target(&self, i: usize, ahead: u64) -> Option<(usize, u64)> {
         let d = &self.devs[i];
         let saving = d.saving_pt(self.per_layer);
-        if !self.lending || self.evict_only || saving == 0 || d.lend_refused {
-            return 0;
+        if !self.lending || self.evict_only || saving == 0 || d.lend_refused || d.kv_per_token == 0
+        {
+            return None;
         }
         let spare = |p: usize| {
             self.room(p)
-                .saturating_sub(tokens.saturating_mul(self.devs[p].kv_per_token))
+                .saturating_sub(ahead.saturating_mul(self.devs[p].kv_per_token))
         };
         let peer = d.peer.or_else(|| {
             (0..self.devs.len())
                 .filter(|&p| p != i && self.devs[p].lend.is_none())
                 .max_by_key(|&p| (spare(p), std::cmp::Reverse(p)))
-        });
-        let Some(peer) = peer else {
-            return 0;
-        };
-        let have = d.lend.map_or(0, |l| l.1);
-        let memory = (spare(peer) + d.lend_bytes) / d.kv_per_token.max(1);
-        let most = memory.min(tokens.saturating_sub(seqs));
-        most.saturating_sub(have).saturating_mul(saving)
+        })?;
+        Some((peer, (spare(peer) + d.lend_bytes) / d.kv_per_token))
     }
 
     /// A peer answered a reservation for `lender`'s KV: when reserved, the lend to send.
