@@ -96,6 +96,11 @@ pub struct LocalArgs {
     /// prompt's KV with online adaptation (for comparison).
     #[arg(long)]
     pub whole_context: bool,
+    /// Online adaptation without plan switches or lending: a device near its budget only
+    /// evicts other sequences and recomputes them later (the last resort alone, for
+    /// comparison; output is identical).
+    #[arg(long, conflicts_with = "whole_context")]
+    pub evict_only: bool,
     /// Run the benchmark matrix instead and write its rows to this JSON file.
     #[arg(long)]
     pub bench: Option<PathBuf>,
@@ -333,6 +338,7 @@ fn session_options(
         greedy: a.prompt.greedy(),
         relay: a.relay,
         lending: a.lend,
+        evict_only: a.evict_only,
         ..Default::default()
     };
     o.connect.token = Some(token.to_string());
@@ -817,6 +823,7 @@ fn clone_args(a: &LocalArgs) -> LocalArgs {
         micro_batch_seqs: a.micro_batch_seqs.clone(),
         plot: None,
         whole_context: a.whole_context,
+        evict_only: a.evict_only,
         bench: None,
         bench_bandwidths: vec![],
         bench_planners: vec![],

@@ -139,6 +139,8 @@ pub struct Adapter {
     undo: Option<(BTreeMap<u64, u64>, u32)>,
     /// KV lending allowed
     lending: bool,
+    /// no switches and no lending: only eviction + recomputation
+    evict_only: bool,
     per_layer: u64, // KV bytes per token per layer
     act_bytes: u64, // hidden-row bytes per token
     /// last measured lent-KV transfer rate  // bytes/s
@@ -265,6 +267,7 @@ impl Adapter {
             report: Arc::new(Mutex::new(report)),
             undo: None,
             lending: false,
+            evict_only: false,
             per_layer,
             act_bytes: c.hidden_size as u64 * 4,
             bandwidth: None,
@@ -331,6 +334,9 @@ impl Adapter {
 
     /// The threshold switch of device `i` for `tokens` held (see the module docs).
     fn choose(&self, i: usize, tokens: u64, seqs: u64) -> Option<(u32, u32)> {
+        if self.evict_only {
+            return None;
+        }
         let d = &self.devs[i];
         let cur = counts_max(&d.plan_stages);
         let g = |a: u32, m: u32| {
@@ -359,6 +365,12 @@ impl Adapter {
     /// Allows KV lending (design §6; off by default).
     pub fn set_lending(&mut self, on: bool) {
         self.lending = on;
+    }
+
+    /// Eviction + recomputation only (`--evict-only`): no plan switch and no lending, ever;
+    /// a device near its budget evicts other sequences (design: the last resort alone).
+    pub fn set_evict_only(&mut self, on: bool) {
+        self.evict_only = on;
     }
 
     /// Bytes reserved on device `p` for its peers' lent KV.  // bytes
@@ -417,30 +429,24 @@ impl Adapter {
         tokens: u64,
         seqs: u64,
     ) -> Option<Action> {
+        let (peer, memory) = self.lend_target(i, ahead)?;
         let d = &self.devs[i];
         let saving = d.saving_pt(self.per_layer);
-        if !self.lending || saving == 0 || d.lend_refused || d.kv_per_token == 0 {
-            return None;
-        }
         let over = want
             .saturating_mul(d.kv_per_token)
             .saturating_sub(self.room(i));
-        let spare = |p: usize| {
-            self.room(p)
-                .saturating_sub(ahead.saturating_mul(self.devs[p].kv_per_token))
-        };
-        let peer = d.peer.or_else(|| {
-            (0..self.devs.len())
-                .filter(|&p| p != i && self.devs[p].lend.is_none())
-                .max_by_key(|&p| (spare(p), std::cmp::Reverse(p)))
-        })?;
         let have = d.lend.map_or(0, |l| l.1);
-        let memory = (spare(peer) + d.lend_bytes) / d.kv_per_token.max(1);
         // rows this device has to lend (the newest of each sequence stays)
         let rows = tokens.saturating_sub(seqs);
         let cap = self.link_cap(i, seqs).min(memory).min(rows);
         let n_ts = self.cfg.min_change_tokens as u64;
-        let to = lend_grow(have, cap, over, saving, n_ts)?;
+        // When the link cannot carry what `want` needs, lend what the KV held now needs
+        // anyway where the peer's memory allows (slower, but the step does not fail).
+        let now = tokens
+            .saturating_mul(d.kv_per_token)
+            .saturating_sub(self.room(i));
+        let to = lend_grow(have, cap, over, saving, n_ts)
+            .or_else(|| lend_grow(have, memory.min(rows), now, saving, 0))?;
         let prev = d.lend;
         self.devs[i].lend_prev = Some(prev);
         self.devs[i].peer = Some(peer);
@@ -452,6 +458,55 @@ impl Adapter {
             bytes,
             tokens: to,
         })
+    }
+
+    /// Rows per stage device `i` must lend to hold `tokens` of KV in its current layout
+    /// (0 when it holds them without lending).  // tokens
+    fn lend_needed(&self, i: usize, tokens: u64) -> u64 {
+        let d = &self.devs[i];
+        let saving = d.saving_pt(self.per_layer);
+        let own = d.kv_budget.saturating_sub(self.borrowed(i));
+        let over = tokens.saturating_mul(d.kv_per_token).saturating_sub(own);
+        if saving == 0 {
+            return 0;
+        }
+        over.div_ceil(saving)
+    }
+
+    /// KV bytes lending could still free on device `i` holding `tokens` for `seqs`
+    /// sequences: every row but each sequence's newest lent, within its peer's spare memory
+    /// (0 without lending).  // bytes
+    fn lend_headroom(&self, i: usize, tokens: u64, seqs: u64) -> u64 {
+        let Some((_, memory)) = self.lend_target(i, tokens) else {
+            return 0;
+        };
+        let d = &self.devs[i];
+        let have = d.lend.map_or(0, |l| l.1);
+        let most = memory.min(tokens.saturating_sub(seqs));
+        most.saturating_sub(have)
+            .saturating_mul(d.saving_pt(self.per_layer))
+    }
+
+    /// Where device `i` lends (its current peer, or the one with the most spare memory
+    /// once every device holds `ahead` tokens) and the most rows per stage that peer's
+    /// memory takes; `None` when it cannot lend.  // tokens
+    fn lend_target(&self, i: usize, ahead: u64) -> Option<(usize, u64)> {
+        let d = &self.devs[i];
+        let saving = d.saving_pt(self.per_layer);
+        if !self.lending || self.evict_only || saving == 0 || d.lend_refused || d.kv_per_token == 0
+        {
+            return None;
+        }
+        let spare = |p: usize| {
+            self.room(p)
+                .saturating_sub(ahead.saturating_mul(self.devs[p].kv_per_token))
+        };
+        let peer = d.peer.or_else(|| {
+            (0..self.devs.len())
+                .filter(|&p| p != i && self.devs[p].lend.is_none())
+                .max_by_key(|&p| (spare(p), std::cmp::Reverse(p)))
+        })?;
+        Some((peer, (spare(peer) + d.lend_bytes) / d.kv_per_token))
     }
 
     /// A peer answered a reservation for `lender`'s KV: when reserved, the lend to send.
@@ -554,7 +609,13 @@ impl Adapter {
             // when the device is near its room.
             if let Some((p, cur)) = self.devs[i].lend {
                 if self.devs[i].lend_prev.is_none() {
-                    let cap = self.link_cap(i, seqs).min(tokens.saturating_sub(seqs));
+                    // never below what the KV held now needs (the link's pace is a speed
+                    // matter; failing the step is not)
+                    let need = self.lend_needed(i, tokens);
+                    let cap = self
+                        .link_cap(i, seqs)
+                        .max(need)
+                        .min(tokens.saturating_sub(seqs));
                     if let Some(to) = lend_shrink(cur, cap, n_ts) {
                         self.set_lend(i, Some((p, to)), seqs);
                         tracing::info!(

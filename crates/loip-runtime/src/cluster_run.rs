@@ -142,6 +142,9 @@ pub struct SessionOptions {
     pub lending: bool,
     /// with adaptation: its knobs (`n_ts`, horizon, link fraction)
     pub adapt: loip_plan::adapt::AdaptConfig,
+    /// with adaptation: no plan switches and no lending; a device near its budget only
+    /// evicts and recomputes (the last resort alone, for comparison: `--evict-only`)
+    pub evict_only: bool,
 }
 
 impl Default for SessionOptions {
@@ -169,6 +172,7 @@ impl Default for SessionOptions {
             admitted: None,
             lending: false,
             adapt: Default::default(),
+            evict_only: false,
         }
     }
 }
@@ -632,6 +636,7 @@ async fn setup(
         let mut a = crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened);
         a.set_lending(opts.lending);
         a.set_config(opts.adapt);
+        a.set_evict_only(opts.evict_only);
         a
     });
     let adapt = adapter.as_ref().map(|a| a.report());

@@ -7,8 +7,17 @@
 //!   (releases its KV everywhere, keeps its ids); once B is released, A's next step is
 //!   preceded by steps re-prefilling its 20 tokens. Both are bit-identical (tokens and every
 //!   step's logits) to each run alone on the single-device engine.
+//! - Eviction only (`SessionOptions::evict_only`, `loip local --evict-only`): the same two
+//!   sequences over a plan with nothing offloaded, where a switch could make room; with
+//!   switches and lending off the coordinator evicts A instead, and both stay bit-identical.
 //! - Holding an admission: B arrives while A holds 35 tokens; B's prompt does not fit, so it
 //!   is held (never failed, the budget never exceeded) and admitted when A is released.
+//! - Eviction of a sequence whose rows are lent to a peer: `dev1` has room for 20 tokens and
+//!   lends the oldest rows of each stage to `dev2` (room for 400). A grows until `dev1`
+//!   lends its rows, then B runs whole beside it; lending cannot carry both, so A is evicted
+//!   while its rows are out at `dev2` (they come back with the next fetch and are dropped)
+//!   and recomputed once B is released; both bit-identical, and a third request afterwards
+//!   lends again through the same reservation, bit-identical.
 
 mod adapt_common;
 mod dist_common;
@@ -19,7 +28,7 @@ use loip_engine::generate::{generate, Flow};
 use loip_model::slice::Manifest;
 use loip_model::Checkpoint;
 use loip_plan::adapt::AdaptEvent;
-use loip_runtime::cluster_run::{device_spec, Session, WorkerProcess};
+use loip_runtime::cluster_run::{device_spec, Session, SessionOptions, WorkerProcess};
 use loip_runtime::coordinator::next_seq_id;
 use loip_runtime::executor::Device;
 use loip_runtime::LoaderKind;
@@ -36,11 +45,26 @@ const ROOM: u64 = 40;
 
 /// The two-worker session over the fully offloaded plan, `ROOM` tokens of KV each.
 fn start(tag: &str) -> (Session, Vec<WorkerProcess>) {
+    start_with(tag, true, [ROOM; 2], |_| {})
+}
+
+/// The two-worker session, `rooms` tokens of KV on each: over the fully offloaded plan when
+/// `offloaded` (else nothing offloaded), its options changed by `tweak`.
+fn start_with(
+    tag: &str,
+    offloaded: bool,
+    rooms: [u64; 2],
+    tweak: impl FnOnce(&mut SessionOptions),
+) -> (Session, Vec<WorkerProcess>) {
     let path = fixture("tiny-llama");
     let slices = slices_of(&path, "tiny-llama");
     let m = Manifest::load(&slices).unwrap();
-    let (names, _, kv_per_token) = two_device_plan(&m);
-    let plan = offloaded_plan(&m, &names);
+    let (names, resident, kv_per_token) = two_device_plan(&m);
+    let plan = if offloaded {
+        offloaded_plan(&m, &names)
+    } else {
+        resident
+    };
     let root = scratch(tag);
     let workers: Vec<_> = (0..2)
         .map(|i| {
@@ -48,14 +72,15 @@ fn start(tag: &str) -> (Session, Vec<WorkerProcess>) {
             let mem = Device::open(&slices, &m, spec).unwrap().memory();
             spawn_worker(&W {
                 name: names[i].clone(),
-                mem: mem.resident + mem.slot + mem.working + ROOM * kv_per_token,
+                mem: mem.resident + mem.slot + mem.working + rooms[i] * kv_per_token,
                 store: root.join(&names[i]),
                 ..Default::default()
             })
         })
         .collect();
     let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
-    let opts = session_options(plan, PROMPT_A.len());
+    let mut opts = session_options(plan, PROMPT_A.len());
+    tweak(&mut opts);
     let s = Session::start(&slices, worker_specs(&names, &addrs), opts)
         .unwrap_or_else(|e| panic!("session: {e}"));
     (s, workers)
@@ -76,7 +101,7 @@ fn check(s: &Session, seq: u64, prompt: &[u32], n_new: usize, at: &mut dyn FnMut
         at(k);
         Flow::Continue
     })
-    .unwrap_or_else(|e| panic!("sequence {seq}: {e}"));
+    .unwrap_or_else(|e| panic!("sequence {seq}: {e}\n{:?}", s.adaptation()));
     assert_eq!(out.new_ids, want_ids, "sequence {seq}: tokens");
     assert_bits(&format!("sequence {seq}"), &rec.logits, &want_logits);
 }
@@ -110,6 +135,39 @@ fn eviction_and_recomputation_keep_both_sequences_bit_identical() {
     for d in &ad.devices {
         assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
         assert!(d.evicted_bytes > 0, "{d:?}");
+    }
+    s.shutdown();
+}
+
+#[test]
+fn eviction_only_evicts_where_a_switch_could_make_room_and_stays_bit_identical() {
+    let (s, _w) = start_with("adapt-evict-only", false, [ROOM; 2], |o| {
+        o.evict_only = true
+    });
+    let (a, b) = (next_seq_id(), next_seq_id());
+    check(&s, a, PROMPT_A, 30, &mut |k| {
+        if k == 15 {
+            check(&s, b, PROMPT_B, 30, &mut |_| {});
+            s.pipeline().release(&[b]);
+        }
+    });
+    s.pipeline().release(&[a]);
+    let ad = s.adaptation().expect("adaptation on");
+    eprintln!("events {:?}", ad.events);
+    assert_eq!(ad.evictions, 1, "{ad:?}");
+    assert_eq!(ad.recomputed_tokens, 20, "{ad:?}");
+    assert!(
+        !ad.events
+            .iter()
+            .any(|e| !matches!(e, AdaptEvent::Evict { .. })),
+        "only evictions: {:?}",
+        ad.events
+    );
+    for d in &ad.devices {
+        assert_eq!(d.switches_applied + d.switches_refused, 0, "{d:?}");
+        assert_eq!(d.lent_tokens, 0, "{d:?}");
+        assert_eq!(d.offloaded, (0, 0), "{d:?}");
+        assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
     }
     s.shutdown();
 }
@@ -151,5 +209,56 @@ fn a_request_arriving_while_memory_is_tight_is_held_until_another_finishes() {
     for d in &ad.devices {
         assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
     }
+    s.shutdown();
+}
+
+const PROMPT_C: &[u32] = &[2, 7, 18, 28];
+
+#[test]
+fn evicting_a_sequence_with_lent_rows_releases_them_and_stays_bit_identical() {
+    let (s, _w) = start_with("adapt-evict-lend", true, [20, 400], |o| o.lending = true);
+    let (a, b) = (next_seq_id(), next_seq_id());
+    let mut lent_before = 0;
+    // A: 6 + 30 tokens; after its 15th (20 held, rows lent), B runs whole (6 + 30)
+    check(&s, a, PROMPT_A, 30, &mut |k| {
+        if k == 15 {
+            let ad = s.adaptation().expect("adaptation on");
+            lent_before = ad.devices[0].lent_tokens;
+            check(&s, b, PROMPT_B, 30, &mut |_| {});
+            s.pipeline().release(&[b]);
+        }
+    });
+    s.pipeline().release(&[a]);
+    let ad = s.adaptation().expect("adaptation on");
+    eprintln!("events {:?}", ad.events);
+    eprintln!("devices {:?}", ad.devices);
+    assert!(
+        lent_before > 0,
+        "dev1 lent A's rows before B: {:?}",
+        ad.devices
+    );
+    assert_eq!(ad.evictions, 1, "{ad:?}");
+    let evicted: Vec<u32> = ad
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AdaptEvent::Evict { tokens, .. } => Some(*tokens),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(evicted.len(), 1, "{:?}", ad.events);
+    assert_eq!(ad.recomputed_tokens, evicted[0] as u64, "{ad:?}");
+    let (d1, d2) = (&ad.devices[0], &ad.devices[1]);
+    assert!(d1.fetches > 0 && d1.kv_moved_bytes > 0, "{d1:?}");
+    // the borrower's reservation is what the lender's current lend needs (accounted on
+    // both sides: dev2's budget less the reservation still holds every sequence's KV)
+    assert!(d2.borrowed_bytes >= d1.lent_bytes, "{d2:?} {d1:?}");
+    // a third request afterwards: lends again through the same reservation, identical
+    let c = next_seq_id();
+    check(&s, c, PROMPT_C, 30, &mut |_| {});
+    s.pipeline().release(&[c]);
+    let ad = s.adaptation().expect("adaptation on");
+    assert_eq!(ad.evictions, 1, "{ad:?}");
+    assert!(ad.devices[0].lent_tokens > 0, "{:?}", ad.devices);
     s.shutdown();
 }

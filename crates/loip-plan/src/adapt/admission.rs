@@ -8,6 +8,13 @@
 //! context if there is one (nothing to adapt); else, if the plan for the largest context the
 //! planner can place (bisection) can grow, the plan for the smallest context that still
 //! can (bisection below it); else the whole-context planning error.
+//!
+//! Every plan here is placed with the working memory the runtime accounts
+//! ([`runtime_budgets`]): the planner's fixed scratch allowance
+//! ([`crate::shape::WORKING_SCRATCH_BYTES`], 16 MiB for the attention scores of any context)
+//! would leave that much of each device unplanned, so a device's first threshold would lie
+//! 16 MiB of KV past where the planner put it (hundreds of tokens) and the runtime and the
+//! simulator would disagree on when it is crossed.
 
 use super::switch::{choose_switch, stage_layout};
 use crate::cost;
@@ -55,6 +62,26 @@ pub fn can_grow_to(plan: &Plan, shape: &ModelShape, cluster: &Cluster, context: 
     })
 }
 
+/// `cluster` with each budget raised by what the planner's working allowance for `b`
+/// sequences in flight ([`ModelShape::working_bytes`]) reserves beyond what the runtime
+/// accounts for the same steps over `context` tokens ([`ModelShape::step_working_bytes`]: the
+/// scores of the whole context instead of the fixed scratch). A plan placed on it uses the
+/// device's memory as the runtime does: its KV room is the runtime's.
+pub fn runtime_budgets(shape: &ModelShape, cluster: &Cluster, b: u32, context: u64) -> Cluster {
+    let b = b.max(1);
+    let runtime = shape.step_working_bytes(
+        shape.step_tokens.unwrap_or(0).max(b as u64),
+        b as u64,
+        context,
+    );
+    let extra = shape.working_bytes(b).saturating_sub(runtime);
+    let mut c = cluster.clone();
+    for d in &mut c.devices {
+        d.profile.mem_budget = d.profile.mem_budget.saturating_add(extra);
+    }
+    c
+}
+
 /// The plan for `admitted` KV tokens (summed over sequences) that can adapt up to
 /// `req.context` (see the module docs). `admitted ≥ req.context` plans as usual.
 pub fn plan_for_admission(
@@ -65,12 +92,22 @@ pub fn plan_for_admission(
     admitted: u64,
 ) -> Result<Plan, PlanError> {
     let whole = req.context;
+    let b = req.micro_batches.unwrap_or(1);
+    let placed_on = runtime_budgets(shape, cluster, b, whole);
     let at = |context: u64| {
         let r = PlanRequest {
             context,
             ..req.clone()
         };
-        crate::plan(planner, shape, cluster, &r)
+        // the budgets the plan reports are the cluster's own
+        crate::plan(planner, shape, &placed_on, &r).map(|mut p| {
+            for d in &mut p.devices {
+                if let Some(c) = cluster.devices.iter().find(|c| c.name == d.name) {
+                    d.budget_bytes = c.budget();
+                }
+            }
+            p
+        })
     };
     if admitted >= whole {
         return at(whole);

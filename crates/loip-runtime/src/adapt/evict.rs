@@ -65,10 +65,11 @@ impl Adapter {
     }
 
     /// Whether every device can hold `tokens` of KV for `seqs` sequences: in its current
-    /// room or after a switch.
+    /// room, with more lent to its peer, or after a switch.
     pub(super) fn can_hold(&self, tokens: u64, seqs: u64) -> bool {
         (0..self.devs.len()).all(|i| {
-            tokens.saturating_mul(self.devs[i].kv_per_token) <= self.room(i)
+            let room = self.room(i) + self.lend_headroom(i, tokens, seqs);
+            tokens.saturating_mul(self.devs[i].kv_per_token) <= room
                 || self.choose(i, tokens, seqs).is_some()
         })
     }
