@@ -7,6 +7,8 @@
 //! do not fit in the caches (several distinct copies are cycled through), for 1 and 2 rayon
 //! threads (or only N), plus the SmolLM2-135M Q4_1 per-token matmul set.
 //!
+//! `--table --dtype T`: only that stored type's row (and no bandwidth line).
+//!
 //! `--cpu` times by the CPU time of the process (meaningful with `--threads 1` on a machine
 //! shared with other work). `--gemm`: GFLOP/s of `matmul` with n = 1, 8, 64, 256 tokens on a SmolLM2 MLP shape
 //! (576×1536, the down projection, in cache) per stored type, next to the FMA peak of one AVX2 core at the clock
@@ -271,12 +273,14 @@ fn dtype_table(
         .iter()
         .map(|t| format!("{t} thr GB/s"))
         .collect();
-    print!("{:<34}", "memory read bandwidth (1 GiB sum)");
-    for &t in &args.threads {
-        print!(" {:>13.1}", memory_bandwidth(t));
+    if args.dtype.is_none() {
+        print!("{:<34}", "memory read bandwidth (1 GiB sum)");
+        for &t in &args.threads {
+            print!(" {:>13.1}", memory_bandwidth(t));
+        }
+        println!("  ({})", tcols.join(", "));
+        println!();
     }
-    println!("  ({})", tcols.join(", "));
-    println!();
 
     let hot_shape = (256, 512);
     println!(
@@ -300,6 +304,9 @@ fn dtype_table(
     let x = common::random_f32(cols, rng);
     let mut y = vec![0f32; rows];
     for dtype in common::ALL {
+        if args.dtype.is_some_and(|d| d != dtype) {
+            continue;
+        }
         let m = Mats::new(dtype, rows, cols, working_set, rng);
         print!(
             "{:<6} {:>12} {:>9.1}",
