@@ -69,3 +69,39 @@ fn single_token_kernels_bit_identical() {
         }
     }
 }
+
+/// Infinite scales take the plain path of Q8_0 (its fma form would give NaN for `q != 0`):
+/// same bits as the scalar path, NaN for NaN.
+#[test]
+fn single_token_infinite_scales() {
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    for dtype in [DType::Q4_1, DType::Q8_0] {
+        for blocks in [3, 8, 18] {
+            let (rows, cols) = (9, 32 * blocks);
+            let mut data = matrix(dtype, rows, cols, &mut rng);
+            for b in data.chunks_exact_mut(dtype.block_bytes()) {
+                if rng.gen_bool(0.1) {
+                    let inf: u16 = if rng.gen_bool(0.5) { 0x7C00 } else { 0xFC00 };
+                    b[0..2].copy_from_slice(&inf.to_le_bytes());
+                }
+            }
+            let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
+            let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+            let mut want = vec![0f32; rows];
+            matmul_at(Level::Scalar, &w, &x, &mut want).expect("matmul");
+            for level in [Level::Avx2, Level::Avx512] {
+                if !supported(level) {
+                    continue;
+                }
+                let mut y = vec![0f32; rows];
+                matmul_at(level, &w, &x, &mut y).expect("matmul");
+                for (g, e) in y.iter().zip(&want) {
+                    assert!(
+                        g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan()),
+                        "{dtype} {rows}x{cols} {level:?}: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+}
