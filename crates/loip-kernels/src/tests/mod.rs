@@ -1,7 +1,7 @@
 //! In-crate tests: every SIMD level this CPU runs must give the same bits as the portable
 //! canonical path, for every kernel and odd shapes (tails, remainders, tiles).
 
-mod matvec_n1;
+mod single_token;
 
 use crate::attention::{attention_at, attention_causal_at};
 use crate::canon;

@@ -16,8 +16,6 @@ use crate::dequant::unpack_scales_k4;
 use crate::dtype::DType;
 use std::ptr::read_unaligned;
 
-mod matvec;
-
 /// One 64-element chunk: `[2i]` = lanes 0..8 and `[2i + 1]` = lanes 8..16 of group `i`.
 type Chunk = [__m256; 8];
 /// One canonical 16-lane group as two halves.
@@ -543,9 +541,6 @@ pub(crate) unsafe fn rows(
 ) {
     let rb = crate::dequant::prefix_bytes(dtype, cols);
     debug_assert!(n > 0 && x.len() == n * cols && data.len() == out.len() / n * rb);
-    if n == 1 && matvec::rows(dtype, data, rb, cols, x, out) {
-        return;
-    }
     match dtype {
         DType::F32 => rows_float::<F32>(data, rb, cols, x, n, out),
         DType::F16 => rows_float::<F16>(data, rb, cols, x, n, out),

@@ -1,7 +1,8 @@
-//! The AVX2 single-token kernels (`x86::avx2::matvec`: Q4_1, Q8_0) against the scalar path,
-//! bit for bit: row counts around the 8-row reduction batches, block counts around the
-//! 8-block scale chunks (odd last blocks included), and extreme f16 scales (zero, subnormal,
-//! the largest finite, both signs), on every level this CPU runs.
+//! Single-token (n = 1) matmuls of the decode hot path's types (Q4_1 layers, Q8_0 head) against
+//! the scalar path, bit for bit, on every level this CPU runs: row counts from 1 to 23 (SIMD
+//! paths that reduce several rows together), block counts 1 to 48 (odd last blocks, chunked
+//! scale conversions), and extreme f16 scales (signed zeros, subnormals, ±65504), which
+//! exactness arguments such as "q * d is exact, so fma(q, d, m) = q * d + m" must survive.
 
 use crate::dtype::{DType, Matrix};
 use crate::matmul::matmul_at;
@@ -70,8 +71,8 @@ fn single_token_kernels_bit_identical() {
     }
 }
 
-/// Infinite scales take the plain path of Q8_0 (its fma form would give NaN for `q != 0`):
-/// same bits as the scalar path, NaN for NaN.
+/// Infinite scales: the same bits as the scalar path, NaN for NaN (a SIMD form such as
+/// `fma(1.5 * 2^23 + q, d, -1.5 * 2^23 * d)` for Q8_0's `q * d` would give NaN there).
 #[test]
 fn single_token_infinite_scales() {
     let mut rng = ChaCha8Rng::seed_from_u64(15);
