@@ -40,6 +40,28 @@ fn matrix(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u
     data
 }
 
+/// Every SIMD level this CPU runs gives the scalar path's bits for one token times `data`
+/// (`rows x cols` of `dtype`); any NaN stands for any NaN.
+fn check(dtype: DType, rows: usize, cols: usize, data: &[u8], rng: &mut ChaCha8Rng) {
+    let w = Matrix::new(dtype, rows, cols, data).expect("shape");
+    let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+    let mut want = vec![0f32; rows];
+    matmul_at(Level::Scalar, &w, &x, &mut want).expect("matmul");
+    for level in [Level::Avx2, Level::Avx512] {
+        if !supported(level) {
+            continue;
+        }
+        let mut y = vec![0f32; rows];
+        matmul_at(level, &w, &x, &mut y).expect("matmul");
+        for (r, (g, e)) in y.iter().zip(&want).enumerate() {
+            assert!(
+                g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan()),
+                "{dtype} {rows}x{cols} {level:?} row {r}: {g} vs {e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn single_token_kernels_bit_identical() {
     let mut rng = ChaCha8Rng::seed_from_u64(14);
@@ -49,23 +71,7 @@ fn single_token_kernels_bit_identical() {
             let cols = 32 * blocks;
             for rows in [1, 7, 8, 9, 16, 23] {
                 let data = matrix(dtype, rows, cols, &mut rng);
-                let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
-                let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
-                let mut want = vec![0f32; rows];
-                matmul_at(Level::Scalar, &w, &x, &mut want).expect("matmul");
-                for level in [Level::Avx2, Level::Avx512] {
-                    if !supported(level) {
-                        continue;
-                    }
-                    let mut y = vec![f32::NAN; rows];
-                    matmul_at(level, &w, &x, &mut y).expect("matmul");
-                    let (g, e): (Vec<u32>, Vec<u32>) = y
-                        .iter()
-                        .zip(&want)
-                        .map(|(a, b)| (a.to_bits(), b.to_bits()))
-                        .unzip();
-                    assert_eq!(g, e, "{dtype} {rows}x{cols} {level:?}");
-                }
+                check(dtype, rows, cols, &data, &mut rng);
             }
         }
     }
@@ -86,23 +92,7 @@ fn single_token_infinite_scales() {
                     b[0..2].copy_from_slice(&inf.to_le_bytes());
                 }
             }
-            let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
-            let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
-            let mut want = vec![0f32; rows];
-            matmul_at(Level::Scalar, &w, &x, &mut want).expect("matmul");
-            for level in [Level::Avx2, Level::Avx512] {
-                if !supported(level) {
-                    continue;
-                }
-                let mut y = vec![0f32; rows];
-                matmul_at(level, &w, &x, &mut y).expect("matmul");
-                for (g, e) in y.iter().zip(&want) {
-                    assert!(
-                        g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan()),
-                        "{dtype} {rows}x{cols} {level:?}: {g} vs {e}"
-                    );
-                }
-            }
+            check(dtype, rows, cols, &data, &mut rng);
         }
     }
 }
