@@ -7,6 +7,8 @@
 //! do not fit in the caches (several distinct copies are cycled through), for 1 and 2 rayon
 //! threads (or only N), plus the SmolLM2-135M Q4_1 per-token matmul set.
 //!
+//! `--decode`: only the SmolLM2 single-token matmuls. `--table --dtype T`: only that stored type's row (and no bandwidth line).
+//!
 //! `--cpu` times by the CPU time of the process (meaningful with `--threads 1` on a machine
 //! shared with other work). `--gemm`: GFLOP/s of `matmul` with n = 1, 8, 64, 256 tokens on a SmolLM2 MLP shape
 //! (576×1536, the down projection, in cache) per stored type, next to the FMA peak of one AVX2 core at the clock
@@ -54,6 +56,8 @@ struct Args {
     batch: bool,
     /// in the batched-decode table, only the whole SmolLM2 step
     step: bool,
+    /// in the SmolLM2 set, only the single-token matmuls (no prefill, no attention)
+    decode: bool,
 }
 
 fn parse_args() -> Args {
@@ -66,6 +70,7 @@ fn parse_args() -> Args {
     let mut dtype = None;
     let mut batch = false;
     let mut step = false;
+    let mut decode = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -78,6 +83,10 @@ fn parse_args() -> Args {
                 }
             }
             "--quick" => quick = true,
+            "--decode" => {
+                smol_only = true;
+                decode = true
+            }
             "--smol" => smol_only = true,
             "--table" => table_only = true,
             "--hot" => hot = true,
@@ -97,7 +106,7 @@ fn parse_args() -> Args {
             },
             _ => {
                 eprintln!(
-                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--smol | --table | --gemm [--dtype T] | --batch [--dtype T] | --step]"
+                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--smol | --decode | --table | --gemm [--dtype T] | --batch [--dtype T] | --step]"
                 );
                 std::process::exit(2);
             }
@@ -113,6 +122,7 @@ fn parse_args() -> Args {
         dtype,
         batch,
         step,
+        decode,
     }
 }
 
@@ -271,12 +281,14 @@ fn dtype_table(
         .iter()
         .map(|t| format!("{t} thr GB/s"))
         .collect();
-    print!("{:<34}", "memory read bandwidth (1 GiB sum)");
-    for &t in &args.threads {
-        print!(" {:>13.1}", memory_bandwidth(t));
+    if args.dtype.is_none() {
+        print!("{:<34}", "memory read bandwidth (1 GiB sum)");
+        for &t in &args.threads {
+            print!(" {:>13.1}", memory_bandwidth(t));
+        }
+        println!("  ({})", tcols.join(", "));
+        println!();
     }
-    println!("  ({})", tcols.join(", "));
-    println!();
 
     let hot_shape = (256, 512);
     println!(
@@ -300,6 +312,9 @@ fn dtype_table(
     let x = common::random_f32(cols, rng);
     let mut y = vec![0f32; rows];
     for dtype in common::ALL {
+        if args.dtype.is_some_and(|d| d != dtype) {
+            continue;
+        }
         let m = Mats::new(dtype, rows, cols, working_set, rng);
         print!(
             "{:<6} {:>12} {:>9.1}",
@@ -343,6 +358,9 @@ fn smol(args: &Args, min_time: Duration, rng: &mut rand_chacha::ChaCha8Rng) {
         let p = pool(t);
         let r = p.install(|| rate(total, min_time, &mut token));
         println!("  {t} thread(s): {:>6.2} ms/token  ({r:.1} GB/s)   (whole-model decode vs llama.cpp: bench/compare_llama_cpp.sh)", total as f64 / r / 1e6);
+    }
+    if args.decode {
+        return;
     }
 
     // prefill: the same matrices with a batch of 32 tokens

@@ -1,6 +1,8 @@
 //! In-crate tests: every SIMD level this CPU runs must give the same bits as the portable
 //! canonical path, for every kernel and odd shapes (tails, remainders, tiles).
 
+mod single_token;
+
 use crate::attention::{attention_at, attention_causal_at};
 use crate::canon;
 use crate::dispatch;
