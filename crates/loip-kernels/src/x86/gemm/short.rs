@@ -42,6 +42,8 @@ use std::ptr::read_unaligned;
 const SEG: usize = 1024;
 /// f32 scales per segment and row (at most 2 per 32-element block).
 const SEG_SCALES: usize = 2 * SEG / 32;
+/// Prepared f32 values per segment and row (at most a 16-entry table per block).
+const SEG_PREP: usize = 16 * SEG / 32;
 
 /// A 32-element-block type whose slots dequantize in registers of type `V`.
 trait Deq<V> {
@@ -49,6 +51,8 @@ trait Deq<V> {
     const BLOCK_BYTES: usize;
     /// f32 scale values per block
     const SCALES: usize;
+    /// f32 values per block that the passes read ([`Deq::prep`]): a 16-entry table or the scale
+    const PREP: usize;
     /// Converts the scales of the block at `p` to `s[..SCALES]` (the block's first `SCALES`
     /// f16 words).
     #[inline(always)]
@@ -57,9 +61,12 @@ trait Deq<V> {
             *s.add(i) = f16_scalar(p.add(2 * i));
         }
     }
+    /// From a block's f32 scales at `s`, its `PREP` values for the passes to `out`: built
+    /// once per block and tile, for both of its slots.
+    unsafe fn prep(s: *const f32, out: *mut f32);
     /// Elements `o .. o + WIDTH` (`o` a multiple of the width, below 32) of the block at `p`,
-    /// whose scales are at `s`: exactly the values of `dequant`.
-    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> V;
+    /// whose prepared values are at `pv`: exactly the values of `dequant`.
+    unsafe fn slot(p: *const u8, pv: *const f32, o: usize) -> V;
 }
 
 struct Q40;
@@ -89,35 +96,50 @@ unsafe fn nibbles16(qs: *const u8, o: usize) -> __m512i {
 impl Deq<__m512> for Q40 {
     const BLOCK_BYTES: usize = 18;
     const SCALES: usize = 1;
+    const PREP: usize = 16;
     #[inline(always)]
-    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
+    unsafe fn prep(s: *const f32, out: *mut f32) {
         // (q - 8) * d is exact: the table holds the exact values
         let table = _mm512_mul_ps(
             _mm512_sub_ps(iota(), _mm512_set1_ps(8.0)),
             _mm512_set1_ps(*s),
         );
-        _mm512_permutexvar_ps(nibbles16(p.add(2), o), table)
+        _mm512_storeu_ps(out, table);
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, pv: *const f32, o: usize) -> __m512 {
+        _mm512_permutexvar_ps(nibbles16(p.add(2), o), _mm512_loadu_ps(pv))
     }
 }
 
 impl Deq<__m512> for Q41 {
     const BLOCK_BYTES: usize = 20;
     const SCALES: usize = 2;
+    const PREP: usize = 16;
     #[inline(always)]
-    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
+    unsafe fn prep(s: *const f32, out: *mut f32) {
         // q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
         let table = _mm512_fmadd_ps(iota(), _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1)));
-        _mm512_permutexvar_ps(nibbles16(p.add(4), o), table)
+        _mm512_storeu_ps(out, table);
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, pv: *const f32, o: usize) -> __m512 {
+        _mm512_permutexvar_ps(nibbles16(p.add(4), o), _mm512_loadu_ps(pv))
     }
 }
 
 impl Deq<__m512> for Q80 {
     const BLOCK_BYTES: usize = 34;
     const SCALES: usize = 1;
+    const PREP: usize = 1;
     #[inline(always)]
-    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
+    unsafe fn prep(s: *const f32, out: *mut f32) {
+        *out = *s;
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, pv: *const f32, o: usize) -> __m512 {
         let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + o) as *const __m128i));
-        _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(*s))
+        _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(*pv))
     }
 }
 
@@ -147,9 +169,13 @@ unsafe fn scales<V, Q: Deq<V>>(p: *const u8, blocks: usize, out: *mut f32) {
     }
 }
 
+/// Prepared values of one row's blocks of a segment ([`Deq::prep`]), on whole cache lines.
+#[repr(C, align(64))]
+struct Prep([MaybeUninit<f32>; SEG_PREP]);
+
 /// Pass `S` of a tile over the columns `k0 .. k1` of one segment (`k0` a multiple of
 /// [`SEG`]): slot `S` of rows `w` × tokens `x`, from `st` (or `+0.0` at `k0 == 0`) back into
-/// `st`. `sc[i]` holds row `i`'s scales of the segment's blocks.
+/// `st`. `pv[i]` holds row `i`'s prepared values of the segment's blocks.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // one index runs over three arrays
 unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usize>(
@@ -157,7 +183,7 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
     x: &[*const f32; T],
     k0: usize,
     k1: usize,
-    sc: &[[f32; SEG_SCALES]; R],
+    pv: &[*const f32; R],
     st: &mut State<V, R, T>,
 ) {
     if S >= V::SLOTS {
@@ -172,23 +198,28 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
             }
         }
     }
-    // this slot's elements of a 64-element chunk lie in one block, at offset o
+    // this slot's elements of a 64-element chunk lie in one block, at offset o; the chunks
+    // of the segment whose slot is whole (`k1 - k0` is a multiple of 32)
     let (blk, o) = (V::WIDTH * S / 32, V::WIDTH * S % 32);
-    let mut e = k0 + V::WIDTH * S;
-    let mut b = blk; // block within the segment
-    while e + V::WIDTH <= k1 {
+    let first = V::WIDTH * S;
+    let chunks = (k1 - k0 + 64 - first - V::WIDTH) / 64;
+    let wb: [*const u8; R] = std::array::from_fn(|i| w[i].add((k0 / 32 + blk) * Q::BLOCK_BYTES));
+    let pb: [*const f32; R] = std::array::from_fn(|i| pv[i].add(blk * Q::PREP));
+    let xb: [*const f32; T] = std::array::from_fn(|t| x[t].add(k0 + first));
+    for c in 0..chunks {
         let wv: [V; R] = std::array::from_fn(|i| {
-            let p = w[i].add((k0 / 32 + b) * Q::BLOCK_BYTES);
-            Q::slot(p, sc[i].as_ptr().add(b * Q::SCALES), o)
+            Q::slot(
+                wb[i].add(2 * c * Q::BLOCK_BYTES),
+                pb[i].add(2 * c * Q::PREP),
+                o,
+            )
         });
         for t in 0..T {
-            let xv = V::load(x[t].add(e));
+            let xv = V::load(xb[t].add(64 * c));
             for i in 0..R {
                 acc[i][t] = V::fma(wv[i], xv, acc[i][t]);
             }
         }
-        e += 64;
-        b += 2;
     }
     for i in 0..R {
         for t in 0..T {
@@ -205,24 +236,31 @@ unsafe fn tile<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
     cols: usize,
     st: &mut State<V, R, T>,
 ) {
-    let mut sc = [[MaybeUninit::<f32>::uninit(); SEG_SCALES]; R];
+    let mut sc = [MaybeUninit::<f32>::uninit(); SEG_SCALES];
+    let mut prep: [Prep; R] = std::array::from_fn(|_| Prep([MaybeUninit::uninit(); SEG_PREP]));
     let mut k0 = 0;
     while k0 < cols {
         let k1 = (k0 + SEG).min(cols);
-        for (i, sci) in sc.iter_mut().enumerate() {
+        let blocks = (k1 - k0) / 32;
+        for (i, pi) in prep.iter_mut().enumerate() {
             let p = w[i].add(k0 / 32 * Q::BLOCK_BYTES);
-            scales::<V, Q>(p, (k1 - k0) / 32, sci.as_mut_ptr() as *mut f32);
+            let s = sc.as_mut_ptr() as *mut f32;
+            scales::<V, Q>(p, blocks, s);
+            let out = pi.0.as_mut_ptr() as *mut f32;
+            for b in 0..blocks {
+                Q::prep(s.add(b * Q::SCALES), out.add(b * Q::PREP));
+            }
         }
-        // every scale of the segment's blocks is written above
-        let sc = &*(&sc as *const _ as *const [[f32; SEG_SCALES]; R]);
-        pass::<V, Q, R, T, 0>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 1>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 2>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 3>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 4>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 5>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 6>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 7>(w, x, k0, k1, &sc, st);
+        // every prepared value of the segment's blocks is written above
+        let pv: [*const f32; R] = std::array::from_fn(|i| prep[i].0.as_ptr() as *const f32);
+        pass::<V, Q, R, T, 0>(w, x, k0, k1, &pv, st);
+        pass::<V, Q, R, T, 1>(w, x, k0, k1, &pv, st);
+        pass::<V, Q, R, T, 2>(w, x, k0, k1, &pv, st);
+        pass::<V, Q, R, T, 3>(w, x, k0, k1, &pv, st);
+        pass::<V, Q, R, T, 4>(w, x, k0, k1, &pv, st);
+        pass::<V, Q, R, T, 5>(w, x, k0, k1, &pv, st);
+        pass::<V, Q, R, T, 6>(w, x, k0, k1, &pv, st);
+        pass::<V, Q, R, T, 7>(w, x, k0, k1, &pv, st);
         k0 = k1;
     }
 }
@@ -269,6 +307,7 @@ unsafe fn short_avx512<Q: Deq<__m512>>(
     out: Out,
 ) {
     match n {
+        4 => run::<__m512, Q, 4, 4>(data, cols, x, rows, out),
         5 => run::<__m512, Q, 4, 5>(data, cols, x, rows, out),
         6 => run::<__m512, Q, 3, 6>(data, cols, x, rows, out),
         7 => run::<__m512, Q, 3, 7>(data, cols, x, rows, out),
@@ -279,7 +318,7 @@ unsafe fn short_avx512<Q: Deq<__m512>>(
 /// Shortest batch taken here: below, the per-row kernels of `avx512` (1 row × up to 4 tokens,
 /// weights in registers too) dequantize each block once for both of its groups, and were as
 /// fast or faster.
-const WIDE_MIN: usize = 5;
+const WIDE_MIN: usize = 4;
 
 /// Whether [`rows`] takes `n` tokens of `dtype` (AVX-512 only).
 pub(crate) fn handles(dtype: DType, n: usize) -> bool {
