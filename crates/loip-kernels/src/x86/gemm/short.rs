@@ -1,5 +1,5 @@
 //! AVX-512 tiles for short batches ([`WIDE_MIN`] ..= [`super::SHORT_BATCH`] tokens: batched
-//! decode of 5 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
+//! decode of 4 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
 //! types (Q4_0, Q4_1, Q8_0), with the weights dequantized in registers: no panel, no stores,
 //! and each block dequantized once for all the tokens (the per-row kernels of `avx512` hold
 //! at most 4 tokens, so 8 tokens dequantized every block twice).
@@ -13,7 +13,9 @@
 //! go in segments of [`SEG`]: a segment's block scales are converted to f32 once for the
 //! tile's rows (eight blocks per conversion; each use is then a broadcast load), and the
 //! tokens' activations of a segment stay in L1 across the passes. Between segments a pass's
-//! registers rest in the tile's slot state.
+//! registers rest in the tile's slot state. A pass's loop runs a counted number of chunks
+//! (no register rotation across its back edge), and a tile's outputs are reduced four at a
+//! time (`avx512::reduce4`: the canonical tree on shuffled registers).
 //!
 //! Measured (SmolLM2 down projection 576×1536, one thread, in L2, alternating trials): 8
 //! tokens of Q4_1 in 0.69× the time of the per-row kernels, Q8_0 0.87×. On AVX2 the same
@@ -39,11 +41,10 @@ use std::mem::MaybeUninit;
 use std::ptr::read_unaligned;
 
 /// Columns per segment (a multiple of 64): 8 tokens' activations of a segment are 32 KiB.
-const SEG: usize = 1024;
+const SEG: usize = 512;
 /// f32 scales per segment and row (at most 2 per 32-element block).
 const SEG_SCALES: usize = 2 * SEG / 32;
-/// Prepared f32 values per segment and row (at most a 16-entry table per block).
-const SEG_PREP: usize = 16 * SEG / 32;
+
 
 /// A 32-element-block type whose slots dequantize in registers of type `V`.
 trait Deq<V> {
@@ -51,8 +52,6 @@ trait Deq<V> {
     const BLOCK_BYTES: usize;
     /// f32 scale values per block
     const SCALES: usize;
-    /// f32 values per block that the passes read ([`Deq::prep`]): a 16-entry table or the scale
-    const PREP: usize;
     /// Converts the scales of the block at `p` to `s[..SCALES]` (the block's first `SCALES`
     /// f16 words).
     #[inline(always)]
@@ -61,12 +60,9 @@ trait Deq<V> {
             *s.add(i) = f16_scalar(p.add(2 * i));
         }
     }
-    /// From a block's f32 scales at `s`, its `PREP` values for the passes to `out`: built
-    /// once per block and tile, for both of its slots.
-    unsafe fn prep(s: *const f32, out: *mut f32);
     /// Elements `o .. o + WIDTH` (`o` a multiple of the width, below 32) of the block at `p`,
-    /// whose prepared values are at `pv`: exactly the values of `dequant`.
-    unsafe fn slot(p: *const u8, pv: *const f32, o: usize) -> V;
+    /// whose scales are at `s`: exactly the values of `dequant`.
+    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> V;
 }
 
 struct Q40;
@@ -96,50 +92,35 @@ unsafe fn nibbles16(qs: *const u8, o: usize) -> __m512i {
 impl Deq<__m512> for Q40 {
     const BLOCK_BYTES: usize = 18;
     const SCALES: usize = 1;
-    const PREP: usize = 16;
     #[inline(always)]
-    unsafe fn prep(s: *const f32, out: *mut f32) {
+    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
         // (q - 8) * d is exact: the table holds the exact values
         let table = _mm512_mul_ps(
             _mm512_sub_ps(iota(), _mm512_set1_ps(8.0)),
             _mm512_set1_ps(*s),
         );
-        _mm512_storeu_ps(out, table);
-    }
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, pv: *const f32, o: usize) -> __m512 {
-        _mm512_permutexvar_ps(nibbles16(p.add(2), o), _mm512_loadu_ps(pv))
+        _mm512_permutexvar_ps(nibbles16(p.add(2), o), table)
     }
 }
 
 impl Deq<__m512> for Q41 {
     const BLOCK_BYTES: usize = 20;
     const SCALES: usize = 2;
-    const PREP: usize = 16;
     #[inline(always)]
-    unsafe fn prep(s: *const f32, out: *mut f32) {
+    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
         // q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
         let table = _mm512_fmadd_ps(iota(), _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1)));
-        _mm512_storeu_ps(out, table);
-    }
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, pv: *const f32, o: usize) -> __m512 {
-        _mm512_permutexvar_ps(nibbles16(p.add(4), o), _mm512_loadu_ps(pv))
+        _mm512_permutexvar_ps(nibbles16(p.add(4), o), table)
     }
 }
 
 impl Deq<__m512> for Q80 {
     const BLOCK_BYTES: usize = 34;
     const SCALES: usize = 1;
-    const PREP: usize = 1;
     #[inline(always)]
-    unsafe fn prep(s: *const f32, out: *mut f32) {
-        *out = *s;
-    }
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, pv: *const f32, o: usize) -> __m512 {
+    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
         let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + o) as *const __m128i));
-        _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(*pv))
+        _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(*s))
     }
 }
 
@@ -169,13 +150,9 @@ unsafe fn scales<V, Q: Deq<V>>(p: *const u8, blocks: usize, out: *mut f32) {
     }
 }
 
-/// Prepared values of one row's blocks of a segment ([`Deq::prep`]), on whole cache lines.
-#[repr(C, align(64))]
-struct Prep([MaybeUninit<f32>; SEG_PREP]);
-
 /// Pass `S` of a tile over the columns `k0 .. k1` of one segment (`k0` a multiple of
 /// [`SEG`]): slot `S` of rows `w` × tokens `x`, from `st` (or `+0.0` at `k0 == 0`) back into
-/// `st`. `pv[i]` holds row `i`'s prepared values of the segment's blocks.
+/// `st`. `sc[i]` holds row `i`'s scales of the segment's blocks.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // one index runs over three arrays
 unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usize>(
@@ -183,7 +160,7 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
     x: &[*const f32; T],
     k0: usize,
     k1: usize,
-    pv: &[*const f32; R],
+    sc: &[[f32; SEG_SCALES]; R],
     st: &mut State<V, R, T>,
 ) {
     if S >= V::SLOTS {
@@ -204,13 +181,13 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
     let first = V::WIDTH * S;
     let chunks = (k1 - k0 + 64 - first - V::WIDTH) / 64;
     let wb: [*const u8; R] = std::array::from_fn(|i| w[i].add((k0 / 32 + blk) * Q::BLOCK_BYTES));
-    let pb: [*const f32; R] = std::array::from_fn(|i| pv[i].add(blk * Q::PREP));
+    let sb: [*const f32; R] = std::array::from_fn(|i| sc[i].as_ptr().add(blk * Q::SCALES));
     let xb: [*const f32; T] = std::array::from_fn(|t| x[t].add(k0 + first));
     for c in 0..chunks {
         let wv: [V; R] = std::array::from_fn(|i| {
             Q::slot(
                 wb[i].add(2 * c * Q::BLOCK_BYTES),
-                pb[i].add(2 * c * Q::PREP),
+                sb[i].add(2 * c * Q::SCALES),
                 o,
             )
         });
@@ -236,31 +213,24 @@ unsafe fn tile<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
     cols: usize,
     st: &mut State<V, R, T>,
 ) {
-    let mut sc = [MaybeUninit::<f32>::uninit(); SEG_SCALES];
-    let mut prep: [Prep; R] = std::array::from_fn(|_| Prep([MaybeUninit::uninit(); SEG_PREP]));
+    let mut sc = [[MaybeUninit::<f32>::uninit(); SEG_SCALES]; R];
     let mut k0 = 0;
     while k0 < cols {
         let k1 = (k0 + SEG).min(cols);
-        let blocks = (k1 - k0) / 32;
-        for (i, pi) in prep.iter_mut().enumerate() {
+        for (i, sci) in sc.iter_mut().enumerate() {
             let p = w[i].add(k0 / 32 * Q::BLOCK_BYTES);
-            let s = sc.as_mut_ptr() as *mut f32;
-            scales::<V, Q>(p, blocks, s);
-            let out = pi.0.as_mut_ptr() as *mut f32;
-            for b in 0..blocks {
-                Q::prep(s.add(b * Q::SCALES), out.add(b * Q::PREP));
-            }
+            scales::<V, Q>(p, (k1 - k0) / 32, sci.as_mut_ptr() as *mut f32);
         }
-        // every prepared value of the segment's blocks is written above
-        let pv: [*const f32; R] = std::array::from_fn(|i| prep[i].0.as_ptr() as *const f32);
-        pass::<V, Q, R, T, 0>(w, x, k0, k1, &pv, st);
-        pass::<V, Q, R, T, 1>(w, x, k0, k1, &pv, st);
-        pass::<V, Q, R, T, 2>(w, x, k0, k1, &pv, st);
-        pass::<V, Q, R, T, 3>(w, x, k0, k1, &pv, st);
-        pass::<V, Q, R, T, 4>(w, x, k0, k1, &pv, st);
-        pass::<V, Q, R, T, 5>(w, x, k0, k1, &pv, st);
-        pass::<V, Q, R, T, 6>(w, x, k0, k1, &pv, st);
-        pass::<V, Q, R, T, 7>(w, x, k0, k1, &pv, st);
+        // every scale of the segment's blocks is written above
+        let sc = &*(&sc as *const _ as *const [[f32; SEG_SCALES]; R]);
+        pass::<V, Q, R, T, 0>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 1>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 2>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 3>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 4>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 5>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 6>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 7>(w, x, k0, k1, sc, st);
         k0 = k1;
     }
 }
@@ -268,7 +238,7 @@ unsafe fn tile<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
 /// Every row of `data` (`rows` rows of `cols` elements of `Q`) × the `T` tokens of `x`, `R`
 /// rows at a time (the last tile repeats its last row and drops the copies).
 #[inline(always)]
-unsafe fn run<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
+unsafe fn run<Q: Deq<__m512>, const R: usize, const T: usize>(
     data: &[u8],
     cols: usize,
     x: &[f32],
@@ -283,16 +253,48 @@ unsafe fn run<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
             std::array::from_fn(|i| data.as_ptr().add((r0 + i).min(rows - 1) * rb));
         // the next tile's rows, while this one computes (a hint; never faults)
         crate::x86::prefetch(data.as_ptr().wrapping_add((r0 + R) * rb), R * rb);
-        let mut st: State<V, R, T> = [[[MaybeUninit::uninit(); 8]; T]; R];
-        tile::<V, Q, R, T>(&ws, &xs, cols, &mut st);
-        for (i, sti) in st.iter().enumerate().take(rows - r0) {
-            for (t, s) in sti.iter().enumerate() {
-                // slots < SLOTS are written by `tile` (cols > 0)
-                out.put(r0 + i, t, super::reduce_state(s));
+        let mut st: State<__m512, R, T> = [[[MaybeUninit::uninit(); 8]; T]; R];
+        tile::<__m512, Q, R, T>(&ws, &xs, cols, &mut st);
+        let vals = reduce_tile(&st);
+        for (i, vi) in vals.iter().enumerate().take(rows - r0) {
+            for (t, &v) in vi.iter().enumerate() {
+                out.put(r0 + i, t, v);
             }
         }
         r0 += R;
     }
+}
+
+/// The canonical reduction of every output of a tile (see [`crate::canon::reduce`]): the
+/// four accumulators combined as `(a0 + a2) + (a1 + a3)`, then the lane tree of four outputs
+/// at a time ([`crate::x86::avx512::reduce4`], the same pairs in the same order).
+///
+/// # Safety
+/// Slots `0 .. 4` of every output of `st` are written.
+#[inline(always)]
+unsafe fn reduce_tile<const R: usize, const T: usize>(
+    st: &State<__m512, R, T>,
+) -> [[f32; T]; R] {
+    let v = |k: usize| {
+        let s = &st[k / T][k % T];
+        let a: [__m512; 4] = std::array::from_fn(|j| s[j].assume_init());
+        _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
+    };
+    let mut out = [[0f32; T]; R];
+    let total = R * T;
+    let mut k = 0;
+    while k < total {
+        let m = (total - k).min(4);
+        // a short last group repeats its last output (the copies are dropped)
+        let g = crate::x86::avx512::reduce4(std::array::from_fn(|j| v(k + j.min(m - 1))));
+        let mut s = [0f32; 4];
+        _mm_storeu_ps(s.as_mut_ptr(), g);
+        for (j, &sj) in s.iter().enumerate().take(m) {
+            out[(k + j) / T][(k + j) % T] = sj;
+        }
+        k += 4;
+    }
+    out
 }
 
 /// [`run`] with the tile shape of `n` tokens: 32 registers hold R × T accumulators, R
@@ -307,17 +309,18 @@ unsafe fn short_avx512<Q: Deq<__m512>>(
     out: Out,
 ) {
     match n {
-        4 => run::<__m512, Q, 4, 4>(data, cols, x, rows, out),
-        5 => run::<__m512, Q, 4, 5>(data, cols, x, rows, out),
-        6 => run::<__m512, Q, 3, 6>(data, cols, x, rows, out),
-        7 => run::<__m512, Q, 3, 7>(data, cols, x, rows, out),
-        _ => run::<__m512, Q, 3, 8>(data, cols, x, rows, out),
+        4 => run::<Q, 4, 4>(data, cols, x, rows, out),
+        5 => run::<Q, 4, 5>(data, cols, x, rows, out),
+        6 => run::<Q, 3, 6>(data, cols, x, rows, out),
+        7 => run::<Q, 3, 7>(data, cols, x, rows, out),
+        _ => run::<Q, 3, 8>(data, cols, x, rows, out),
     }
 }
 
 /// Shortest batch taken here: below, the per-row kernels of `avx512` (1 row × up to 4 tokens,
 /// weights in registers too) dequantize each block once for both of its groups, and were as
-/// fast or faster.
+/// fast or faster (n = 2: 76 µs per-row against 90 µs here, Q4_1 576×1536 in L2, one thread;
+/// n = 4: 0.8-0.9× the per-row time here).
 const WIDE_MIN: usize = 4;
 
 /// Whether [`rows`] takes `n` tokens of `dtype` (AVX-512 only).
