@@ -4,7 +4,10 @@
 //! (it does check that both give the same tokens).
 //!
 //! `cargo run --release -p loip-engine --example batch_bench [-- NEW_TOKENS [PROMPT_LEN]]`
-//! (defaults 64 and 16). Threads: the kernels' pool (`RAYON_NUM_THREADS`).
+//! (defaults 64 and 16). Threads: the kernels' pool (`RAYON_NUM_THREADS`). `LOIP_BENCH_SEQS`
+//! (e.g. `1,8`) runs only those batch sizes (for profiling one of them);
+//! `LOIP_BENCH_MATMUL=0` skips the matmul table; `LOIP_BENCH_ALONE=0` skips the
+//! one-at-a-time runs (and the check against them).
 
 use std::time::Instant;
 
@@ -40,12 +43,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{:>4} {:>16} {:>16} {:>9} {:>14} {:>12}",
         "seqs", "one-at-a-time/s", "batched tok/s", "speedup", "vs 1 batched", "ms/step"
     );
+    let seqs: Vec<usize> = match std::env::var("LOIP_BENCH_SEQS") {
+        Ok(v) => v
+            .split(',')
+            .map(|s| s.trim().parse())
+            .collect::<Result<_, _>>()?,
+        Err(_) => vec![1, 2, 4, 8],
+    };
     let mut base = None;
-    for n in [1usize, 2, 4, 8] {
+    for n in seqs {
         // One at a time.
         let t0 = Instant::now();
         let mut alone = Vec::new();
-        for s in 0..n {
+        let skip_alone = std::env::var("LOIP_BENCH_ALONE").is_ok_and(|v| v == "0");
+        for s in (0..n).filter(|_| !skip_alone) {
             let mut gen = Generator::new(&model, None);
             let out = generate(&mut gen, s as u64, &prompt(s), &opts, &mut |_| {
                 Flow::Continue
@@ -75,7 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let secs = t1.elapsed().as_secs_f64();
         let rate = (n * new_tokens) as f64 / secs;
-        if done != alone {
+        if !skip_alone && done != alone {
             return Err("batched tokens differ from one-at-a-time".into());
         }
         let b1 = *base.get_or_insert(rate);
@@ -86,7 +97,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             secs * 1e3 / steps as f64
         );
     }
-    matmul_table(&ckpt)?;
+    if std::env::var("LOIP_BENCH_MATMUL").map_or(true, |v| v != "0") {
+        matmul_table(&ckpt)?;
+    }
     Ok(())
 }
 

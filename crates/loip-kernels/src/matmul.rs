@@ -99,6 +99,7 @@ pub(crate) fn matmul_at(
     let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);
 
     if dispatch::has_token_major(level, dtype, n) {
+        let task_rows = batch_task_rows(rows, tasks);
         // the tiled kernel writes y's layout itself; each task its own rows
         let yt = dispatch::TokenMajor::new(y, rows);
         let run = |r0: usize, r1: usize| {
@@ -177,12 +178,20 @@ pub(crate) fn matmul_many_at(
             got: ys.len(),
         });
     }
-    let mut single = true;
+    let mut ns = Vec::with_capacity(ws.len());
     for (w, y) in ws.iter().zip(ys.iter()) {
-        single &= check(w, x, y)? == 1;
+        ns.push(check(w, x, y)?);
     }
+    let single = ns.iter().all(|&n| n == 1);
     let threads = rayon::current_num_threads();
-    let total: usize = ws.iter().map(|w| w.rows.saturating_mul(w.cols)).sum();
+    let total: usize = ws
+        .iter()
+        .zip(&ns)
+        .map(|(w, &n)| w.rows.saturating_mul(w.cols).saturating_mul(n))
+        .sum();
+    if !single && threads > 1 && total >= PAR_MIN_ELEMS && tiled_batch(level, ws, &ns) {
+        return matmul_many_tiled(level, ws, x, ys, ns[0], total, threads);
+    }
     if !single || threads <= 1 || total < PAR_MIN_ELEMS {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             matmul_at(level, w, x, y)?;
@@ -210,6 +219,62 @@ pub(crate) fn matmul_many_at(
         dispatch::rows(level, w.dtype, data, w.cols, &x[..w.cols], 1, o);
         Ok(())
     })
+}
+
+/// Whether every matrix of a batched [`matmul_many`] (the same `n > 1` tokens each) takes the
+/// token-major tiled kernel, so that one parallel region can run them all.
+fn tiled_batch(level: Level, ws: &[&Matrix], ns: &[usize]) -> bool {
+    let n = ns.first().copied().unwrap_or(0);
+    n > 1
+        && ns.iter().all(|&m| m == n)
+        && ws
+            .iter()
+            .all(|w| w.rows > 0 && w.cols > 0 && dispatch::has_token_major(level, w.dtype, n))
+}
+
+/// Task boundaries of batched tiled calls: a multiple of every row tile of the short-batch
+/// and panel kernels (2, 3, 4, 6 and 8 rows), so that no task ends in a partial tile.
+const BATCH_ROW_ALIGN: usize = 24;
+
+/// Rows per task of a batched tiled matmul of `rows` rows split into about `tasks` tasks.
+fn batch_task_rows(rows: usize, tasks: usize) -> usize {
+    rows.div_ceil(tasks.max(1))
+        .next_multiple_of(BATCH_ROW_ALIGN)
+        .min(rows.next_multiple_of(TASK_ROW_ALIGN))
+}
+
+/// [`matmul_many`] of `n > 1` tokens where every matrix takes the tiled kernel: the rows of
+/// all matrices are split over the pool in one go (one fork and join instead of one per
+/// matrix), in tasks of about `total / (4 · threads)` multiply-adds. Each output element is
+/// the same canonical dot as in [`matmul`].
+fn matmul_many_tiled(
+    level: Level,
+    ws: &[&Matrix],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+    n: usize,
+    total: usize,
+    threads: usize,
+) -> Result<(), KernelError> {
+    let per_task = total.div_ceil(4 * threads).max(1);
+    let mut tasks = Vec::new();
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        let rb = w.dtype.row_bytes(w.cols)?;
+        let per_row = w.cols.saturating_mul(n).max(1);
+        let task_rows = batch_task_rows(w.rows, w.rows.saturating_mul(per_row) / per_task);
+        let yt = dispatch::TokenMajor::new(y, w.rows);
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let r1 = (r0 + task_rows).min(w.rows);
+            tasks.push((*w, rb, yt, r0, r1));
+            r0 = r1;
+        }
+    }
+    tasks.into_par_iter().for_each(|(w, rb, yt, r0, r1)| {
+        let data = &w.data[r0 * rb..r1 * rb];
+        dispatch::rows_token_major(level, w.dtype, data, w.cols, &x[..n * w.cols], n, yt, r0)
+    });
+    Ok(())
 }
 
 /// Plain scalar reference of [`matmul`]: dequantize each element, multiply, and accumulate

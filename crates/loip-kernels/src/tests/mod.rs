@@ -127,7 +127,8 @@ fn matmul_many_is_separate_matmuls_bit_for_bit() {
             .map(|(&(r, c), d)| Matrix::new(dtype, r, c, d).expect("shape"))
             .collect();
         let w_refs: Vec<&Matrix> = ws.iter().collect();
-        for n in [1, 3] {
+        // n > 1: one parallel region over all matrices where each takes the tiled kernel
+        for n in [1, 2, 3, 4, 8] {
             let x = random_f32(n * cols, &mut rng);
             for threads in [1, 2, 3] {
                 let pool = rayon::ThreadPoolBuilder::new()

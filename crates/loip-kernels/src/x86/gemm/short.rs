@@ -1,5 +1,5 @@
 //! AVX-512 tiles for short batches ([`WIDE_MIN`] ..= [`super::SHORT_BATCH`] tokens: batched
-//! decode of 5 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
+//! decode of 4 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
 //! types (Q4_0, Q4_1, Q8_0), with the weights dequantized in registers: no panel, no stores,
 //! and each block dequantized once for all the tokens (the per-row kernels of `avx512` hold
 //! at most 4 tokens, so 8 tokens dequantized every block twice).
@@ -13,7 +13,9 @@
 //! go in segments of [`SEG`]: a segment's block scales are converted to f32 once for the
 //! tile's rows (eight blocks per conversion; each use is then a broadcast load), and the
 //! tokens' activations of a segment stay in L1 across the passes. Between segments a pass's
-//! registers rest in the tile's slot state.
+//! registers rest in the tile's slot state. A pass's loop runs a counted number of chunks
+//! (no register rotation across its back edge), and a tile's outputs are reduced four at a
+//! time (`avx512::reduce4`: the canonical tree on shuffled registers).
 //!
 //! Measured (SmolLM2 down projection 576×1536, one thread, in L2, alternating trials): 8
 //! tokens of Q4_1 in 0.69× the time of the per-row kernels, Q8_0 0.87×. On AVX2 the same
@@ -39,9 +41,10 @@ use std::mem::MaybeUninit;
 use std::ptr::read_unaligned;
 
 /// Columns per segment (a multiple of 64): 8 tokens' activations of a segment are 32 KiB.
-const SEG: usize = 1024;
+const SEG: usize = 512;
 /// f32 scales per segment and row (at most 2 per 32-element block).
 const SEG_SCALES: usize = 2 * SEG / 32;
+
 
 /// A 32-element-block type whose slots dequantize in registers of type `V`.
 trait Deq<V> {
@@ -172,23 +175,28 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
             }
         }
     }
-    // this slot's elements of a 64-element chunk lie in one block, at offset o
+    // this slot's elements of a 64-element chunk lie in one block, at offset o; the chunks
+    // of the segment whose slot is whole (`k1 - k0` is a multiple of 32)
     let (blk, o) = (V::WIDTH * S / 32, V::WIDTH * S % 32);
-    let mut e = k0 + V::WIDTH * S;
-    let mut b = blk; // block within the segment
-    while e + V::WIDTH <= k1 {
+    let first = V::WIDTH * S;
+    let chunks = (k1 - k0 + 64 - first - V::WIDTH) / 64;
+    let wb: [*const u8; R] = std::array::from_fn(|i| w[i].add((k0 / 32 + blk) * Q::BLOCK_BYTES));
+    let sb: [*const f32; R] = std::array::from_fn(|i| sc[i].as_ptr().add(blk * Q::SCALES));
+    let xb: [*const f32; T] = std::array::from_fn(|t| x[t].add(k0 + first));
+    for c in 0..chunks {
         let wv: [V; R] = std::array::from_fn(|i| {
-            let p = w[i].add((k0 / 32 + b) * Q::BLOCK_BYTES);
-            Q::slot(p, sc[i].as_ptr().add(b * Q::SCALES), o)
+            Q::slot(
+                wb[i].add(2 * c * Q::BLOCK_BYTES),
+                sb[i].add(2 * c * Q::SCALES),
+                o,
+            )
         });
         for t in 0..T {
-            let xv = V::load(x[t].add(e));
+            let xv = V::load(xb[t].add(64 * c));
             for i in 0..R {
                 acc[i][t] = V::fma(wv[i], xv, acc[i][t]);
             }
         }
-        e += 64;
-        b += 2;
     }
     for i in 0..R {
         for t in 0..T {
@@ -215,14 +223,14 @@ unsafe fn tile<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
         }
         // every scale of the segment's blocks is written above
         let sc = &*(&sc as *const _ as *const [[f32; SEG_SCALES]; R]);
-        pass::<V, Q, R, T, 0>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 1>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 2>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 3>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 4>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 5>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 6>(w, x, k0, k1, &sc, st);
-        pass::<V, Q, R, T, 7>(w, x, k0, k1, &sc, st);
+        pass::<V, Q, R, T, 0>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 1>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 2>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 3>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 4>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 5>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 6>(w, x, k0, k1, sc, st);
+        pass::<V, Q, R, T, 7>(w, x, k0, k1, sc, st);
         k0 = k1;
     }
 }
@@ -230,7 +238,7 @@ unsafe fn tile<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
 /// Every row of `data` (`rows` rows of `cols` elements of `Q`) × the `T` tokens of `x`, `R`
 /// rows at a time (the last tile repeats its last row and drops the copies).
 #[inline(always)]
-unsafe fn run<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
+unsafe fn run<Q: Deq<__m512>, const R: usize, const T: usize>(
     data: &[u8],
     cols: usize,
     x: &[f32],
@@ -245,16 +253,48 @@ unsafe fn run<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
             std::array::from_fn(|i| data.as_ptr().add((r0 + i).min(rows - 1) * rb));
         // the next tile's rows, while this one computes (a hint; never faults)
         crate::x86::prefetch(data.as_ptr().wrapping_add((r0 + R) * rb), R * rb);
-        let mut st: State<V, R, T> = [[[MaybeUninit::uninit(); 8]; T]; R];
-        tile::<V, Q, R, T>(&ws, &xs, cols, &mut st);
-        for (i, sti) in st.iter().enumerate().take(rows - r0) {
-            for (t, s) in sti.iter().enumerate() {
-                // slots < SLOTS are written by `tile` (cols > 0)
-                out.put(r0 + i, t, super::reduce_state(s));
+        let mut st: State<__m512, R, T> = [[[MaybeUninit::uninit(); 8]; T]; R];
+        tile::<__m512, Q, R, T>(&ws, &xs, cols, &mut st);
+        let vals = reduce_tile(&st);
+        for (i, vi) in vals.iter().enumerate().take(rows - r0) {
+            for (t, &v) in vi.iter().enumerate() {
+                out.put(r0 + i, t, v);
             }
         }
         r0 += R;
     }
+}
+
+/// The canonical reduction of every output of a tile (see [`crate::canon::reduce`]): the
+/// four accumulators combined as `(a0 + a2) + (a1 + a3)`, then the lane tree of four outputs
+/// at a time ([`crate::x86::avx512::reduce4`], the same pairs in the same order).
+///
+/// # Safety
+/// Slots `0 .. 4` of every output of `st` are written.
+#[inline(always)]
+unsafe fn reduce_tile<const R: usize, const T: usize>(
+    st: &State<__m512, R, T>,
+) -> [[f32; T]; R] {
+    let v = |k: usize| {
+        let s = &st[k / T][k % T];
+        let a: [__m512; 4] = std::array::from_fn(|j| s[j].assume_init());
+        _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
+    };
+    let mut out = [[0f32; T]; R];
+    let total = R * T;
+    let mut k = 0;
+    while k < total {
+        let m = (total - k).min(4);
+        // a short last group repeats its last output (the copies are dropped)
+        let g = crate::x86::avx512::reduce4(std::array::from_fn(|j| v(k + j.min(m - 1))));
+        let mut s = [0f32; 4];
+        _mm_storeu_ps(s.as_mut_ptr(), g);
+        for (j, &sj) in s.iter().enumerate().take(m) {
+            out[(k + j) / T][(k + j) % T] = sj;
+        }
+        k += 4;
+    }
+    out
 }
 
 /// [`run`] with the tile shape of `n` tokens: 32 registers hold R × T accumulators, R
@@ -269,17 +309,19 @@ unsafe fn short_avx512<Q: Deq<__m512>>(
     out: Out,
 ) {
     match n {
-        5 => run::<__m512, Q, 4, 5>(data, cols, x, rows, out),
-        6 => run::<__m512, Q, 3, 6>(data, cols, x, rows, out),
-        7 => run::<__m512, Q, 3, 7>(data, cols, x, rows, out),
-        _ => run::<__m512, Q, 3, 8>(data, cols, x, rows, out),
+        4 => run::<Q, 4, 4>(data, cols, x, rows, out),
+        5 => run::<Q, 4, 5>(data, cols, x, rows, out),
+        6 => run::<Q, 3, 6>(data, cols, x, rows, out),
+        7 => run::<Q, 3, 7>(data, cols, x, rows, out),
+        _ => run::<Q, 3, 8>(data, cols, x, rows, out),
     }
 }
 
 /// Shortest batch taken here: below, the per-row kernels of `avx512` (1 row × up to 4 tokens,
 /// weights in registers too) dequantize each block once for both of its groups, and were as
-/// fast or faster.
-const WIDE_MIN: usize = 5;
+/// fast or faster (n = 2: 76 µs per-row against 90 µs here, Q4_1 576×1536 in L2, one thread;
+/// n = 4: 0.8-0.9× the per-row time here).
+const WIDE_MIN: usize = 4;
 
 /// Whether [`rows`] takes `n` tokens of `dtype` (AVX-512 only).
 pub(crate) fn handles(dtype: DType, n: usize) -> bool {
