@@ -68,18 +68,24 @@ pub fn can_grow_to(plan: &Plan, shape: &ModelShape, cluster: &Cluster, context: 
 /// scores of the whole context instead of the fixed scratch). A plan placed on it uses the
 /// device's memory as the runtime does: its KV room is the runtime's.
 pub fn runtime_budgets(shape: &ModelShape, cluster: &Cluster, b: u32, context: u64) -> Cluster {
+    let extra = working_surplus(shape, b, context);
+    let mut c = cluster.clone();
+    for d in &mut c.devices {
+        d.profile.mem_budget = d.profile.mem_budget.saturating_add(extra);
+    }
+    c
+}
+
+/// What the planner's working allowance for `b` sequences in flight reserves beyond what the
+/// runtime accounts for the same steps over `context` tokens ([`runtime_budgets`]).  // bytes
+fn working_surplus(shape: &ModelShape, b: u32, context: u64) -> u64 {
     let b = b.max(1);
     let runtime = shape.step_working_bytes(
         shape.step_tokens.unwrap_or(0).max(b as u64),
         b as u64,
         context,
     );
-    let extra = shape.working_bytes(b).saturating_sub(runtime);
-    let mut c = cluster.clone();
-    for d in &mut c.devices {
-        d.profile.mem_budget = d.profile.mem_budget.saturating_add(extra);
-    }
-    c
+    shape.working_bytes(b).saturating_sub(runtime)
 }
 
 /// The plan for `admitted` KV tokens (summed over sequences) that can adapt up to
@@ -94,16 +100,19 @@ pub fn plan_for_admission(
     let whole = req.context;
     let b = req.micro_batches.unwrap_or(1);
     let placed_on = runtime_budgets(shape, cluster, b, whole);
+    let surplus = working_surplus(shape, b, whole);
     let at = |context: u64| {
         let r = PlanRequest {
             context,
             ..req.clone()
         };
-        // the budgets the plan reports are the cluster's own
+        // the budgets the plan reports are the cluster's own, and its memory what the
+        // runtime accounts (without the planner's surplus scratch), so it stays within them
         crate::plan(planner, shape, &placed_on, &r).map(|mut p| {
             for d in &mut p.devices {
                 if let Some(c) = cluster.devices.iter().find(|c| c.name == d.name) {
                     d.budget_bytes = c.budget();
+                    d.memory_bytes = d.memory_bytes.saturating_sub(surplus);
                 }
             }
             p
