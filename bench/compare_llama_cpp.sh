@@ -39,8 +39,10 @@ install_llama() { # BUILD: installs llama-cpp-python into that build's venv unle
         cmake_args+=" -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF"
         cmake_args+=" -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
     fi
+    # --no-cache-dir: pip would otherwise reuse the first build's wheel for the second venv
+    # (the CMake flags are not part of its cache key), silently giving both one instruction set
     CMAKE_ARGS=$cmake_args CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-        "$venv/bin/python" -m pip install --quiet llama-cpp-python
+        "$venv/bin/python" -m pip install --quiet --no-cache-dir llama-cpp-python
 }
 builds=$(for level in $levels; do build_of "$level"; done | sort -u)
 for b in $builds; do install_llama "$b"; done
