@@ -160,7 +160,13 @@ pub(crate) fn rows_token_major(
     y: TokenMajor<'_>,
     r0: usize,
 ) {
-    assert!(has_token_major(level, dtype, n), "no token-major kernel");
+    // The caller decided with `has_token_major`; only what the unsafe code relies on (the
+    // CPU's features) is checked again here, not the run-time toggles, which another thread
+    // (a test) may flip in between without changing any result.
+    assert!(
+        n >= GEMM_MIN_TOKENS && matches!(usable(level), Level::Avx2 | Level::Avx512),
+        "no token-major kernel"
+    );
     assert!(n > 0 && cols % dtype.block_elems() == 0, "bad matmul shape");
     assert_eq!(x.len(), n * cols, "x length");
     assert_eq!(y.len, n * y.rows, "y length");
