@@ -106,19 +106,24 @@ fn check(s: &Session, seq: u64, prompt: &[u32], n_new: usize, at: &mut dyn FnMut
     assert_bits(&format!("sequence {seq}"), &rec.logits, &want_logits);
 }
 
-#[test]
-fn eviction_and_recomputation_keep_both_sequences_bit_identical() {
-    let (s, _w) = start("adapt-evict");
+/// A: 6 + 30 tokens; after its 15th, B runs whole (6 + 30) beside it: 20 + 35 > 40 tokens.
+/// Both checked bit for bit against the single device; returns the adaptation report.
+fn a_with_b_beside(s: &Session) -> loip_runtime::adapt::AdaptReport {
     let (a, b) = (next_seq_id(), next_seq_id());
-    // A: 6 + 30 tokens; after its 15th, B runs whole (6 + 30) beside it: 20 + 35 > 40
-    check(&s, a, PROMPT_A, 30, &mut |k| {
+    check(s, a, PROMPT_A, 30, &mut |k| {
         if k == 15 {
-            check(&s, b, PROMPT_B, 30, &mut |_| {});
+            check(s, b, PROMPT_B, 30, &mut |_| {});
             s.pipeline().release(&[b]);
         }
     });
     s.pipeline().release(&[a]);
-    let ad = s.adaptation().expect("adaptation on");
+    s.adaptation().expect("adaptation on")
+}
+
+#[test]
+fn eviction_and_recomputation_keep_both_sequences_bit_identical() {
+    let (s, _w) = start("adapt-evict");
+    let ad = a_with_b_beside(&s);
     eprintln!("events {:?}", ad.events);
     eprintln!("devices {:?}", ad.devices);
     assert_eq!(ad.evictions, 1, "{ad:?}");
@@ -144,15 +149,7 @@ fn eviction_only_evicts_where_a_switch_could_make_room_and_stays_bit_identical()
     let (s, _w) = start_with("adapt-evict-only", false, [ROOM; 2], |o| {
         o.evict_only = true
     });
-    let (a, b) = (next_seq_id(), next_seq_id());
-    check(&s, a, PROMPT_A, 30, &mut |k| {
-        if k == 15 {
-            check(&s, b, PROMPT_B, 30, &mut |_| {});
-            s.pipeline().release(&[b]);
-        }
-    });
-    s.pipeline().release(&[a]);
-    let ad = s.adaptation().expect("adaptation on");
+    let ad = a_with_b_beside(&s);
     eprintln!("events {:?}", ad.events);
     assert_eq!(ad.evictions, 1, "{ad:?}");
     assert_eq!(ad.recomputed_tokens, 20, "{ad:?}");
