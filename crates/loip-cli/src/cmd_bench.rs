@@ -1,6 +1,8 @@
 //! `loip bench`: benchmark programs that print tables (never timed assertions).
 //!
-//! - `engine`: decode ms/token of the single-device engine at 1 and 2 threads.
+//! - `engine`: decode ms/token of the single-device engine at 1 and 2 threads; with `--seqs`,
+//!   the batched decode step of several sequences (one forward for all, as the server runs
+//!   them) and its throughput against one sequence's.
 //! - `loader`: one block's load latency and GB/s from a cold cache: the raw `O_DIRECT` read
 //!   rate of the same file at the loader's request size and queue depth, next to the direct
 //!   and conventional loaders (interleaved rounds, medians), and load + compute of that block.
@@ -40,6 +42,10 @@ enum BenchWhat {
         /// Tokens to decode per measurement.
         #[arg(long, default_value_t = 64)]
         tokens: usize,
+        /// Also time batched decode steps of these numbers of sequences (e.g. `1,8`): each
+        /// step advances every sequence by one token in one forward; alternating rounds.
+        #[arg(long, value_delimiter = ',')]
+        seqs: Vec<usize>,
     },
     /// One block's load from a cold cache: raw O_DIRECT read, direct and conventional loaders.
     Loader {
@@ -66,7 +72,17 @@ enum BenchWhat {
 /// `loip bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let result = match a.what {
-        BenchWhat::Engine { model, tokens } => engine(&model, tokens)?,
+        BenchWhat::Engine {
+            model,
+            tokens,
+            seqs,
+        } => {
+            let mut v = engine(&model, tokens)?;
+            if !seqs.is_empty() {
+                v = json!({"decode": v, "batched": batched(&model, tokens, &seqs)?});
+            }
+            v
+        }
         BenchWhat::Loader { model, repeats } => loader(&model, repeats)?,
         BenchWhat::Offload { model, tokens } => offload(&model, tokens)?,
         BenchWhat::Serve(s) => crate::cmd_bench_serve::run(s)?,
@@ -130,6 +146,82 @@ fn engine(model: &str, tokens: usize) -> Result<serde_json::Value> {
             json!({"model": model, "threads": threads, "decode_ms_per_token": ms,
             "prefill_ms_per_token": prefill}),
         );
+    }
+    Ok(json!(rows))
+}
+
+/// Rounds of the batched-decode table (each round times every batch size once).
+const BATCH_ROUNDS: usize = 5;
+
+/// `loip bench engine --seqs`: ms per decode step of `n` sequences (each a different
+/// 4-token prompt, then `tokens` steps), at 1 and 2 threads, the batch sizes alternating
+/// within each round; medians.
+fn batched(model: &str, tokens: usize, seqs: &[usize]) -> Result<serde_json::Value> {
+    use loip_engine::batch::{BatchRunner, Feed};
+    let ckpt = crate::model_load::open(model)?;
+    let m = Model::from_checkpoint(&ckpt)?;
+    let vocab = m.tf.cfg.vocab_size.max(1) as u32;
+    let tokens = tokens.max(1);
+    let mut rows = vec![];
+    println!(
+        "\n| threads | sequences | ms/step | tokens/s | step / one-sequence step | tokens/s / one sequence's |\n|---|---|---|---|---|---|"
+    );
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()?;
+        let mut times: Vec<Vec<f64>> = vec![vec![]; seqs.len()];
+        for round in 0..=BATCH_ROUNDS {
+            for (k, &n) in seqs.iter().enumerate() {
+                let n = n.max(1);
+                let ms = pool.install(|| -> Result<f64> {
+                    let mut r = BatchRunner::new(Generator::new(&m, None));
+                    for s in 0..n {
+                        let prompt: Vec<u32> = (0..4)
+                            .map(|i| (s as u32 * 31 + i * 7 + 1) % vocab)
+                            .collect();
+                        r.add(s as u64, &prompt, &greedy(tokens + 1))?;
+                    }
+                    let prefill: Vec<Feed> = (0..n)
+                        .map(|s| Feed {
+                            seq: s as u64,
+                            len: 4,
+                        })
+                        .collect();
+                    r.run_step(&prefill)?;
+                    let step: Vec<Feed> = (0..n)
+                        .map(|s| Feed {
+                            seq: s as u64,
+                            len: 1,
+                        })
+                        .collect();
+                    let t = Instant::now();
+                    for _ in 0..tokens {
+                        r.run_step(&step)?;
+                    }
+                    Ok(t.elapsed().as_secs_f64() * 1e3 / tokens as f64)
+                })?;
+                // round 0 warms the caches up
+                if round > 0 {
+                    times[k].push(ms);
+                }
+            }
+        }
+        let ms: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
+        let base = seqs.iter().position(|&n| n <= 1).map(|k| ms[k]);
+        for (k, &n) in seqs.iter().enumerate() {
+            let tps = n.max(1) as f64 * 1e3 / ms[k];
+            let (step_ratio, tps_ratio) = match base {
+                Some(b) => (format!("{:.2}", ms[k] / b), format!("{:.2}", tps * b / 1e3)),
+                None => ("-".into(), "-".into()),
+            };
+            println!(
+                "| {threads} | {n} | {:.2} | {tps:.1} | {step_ratio} | {tps_ratio} |",
+                ms[k]
+            );
+            rows.push(json!({"threads": threads, "seqs": n, "ms_per_step": ms[k],
+                "tokens_per_s": tps}));
+        }
     }
     Ok(json!(rows))
 }
