@@ -19,6 +19,10 @@ const GEMM_MIN_TOKENS: usize = 2;
 /// Longest batch that AVX-512 runs on its per-row kernels for [`avx512_native`] types.
 /// Prefill (256 tokens, SmolLM2 Q4_1, interleaved runs) took 0.76× the time on 1 thread and
 /// 0.86× on 2 with 512-bit tiles than with the per-row kernels.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
 const AVX512_ROWS_MAX_TOKENS: usize = 8;
 
 /// Types with AVX-512 per-row kernels of their own (others go through f32 rows there).
