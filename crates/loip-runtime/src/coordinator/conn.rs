@@ -143,7 +143,9 @@ async fn handshake(
         })?;
     let (mut rd, wr) = keys.seal(Role::Coordinator, rd, wr, opts.bandwidth.map(Throttle::new));
     // Authenticated both ways: only now may the worker send a large frame.
-    let f = rd.read_timeout(wire::MAX_FRAME, to, "the worker's welcome").await?;
+    let f = rd
+        .read_timeout(wire::MAX_FRAME, to, "the worker's welcome")
+        .await?;
     let info = match wire::parse_control::<ToCoordinator>(&f)? {
         ToCoordinator::Welcome { info } => info,
         _ => return Err(WireError::Protocol("expected the worker's welcome".into())),
@@ -429,4 +431,3 @@ impl Conn {
         let _ = self.send(&ToWorker::Bye).await;
     }
 }
-
