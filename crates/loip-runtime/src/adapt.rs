@@ -17,9 +17,11 @@
 //! next to what other sequences hold is held back ([`Verdict::Hold`]) until sequences are
 //! released; an admitted sequence's steps are never held for long: with steps in flight
 //! they wait for them (one may finish), with none the newest-admitted other sequences are
-//! evicted and recomputed when they run again (`adapt/evict.rs`, lossless). Only a sequence
-//! that alone outgrows every layout fails, on the device, with a typed KV-budget error; the
-//! budget is never exceeded.
+//! evicted and recomputed when they run again (`adapt/evict.rs`, lossless). A micro-batch
+//! whose own sequences no layout holds together is split ([`Verdict::Split`],
+//! `adapt/split.rs`): its sequences run as sub-steps one group after another, each evicting
+//! the others' KV if it must. Only a sequence that alone outgrows every layout fails, on the
+//! device, with a typed KV-budget error; the budget is never exceeded.
 
 //! Prices of layouts come from the manifest's slice sizes, the same function the worker
 //! accounts with ([`crate::executor::layout_bytes`]), so both sides agree to the byte.
@@ -43,6 +45,7 @@ use crate::wire::DeviceMemory;
 mod evict;
 mod lending;
 mod report;
+mod split;
 mod worker_side;
 
 pub use report::{AdaptReport, Crossing, DeviceAdapt};
@@ -95,6 +98,9 @@ pub enum Verdict {
     /// hold it back until sequences are released or steps finish, after these actions
     /// (they only make room)
     Hold(Vec<Action>),
+    /// the step's own sequences' KV fits no device together: run it as sub-steps of these
+    /// sequences, one group after another, each decided on its own (module `split`)
+    Split(Vec<Vec<u64>>),
 }
 
 struct Dev {
@@ -150,6 +156,8 @@ pub struct Adapter {
     last_entry: Option<Instant>,
     /// eviction and recomputation (the last resort)
     recomp: evict::Recompute,
+    /// sequences of micro-batches split so far: admitted, never held as new admissions
+    split: std::collections::BTreeSet<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -274,6 +282,7 @@ impl Adapter {
             round_s: None,
             last_entry: None,
             recomp: Default::default(),
+            split: Default::default(),
         }
     }
 
@@ -380,11 +389,17 @@ impl Adapter {
         let mut after = self.held.clone();
         let mut new_seq = false;
         for t in batch {
+            // a sequence of a split micro-batch was admitted: its evicted KV is no new
+            // admission
+            let split = self.split.contains(&t.seq);
             let e = after.entry(t.seq).or_insert_with(|| {
-                new_seq = true;
+                new_seq |= !split;
                 0
             });
             *e = (*e).max(t.pos as u64 + 1);
+        }
+        if let Some(groups) = self.split_for(batch, &after) {
+            return Verdict::Split(groups);
         }
         // The last resort: an admitted sequence no layout holds next to the others, and no
         // step in flight that could finish and make room: evict others (module evict).
@@ -561,6 +576,7 @@ impl Adapter {
     pub fn release(&mut self, seqs: &[u64]) {
         for s in seqs {
             self.held.remove(s);
+            self.split.remove(s);
         }
         if let Some(u) = self.undo.as_mut() {
             for s in seqs {

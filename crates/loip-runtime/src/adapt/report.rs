@@ -74,6 +74,9 @@ pub struct AdaptReport {
     pub evictions: u64,
     /// KV tokens recomputed after evictions  // tokens
     pub recomputed_tokens: u64,
+    /// micro-batches whose own sequences' KV no layout held together, run as sub-steps
+    /// one after another (evicting each other's KV in between)
+    pub split_steps: u64,
     /// lent-KV transfer rate last measured  // bytes/s
     pub lend_bandwidth: Option<f64>,
     /// memory of every device at every switch and crossing: (seconds, device, KV bytes,
