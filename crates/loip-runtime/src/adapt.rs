@@ -46,6 +46,7 @@ mod evict;
 mod lending;
 mod report;
 mod split;
+mod switch_or_evict;
 mod worker_side;
 
 pub use report::{AdaptReport, Crossing, DeviceAdapt};
@@ -158,6 +159,10 @@ pub struct Adapter {
     recomp: evict::Recompute,
     /// sequences of micro-batches split so far: admitted, never held as new admissions
     split: std::collections::BTreeSet<u64>,
+    /// this step evicts rather than switch (cheaper over the rest of the run)
+    evict_first: bool,
+    /// KV tokens expected at the end, over all sequences (the plan's context)  // tokens
+    context: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -283,6 +288,8 @@ impl Adapter {
             last_entry: None,
             recomp: Default::default(),
             split: Default::default(),
+            evict_first: false,
+            context: plan.context,
         }
     }
 
@@ -341,18 +348,32 @@ impl Adapter {
         Some((res + slot + d.working, stages))
     }
 
-    /// The threshold switch of device `i` for `tokens` held (see the module docs).
+    /// `g = ld + span` of device `i` with `a`/`m` offloaded blocks per stage: what one
+    /// stage's step grows with (the least-added-load choice of a switch).  // seconds
+    fn g(&self, i: usize, a: u32, m: u32) -> f64 {
+        let d = &self.devs[i];
+        let (a, m) = (a.min(d.n_max), m.min(d.n_max));
+        let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
+        d.loader.load_time(bytes, a + m) + cost::span(a, m, d.attn_s, d.mlp_s)
+    }
+
+    /// The threshold switch of device `i` for `tokens` held (see the module docs); none
+    /// when this step evicts instead (cheaper, `adapt/switch_or_evict.rs`).
     fn choose(&self, i: usize, tokens: u64, seqs: u64) -> Option<(u32, u32)> {
+        if self.evict_first {
+            return None;
+        }
+        self.choose_switch(i, tokens, seqs)
+    }
+
+    /// [`Adapter::choose`] whatever eviction would cost.
+    fn choose_switch(&self, i: usize, tokens: u64, seqs: u64) -> Option<(u32, u32)> {
         if self.evict_only {
             return None;
         }
         let d = &self.devs[i];
         let cur = counts_max(&d.plan_stages);
-        let g = |a: u32, m: u32| {
-            let (a, m) = (a.min(d.n_max), m.min(d.n_max));
-            let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
-            d.loader.load_time(bytes, a + m) + cost::span(a, m, d.attn_s, d.mlp_s)
-        };
+        let g = |a: u32, m: u32| self.g(i, a, m);
         let holds = |want: u64| {
             move |a: u32, m: u32| {
                 !d.refused.contains(&(a, m))
@@ -398,9 +419,12 @@ impl Adapter {
             });
             *e = (*e).max(t.pos as u64 + 1);
         }
+        self.evict_first = false;
         if let Some(groups) = self.split_for(batch, &after) {
             return Verdict::Split(groups);
         }
+        // Evicting other sequences may cost less than the switch this step needs.
+        self.evict_first = !new_seq && self.eviction_cheaper(batch, &after);
         // The last resort: an admitted sequence no layout holds next to the others, and no
         // step in flight that could finish and make room: evict others (module evict).
         let evicted = if !new_seq && !others_in_flight {

@@ -61,6 +61,17 @@ fn start_with(
     rooms: [u64; 2],
     tweak: impl FnOnce(&mut SessionOptions),
 ) -> (Session, Vec<WorkerProcess>) {
+    start_specs(tag, offloaded, rooms, tweak, |_| {})
+}
+
+/// [`start_with`], the worker specs (their profiles) changed by `specs`.
+fn start_specs(
+    tag: &str,
+    offloaded: bool,
+    rooms: [u64; 2],
+    tweak: impl FnOnce(&mut SessionOptions),
+    specs: impl FnOnce(&mut [loip_runtime::cluster_run::WorkerSpec]),
+) -> (Session, Vec<WorkerProcess>) {
     let path = fixture("tiny-llama");
     let slices = slices_of(&path, "tiny-llama");
     let m = Manifest::load(&slices).unwrap();
@@ -75,7 +86,8 @@ fn start_with(
     tweak(&mut opts);
     let workers: Vec<_> = (0..2)
         .map(|i| {
-            let mut spec = device_spec(&plan, i, LoaderKind::Direct, MAX_STEP, CONTEXT, None);
+            let context = opts.context as usize;
+            let mut spec = device_spec(&plan, i, LoaderKind::Direct, MAX_STEP, context, None);
             spec.max_step_seqs = opts.max_step_seqs;
             let mem = Device::open(&slices, &m, spec).unwrap().memory();
             spawn_worker(&W {
@@ -87,8 +99,9 @@ fn start_with(
         })
         .collect();
     let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
-    let s = Session::start(&slices, worker_specs(&names, &addrs), opts)
-        .unwrap_or_else(|e| panic!("session: {e}"));
+    let mut ws = worker_specs(&names, &addrs);
+    specs(&mut ws);
+    let s = Session::start(&slices, ws, opts).unwrap_or_else(|e| panic!("session: {e}"));
     (s, workers)
 }
 
@@ -173,6 +186,59 @@ fn eviction_only_evicts_where_a_switch_could_make_room_and_stays_bit_identical()
         assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
     }
     s.shutdown();
+}
+
+/// A with B beside over the plan with nothing offloaded, where a switch could make room,
+/// `context` tokens expected in all; the devices' loaders read at `bandwidth` (bytes/s) with
+/// `overhead` seconds a read as their profiles say. The report.
+fn switch_or_evict(
+    tag: &str,
+    context: u64,
+    bandwidth: f64,
+    overhead: f64,
+) -> loip_runtime::adapt::AdaptReport {
+    let tweak = |o: &mut SessionOptions| o.context = context;
+    let (s, _w) = start_specs(tag, false, [ROOM; 2], tweak, |ws| {
+        for w in ws {
+            if let Some(p) = w.profile.as_mut() {
+                p.loader.direct.bandwidth = bandwidth;
+                p.loader.direct.per_read_overhead = overhead;
+            }
+        }
+    });
+    let ad = a_with_b_beside(&s);
+    eprintln!("events {:?}", ad.events);
+    for d in &ad.devices {
+        assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
+    }
+    s.shutdown();
+    ad
+}
+
+#[test]
+fn eviction_is_chosen_over_a_switch_whose_loads_cost_more_and_both_stay_bit_identical() {
+    // A and B expected to end at 72 tokens together, a loader without read costs: the
+    // switch's extra per step (its blocks' compute span) over the ~15 steps left costs
+    // less than recomputing A's 20 tokens through both devices
+    let fast = switch_or_evict("adapt-switch-cheaper", 72, 1e12, 0.0);
+    assert_eq!(
+        (fast.evictions, fast.evictions_over_switch),
+        (0, 0),
+        "{fast:?}"
+    );
+    assert!(
+        fast.devices.iter().any(|d| d.switches_applied > 0),
+        "{fast:?}"
+    );
+    // a loader at 1 kB/s: the switch would add seconds to every step; A is evicted instead
+    let slow = switch_or_evict("adapt-evict-cheaper", 72, 1e3, 1e-4);
+    assert_eq!(slow.evictions, 1, "{slow:?}");
+    assert!(slow.evictions_over_switch >= 1, "{slow:?}");
+    assert_eq!(slow.recomputed_tokens, 20, "{slow:?}");
+    for d in &slow.devices {
+        assert_eq!(d.switches_applied + d.switches_refused, 0, "{d:?}");
+        assert_eq!(d.offloaded, (0, 0), "{d:?}");
+    }
 }
 
 #[test]

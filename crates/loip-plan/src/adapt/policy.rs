@@ -32,6 +32,9 @@
 //!    idle link time carries it (Eq. 8); otherwise switch (when no layout lasts, offload
 //!    every block if that frees anything — with one stage per device it does not: the slot
 //!    holds what is offloaded);
+//!    — unless evicting and recomputing instead costs less than the switch adds until the
+//!    new layout's next threshold or the run's end ([`switch::SwitchVsEvict`]; here the
+//!    evicted tokens are recomputed in every remaining pass);
 //! 3. evict and recompute what still does not fit (the baselines only do this).
 
 use super::switch::{self, counts_max};
@@ -250,6 +253,40 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
         });
     }
 
+    /// The switch of device `i` to `to` (adding `extra` seconds a step) priced against
+    /// evicting the `over` bytes it is over its budget instead, recomputed in every
+    /// remaining pass ([`switch::SwitchVsEvict`], the runtime's choice too).
+    fn evict_vs_switch(
+        &self,
+        i: usize,
+        step: u32,
+        to: (u32, u32),
+        extra: f64,
+        over: u64,
+    ) -> switch::SwitchVsEvict {
+        let (kv, b) = (self.kv_pt(i).max(1), self.b as u64);
+        let base = self.base(i, &self.layout(i, to.0, to.1));
+        let lent = self.devs[i].lend.map(|l| l.1).unwrap_or(0) * self.lend_saving_pt(i);
+        let room = (self.devs[i].budget + lent).saturating_sub(base + self.borrowed(i));
+        let threshold = room / kv + b * self.evict as u64;
+        let end = self.tokens(self.steps.saturating_sub(1));
+        let n = self.prompt as u64 + step as u64 + 1;
+        let per_token = (0..self.devs.len())
+            .map(|j| {
+                let (ta, tm) = self.clock.blocks(j, 1, n);
+                self.devs[j].layers as f64 * (ta + tm)
+            })
+            .sum();
+        switch::SwitchVsEvict {
+            switch_extra_s: extra,
+            switch_steps: switch::steps_served(self.tokens(step), threshold, end, b),
+            evict_tokens: over.div_ceil(kv).div_ceil(b) * b,
+            recompute_s_per_token: per_token,
+            recompute_fixed_s: 0.0,
+            recomputations: self.steps.saturating_sub(step) as u64,
+        }
+    }
+
     /// Activation bytes device `i` sends per round (one stage, all micro-batches).  // bytes
     fn traffic(&self) -> f64 {
         self.b as f64 * (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64
@@ -375,6 +412,13 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
                                 continue;
                             }
                         }
+                    }
+                }
+                if let Some(to) = sw.filter(|&to| to != (ca, cm)) {
+                    let extra = self.predicted_step(i, to.0, to.1, &times, bw) - step_now;
+                    if self.evict_vs_switch(i, step, to, extra, over).evict_cheaper() {
+                        // step 3 evicts instead: cheaper over the rest of the run
+                        continue;
                     }
                 }
                 match sw {

@@ -67,6 +67,52 @@ pub fn choose_switch(
     best.map(|b| (b.2, b.3))
 }
 
+/// A threshold switch priced against evicting and recomputing instead (design §6): the
+/// switch adds its extra load to every step it serves; eviction recomputes the evicted
+/// tokens (once in the runtime, which re-prefills an evicted sequence when it runs again; in
+/// every remaining pass in the simulator's model of the baselines).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SwitchVsEvict {
+    /// time the switch adds to each step, over the devices that switch  // seconds
+    pub switch_extra_s: f64,
+    /// steps it adds it to: until the new layout's next threshold or the end of the
+    /// expected context, whichever is first  // steps
+    pub switch_steps: u64,
+    /// KV tokens eviction drops and recomputes  // tokens
+    pub evict_tokens: u64,
+    /// time to recompute one token through every device  // seconds
+    pub recompute_s_per_token: f64,
+    /// time a recomputation costs besides its tokens (the loads of its chunk steps)  // seconds
+    pub recompute_fixed_s: f64,
+    /// recomputations: 1 in the runtime, the remaining passes in the simulator
+    pub recomputations: u64,
+}
+
+impl SwitchVsEvict {
+    /// What the switch costs over the steps it serves.  // seconds
+    pub fn switch_cost(&self) -> f64 {
+        self.switch_extra_s.max(0.0) * self.switch_steps as f64
+    }
+
+    /// What evicting and recomputing costs.  // seconds
+    pub fn evict_cost(&self) -> f64 {
+        let once = self.evict_tokens as f64 * self.recompute_s_per_token + self.recompute_fixed_s;
+        once * self.recomputations as f64
+    }
+
+    /// Whether eviction is the cheaper way (a tie switches: every sequence keeps running).
+    pub fn evict_cheaper(&self) -> bool {
+        self.evict_tokens > 0 && self.evict_cost() < self.switch_cost()
+    }
+}
+
+/// Steps a layout holding `threshold` KV tokens serves from `tokens` held, `seqs` sequences
+/// each adding one a step, until the threshold or the expected `end` (total tokens),
+/// whichever is first.  // steps
+pub fn steps_served(tokens: u64, threshold: u64, end: u64, seqs: u64) -> u64 {
+    threshold.min(end).saturating_sub(tokens) / seqs.max(1)
+}
+
 /// Eq. 8: most tokens per stage whose send and fetch-back fit the idle link time `idle_s`
 /// at `bandwidth`, after `traffic` activation bytes each way and `others` bytes of other
 /// lenders' fetches on the same port; `fraction` is the safety margin and `per_token` the
@@ -128,6 +174,57 @@ mod tests {
         // a switch may bring blocks back: from (0, 2) to (2, 0)
         assert_eq!(choose_switch(4, (0, 2), fits, g), Some((2, 0)));
         assert_eq!(choose_switch(4, (0, 0), |_, _| false, g), None);
+    }
+
+    #[test]
+    fn eviction_wins_only_when_its_recomputation_costs_less_than_the_switch() {
+        // llama-1b, two devices (README): offloading all attention adds ~0.9 s a step for
+        // the 38 steps to the end; evicting the other sequence recomputes 120 tokens once
+        let c = SwitchVsEvict {
+            switch_extra_s: 0.875,
+            switch_steps: steps_served(241, 10_000, 280, 1),
+            evict_tokens: 120,
+            recompute_s_per_token: 0.0625,
+            recompute_fixed_s: 0.5,
+            recomputations: 1,
+        };
+        assert_eq!(c.switch_steps, 39);
+        assert_eq!(c.switch_cost(), 34.125);
+        assert_eq!(c.evict_cost(), 8.0);
+        assert!(c.evict_cheaper());
+        // the same eviction recomputed in each of the remaining passes (the simulator)
+        let every_pass = SwitchVsEvict {
+            recomputations: 39,
+            ..c
+        };
+        assert!(!every_pass.evict_cheaper());
+        // a switch that adds nothing, or nothing to evict: switch
+        assert!(!SwitchVsEvict {
+            switch_extra_s: 0.0,
+            ..c
+        }
+        .evict_cheaper());
+        assert!(!SwitchVsEvict {
+            evict_tokens: 0,
+            recompute_fixed_s: 0.0,
+            ..c
+        }
+        .evict_cheaper());
+        // a tie switches
+        let tie = SwitchVsEvict {
+            switch_extra_s: 8.0,
+            switch_steps: 1,
+            ..c
+        };
+        assert!(!tie.evict_cheaper());
+    }
+
+    #[test]
+    fn a_switch_serves_until_its_threshold_or_the_end() {
+        assert_eq!(steps_served(100, 140, 1000, 2), 20);
+        assert_eq!(steps_served(100, 1000, 140, 2), 20);
+        assert_eq!(steps_served(100, 90, 1000, 2), 0);
+        assert_eq!(steps_served(100, 140, 1000, 0), 40);
     }
 
     #[test]

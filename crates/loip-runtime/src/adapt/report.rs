@@ -77,6 +77,9 @@ pub struct AdaptReport {
     /// micro-batches whose own sequences' KV no layout held together, run as sub-steps
     /// one after another (evicting each other's KV in between)
     pub split_steps: u64,
+    /// steps that evicted other sequences rather than switch a layout, because the
+    /// recomputation costs less than the switch's extra loads (`adapt/switch_or_evict.rs`)
+    pub evictions_over_switch: u64,
     /// lent-KV transfer rate last measured  // bytes/s
     pub lend_bandwidth: Option<f64>,
     /// memory of every device at every switch and crossing: (seconds, device, KV bytes,
