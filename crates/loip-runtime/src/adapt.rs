@@ -8,7 +8,9 @@
 //! offloaded per stage (or brought back), chosen by the shared policy
 //! ([`loip_plan::adapt::choose_switch`]) for the least added load among the layouts that
 //! hold the KV of [`AdaptConfig::horizon_tokens`] more tokens per sequence (or, failing
-//! that, of this step). The switch travels as a [`ToWorker::Switch`] on the device's
+//! that, of this step), unless evicting other sequences costs less than the switch adds
+//! until its next threshold (`adapt/switch_or_evict.rs`, the simulator's rule). The switch
+//! travels as a [`ToWorker::Switch`] on the device's
 //! connection ahead of the step, so the worker applies it between two steps
 //! ([`crate::executor::Device::switch`]), re-accounting resident set + slot + KV within its
 //! budget; the worker answers [`ToCoordinator::Switched`] with its own accounting.
