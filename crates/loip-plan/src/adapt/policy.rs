@@ -255,7 +255,8 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
 
     /// The switch of device `i` to `to` (adding `extra` seconds a step) priced against
     /// evicting the `over` bytes it is over its budget instead, recomputed in every
-    /// remaining pass ([`switch::SwitchVsEvict`], the runtime's choice too).
+    /// remaining pass and growing by `b` tokens a pass ([`switch::SwitchVsEvict`], the
+    /// runtime's choice too).
     fn evict_vs_switch(
         &self,
         i: usize,
@@ -284,6 +285,7 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
             recompute_s_per_token: per_token,
             recompute_fixed_s: 0.0,
             recomputations: self.steps.saturating_sub(step) as u64,
+            evict_growth_tokens: b,
         }
     }
 
@@ -416,7 +418,8 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
                 }
                 if let Some(to) = sw.filter(|&to| to != (ca, cm)) {
                     let extra = self.predicted_step(i, to.0, to.1, &times, bw) - step_now;
-                    if self.evict_vs_switch(i, step, to, extra, over).evict_cheaper() {
+                    let c = self.evict_vs_switch(i, step, to, extra, over);
+                    if c.evict_cheaper() {
                         // step 3 evicts instead: cheaper over the rest of the run
                         continue;
                     }
@@ -485,5 +488,93 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
             kv_borrowed,
             kv_evicted: evicted,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LoaderProfile;
+
+    struct Flat;
+    impl BlockTimes for Flat {
+        fn blocks(&self, _: usize, tokens: u32, _: u64) -> (f64, f64) {
+            (1e-3 * tokens as f64, 1e-3 * tokens as f64)
+        }
+        fn head(&self, _: usize) -> f64 {
+            1e-3
+        }
+    }
+
+    /// The decisions of one device, two stages of two layers, nothing offloaded, two
+    /// sequences of 10 + 40 tokens, its budget 4 tokens a sequence past the prompt, its
+    /// loader reading at `bandwidth` (bytes/s).
+    fn events(shape: &ModelShape, bandwidth: f64) -> Vec<AdaptEvent> {
+        let stages = vec![
+            StagePlan::with_offload(0, 2, 0, 0),
+            StagePlan::with_offload(2, 2, 0, 0),
+        ];
+        let mut ad = Adapter {
+            shape,
+            mode: ExecMode::Overlapped,
+            b: 2,
+            policy: KvPolicy::Adaptive { lending: false },
+            cfg: AdaptConfig::default(),
+            prompt: 10,
+            steps: 40,
+            latency: 0.0,
+            devs: vec![DevState {
+                budget: u64::MAX,
+                stages,
+                embed: true,
+                head: true,
+                layers: 4,
+                n_max: 2,
+                lend: None,
+                peak: 0,
+            }],
+            clock: Flat,
+            loaders: vec![LoaderProfile {
+                bandwidth,
+                per_read_overhead: 1e-4,
+            }],
+            evict: 0,
+            events: Vec::new(),
+        };
+        let base = ad.base(0, &ad.devs[0].stages);
+        ad.devs[0].budget = base + ad.kv_pt(0) * ad.tokens(4);
+        let m = Measure {
+            step_s: 0.1,
+            bandwidth: 1e9,
+        };
+        for step in 0..ad.steps {
+            ad.decide(step, Some(m));
+        }
+        ad.events
+    }
+
+    #[test]
+    fn a_switch_whose_loads_cost_more_than_recomputing_is_not_taken() {
+        let shape = ModelShape::from_dims("t", 64, 256, 4, 4, 2, 16, 100, false, 2.0, 2);
+        let fast = events(&shape, 1e12);
+        assert!(
+            matches!(fast.first(), Some(AdaptEvent::Switch { step: 5, .. })),
+            "{fast:?}"
+        );
+        assert!(
+            !fast.iter().any(|e| matches!(e, AdaptEvent::Evict { .. })),
+            "{fast:?}"
+        );
+        // at 1 kB/s a block takes a minute to load: recomputing the overflow in each pass
+        // costs far less than the switch would add
+        let slow = events(&shape, 1e3);
+        assert!(
+            matches!(slow.first(), Some(AdaptEvent::Evict { step: 5, .. })),
+            "{slow:?}"
+        );
+        assert!(
+            !slow.iter().any(|e| matches!(e, AdaptEvent::Switch { .. })),
+            "{slow:?}"
+        );
     }
 }

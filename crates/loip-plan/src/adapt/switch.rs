@@ -86,6 +86,9 @@ pub struct SwitchVsEvict {
     pub recompute_fixed_s: f64,
     /// recomputations: 1 in the runtime, the remaining passes in the simulator
     pub recomputations: u64,
+    /// tokens each recomputation adds to the one before (the simulator's evicted KV grows
+    /// with the sequences, `b` tokens a pass; 0 in the runtime)  // tokens
+    pub evict_growth_tokens: u64,
 }
 
 impl SwitchVsEvict {
@@ -96,8 +99,10 @@ impl SwitchVsEvict {
 
     /// What evicting and recomputing costs.  // seconds
     pub fn evict_cost(&self) -> f64 {
+        let n = self.recomputations as f64;
         let once = self.evict_tokens as f64 * self.recompute_s_per_token + self.recompute_fixed_s;
-        once * self.recomputations as f64
+        let growth = self.evict_growth_tokens as f64 * self.recompute_s_per_token;
+        once * n + growth * n * (n - 1.0).max(0.0) / 2.0
     }
 
     /// Whether eviction is the cheaper way (a tie switches: every sequence keeps running).
@@ -106,11 +111,11 @@ impl SwitchVsEvict {
     }
 }
 
-/// Steps a layout holding `threshold` KV tokens serves from `tokens` held, `seqs` sequences
-/// each adding one a step, until the threshold or the expected `end` (total tokens),
-/// whichever is first.  // steps
+/// Steps a layout switched to now serves: this one (its step runs with it, holding `tokens`)
+/// and those until it holds `threshold` KV tokens or the expected `end` (total tokens),
+/// whichever is first, `seqs` sequences each adding one token a step.  // steps
 pub fn steps_served(tokens: u64, threshold: u64, end: u64, seqs: u64) -> u64 {
-    threshold.min(end).saturating_sub(tokens) / seqs.max(1)
+    threshold.min(end).saturating_sub(tokens) / seqs.max(1) + 1
 }
 
 /// Eq. 8: most tokens per stage whose send and fetch-back fit the idle link time `idle_s`
@@ -179,7 +184,8 @@ mod tests {
     #[test]
     fn eviction_wins_only_when_its_recomputation_costs_less_than_the_switch() {
         // llama-1b, two devices (README): offloading all attention adds ~0.9 s a step for
-        // the 38 steps to the end; evicting the other sequence recomputes 120 tokens once
+        // this step and the 39 to the end; evicting the other sequence recomputes 120
+        // tokens once
         let c = SwitchVsEvict {
             switch_extra_s: 0.875,
             switch_steps: steps_served(241, 10_000, 280, 1),
@@ -187,17 +193,27 @@ mod tests {
             recompute_s_per_token: 0.0625,
             recompute_fixed_s: 0.5,
             recomputations: 1,
+            evict_growth_tokens: 0,
         };
-        assert_eq!(c.switch_steps, 39);
-        assert_eq!(c.switch_cost(), 34.125);
+        assert_eq!(c.switch_steps, 40);
+        assert_eq!(c.switch_cost(), 35.0);
         assert_eq!(c.evict_cost(), 8.0);
         assert!(c.evict_cheaper());
         // the same eviction recomputed in each of the remaining passes (the simulator)
         let every_pass = SwitchVsEvict {
-            recomputations: 39,
+            recomputations: 40,
             ..c
         };
+        assert_eq!(every_pass.evict_cost(), 40.0 * 8.0);
         assert!(!every_pass.evict_cheaper());
+        // ... and growing by 2 tokens a pass: 40·(2·0.0625) + 2·0.0625·40·39/2
+        let growing = SwitchVsEvict {
+            evict_tokens: 2,
+            recompute_fixed_s: 0.0,
+            evict_growth_tokens: 2,
+            ..every_pass
+        };
+        assert_eq!(growing.evict_cost(), 5.0 + 97.5);
         // a switch that adds nothing, or nothing to evict: switch
         assert!(!SwitchVsEvict {
             switch_extra_s: 0.0,
@@ -221,10 +237,10 @@ mod tests {
 
     #[test]
     fn a_switch_serves_until_its_threshold_or_the_end() {
-        assert_eq!(steps_served(100, 140, 1000, 2), 20);
-        assert_eq!(steps_served(100, 1000, 140, 2), 20);
-        assert_eq!(steps_served(100, 90, 1000, 2), 0);
-        assert_eq!(steps_served(100, 140, 1000, 0), 40);
+        assert_eq!(steps_served(100, 140, 1000, 2), 21);
+        assert_eq!(steps_served(100, 1000, 140, 2), 21);
+        assert_eq!(steps_served(100, 90, 1000, 2), 1);
+        assert_eq!(steps_served(100, 140, 1000, 0), 41);
     }
 
     #[test]

@@ -129,6 +129,7 @@ impl Adapter {
             recompute_s_per_token: per_token,
             recompute_fixed_s: evicted.div_ceil(chunk) as f64 * loads,
             recomputations: 1,
+            evict_growth_tokens: 0,
         })
     }
 }
