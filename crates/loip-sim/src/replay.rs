@@ -152,6 +152,18 @@ pub fn switches(events: &[crate::sim::AdaptEvent], simulated: bool) -> Vec<Switc
         .collect()
 }
 
+/// Whether the runtime's and the simulator's switches are the same decisions: the same
+/// steps, devices and layouts, the KV tokens when they triggered within `sequences − 1` (the
+/// runtime counts the KV as each sequence's step enters, the simulator once a round for all
+/// of them).
+pub fn same_switches(runtime: &[Switch], simulated: &[Switch], sequences: u32) -> bool {
+    runtime.len() == simulated.len()
+        && runtime.iter().zip(simulated).all(|(a, b)| {
+            (a.step, a.device, a.from, a.to) == (b.step, b.device, b.from, b.to)
+                && a.tokens.abs_diff(b.tokens) < sequences.max(1) as u64
+        })
+}
+
 fn field<'a>(
     v: &'a serde_json::Value,
     name: &'static str,
