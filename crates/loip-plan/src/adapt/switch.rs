@@ -71,7 +71,7 @@ pub fn choose_switch(
 /// switch adds its extra load to every step it serves; eviction recomputes the evicted
 /// tokens (once in the runtime, which re-prefills an evicted sequence when it runs again; in
 /// every remaining pass in the simulator's model of the baselines).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SwitchVsEvict {
     /// time the switch adds to each step, over the devices that switch  // seconds
     pub switch_extra_s: f64,

@@ -80,6 +80,8 @@ pub struct AdaptReport {
     /// steps that evicted other sequences rather than switch a layout, because the
     /// recomputation costs less than the switch's extra loads (`adapt/switch_or_evict.rs`)
     pub evictions_over_switch: u64,
+    /// every switch priced against eviction: (decision step, both ways, eviction taken)
+    pub switch_vs_evict: Vec<(u32, loip_plan::adapt::SwitchVsEvict, bool)>,
     /// lent-KV transfer rate last measured  // bytes/s
     pub lend_bandwidth: Option<f64>,
     /// memory of every device at every switch and crossing: (seconds, device, KV bytes,

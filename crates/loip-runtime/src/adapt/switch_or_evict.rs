@@ -37,6 +37,9 @@ impl Adapter {
             return false;
         };
         let cheaper = c.evict_cheaper();
+        lock(&self.report)
+            .switch_vs_evict
+            .push((self.step, c, cheaper));
         if cheaper {
             tracing::info!(
                 "evicting {} tokens (recomputed once, ~{:.3} s) instead of a switch adding \
