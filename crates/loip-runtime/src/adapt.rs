@@ -116,6 +116,8 @@ struct Dev {
     n_max: u32,                  // layers of its largest stage
     attn_s: f64,                 // attention block time  // seconds
     mlp_s: f64,                  // MLP block time  // seconds
+    /// attention + MLP of one layer per token when re-prefilling (chunks of the step limit)
+    recompute_s: f64, // seconds
     loader: loip_plan::LoaderProfile,
     /// before the switch sent last and not yet answered: (plan stages, KV room)
     prev: Option<(Vec<StagePlan>, u64)>,
@@ -163,6 +165,8 @@ pub struct Adapter {
     split: std::collections::BTreeSet<u64>,
     /// this step evicts rather than switch (cheaper over the rest of the run)
     evict_first: bool,
+    /// sequences are evicted because that was cheaper than a switch
+    chose_eviction: bool,
     /// KV tokens expected at the end, over all sequences (the plan's context)  // tokens
     context: u64,
 }
@@ -232,6 +236,10 @@ impl Adapter {
                     .unwrap_or(0),
                 attn_s: prof.attn_time(shape, 1, n),
                 mlp_s: prof.mlp_time(shape, 1),
+                recompute_s: {
+                    let c = spec.max_step_tokens.clamp(1, u32::MAX as usize) as u32;
+                    (prof.attn_time(shape, c, n) + prof.mlp_time(shape, c)) / c as f64
+                },
                 loader: *prof.loader(plan.loader),
                 prev: None,
                 refused: Vec::new(),
@@ -291,6 +299,7 @@ impl Adapter {
             recomp: Default::default(),
             split: Default::default(),
             evict_first: false,
+            chose_eviction: false,
             context: plan.context,
         }
     }
@@ -425,8 +434,16 @@ impl Adapter {
         if let Some(groups) = self.split_for(batch, &after) {
             return Verdict::Split(groups);
         }
-        // Evicting other sequences may cost less than the switch this step needs.
-        self.evict_first = !new_seq && self.eviction_cheaper(batch, &after);
+        // Evicting other sequences may cost less than the switch this step needs; and a
+        // sequence evicted for that comes back without the switch (held until room).
+        if self.recomp.evicted_tokens() == 0 {
+            self.chose_eviction = false;
+        }
+        self.evict_first = if new_seq {
+            self.chose_eviction && batch.iter().any(|t| self.recomp.is_evicted(t.seq))
+        } else {
+            self.eviction_cheaper(batch, &after)
+        };
         // The last resort: an admitted sequence no layout holds next to the others, and no
         // step in flight that could finish and make room: evict others (module evict).
         let evicted = if !new_seq && !others_in_flight {

@@ -40,6 +40,11 @@ impl Recompute {
     pub(super) fn evicted_tokens(&self) -> u64 {
         self.evicted.values().sum()
     }
+
+    /// Whether `seq` is evicted now.
+    pub(super) fn is_evicted(&self, seq: u64) -> bool {
+        self.evicted.contains_key(&seq)
+    }
 }
 
 impl Adapter {

@@ -4,15 +4,17 @@
 //! that needs a switch, the coordinator prices both with the devices' profiles and the
 //! shared pure rule ([`SwitchVsEvict`], the simulator's too) and, when eviction is cheaper,
 //! takes the eviction path for this step (no switch: the step waits for the steps in flight,
-//! then evicts, as `--evict-only` does).
+//! then evicts, as `--evict-only` does); the sequences evicted for it come back without a
+//! switch too (held as new admissions until there is room).
 //!
 //! - switch: per device that needs one, `stages × (g(to) − g(from))` seconds a step (`g`:
 //!   load + span of one stage's offloaded blocks, the quantity the switch itself minimises),
 //!   for [`steps_served`] steps;
 //! - eviction: the victims [`Adapter::victim`] would pick until every device holds the rest
 //!   in its current layout (with what lending can still free); their tokens recomputed
-//!   through every device (`layers × (attention + MLP)` per token), plus each recompute
-//!   chunk's loads of the offloaded blocks.
+//!   through every device (`layers × (attention + MLP)` per token, from the profile at a
+//!   whole recompute chunk: re-prefilling is batched), plus each recompute chunk's loads of
+//!   the offloaded blocks.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +43,7 @@ impl Adapter {
             .switch_vs_evict
             .push((self.step, c, cheaper));
         if cheaper {
+            self.chose_eviction = true;
             tracing::info!(
                 "evicting {} tokens (recomputed once, ~{:.3} s) instead of a switch adding \
                  {:.3} s a step for {} steps (~{:.3} s)",
@@ -114,7 +117,7 @@ impl Adapter {
         let per_token = self
             .devs
             .iter()
-            .map(|d| d.layers as f64 * (d.attn_s + d.mlp_s))
+            .map(|d| d.layers as f64 * d.recompute_s)
             .sum();
         let loads: f64 = self
             .devs
