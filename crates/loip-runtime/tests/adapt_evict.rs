@@ -197,7 +197,12 @@ fn switch_or_evict(
     bandwidth: f64,
     overhead: f64,
 ) -> loip_runtime::adapt::AdaptReport {
-    let tweak = |o: &mut SessionOptions| o.context = context;
+    let tweak = |o: &mut SessionOptions| {
+        o.context = context;
+        if let Some(p) = o.plan.as_mut() {
+            p.context = context;
+        }
+    };
     let (s, _w) = start_specs(tag, false, [ROOM; 2], tweak, |ws| {
         for w in ws {
             if let Some(p) = w.profile.as_mut() {
@@ -217,10 +222,10 @@ fn switch_or_evict(
 
 #[test]
 fn eviction_is_chosen_over_a_switch_whose_loads_cost_more_and_both_stay_bit_identical() {
-    // A and B expected to end at 72 tokens together, a loader without read costs: the
-    // switch's extra per step (its blocks' compute span) over the ~15 steps left costs
+    // the run expected to end right after the crossing (44 tokens), a loader without read
+    // costs: the switch's extra per step (its blocks' compute span) for its two steps costs
     // less than recomputing A's 20 tokens through both devices
-    let fast = switch_or_evict("adapt-switch-cheaper", 72, 1e12, 0.0);
+    let fast = switch_or_evict("adapt-switch-cheaper", 44, 1e12, 0.0);
     assert_eq!(
         (fast.evictions, fast.evictions_over_switch),
         (0, 0),

@@ -153,14 +153,16 @@ pub fn switches(events: &[crate::sim::AdaptEvent], simulated: bool) -> Vec<Switc
 }
 
 /// Whether the runtime's and the simulator's switches are the same decisions: the same
-/// steps, devices and layouts, the KV tokens when they triggered within `sequences − 1` (the
-/// runtime counts the KV as each sequence's step enters, the simulator once a round for all
-/// of them).
+/// devices and layouts, at the same round and KV tokens within `sequences − 1`: the runtime
+/// counts a step, and the KV, as each sequence's step enters (`sequences` steps a round), the
+/// simulator once a round for all of them.
 pub fn same_switches(runtime: &[Switch], simulated: &[Switch], sequences: u32) -> bool {
+    let b = sequences.max(1);
     runtime.len() == simulated.len()
-        && runtime.iter().zip(simulated).all(|(a, b)| {
-            (a.step, a.device, a.from, a.to) == (b.step, b.device, b.from, b.to)
-                && a.tokens.abs_diff(b.tokens) < sequences.max(1) as u64
+        && runtime.iter().zip(simulated).all(|(a, s)| {
+            (a.device, a.from, a.to) == (s.device, s.from, s.to)
+                && a.step.abs_diff(s.step.saturating_mul(b)) < b
+                && a.tokens.abs_diff(s.tokens) < b as u64
         })
 }
 
