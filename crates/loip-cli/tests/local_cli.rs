@@ -9,6 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+
 /// The cluster tests' shared token (tokens have at least 16 characters).
 const TEST_TOKEN: &str = "cli-test-token-0123456789";
 

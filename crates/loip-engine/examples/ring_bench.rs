@@ -43,13 +43,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ckpt = Checkpoint::open(&loip_model::fetch::fetch_gemma3_270m()?)?;
     let model = Model::from_checkpoint(&ckpt)?;
     let c = &ckpt.config;
-    let prompt: Vec<u32> = (0..n_prompt)
-        .map(|i| 100 + (i as u32 * 37) % 5000)
-        .collect();
-    println!(
-        "prompt {n_prompt}, {new} decode steps, window {:?}",
-        c.sliding_window
-    );
+    let prompt: Vec<u32> = (0..n_prompt).map(|i| 100 + (i as u32 * 37) % 5000).collect();
+    println!("prompt {n_prompt}, {new} decode steps, window {:?}", c.sliding_window);
     for r in 0..rounds {
         let mut ring = model.new_cache(None);
         let (ms_ring, l_ring) = run(&model, &mut ring, &prompt, new);

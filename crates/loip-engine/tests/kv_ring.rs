@@ -39,11 +39,7 @@ fn chunked(model: &Model, kv: &mut KvCache, ids: &[u32], chunk: usize) -> Vec<f3
 #[test]
 fn ring_layers_are_bit_identical_to_keeping_everything() {
     for name in ["tiny-gemma3", "tiny-mistral-windowed"] {
-        let mut ck = open(if name == "tiny-gemma3" {
-            name
-        } else {
-            "tiny-mistral"
-        });
+        let mut ck = open(if name == "tiny-gemma3" { name } else { "tiny-mistral" });
         if name == "tiny-mistral-windowed" {
             ck.config.sliding_window = Some(5);
         }
@@ -54,11 +50,7 @@ fn ring_layers_are_bit_identical_to_keeping_everything() {
         let reference = chunked(&model, &mut full, &ids, ids.len());
         for chunk in [1, 2, 3, 4, 5, 7, 11, 23] {
             let mut kv = model.new_cache(None);
-            assert_eq!(
-                chunked(&model, &mut kv, &ids, chunk),
-                reference,
-                "{name} chunk {chunk}"
-            );
+            assert_eq!(chunked(&model, &mut kv, &ids, chunk), reference, "{name} chunk {chunk}");
             let w = c.sliding_window.unwrap();
             for l in 0..c.num_layers {
                 let want = c.layer_window(l).map_or(ids.len(), |w| w.min(ids.len()));
@@ -111,14 +103,8 @@ fn ring_rows_lend_and_return_byte_for_byte() {
     assert_eq!((kv.len(0, ring), kv.len(0, full)), (w, 9));
     // the window's oldest rows are positions 9 - w.. of the sequence
     let held: Vec<f32> = kv.rows(0, ring, 9 - w, 9).unwrap().0.to_vec();
-    assert!(
-        kv.rows(0, ring, 0, 9).is_err(),
-        "dropped positions are not read"
-    );
-    assert!(
-        kv.lend_rows(0, ring, w + 1).is_err(),
-        "only held rows are lent"
-    );
+    assert!(kv.rows(0, ring, 0, 9).is_err(), "dropped positions are not read");
+    assert!(kv.lend_rows(0, ring, w + 1).is_err(), "only held rows are lent");
     let used = kv.used_bytes();
     let mut out = Vec::new();
     for l in 0..c.num_layers {
@@ -126,14 +112,8 @@ fn ring_rows_lend_and_return_byte_for_byte() {
         out.push(kv.lend_rows(0, l, n).unwrap());
         assert_eq!(kv.lent(0, l), n);
     }
-    assert_eq!(
-        kv.used_bytes(),
-        used - (c.num_layers * (w - 1)) as u64 * kv.bytes_per_token_layer()
-    );
-    assert!(
-        kv.rows(0, ring, 9 - w, 9).is_err(),
-        "no read while rows are out"
-    );
+    assert_eq!(kv.used_bytes(), used - (c.num_layers * (w - 1)) as u64 * kv.bytes_per_token_layer());
+    assert!(kv.rows(0, ring, 9 - w, 9).is_err(), "no read while rows are out");
     for (l, (k, v)) in out.iter().enumerate() {
         kv.return_rows(0, l, k, v).unwrap();
     }
@@ -161,10 +141,7 @@ fn ring_rollback_of_one_token_keeps_the_window() {
     model.forward_hidden(&[ids[0]], &step, &mut kv).unwrap();
     kv.truncate(0, 9);
     let x = model.forward_hidden(&ids[9..], &step, &mut kv).unwrap();
-    assert_eq!(
-        model.logits(&x, &[0]).unwrap(),
-        reference[9 * c.vocab_size..]
-    );
+    assert_eq!(model.logits(&x, &[0]).unwrap(), reference[9 * c.vocab_size..]);
     // a longer step rolled back past the window cannot be re-read: a typed error
     let long: Vec<TokenPos> = (10..16).map(|pos| TokenPos { seq: 0, pos }).collect();
     model.forward_hidden(&prompt(6), &long, &mut kv).unwrap();

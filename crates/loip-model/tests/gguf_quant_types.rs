@@ -162,11 +162,7 @@ fn real_file_blocks_round_trip_to_ggml_values() {
         for r in 0..rows {
             dequant_row(&m, r, &mut row).unwrap();
             for (i, (a, b)) in row.iter().zip(&want[r * be..(r + 1) * be]).enumerate() {
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "{name} block {r} element {i}: {a} vs {b}"
-                );
+                assert_eq!(a.to_bits(), b.to_bits(), "{name} block {r} element {i}: {a} vs {b}");
             }
         }
         // multiplied: a one-hot input picks each column, in the SIMD and the scalar path
@@ -178,12 +174,7 @@ fn real_file_blocks_round_trip_to_ggml_values() {
             matmul_ref(&m, &x, &mut y_ref).unwrap();
             for r in 0..rows {
                 let g = want[r * be + c];
-                assert!(
-                    y[r] == g && y_ref[r] == g,
-                    "{name} [{r}, {c}]: {} {} vs {g}",
-                    y[r],
-                    y_ref[r]
-                );
+                assert!(y[r] == g && y_ref[r] == g, "{name} [{r}, {c}]: {} {} vs {g}", y[r], y_ref[r]);
             }
         }
     }

@@ -438,10 +438,7 @@ impl RawCluster {
                 continue;
             };
             if disk.is_empty() {
-                return Err(invalid(
-                    &format!("device `{}`.disk", d.name),
-                    "must not be empty",
-                ));
+                return Err(invalid(&format!("device `{}`.disk", d.name), "must not be empty"));
             }
             match disks.iter_mut().find(|(k, _)| k == disk) {
                 Some((_, g)) => g.push(d.name.clone()),

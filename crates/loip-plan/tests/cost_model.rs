@@ -314,27 +314,9 @@ fn devices_on_one_disk_share_its_rate() {
     let mut shared = alone.clone();
     shared.disks = vec![vec!["d0".into(), "d1".into()]];
     let alloc = [(20, 5), (20, 10)];
-    let p = plan(
-        &sh,
-        &alone,
-        &alloc,
-        ExecMode::Overlapped,
-        Pattern::Bursty,
-        2,
-    );
-    let q = plan(
-        &sh,
-        &shared,
-        &alloc,
-        ExecMode::Overlapped,
-        Pattern::Bursty,
-        2,
-    );
-    let b: Vec<f64> = p
-        .devices
-        .iter()
-        .map(|d| d.stages[0].offloaded_bytes(&sh) as f64)
-        .collect();
+    let p = plan(&sh, &alone, &alloc, ExecMode::Overlapped, Pattern::Bursty, 2);
+    let q = plan(&sh, &shared, &alloc, ExecMode::Overlapped, Pattern::Bursty, 2);
+    let b: Vec<f64> = p.devices.iter().map(|d| d.stages[0].offloaded_bytes(&sh) as f64).collect();
     assert!(b[0] < b[1]);
     // the smaller load ends after twice its bytes; the larger after both devices' bytes
     assert!(close(q.devices[0].load_ms, p.devices[0].load_ms * 2.0));
@@ -345,22 +327,8 @@ fn devices_on_one_disk_share_its_rate() {
     assert!(q.predicted_ms_per_token > p.predicted_ms_per_token);
     // a device alone on its disk is priced as before; sequential mode loads one device at a time
     assert_eq!(shared.disk_mates("d9"), vec!["d9"]);
-    let s1 = plan(
-        &sh,
-        &alone,
-        &alloc,
-        ExecMode::Sequential,
-        Pattern::Bursty,
-        2,
-    );
-    let s2 = plan(
-        &sh,
-        &shared,
-        &alloc,
-        ExecMode::Sequential,
-        Pattern::Bursty,
-        2,
-    );
+    let s1 = plan(&sh, &alone, &alloc, ExecMode::Sequential, Pattern::Bursty, 2);
+    let s2 = plan(&sh, &shared, &alloc, ExecMode::Sequential, Pattern::Bursty, 2);
     assert_eq!(s1.predicted_ms_per_token, s2.predicted_ms_per_token);
 }
 

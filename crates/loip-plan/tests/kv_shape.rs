@@ -49,25 +49,13 @@ fn kv_bytes_counts_what_the_cache_holds() {
     for context in [0, 1, 511, 512, 513, 4096] {
         // 15 sliding layers stop at the window, 3 full ones keep every position
         let sliding = context.min(512);
-        assert_eq!(
-            s.kv_bytes(18, context),
-            (3 * context + 15 * sliding) * per_token_layer
-        );
+        assert_eq!(s.kv_bytes(18, context), (3 * context + 15 * sliding) * per_token_layer);
         // any 3 layers: at most 3 full ones
         assert_eq!(s.kv_bytes(3, context), 3 * context * per_token_layer);
-        assert_eq!(
-            s.kv_bytes(5, context),
-            (3 * context + 2 * sliding) * per_token_layer
-        );
+        assert_eq!(s.kv_bytes(5, context), (3 * context + 2 * sliding) * per_token_layer);
         // given layers: exact
-        assert_eq!(
-            s.kv_bytes_of(0..6, context),
-            (context + 5 * sliding) * per_token_layer
-        );
-        assert_eq!(
-            s.kv_bytes_of([0, 1], context),
-            2 * sliding * per_token_layer
-        );
+        assert_eq!(s.kv_bytes_of(0..6, context), (context + 5 * sliding) * per_token_layer);
+        assert_eq!(s.kv_bytes_of([0, 1], context), 2 * sliding * per_token_layer);
         assert_eq!(s.kv_bytes_of(0..18, context), s.kv_bytes(18, context));
     }
     // one window everywhere (Mistral): the whole model stops growing at the window
@@ -86,10 +74,7 @@ fn tokens_within_a_budget_invert_the_count() {
         assert!(s.kv_bytes(18, t + 1) > bytes, "{bytes}: {t} is the most");
     }
     let plain = ModelShape::from_dims("p", 64, 128, 2, 4, 2, 16, 256, false, 2.0, 4);
-    assert_eq!(
-        plain.kv_tokens_within(2, 1000),
-        1000 / (2 * plain.kv_bytes_per_token)
-    );
+    assert_eq!(plain.kv_tokens_within(2, 1000), 1000 / (2 * plain.kv_bytes_per_token));
 }
 
 #[test]

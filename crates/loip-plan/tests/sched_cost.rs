@@ -188,9 +188,7 @@ fn a_short_last_micro_batch_is_priced_per_generated_token() {
     let bt = batching("loip", &sh, &cl, &req, 5, 2).unwrap();
     assert_eq!((bt.micro_batches, bt.seqs_per_micro_batch), (3, 2));
     assert_eq!(bt.plan.micro_batches, 3);
-    let full = evaluate_batched(&bt.plan, &sh, &cl, 2)
-        .unwrap()
-        .ms_per_token;
+    let full = evaluate_batched(&bt.plan, &sh, &cl, 2).unwrap().ms_per_token;
     assert!((bt.ms_per_token - full * 6.0 / 5.0).abs() < 1e-9 * full);
     assert!((bt.tokens_per_s() - 1e3 / bt.ms_per_token).abs() < 1e-9);
     // One sequence: sporadic, q = 1, the plain plan's price.

@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use loip_engine::generate::{generate, Flow};
 use loip_engine::{GenerateOptions, GenerateOutput};
 use loip_model::slice::{Manifest, SliceKind};
-use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest};
+use loip_plan::{
+    Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest,
+};
 use serde::Serialize;
 
 use crate::coordinator::{
@@ -297,8 +299,16 @@ pub fn profile_from_probe(
             mlp.push((g.b, g.mlp_s));
         }
     }
-    DeviceProfile::from_measurements(name, mem_budget, shape, attn, mlp, p.direct, p.conventional)
-        .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))
+    DeviceProfile::from_measurements(
+        name,
+        mem_budget,
+        shape,
+        attn,
+        mlp,
+        p.direct,
+        p.conventional,
+    )
+    .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))
 }
 
 /// The cost model's link for a star over `links`.
@@ -536,9 +546,13 @@ async fn setup(
                 allow_drop: opts.allow_drop,
             };
             match opts.admitted {
-                Some(n) => {
-                    loip_plan::adapt::plan_for_admission(&opts.planner, &shape, &cluster, &req, n)
-                }
+                Some(n) => loip_plan::adapt::plan_for_admission(
+                    &opts.planner,
+                    &shape,
+                    &cluster,
+                    &req,
+                    n,
+                ),
                 None => loip_plan::plan(&opts.planner, &shape, &cluster, &req),
             }
             .map_err(|e| left_out(e.into()))?
@@ -604,11 +618,7 @@ async fn setup(
     };
     let reaches = |a: usize, b: usize| {
         let (a, b) = (peer_ids[a] as usize, peer_ids[b] as usize);
-        reach
-            .get(a)
-            .and_then(|r| r.get(b))
-            .copied()
-            .unwrap_or(false)
+        reach.get(a).and_then(|r| r.get(b)).copied().unwrap_or(false)
     };
     let direct: Vec<bool> = (0..route.hops.len())
         .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))

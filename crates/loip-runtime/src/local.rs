@@ -125,11 +125,7 @@ pub fn local_spec_for(
     }
     // a sliding-window layer's cache stops at its window
     let kv_rows: u64 = (0..n as usize)
-        .map(|l| {
-            m.config
-                .layer_window(l)
-                .map_or(opts.context, |w| w.min(opts.context)) as u64
-        })
+        .map(|l| m.config.layer_window(l).map_or(opts.context, |w| w.min(opts.context)) as u64)
         .sum();
     let kv_bytes = (kv_rows * max_seqs as u64)
         .saturating_mul(2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4);

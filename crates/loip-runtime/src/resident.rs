@@ -102,7 +102,9 @@ impl TensorSource for Resident {
             .bufs
             .get(*b)
             .and_then(|buf| buf.as_slice().get(*off..off.checked_add(*n)?))
-            .ok_or_else(|| EngineError::Invalid(format!("tensor {name} lies outside its slice")))?;
+            .ok_or_else(|| {
+                EngineError::Invalid(format!("tensor {name} lies outside its slice"))
+            })?;
         Ok((*d, shape.clone(), bytes))
     }
 }

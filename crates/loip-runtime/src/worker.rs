@@ -300,10 +300,7 @@ async fn connection(
     rd.set_idle_timeout(Some(shared.opts.idle_timeout));
     if shared.busy.swap(true, Ordering::SeqCst) {
         let _ = wr
-            .write(
-                FrameKind::Error,
-                b"busy: this worker already serves a coordinator",
-            )
+            .write(FrameKind::Error, b"busy: this worker already serves a coordinator")
             .await;
         return Err(WireError::Protocol("refused a second coordinator".into()));
     }
@@ -328,10 +325,7 @@ async fn connection(
     let (out_tx, out_rx) = mpsc::channel::<Out>(256);
     let writer = tokio::spawn(write_loop(wr, out_rx));
     let (job_tx, job_rx) = std::sync::mpsc::channel::<(Job, BytePermit)>();
-    let (inbox, frame_limit) = (
-        ByteBudget::new(qbytes),
-        Arc::new(AtomicUsize::new(BASE_FRAME)),
-    );
+    let (inbox, frame_limit) = (ByteBudget::new(qbytes), Arc::new(AtomicUsize::new(BASE_FRAME)));
     let (kv_tx, kv_rx) = std::sync::mpsc::channel::<lend::KvBack>();
     let direct = peer::Direct::new(
         info.name.clone(),
@@ -368,9 +362,7 @@ async fn connection(
     let result = session(&mut rd, &shared, &out_tx, &job_tx, &q).await;
     if let Err(e) = &result {
         let msg = scrub(&e.to_string(), &shared);
-        let _ = out_tx
-            .send((FrameKind::Error, msg.into_bytes(), None))
-            .await;
+        let _ = out_tx.send((FrameKind::Error, msg.into_bytes(), None)).await;
     }
     direct.close();
     *lock(&shared.direct) = None;
@@ -482,14 +474,7 @@ async fn session(
                         let r = lock(&q.direct.held).put(h.lender, h.stage, blob.to_vec());
                         if let Err(e) = r {
                             let message = e.to_string();
-                            reply(
-                                out,
-                                &ToCoordinator::Failed {
-                                    step: None,
-                                    message,
-                                },
-                            )
-                            .await?
+                            reply(out, &ToCoordinator::Failed { step: None, message }).await?
                         }
                     }
                     wire::lend::KvOp::Data => {
@@ -552,9 +537,8 @@ async fn session(
                         Err(e) => return Err(WireError::Protocol(scrub(&e.to_string(), shared))),
                     };
                     while w.remaining() > 0 {
-                        let b =
-                            read_data(rd, wire::SLICE_CHUNK, FrameKind::SliceData, "slice data")
-                                .await?;
+                        let b = read_data(rd, wire::SLICE_CHUNK, FrameKind::SliceData, "slice data")
+                            .await?;
                         w.write(&b.payload)
                             .map_err(|e| WireError::Protocol(scrub(&e.to_string(), shared)))?;
                     }
@@ -566,14 +550,7 @@ async fn session(
                         Ok(()) => reply(out, &ToCoordinator::Stored { file: entry.file }).await?,
                         Err(e) => {
                             let message = scrub(&e.to_string(), shared);
-                            reply(
-                                out,
-                                &ToCoordinator::Failed {
-                                    step: None,
-                                    message,
-                                },
-                            )
-                            .await?
+                            reply(out, &ToCoordinator::Failed { step: None, message }).await?
                         }
                     }
                 }
@@ -587,14 +564,7 @@ async fn session(
                         .map_err(|_| gone())?,
                     Err(message) => {
                         let message = format!("probe refused: {message}");
-                        reply(
-                            out,
-                            &ToCoordinator::Failed {
-                                step: None,
-                                message,
-                            },
-                        )
-                        .await?
+                        reply(out, &ToCoordinator::Failed { step: None, message }).await?
                     }
                 },
                 ToWorker::Load { manifest, spec } => match validate::check_manifest(&manifest) {
@@ -605,22 +575,15 @@ async fn session(
                     }
                     Err(message) => {
                         let message = format!("cannot open the device: {message}");
-                        reply(
-                            out,
-                            &ToCoordinator::Failed {
-                                step: None,
-                                message,
-                            },
-                        )
-                        .await?
+                        reply(out, &ToCoordinator::Failed { step: None, message }).await?
                     }
                 },
-                ToWorker::Release { seqs } => jobs
-                    .send((Job::Release(seqs), permit))
-                    .map_err(|_| gone())?,
-                ToWorker::Switch { stages } => jobs
-                    .send((Job::Switch(stages), permit))
-                    .map_err(|_| gone())?,
+                ToWorker::Release { seqs } => {
+                    jobs.send((Job::Release(seqs), permit)).map_err(|_| gone())?
+                }
+                ToWorker::Switch { stages } => {
+                    jobs.send((Job::Switch(stages), permit)).map_err(|_| gone())?
+                }
                 ToWorker::Lend { tokens, via } => jobs
                     .send((Job::Lend(tokens, via), permit))
                     .map_err(|_| gone())?,
@@ -665,10 +628,7 @@ async fn read_data(
         {
             continue;
         }
-        return Err(WireError::Protocol(format!(
-            "expected {what}, got {:?}",
-            f.kind
-        )));
+        return Err(WireError::Protocol(format!("expected {what}, got {:?}", f.kind)));
     }
 }
 
@@ -707,9 +667,7 @@ impl ComputeCtx {
     /// is gone.
     fn send_frame(&self, kind: FrameKind, payload: Vec<u8>) -> bool {
         let permit = self.outbox.blocking_acquire(payload.len(), &self.rt);
-        self.out
-            .blocking_send((kind, payload, Some(permit)))
-            .is_ok()
+        self.out.blocking_send((kind, payload, Some(permit))).is_ok()
     }
 
     fn send(&self, msg: ToCoordinator) -> bool {
@@ -727,10 +685,7 @@ impl ComputeCtx {
 
 /// The largest step frame a device can use: its most tokens of hidden rows plus headers.
 fn step_frame_limit(spec: &DeviceSpec, hidden: usize) -> usize {
-    let rows = spec
-        .max_step_tokens
-        .saturating_mul(hidden)
-        .saturating_mul(4);
+    let rows = spec.max_step_tokens.saturating_mul(hidden).saturating_mul(4);
     let header = spec.max_step_tokens.saturating_mul(32) + (1 << 20);
     rows.saturating_add(header)
         .clamp(BASE_FRAME, wire::MAX_FRAME)

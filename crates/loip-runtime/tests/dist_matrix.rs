@@ -153,11 +153,7 @@ fn check_links(what: &str, s: &Session, fwd: Fwd) {
             assert_eq!(between > 0, multi, "{what}: rows between workers {links:?}");
         }
         Fwd::Mixed => {
-            assert_eq!(
-                peer("dev1", "dev2") + peer("dev2", "dev1"),
-                0,
-                "{what}: {links:?}"
-            );
+            assert_eq!(peer("dev1", "dev2") + peer("dev2", "dev1"), 0, "{what}: {links:?}");
             assert!(hops.iter().skip(1).any(|&d| !d), "{what}: a relayed hop");
         }
     }

@@ -188,13 +188,13 @@ mod tests {
     fn candidates_are_the_tight_pairs() {
         assert_eq!(candidates(1), vec![(1, 1)]);
         assert_eq!(candidates(6), vec![(6, 1), (3, 2), (2, 3), (1, 6)]);
-        assert_eq!(candidates(8), vec![(8, 1), (4, 2), (3, 3), (2, 4), (1, 8)]);
+        assert_eq!(
+            candidates(8),
+            vec![(8, 1), (4, 2), (3, 3), (2, 4), (1, 8)]
+        );
         for n in 1..40 {
             for (b, q) in candidates(n) {
-                assert!(
-                    b * q >= n && (b - 1) * q < n && b * (q - 1) < n,
-                    "{n}: {b}x{q}"
-                );
+                assert!(b * q >= n && (b - 1) * q < n && b * (q - 1) < n, "{n}: {b}x{q}");
             }
         }
     }

@@ -127,7 +127,9 @@ impl KvLedger {
     pub fn headroom(&self) -> u64 {
         self.devices
             .iter()
-            .map(|d| (d.budget / d.bytes_per_token.max(1)).saturating_sub(self.reserved))
+            .map(|d| {
+                (d.budget / d.bytes_per_token.max(1)).saturating_sub(self.reserved)
+            })
             .min()
             .unwrap_or(0)
     }

@@ -143,9 +143,7 @@ async fn handshake(
         })?;
     let (mut rd, wr) = keys.seal(Role::Coordinator, rd, wr, opts.bandwidth.map(Throttle::new));
     // Authenticated both ways: only now may the worker send a large frame.
-    let f = rd
-        .read_timeout(wire::MAX_FRAME, to, "the worker's welcome")
-        .await?;
+    let f = rd.read_timeout(wire::MAX_FRAME, to, "the worker's welcome").await?;
     let info = match wire::parse_control::<ToCoordinator>(&f)? {
         ToCoordinator::Welcome { info } => info,
         _ => return Err(WireError::Protocol("expected the worker's welcome".into())),
@@ -431,3 +429,4 @@ impl Conn {
         let _ = self.send(&ToWorker::Bye).await;
     }
 }
+

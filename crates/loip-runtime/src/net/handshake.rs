@@ -36,9 +36,7 @@ where
 {
     match accept_role(rd, wr, token).await? {
         (keys, Role::Coordinator) => Ok(keys),
-        _ => Err(WireError::Protocol(
-            "a peer where a coordinator was expected".into(),
-        )),
+        _ => Err(WireError::Protocol("a peer where a coordinator was expected".into())),
     }
 }
 
@@ -73,9 +71,7 @@ where
         Some(r @ (Role::Coordinator | Role::Peer)) => r,
         _ => {
             send_error(wr, "refused: a hello with no connecting role").await;
-            return Err(WireError::Protocol(
-                "a hello with no connecting role".into(),
-            ));
+            return Err(WireError::Protocol("a hello with no connecting role".into()));
         }
     };
     let ours = Ephemeral::new();
@@ -119,14 +115,8 @@ where
     let keys = SessionKeys::derive(token, ours, &key_c, &parts)?;
     if !keys.verify(role, &mac) {
         send_error(wr, "authentication failed: wrong token").await;
-        let who = if role == Role::Peer {
-            "peer"
-        } else {
-            "coordinator"
-        };
-        return Err(WireError::AuthRefused(format!(
-            "a {who} gave a wrong token"
-        )));
+        let who = if role == Role::Peer { "peer" } else { "coordinator" };
+        return Err(WireError::AuthRefused(format!("a {who} gave a wrong token")));
     }
     control(
         wr,
@@ -164,9 +154,7 @@ where
     let hello = wire::read_frame(rd, PRE_AUTH_FRAME).await?;
     wire::check_hello(&hello)?;
     if wire::hello_role(&hello) != Some(Role::Worker) {
-        return Err(WireError::Protocol(
-            "the peer does not answer as a worker".into(),
-        ));
+        return Err(WireError::Protocol("the peer does not answer as a worker".into()));
     }
     let f = wire::read_frame(rd, PRE_AUTH_FRAME).await?;
     let (nonce_w, key_w) = match wire::parse_control::<ToCoordinator>(&f)? {
@@ -210,7 +198,9 @@ where
             "expected the worker's proof, got {}",
             kind_of(&other)
         ))),
-        Err(WireError::Remote(m)) if m.contains("authentication") => Err(WireError::AuthRefused(m)),
+        Err(WireError::Remote(m)) if m.contains("authentication") => {
+            Err(WireError::AuthRefused(m))
+        }
         Err(e) => Err(e),
     }
 }

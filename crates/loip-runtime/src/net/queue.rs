@@ -82,8 +82,7 @@ mod tests {
             let b = ByteBudget::new(64 << 10);
             let p1 = b.acquire(40 << 10).await;
             assert_eq!(b.available(), 24 << 10);
-            let wait =
-                tokio::time::timeout(std::time::Duration::from_millis(50), b.acquire(40 << 10));
+            let wait = tokio::time::timeout(std::time::Duration::from_millis(50), b.acquire(40 << 10));
             assert!(wait.await.is_err(), "over budget must wait");
             drop(p1);
             let big = b.acquire(1 << 30).await; // larger than the budget: takes all of it

@@ -35,9 +35,7 @@ pub fn check(token: &str, from: &str) -> Result<(), RuntimeError> {
         )));
     }
     if token.chars().any(|c| c.is_control()) {
-        return Err(invalid(format!(
-            "the token from {from} contains control characters"
-        )));
+        return Err(invalid(format!("the token from {from} contains control characters")));
     }
     Ok(())
 }
@@ -156,10 +154,7 @@ mod tests {
         let (t1, made) = for_worker(None, "0.0.0.0:0", &dir).unwrap();
         assert!(made.is_some());
         let path = dir.join(STORE_TOKEN);
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         let (t2, made2) = for_worker(None, "0.0.0.0:0", &dir).unwrap();
         assert_eq!((t1.clone(), made2), (t2, None));
         assert_eq!(t1.unwrap().len(), 64);

@@ -45,6 +45,7 @@ const SEG: usize = 512;
 /// f32 scales per segment and row (at most 2 per 32-element block).
 const SEG_SCALES: usize = 2 * SEG / 32;
 
+
 /// A 32-element-block type whose slots dequantize in registers of type `V`.
 trait Deq<V> {
     /// bytes per block of 32 elements
@@ -271,7 +272,9 @@ unsafe fn run<Q: Deq<__m512>, const R: usize, const T: usize>(
 /// # Safety
 /// Slots `0 .. 4` of every output of `st` are written.
 #[inline(always)]
-unsafe fn reduce_tile<const R: usize, const T: usize>(st: &State<__m512, R, T>) -> [[f32; T]; R] {
+unsafe fn reduce_tile<const R: usize, const T: usize>(
+    st: &State<__m512, R, T>,
+) -> [[f32; T]; R] {
     let v = |k: usize| {
         let s = &st[k / T][k % T];
         let a: [__m512; 4] = std::array::from_fn(|j| s[j].assume_init());
