@@ -301,6 +301,7 @@ fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         .unwrap_or_default();
     let rt = switches(&runtime_events, false);
     let sim = switches(&report.events, true);
+    let same = loip_sim::replay::same_switches(&rt, &sim, run.sequences);
     let rt_ms = v
         .get("ms_per_token")
         .and_then(|x| x.as_f64())
@@ -311,7 +312,7 @@ fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
             "simulated_ms_per_token": report.ms_per_token,
             "runtime_switches": rt,
             "simulated_switches": sim,
-            "same_switches": rt == sim,
+            "same_switches": same,
             "status": report.status,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -358,7 +359,7 @@ fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
     }
     println!(
         "{}",
-        if rt == sim {
+        if same {
             "same threshold switches"
         } else {
             "the threshold switches differ"

@@ -8,7 +8,9 @@
 //! offloaded per stage (or brought back), chosen by the shared policy
 //! ([`loip_plan::adapt::choose_switch`]) for the least added load among the layouts that
 //! hold the KV of [`AdaptConfig::horizon_tokens`] more tokens per sequence (or, failing
-//! that, of this step). The switch travels as a [`ToWorker::Switch`] on the device's
+//! that, of this step), unless evicting other sequences costs less than the switch adds
+//! until its next threshold (`adapt/switch_or_evict.rs`, the simulator's rule). The switch
+//! travels as a [`ToWorker::Switch`] on the device's
 //! connection ahead of the step, so the worker applies it between two steps
 //! ([`crate::executor::Device::switch`]), re-accounting resident set + slot + KV within its
 //! budget; the worker answers [`ToCoordinator::Switched`] with its own accounting.
@@ -17,9 +19,11 @@
 //! next to what other sequences hold is held back ([`Verdict::Hold`]) until sequences are
 //! released; an admitted sequence's steps are never held for long: with steps in flight
 //! they wait for them (one may finish), with none the newest-admitted other sequences are
-//! evicted and recomputed when they run again (`adapt/evict.rs`, lossless). Only a sequence
-//! that alone outgrows every layout fails, on the device, with a typed KV-budget error; the
-//! budget is never exceeded.
+//! evicted and recomputed when they run again (`adapt/evict.rs`, lossless). A micro-batch
+//! whose own sequences no layout holds together is split ([`Verdict::Split`],
+//! `adapt/split.rs`): its sequences run as sub-steps one group after another, each evicting
+//! the others' KV if it must. Only a sequence that alone outgrows every layout fails, on the
+//! device, with a typed KV-budget error; the budget is never exceeded.
 
 //! Prices of layouts come from the manifest's slice sizes, the same function the worker
 //! accounts with ([`crate::executor::layout_bytes`]), so both sides agree to the byte.
@@ -33,8 +37,7 @@ use std::time::Instant;
 use loip_engine::TokenPos;
 use loip_model::slice::Manifest;
 use loip_plan::adapt::{
-    choose_switch, counts_max, lend_cap_tokens, lend_grow, lend_shrink, stage_layout, AdaptConfig,
-    AdaptEvent, MemorySample,
+    choose_switch, counts_max, lend_shrink, stage_layout, AdaptConfig, AdaptEvent, MemorySample,
 };
 use loip_plan::{cost, DeviceProfile, ModelShape, Plan, Residency, StagePlan};
 
@@ -42,7 +45,10 @@ use crate::executor::{layout_bytes, BlockPlacement, DeviceSpec, StageLayer, Stag
 use crate::wire::DeviceMemory;
 
 mod evict;
+mod lending;
 mod report;
+mod split;
+mod switch_or_evict;
 mod worker_side;
 
 pub use report::{AdaptReport, Crossing, DeviceAdapt};
@@ -95,6 +101,9 @@ pub enum Verdict {
     /// hold it back until sequences are released or steps finish, after these actions
     /// (they only make room)
     Hold(Vec<Action>),
+    /// the step's own sequences' KV fits no device together: run it as sub-steps of these
+    /// sequences, one group after another, each decided on its own (module `split`)
+    Split(Vec<Vec<u64>>),
 }
 
 struct Dev {
@@ -107,6 +116,8 @@ struct Dev {
     n_max: u32,                  // layers of its largest stage
     attn_s: f64,                 // attention block time  // seconds
     mlp_s: f64,                  // MLP block time  // seconds
+    /// attention + MLP of one layer per token when re-prefilling (chunks of the step limit)
+    recompute_s: f64, // seconds
     loader: loip_plan::LoaderProfile,
     /// before the switch sent last and not yet answered: (plan stages, KV room)
     prev: Option<(Vec<StagePlan>, u64)>,
@@ -150,6 +161,14 @@ pub struct Adapter {
     last_entry: Option<Instant>,
     /// eviction and recomputation (the last resort)
     recomp: evict::Recompute,
+    /// sequences of micro-batches split so far: admitted, never held as new admissions
+    split: std::collections::BTreeSet<u64>,
+    /// this step evicts rather than switch (cheaper over the rest of the run)
+    evict_first: bool,
+    /// sequences are evicted because that was cheaper than a switch
+    chose_eviction: bool,
+    /// KV tokens expected at the end, over all sequences (the plan's context)  // tokens
+    context: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -217,6 +236,10 @@ impl Adapter {
                     .unwrap_or(0),
                 attn_s: prof.attn_time(shape, 1, n),
                 mlp_s: prof.mlp_time(shape, 1),
+                recompute_s: {
+                    let c = spec.max_step_tokens.clamp(1, u32::MAX as usize) as u32;
+                    (prof.attn_time(shape, c, n) + prof.mlp_time(shape, c)) / c as f64
+                },
                 loader: *prof.loader(plan.loader),
                 prev: None,
                 refused: Vec::new(),
@@ -274,6 +297,10 @@ impl Adapter {
             round_s: None,
             last_entry: None,
             recomp: Default::default(),
+            split: Default::default(),
+            evict_first: false,
+            chose_eviction: false,
+            context: plan.context,
         }
     }
 
@@ -332,18 +359,32 @@ impl Adapter {
         Some((res + slot + d.working, stages))
     }
 
-    /// The threshold switch of device `i` for `tokens` held (see the module docs).
+    /// `g = ld + span` of device `i` with `a`/`m` offloaded blocks per stage: what one
+    /// stage's step grows with (the least-added-load choice of a switch).  // seconds
+    fn g(&self, i: usize, a: u32, m: u32) -> f64 {
+        let d = &self.devs[i];
+        let (a, m) = (a.min(d.n_max), m.min(d.n_max));
+        let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
+        d.loader.load_time(bytes, a + m) + cost::span(a, m, d.attn_s, d.mlp_s)
+    }
+
+    /// The threshold switch of device `i` for `tokens` held (see the module docs); none
+    /// when this step evicts instead (cheaper, `adapt/switch_or_evict.rs`).
     fn choose(&self, i: usize, tokens: u64, seqs: u64) -> Option<(u32, u32)> {
+        if self.evict_first {
+            return None;
+        }
+        self.choose_switch(i, tokens, seqs)
+    }
+
+    /// [`Adapter::choose`] whatever eviction would cost.
+    fn choose_switch(&self, i: usize, tokens: u64, seqs: u64) -> Option<(u32, u32)> {
         if self.evict_only {
             return None;
         }
         let d = &self.devs[i];
         let cur = counts_max(&d.plan_stages);
-        let g = |a: u32, m: u32| {
-            let (a, m) = (a.min(d.n_max), m.min(d.n_max));
-            let bytes = a as u64 * self.shape.attn_bytes + m as u64 * self.shape.mlp_bytes;
-            d.loader.load_time(bytes, a + m) + cost::span(a, m, d.attn_s, d.mlp_s)
-        };
+        let g = |a: u32, m: u32| self.g(i, a, m);
         let holds = |want: u64| {
             move |a: u32, m: u32| {
                 !d.refused.contains(&(a, m))
@@ -373,199 +414,6 @@ impl Adapter {
         self.evict_only = on;
     }
 
-    /// Bytes reserved on device `p` for its peers' lent KV.  // bytes
-    fn borrowed(&self, p: usize) -> u64 {
-        self.devs
-            .iter()
-            .filter(|d| d.lend.is_some_and(|l| l.0 == p))
-            .map(|d| d.lend_bytes)
-            .sum()
-    }
-
-    /// KV bytes device `i` can hold for its own sequences: its layout's room, less what it
-    /// reserved for peers, plus what lending frees there.  // bytes
-    fn room(&self, i: usize) -> u64 {
-        let d = &self.devs[i];
-        let lent = d.lend.map_or(0, |l| l.1) * d.saving_pt(self.per_layer);
-        d.kv_budget.saturating_sub(self.borrowed(i)) + lent
-    }
-
-    /// Eq. 8 for device `i`: most rows per stage whose send and fetch-back fit the idle
-    /// window between two of its stages at the measured rate (unbounded before any
-    /// measurement).  // tokens
-    fn link_cap(&self, i: usize, seqs: u64) -> u64 {
-        let (Some(bw), Some(round)) = (self.bandwidth, self.round_s) else {
-            return u64::MAX;
-        };
-        let d = &self.devs[i];
-        let s = d.stages.max(1) as f64;
-        let busy = seqs as f64 * d.n_max as f64 * (d.attn_s + d.mlp_s);
-        lend_cap_tokens(
-            bw,
-            round / s - busy,
-            (seqs * self.act_bytes) as f64,
-            0.0,
-            (d.n_max as u64 * self.per_layer) as f64,
-            self.cfg.lend_link_fraction,
-        )
-    }
-
-    fn set_lend(&mut self, i: usize, lend: Option<(usize, u64)>, seqs: u64) {
-        let d = &mut self.devs[i];
-        d.lend = lend.filter(|l| l.1 > 0);
-        d.lend_bytes = d.lend.map_or(0, |(_, n)| {
-            n * d.kv_per_token + d.stages as u64 * (4 + 12 * (seqs + 1))
-        });
-    }
-
-    /// Lending that makes device `i` hold `want` tokens: grown on its peer (the current one,
-    /// or the one with the most spare memory) when the link and the peer's memory carry
-    /// it; the action to send, after recording it.
-    fn try_lend(
-        &mut self,
-        i: usize,
-        want: u64,
-        ahead: u64,
-        tokens: u64,
-        seqs: u64,
-    ) -> Option<Action> {
-        let (peer, memory) = self.lend_target(i, ahead)?;
-        let d = &self.devs[i];
-        let saving = d.saving_pt(self.per_layer);
-        let over = want
-            .saturating_mul(d.kv_per_token)
-            .saturating_sub(self.room(i));
-        let have = d.lend.map_or(0, |l| l.1);
-        // rows this device has to lend (the newest of each sequence stays)
-        let rows = tokens.saturating_sub(seqs);
-        let cap = self.link_cap(i, seqs).min(memory).min(rows);
-        let n_ts = self.cfg.min_change_tokens as u64;
-        // When the link cannot carry what `want` needs, lend what the KV held now needs
-        // anyway where the peer's memory allows (slower, but the step does not fail).
-        let now = tokens
-            .saturating_mul(d.kv_per_token)
-            .saturating_sub(self.room(i));
-        let to = lend_grow(have, cap, over, saving, n_ts)
-            .or_else(|| lend_grow(have, memory.min(rows), now, saving, 0))?;
-        let prev = d.lend;
-        self.devs[i].lend_prev = Some(prev);
-        self.devs[i].peer = Some(peer);
-        self.set_lend(i, Some((peer, to)), seqs);
-        let bytes = self.devs[i].lend_bytes;
-        Some(Action::Borrow {
-            peer,
-            lender: i,
-            bytes,
-            tokens: to,
-        })
-    }
-
-    /// Rows per stage device `i` must lend to hold `tokens` of KV in its current layout
-    /// (0 when it holds them without lending).  // tokens
-    fn lend_needed(&self, i: usize, tokens: u64) -> u64 {
-        let d = &self.devs[i];
-        let saving = d.saving_pt(self.per_layer);
-        let own = d.kv_budget.saturating_sub(self.borrowed(i));
-        let over = tokens.saturating_mul(d.kv_per_token).saturating_sub(own);
-        if saving == 0 {
-            return 0;
-        }
-        over.div_ceil(saving)
-    }
-
-    /// KV bytes lending could still free on device `i` holding `tokens` for `seqs`
-    /// sequences: every row but each sequence's newest lent, within its peer's spare memory
-    /// (0 without lending).  // bytes
-    fn lend_headroom(&self, i: usize, tokens: u64, seqs: u64) -> u64 {
-        let Some((_, memory)) = self.lend_target(i, tokens) else {
-            return 0;
-        };
-        let d = &self.devs[i];
-        let have = d.lend.map_or(0, |l| l.1);
-        let most = memory.min(tokens.saturating_sub(seqs));
-        most.saturating_sub(have)
-            .saturating_mul(d.saving_pt(self.per_layer))
-    }
-
-    /// Where device `i` lends (its current peer, or the one with the most spare memory
-    /// once every device holds `ahead` tokens) and the most rows per stage that peer's
-    /// memory takes; `None` when it cannot lend.  // tokens
-    fn lend_target(&self, i: usize, ahead: u64) -> Option<(usize, u64)> {
-        let d = &self.devs[i];
-        let saving = d.saving_pt(self.per_layer);
-        if !self.lending || self.evict_only || saving == 0 || d.lend_refused || d.kv_per_token == 0
-        {
-            return None;
-        }
-        let spare = |p: usize| {
-            self.room(p)
-                .saturating_sub(ahead.saturating_mul(self.devs[p].kv_per_token))
-        };
-        let peer = d.peer.or_else(|| {
-            (0..self.devs.len())
-                .filter(|&p| p != i && self.devs[p].lend.is_none())
-                .max_by_key(|&p| (spare(p), std::cmp::Reverse(p)))
-        })?;
-        Some((peer, (spare(peer) + d.lend_bytes) / d.kv_per_token))
-    }
-
-    /// A peer answered a reservation for `lender`'s KV: when reserved, the lend to send.
-    pub fn on_borrowed(&mut self, lender: usize, ok: bool) -> Option<Action> {
-        let d = self.devs.get_mut(lender)?;
-        let prev = d.lend_prev.take()?;
-        let mut rep = lock(&self.report);
-        let name = rep
-            .devices
-            .get(lender)
-            .map(|r| r.name.clone())
-            .unwrap_or_default();
-        if !ok {
-            tracing::warn!("device {name}: its peer refused to hold its KV; not lending more");
-            d.lend = prev;
-            d.lend_refused = true;
-            return None;
-        }
-        let (peer, tokens) = d.lend?;
-        let peer_name = rep.devices.get(peer).map(|r| r.name.clone());
-        tracing::info!(
-            "device {name}: lends {tokens} KV tokens per stage to {}",
-            peer_name.clone().unwrap_or_default()
-        );
-        let lent = tokens * d.saving_pt(self.per_layer);
-        let bytes = d.lend_bytes;
-        if let Some(r) = rep.devices.get_mut(lender) {
-            r.lent_to = peer_name;
-            r.lent_tokens = tokens;
-            r.lent_bytes = lent;
-        }
-        if let Some(r) = rep.devices.get_mut(peer) {
-            r.borrowed_bytes = bytes;
-        }
-        Some(Action::Lend {
-            device: lender,
-            tokens,
-        })
-    }
-
-    /// Lent KV of `lender` came back: `bytes` in `secs` since it was asked (the transfer
-    /// rate lending is sized by).
-    pub fn on_fetched(&mut self, lender: usize, bytes: u64, secs: f64) {
-        if secs > 0.0 && bytes > 0 {
-            self.bandwidth = Some(bytes as f64 / secs);
-        }
-        let mut rep = lock(&self.report);
-        rep.lend_bandwidth = self.bandwidth;
-        if let Some(r) = rep.devices.get_mut(lender) {
-            r.fetches += 1;
-            r.kv_moved_bytes += 2 * bytes;
-        }
-    }
-
-    /// The peer `lender` lends to (or lent to), if any.
-    pub fn lend_peer(&self, lender: usize) -> Option<usize> {
-        self.devs.get(lender)?.peer
-    }
-
     /// Decides what happens before a step of `batch` enters the pipeline (module docs);
     /// `others_in_flight`: other steps are in the pipeline (an admitted sequence's step that
     /// nothing makes room for waits for them rather than fail).
@@ -573,12 +421,29 @@ impl Adapter {
         let mut after = self.held.clone();
         let mut new_seq = false;
         for t in batch {
+            // a sequence of a split micro-batch was admitted: its evicted KV is no new
+            // admission
+            let split = self.split.contains(&t.seq);
             let e = after.entry(t.seq).or_insert_with(|| {
-                new_seq = true;
+                new_seq |= !split;
                 0
             });
             *e = (*e).max(t.pos as u64 + 1);
         }
+        self.evict_first = false;
+        if let Some(groups) = self.split_for(batch, &after) {
+            return Verdict::Split(groups);
+        }
+        // Evicting other sequences may cost less than the switch this step needs; and a
+        // sequence evicted for that comes back without the switch (held until room).
+        if self.recomp.evicted_tokens() == 0 {
+            self.chose_eviction = false;
+        }
+        self.evict_first = if new_seq {
+            self.chose_eviction && batch.iter().any(|t| self.recomp.is_evicted(t.seq))
+        } else {
+            self.eviction_cheaper(batch, &after)
+        };
         // The last resort: an admitted sequence no layout holds next to the others, and no
         // step in flight that could finish and make room: evict others (module evict).
         let evicted = if !new_seq && !others_in_flight {
@@ -754,6 +619,7 @@ impl Adapter {
     pub fn release(&mut self, seqs: &[u64]) {
         for s in seqs {
             self.held.remove(s);
+            self.split.remove(s);
         }
         if let Some(u) = self.undo.as_mut() {
             for s in seqs {

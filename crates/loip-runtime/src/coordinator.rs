@@ -36,6 +36,7 @@ mod conn;
 mod device_stats;
 mod lend;
 mod route;
+mod split;
 mod wave;
 
 pub use backend::PipelineBackend;
@@ -309,6 +310,7 @@ impl Pipeline {
             lend: Mutex::new(LendTotals::default()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
+        let adapt = adapt.map(|a| adapt_hook::AdaptState::new(a, tx.downgrade()));
         tokio::spawn(scheduler(
             conns,
             route,
@@ -700,7 +702,7 @@ async fn scheduler(
     opts: PipelineOptions,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     shared: Arc<Shared>,
-    adapt: Option<crate::adapt::Adapter>,
+    adapt: Option<adapt_hook::AdaptState>,
 ) {
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<Event>();
     let mut writers = Vec::new();
@@ -761,7 +763,7 @@ async fn scheduler(
         inflight: BTreeMap::new(),
         waves: wave::Waves::default(),
         shared,
-        adapt: adapt.map(adapt_hook::AdaptState::new),
+        adapt,
         next_step: 1,
     };
     let mut tick = tokio::time::interval(Duration::from_millis(500));

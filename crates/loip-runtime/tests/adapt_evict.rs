@@ -10,6 +10,11 @@
 //! - Eviction only (`SessionOptions::evict_only`, `loip local --evict-only`): the same two
 //!   sequences over a plan with nothing offloaded, where a switch could make room; with
 //!   switches and lending off the coordinator evicts A instead, and both stay bit-identical.
+//! - A micro-batch that holds the KV itself: two (three) sequences in one step each, 6 + 24
+//!   (6 + 16) tokens, outgrow the 40 tokens together with nothing outside the step to evict;
+//!   the coordinator splits the step (groups that fit alone run one after another, each
+//!   evicting the others' KV and re-prefilling its own), and every sequence's tokens and
+//!   logits (argmax rows: ids and their logits) match its run alone on the single device.
 //! - Holding an admission: B arrives while A holds 35 tokens; B's prompt does not fit, so it
 //!   is held (never failed, the budget never exceeded) and admitted when A is released.
 //! - Eviction of a sequence whose rows are lent to a peer: `dev1` has room for 20 tokens and
@@ -56,6 +61,17 @@ fn start_with(
     rooms: [u64; 2],
     tweak: impl FnOnce(&mut SessionOptions),
 ) -> (Session, Vec<WorkerProcess>) {
+    start_specs(tag, offloaded, rooms, tweak, |_| {})
+}
+
+/// [`start_with`], the worker specs (their profiles) changed by `specs`.
+fn start_specs(
+    tag: &str,
+    offloaded: bool,
+    rooms: [u64; 2],
+    tweak: impl FnOnce(&mut SessionOptions),
+    specs: impl FnOnce(&mut [loip_runtime::cluster_run::WorkerSpec]),
+) -> (Session, Vec<WorkerProcess>) {
     let path = fixture("tiny-llama");
     let slices = slices_of(&path, "tiny-llama");
     let m = Manifest::load(&slices).unwrap();
@@ -66,9 +82,13 @@ fn start_with(
         resident
     };
     let root = scratch(tag);
+    let mut opts = session_options(plan.clone(), PROMPT_A.len());
+    tweak(&mut opts);
     let workers: Vec<_> = (0..2)
         .map(|i| {
-            let spec = device_spec(&plan, i, LoaderKind::Direct, MAX_STEP, CONTEXT, None);
+            let context = opts.context as usize;
+            let mut spec = device_spec(&plan, i, LoaderKind::Direct, MAX_STEP, context, None);
+            spec.max_step_seqs = opts.max_step_seqs;
             let mem = Device::open(&slices, &m, spec).unwrap().memory();
             spawn_worker(&W {
                 name: names[i].clone(),
@@ -79,10 +99,9 @@ fn start_with(
         })
         .collect();
     let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
-    let mut opts = session_options(plan, PROMPT_A.len());
-    tweak(&mut opts);
-    let s = Session::start(&slices, worker_specs(&names, &addrs), opts)
-        .unwrap_or_else(|e| panic!("session: {e}"));
+    let mut ws = worker_specs(&names, &addrs);
+    specs(&mut ws);
+    let s = Session::start(&slices, ws, opts).unwrap_or_else(|e| panic!("session: {e}"));
     (s, workers)
 }
 
@@ -167,6 +186,64 @@ fn eviction_only_evicts_where_a_switch_could_make_room_and_stays_bit_identical()
         assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
     }
     s.shutdown();
+}
+
+/// A with B beside over the plan with nothing offloaded, where a switch could make room,
+/// `context` tokens expected in all; the devices' loaders read at `bandwidth` (bytes/s) with
+/// `overhead` seconds a read as their profiles say. The report.
+fn switch_or_evict(
+    tag: &str,
+    context: u64,
+    bandwidth: f64,
+    overhead: f64,
+) -> loip_runtime::adapt::AdaptReport {
+    let tweak = |o: &mut SessionOptions| {
+        o.context = context;
+        if let Some(p) = o.plan.as_mut() {
+            p.context = context;
+        }
+    };
+    let (s, _w) = start_specs(tag, false, [ROOM; 2], tweak, |ws| {
+        for w in ws {
+            if let Some(p) = w.profile.as_mut() {
+                p.loader.direct.bandwidth = bandwidth;
+                p.loader.direct.per_read_overhead = overhead;
+            }
+        }
+    });
+    let ad = a_with_b_beside(&s);
+    eprintln!("events {:?}", ad.events);
+    for d in &ad.devices {
+        assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
+    }
+    s.shutdown();
+    ad
+}
+
+#[test]
+fn eviction_is_chosen_over_a_switch_whose_loads_cost_more_and_both_stay_bit_identical() {
+    // the run expected to end right after the crossing (44 tokens), a loader without read
+    // costs: the switch's extra per step (its blocks' compute span) for its two steps costs
+    // less than recomputing A's 20 tokens through both devices
+    let fast = switch_or_evict("adapt-switch-cheaper", 44, 1e12, 0.0);
+    assert_eq!(
+        (fast.evictions, fast.evictions_over_switch),
+        (0, 0),
+        "{fast:?}"
+    );
+    assert!(
+        fast.devices.iter().any(|d| d.switches_applied > 0),
+        "{fast:?}"
+    );
+    // a loader at 1 kB/s: the switch would add seconds to every step; A is evicted instead
+    let slow = switch_or_evict("adapt-evict-cheaper", 72, 1e3, 1e-4);
+    assert_eq!(slow.evictions, 1, "{slow:?}");
+    assert!(slow.evictions_over_switch >= 1, "{slow:?}");
+    assert_eq!(slow.recomputed_tokens, 20, "{slow:?}");
+    for d in &slow.devices {
+        assert_eq!(d.switches_applied + d.switches_refused, 0, "{d:?}");
+        assert_eq!(d.offloaded, (0, 0), "{d:?}");
+    }
 }
 
 #[test]
@@ -258,4 +335,116 @@ fn evicting_a_sequence_with_lent_rows_releases_them_and_stays_bit_identical() {
     assert_eq!(ad.evictions, 1, "{ad:?}");
     assert!(ad.devices[0].lent_tokens > 0, "{:?}", ad.devices);
     s.shutdown();
+}
+
+/// Runs `prompts` as `seqs` in one micro-batch per step (each prompt whole, then one token
+/// each), `n_new` greedy tokens each; per sequence its tokens and each step's row: its
+/// logits (`argmax` false), or its argmax id and logit.
+fn micro_batch(
+    p: &loip_runtime::coordinator::Pipeline,
+    seqs: &[u64],
+    prompts: &[&[u32]],
+    n_new: usize,
+    argmax: bool,
+) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    use loip_runtime::coordinator::RowsOut;
+    let mut out: Vec<(Vec<u32>, Vec<Vec<f32>>)> = vec![(vec![], vec![]); seqs.len()];
+    let mut feed: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    let mut pos = vec![0usize; seqs.len()];
+    for step in 0..n_new {
+        let (mut ids, mut batch, mut rows) = (vec![], vec![], vec![]);
+        for (k, f) in feed.iter().enumerate() {
+            for (j, &id) in f.iter().enumerate() {
+                ids.push(id);
+                batch.push(loip_engine::TokenPos {
+                    seq: seqs[k],
+                    pos: pos[k] + j,
+                });
+            }
+            rows.push(ids.len() as u32 - 1);
+            pos[k] += f.len();
+        }
+        let how = if argmax {
+            RowsOut::Argmax {
+                masked: &[],
+                row_masks: &[],
+            }
+        } else {
+            RowsOut::Logits
+        };
+        let r = p
+            .step_batch_blocking(&ids, &batch, &rows, how)
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
+        let picks: Vec<(u32, Vec<f32>)> = if argmax {
+            r.argmax.iter().map(|&(id, l)| (id, vec![l])).collect()
+        } else {
+            let vocab = r.logits.len() / seqs.len();
+            r.logits
+                .chunks_exact(vocab)
+                .map(|l| (loip_engine::sampling::argmax(l), l.to_vec()))
+                .collect()
+        };
+        assert_eq!(picks.len(), seqs.len(), "step {step}: rows");
+        for (k, (id, row)) in picks.into_iter().enumerate() {
+            out[k].0.push(id);
+            out[k].1.push(row);
+            feed[k] = vec![id];
+        }
+    }
+    out
+}
+
+/// `prompts` in one micro-batch per step over the fully offloaded plan (`ROOM` tokens of KV
+/// a device), `n_new` tokens each, checked against each alone on the single device; the
+/// adaptation report.
+fn own_batch(
+    tag: &str,
+    prompts: &[&[u32]],
+    n_new: usize,
+    argmax: bool,
+) -> loip_runtime::adapt::AdaptReport {
+    let (s, _w) = start_with(tag, true, [ROOM; 2], |o| o.max_step_seqs = prompts.len());
+    let seqs: Vec<u64> = prompts.iter().map(|_| next_seq_id()).collect();
+    let got = micro_batch(s.pipeline(), &seqs, prompts, n_new, argmax);
+    s.pipeline().release(&seqs);
+    let ckpt = Checkpoint::open(&fixture("tiny-llama")).unwrap();
+    for (k, prompt) in prompts.iter().enumerate() {
+        let (ids, logits) = reference(&ckpt, prompt, &greedy(n_new));
+        let what = format!("sequence {k}");
+        assert_eq!(got[k].0, ids, "{what}: tokens");
+        let want: Vec<Vec<f32>> = if argmax {
+            logits
+                .iter()
+                .zip(&ids)
+                .map(|(l, &id)| vec![l[id as usize]])
+                .collect()
+        } else {
+            logits
+        };
+        assert_bits(&what, &got[k].1, &want);
+    }
+    let ad = s.adaptation().expect("adaptation on");
+    eprintln!("events {:?}", ad.events);
+    assert!(ad.split_steps > 0, "{ad:?}");
+    assert!(ad.evictions > 0 && ad.recomputed_tokens > 0, "{ad:?}");
+    for d in &ad.devices {
+        assert!(d.kv_peak_bytes <= d.kv_budget, "{d:?}");
+    }
+    s.shutdown();
+    ad
+}
+
+#[test]
+fn a_micro_batch_that_outgrows_the_kv_itself_is_split_and_stays_bit_identical() {
+    own_batch("adapt-own-batch", &[PROMPT_A, PROMPT_B], 24, false);
+}
+
+#[test]
+fn a_three_sequence_micro_batch_split_in_groups_stays_bit_identical_with_argmax_rows() {
+    own_batch(
+        "adapt-own-batch3",
+        &[PROMPT_A, PROMPT_B, PROMPT_C],
+        16,
+        true,
+    );
 }

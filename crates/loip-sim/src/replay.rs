@@ -152,6 +152,26 @@ pub fn switches(events: &[crate::sim::AdaptEvent], simulated: bool) -> Vec<Switc
         .collect()
 }
 
+/// Whether the runtime's and the simulator's switches are the same decisions: the same
+/// devices and layouts, at the same round and KV tokens within `sequences − 1`: the runtime
+/// counts a step, and the KV, as each sequence's step enters (`sequences` steps a round), the
+/// simulator once a round for all of them (and devices switching at one step in any order).
+pub fn same_switches(runtime: &[Switch], simulated: &[Switch], sequences: u32) -> bool {
+    let b = sequences.max(1);
+    let sorted = |v: &[Switch]| {
+        let mut v = v.to_vec();
+        v.sort_by_key(|s| (s.step, s.device));
+        v
+    };
+    let (runtime, simulated) = (sorted(runtime), sorted(simulated));
+    runtime.len() == simulated.len()
+        && runtime.iter().zip(&simulated).all(|(a, s)| {
+            (a.device, a.from, a.to) == (s.device, s.from, s.to)
+                && a.step.abs_diff(s.step.saturating_mul(b)) < b
+                && a.tokens.abs_diff(s.tokens) < b as u64
+        })
+}
+
 fn field<'a>(
     v: &'a serde_json::Value,
     name: &'static str,

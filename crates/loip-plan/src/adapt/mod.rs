@@ -27,7 +27,7 @@ pub use admission::{can_grow_to, plan_for_admission};
 pub use policy::{Adapter, BlockTimes, DevState, Measure};
 pub use switch::{
     choose_switch, counts_max, lend_cap_tokens, lend_grow, lend_shrink, lend_update, stage_layout,
-    threshold,
+    steps_served, threshold, SwitchVsEvict,
 };
 
 use serde::{Deserialize, Serialize};

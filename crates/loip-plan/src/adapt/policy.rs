@@ -32,6 +32,9 @@
 //!    idle link time carries it (Eq. 8); otherwise switch (when no layout lasts, offload
 //!    every block if that frees anything — with one stage per device it does not: the slot
 //!    holds what is offloaded);
+//!    — unless evicting and recomputing instead costs less than the switch adds until the
+//!    new layout's next threshold or the run's end ([`switch::SwitchVsEvict`]; here the
+//!    evicted tokens are recomputed in every remaining pass);
 //! 3. evict and recompute what still does not fit (the baselines only do this).
 
 use super::switch::{self, counts_max};
@@ -250,6 +253,42 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
         });
     }
 
+    /// The switch of device `i` to `to` (adding `extra` seconds a step) priced against
+    /// evicting the `over` bytes it is over its budget instead, recomputed in every
+    /// remaining pass and growing by `b` tokens a pass ([`switch::SwitchVsEvict`], the
+    /// runtime's choice too).
+    fn evict_vs_switch(
+        &self,
+        i: usize,
+        step: u32,
+        to: (u32, u32),
+        extra: f64,
+        over: u64,
+    ) -> switch::SwitchVsEvict {
+        let (kv, b) = (self.kv_pt(i).max(1), self.b as u64);
+        let base = self.base(i, &self.layout(i, to.0, to.1));
+        let lent = self.devs[i].lend.map(|l| l.1).unwrap_or(0) * self.lend_saving_pt(i);
+        let room = (self.devs[i].budget + lent).saturating_sub(base + self.borrowed(i));
+        let threshold = room / kv + b * self.evict as u64;
+        let end = self.tokens(self.steps.saturating_sub(1));
+        let n = self.prompt as u64 + step as u64 + 1;
+        let per_token = (0..self.devs.len())
+            .map(|j| {
+                let (ta, tm) = self.clock.blocks(j, 1, n);
+                self.devs[j].layers as f64 * (ta + tm)
+            })
+            .sum();
+        switch::SwitchVsEvict {
+            switch_extra_s: extra,
+            switch_steps: switch::steps_served(self.tokens(step), threshold, end, b),
+            evict_tokens: over.div_ceil(kv).div_ceil(b) * b,
+            recompute_s_per_token: per_token,
+            recompute_fixed_s: 0.0,
+            recomputations: self.steps.saturating_sub(step) as u64,
+            evict_growth_tokens: b,
+        }
+    }
+
     /// Activation bytes device `i` sends per round (one stage, all micro-batches).  // bytes
     fn traffic(&self) -> f64 {
         self.b as f64 * (1 + self.evict) as f64 * self.shape.act_bytes_per_token as f64
@@ -377,6 +416,14 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
                         }
                     }
                 }
+                if let Some(to) = sw.filter(|&to| to != (ca, cm)) {
+                    let extra = self.predicted_step(i, to.0, to.1, &times, bw) - step_now;
+                    let c = self.evict_vs_switch(i, step, to, extra, over);
+                    if c.evict_cheaper() {
+                        // step 3 evicts instead: cheaper over the rest of the run
+                        continue;
+                    }
+                }
                 match sw {
                     Some(to) => self.switch(i, step, to),
                     None => {
@@ -441,5 +488,93 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
             kv_borrowed,
             kv_evicted: evicted,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LoaderProfile;
+
+    struct Flat;
+    impl BlockTimes for Flat {
+        fn blocks(&self, _: usize, tokens: u32, _: u64) -> (f64, f64) {
+            (1e-3 * tokens as f64, 1e-3 * tokens as f64)
+        }
+        fn head(&self, _: usize) -> f64 {
+            1e-3
+        }
+    }
+
+    /// The decisions of one device, two stages of two layers, nothing offloaded, two
+    /// sequences of 10 + 40 tokens, its budget 4 tokens a sequence past the prompt, its
+    /// loader reading at `bandwidth` (bytes/s).
+    fn events(shape: &ModelShape, bandwidth: f64) -> Vec<AdaptEvent> {
+        let stages = vec![
+            StagePlan::with_offload(0, 2, 0, 0),
+            StagePlan::with_offload(2, 2, 0, 0),
+        ];
+        let mut ad = Adapter {
+            shape,
+            mode: ExecMode::Overlapped,
+            b: 2,
+            policy: KvPolicy::Adaptive { lending: false },
+            cfg: AdaptConfig::default(),
+            prompt: 10,
+            steps: 40,
+            latency: 0.0,
+            devs: vec![DevState {
+                budget: u64::MAX,
+                stages,
+                embed: true,
+                head: true,
+                layers: 4,
+                n_max: 2,
+                lend: None,
+                peak: 0,
+            }],
+            clock: Flat,
+            loaders: vec![LoaderProfile {
+                bandwidth,
+                per_read_overhead: 1e-4,
+            }],
+            evict: 0,
+            events: Vec::new(),
+        };
+        let base = ad.base(0, &ad.devs[0].stages);
+        ad.devs[0].budget = base + ad.kv_pt(0) * ad.tokens(4);
+        let m = Measure {
+            step_s: 0.1,
+            bandwidth: 1e9,
+        };
+        for step in 0..ad.steps {
+            ad.decide(step, Some(m));
+        }
+        ad.events
+    }
+
+    #[test]
+    fn a_switch_whose_loads_cost_more_than_recomputing_is_not_taken() {
+        let shape = ModelShape::from_dims("t", 64, 256, 4, 4, 2, 16, 100, false, 2.0, 2);
+        let fast = events(&shape, 1e12);
+        assert!(
+            matches!(fast.first(), Some(AdaptEvent::Switch { step: 5, .. })),
+            "{fast:?}"
+        );
+        assert!(
+            !fast.iter().any(|e| matches!(e, AdaptEvent::Evict { .. })),
+            "{fast:?}"
+        );
+        // at 1 kB/s a block takes a minute to load: recomputing the overflow in each pass
+        // costs far less than the switch would add
+        let slow = events(&shape, 1e3);
+        assert!(
+            matches!(slow.first(), Some(AdaptEvent::Evict { step: 5, .. })),
+            "{slow:?}"
+        );
+        assert!(
+            !slow.iter().any(|e| matches!(e, AdaptEvent::Switch { .. })),
+            "{slow:?}"
+        );
     }
 }

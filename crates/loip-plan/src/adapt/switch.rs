@@ -67,6 +67,57 @@ pub fn choose_switch(
     best.map(|b| (b.2, b.3))
 }
 
+/// A threshold switch priced against evicting and recomputing instead (design §6): the
+/// switch adds its extra load to every step it serves; eviction recomputes the evicted
+/// tokens (once in the runtime, which re-prefills an evicted sequence when it runs again; in
+/// every remaining pass in the simulator's model of the baselines).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SwitchVsEvict {
+    /// time the switch adds to each step, over the devices that switch  // seconds
+    pub switch_extra_s: f64,
+    /// steps it adds it to: until the new layout's next threshold or the end of the
+    /// expected context, whichever is first  // steps
+    pub switch_steps: u64,
+    /// KV tokens eviction drops and recomputes  // tokens
+    pub evict_tokens: u64,
+    /// time to recompute one token through every device  // seconds
+    pub recompute_s_per_token: f64,
+    /// time a recomputation costs besides its tokens (the loads of its chunk steps)  // seconds
+    pub recompute_fixed_s: f64,
+    /// recomputations: 1 in the runtime, the remaining passes in the simulator
+    pub recomputations: u64,
+    /// tokens each recomputation adds to the one before (the simulator's evicted KV grows
+    /// with the sequences, `b` tokens a pass; 0 in the runtime)  // tokens
+    pub evict_growth_tokens: u64,
+}
+
+impl SwitchVsEvict {
+    /// What the switch costs over the steps it serves.  // seconds
+    pub fn switch_cost(&self) -> f64 {
+        self.switch_extra_s.max(0.0) * self.switch_steps as f64
+    }
+
+    /// What evicting and recomputing costs.  // seconds
+    pub fn evict_cost(&self) -> f64 {
+        let n = self.recomputations as f64;
+        let once = self.evict_tokens as f64 * self.recompute_s_per_token + self.recompute_fixed_s;
+        let growth = self.evict_growth_tokens as f64 * self.recompute_s_per_token;
+        once * n + growth * n * (n - 1.0).max(0.0) / 2.0
+    }
+
+    /// Whether eviction is the cheaper way (a tie switches: every sequence keeps running).
+    pub fn evict_cheaper(&self) -> bool {
+        self.evict_tokens > 0 && self.evict_cost() < self.switch_cost()
+    }
+}
+
+/// Steps a layout switched to now serves: this one (its step runs with it, holding `tokens`)
+/// and those until it holds `threshold` KV tokens or the expected `end` (total tokens),
+/// whichever is first, `seqs` sequences each adding one token a step.  // steps
+pub fn steps_served(tokens: u64, threshold: u64, end: u64, seqs: u64) -> u64 {
+    threshold.min(end).saturating_sub(tokens) / seqs.max(1) + 1
+}
+
 /// Eq. 8: most tokens per stage whose send and fetch-back fit the idle link time `idle_s`
 /// at `bandwidth`, after `traffic` activation bytes each way and `others` bytes of other
 /// lenders' fetches on the same port; `fraction` is the safety margin and `per_token` the
@@ -128,6 +179,68 @@ mod tests {
         // a switch may bring blocks back: from (0, 2) to (2, 0)
         assert_eq!(choose_switch(4, (0, 2), fits, g), Some((2, 0)));
         assert_eq!(choose_switch(4, (0, 0), |_, _| false, g), None);
+    }
+
+    #[test]
+    fn eviction_wins_only_when_its_recomputation_costs_less_than_the_switch() {
+        // llama-1b, two devices (README): offloading all attention adds ~0.9 s a step for
+        // this step and the 39 to the end; evicting the other sequence recomputes 120
+        // tokens once
+        let c = SwitchVsEvict {
+            switch_extra_s: 0.875,
+            switch_steps: steps_served(241, 10_000, 280, 1),
+            evict_tokens: 120,
+            recompute_s_per_token: 0.0625,
+            recompute_fixed_s: 0.5,
+            recomputations: 1,
+            evict_growth_tokens: 0,
+        };
+        assert_eq!(c.switch_steps, 40);
+        assert_eq!(c.switch_cost(), 35.0);
+        assert_eq!(c.evict_cost(), 8.0);
+        assert!(c.evict_cheaper());
+        // the same eviction recomputed in each of the remaining passes (the simulator)
+        let every_pass = SwitchVsEvict {
+            recomputations: 40,
+            ..c
+        };
+        assert_eq!(every_pass.evict_cost(), 40.0 * 8.0);
+        assert!(!every_pass.evict_cheaper());
+        // ... and growing by 2 tokens a pass: 40·(2·0.0625) + 2·0.0625·40·39/2
+        let growing = SwitchVsEvict {
+            evict_tokens: 2,
+            recompute_fixed_s: 0.0,
+            evict_growth_tokens: 2,
+            ..every_pass
+        };
+        assert_eq!(growing.evict_cost(), 5.0 + 97.5);
+        // a switch that adds nothing, or nothing to evict: switch
+        assert!(!SwitchVsEvict {
+            switch_extra_s: 0.0,
+            ..c
+        }
+        .evict_cheaper());
+        assert!(!SwitchVsEvict {
+            evict_tokens: 0,
+            recompute_fixed_s: 0.0,
+            ..c
+        }
+        .evict_cheaper());
+        // a tie switches
+        let tie = SwitchVsEvict {
+            switch_extra_s: 8.0,
+            switch_steps: 1,
+            ..c
+        };
+        assert!(!tie.evict_cheaper());
+    }
+
+    #[test]
+    fn a_switch_serves_until_its_threshold_or_the_end() {
+        assert_eq!(steps_served(100, 140, 1000, 2), 21);
+        assert_eq!(steps_served(100, 1000, 140, 2), 21);
+        assert_eq!(steps_served(100, 90, 1000, 2), 1);
+        assert_eq!(steps_served(100, 140, 1000, 0), 41);
     }
 
     #[test]

@@ -40,6 +40,11 @@ impl Recompute {
     pub(super) fn evicted_tokens(&self) -> u64 {
         self.evicted.values().sum()
     }
+
+    /// Whether `seq` is evicted now.
+    pub(super) fn is_evicted(&self, seq: u64) -> bool {
+        self.evicted.contains_key(&seq)
+    }
 }
 
 impl Adapter {
@@ -74,6 +79,23 @@ impl Adapter {
         })
     }
 
+    /// The sequence of `after` to evict next for `batch`: the newest-admitted outside it
+    /// whose every id is known (only those can be recomputed), and its KV tokens.
+    pub(super) fn victim(
+        &self,
+        batch: &[TokenPos],
+        after: &BTreeMap<u64, u64>,
+    ) -> Option<(u64, u64)> {
+        after
+            .iter()
+            .filter(|(s, &n)| {
+                !batch.iter().any(|t| t.seq == **s)
+                    && self.recomp.ids.get(s).is_some_and(|v| v.len() as u64 >= n)
+            })
+            .max_by_key(|(s, _)| self.recomp.order.get(s).copied().unwrap_or(0))
+            .map(|(&s, &n)| (s, n))
+    }
+
     /// Evicts the newest-admitted sequences of `after` outside `batch` until every device
     /// can hold the rest; the sequences evicted (removed from `after`).
     pub(super) fn evict_for(
@@ -87,16 +109,7 @@ impl Adapter {
             if self.can_hold(tokens, after.len() as u64) {
                 break;
             }
-            // only a sequence whose every id is known can be recomputed
-            let victim = after
-                .iter()
-                .filter(|(s, &n)| {
-                    !batch.iter().any(|t| t.seq == **s)
-                        && self.recomp.ids.get(s).is_some_and(|v| v.len() as u64 >= n)
-                })
-                .max_by_key(|(s, _)| self.recomp.order.get(s).copied().unwrap_or(0))
-                .map(|(&s, &n)| (s, n));
-            let Some((seq, n)) = victim else {
+            let Some((seq, n)) = self.victim(batch, after) else {
                 break;
             };
             after.remove(&seq);

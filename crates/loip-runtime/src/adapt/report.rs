@@ -74,6 +74,14 @@ pub struct AdaptReport {
     pub evictions: u64,
     /// KV tokens recomputed after evictions  // tokens
     pub recomputed_tokens: u64,
+    /// micro-batches whose own sequences' KV no layout held together, run as sub-steps
+    /// one after another (evicting each other's KV in between)
+    pub split_steps: u64,
+    /// steps that evicted other sequences rather than switch a layout, because the
+    /// recomputation costs less than the switch's extra loads (`adapt/switch_or_evict.rs`)
+    pub evictions_over_switch: u64,
+    /// every switch priced against eviction: (decision step, both ways, eviction taken)
+    pub switch_vs_evict: Vec<(u32, loip_plan::adapt::SwitchVsEvict, bool)>,
     /// lent-KV transfer rate last measured  // bytes/s
     pub lend_bandwidth: Option<f64>,
     /// memory of every device at every switch and crossing: (seconds, device, KV bytes,

@@ -40,10 +40,15 @@ pub(super) struct AdaptState {
     pub(super) fetch_at: std::collections::BTreeMap<(usize, u16), std::time::Instant>,
     /// steps that re-prefill evicted sequences, to enter right before the step keyed
     recompute: std::collections::BTreeMap<u64, Vec<(Vec<TokenPos>, Vec<u32>)>>,
+    /// the pipeline's own command queue: a split step's sub-steps enter through it
+    cmd: tokio::sync::mpsc::WeakUnboundedSender<super::Cmd>,
 }
 
 impl AdaptState {
-    pub(super) fn new(adapter: Adapter) -> AdaptState {
+    pub(super) fn new(
+        adapter: Adapter,
+        cmd: tokio::sync::mpsc::WeakUnboundedSender<super::Cmd>,
+    ) -> AdaptState {
         AdaptState {
             adapter,
             held_back: Vec::new(),
@@ -53,6 +58,7 @@ impl AdaptState {
             refused: false,
             fetch_at: Default::default(),
             recompute: Default::default(),
+            cmd,
         }
     }
 }
@@ -99,6 +105,9 @@ impl Sched {
             Verdict::Hold(sw) => {
                 a.held_back.push((step, f, data));
                 self.send_switches(sw);
+            }
+            Verdict::Split(groups) => {
+                super::split::run(a.cmd.clone(), f, data, groups);
             }
         }
     }
