@@ -106,6 +106,11 @@ pub struct LocalArgs {
     /// comparison; output is identical).
     #[arg(long, conflicts_with = "whole_context")]
     pub evict_only: bool,
+    /// Let online adaptation evict (and later recompute) other sequences instead of switching
+    /// a device's layout where the cost model prices eviction lower. Off by default: eviction
+    /// is the last resort, since the price leaves out the evicted sequences' wait.
+    #[arg(long, conflicts_with_all = ["whole_context", "evict_only"])]
+    pub evict_when_cheaper: bool,
     /// Run the benchmark matrix instead and write its rows to this JSON file.
     #[arg(long)]
     pub bench: Option<PathBuf>,
@@ -346,6 +351,10 @@ fn session_options(
         relay: a.relay,
         lending: a.lend,
         evict_only: a.evict_only,
+        adapt: loip_plan::adapt::AdaptConfig {
+            evict_over_switch: a.evict_when_cheaper,
+            ..Default::default()
+        },
         ..Default::default()
     };
     o.connect.token = Some(token.to_string());
@@ -832,6 +841,7 @@ fn clone_args(a: &LocalArgs) -> LocalArgs {
         plot: None,
         whole_context: a.whole_context,
         evict_only: a.evict_only,
+        evict_when_cheaper: a.evict_when_cheaper,
         bench: None,
         bench_bandwidths: vec![],
         bench_planners: vec![],

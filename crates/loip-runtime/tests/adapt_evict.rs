@@ -198,6 +198,7 @@ fn switch_or_evict(
     overhead: f64,
 ) -> loip_runtime::adapt::AdaptReport {
     let tweak = |o: &mut SessionOptions| {
+        o.adapt.evict_over_switch = true;
         o.context = context;
         if let Some(p) = o.plan.as_mut() {
             p.context = context;

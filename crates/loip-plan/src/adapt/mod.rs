@@ -55,6 +55,11 @@ pub struct AdaptConfig {
     pub horizon_tokens: u32,
     /// Fraction of the idle link time that lent KV may use (Eq. 8 with a safety margin).
     pub lend_link_fraction: f64,
+    /// Evict instead of switching where [`SwitchVsEvict`] prices eviction lower. Off by
+    /// default: eviction stays the last resort (design §6), because the rule does not yet
+    /// price the wait of the evicted sequences (held back, they run after the others rather
+    /// than beside them; on llama-1b it chose eviction and the run was slower).
+    pub evict_over_switch: bool,
 }
 
 impl Default for AdaptConfig {
@@ -63,6 +68,7 @@ impl Default for AdaptConfig {
             min_change_tokens: 16,
             horizon_tokens: 32,
             lend_link_fraction: 0.5,
+            evict_over_switch: false,
         }
     }
 }

@@ -419,7 +419,7 @@ impl<'a, T: BlockTimes> Adapter<'a, T> {
                 if let Some(to) = sw.filter(|&to| to != (ca, cm)) {
                     let extra = self.predicted_step(i, to.0, to.1, &times, bw) - step_now;
                     let c = self.evict_vs_switch(i, step, to, extra, over);
-                    if c.evict_cheaper() {
+                    if self.cfg.evict_over_switch && c.evict_cheaper() {
                         // step 3 evicts instead: cheaper over the rest of the run
                         continue;
                     }
@@ -519,7 +519,10 @@ mod tests {
             mode: ExecMode::Overlapped,
             b: 2,
             policy: KvPolicy::Adaptive { lending: false },
-            cfg: AdaptConfig::default(),
+            cfg: AdaptConfig {
+                evict_over_switch: true,
+                ..AdaptConfig::default()
+            },
             prompt: 10,
             steps: 40,
             latency: 0.0,

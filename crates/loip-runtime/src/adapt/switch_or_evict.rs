@@ -32,7 +32,7 @@ impl Adapter {
         batch: &[TokenPos],
         after: &BTreeMap<u64, u64>,
     ) -> bool {
-        if self.evict_only || self.devs.is_empty() {
+        if self.evict_only || !self.cfg.evict_over_switch || self.devs.is_empty() {
             return false;
         }
         let Some(c) = self.switch_vs_evict(batch, after) else {
