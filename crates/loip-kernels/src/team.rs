@@ -60,6 +60,15 @@ pub(crate) fn set_off(off: bool) {
     TEAM_OFF.set(off);
 }
 
+/// EXPERIMENT: (spin µs before park, µs before yielding instead of pausing)
+fn knobs() -> (u64, u64) {
+    static K: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let get = |v: &str, d: u64| std::env::var(v).ok().and_then(|s| s.parse().ok()).unwrap_or(d);
+        (get("LOIP_TEAM_SPIN", 300), get("LOIP_TEAM_YIELD", 10))
+    })
+}
+
 /// A region's work: called once for each chunk index.
 type Job<'a> = dyn Fn(usize) + Sync + 'a;
 
@@ -132,11 +141,12 @@ impl Team {
         self.word.store((chunks as u64) << 32, Ordering::SeqCst);
         self.notify();
         self.work();
+        let since = Instant::now();
         let mut spins = 0u32;
         while self.done.load(Ordering::Acquire) < target {
             // a helper holds a chunk; if it was preempted, let it run
-            spins += 1;
-            if spins < 1 << 14 {
+            spins = spins.wrapping_add(1);
+            if spins < 64 || since.elapsed() < Duration::from_micros(knobs().1) {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -193,11 +203,17 @@ impl Team {
                 }
                 continue;
             }
-            std::hint::spin_loop();
+            let (spin_us, yield_us) = knobs();
+            if spins >= 64 && idle.elapsed() > Duration::from_micros(yield_us) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             spins = spins.wrapping_add(1);
-            if spins % 64 == 0 && idle.elapsed() > SPIN {
+            if spins % 64 == 0 && idle.elapsed() > Duration::from_micros(spin_us) {
                 self.park();
                 idle = Instant::now();
+                spins = 0;
             }
         }
     }
