@@ -45,6 +45,7 @@ use crate::simd::Switch;
 /// How long a helper spins without work before it parks. Longer than the gaps between the
 /// regions of a step (norms, rope, cache appends: a few µs), far shorter than a scheduler
 /// tick, so an idle process is back to no CPU within a fraction of a millisecond.
+#[allow(dead_code)]
 const SPIN: Duration = Duration::from_micros(300);
 /// Most chunks of one region (the job word keeps the count in 32 bits and the next chunk in
 /// 32 bits, which overshoot the count by at most one per runner).
@@ -284,6 +285,14 @@ pub(crate) fn lead<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         let _lead = Lead::enter(&team);
         f()
     })
+}
+
+/// EXPERIMENT: whether small matmuls split into 4 chunks per thread inside a step
+/// (`LOIP_TEAM_FINE=1`) instead of one per thread.
+pub(crate) fn fine() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !LEADING.get().is_null()
+        && *F.get_or_init(|| std::env::var("LOIP_TEAM_FINE").is_ok_and(|v| v == "1"))
 }
 
 /// Runs `f` with the team this thread leads, if any.
