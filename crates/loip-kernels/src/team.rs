@@ -8,9 +8,10 @@
 //!
 //! Shape: [`lead`] (entered through `ops::on_pool`) runs a step on a pool thread, the
 //! *leader*, after spawning `threads − 1` *helper* tasks into the same pool (so the step uses
-//! the pool's threads, no others, and pays one wake-up). A helper spins on the team's job
-//! word while the step runs; after [`SPIN`] without work it parks on a condvar (woken by the
-//! next region), and it leaves when the step ends, so an idle process uses no CPU. A parallel
+//! the pool's threads, no others, and pays one wake-up). A helper polls the team's job word
+//! while the step runs (pausing for [`PAUSE`], then yielding its core between polls); after
+//! [`SPIN`] without work it parks on a condvar (woken by the next region), and it leaves when
+//! the step ends, so an idle process uses no CPU. A parallel
 //! region inside the step ([`par_for`], [`par_chunks_mut`], [`par_drain`]) publishes its
 //! closure and its chunk count; the leader and the helpers claim chunks from one atomic
 //! counter. Outside a step (or with `LOIP_TEAM=0`, [`set_off`]) the same functions are
@@ -42,10 +43,15 @@ use rayon::prelude::*;
 
 use crate::simd::Switch;
 
-/// How long a helper spins without work before it parks. Longer than the gaps between the
-/// regions of a step (norms, rope, cache appends: a few µs), far shorter than a scheduler
-/// tick, so an idle process is back to no CPU within a fraction of a millisecond.
-#[allow(dead_code)]
+/// How long a waiting thread pauses (`spin_loop`) before it yields its core between polls
+/// (`sched_yield`): longer than most gaps between a step's regions (norms, rope, cache
+/// appends: a few µs), so those cost no system call. Yielding after it keeps a helper
+/// responsive within about a µs on a quiet machine, while on a loaded one (more runnable
+/// threads than cores) the spinning helper gives its time slices to the others, the leader
+/// included: pure spinning there made decode 20–40 % slower than plain rayon.
+const PAUSE: Duration = Duration::from_micros(10);
+/// How long a helper waits without work before it parks (longer than any gap inside a decode
+/// step, far shorter than a scheduler tick).
 const SPIN: Duration = Duration::from_micros(300);
 /// Most chunks of one region (the job word keeps the count in 32 bits and the next chunk in
 /// 32 bits, which overshoot the count by at most one per runner).
@@ -59,15 +65,6 @@ static TEAM_OFF: Switch = Switch::new("LOIP_TEAM", "0");
 /// bit-identical either way; only speed changes. Meant for side-by-side benchmarks.
 pub(crate) fn set_off(off: bool) {
     TEAM_OFF.set(off);
-}
-
-/// EXPERIMENT: (spin µs before park, µs before yielding instead of pausing)
-fn knobs() -> (u64, u64) {
-    static K: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
-    *K.get_or_init(|| {
-        let get = |v: &str, d: u64| std::env::var(v).ok().and_then(|s| s.parse().ok()).unwrap_or(d);
-        (get("LOIP_TEAM_SPIN", 300), get("LOIP_TEAM_YIELD", 10))
-    })
 }
 
 /// A region's work: called once for each chunk index.
@@ -147,7 +144,7 @@ impl Team {
         while self.done.load(Ordering::Acquire) < target {
             // a helper holds a chunk; if it was preempted, let it run
             spins = spins.wrapping_add(1);
-            if spins < 64 || since.elapsed() < Duration::from_micros(knobs().1) {
+            if spins < 64 || since.elapsed() < PAUSE {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -204,14 +201,13 @@ impl Team {
                 }
                 continue;
             }
-            let (spin_us, yield_us) = knobs();
-            if spins >= 64 && idle.elapsed() > Duration::from_micros(yield_us) {
+            if spins >= 64 && idle.elapsed() > PAUSE {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
             spins = spins.wrapping_add(1);
-            if spins % 64 == 0 && idle.elapsed() > Duration::from_micros(spin_us) {
+            if spins % 64 == 0 && idle.elapsed() > SPIN {
                 self.park();
                 idle = Instant::now();
                 spins = 0;
