@@ -94,7 +94,7 @@ pub(crate) fn matmul_at(
     let tasks = match elems {
         _ if threads <= 1 || rows < 2 * TASK_ROW_ALIGN => 1,
         e if e < PAR_MIN_ELEMS => 1,
-        e if e < FEW_TASKS_ELEMS && !team::fine() => threads,
+        e if e < FEW_TASKS_ELEMS => threads,
         _ => 4 * threads,
     };
     let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);

@@ -283,14 +283,6 @@ pub(crate) fn lead<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     })
 }
 
-/// EXPERIMENT: whether small matmuls split into 4 chunks per thread inside a step
-/// (`LOIP_TEAM_FINE=1`) instead of one per thread.
-pub(crate) fn fine() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    !LEADING.get().is_null()
-        && *F.get_or_init(|| std::env::var("LOIP_TEAM_FINE").is_ok_and(|v| v == "1"))
-}
-
 /// Runs `f` with the team this thread leads, if any.
 fn with_team<R>(f: impl FnOnce(Option<&Team>) -> R) -> R {
     let p = LEADING.get();
