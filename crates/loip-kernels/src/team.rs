@@ -48,7 +48,7 @@ use crate::simd::Switch;
 /// appends: a few µs), so those cost no system call. Yielding after it keeps a helper
 /// responsive within about a µs on a quiet machine, while on a loaded one (more runnable
 /// threads than cores) the spinning helper gives its time slices to the others, the leader
-/// included: pure spinning there made decode 20–40 % slower than plain rayon.
+/// included: pure spinning there made decode 17–42 % slower than plain rayon (README).
 const PAUSE: Duration = Duration::from_micros(10);
 /// How long a helper waits without work before it parks (longer than any gap inside a decode
 /// step, far shorter than a scheduler tick).
@@ -130,7 +130,7 @@ impl Team {
             return;
         }
         self.in_region.store(true, Ordering::Relaxed);
-        // every chunk of the previous region has finished: `done` is still
+        // every chunk of the previous region has finished: no runner adds to `done` now
         let target = self.done.load(Ordering::Acquire) + chunks as u64;
         let job: &Job<'_> = f;
         self.job
