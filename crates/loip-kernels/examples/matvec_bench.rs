@@ -21,14 +21,17 @@
 //! kernel choice, alternating trials; by CPU time with one thread, wall time with more.
 //! `--step`: only the whole step. `LOIP_AB=short`: the first column is the kernels without
 //! the AVX-512 short-batch tiles instead of the per-row kernels (5 alternating trials).
+//! `LOIP_AB=team`: the first column is plain rayon fork-join instead of the step's team of
+//! spinning threads (`set_team_off`), n = 1 included (5 alternating trials). Each call of the
+//! set is one `on_pool`, as an engine step.
 //! `LOIP_SIMD=avx2` gives the AVX2 figures on an AVX-512 machine.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use loip_kernels::{
-    attention, attention_causal, matmul, set_per_row_batches, set_short_tiles_off, simd_level,
-    DType, Matrix,
+    attention, attention_causal, matmul, on_pool, set_per_row_batches, set_short_tiles_off,
+    set_team_off, simd_level, DType, Matrix,
 };
 use rand::SeedableRng;
 use rayon::prelude::*;
@@ -595,26 +598,38 @@ fn batch_row(label: &str, set: &Set, per_call: usize, trial: Duration, threads: 
     for n in [1, 2, 4, 8] {
         // the first column: the per-row kernels, or with `LOIP_AB=short` the kernels used
         // before the short-batch tiles
-        let short_ab = std::env::var("LOIP_AB").is_ok_and(|v| v == "short");
-        let mut time = |per_row: bool| {
-            if short_ab {
-                set_short_tiles_off(per_row);
+        let ab = std::env::var("LOIP_AB").unwrap_or_default();
+        let (short_ab, team_ab) = (ab == "short", ab == "team");
+        let mut time = |first: bool| {
+            if team_ab {
+                set_team_off(first);
+            } else if short_ab {
+                set_short_tiles_off(first);
             } else {
-                set_per_row_batches(per_row);
+                set_per_row_batches(first);
             }
-            let us = p.install(|| micros(trial, threads == 1, || run_set(set, &x, &mut y, n)));
+            // one step: one `on_pool`, as the engine runs it
+            let us = p.install(|| {
+                micros(trial, threads == 1, || {
+                    on_pool(|| run_set(set, &x, &mut y, n))
+                })
+            });
             us / per_call as f64
         };
         let (mut a, mut b) = (f64::INFINITY, f64::INFINITY);
-        for _ in 0..if short_ab { 5 } else { 2 } {
-            if n > 1 {
+        for _ in 0..if short_ab || team_ab { 5 } else { 2 } {
+            if n > 1 || team_ab {
                 a = a.min(time(true));
             }
             b = b.min(time(false));
         }
         set_per_row_batches(false);
         set_short_tiles_off(false);
-        if n == 1 {
+        set_team_off(false);
+        if n == 1 && team_ab {
+            base = b;
+            print!(" {:>22}", format!("{a:.1}/{b:.1} ({:.2})", b / a));
+        } else if n == 1 {
             base = b;
             print!(" {:>22}", format!("{b:.1}"));
         } else {

@@ -14,7 +14,7 @@
 use crate::canon::{self, vmax, ACCS, LANES};
 use crate::dispatch;
 use crate::simd::{self, Level};
-use rayon::prelude::*;
+use crate::team;
 
 /// Below this many multiply-adds (`n_ctx × n_heads × head_dim`) heads run on the caller.
 const PAR_MIN_WORK: usize = 1 << 15;
@@ -283,11 +283,9 @@ pub(crate) fn attention_causal_at(
             heads(level, sh, h0, &mut qs, k, v, &mut scores);
         }
     } else {
-        tasks
-            .into_par_iter()
-            .for_each_init(Vec::new, |scores, (_, h0, mut qs)| {
-                heads(level, sh, h0, &mut qs, k, v, scores)
-            });
+        team::par_drain(tasks, Vec::new, |scores, (_, h0, mut qs)| {
+            heads(level, sh, h0, &mut qs, k, v, scores)
+        });
     }
 }
 
@@ -366,10 +364,8 @@ pub(crate) fn attention_at(
             outs.push(a);
             rest = b;
         }
-        tasks
-            .into_par_iter()
-            .zip(outs)
-            .for_each_init(Vec::new, |scores, ((h0, _), o)| one(h0, o, scores));
+        let tasks: Vec<_> = tasks.into_iter().zip(outs).collect();
+        team::par_drain(tasks, Vec::new, |scores, ((h0, _), o)| one(h0, o, scores));
     }
 }
 

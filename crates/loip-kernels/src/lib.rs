@@ -33,6 +33,7 @@ mod matmul;
 mod quant_ext;
 mod quant_k_ext;
 mod simd;
+mod team;
 #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
 mod x86;
 

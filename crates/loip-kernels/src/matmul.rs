@@ -1,14 +1,15 @@
 //! Matrix × activations: `y = W · x` for a borrowed weight matrix in its stored dtype.
 //!
-//! Work is split over rayon tasks by chunks of rows; each output element is one call of the
-//! canonical per-row dot ([`crate::canon`]), so the result does not depend on the batch size,
-//! the thread count, the chunking, or the address and alignment of the weight bytes.
+//! Work is split over tasks of rows (rayon's, or inside a step the team's: `crate::team`);
+//! each output element is one call of the canonical per-row dot ([`crate::canon`]), so the
+//! result does not depend on the batch size, the thread count, the chunking, or the address
+//! and alignment of the weight bytes.
 
 use crate::dequant::dequant_into;
 use crate::dispatch;
 use crate::dtype::{KernelError, Matrix};
 use crate::simd::{self, Level};
-use rayon::prelude::*;
+use crate::team;
 
 /// Below this many multiply-adds (weight elements × tokens) a matmul runs on the calling
 /// thread (task overhead would dominate).
@@ -109,9 +110,9 @@ pub(crate) fn matmul_at(
         if tasks == 1 {
             run(0, rows);
         } else {
-            (0..rows.div_ceil(task_rows))
-                .into_par_iter()
-                .for_each(|i| run(i * task_rows, ((i + 1) * task_rows).min(rows)));
+            team::par_for(rows.div_ceil(task_rows), |i| {
+                run(i * task_rows, ((i + 1) * task_rows).min(rows))
+            });
         }
         return Ok(());
     }
@@ -130,13 +131,11 @@ pub(crate) fn matmul_at(
     if tasks == 1 {
         kernel(w.data, out);
     } else {
-        out.par_chunks_mut(task_rows * n)
-            .enumerate()
-            .for_each(|(i, o)| {
-                let r0 = i * task_rows;
-                let r1 = r0 + o.len() / n;
-                kernel(&w.data[r0 * rb..r1 * rb], o);
-            });
+        team::par_chunks_mut(out, task_rows * n, |i, o| {
+            let r0 = i * task_rows;
+            let r1 = r0 + o.len() / n;
+            kernel(&w.data[r0 * rb..r1 * rb], o);
+        });
     }
 
     if n > 1 {
@@ -200,25 +199,29 @@ pub(crate) fn matmul_many_at(
     }
     // one token: tasks of about total / (4 · threads) weights, rows aligned to the row tile
     let per_task = total.div_ceil(4 * threads).max(1);
-    let mut tasks: Vec<(&Matrix, usize, &mut [f32])> = Vec::new();
+    let mut tasks: Vec<(&Matrix, usize, usize, &mut [f32])> = Vec::new();
     for (w, y) in ws.iter().zip(ys.iter_mut()) {
         if w.rows == 0 || w.cols == 0 {
             continue;
         }
+        let rb = w.dtype.row_bytes(w.cols)?;
         let task_rows = per_task
             .div_ceil(w.cols)
             .next_multiple_of(TASK_ROW_ALIGN)
             .max(TASK_ROW_ALIGN);
         for (i, o) in y.chunks_mut(task_rows).enumerate() {
-            tasks.push((w, i * task_rows, o));
+            tasks.push((w, rb, i * task_rows, o));
         }
     }
-    tasks.into_par_iter().try_for_each(|(w, r0, o)| {
-        let rb = w.dtype.row_bytes(w.cols)?;
-        let data = &w.data[r0 * rb..(r0 + o.len()) * rb];
-        dispatch::rows(level, w.dtype, data, w.cols, &x[..w.cols], 1, o);
-        Ok(())
-    })
+    team::par_drain(
+        tasks,
+        || (),
+        |_, (w, rb, r0, o)| {
+            let data = &w.data[r0 * rb..(r0 + o.len()) * rb];
+            dispatch::rows(level, w.dtype, data, w.cols, &x[..w.cols], 1, o);
+        },
+    );
+    Ok(())
 }
 
 /// Whether every matrix of a batched [`matmul_many`] (the same `n > 1` tokens each) takes the
@@ -270,7 +273,8 @@ fn matmul_many_tiled(
             r0 = r1;
         }
     }
-    tasks.into_par_iter().for_each(|(w, rb, yt, r0, r1)| {
+    team::par_for(tasks.len(), |i| {
+        let (w, rb, yt, r0, r1) = tasks[i];
         let data = &w.data[r0 * rb..r1 * rb];
         dispatch::rows_token_major(level, w.dtype, data, w.cols, &x[..n * w.cols], n, yt, r0)
     });

@@ -7,7 +7,8 @@
 //!   [`attention_causal`]: the tokens of a prompt chunk, each over its causal prefix.
 //! - [`simd_level`] / [`set_force_scalar`] / [`set_per_row_batches`] / [`set_lane_tiles`]:
 //!   which SIMD path runs.
-//! - [`on_pool`]: run a whole step on the thread pool (one hand-off, not one per matmul).
+//! - [`on_pool`] / [`set_team_off`]: run a whole step on the thread pool with a team of its
+//!   threads (one hand-off and one wake-up, not one per matmul).
 //!
 //! Every optimized kernel follows the canonical order of operations of `canon` (see the crate
 //! docs), so results are bit-identical across SIMD paths, batch sizes, thread counts and
@@ -27,10 +28,19 @@ pub use crate::simd::{
 /// call hands its work over and waits to be woken (tens of microseconds, hundreds of times per
 /// token on a small model); inside `on_pool` the calling worker takes a share itself and the
 /// hand-offs disappear. Results do not change: each output element is the same canonical dot.
+///
+/// With two threads or more, `f` also runs with a team of the pool's threads
+/// (`crate::team`): they spin (then park) between the parallel regions of `f` instead of
+/// sleeping after each, so the step pays one wake-up instead of one per matmul, and they
+/// leave when `f` returns. `LOIP_TEAM=0` or [`set_team_off`] turns the team off.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
-        f()
-    } else {
-        rayon::scope(|_| f())
-    }
+    crate::team::lead(f)
+}
+
+/// Makes [`on_pool`] run steps with plain rayon fork-join instead of a team of spinning
+/// threads (`false` restores the team, unless the environment variable `LOIP_TEAM=0` turns it
+/// off for the whole process). Results are bit-identical either way; only speed changes.
+/// Meant for benchmarks that compare the two side by side.
+pub fn set_team_off(off: bool) {
+    crate::team::set_off(off);
 }

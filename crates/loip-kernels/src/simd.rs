@@ -41,7 +41,7 @@ static DETECTED: OnceLock<Level> = OnceLock::new();
 static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
 /// A speed switch that is on when its flag is set or when an environment variable has a
 /// given value (read once); results are bit-identical either way.
-struct Switch {
+pub(crate) struct Switch {
     flag: AtomicBool,
     env: OnceLock<bool>,
     /// variable name and the value that turns the switch on
@@ -49,7 +49,7 @@ struct Switch {
 }
 
 impl Switch {
-    const fn new(var: &'static str, value: &'static str) -> Switch {
+    pub(crate) const fn new(var: &'static str, value: &'static str) -> Switch {
         Switch {
             flag: AtomicBool::new(false),
             env: OnceLock::new(),
@@ -57,11 +57,11 @@ impl Switch {
         }
     }
 
-    fn set(&self, on: bool) {
+    pub(crate) fn set(&self, on: bool) {
         self.flag.store(on, Ordering::Relaxed);
     }
 
-    fn on(&self) -> bool {
+    pub(crate) fn on(&self) -> bool {
         self.flag.load(Ordering::Relaxed)
             || *self
                 .env

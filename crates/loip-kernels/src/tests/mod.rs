@@ -2,6 +2,7 @@
 //! canonical path, for every kernel and odd shapes (tails, remainders, tiles).
 
 mod single_token;
+mod team;
 
 use crate::attention::{attention_at, attention_causal_at};
 use crate::canon;
