@@ -7,7 +7,6 @@
 
 use loip_kernels::{self as k, DType, Matrix};
 use loip_model::{Arch, ModelConfig};
-use rayon::prelude::*;
 
 use crate::kv::{KvCache, SeqId};
 use crate::rope::Rope;
@@ -210,7 +209,9 @@ impl Transformer {
             Ok(())
         };
         if n > 1 {
-            att.par_chunks_mut(qd).enumerate().try_for_each(attend)?;
+            // on the step's team (a rayon iterator here would run alone: the other threads
+            // are the team's, waiting for its regions)
+            k::try_par_chunks_mut(&mut att, qd, |t, out| attend((t, out)))?;
         } else {
             att.chunks_mut(qd).enumerate().try_for_each(attend)?;
         }

@@ -7,6 +7,7 @@
 //!   [`attention_causal`]: the tokens of a prompt chunk, each over its causal prefix.
 //! - [`simd_level`] / [`set_force_scalar`] / [`set_per_row_batches`] / [`set_lane_tiles`]:
 //!   which SIMD path runs.
+//! - [`try_par_chunks_mut`]: a parallel loop over chunks that uses the step's team.
 //! - [`on_pool`] / [`set_team_off`]: run a whole step on the thread pool with a team of its
 //!   threads (one hand-off and one wake-up, not one per matmul).
 //!
@@ -35,6 +36,29 @@ pub use crate::simd::{
 /// leave when `f` returns. `LOIP_TEAM=0` or [`set_team_off`] turns the team off.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     crate::team::lead(f)
+}
+
+/// `f(i, chunk i)` for the chunks of `chunk` elements of `data` (the last may be shorter), in
+/// parallel: on the step's team inside [`on_pool`] (where a rayon parallel iterator would
+/// find the other threads busy in the team and run alone), else on rayon. The first error
+/// `f` returns (by chunk order) is returned once every chunk ran.
+pub fn try_par_chunks_mut<T: Send, E: Send>(
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) -> Result<(), E> + Sync,
+) -> Result<(), E> {
+    let errs = std::sync::Mutex::new(Vec::new());
+    crate::team::par_chunks_mut(data, chunk, |i, s| {
+        if let Err(e) = f(i, s) {
+            errs.lock().unwrap_or_else(|p| p.into_inner()).push((i, e));
+        }
+    });
+    let mut errs = errs.into_inner().unwrap_or_else(|p| p.into_inner());
+    errs.sort_by_key(|(i, _)| *i);
+    match errs.into_iter().next() {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Makes [`on_pool`] run steps with plain rayon fork-join instead of a team of spinning
