@@ -126,9 +126,7 @@ fn engine(model: &str, tokens: usize) -> Result<serde_json::Value> {
         "| model | threads | decode ms/token | tokens/s | prefill ms/token ({PREFILL_TOKENS}-token prompt) |\n|---|---|---|---|---|"
     );
     for threads in [1, 2] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()?;
+        let pool = compute_pool(threads)?;
         let (ms, prefill) = pool.install(|| -> Result<(f64, f64)> {
             let mut g = Generator::new(&m, None);
             decode_ms(&mut g, 4)?; // warm-up
@@ -167,9 +165,7 @@ fn batched(model: &str, tokens: usize, seqs: &[usize]) -> Result<serde_json::Val
         "\n| threads | sequences | ms/step | tokens/s | step / one-sequence step | tokens/s / one sequence's |\n|---|---|---|---|---|---|"
     );
     for threads in [1, 2] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()?;
+        let pool = compute_pool(threads)?;
         let mut times: Vec<Vec<f64>> = vec![vec![]; seqs.len()];
         for round in 0..=BATCH_ROUNDS {
             for (k, &n) in seqs.iter().enumerate() {
@@ -224,6 +220,13 @@ fn batched(model: &str, tokens: usize, seqs: &[usize]) -> Result<serde_json::Val
         }
     }
     Ok(json!(rows))
+}
+
+/// A pool of `threads` compute threads for one table's column.
+fn compute_pool(threads: usize) -> Result<rayon::ThreadPool> {
+    Ok(rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?)
 }
 
 fn median(xs: &mut [f64]) -> f64 {

@@ -138,17 +138,21 @@ impl Adapter {
         out
     }
 
-    /// The steps that re-prefill the evicted sequences of `batch` (everything before their
-    /// first position there), in chunks of at most the step limit; they are no longer
-    /// evicted.
-    pub(super) fn recompute_for(&mut self, batch: &[TokenPos]) -> Option<Action> {
-        let chunk = self
-            .devs
+    /// Tokens a re-prefill step carries: the smallest step limit over the devices (at least 1).
+    pub(super) fn recompute_chunk(&self) -> usize {
+        self.devs
             .iter()
             .map(|d| d.spec.max_step_tokens)
             .min()
             .unwrap_or(1)
-            .max(1);
+            .max(1)
+    }
+
+    /// The steps that re-prefill the evicted sequences of `batch` (everything before their
+    /// first position there), in chunks of at most the step limit; they are no longer
+    /// evicted.
+    pub(super) fn recompute_for(&mut self, batch: &[TokenPos]) -> Option<Action> {
+        let chunk = self.recompute_chunk();
         let mut steps = Vec::new();
         self.recomp.undo.clear();
         let mut seqs: Vec<u64> = batch.iter().map(|t| t.seq).collect();

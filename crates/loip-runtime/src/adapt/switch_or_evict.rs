@@ -107,13 +107,7 @@ impl Adapter {
             rest.remove(&seq);
             evicted += k;
         }
-        let chunk = self
-            .devs
-            .iter()
-            .map(|d| d.spec.max_step_tokens)
-            .min()
-            .unwrap_or(1)
-            .max(1) as u64;
+        let chunk = self.recompute_chunk() as u64;
         let per_token = self
             .devs
             .iter()
