@@ -120,12 +120,15 @@ fn every_chunk_runs_once_across_parks_and_nesting() {
         let p = pool(threads);
         p.install(|| {
             on_pool(|| {
-                for round in 0..300usize {
+                // under Miri (`cargo +nightly miri test`) a few rounds check the protocol
+                let (rounds, nest_every, park_every) =
+                    if cfg!(miri) { (12, 5, 4) } else { (300usize, 50, 100) };
+                for round in 0..rounds {
                     let n = 1 + round % 97;
                     let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
                     team::par_for(n, |i| {
                         hits[i].fetch_add(1, Ordering::Relaxed);
-                        if i == 0 && round % 50 == 0 {
+                        if i == 0 && round % nest_every == 0 {
                             // a nested region runs serially on the leader, on rayon elsewhere
                             let inner = AtomicUsize::new(0);
                             team::par_for(10, |_| {
@@ -140,7 +143,7 @@ fn every_chunk_runs_once_across_parks_and_nesting() {
                         hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
                         "round {round}"
                     );
-                    if round % 100 == 99 {
+                    if round % park_every == park_every - 1 {
                         // longer than the helpers' spin: they park and must wake again
                         std::thread::sleep(std::time::Duration::from_millis(2));
                     }
