@@ -323,6 +323,9 @@ unsafe fn tile<W: Row, const T: usize>(p: *const u8, cols: usize, x: *const f32,
         for t in 0..T {
             accs[t][k] = a[t];
         }
+        // the finished phases wait in memory: kept in registers (the phase loop unrolled),
+        // they left too few for the live phase, whose accumulators then spilled in the loop
+        std::hint::black_box(&mut accs);
     }
     for (t, acc) in accs.iter().enumerate() {
         *out.add(t) = finish::<W>(acc, p, cols, x.add(t * cols));
