@@ -26,6 +26,8 @@
 mod dtype;
 pub use dtype::{DType, KernelError, Matrix};
 
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+mod arm;
 mod attention;
 mod canon;
 mod dequant;
@@ -38,8 +40,6 @@ mod simd;
 mod team;
 #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
 mod x86;
-#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
-mod arm;
 
 pub mod ops;
 pub use ops::*;

@@ -222,9 +222,9 @@ impl Row for Q41 {
     unsafe fn group(p: *const u8, g: usize) -> Group {
         // q * d + m as one fma (q * d is exact); block g / 2 (20 bytes: f16 d, f16 m, 16 bytes)
         let b = p.add(20 * (g / 2));
-        let dm = f16x4(vreinterpret_u16_u32(vdup_n_u32(u32::from_le(read_unaligned(
-            b as *const u32,
-        )))));
+        let dm = f16x4(vreinterpret_u16_u32(vdup_n_u32(u32::from_le(
+            read_unaligned(b as *const u32),
+        ))));
         let (d, m) = (vdupq_laneq_f32::<0>(dm), vdupq_laneq_f32::<1>(dm));
         u8x16_f32(nibbles(b.add(4), g)).map(|q| vfmaq_f32(m, q, d))
     }
@@ -283,9 +283,8 @@ unsafe fn dot1<W: Row>(p: *const u8, cols: usize, x: *const f32) -> f32 {
     let mut acc = [ZERO; 4];
     let mut g = 0;
     while g + 4 <= groups {
-        for k in 0..4 {
-            let w = W::group(p, g + k);
-            fma_group(&mut acc[k], &w, x.add(16 * (g + k)));
+        for (k, a) in acc.iter_mut().enumerate() {
+            fma_group(a, &W::group(p, g + k), x.add(16 * (g + k)));
         }
         g += 4;
     }
@@ -334,7 +333,14 @@ unsafe fn tile<W: Row, const T: usize>(p: *const u8, cols: usize, x: *const f32,
 
 /// `out[r * n + t]` = canonical dot of row `r` of `data` with token `t` of `x`, for a type `W`.
 #[inline(always)]
-unsafe fn rows_of<W: Row>(data: &[u8], rb: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+unsafe fn rows_of<W: Row>(
+    data: &[u8],
+    rb: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
     for (r, o) in out.chunks_exact_mut(n).enumerate() {
         let p = data.as_ptr().add(r * rb);
         let mut t0 = 0;
@@ -421,7 +427,11 @@ pub(crate) unsafe fn weighted_rows(p: &[f32], v: &[f32], stride: usize, out: &mu
     while i + 4 <= len {
         let mut a = vld1q_f32(o.add(i));
         for (t, &pt) in p.iter().enumerate() {
-            a = vfmaq_f32(a, vdupq_n_f32(pt), vld1q_f32(v.as_ptr().add(t * stride + i)));
+            a = vfmaq_f32(
+                a,
+                vdupq_n_f32(pt),
+                vld1q_f32(v.as_ptr().add(t * stride + i)),
+            );
         }
         vst1q_f32(o.add(i), a);
         i += 4;

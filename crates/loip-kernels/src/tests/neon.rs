@@ -24,8 +24,7 @@ const NEON_TYPES: [DType; 6] = [
 /// Equal bits, or NaN for NaN.
 fn same(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len()
-        && a
-            .iter()
+        && a.iter()
             .zip(b)
             .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
 }
