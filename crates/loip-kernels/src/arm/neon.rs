@@ -302,30 +302,48 @@ unsafe fn dot1<W: Row>(p: *const u8, cols: usize, x: *const f32) -> f32 {
     finish::<W>(&acc, p, cols, x)
 }
 
+/// Phase `K` of a tile of `T` tokens: accumulator `K` of every token over the groups
+/// `K, K + 4, ..` of the row at `p` (`x`: `T × cols`, token-major). `K` is a constant so
+/// that each group's half of its block (low or high nibbles, `g % 2 = K % 2`) is too.
+#[inline(always)]
+unsafe fn phase<W: Row, const T: usize, const K: usize>(
+    p: *const u8,
+    cols: usize,
+    x: *const f32,
+) -> [Group; T] {
+    let mut a = [ZERO; T];
+    let mut i = 0;
+    while 4 * i + K < cols / 16 {
+        let g = 4 * i + K;
+        let w = W::group(p, g);
+        for (t, a) in a.iter_mut().enumerate() {
+            fma_group(a, &w, x.add(t * cols + 16 * g));
+        }
+        i += 1;
+    }
+    a
+}
+
+/// Stores phase `k`'s accumulators of a tile. The finished phases wait in memory: kept in
+/// registers, they left too few for the live phase, whose accumulators then spilled in its
+/// loop.
+#[inline(always)]
+fn keep<const T: usize>(accs: &mut [[Group; 4]; T], k: usize, a: [Group; T]) {
+    for (acc, a) in accs.iter_mut().zip(a) {
+        acc[k] = a;
+    }
+    std::hint::black_box(accs);
+}
+
 /// Canonical dots of the row at `p` with `T` tokens (`x`: `T × cols`, token-major), into
-/// `out[0..T]`. Phase `k` runs the groups `k, k + 4, ..` that accumulator `k` collects, with
-/// that accumulator of every token live, so each group is dequantized once for the tile.
+/// `out[0..T]`: the four [`phase`]s, so that each group is dequantized once for the tile.
 #[inline(always)]
 unsafe fn tile<W: Row, const T: usize>(p: *const u8, cols: usize, x: *const f32, out: *mut f32) {
-    let groups = cols / 16;
     let mut accs = [[ZERO; 4]; T]; // [token][accumulator]
-    for k in 0..4 {
-        let mut a = [ZERO; T];
-        let mut g = k;
-        while g < groups {
-            let w = W::group(p, g);
-            for (t, a) in a.iter_mut().enumerate() {
-                fma_group(a, &w, x.add(t * cols + 16 * g));
-            }
-            g += 4;
-        }
-        for t in 0..T {
-            accs[t][k] = a[t];
-        }
-        // the finished phases wait in memory: kept in registers (the phase loop unrolled),
-        // they left too few for the live phase, whose accumulators then spilled in the loop
-        std::hint::black_box(&mut accs);
-    }
+    keep(&mut accs, 0, phase::<W, T, 0>(p, cols, x));
+    keep(&mut accs, 1, phase::<W, T, 1>(p, cols, x));
+    keep(&mut accs, 2, phase::<W, T, 2>(p, cols, x));
+    keep(&mut accs, 3, phase::<W, T, 3>(p, cols, x));
     for (t, acc) in accs.iter().enumerate() {
         *out.add(t) = finish::<W>(acc, p, cols, x.add(t * cols));
     }
