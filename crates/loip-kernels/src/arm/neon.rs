@@ -17,15 +17,23 @@
 //!   group once per tile: the same operations per output element as [`dot1`], in the same
 //!   order.
 //!
-//! Instructions per 32-weight block (two groups), counted from the code (A64, one token / a
-//! tile of 4 tokens):
-//! - Q4_1: scales 4 (ldr, fcvtl, 2 dup), nibbles 3 (ldr, and, ushr), widening 12 (uxtl 4,
-//!   uxtl 8 to 32-bit), ucvtf 8, dequant fmla 8: 35; then per token 2 loads of x (ld1 ×4
-//!   registers) and 8 fmla. One token: 45 for 8 useful fmla; a tile of 4: about 39 + 40 = 79
-//!   for 32 (the tile's phases load the nibbles and scales twice: +4).
-//! - Q4_0: as Q4_1 with `sub` (8, bytes) instead of the min, `fmul` instead of `fmla`: 34.
-//! - Q8_0: scale 3, 2 loads, sxtl 12, scvtf 8, fmul 8: 33.
-//! - F16: 2 loads, fcvtl 8: 10. BF16: 2 loads, shll 8: 10. F32: 2 loads (ld1 ×4 registers).
+//! Instructions per 32-weight block (two groups), counted in the inner loops of the release
+//! build's disassembly (`aarch64-linux-gnu-objdump -d`), for one token and for a tile of 4
+//! tokens (in brackets: per token). The useful work is 8 `fmla` per token.
+//!
+//! | type | one token | tile of 4 | what the dequantization costs |
+//! |---|---|---|---|
+//! | Q4_1 | 57 | 108 (27) | ld1r+fcvtl+2 dup, ldr, and/ushr, 12 uxtl, 8 ucvtf, 8 fmla |
+//! | Q4_0 | 51.5 | 102 (25.5) | as Q4_1, `sub` on the bytes, 8 fmul instead of fmla |
+//! | Q8_0 | 60.5 | 98 (24.5) | scale, ldr, 12 sxtl, 8 scvtf, 8 fmul |
+//! | F16 | 29 | 78 (19.5) | 2 loads, 8 fcvtl |
+//! | BF16 | 25 | 73 (18) | 2 loads, 8 shll |
+//! | F32 | 19 | 65 (16) | 8 loads (ldp) |
+//!
+//! The tile loads each token's 16 activations per group (`ldp`) and holds 16 accumulators, 4
+//! weight registers and the scales: no spills in its loops. Q8_0's one-token loop has 10
+//! register moves and 3.5 spill loads/stores per block (the compiler hoists all 4 groups'
+//! conversions); it streams the LM head, memory-bound at one token.
 //!
 //! Safety: every `unsafe fn` here requires the buffer lengths stated in its docs (NEON itself
 //! is part of the aarch64 base architecture).
