@@ -60,6 +60,8 @@ fn usable(level: Level) -> Level {
     match (level, detected()) {
         (Level::Avx512, Level::Avx512) => Level::Avx512,
         (Level::Avx2, Level::Avx2 | Level::Avx512) => Level::Avx2,
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        (Level::Neon, Level::Neon) => Level::Neon,
         _ => Level::Scalar,
     }
 }
@@ -89,6 +91,11 @@ pub(crate) fn rows(
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: AVX2/FMA/F16C detected; lengths checked above.
         Level::Avx2 => unsafe { crate::x86::avx2::rows(dtype, data, cols, x, n, out) },
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        // SAFETY: NEON is baseline on aarch64; a handled type; lengths checked above.
+        Level::Neon if crate::arm::neon::handles(dtype) => unsafe {
+            crate::arm::neon::rows(dtype, data, cols, x, n, out)
+        },
         _ => {
             for (r, o) in out.chunks_exact_mut(n).enumerate() {
                 row_dots_scalar(dtype, &data[r * rb..(r + 1) * rb], cols, x, o);
@@ -142,7 +149,7 @@ pub(crate) fn has_token_major(level: Level, dtype: DType, n: usize) -> bool {
                     || (crate::x86::gemm::short::handles(dtype, n)
                         && !crate::simd::short_tiles_off()))
         }
-        Level::Scalar => {}
+        Level::Scalar | Level::Neon => {}
     }
     let _ = (level, dtype, n);
     false
@@ -199,6 +206,9 @@ pub(crate) fn dot_f32(level: Level, a: &[f32], b: &[f32]) -> f32 {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; equal lengths.
         Level::Avx2 => unsafe { crate::x86::avx2::dot_f32(a, b) },
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        // SAFETY: NEON is baseline on aarch64; equal lengths.
+        Level::Neon => unsafe { crate::arm::neon::dot_f32(a, b) },
         _ => crate::canon::dot_f32(a, b),
     }
 }
@@ -216,6 +226,9 @@ pub(crate) fn dot_rows(level: Level, q: &[f32], k: &[f32], stride: usize, out: &
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; every row read is inside `k` (checked above).
         Level::Avx2 => unsafe { crate::x86::avx2::dot_rows(q, k, stride, out) },
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        // SAFETY: NEON is baseline on aarch64; every row read is inside `k` (checked above).
+        Level::Neon => unsafe { crate::arm::neon::dot_rows(q, k, stride, out) },
         level => {
             for (t, o) in out.iter_mut().enumerate() {
                 *o = dot_f32(level, q, &k[t * stride..t * stride + q.len()]);
@@ -240,6 +253,9 @@ pub(crate) fn weighted_rows(level: Level, p: &[f32], v: &[f32], stride: usize, o
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; every row read is inside `v` (checked above).
         Level::Avx2 => unsafe { crate::x86::avx2::weighted_rows(p, v, stride, out) },
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        // SAFETY: NEON is baseline on aarch64; every row read is inside `v` (checked above).
+        Level::Neon => unsafe { crate::arm::neon::weighted_rows(p, v, stride, out) },
         _ => {
             for (t, &pt) in p.iter().enumerate() {
                 let row = &v[t * stride..t * stride + out.len()];

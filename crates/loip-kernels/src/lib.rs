@@ -8,15 +8,17 @@
 //! alignment of the weight bytes. So the same weights give bit-identical results whether they
 //! come from an mmap, a slice file in the loader's slot, or a network buffer.
 //!
-//! Stronger still, the AVX-512, AVX2 and portable paths perform the same IEEE-754 operations in
-//! the same order (the *canonical order*, documented in `canon.rs`): a dot product uses 4
-//! accumulators of 16 lanes fed by fused multiply-adds and a fixed reduction tree, `exp` is a
-//! fixed polynomial. So two machines with different SIMD support also agree bit for bit.
+//! Stronger still, the AVX-512, AVX2, NEON and portable paths perform the same IEEE-754
+//! operations in the same order (the *canonical order*, documented in `canon.rs`): a dot
+//! product uses 4 accumulators of 16 lanes fed by fused multiply-adds and a fixed reduction
+//! tree, `exp` is a fixed polynomial. So two machines with different SIMD support also agree
+//! bit for bit.
 //!
 //! Layout: `dtype` (types, errors, `Matrix`), `dequant` (exact scalar dequantization),
-//! `canon` (the canonical order, portable), `x86::{avx512, avx512_act, avx2}` (SIMD kernels),
-//! `dispatch` (safe level → kernel), `matmul`, `attention`, `elementwise`, `simd` (run-time
-//! detection), and `ops` (the public entry points, re-exported here).
+//! `canon` (the canonical order, portable), `x86::{avx512, avx512_act, avx2}` and
+//! `arm::neon` (SIMD kernels), `dispatch` (safe level → kernel), `matmul`, `attention`,
+//! `elementwise`, `simd` (run-time detection), and `ops` (the public entry points, re-exported
+//! here).
 #![deny(missing_docs)]
 // `is_multiple_of` needs Rust 1.87; the workspace supports 1.85
 #![allow(clippy::manual_is_multiple_of)]
@@ -24,6 +26,8 @@
 mod dtype;
 pub use dtype::{DType, KernelError, Matrix};
 
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+mod arm;
 mod attention;
 mod canon;
 mod dequant;

@@ -24,6 +24,12 @@ pub(crate) enum Level {
         allow(dead_code)
     )]
     Avx512,
+    /// NEON (aarch64 base architecture), 128-bit
+    #[cfg_attr(
+        not(all(target_arch = "aarch64", target_endian = "little")),
+        allow(dead_code)
+    )]
+    Neon,
 }
 
 impl Level {
@@ -33,6 +39,7 @@ impl Level {
             Level::Scalar => "scalar",
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
+            Level::Neon => "neon",
         }
     }
 }
@@ -100,7 +107,17 @@ fn detect() -> Level {
     }
 }
 
-#[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+/// NEON is part of the aarch64 base architecture: no run-time check needed.
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+fn detect() -> Level {
+    Level::Neon
+}
+
+#[cfg(not(any(
+    target_arch = "x86_64",
+    target_arch = "x86",
+    all(target_arch = "aarch64", target_endian = "little")
+)))]
 fn detect() -> Level {
     Level::Scalar
 }
@@ -122,10 +139,11 @@ pub(crate) fn supported(level: Level) -> bool {
         (Level::Scalar, _)
             | (Level::Avx2, Level::Avx2 | Level::Avx512)
             | (Level::Avx512, Level::Avx512)
+            | (Level::Neon, Level::Neon)
     )
 }
 
-/// Which SIMD path the kernels use at run time: `"avx512"`, `"avx2"` or `"scalar"`.
+/// Which SIMD path the kernels use at run time: `"avx512"`, `"avx2"`, `"neon"` or `"scalar"`.
 pub fn simd_level() -> &'static str {
     current().name()
 }

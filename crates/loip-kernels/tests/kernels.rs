@@ -52,7 +52,7 @@ fn assert_close(w: &Matrix, x: &[f32], got: &[f32], want: &[f32], rel: f32) {
 
 #[test]
 fn simd_level_is_named() {
-    assert!(["avx512", "avx2", "scalar"].contains(&simd_level()));
+    assert!(["avx512", "avx2", "neon", "scalar"].contains(&simd_level()));
 }
 
 #[test]

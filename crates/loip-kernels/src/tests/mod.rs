@@ -1,6 +1,8 @@
 //! In-crate tests: every SIMD level this CPU runs must give the same bits as the portable
 //! canonical path, for every kernel and odd shapes (tails, remainders, tiles).
 
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+mod neon;
 mod single_token;
 mod team;
 
@@ -15,7 +17,8 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const LEVELS: [Level; 3] = [Level::Scalar, Level::Avx2, Level::Avx512];
+/// Every level; a test runs those [`supported`] here (x86: AVX2, AVX-512; aarch64: NEON).
+const LEVELS: [Level; 4] = [Level::Scalar, Level::Avx2, Level::Avx512, Level::Neon];
 
 const ALL: [DType; 8] = [
     DType::F32,

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// f16 scales worth a test: ordinary values, signed zeros, subnormals, the extremes.
-fn scale(rng: &mut ChaCha8Rng) -> f16 {
+pub(super) fn scale(rng: &mut ChaCha8Rng) -> f16 {
     const SPECIAL: [u16; 10] = [
         0x0000, 0x8000, // ±0
         0x0001, 0x8001, // ±smallest subnormal
@@ -47,7 +47,7 @@ fn check(dtype: DType, rows: usize, cols: usize, data: &[u8], rng: &mut ChaCha8R
     let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
     let mut want = vec![0f32; rows];
     matmul_at(Level::Scalar, &w, &x, &mut want).expect("matmul");
-    for level in [Level::Avx2, Level::Avx512] {
+    for level in [Level::Avx2, Level::Avx512, Level::Neon] {
         if !supported(level) {
             continue;
         }

@@ -81,7 +81,7 @@ fn team_gives_the_bits_of_plain_rayon() {
     let ctx = 200;
     let k = random_f32(ctx * 3 * 64, &mut rng);
     let v = random_f32(ctx * 3 * 64, &mut rng);
-    for level in [Level::Scalar, Level::Avx2, Level::Avx512] {
+    for level in [Level::Scalar, Level::Avx2, Level::Avx512, Level::Neon] {
         if !supported(level) {
             continue;
         }
