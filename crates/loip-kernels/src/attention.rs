@@ -341,6 +341,10 @@ fn tiles_usable(level: Level, head_dim: usize) -> bool {
 
 /// The first `n` cached K rows transposed: element `c` (of `stride`) of position `t` at
 /// `kt[c × ld + t]`, with `ld` at least `n`, a whole (odd) number of vectors, and zeros after `n`.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
 struct KTrans {
     kt: Vec<f32>,
     ld: usize,
