@@ -276,17 +276,94 @@ pub(crate) fn attention_causal_at(
             tasks.push((b, runs[r].0, qs));
         }
     }
+    let kt = (m >= TILED_MIN_QUERIES && tiles_usable(level, head_dim))
+        .then(|| transpose_k(k, n_last, sh.stride));
+    let run = |scores: &mut Vec<f32>, h0: usize, qs: &mut [Query<'_>]| match &kt {
+        Some(kt) => tiled_heads(level, sh, h0, qs, (k, kt), v, scores),
+        None => heads(level, sh, h0, qs, k, v, scores),
+    };
     let work = m.saturating_mul(n_last).saturating_mul(width);
     if rayon::current_num_threads() <= 1 || work < PAR_MIN_WORK {
         let mut scores = Vec::new();
         for (_, h0, mut qs) in tasks {
-            heads(level, sh, h0, &mut qs, k, v, &mut scores);
+            run(&mut scores, h0, &mut qs);
         }
     } else {
         team::par_drain(tasks, Vec::new, |scores, (_, h0, mut qs)| {
-            heads(level, sh, h0, &mut qs, k, v, scores)
+            run(scores, h0, &mut qs)
         });
     }
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+mod tiled;
+
+/// [`heads`] on the AVX-512 tiles (only where [`tiles_usable`]).
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+fn tiled_heads(
+    _: Level,
+    sh: Shape,
+    h0: usize,
+    qs: &mut [Query<'_>],
+    (_, kt): (&[f32], &KTrans),
+    v: &[f32],
+    scores: &mut Vec<f32>,
+) {
+    tiled::heads(sh, h0, qs, kt, v, scores)
+}
+
+/// No tiles off x86 ([`tiles_usable`] is false there): the plain path.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+fn tiled_heads(
+    level: Level,
+    sh: Shape,
+    h0: usize,
+    qs: &mut [Query<'_>],
+    (k, _): (&[f32], &KTrans),
+    v: &[f32],
+    scores: &mut Vec<f32>,
+) {
+    heads(level, sh, h0, qs, k, v, scores)
+}
+
+/// Queries from which [`attention_causal`] transposes K for the AVX-512 tiles (the transpose
+/// reads the cache once; each query then reads it once per head).
+const TILED_MIN_QUERIES: usize = 4;
+
+/// Whether the AVX-512 tiles serve `level` (head dims that are whole vectors).
+fn tiles_usable(level: Level, head_dim: usize) -> bool {
+    cfg!(any(target_arch = "x86_64", target_arch = "x86"))
+        && level == Level::Avx512
+        && simd::detected() == Level::Avx512
+        && head_dim > 0
+        && head_dim % LANES == 0
+}
+
+/// The first `n` cached K rows transposed: element `c` (of `stride`) of position `t` at
+/// `kt[c × ld + t]`, with `ld` at least `n`, a whole (odd) number of vectors, and zeros after `n`.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
+struct KTrans {
+    kt: Vec<f32>,
+    ld: usize,
+}
+
+fn transpose_k(k: &[f32], n: usize, stride: usize) -> KTrans {
+    // an odd number of 64-byte lines per row: the rows of a block fall in different L1 sets
+    let ld = (n.div_ceil(LANES) | 1) * LANES;
+    let mut kt = vec![0f32; stride * ld];
+    // 16 positions at a time: contiguous writes, 16 rows read
+    for (b, rows) in k[..n * stride].chunks(LANES * stride).enumerate() {
+        for c in 0..stride {
+            let dst = &mut kt[c * ld + b * LANES..];
+            for (d, row) in dst.iter_mut().zip(rows.chunks_exact(stride)) {
+                *d = row[c];
+            }
+        }
+    }
+    KTrans { kt, ld }
 }
 
 /// Causal attention of one query token over `n_ctx` cached positions (grouped-query).

@@ -1,6 +1,7 @@
 //! In-crate tests: every SIMD level this CPU runs must give the same bits as the portable
 //! canonical path, for every kernel and odd shapes (tails, remainders, tiles).
 
+mod attn_tiles;
 #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
 mod neon;
 mod single_token;

@@ -64,7 +64,7 @@ pub(crate) unsafe fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f3
 
 /// Canonical exp of 16 lanes (see [`crate::canon::exp`]).
 #[inline(always)]
-unsafe fn exp16(x: __m512) -> __m512 {
+pub(super) unsafe fn exp16(x: __m512) -> __m512 {
     let xc = _mm512_max_ps(
         _mm512_set1_ps(ec::LO),
         _mm512_min_ps(_mm512_set1_ps(ec::HI), x),
