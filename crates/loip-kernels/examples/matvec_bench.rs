@@ -706,13 +706,17 @@ fn smol_set(rng: &mut rand_chacha::ChaCha8Rng) -> Set {
 /// for n = 1, 4, 6, 8 tokens: a preempted call only lengthens the tail, so the minimum stays
 /// comparable on a loaded host.
 fn min_table(args: &Args, rng: &mut rand_chacha::ChaCha8Rng) {
-    let (rows, cols) = (576, 1536);
     let calls = if args.quick { 300 } else { 1500 };
-    let x = common::random_f32(8 * cols, rng);
-    let mut y = vec![0f32; 8 * rows];
-    println!("min / median µs per call, one thread, {rows}x{cols} in L2, {calls} calls");
+    println!("min / median µs per call, one thread, in L2, {calls} calls");
     pool(1).install(|| {
-        for dtype in [DType::Q4_1, DType::Q8_0] {
+        for (dtype, rows, cols) in [
+            (DType::Q4_1, 576, 1536),
+            (DType::Q4_1, 1536, 576),
+            (DType::Q8_0, 576, 1536),
+            (DType::Q8_0, 1536, 576),
+        ] {
+            let x = common::random_f32(8 * cols, rng);
+            let mut y = vec![0f32; 8 * rows];
             if args.dtype.is_some_and(|d| d != dtype) {
                 continue;
             }
@@ -723,23 +727,44 @@ fn min_table(args: &Args, rng: &mut rand_chacha::ChaCha8Rng) {
                 cols,
                 data: &data,
             };
-            print!("{:<6}", dtype.name());
+            // `LOIP_AB_VAR=NAME LOIP_AB_VALS=a,b,..`: calls rotate over the values of the
+            // variable (a kernel's tuning knob), one minimum per value
+            let var = std::env::var("LOIP_AB_VAR").unwrap_or_default();
+            let vals: Vec<String> = std::env::var("LOIP_AB_VALS")
+                .unwrap_or_default()
+                .split(',')
+                .map(str::to_string)
+                .collect();
+            let mut cells = vec![String::new(); vals.len()];
             for n in [1, 4, 6, 8] {
-                let mut us = Vec::with_capacity(calls);
-                for i in 0..calls + 20 {
+                let mut us = vec![Vec::with_capacity(calls); vals.len()];
+                for i in 0..(calls + 20) * vals.len() {
+                    let k = i % vals.len();
+                    if !var.is_empty() {
+                        std::env::set_var(&var, &vals[k]);
+                    }
                     let t = Instant::now();
                     if let Err(e) = matmul(&w, &x[..n * cols], &mut y[..n * rows]) {
                         eprintln!("matmul: {e}");
                         std::process::exit(1);
                     }
-                    if i >= 20 {
-                        us.push(t.elapsed().as_secs_f64() * 1e6);
+                    if i >= 20 * vals.len() {
+                        us[k].push(t.elapsed().as_secs_f64() * 1e6);
                     }
                 }
-                us.sort_by(f64::total_cmp);
-                print!("  n={n} {:>6.1} / {:>6.1}", us[0], us[us.len() / 2]);
+                for (u, c) in us.iter_mut().zip(&mut cells) {
+                    u.sort_by(f64::total_cmp);
+                    c.push_str(&format!("  n={n} {:>6.1} / {:>6.1}", u[0], u[u.len() / 2]));
+                }
             }
-            println!();
+            for (v, c) in vals.iter().zip(&cells) {
+                let label = format!("{} {rows}x{cols}", dtype.name());
+                if var.is_empty() {
+                    println!("{label:<16}{c}");
+                } else {
+                    println!("{label:<16} {var}={v}{c}");
+                }
+            }
         }
     });
 }

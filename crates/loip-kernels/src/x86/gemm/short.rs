@@ -8,14 +8,25 @@
 //! [`super`]): slot `s` (16 lanes, canonical accumulator `s`) collects the elements
 //! `64 j + 16 s .. 64 j + 16 (s + 1)`. A tile of `R` rows × `T` tokens runs one *pass* per
 //! slot, with one accumulator register per (row, token): per 64 elements, each row's 16
-//! elements of that slot are dequantized once (a 16-entry table of exact values and one
-//! `vpermps`, or a widening and one multiply for Q8_0) and fused into all `T` tokens. Columns
-//! go in segments of [`SEG`]: a segment's block scales are converted to f32 once for the
-//! tile's rows (eight blocks per conversion; each use is then a broadcast load), and the
-//! tokens' activations of a segment stay in L1 across the passes. Between segments a pass's
+//! elements of that slot are dequantized once and fused into all `T` tokens. Q4: the row's
+//! 16 bytes broadcast to the four 128-bit lanes, one variable shift (the nibble of byte
+//! `4 b + a` to lane `4 a + b`: a 4 × 4 transposed lane order, see [`perm`]) and one
+//! `vpermps` from the block's 16-entry table of exact values, built in L1 once per segment;
+//! the tokens are copied once per call, permuted alike and 64-byte aligned (no load splits a
+//! line), and each output's state is permuted back before the canonical tree. Q8_0: a
+//! widening, a conversion and one multiply. Columns go in segments of [`SEG`]: a segment's
+//! per-block data is built once for the tile's rows, and the tokens' activations of a
+//! segment stay in L1 across the passes. Between segments a pass's
 //! registers rest in the tile's slot state. A pass's loop runs a counted number of chunks
 //! (no register rotation across its back edge), and a tile's outputs are reduced four at a
 //! time (`avx512::reduce4`: the canonical tree on shuffled registers).
+//!
+//! Tables and shift against the earlier widening per pass (`vpmovzxbd`, plus a shift and a
+//! mask for the high nibbles, and the table's fma per pass): 3 instead of 4-5 vector ops
+//! per row and chunk beside the 24 fmas of a 3 × 8 tile; with the aligned tokens and 576-
+//! column segments, 8 tokens of Q4_1 576×1536 take 152 µs instead of 174 (one thread, in
+//! L2, `matvec_bench --min`: minimum of single calls, alternating binaries), 1536×576 153
+//! instead of 167; Q8_0 150 / 159 instead of 175 / 166.
 //!
 //! Measured (SmolLM2 down projection 576×1536, one thread, in L2, alternating trials): 8
 //! tokens of Q4_1 in 0.69× the time of the per-row kernels, Q8_0 0.87×. On AVX2 the same
@@ -41,8 +52,11 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::ptr::read_unaligned;
 
-/// Columns per segment (a multiple of 64): 8 tokens' activations of a segment are 16 KiB.
-const SEG: usize = 512;
+/// Columns per segment (a multiple of 64): 8 tokens' activations of a segment are 18 KiB;
+/// rows of 576 columns (SmolLM2's width) take one segment (with 512, a second one of 64
+/// columns stored and reloaded every pass's state for one chunk: 1536×576 took 1.09× the
+/// time).
+const SEG: usize = 576;
 /// f32 per segment and row of the blocks' data (at most 16 per 32-element block).
 const SEG_AUX: usize = 16 * SEG / 32;
 
@@ -412,21 +426,27 @@ pub(super) unsafe fn rows(
     out: Out,
 ) {
     debug_assert!(handles(dtype, n) && cols > 0 && cols % 32 == 0 && x.len() == n * cols);
-    let nibbles = |xp: &mut Vec<f32>| {
-        xp.resize(x.len(), 0.0);
-        permute(x, xp);
+    let nibbles = |buf: &mut Vec<f32>| {
+        // 15 more for the start on a 64-byte line: no load of a token splits a line
+        if buf.len() < x.len() + 15 {
+            buf.resize(x.len() + 15, 0.0);
+        }
+        let off = buf.as_ptr().align_offset(64).min(15);
+        let xp = &mut buf[off..off + x.len()];
+        match dtype {
+            DType::Q4_0 | DType::Q4_1 => permute(x, xp),
+            _ => xp.copy_from_slice(x),
+        }
         match dtype {
             DType::Q4_0 => short_avx512::<Q40>(data, cols, xp, n, rows, out),
-            _ => short_avx512::<Q41>(data, cols, xp, n, rows, out),
+            DType::Q4_1 => short_avx512::<Q41>(data, cols, xp, n, rows, out),
+            _ => short_avx512::<Q80>(data, cols, xp, n, rows, out),
         }
     };
-    match dtype {
-        DType::Q4_0 | DType::Q4_1 => XP.with(|b| match b.try_borrow_mut() {
-            Ok(mut xp) => nibbles(&mut xp),
-            Err(_) => nibbles(&mut Vec::new()),
-        }),
-        _ => short_avx512::<Q80>(data, cols, x, n, rows, out),
-    }
+    XP.with(|b| match b.try_borrow_mut() {
+        Ok(mut xp) => nibbles(&mut xp),
+        Err(_) => nibbles(&mut Vec::new()),
+    })
 }
 
 thread_local! {
