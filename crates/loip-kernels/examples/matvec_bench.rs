@@ -61,6 +61,8 @@ struct Args {
     step: bool,
     /// in the SmolLM2 set, only the single-token matmuls (no prefill, no attention)
     decode: bool,
+    /// the short-batch tiles' minimum µs per call (one thread, in L2): robust on a loaded host
+    min: bool,
 }
 
 fn parse_args() -> Args {
@@ -74,6 +76,7 @@ fn parse_args() -> Args {
     let mut batch = false;
     let mut step = false;
     let mut decode = false;
+    let mut min = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -93,6 +96,7 @@ fn parse_args() -> Args {
             "--smol" => smol_only = true,
             "--table" => table_only = true,
             "--hot" => hot = true,
+            "--min" => min = true,
             "--gemm" => gemm = true,
             "--batch" => batch = true,
             "--step" => {
@@ -109,7 +113,7 @@ fn parse_args() -> Args {
             },
             _ => {
                 eprintln!(
-                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--smol | --decode | --table | --gemm [--dtype T] | --batch [--dtype T] | --step]"
+                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--min [--dtype T]] [--smol | --decode | --table | --gemm [--dtype T] | --batch [--dtype T] | --step]"
                 );
                 std::process::exit(2);
             }
@@ -126,6 +130,7 @@ fn parse_args() -> Args {
         batch,
         step,
         decode,
+        min,
     }
 }
 
@@ -257,6 +262,10 @@ fn main() {
     println!("simd path: {}", simd_level());
     if args.gemm {
         gemm_table(&args, min_time, &mut rng);
+        return;
+    }
+    if args.min {
+        min_table(&args, &mut rng);
         return;
     }
     if args.batch {
@@ -691,4 +700,71 @@ fn smol_set(rng: &mut rand_chacha::ChaCha8Rng) -> Set {
     let head = common::random_matrix(DType::Q8_0, 49152, 576, rng);
     set.push((head, 49152, 576, DType::Q8_0));
     set
+}
+
+/// `--min`: the minimum and median µs of single calls (one thread, one 576×1536 matrix in L2)
+/// for n = 1, 4, 6, 8 tokens: a preempted call only lengthens the tail, so the minimum stays
+/// comparable on a loaded host.
+fn min_table(args: &Args, rng: &mut rand_chacha::ChaCha8Rng) {
+    let calls = if args.quick { 300 } else { 1500 };
+    println!("min / median µs per call, one thread, in L2, {calls} calls");
+    pool(1).install(|| {
+        for (dtype, rows, cols) in [
+            (DType::Q4_1, 576, 1536),
+            (DType::Q4_1, 1536, 576),
+            (DType::Q8_0, 576, 1536),
+            (DType::Q8_0, 1536, 576),
+        ] {
+            let x = common::random_f32(8 * cols, rng);
+            let mut y = vec![0f32; 8 * rows];
+            if args.dtype.is_some_and(|d| d != dtype) {
+                continue;
+            }
+            let data = common::random_matrix(dtype, rows, cols, rng);
+            let w = Matrix {
+                dtype,
+                rows,
+                cols,
+                data: &data,
+            };
+            // `LOIP_AB_VAR=NAME LOIP_AB_VALS=a,b,..`: calls rotate over the values of the
+            // variable (a kernel's tuning knob), one minimum per value
+            let var = std::env::var("LOIP_AB_VAR").unwrap_or_default();
+            let vals: Vec<String> = std::env::var("LOIP_AB_VALS")
+                .unwrap_or_default()
+                .split(',')
+                .map(str::to_string)
+                .collect();
+            let mut cells = vec![String::new(); vals.len()];
+            for n in [1, 4, 6, 8] {
+                let mut us = vec![Vec::with_capacity(calls); vals.len()];
+                for i in 0..(calls + 20) * vals.len() {
+                    let k = i % vals.len();
+                    if !var.is_empty() {
+                        std::env::set_var(&var, &vals[k]);
+                    }
+                    let t = Instant::now();
+                    if let Err(e) = matmul(&w, &x[..n * cols], &mut y[..n * rows]) {
+                        eprintln!("matmul: {e}");
+                        std::process::exit(1);
+                    }
+                    if i >= 20 * vals.len() {
+                        us[k].push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+                for (u, c) in us.iter_mut().zip(&mut cells) {
+                    u.sort_by(f64::total_cmp);
+                    c.push_str(&format!("  n={n} {:>6.1} / {:>6.1}", u[0], u[u.len() / 2]));
+                }
+            }
+            for (v, c) in vals.iter().zip(&cells) {
+                let label = format!("{} {rows}x{cols}", dtype.name());
+                if var.is_empty() {
+                    println!("{label:<16}{c}");
+                } else {
+                    println!("{label:<16} {var}={v}{c}");
+                }
+            }
+        }
+    });
 }

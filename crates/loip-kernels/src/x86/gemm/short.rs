@@ -8,14 +8,25 @@
 //! [`super`]): slot `s` (16 lanes, canonical accumulator `s`) collects the elements
 //! `64 j + 16 s .. 64 j + 16 (s + 1)`. A tile of `R` rows × `T` tokens runs one *pass* per
 //! slot, with one accumulator register per (row, token): per 64 elements, each row's 16
-//! elements of that slot are dequantized once (a 16-entry table of exact values and one
-//! `vpermps`, or a widening and one multiply for Q8_0) and fused into all `T` tokens. Columns
-//! go in segments of [`SEG`]: a segment's block scales are converted to f32 once for the
-//! tile's rows (eight blocks per conversion; each use is then a broadcast load), and the
-//! tokens' activations of a segment stay in L1 across the passes. Between segments a pass's
+//! elements of that slot are dequantized once and fused into all `T` tokens. Q4: the row's
+//! 16 bytes broadcast to the four 128-bit lanes, one variable shift (the nibble of byte
+//! `4 b + a` to lane `4 a + b`: a 4 × 4 transposed lane order, see [`perm`]) and one
+//! `vpermps` from the block's 16-entry table of exact values, built in L1 once per segment;
+//! the tokens are copied once per call, permuted alike and 64-byte aligned (no load splits a
+//! line), and each output's state is permuted back before the canonical tree. Q8_0: a
+//! widening, a conversion and one multiply. Columns go in segments of [`SEG`]: a segment's
+//! per-block data is built once for the tile's rows, and the tokens' activations of a
+//! segment stay in L1 across the passes. Between segments a pass's
 //! registers rest in the tile's slot state. A pass's loop runs a counted number of chunks
 //! (no register rotation across its back edge), and a tile's outputs are reduced four at a
 //! time (`avx512::reduce4`: the canonical tree on shuffled registers).
+//!
+//! Tables and shift against the earlier widening per pass (`vpmovzxbd`, plus a shift and a
+//! mask for the high nibbles, and the table's fma per pass): 3 instead of 4-5 vector ops
+//! per row and chunk beside the 24 fmas of a 3 × 8 tile; with the aligned tokens and 576-
+//! column segments, 8 tokens of Q4_1 576×1536 take 152 µs instead of 174 (one thread, in
+//! L2, `matvec_bench --min`: minimum of single calls, alternating binaries), 1536×576 153
+//! instead of 167; Q8_0 150 / 159 instead of 175 / 166.
 //!
 //! Measured (SmolLM2 down projection 576×1536, one thread, in L2, alternating trials): 8
 //! tokens of Q4_1 in 0.69× the time of the per-row kernels, Q8_0 0.87×. On AVX2 the same
@@ -37,32 +48,43 @@ use std::arch::x86_64::*;
 use super::{Out, Slot, State};
 use crate::dtype::DType;
 use crate::x86::avx2::f16_scalar;
+use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::ptr::read_unaligned;
 
-/// Columns per segment (a multiple of 64): 8 tokens' activations of a segment are 32 KiB.
-const SEG: usize = 512;
-/// f32 scales per segment and row (at most 2 per 32-element block).
-const SEG_SCALES: usize = 2 * SEG / 32;
+/// Columns per segment (a multiple of 64): 8 tokens' activations of a segment are 18 KiB;
+/// rows of 576 columns (SmolLM2's width) take one segment (with 512, a second one of 64
+/// columns stored and reloaded every pass's state for one chunk: 1536×576 took 1.09× the
+/// time).
+const SEG: usize = 576;
+/// f32 per segment and row of the blocks' data (at most 16 per 32-element block).
+const SEG_AUX: usize = 16 * SEG / 32;
 
+/// Lane `k` of a permuted register holds element `perm(k)` of its 16 (a 4 × 4 transpose; the
+/// permutation is its own inverse): lane `4 a + b` takes the low (or high) nibble of byte
+/// `4 b + a` of a block, which a shift of the block's 16 bytes broadcast to the four 128-bit
+/// lanes by `8 a` (or `8 a + 4`) brings to its low 4 bits. The tokens are permuted alike once
+/// per call, and each output's state back once before the canonical tree.
+#[inline(always)]
+unsafe fn perm() -> __m512i {
+    _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
+}
 
 /// A 32-element-block type whose slots dequantize in registers of type `V`.
 trait Deq<V> {
     /// bytes per block of 32 elements
     const BLOCK_BYTES: usize;
-    /// f32 scale values per block
-    const SCALES: usize;
-    /// Converts the scales of the block at `p` to `s[..SCALES]` (the block's first `SCALES`
-    /// f16 words).
-    #[inline(always)]
-    unsafe fn scales(p: *const u8, s: *mut f32) {
-        for i in 0..Self::SCALES {
-            *s.add(i) = f16_scalar(p.add(2 * i));
-        }
-    }
+    /// f32 of per-block data (the scales, or a 16-entry table of exact values)
+    const AUX: usize;
+    /// whether [`Deq::slot`] gives its lanes in the order of [`perm`]
+    const PERMUTED: bool;
+    /// The per-block data of `blocks` (at most `SEG / 32`) consecutive blocks at `p` to
+    /// `out[.. blocks * AUX]` (64-byte aligned).
+    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32);
     /// Elements `o .. o + WIDTH` (`o` a multiple of the width, below 32) of the block at `p`,
-    /// whose scales are at `s`: exactly the values of `dequant`.
-    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> V;
+    /// whose data [`Deq::aux`] wrote at `a`: exactly the values of `dequant` (in the order
+    /// of [`perm`] if `PERMUTED`).
+    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> V;
 }
 
 struct Q40;
@@ -77,62 +99,43 @@ unsafe fn iota() -> __m512 {
     )
 }
 
-/// The nibbles of bytes `qs[0..16]`, low (`o < 16`) or high, indexing a 16-entry table.
+/// Table indices of the 16 nibbles of bytes `qs[0..16]`, low (`o < 16`) or high, in the
+/// order of [`perm`]: vpermps reads only the low 4 bits of an index.
 #[inline(always)]
 unsafe fn nibbles16(qs: *const u8, o: usize) -> __m512i {
-    let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs as *const __m128i));
-    // vpermps reads only the low 4 bits of an index: the low nibbles need no mask
-    if o < 16 {
-        q
-    } else {
-        _mm512_srli_epi32(q, 4)
-    }
+    let q = _mm512_broadcast_i32x4(_mm_loadu_si128(qs as *const __m128i));
+    let h = if o < 16 { 0 } else { 4 };
+    let sh = _mm512_setr_epi32(
+        h,
+        h,
+        h,
+        h,
+        8 + h,
+        8 + h,
+        8 + h,
+        8 + h,
+        16 + h,
+        16 + h,
+        16 + h,
+        16 + h,
+        24 + h,
+        24 + h,
+        24 + h,
+        24 + h,
+    );
+    _mm512_srlv_epi32(q, sh)
 }
 
-impl Deq<__m512> for Q40 {
-    const BLOCK_BYTES: usize = 18;
-    const SCALES: usize = 1;
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
-        // (q - 8) * d is exact: the table holds the exact values
-        let table = _mm512_mul_ps(
-            _mm512_sub_ps(iota(), _mm512_set1_ps(8.0)),
-            _mm512_set1_ps(*s),
-        );
-        _mm512_permutexvar_ps(nibbles16(p.add(2), o), table)
-    }
-}
-
-impl Deq<__m512> for Q41 {
-    const BLOCK_BYTES: usize = 20;
-    const SCALES: usize = 2;
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
-        // q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
-        let table = _mm512_fmadd_ps(iota(), _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1)));
-        _mm512_permutexvar_ps(nibbles16(p.add(4), o), table)
-    }
-}
-
-impl Deq<__m512> for Q80 {
-    const BLOCK_BYTES: usize = 34;
-    const SCALES: usize = 1;
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, s: *const f32, o: usize) -> __m512 {
-        let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + o) as *const __m128i));
-        _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(*s))
-    }
-}
-
-/// The scales of `blocks` consecutive blocks at `p` as f32 to `out` (`SCALES` per block):
-/// eight blocks' f16 words are gathered and converted at once.
+/// The scales of `blocks` consecutive blocks at `p` (`S` f16 words at the start of each
+/// block of `B` bytes) as f32 to `out` (`S` per block): eight blocks' words are gathered and
+/// converted at once.
 #[inline(always)]
-unsafe fn scales<V, Q: Deq<V>>(p: *const u8, blocks: usize, out: *mut f32) {
-    let at = |b: usize| p.add(b * Q::BLOCK_BYTES);
+unsafe fn scales<const S: usize, const B: usize>(p: *const u8, blocks: usize, out: *mut f32) {
+    let at = |b: usize| p.add(b * B);
     let mut b = 0;
     while b + 8 <= blocks {
-        let o = out.add(b * Q::SCALES);
-        if Q::SCALES == 2 {
+        let o = out.add(b * S);
+        if S == 2 {
             let w = |i: usize| read_unaligned(at(b + i) as *const i32);
             let v = _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
             _mm256_storeu_ps(o, _mm256_cvtph_ps(_mm256_castsi256_si128(v)));
@@ -145,14 +148,85 @@ unsafe fn scales<V, Q: Deq<V>>(p: *const u8, blocks: usize, out: *mut f32) {
         b += 8;
     }
     while b < blocks {
-        Q::scales(at(b), out.add(b * Q::SCALES));
+        for i in 0..S {
+            *out.add(b * S + i) = f16_scalar(at(b).add(2 * i));
+        }
         b += 1;
     }
 }
 
+/// The 16-entry tables of `blocks` nibble blocks at `p` (`S` scales each) to `out`: entry `q`
+/// is `value(q, scales)`, exact.
+#[inline(always)]
+unsafe fn tables<const S: usize, const B: usize>(
+    p: *const u8,
+    blocks: usize,
+    out: *mut f32,
+    value: impl Fn(__m512, *const f32) -> __m512,
+) {
+    let mut s = [0f32; 2 * SEG / 32];
+    scales::<S, B>(p, blocks, s.as_mut_ptr());
+    for b in 0..blocks {
+        _mm512_store_ps(out.add(16 * b), value(iota(), s.as_ptr().add(S * b)));
+    }
+}
+
+impl Deq<__m512> for Q40 {
+    const BLOCK_BYTES: usize = 18;
+    const AUX: usize = 16;
+    const PERMUTED: bool = true;
+    #[inline(always)]
+    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+        // (q - 8) * d is exact: the table holds the exact values
+        tables::<1, 18>(p, blocks, out, |q, s| {
+            _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(8.0)), _mm512_set1_ps(*s))
+        });
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
+        _mm512_permutexvar_ps(nibbles16(p.add(2), o), _mm512_load_ps(a))
+    }
+}
+
+impl Deq<__m512> for Q41 {
+    const BLOCK_BYTES: usize = 20;
+    const AUX: usize = 16;
+    const PERMUTED: bool = true;
+    #[inline(always)]
+    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+        // q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
+        tables::<2, 20>(p, blocks, out, |q, s| {
+            _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1)))
+        });
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
+        _mm512_permutexvar_ps(nibbles16(p.add(4), o), _mm512_load_ps(a))
+    }
+}
+
+impl Deq<__m512> for Q80 {
+    const BLOCK_BYTES: usize = 34;
+    const AUX: usize = 1;
+    const PERMUTED: bool = false;
+    #[inline(always)]
+    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+        scales::<1, 34>(p, blocks, out);
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
+        let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + o) as *const __m128i));
+        _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(*a))
+    }
+}
+
+/// The per-block data of a segment for one row, 64-byte aligned for the tables' loads.
+#[repr(C, align(64))]
+struct Aux([MaybeUninit<f32>; SEG_AUX]);
+
 /// Pass `S` of a tile over the columns `k0 .. k1` of one segment (`k0` a multiple of
 /// [`SEG`]): slot `S` of rows `w` × tokens `x`, from `st` (or `+0.0` at `k0 == 0`) back into
-/// `st`. `sc[i]` holds row `i`'s scales of the segment's blocks.
+/// `st`. `sc[i]` holds row `i`'s per-block data of the segment's blocks ([`Deq::aux`]).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // one index runs over three arrays
 unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usize>(
@@ -160,7 +234,7 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
     x: &[*const f32; T],
     k0: usize,
     k1: usize,
-    sc: &[[f32; SEG_SCALES]; R],
+    sc: &[[f32; SEG_AUX]; R],
     st: &mut State<V, R, T>,
 ) {
     if S >= V::SLOTS {
@@ -181,13 +255,13 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
     let first = V::WIDTH * S;
     let chunks = (k1 - k0 + 64 - first - V::WIDTH) / 64;
     let wb: [*const u8; R] = std::array::from_fn(|i| w[i].add((k0 / 32 + blk) * Q::BLOCK_BYTES));
-    let sb: [*const f32; R] = std::array::from_fn(|i| sc[i].as_ptr().add(blk * Q::SCALES));
+    let sb: [*const f32; R] = std::array::from_fn(|i| sc[i].as_ptr().add(blk * Q::AUX));
     let xb: [*const f32; T] = std::array::from_fn(|t| x[t].add(k0 + first));
     for c in 0..chunks {
         let wv: [V; R] = std::array::from_fn(|i| {
             Q::slot(
                 wb[i].add(2 * c * Q::BLOCK_BYTES),
-                sb[i].add(2 * c * Q::SCALES),
+                sb[i].add(2 * c * Q::AUX),
                 o,
             )
         });
@@ -213,16 +287,16 @@ unsafe fn tile<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
     cols: usize,
     st: &mut State<V, R, T>,
 ) {
-    let mut sc = [[MaybeUninit::<f32>::uninit(); SEG_SCALES]; R];
+    let mut sc: [Aux; R] = std::array::from_fn(|_| Aux([MaybeUninit::uninit(); SEG_AUX]));
     let mut k0 = 0;
     while k0 < cols {
         let k1 = (k0 + SEG).min(cols);
         for (i, sci) in sc.iter_mut().enumerate() {
             let p = w[i].add(k0 / 32 * Q::BLOCK_BYTES);
-            scales::<V, Q>(p, (k1 - k0) / 32, sci.as_mut_ptr() as *mut f32);
+            Q::aux(p, (k1 - k0) / 32, sci.0.as_mut_ptr() as *mut f32);
         }
-        // every scale of the segment's blocks is written above
-        let sc = &*(&sc as *const _ as *const [[f32; SEG_SCALES]; R]);
+        // the data of every block of the segment is written above
+        let sc = &*(&sc as *const _ as *const [[f32; SEG_AUX]; R]);
         pass::<V, Q, R, T, 0>(w, x, k0, k1, sc, st);
         pass::<V, Q, R, T, 1>(w, x, k0, k1, sc, st);
         pass::<V, Q, R, T, 2>(w, x, k0, k1, sc, st);
@@ -255,7 +329,7 @@ unsafe fn run<Q: Deq<__m512>, const R: usize, const T: usize>(
         crate::x86::prefetch(data.as_ptr().wrapping_add((r0 + R) * rb), R * rb);
         let mut st: State<__m512, R, T> = [[[MaybeUninit::uninit(); 8]; T]; R];
         tile::<__m512, Q, R, T>(&ws, &xs, cols, &mut st);
-        let vals = reduce_tile(&st);
+        let vals = reduce_tile(&st, Q::PERMUTED);
         for (i, vi) in vals.iter().enumerate().take(rows - r0) {
             for (t, &v) in vi.iter().enumerate() {
                 out.put(r0 + i, t, v);
@@ -267,18 +341,25 @@ unsafe fn run<Q: Deq<__m512>, const R: usize, const T: usize>(
 
 /// The canonical reduction of every output of a tile (see [`crate::canon::reduce`]): the
 /// four accumulators combined as `(a0 + a2) + (a1 + a3)`, then the lane tree of four outputs
-/// at a time ([`crate::x86::avx512::reduce4`], the same pairs in the same order).
+/// at a time ([`crate::x86::avx512::reduce4`], the same pairs in the same order); lanes in
+/// the order of [`perm`] (`permuted`) are put back in between.
 ///
 /// # Safety
 /// Slots `0 .. 4` of every output of `st` are written.
 #[inline(always)]
 unsafe fn reduce_tile<const R: usize, const T: usize>(
     st: &State<__m512, R, T>,
+    permuted: bool,
 ) -> [[f32; T]; R] {
     let v = |k: usize| {
         let s = &st[k / T][k % T];
         let a: [__m512; 4] = std::array::from_fn(|j| s[j].assume_init());
-        _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
+        let v = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+        if permuted {
+            _mm512_permutexvar_ps(perm(), v)
+        } else {
+            v
+        }
     };
     let mut out = [[0f32; T]; R];
     let total = R * T;
@@ -345,9 +426,42 @@ pub(super) unsafe fn rows(
     out: Out,
 ) {
     debug_assert!(handles(dtype, n) && cols > 0 && cols % 32 == 0 && x.len() == n * cols);
-    match dtype {
-        DType::Q4_0 => short_avx512::<Q40>(data, cols, x, n, rows, out),
-        DType::Q4_1 => short_avx512::<Q41>(data, cols, x, n, rows, out),
-        _ => short_avx512::<Q80>(data, cols, x, n, rows, out),
+    let nibbles = |buf: &mut Vec<f32>| {
+        // 15 more for the start on a 64-byte line: no load of a token splits a line
+        if buf.len() < x.len() + 15 {
+            buf.resize(x.len() + 15, 0.0);
+        }
+        let off = buf.as_ptr().align_offset(64).min(15);
+        let xp = &mut buf[off..off + x.len()];
+        match dtype {
+            DType::Q4_0 | DType::Q4_1 => permute(x, xp),
+            _ => xp.copy_from_slice(x),
+        }
+        match dtype {
+            DType::Q4_0 => short_avx512::<Q40>(data, cols, xp, n, rows, out),
+            DType::Q4_1 => short_avx512::<Q41>(data, cols, xp, n, rows, out),
+            _ => short_avx512::<Q80>(data, cols, xp, n, rows, out),
+        }
+    };
+    XP.with(|b| match b.try_borrow_mut() {
+        Ok(mut xp) => nibbles(&mut xp),
+        Err(_) => nibbles(&mut Vec::new()),
+    })
+}
+
+thread_local! {
+    /// The permuted tokens of this thread (f32), reused across calls.
+    static XP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `xp` = `x` with every 16 elements in the order of [`perm`] (`x.len()` a multiple of 16,
+/// `xp.len() == x.len()`).
+#[target_feature(enable = "avx512f")]
+unsafe fn permute(x: &[f32], xp: &mut [f32]) {
+    for (o, i) in xp.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
+        _mm512_storeu_ps(
+            o.as_mut_ptr(),
+            _mm512_permutexvar_ps(perm(), _mm512_loadu_ps(i.as_ptr())),
+        );
     }
 }
