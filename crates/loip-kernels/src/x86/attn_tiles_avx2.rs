@@ -43,25 +43,30 @@ pub(crate) fn scores(
     }
     assert!(kt.len() >= (hd - 1) * ld + 16 * blocks, "scores: kt too short");
     assert!(rows.iter().all(|r| r.len() >= t0 + 16 * blocks));
-    let q: [*const f32; MAX_Q] = std::array::from_fn(|j| qs[j.min(qs.len() - 1)].as_ptr());
-    let o: [*mut f32; MAX_Q] = std::array::from_fn(|j| {
-        if j < rows.len() {
-            // SAFETY: t0 <= row length (checked above)
-            unsafe { rows[j].as_mut_ptr().add(t0) }
-        } else {
-            std::ptr::null_mut()
-        }
-    });
-    // SAFETY: features checked; every element read or written is inside the slices (checked).
-    unsafe {
-        match qs.len() {
-            1 => scores_q::<1>(q, hd, kt.as_ptr(), ld, blocks, scale, o),
-            2 => scores_q::<2>(q, hd, kt.as_ptr(), ld, blocks, scale, o),
-            3 => scores_q::<3>(q, hd, kt.as_ptr(), ld, blocks, scale, o),
-            _ => scores_q::<4>(q, hd, kt.as_ptr(), ld, blocks, scale, o),
+    // at most SCORE_Q query heads per pass: their accumulators and lane trees fit 16 ymm
+    for (qs, rows) in qs.chunks(SCORE_Q).zip(rows.chunks_mut(SCORE_Q)) {
+        let q: [*const f32; MAX_Q] = std::array::from_fn(|j| qs[j.min(qs.len() - 1)].as_ptr());
+        let o: [*mut f32; MAX_Q] = std::array::from_fn(|j| {
+            if j < rows.len() {
+                // SAFETY: t0 <= row length (checked above)
+                unsafe { rows[j].as_mut_ptr().add(t0) }
+            } else {
+                std::ptr::null_mut()
+            }
+        });
+        // SAFETY: features checked; every element read or written is inside the slices
+        // (checked).
+        unsafe {
+            match qs.len() {
+                1 => scores_q::<1>(q, hd, kt.as_ptr(), ld, blocks, scale, o),
+                _ => scores_q::<{ SCORE_Q }>(q, hd, kt.as_ptr(), ld, blocks, scale, o),
+            }
         }
     }
 }
+
+/// Query heads per pass over K in [`scores`].
+const SCORE_Q: usize = 2;
 
 /// Lane-wise sums of two sets of `Q` vectors.
 #[inline(always)]
