@@ -87,6 +87,11 @@ pub(crate) fn sum(s: &[f32]) -> f32 {
 /// Steps 2 and 3 of the module docs on one row of scaled scores, in place.
 fn softmax(level: Level, s: &mut [f32]) {
     let m = s.iter().fold(f32::NEG_INFINITY, |m, &x| vmax(x, m));
+    softmax_from(level, s, m)
+}
+
+/// [`softmax`] given `m = max(s)` (`vmax` semantics: NaN never wins; either zero may).
+fn softmax_from(level: Level, s: &mut [f32], m: f32) {
     s.iter_mut().for_each(|x| *x -= m);
     dispatch::exp_inplace(level, s);
     let total = sum(s);

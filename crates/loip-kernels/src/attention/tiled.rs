@@ -25,7 +25,7 @@ fn kernels(level: Level) -> Kernels {
         },
         _ => Kernels {
             scores: tiles2::scores,
-            softmax: |s| super::softmax(Level::Avx2, s),
+            softmax: |s| super::softmax_from(Level::Avx2, s, tiles2::max(s)),
             weighted: tiles2::weighted,
         },
     }

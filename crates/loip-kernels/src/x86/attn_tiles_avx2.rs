@@ -1,6 +1,7 @@
 //! AVX2 tiles of prompt attention: the twins of [`super::attn_tiles`] with 8 positions per
 //! vector (two vectors per block of 16 positions), the same canonical operations per score
-//! and per output element. The softmax is the plain one of `attention` (AVX2 exp).
+//! and per output element. The softmax is the plain one of `attention` (AVX2 exp) after the
+//! vector [`max`].
 //!
 //! The safe wrappers check every length; the CPU features are the caller's precondition
 //! (`simd::detected()` is AVX2 or AVX-512), asserted here too.
@@ -11,7 +12,7 @@ use std::arch::x86::*;
 use std::arch::x86_64::*;
 
 use super::attn_tiles::MAX_Q;
-use crate::canon::{ACCS, LANES};
+use crate::canon::{self, ACCS, LANES};
 use crate::simd::{self, Level};
 
 fn check_cpu() {
@@ -260,4 +261,38 @@ unsafe fn weighted_q<const Q: usize>(
             }
         }
     }
+}
+
+/// `max(s)` with `vmax` semantics, as `attention`'s fold: lanes never hold NaN (`max(x, m)`
+/// keeps `m`), and which zero wins does not matter (`s - m` and exp give the same bits).
+pub(crate) fn max(s: &[f32]) -> f32 {
+    check_cpu();
+    // SAFETY: features checked; the kernel stays inside `s`.
+    unsafe { max_row(s) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn max_row(s: &[f32]) -> f32 {
+    let full = s.len() / 8 * 8;
+    let p = s.as_ptr();
+    let mut mv = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+    let mut i = 0;
+    while i + 32 <= full {
+        for (j, m) in mv.iter_mut().enumerate() {
+            *m = _mm256_max_ps(_mm256_loadu_ps(p.add(i + 8 * j)), *m);
+        }
+        i += 32;
+    }
+    while i < full {
+        mv[0] = _mm256_max_ps(_mm256_loadu_ps(p.add(i)), mv[0]);
+        i += 8;
+    }
+    let mut lanes = [0f32; 32];
+    for (j, m) in mv.iter().enumerate() {
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * j), *m);
+    }
+    s[full..]
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| canon::vmax(x, m))
 }
