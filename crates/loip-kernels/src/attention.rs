@@ -341,7 +341,7 @@ fn tiled_heads(
 const TILED_MIN_QUERIES: usize = 4;
 
 /// Whether the AVX-512 or AVX2 tiles serve `level` (head dims that are whole vectors).
-fn tiles_usable(level: Level, head_dim: usize) -> bool {
+pub(crate) fn tiles_usable(level: Level, head_dim: usize) -> bool {
     cfg!(any(target_arch = "x86_64", target_arch = "x86"))
         && match level {
             Level::Avx512 => simd::detected() == Level::Avx512,
