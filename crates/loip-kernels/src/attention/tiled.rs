@@ -8,11 +8,16 @@ use crate::simd::Level;
 use crate::x86::attn_tiles::{self as tiles, MAX_Q};
 use crate::x86::attn_tiles_avx2 as tiles2;
 
+/// `scores(qs, kt, ld, blocks, scale, t0, rows)` of [`tiles::scores`].
+type ScoresFn = fn(&[&[f32]], &[f32], usize, usize, f32, usize, &mut [&mut [f32]]);
+/// `weighted(ps, v, stride, outs)` of [`tiles::weighted`].
+type WeightedFn = fn(&[&[f32]], &[f32], usize, &mut [&mut [f32]]);
+
 /// The tile kernels of one level: scores, softmax of a row, weighted sums.
 struct Kernels {
-    scores: fn(&[&[f32]], &[f32], usize, usize, f32, usize, &mut [&mut [f32]]),
+    scores: ScoresFn,
     softmax: fn(&mut [f32]),
-    weighted: fn(&[&[f32]], &[f32], usize, &mut [&mut [f32]]),
+    weighted: WeightedFn,
 }
 
 /// AVX2: 8 positions per vector; the softmax of [`super::heads`].
