@@ -84,6 +84,20 @@ pub(crate) fn sum(s: &[f32]) -> f32 {
     }
 }
 
+/// Steps 2 and 3 of the module docs on one row of scaled scores, in place.
+fn softmax(level: Level, s: &mut [f32]) {
+    let m = s.iter().fold(f32::NEG_INFINITY, |m, &x| vmax(x, m));
+    softmax_from(level, s, m)
+}
+
+/// [`softmax`] given `m = max(s)` (`vmax` semantics: NaN never wins; either zero may).
+fn softmax_from(level: Level, s: &mut [f32], m: f32) {
+    s.iter_mut().for_each(|x| *x -= m);
+    dispatch::exp_inplace(level, s);
+    let total = sum(s);
+    s.iter_mut().for_each(|e| *e /= total);
+}
+
 /// Positions per block: the query heads of one task read a block of K (or V) rows while it
 /// is in cache (`POS_BLOCK × head_dim × 4` bytes).
 const POS_BLOCK: usize = 128;
@@ -150,11 +164,7 @@ fn heads(
         }
         for s in scores[at..at + qi.out.len() / hd * n].chunks_exact_mut(n) {
             s.iter_mut().for_each(|x| *x *= scale);
-            let m = s.iter().fold(f32::NEG_INFINITY, |m, &x| vmax(x, m));
-            s.iter_mut().for_each(|x| *x -= m);
-            dispatch::exp_inplace(level, s);
-            let total = sum(s);
-            s.iter_mut().for_each(|e| *e /= total);
+            softmax(level, s);
         }
     }
     // weighted sums of V rows, block by block, in increasing position
@@ -298,10 +308,10 @@ pub(crate) fn attention_causal_at(
 #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
 mod tiled;
 
-/// [`heads`] on the AVX-512 tiles (only where [`tiles_usable`]).
+/// [`heads`] on the AVX-512 or AVX2 tiles (only where [`tiles_usable`]).
 #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
 fn tiled_heads(
-    _: Level,
+    level: Level,
     sh: Shape,
     h0: usize,
     qs: &mut [Query<'_>],
@@ -309,7 +319,7 @@ fn tiled_heads(
     v: &[f32],
     scores: &mut Vec<f32>,
 ) {
-    tiled::heads(sh, h0, qs, kt, v, scores)
+    tiled::heads(level, sh, h0, qs, kt, v, scores)
 }
 
 /// No tiles off x86 ([`tiles_usable`] is false there): the plain path.
@@ -326,15 +336,18 @@ fn tiled_heads(
     heads(level, sh, h0, qs, k, v, scores)
 }
 
-/// Queries from which [`attention_causal`] transposes K for the AVX-512 tiles (the transpose
+/// Queries from which [`attention_causal`] transposes K for the tiles (the transpose
 /// reads the cache once; each query then reads it once per head).
 const TILED_MIN_QUERIES: usize = 4;
 
-/// Whether the AVX-512 tiles serve `level` (head dims that are whole vectors).
-fn tiles_usable(level: Level, head_dim: usize) -> bool {
+/// Whether the AVX-512 or AVX2 tiles serve `level` (head dims that are whole vectors).
+pub(crate) fn tiles_usable(level: Level, head_dim: usize) -> bool {
     cfg!(any(target_arch = "x86_64", target_arch = "x86"))
-        && level == Level::Avx512
-        && simd::detected() == Level::Avx512
+        && match level {
+            Level::Avx512 => simd::detected() == Level::Avx512,
+            Level::Avx2 => matches!(simd::detected(), Level::Avx2 | Level::Avx512),
+            Level::Scalar | Level::Neon => false,
+        }
         && head_dim > 0
         && head_dim % LANES == 0
 }

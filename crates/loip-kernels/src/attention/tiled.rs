@@ -1,10 +1,40 @@
-//! The AVX-512 tiles of [`super::attention_causal`]: one task (a block of queries × a run of
-//! query heads on one kv head) with K transposed once per call. Every query head gets exactly
+//! The AVX-512 or AVX2 tiles of [`super::attention_causal`]: one task (a block of queries ×
+//! a run of query heads on one kv head) with K transposed once per call. Every query head gets exactly
 //! the operations of the module docs of [`super`], in the same order, as [`super::heads`].
 
 use super::{KTrans, Query, Shape, POS_BLOCK};
 use crate::canon::LANES;
+use crate::simd::Level;
 use crate::x86::attn_tiles::{self as tiles, MAX_Q};
+use crate::x86::attn_tiles_avx2 as tiles2;
+
+/// `scores(qs, kt, ld, blocks, scale, t0, rows)` of [`tiles::scores`].
+type ScoresFn = fn(&[&[f32]], &[f32], usize, usize, f32, usize, &mut [&mut [f32]]);
+/// `weighted(ps, v, stride, outs)` of [`tiles::weighted`].
+type WeightedFn = fn(&[&[f32]], &[f32], usize, &mut [&mut [f32]]);
+
+/// The tile kernels of one level: scores, softmax of a row, weighted sums.
+struct Kernels {
+    scores: ScoresFn,
+    softmax: fn(&mut [f32]),
+    weighted: WeightedFn,
+}
+
+/// AVX2: 8 positions per vector; the softmax of [`super::heads`].
+fn kernels(level: Level) -> Kernels {
+    match level {
+        Level::Avx512 => Kernels {
+            scores: tiles::scores,
+            softmax: tiles::softmax,
+            weighted: tiles::weighted,
+        },
+        _ => Kernels {
+            scores: tiles2::scores,
+            softmax: |s| super::softmax_from(Level::Avx2, s, tiles2::max(s)),
+            weighted: tiles2::weighted,
+        },
+    }
+}
 
 /// Whole vectors of positions covering `n`.
 fn padded(n: usize) -> usize {
@@ -15,6 +45,7 @@ fn padded(n: usize) -> usize {
 /// transposed K block, their softmax, then their weighted sums interleaved `MAX_Q` at a time
 /// (each query head's own positions past the shared ones follow alone, still in order).
 pub(super) fn heads(
+    level: Level,
     sh: Shape,
     h0: usize,
     qs: &mut [Query<'_>],
@@ -22,6 +53,7 @@ pub(super) fn heads(
     v: &[f32],
     scores: &mut Vec<f32>,
 ) {
+    let kern = kernels(level);
     let hd = sh.head_dim;
     let off = (h0 / sh.group) * hd; // the kv head's columns
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
@@ -54,20 +86,20 @@ pub(super) fn heads(
             let common = ns[set.clone()].iter().map(|&n| blocks(n)).min().unwrap_or(0);
             if common > 0 {
                 let (q, r) = (&qv[set.clone()], &mut rows[set.clone()]);
-                tiles::scores(q, &ktb[t0..], ld, common, scale, t0, r);
+                (kern.scores)(q, &ktb[t0..], ld, common, scale, t0, r);
             }
             for j in set.clone() {
                 let more = blocks(ns[j]) - common;
                 if more > 0 {
                     let t = t0 + common * LANES;
                     let r = &mut rows[j..j + 1];
-                    tiles::scores(&qv[j..j + 1], &ktb[t..], ld, more, scale, t, r);
+                    (kern.scores)(&qv[j..j + 1], &ktb[t..], ld, more, scale, t, r);
                 }
             }
         }
     }
     for (r, &n) in rows.iter_mut().zip(&ns) {
-        tiles::softmax(&mut r[..n]);
+        (kern.softmax)(&mut r[..n]);
     }
     // weighted sums of V rows, block by block, in increasing position
     let rows: Vec<&[f32]> = rows.into_iter().map(|r| &*r).collect();
@@ -87,14 +119,14 @@ pub(super) fn heads(
                     *p = &r[t0..tc];
                 }
                 let vb = &v[t0 * sh.stride + off..];
-                tiles::weighted(&ps[..set.len()], vb, sh.stride, &mut outs[set.clone()]);
+                (kern.weighted)(&ps[..set.len()], vb, sh.stride, &mut outs[set.clone()]);
             }
             for j in set.clone() {
                 let e = end(ns[j]);
                 if e > tc {
                     let vb = &v[tc * sh.stride + off..];
                     let o = &mut outs[j..j + 1];
-                    tiles::weighted(&[&rows[j][tc..e]], vb, sh.stride, o);
+                    (kern.weighted)(&[&rows[j][tc..e]], vb, sh.stride, o);
                 }
             }
         }

@@ -1,10 +1,10 @@
-//! The AVX-512 attention tiles (K transposed, scores 16 positions per vector, query heads
-//! interleaved) against the scalar path, bit for bit: long prompts over several position
+//! The AVX-512 and AVX2 attention tiles (K transposed, scores 16 or 8 positions per vector,
+//! query heads interleaved) against the scalar path, bit for bit: long prompts over several position
 //! blocks, chunks starting mid-cache, head dims of 1 to 8 groups, scores that underflow
 //! exp, zeros, and 1-3 threads.
 
 use super::{bits, random_f32, LEVELS};
-use crate::attention::{attention_at, attention_causal_at};
+use crate::attention::{attention_at, attention_causal_at, tiles_usable};
 use crate::simd::{supported, Level};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -55,4 +55,15 @@ fn causal_tiles_match_scalar() {
             }
         }
     }
+}
+
+/// Both x86 SIMD levels take the tiles (so the test above compares them with scalar).
+#[test]
+fn tiles_serve_avx2_and_avx512() {
+    for level in [Level::Avx2, Level::Avx512] {
+        let x86 = cfg!(any(target_arch = "x86_64", target_arch = "x86"));
+        assert_eq!(tiles_usable(level, 64), x86 && supported(level), "{level:?}");
+        assert!(!tiles_usable(level, 24), "{level:?}: head dim not whole groups");
+    }
+    assert!(!tiles_usable(Level::Scalar, 64));
 }

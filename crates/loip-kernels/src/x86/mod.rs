@@ -1,6 +1,7 @@
 //! x86 SIMD kernels, compiled with `#[target_feature]` and selected at run time.
 
 pub(crate) mod attn_tiles;
+pub(crate) mod attn_tiles_avx2;
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod avx512_act;
