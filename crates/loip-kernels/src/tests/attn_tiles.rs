@@ -3,8 +3,8 @@
 //! blocks, chunks starting mid-cache, head dims of 1 to 8 groups, scores that underflow
 //! exp, zeros, and 1-3 threads.
 
-use super::{bits, random_f32, LEVELS};
-use crate::attention::{attention_at, attention_causal_at, tiles_usable};
+use super::{bits, causal_on, random_f32, LEVELS};
+use crate::attention::{attention_at, tiles_usable};
 use crate::simd::{supported, Level};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -39,14 +39,7 @@ fn causal_tiles_match_scalar() {
         }
         for level in LEVELS.into_iter().filter(|&l| supported(l)) {
             for threads in [1, 2, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .expect("pool");
-                let mut got = vec![f32::NAN; m * w];
-                pool.install(|| {
-                    attention_causal_at(level, &q, &k, &v, start, (n_heads, n_kv, hd), &mut got)
-                });
+                let got = causal_on(level, threads, &q, &k, &v, start, (n_heads, n_kv, hd), m * w);
                 assert_eq!(
                     bits(&got),
                     bits(&want),

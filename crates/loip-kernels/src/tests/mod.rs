@@ -323,14 +323,7 @@ fn causal_attention_is_token_by_token() {
                 attention_at(level, qi, &k, &v, start + i + 1, n_heads, n_kv, hd, o);
             }
             for threads in [1, 2, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .expect("pool");
-                let mut got = vec![f32::NAN; m * w];
-                pool.install(|| {
-                    attention_causal_at(level, &q, &k, &v, start, (n_heads, n_kv, hd), &mut got)
-                });
+                let got = causal_on(level, threads, &q, &k, &v, start, (n_heads, n_kv, hd), m * w);
                 assert_eq!(
                     bits(&got),
                     bits(&want),
@@ -472,4 +465,25 @@ fn tiled_kernel_bit_identical() {
             }
         }
     }
+}
+
+/// `attention_causal_at` on `level` in a pool of `threads`, into `len` fresh outputs.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn causal_on(
+    level: Level,
+    threads: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    start: usize,
+    shape: (usize, usize, usize),
+    len: usize,
+) -> Vec<f32> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool");
+    let mut got = vec![f32::NAN; len];
+    pool.install(|| attention_causal_at(level, q, k, v, start, shape, &mut got));
+    got
 }
