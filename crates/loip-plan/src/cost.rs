@@ -60,8 +60,7 @@
 //! than `C_i`, so its slot is held longer and this underestimates there: on `loip`'s own
 //! plans of random clusters the simulator (`loip-sim`, which runs the slot event by event) is
 //! within 10 % (5 % for 199 of 200), but with extra loads forced onto every device it was
-//! found up to 43 % slower; see README.md (section "Paper-scale experiments in the
-//! simulator").
+//! found up to 43 % slower; see docs/simulator.md (section "Simulator versus cost model").
 //!
 //! **The LM head** runs after the last stage on the last device, for every micro-batch, so
 //! it is part of that device's compute in the last round: it lengthens the pass, counts in

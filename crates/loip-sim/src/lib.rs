@@ -20,7 +20,8 @@
 //! (configuration and report types), [`error`].
 //!
 //! Results of the paper-scale experiments and how they compare with the paper's claims:
-//! README.md (section "Paper-scale experiments in the simulator").
+//! docs/simulator.md (sections "Results" and "Where our numbers and the paper's claims agree or
+//! differ").
 #![deny(missing_docs)]
 
 pub mod adapt;

@@ -183,9 +183,9 @@ mod tests {
 
     #[test]
     fn eviction_wins_only_when_its_recomputation_costs_less_than_the_switch() {
-        // llama-1b, two devices (README): offloading all attention adds ~0.9 s a step for
-        // this step and the 39 to the end; evicting the other sequence recomputes 120
-        // tokens once
+        // llama-1b, two devices (docs/cluster.md, "Long-context benchmark, llama-1b"):
+        // offloading all attention adds ~0.9 s a step for this step and the 39 to the end;
+        // evicting the other sequence recomputes 120 tokens once
         let c = SwitchVsEvict {
             switch_extra_s: 0.875,
             switch_steps: steps_served(241, 10_000, 280, 1),
