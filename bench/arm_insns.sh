@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions executed by one 64x1536 matmul on aarch64 (under qemu-user), portable path
-# against NEON, per 32 weights and token (README, "ARM (NEON)"). Needs the aarch64 target,
+# against NEON, per 32 weights and token (docs/benchmarks.md, "ARM (NEON)"). Needs the aarch64 target,
 # gcc-aarch64-linux-gnu and qemu-user (as .ci/run). Counts, not times: an emulator says
 # nothing about a real core's speed.
 set -euo pipefail

@@ -48,7 +48,8 @@ use crate::simd::Switch;
 /// appends: a few µs), so those cost no system call. Yielding after it keeps a helper
 /// responsive within about a µs on a quiet machine, while on a loaded one (more runnable
 /// threads than cores) the spinning helper gives its time slices to the others, the leader
-/// included: pure spinning there made decode 17–42 % slower than plain rayon (README).
+/// included: pure spinning there made decode 17–42 % slower than plain rayon
+/// (docs/benchmarks.md, "A team of threads per step").
 const PAUSE: Duration = Duration::from_micros(10);
 /// How long a helper waits without work before it parks (longer than any gap inside a decode
 /// step, far shorter than a scheduler tick).
