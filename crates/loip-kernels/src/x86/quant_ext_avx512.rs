@@ -355,7 +355,13 @@ pub(super) unsafe fn dot<D: Fused, const R: usize>(
         for row in rows {
             super::prefetch(row.wrapping_add(dist + off), unit_bytes);
         }
-        let st: [D::State; R] = std::array::from_fn(|r| D::prep(rows[r].add(off)));
+        // a loop, not `array::from_fn`: its closure is a function of its own without this
+        // kernel's target features, and when not inlined (as here for Q3_K once) every
+        // intrinsic in `prep` became a call
+        let mut st = [D::prep(rows[0].add(off)); R];
+        for (r, s) in st.iter_mut().enumerate().skip(1) {
+            *s = D::prep(rows[r].add(off));
+        }
         for k in 0..4 {
             let xv = load_x(x, 256 * u + 64 * k);
             for r in 0..R {
@@ -389,13 +395,16 @@ pub(super) unsafe fn dot<D: Fused, const R: usize>(
         }
     }
     // (acc0 + acc2) + (acc1 + acc3), then the lane tree, four rows at a time
-    let v: [__m512; R] = std::array::from_fn(|r| {
-        let a = &acc[r];
-        _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
-    });
+    let mut v = [_mm512_setzero_ps(); R];
+    for (vr, a) in v.iter_mut().zip(&acc) {
+        *vr = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+    }
     let mut out = [0f32; R];
     for r0 in (0..R).step_by(4) {
-        let four: [__m512; 4] = std::array::from_fn(|i| v[(r0 + i).min(R - 1)]);
+        let mut four = [_mm512_setzero_ps(); 4];
+        for (i, f) in four.iter_mut().enumerate() {
+            *f = v[(r0 + i).min(R - 1)];
+        }
         let mut s = [0f32; 4];
         _mm_storeu_ps(s.as_mut_ptr(), super::avx512::reduce4(four));
         let n = 4.min(R - r0);
