@@ -92,6 +92,12 @@ pub struct LocalArgs {
     /// step as without this flag; `q`: micro-batches of `q` sequences, `N/q` in flight).
     #[arg(long, value_delimiter = ',')]
     pub micro_batch_seqs: Vec<usize>,
+    /// A device profile (JSON, as `loip profile --out` writes it, or a device's `profile` in a
+    /// `--json` run's `cluster`) for every worker instead of measuring them: the plan no
+    /// longer depends on how busy this machine is while it measures (reproducible runs and
+    /// tests). Each device keeps its own `--mem` budget.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
     /// Draw memory per device over the run into this file (PNG, or SVG when it ends in
     /// `.svg`): KV + weights/slot/buffers against the budget, one sample per step, with the
     /// threshold crossings (plan switches) and KV lending marked.
@@ -487,6 +493,18 @@ fn compare_micro_batches(
     Ok(())
 }
 
+/// `--profile`: the file's profile for each of `n` devices (`None`: measure them).
+fn fixed_profiles(a: &LocalArgs, n: usize) -> Result<Option<Vec<DeviceProfile>>> {
+    let Some(path) = &a.profile else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--profile {}: cannot read it", path.display()))?;
+    let p = DeviceProfile::from_json(&text)
+        .with_context(|| format!("--profile {}: not a device profile", path.display()))?;
+    Ok(Some(vec![p; n]))
+}
+
 fn specs(w: &LocalWorkers, profiles: Option<&[DeviceProfile]>) -> Vec<WorkerSpec> {
     w.procs
         .iter()
@@ -549,7 +567,8 @@ pub fn run(a: LocalArgs) -> Result<()> {
     if !a.whole_context {
         opts.admitted = Some((prep.prompt_ids.len() * n) as u64);
     }
-    let s = Session::start(&dir, specs(&workers, None), opts)?;
+    let fixed = fixed_profiles(&a, workers.procs.len())?;
+    let s = Session::start(&dir, specs(&workers, fixed.as_deref()), opts)?;
     if !a.json {
         print_setup(&s);
     }
@@ -672,7 +691,7 @@ fn bench(
     let n = a.concurrent.max(3);
     let token = random_token();
     let mut rows = Vec::new();
-    let mut profiles: Option<Vec<DeviceProfile>> = None;
+    let mut profiles: Option<Vec<DeviceProfile>> = fixed_profiles(a, budgets.len())?;
     let store_root = a
         .store_root
         .clone()
@@ -839,6 +858,7 @@ fn clone_args(a: &LocalArgs) -> LocalArgs {
         shared_disk: a.shared_disk,
         micro_batch_seqs: a.micro_batch_seqs.clone(),
         plot: None,
+        profile: a.profile.clone(),
         whole_context: a.whole_context,
         evict_only: a.evict_only,
         evict_when_cheaper: a.evict_when_cheaper,

@@ -1,6 +1,6 @@
 //! The runtime against the simulator: one `loip local --json` run whose KV crosses its
 //! device's threshold (SmolLM2 on one worker of 56 MiB, 450 tokens), replayed in the
-//! simulator library with the same plan, the profiles the runtime measured and the same
+//! simulator library with the same plan, the same device profile (a fixed one) and the same
 //! request ([`loip_sim::replay`]): both take the same threshold switches (device, step, KV
 //! tokens, blocks offloaded before and after). Speed is printed, not asserted
 //! (`bench/runtime_vs_sim.sh` prints both ms/token).
@@ -28,11 +28,19 @@ const ARGS: &[&str] = &[
     "450",
 ];
 
+/// The device's profile, fixed (`--profile`): measured, the plan followed the machine's load
+/// (a profile taken while other work slowed the compute placed fewer layers, left the KV room
+/// for all 450 tokens and crossed no threshold). Measured once by `loip local` itself.
+const PROFILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/smollm2-device-profile.json"
+);
+
 /// About 45 s on a loaded 2-core machine.
 #[test]
 fn runtime_and_simulator_take_the_same_threshold_switches() {
     let out = loip()
-        .args(["local", "--model", "smollm2", "--json"])
+        .args(["local", "--model", "smollm2", "--json", "--profile", PROFILE])
         .args(ARGS)
         .output()
         .unwrap();
