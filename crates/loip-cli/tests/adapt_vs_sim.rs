@@ -40,7 +40,14 @@ const PROFILE: &str = concat!(
 #[test]
 fn runtime_and_simulator_take_the_same_threshold_switches() {
     let out = loip()
-        .args(["local", "--model", "smollm2", "--json", "--profile", PROFILE])
+        .args([
+            "local",
+            "--model",
+            "smollm2",
+            "--json",
+            "--profile",
+            PROFILE,
+        ])
         .args(ARGS)
         .output()
         .unwrap();
