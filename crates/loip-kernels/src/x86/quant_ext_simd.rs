@@ -42,6 +42,20 @@ pub(super) trait Decode {
     unsafe fn octets(_p: *const u8) -> [__m256; 4] {
         unreachable!("no register decoder")
     }
+    /// Whether [`Decode::sub_octets`] is implemented (256-element types whose 32-element
+    /// sub-blocks decode in registers once the block's scales are known).
+    const SUB_OCTETS: bool = false;
+    /// The exact scale of each 32-element sub-block of the block at `p`.
+    #[inline(always)]
+    unsafe fn sub_scales(_p: *const u8) -> [f32; 8] {
+        unreachable!("no register decoder")
+    }
+    /// The 32 values of sub-block `j` of the block at `p` as 4 × 8 lanes, `s` its
+    /// [`Decode::sub_scales`]: the values [`Decode::decode`] writes there.
+    #[inline(always)]
+    unsafe fn sub_octets(_p: *const u8, _s: &[f32; 8], _j: usize) -> [__m256; 4] {
+        unreachable!("no register decoder")
+    }
 }
 
 /// Stores 4 × 8 values at `out`.
@@ -174,6 +188,14 @@ impl Decode for IQ4XS {
     const BYTES: usize = 136;
     #[inline(always)]
     unsafe fn decode(p: *const u8, out: *mut f32) {
+        let dl = Self::sub_scales(p);
+        for (i, &d) in dl.iter().enumerate() {
+            store4(out.add(32 * i), iq4_octets(d, p.add(8 + 16 * i)));
+        }
+    }
+    const SUB_OCTETS: bool = true;
+    #[inline(always)]
+    unsafe fn sub_scales(p: *const u8) -> [f32; 8] {
         let blk = std::slice::from_raw_parts(p, 8);
         let mut ls = [0i32; 8];
         for (i, l) in ls.iter_mut().enumerate() {
@@ -185,9 +207,11 @@ impl Decode for IQ4XS {
             f16_at(p),
             _mm256_loadu_si256(ls.as_ptr() as *const __m256i),
         );
-        for (i, &d) in dl.iter().enumerate() {
-            store4(out.add(32 * i), iq4_octets(d, p.add(8 + 16 * i)));
-        }
+        dl
+    }
+    #[inline(always)]
+    unsafe fn sub_octets(p: *const u8, s: &[f32; 8], j: usize) -> [__m256; 4] {
+        iq4_octets(s[j], p.add(8 + 16 * j))
     }
 }
 
@@ -368,6 +392,24 @@ unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: us
             for (h, wh) in a.iter().enumerate() {
                 let xv = _mm256_loadu_ps(x.add(64 * pairs + 8 * h));
                 acc[h] = _mm256_fmadd_ps(*wh, xv, acc[h]);
+            }
+        }
+        return super::avx2::reduce(&acc);
+    }
+    if D::SUB_OCTETS && D::ELEMS == 256 {
+        // values in registers, a sub-block pair at a time: sub-block 2k of a block holds the
+        // canonical groups of accumulators 0 and 1 (acc[0..4]), 2k + 1 those of 2 and 3
+        for b in 0..cols / 256 {
+            let p = row.add(b * D::BYTES);
+            super::prefetch(p.wrapping_add(dist), D::BYTES);
+            let s = D::sub_scales(p);
+            for j in 0..8 {
+                let w = D::sub_octets(p, &s, j);
+                let (a0, e) = (4 * (j % 2), 256 * b + 32 * j);
+                for (h, wh) in w.iter().enumerate() {
+                    let xv = _mm256_loadu_ps(x.add(e + 8 * h));
+                    acc[a0 + h] = _mm256_fmadd_ps(*wh, xv, acc[a0 + h]);
+                }
             }
         }
         return super::avx2::reduce(&acc);
