@@ -32,8 +32,15 @@ pub(super) trait Decode {
     const ELEMS: usize;
     /// bytes per block
     const BYTES: usize;
-    /// Writes the `ELEMS` exact values of the block at `p` to `out`.
-    unsafe fn decode(p: *const u8, out: *mut f32);
+    /// Writes the `ELEMS` exact values of the block at `p` to `out` (by default, the types
+    /// with [`Decode::sub_octets`]: sub-block by sub-block).
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        let s = Self::sub_scales(p);
+        for j in 0..Self::ELEMS / 32 {
+            store4(out.add(32 * j), Self::sub_octets(p, &s, j));
+        }
+    }
     /// Whether [`Decode::octets`] is implemented (32-element types: the AVX2 dot then takes
     /// the values in registers).
     const OCTETS: bool = false;
@@ -45,15 +52,16 @@ pub(super) trait Decode {
     /// Whether [`Decode::sub_octets`] is implemented (256-element types whose 32-element
     /// sub-blocks decode in registers once the block's scales are known).
     const SUB_OCTETS: bool = false;
-    /// The exact scale of each 32-element sub-block of the block at `p`.
+    /// The exact per-group scales (and offsets) of the block at `p`, as
+    /// [`Decode::sub_octets`] reads them.
     #[inline(always)]
-    unsafe fn sub_scales(_p: *const u8) -> [f32; 8] {
+    unsafe fn sub_scales(_p: *const u8) -> [f32; 32] {
         unreachable!("no register decoder")
     }
     /// The 32 values of sub-block `j` of the block at `p` as 4 × 8 lanes, `s` its
     /// [`Decode::sub_scales`]: the values [`Decode::decode`] writes there.
     #[inline(always)]
-    unsafe fn sub_octets(_p: *const u8, _s: &[f32; 8], _j: usize) -> [__m256; 4] {
+    unsafe fn sub_octets(_p: *const u8, _s: &[f32; 32], _j: usize) -> [__m256; 4] {
         unreachable!("no register decoder")
     }
 }
@@ -75,13 +83,18 @@ unsafe fn shr(v: __m256i, s: u32) -> __m256i {
 /// `q * d - m` with one rounding (`q * d` is exact, so this is the scalar `d * q - m`);
 /// `d` and `m` are broadcast from memory.
 #[inline(always)]
-unsafe fn affine_store(out: *mut f32, q: __m256i, d: &f32, m: &f32) {
-    let v = _mm256_fmsub_ps(
+unsafe fn affine(q: __m256i, d: &f32, m: &f32) -> __m256 {
+    _mm256_fmsub_ps(
         _mm256_cvtepi32_ps(q),
         _mm256_broadcast_ss(d),
         _mm256_broadcast_ss(m),
-    );
-    _mm256_storeu_ps(out, v);
+    )
+}
+
+/// [`affine`] stored at `out`.
+#[inline(always)]
+unsafe fn affine_store(out: *mut f32, q: __m256i, d: &f32, m: &f32) {
+    _mm256_storeu_ps(out, affine(q, d, m));
 }
 
 /// `s * v` for the 8 integers `v` (exact conversion, one product each), stored at `out`.
@@ -186,22 +199,16 @@ pub(super) struct IQ4XS;
 impl Decode for IQ4XS {
     const ELEMS: usize = 256;
     const BYTES: usize = 136;
-    #[inline(always)]
-    unsafe fn decode(p: *const u8, out: *mut f32) {
-        let dl = Self::sub_scales(p);
-        for (i, &d) in dl.iter().enumerate() {
-            store4(out.add(32 * i), iq4_octets(d, p.add(8 + 16 * i)));
-        }
-    }
     const SUB_OCTETS: bool = true;
+    /// `d * (ls - 32)` of the 8 sub-blocks, then zeros
     #[inline(always)]
-    unsafe fn sub_scales(p: *const u8) -> [f32; 8] {
+    unsafe fn sub_scales(p: *const u8) -> [f32; 32] {
         let blk = std::slice::from_raw_parts(p, 8);
         let mut ls = [0i32; 8];
         for (i, l) in ls.iter_mut().enumerate() {
             *l = scale_iq4xs(blk, i) - 32;
         }
-        let mut dl = [0f32; 8]; // d * (ls - 32) per block
+        let mut dl = [0f32; 32]; // d * (ls - 32) per block
         scaled8(
             dl.as_mut_ptr(),
             f16_at(p),
@@ -210,7 +217,7 @@ impl Decode for IQ4XS {
         dl
     }
     #[inline(always)]
-    unsafe fn sub_octets(p: *const u8, s: &[f32; 8], j: usize) -> [__m256; 4] {
+    unsafe fn sub_octets(p: *const u8, s: &[f32; 32], j: usize) -> [__m256; 4] {
         iq4_octets(s[j], p.add(8 + 16 * j))
     }
 }
@@ -219,9 +226,10 @@ pub(super) struct Q2K;
 impl Decode for Q2K {
     const ELEMS: usize = 256;
     const BYTES: usize = 84;
+    const SUB_OCTETS: bool = true;
+    /// `d * sc_g` for the 16 groups, then `dmin * m_g`
     #[inline(always)]
-    unsafe fn decode(p: *const u8, out: *mut f32) {
-        // d * sc_g for the 16 groups, then dmin * m_g
+    unsafe fn sub_scales(p: *const u8) -> [f32; 32] {
         let mut s = [0f32; 32];
         let m4 = _mm256_set1_epi32(0xF);
         for (i, at) in [0, 8].into_iter().enumerate() {
@@ -237,26 +245,22 @@ impl Decode for Q2K {
                 _mm256_srli_epi32(sc, 4),
             );
         }
+        s
+    }
+    /// Sub-block `4 n + j`: bits `2 j` of the 32 bytes of half `n`, groups `8 n + 2 j + h`.
+    #[inline(always)]
+    unsafe fn sub_octets(p: *const u8, s: &[f32; 32], sb: usize) -> [__m256; 4] {
+        let (n, j) = (sb / 4, sb % 4);
+        let q = p.add(16 + 32 * n);
         let m3 = _mm256_set1_epi32(3);
-        for n in 0..2 {
-            let q = p.add(16 + 32 * n);
-            let qv = [
-                bytes8(q),
-                bytes8(q.add(8)),
-                bytes8(q.add(16)),
-                bytes8(q.add(24)),
-            ];
-            for j in 0..4 {
-                for h in 0..2 {
-                    let g = 8 * n + 2 * j + h;
-                    for k in 0..2 {
-                        let v = _mm256_and_si256(shr(qv[2 * h + k], 2 * j as u32), m3);
-                        let o = out.add(128 * n + 32 * j + 16 * h + 8 * k);
-                        affine_store(o, v, &s[g], &s[16 + g]);
-                    }
-                }
-            }
+        let mut w = [_mm256_setzero_ps(); 4];
+        for (o, wo) in w.iter_mut().enumerate() {
+            let (h, k) = (o / 2, o % 2);
+            let g = 8 * n + 2 * j + h;
+            let v = _mm256_and_si256(shr(bytes8(q.add(8 * (2 * h + k))), 2 * j as u32), m3);
+            *wo = affine(v, &s[g], &s[16 + g]);
         }
+        w
     }
 }
 
@@ -264,50 +268,43 @@ pub(super) struct Q3K;
 impl Decode for Q3K {
     const ELEMS: usize = 256;
     const BYTES: usize = 110;
+    const SUB_OCTETS: bool = true;
+    /// `d * (sc_g - 32)` for the 16 groups, then zeros
     #[inline(always)]
-    unsafe fn decode(p: *const u8, out: *mut f32) {
+    unsafe fn sub_scales(p: *const u8) -> [f32; 32] {
         let sc = scales_q3k(std::slice::from_raw_parts(p.add(96), 12));
-        let mut s = [0f32; 16]; // d * (sc_g - 32) for the 16 groups
+        let mut s = [0f32; 32];
         let (d, c32) = (f16_at(p.add(108)), _mm256_set1_epi32(32));
         for i in 0..2 {
             let v = _mm256_sub_epi32(bytes8(sc.as_ptr().add(8 * i)), c32);
             scaled8(s.as_mut_ptr().add(8 * i), d, v);
         }
-        let hm = [
-            bytes8(p),
-            bytes8(p.add(8)),
-            bytes8(p.add(16)),
-            bytes8(p.add(24)),
-        ];
+        s
+    }
+    /// Sub-block `4 n + j`: bits `2 j` of the 32 bytes of half `n` and bit `4 n + j` of the
+    /// high-bit mask, groups `8 n + 2 j + h`.
+    #[inline(always)]
+    unsafe fn sub_octets(p: *const u8, s: &[f32; 32], sb: usize) -> [__m256; 4] {
+        let (n, j) = (sb / 4, sb % 4);
+        let q = p.add(32 + 32 * n);
         let (m3, c4, zero) = (
             _mm256_set1_epi32(3),
             _mm256_set1_epi32(4),
             _mm256_setzero_si256(),
         );
-        for n in 0..2 {
-            let q = p.add(32 + 32 * n);
-            let qv = [
-                bytes8(q),
-                bytes8(q.add(8)),
-                bytes8(q.add(16)),
-                bytes8(q.add(24)),
-            ];
-            for j in 0..4 {
-                let bit = _mm256_set1_epi32(1 << (4 * n + j));
-                for h in 0..2 {
-                    let dl = _mm256_broadcast_ss(&s[8 * n + 2 * j + h]);
-                    for k in 0..2 {
-                        let o = 2 * h + k;
-                        let ql = _mm256_and_si256(shr(qv[o], 2 * j as u32), m3);
-                        // a clear high bit subtracts 4
-                        let clear = _mm256_cmpeq_epi32(_mm256_and_si256(hm[o], bit), zero);
-                        let q = _mm256_sub_epi32(ql, _mm256_and_si256(clear, c4));
-                        let v = _mm256_mul_ps(dl, _mm256_cvtepi32_ps(q));
-                        _mm256_storeu_ps(out.add(128 * n + 32 * j + 16 * h + 8 * k), v);
-                    }
-                }
-            }
+        let bit = _mm256_set1_epi32(1 << (4 * n + j));
+        let mut w = [_mm256_setzero_ps(); 4];
+        for (o, wo) in w.iter_mut().enumerate() {
+            let h = o / 2;
+            let dl = _mm256_broadcast_ss(&s[8 * n + 2 * j + h]);
+            let ql = _mm256_and_si256(shr(bytes8(q.add(8 * o)), 2 * j as u32), m3);
+            // a clear high bit subtracts 4
+            let hm = bytes8(p.add(8 * o));
+            let clear = _mm256_cmpeq_epi32(_mm256_and_si256(hm, bit), zero);
+            let qv = _mm256_sub_epi32(ql, _mm256_and_si256(clear, c4));
+            *wo = _mm256_mul_ps(dl, _mm256_cvtepi32_ps(qv));
         }
+        w
     }
 }
 
