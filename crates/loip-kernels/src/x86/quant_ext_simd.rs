@@ -91,12 +91,6 @@ unsafe fn affine(q: __m256i, d: &f32, m: &f32) -> __m256 {
     )
 }
 
-/// [`affine`] stored at `out`.
-#[inline(always)]
-unsafe fn affine_store(out: *mut f32, q: __m256i, d: &f32, m: &f32) {
-    _mm256_storeu_ps(out, affine(q, d, m));
-}
-
 /// `s * v` for the 8 integers `v` (exact conversion, one product each), stored at `out`.
 #[inline(always)]
 unsafe fn scaled8(out: *mut f32, s: f32, v: __m256i) {
@@ -312,41 +306,33 @@ pub(super) struct Q5K;
 impl Decode for Q5K {
     const ELEMS: usize = 256;
     const BYTES: usize = 176;
+    const SUB_OCTETS: bool = true;
+    /// `d * sc_k` for the 8 sub-blocks, then `dmin * m_k`, then zeros
     #[inline(always)]
-    unsafe fn decode(p: *const u8, out: *mut f32) {
-        // d * sc_k for the 8 sub-blocks, then dmin * m_k
+    unsafe fn sub_scales(p: *const u8) -> [f32; 32] {
         let [sc, m] = unpack_scales_k4(p.add(4));
         let packed = [sc[0], sc[1], m[0], m[1]];
         let b = packed.as_ptr() as *const u8;
-        let mut s = [0f32; 16];
+        let mut s = [0f32; 32];
         scaled8(s.as_mut_ptr(), f16_at(p), bytes8(b));
         scaled8(s.as_mut_ptr().add(8), f16_at(p.add(2)), bytes8(b.add(8)));
-        let qh = p.add(16);
-        let qhv = [
-            bytes8(qh),
-            bytes8(qh.add(8)),
-            bytes8(qh.add(16)),
-            bytes8(qh.add(24)),
-        ];
+        s
+    }
+    /// Sub-block `2 c + h`: nibble `h` of the 32 bytes of chunk `c`, bit `2 c + h` of the
+    /// high bits.
+    #[inline(always)]
+    unsafe fn sub_octets(p: *const u8, s: &[f32; 32], sub: usize) -> [__m256; 4] {
+        let (c, h) = (sub / 2, sub % 2);
+        let (qh, ql) = (p.add(16), p.add(48 + 32 * c));
         let (m4, one) = (_mm256_set1_epi32(0xF), _mm256_set1_epi32(1));
-        for c in 0..4 {
-            let ql = p.add(48 + 32 * c);
-            let qv = [
-                bytes8(ql),
-                bytes8(ql.add(8)),
-                bytes8(ql.add(16)),
-                bytes8(ql.add(24)),
-            ];
-            for h in 0..2 {
-                let sub = 2 * c + h;
-                for (o, &b) in qv.iter().enumerate() {
-                    let lo = _mm256_and_si256(shr(b, 4 * h as u32), m4);
-                    let hb = _mm256_and_si256(shr(qhv[o], sub as u32), one);
-                    let q = _mm256_or_si256(lo, _mm256_slli_epi32(hb, 4));
-                    affine_store(out.add(64 * c + 32 * h + 8 * o), q, &s[sub], &s[8 + sub]);
-                }
-            }
+        let mut w = [_mm256_setzero_ps(); 4];
+        for (o, wo) in w.iter_mut().enumerate() {
+            let lo = _mm256_and_si256(shr(bytes8(ql.add(8 * o)), 4 * h as u32), m4);
+            let hb = _mm256_and_si256(shr(bytes8(qh.add(8 * o)), sub as u32), one);
+            let q = _mm256_or_si256(lo, _mm256_slli_epi32(hb, 4));
+            *wo = affine(q, &s[sub], &s[8 + sub]);
         }
+        w
     }
 }
 
@@ -411,6 +397,8 @@ unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: us
         }
         return super::avx2::reduce(&acc);
     }
+    // a type without register decoders: 256-element segments decoded into L1, then read
+    // (every type here has them now; kept for the next one)
     let mut buf = Seg([MaybeUninit::uninit(); SEG]);
     let seg = buf.0.as_mut_ptr() as *mut f32;
     let mut e = 0;
