@@ -164,7 +164,10 @@ impl Quant for Q4K {
         let packed = [sc[0].to_le(), sc[1].to_le(), m[0].to_le(), m[1].to_le()];
         let b = packed.as_ptr() as *const u8;
         let mut s = [0f32; 16];
-        for (h, f) in [f16_scalar(p), f16_scalar(p.add(2))].into_iter().enumerate() {
+        for (h, f) in [f16_scalar(p), f16_scalar(p.add(2))]
+            .into_iter()
+            .enumerate()
+        {
             let v = _mm256_mul_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(u8x8(b.add(8 * h))));
             _mm256_storeu_ps(s.as_mut_ptr().add(8 * h), v);
         }
