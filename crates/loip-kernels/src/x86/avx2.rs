@@ -59,6 +59,25 @@ unsafe fn nibbles(qs: *const u8) -> [__m256i; 4] {
     ]
 }
 
+/// `[d * sc_k for k in 0..8] ++ [dmin * m_k for k in 0..8]` of a Q4_K / Q5_K block at `p`
+/// (`d`, `dmin` its two f16 words, the 6-bit scales and mins packed after them), eight at a
+/// time: each one product of exact values, as the scalar `d * sc as f32`.
+#[inline(always)]
+pub(super) unsafe fn k4_scales(p: *const u8) -> [f32; 16] {
+    let [sc, m] = unpack_scales_k4(p.add(4));
+    let packed = [sc[0].to_le(), sc[1].to_le(), m[0].to_le(), m[1].to_le()];
+    let b = packed.as_ptr() as *const u8;
+    let mut s = [0f32; 16];
+    for (h, f) in [f16_scalar(p), f16_scalar(p.add(2))]
+        .into_iter()
+        .enumerate()
+    {
+        let v = _mm256_mul_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(u8x8(b.add(8 * h))));
+        _mm256_storeu_ps(s.as_mut_ptr().add(8 * h), v);
+    }
+    s
+}
+
 /// A quantized type, read one block (32 or 256 elements) at a time.
 trait Quant {
     /// 64-element chunks per block (0 for 32-element blocks, read in pairs)
@@ -159,19 +178,7 @@ impl Quant for Q4K {
     type State = [f32; 16];
     #[inline(always)]
     unsafe fn prepare(p: *const u8) -> [f32; 16] {
-        // d * sc_k and dmin * m_k, eight at a time: the same one product of exact values
-        let [sc, m] = unpack_scales_k4(p.add(4));
-        let packed = [sc[0].to_le(), sc[1].to_le(), m[0].to_le(), m[1].to_le()];
-        let b = packed.as_ptr() as *const u8;
-        let mut s = [0f32; 16];
-        for (h, f) in [f16_scalar(p), f16_scalar(p.add(2))]
-            .into_iter()
-            .enumerate()
-        {
-            let v = _mm256_mul_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(u8x8(b.add(8 * h))));
-            _mm256_storeu_ps(s.as_mut_ptr().add(8 * h), v);
-        }
-        s
+        k4_scales(p)
     }
     #[inline(always)]
     unsafe fn half4(p: *const u8, s: &[f32; 16], k: usize, h: usize) -> [__m256; 4] {

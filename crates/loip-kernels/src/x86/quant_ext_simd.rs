@@ -18,7 +18,6 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use crate::dequant::unpack_scales_k4;
 use crate::dtype::DType;
 use crate::quant_k_ext::{scale_iq4xs, scales_q3k, IQ4_TABLE};
 use std::mem::MaybeUninit;
@@ -310,12 +309,8 @@ impl Decode for Q5K {
     /// `d * sc_k` for the 8 sub-blocks, then `dmin * m_k`, then zeros
     #[inline(always)]
     unsafe fn sub_scales(p: *const u8) -> [f32; 32] {
-        let [sc, m] = unpack_scales_k4(p.add(4));
-        let packed = [sc[0], sc[1], m[0], m[1]];
-        let b = packed.as_ptr() as *const u8;
         let mut s = [0f32; 32];
-        scaled8(s.as_mut_ptr(), f16_at(p), bytes8(b));
-        scaled8(s.as_mut_ptr().add(8), f16_at(p.add(2)), bytes8(b.add(8)));
+        s[..16].copy_from_slice(&super::avx2::k4_scales(p));
         s
     }
     /// Sub-block `2 c + h`: nibble `h` of the 32 bytes of chunk `c`, bit `2 c + h` of the
