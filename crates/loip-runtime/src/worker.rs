@@ -880,6 +880,8 @@ fn run_step(
         for s in starts.iter().filter(|s| s.pos == 0) {
             d.kv.remove(s.seq);
         }
+        // a lend grown since the last step frees its room before the reservation counts it
+        lend.top_up(d, ctx, 0)?;
         d.reserve(n)?;
     }
     let last = h.stages.len().saturating_sub(1);

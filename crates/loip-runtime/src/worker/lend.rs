@@ -170,8 +170,66 @@ impl Lender {
         }
     }
 
-    /// Before stage `k` runs: its rows out come back into the cache.
+    /// Before stage `k` runs: every other stage holds out the rows the current lend asks
+    /// ([`Self::top_up`]), then `k`'s rows out come back into the cache.
     pub(super) fn before_stage(
+        &mut self,
+        d: &mut Device,
+        ctx: &ComputeCtx,
+        k: usize,
+    ) -> Result<(), RuntimeError> {
+        self.top_up(d, ctx, k)?;
+        self.bring_back(d, ctx, k)
+    }
+
+    /// A lend grown since the other stages last ran (a `Lend` arrives between steps, and a
+    /// stage lends only after it runs): their rows go out now, before stage `k` runs, so `k`
+    /// runs with the room the coordinator counted on (the KV of every stage but the running
+    /// one lent). A stage with fewer rows out than it could lend is brought back first and
+    /// lent again; this costs a round trip only when the lend grows. Called too before a
+    /// step's KV is reserved, which counts on the same room.
+    pub(super) fn top_up(
+        &mut self,
+        d: &mut Device,
+        ctx: &ComputeCtx,
+        k: usize,
+    ) -> Result<(), RuntimeError> {
+        let stages = d.stages();
+        if self.tokens == 0 || stages < 2 {
+            return Ok(());
+        }
+        for p in (1..stages).map(|i| (k + i) % stages) {
+            let out: u64 = self
+                .out
+                .get(&(p as u16))
+                .map_or(0, |l| l.rows.iter().map(|r| r.1 as u64).sum());
+            if out >= self.tokens || out >= Self::lendable(d, p, self.tokens) {
+                continue;
+            }
+            self.bring_back(d, ctx, p)?;
+            self.put_out(d, ctx, p)?;
+        }
+        Ok(())
+    }
+
+    /// Rows stage `k` can lend, at most `tokens`: every row but the newest of each
+    /// sequence, lent ones included.  // tokens
+    fn lendable(d: &Device, k: usize, tokens: u64) -> u64 {
+        let layers = &d.spec().stages[k].layers;
+        let mut left = tokens;
+        for seq in d.kv.seq_ids() {
+            let held = layers
+                .iter()
+                .map(|l| d.kv.len(seq, l.layer))
+                .min()
+                .unwrap_or(0);
+            left -= (held.saturating_sub(1) as u64).min(left);
+        }
+        tokens - left
+    }
+
+    /// Stage `k`'s rows out (if any) come back into the cache.
+    fn bring_back(
         &mut self,
         d: &mut Device,
         ctx: &ComputeCtx,
@@ -229,8 +287,13 @@ impl Lender {
         if self.tokens == 0 || stages < 2 {
             return Ok(());
         }
-        let stage = k as u16;
         self.ask(ctx, ((k + 1) % stages) as u16)?;
+        self.put_out(d, ctx, k)
+    }
+
+    /// Stage `k`'s oldest rows (up to the lend, the newest of each sequence kept) go out.
+    fn put_out(&mut self, d: &mut Device, ctx: &ComputeCtx, k: usize) -> Result<(), RuntimeError> {
+        let stage = k as u16;
         let layers: Vec<usize> = d.spec().stages[k].layers.iter().map(|l| l.layer).collect();
         let Some(&first) = layers.first() else {
             return Ok(());
