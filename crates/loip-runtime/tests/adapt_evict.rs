@@ -23,6 +23,10 @@
 //!   while its rows are out at `dev2` (they come back with the next fetch and are dropped)
 //!   and recomputed once B is released; both bit-identical, and a third request afterwards
 //!   lends again through the same reservation, bit-identical.
+//! - A lend grown between two steps frees its room before the step needs it: with a vanishing
+//!   share of the link, lends are exactly what the KV held needs, shrink to nothing for a
+//!   short sequence and grow again by one token's rows a step (a regression test: the
+//!   lender's step failed by one token).
 
 mod adapt_common;
 mod dist_common;
@@ -453,4 +457,43 @@ fn a_three_sequence_micro_batch_split_in_groups_stays_bit_identical_with_argmax_
         16,
         true,
     );
+}
+
+/// The bug above, made deterministic: with a vanishing share of the link, every lend after
+/// the first measured fetch is exactly what the KV held needs, so the lend shrinks to
+/// nothing for a short sequence and then grows again by one token's rows from step to step.
+/// Each growth must free its room before the step reserves KV (it did not: the lender's step
+/// failed by one token).
+#[test]
+fn a_lend_grown_by_one_token_between_steps_makes_room_for_that_step() {
+    let (s, _w) = start_with("adapt-evict-lend-exact", true, [20, 400], |o| {
+        o.lending = true;
+        o.adapt.lend_link_fraction = 1e-12;
+    });
+    // A lends (its first lend sized before any fetch was measured); C, after it, starts
+    // with the lend shrunk to nothing and needs it again past 20 tokens
+    let (a, c) = (next_seq_id(), next_seq_id());
+    check(&s, a, PROMPT_A, 30, &mut |_| {});
+    s.pipeline().release(&[a]);
+    check(&s, c, PROMPT_C, 30, &mut |_| {});
+    let ad = s.adaptation().expect("adaptation on");
+    eprintln!("events {:?}", ad.events);
+    let lends: Vec<u64> = ad
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AdaptEvent::Lend {
+                device: 0, tokens, ..
+            } => Some(*tokens),
+            _ => None,
+        })
+        .collect();
+    // lent, stopped (the measured link carries nothing), then lent again what the KV needs
+    let stop = lends.iter().position(|&t| t == 0);
+    assert!(
+        stop.is_some_and(|i| i > 0 && lends[i + 1..].iter().any(|&t| t > 0)),
+        "dev1 lent, stopped, then lent again: {lends:?}"
+    );
+    assert_eq!(ad.evictions, 0, "{ad:?}");
+    s.shutdown();
 }
