@@ -52,6 +52,12 @@ pub enum ChatError {
     /// The template does not compile.
     #[error("chat template does not compile: {0:#}")]
     Syntax(#[source] minijinja::Error),
+    /// Rendering the conversation took more work than [`RENDER_FUEL`] allows.
+    #[error(
+        "the chat template needs more work than allowed to render this conversation (more than \
+         {RENDER_FUEL} steps): a pathological template, or an unusually long conversation"
+    )]
+    TooMuchWork,
     /// The template raised an error (`raise_exception`) or failed while rendering.
     #[error("chat template failed to render: {0:#}")]
     Render(#[source] minijinja::Error),
@@ -89,6 +95,13 @@ impl ChatMessage {
     }
 }
 
+/// Work one render of a chat template may do: about this many template instructions, or
+/// 64 bytes of values per unit (minijinja's fuel), so about 128 MB at most. A real template
+/// renders a conversation of a hundred messages in a small fraction of it (the tests);
+/// `{% for i in range(100000) %}{% for j in range(100000) %}…` stops with an error instead
+/// of running for hours.
+pub const RENDER_FUEL: u64 = 2_000_000;
+
 /// A compiled chat template plus the bos/eos strings it may refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -121,6 +134,9 @@ impl ChatTemplate {
             .build()
             .map_err(ChatError::Syntax)?;
         env.set_syntax(syntax);
+        // A template comes with the model file: hostile until it has rendered. Fuel bounds
+        // what one render may do (instructions, and the memory its values take).
+        env.set_fuel(Some(RENDER_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
         env.add_function("raise_exception", raise_exception);
@@ -226,7 +242,13 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(ChatError::Render)?;
-        tmpl.render(Value::from(ctx)).map_err(ChatError::Render)
+        tmpl.render(Value::from(ctx)).map_err(|e| {
+            if e.kind() == ErrorKind::OutOfFuel {
+                ChatError::TooMuchWork
+            } else {
+                ChatError::Render(e)
+            }
+        })
     }
 
     /// Renders the conversation (as [`ChatTemplate::render`]) and tokenizes it, with special

@@ -189,3 +189,46 @@ fn chat_message_serde() {
         serde_json::json!({"role": "user", "content": "hi"})
     );
 }
+
+/// A template comes with the model file, so it is hostile until it has rendered: one that
+/// would run for hours or take all memory stops with an error (minijinja's fuel), at once.
+#[test]
+fn a_pathological_template_stops_with_an_error() {
+    let hostile = [
+        // 10^10 iterations
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        // a string doubled 40 times (16 TiB)
+        "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}\
+         {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+        // unbounded recursion
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    ];
+    for src in hostile {
+        let t = ChatTemplate::new(src.into(), None, None).unwrap();
+        let start = std::time::Instant::now();
+        let err = t.render(&[user("hi")], true).unwrap_err();
+        eprintln!("{err} ({:?})", start.elapsed());
+        assert!(
+            matches!(err, ChatError::TooMuchWork | ChatError::Render(_)),
+            "{err}"
+        );
+    }
+    let t = ChatTemplate::new(hostile[0].into(), None, None).unwrap();
+    let err = t.render(&[user("hi")], true).unwrap_err();
+    assert!(matches!(err, ChatError::TooMuchWork), "{err}");
+    assert!(err.to_string().contains("more work than allowed"), "{err}");
+}
+
+/// The budget leaves real templates room: SmolLM2's renders 1,000 messages of 500
+/// characters (half the API's body limit) well within it.
+#[test]
+fn a_long_conversation_renders_within_the_budget() {
+    let messages: Vec<ChatMessage> = (0..1000)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            ChatMessage::new(role, &"word ".repeat(100))
+        })
+        .collect();
+    let text = smollm2_template().render(&messages, true).unwrap();
+    assert!(text.len() > 500_000, "{}", text.len());
+}
