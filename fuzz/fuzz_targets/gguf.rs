@@ -1,6 +1,7 @@
-//! A GGUF file is what a user (or a download) hands the loader: its header, its tensor table
-//! and the model configuration read from it must give a clear error, never a panic, an
-//! out-of-bounds read or an allocation beyond what the file can hold.
+//! A GGUF file is what a user (or a download) hands the loader: its header, its tensor
+//! table, its chat template and the model configuration read from it must give a clear
+//! error, never a panic, an out-of-bounds read or an allocation beyond what the file can
+//! hold.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
@@ -11,6 +12,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = f.model_config();
+    // The file's chat template: compiled, then rendered within its budget of work.
+    if let Ok(Some(t)) = loip_model::chat::ChatTemplate::from_gguf_metadata(&f.metadata) {
+        let _ = t.render(&[loip_model::chat::ChatMessage::new("user", "hi")], true);
+    }
     // The whole loader, from a file: tensor bounds, config checks, then binding the model.
     let dir = std::env::temp_dir().join(format!("loip-fuzz-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
