@@ -57,6 +57,8 @@ struct Lent {
     via: Option<u16>,
     /// blob bytes  // bytes
     bytes: usize,
+    /// the lend (rows per stage) they went out under  // tokens
+    target: u64,
 }
 
 /// The lender's side.
@@ -185,9 +187,10 @@ impl Lender {
     /// A lend grown since the other stages last ran (a `Lend` arrives between steps, and a
     /// stage lends only after it runs): their rows go out now, before stage `k` runs, so `k`
     /// runs with the room the coordinator counted on (the KV of every stage but the running
-    /// one lent). A stage with fewer rows out than it could lend is brought back first and
-    /// lent again; this costs a round trip only when the lend grows. Called too before a
-    /// step's KV is reserved, which counts on the same room.
+    /// one lent). A stage that lent under a smaller lend, with fewer rows out than it could
+    /// lend now, is brought back first and lent again: a round trip only when the lend grows
+    /// (a stage that lent all the lend allowed then grows its rows as it runs). Called too
+    /// before a step's KV is reserved, which counts on the same room.
     pub(super) fn top_up(
         &mut self,
         d: &mut Device,
@@ -199,11 +202,12 @@ impl Lender {
             return Ok(());
         }
         for p in (1..stages).map(|i| (k + i) % stages) {
-            let out: u64 = self
-                .out
-                .get(&(p as u16))
-                .map_or(0, |l| l.rows.iter().map(|r| r.1 as u64).sum());
-            if out >= self.tokens || out >= Self::lendable(d, p, self.tokens) {
+            let out = match self.out.get(&(p as u16)) {
+                Some(l) if l.target >= self.tokens => continue,
+                Some(l) => l.rows.iter().map(|r| r.1 as u64).sum(),
+                None => 0,
+            };
+            if out >= Self::lendable(d, p, self.tokens) {
                 continue;
             }
             self.bring_back(d, ctx, p)?;
@@ -345,7 +349,15 @@ impl Lender {
             if !sent {
                 return Err(lend_err(LendError::Gone(stage)));
             }
-            self.out.insert(stage, Lent { rows, via, bytes });
+            self.out.insert(
+                stage,
+                Lent {
+                    rows,
+                    via,
+                    bytes,
+                    target: self.tokens,
+                },
+            );
         }
         Ok(())
     }
