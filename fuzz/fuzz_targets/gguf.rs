@@ -17,13 +17,16 @@ fuzz_target!(|data: &[u8]| {
         let _ = t.render(&[loip_model::chat::ChatMessage::new("user", "hi")], true);
     }
     // The whole loader, from a file: tensor bounds, config checks, then binding the model.
-    let dir = std::env::temp_dir().join(format!("loip-fuzz-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let file = dir.join("m.gguf");
-    if std::fs::write(&file, data).is_err() {
+    static FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("loip-fuzz-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        dir.join("m.gguf")
+    });
+    if std::fs::write(file, data).is_err() {
         return;
     }
-    if let Ok(ckpt) = loip_model::Checkpoint::open(&file) {
+    if let Ok(ckpt) = loip_model::Checkpoint::open(file) {
         let _ = loip_engine::Model::from_checkpoint(&ckpt);
     }
 });

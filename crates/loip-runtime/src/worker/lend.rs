@@ -197,17 +197,21 @@ impl Lender {
         ctx: &ComputeCtx,
         k: usize,
     ) -> Result<(), RuntimeError> {
-        let stages = d.stages();
-        if self.tokens == 0 || stages < 2 {
+        if !self.lending(d) {
             return Ok(());
         }
+        let stages = d.stages();
         for p in (1..stages).map(|i| (k + i) % stages) {
             let out = match self.out.get(&(p as u16)) {
                 Some(l) if l.target >= self.tokens => continue,
                 Some(l) => l.rows.iter().map(|r| r.1 as u64).sum(),
                 None => 0,
             };
-            if out >= Self::lendable(d, p, self.tokens) {
+            let lendable: u64 = Self::plan(d, p, self.tokens, false)
+                .iter()
+                .map(|r| r.1 as u64)
+                .sum();
+            if out >= lendable {
                 continue;
             }
             self.bring_back(d, ctx, p)?;
@@ -216,20 +220,32 @@ impl Lender {
         Ok(())
     }
 
-    /// Rows stage `k` can lend, at most `tokens`: every row but the newest of each
-    /// sequence, lent ones included.  // tokens
-    fn lendable(d: &Device, k: usize, tokens: u64) -> u64 {
+    /// Rows per sequence stage `k` lends under a lend of `tokens`, in sequence id order: every
+    /// row but the newest of each sequence (a sliding layer holds only its window), rows
+    /// already out counted as held; with `skip_out`, a sequence with rows out lends none.
+    fn plan(d: &Device, k: usize, tokens: u64, skip_out: bool) -> LentRows {
         let layers = &d.spec().stages[k].layers;
         let mut left = tokens;
+        let mut rows: LentRows = Vec::new();
         for seq in d.kv.seq_ids() {
             let held = layers
                 .iter()
                 .map(|l| d.kv.len(seq, l.layer))
                 .min()
                 .unwrap_or(0);
-            left -= (held.saturating_sub(1) as u64).min(left);
+            let n = (held.saturating_sub(1) as u64).min(left);
+            let out = layers.first().is_some_and(|l| d.kv.lent(seq, l.layer) > 0);
+            if n > 0 && !(skip_out && out) {
+                rows.push((seq, n as u32));
+                left -= n;
+            }
         }
-        tokens - left
+        rows
+    }
+
+    /// Whether rows are lent at all: a lend is set and the device has stages to lend between.
+    fn lending(&self, d: &Device) -> bool {
+        self.tokens > 0 && d.stages() >= 2
     }
 
     /// Stage `k`'s rows out (if any) come back into the cache.
@@ -287,11 +303,10 @@ impl Lender {
         ctx: &ComputeCtx,
         k: usize,
     ) -> Result<(), RuntimeError> {
-        let stages = d.stages();
-        if self.tokens == 0 || stages < 2 {
+        if !self.lending(d) {
             return Ok(());
         }
-        self.ask(ctx, ((k + 1) % stages) as u16)?;
+        self.ask(ctx, ((k + 1) % d.stages()) as u16)?;
         self.put_out(d, ctx, k)
     }
 
@@ -299,20 +314,7 @@ impl Lender {
     fn put_out(&mut self, d: &mut Device, ctx: &ComputeCtx, k: usize) -> Result<(), RuntimeError> {
         let stage = k as u16;
         let layers: Vec<usize> = d.spec().stages[k].layers.iter().map(|l| l.layer).collect();
-        let Some(&first) = layers.first() else {
-            return Ok(());
-        };
-        let mut left = self.tokens;
-        let mut rows: LentRows = Vec::new();
-        for seq in d.kv.seq_ids() {
-            // keep the newest row of each sequence here (a sliding layer holds only its window)
-            let held = layers.iter().map(|&l| d.kv.len(seq, l)).min().unwrap_or(0);
-            let n = (held.saturating_sub(1) as u64).min(left);
-            if n > 0 && d.kv.lent(seq, first) == 0 {
-                rows.push((seq, n as u32));
-                left -= n;
-            }
-        }
+        let rows = Self::plan(d, k, self.tokens, true);
         if !rows.is_empty() {
             let mut data = Vec::new();
             for &layer in &layers {
