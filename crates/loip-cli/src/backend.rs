@@ -294,6 +294,21 @@ pub struct Opened {
     pub memory: Option<MemoryReport>,
 }
 
+/// `--mem` is the whole process's budget, as the kernel counts it: the engine gets what this
+/// process (its code, tokenizer, runtime, `parallel` requests' buffers and threads) leaves.
+fn engine_share(total: u64, parallel: usize) -> Result<loip_runtime::memory::Budget> {
+    loip_runtime::memory::return_freed_memory();
+    let threads = 4 + std::thread::available_parallelism().map_or(1, |n| n.get());
+    // per request in flight: its prompt, logits and a response, bounded by the server
+    let requests = parallel.max(1) as u64 * (1 << 20);
+    Ok(loip_runtime::memory::split_this_process(
+        total,
+        threads,
+        requests,
+        4 << 20,
+    )?)
+}
+
 /// Opens `src` as a batched backend.
 pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
     match src {
@@ -303,13 +318,18 @@ pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
         }),
         Source::Slices(dir) => {
             use loip_runtime::local::{LocalModel, LocalOptions};
+            let mem_budget = match how.offload.mem.as_deref() {
+                Some(m) => {
+                    let b = engine_share(loip_plan::parse_bytes(m)?, how.parallel)?;
+                    if !how.quiet {
+                        eprintln!("{b}");
+                    }
+                    Some(b.engine)
+                }
+                None => None,
+            };
             let opts = LocalOptions {
-                mem_budget: how
-                    .offload
-                    .mem
-                    .as_deref()
-                    .map(loip_plan::parse_bytes)
-                    .transpose()?,
+                mem_budget,
                 rule: how.offload.offload_blocks,
                 loader: how.offload.loader,
                 overlap: !how.offload.no_overlap,

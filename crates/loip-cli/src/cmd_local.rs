@@ -27,6 +27,7 @@ use loip_engine::generate::Flow;
 use loip_model::slice::{Manifest, SliceKind};
 use loip_plan::{DeviceProfile, Pattern};
 use loip_runtime::cluster_run::{Breakdown, Session, SessionOptions, WorkerProcess, WorkerSpec};
+use loip_runtime::memory::Cgroup;
 use loip_runtime::LoaderKind;
 use serde::Serialize;
 
@@ -60,6 +61,11 @@ pub struct LocalArgs {
     /// Sequences generated at once (bursty traffic) from the same prompt.
     #[arg(long, default_value_t = 1)]
     pub concurrent: usize,
+    /// Run each worker in a fresh memory cgroup whose limit is exactly its `--mem` (v2 or v1;
+    /// needs root or a delegated cgroup): the kernel itself holds every worker to its budget,
+    /// and the run ends with each worker's peak charge (`memory.peak`) and OOM kills.
+    #[arg(long)]
+    pub cgroup: bool,
     /// Keep the workers' slice stores here (reused by later runs) instead of a temp dir.
     #[arg(long)]
     pub store_root: Option<PathBuf>,
@@ -139,8 +145,9 @@ pub struct LocalArgs {
     pub bench_patterns: Vec<String>,
 }
 
-/// Budgets that force offloading: working buffers, the embedding / head where they live,
-/// the KV cache, and 60% of an even share of the layers.  // bytes
+/// Budgets that force offloading: the worker process itself
+/// ([`loip_runtime::memory::WORKER_PROCESS_ESTIMATE`]), working buffers, the embedding / head
+/// where they live, the KV cache, and 60% of an even share of the layers.  // bytes
 pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
     let size = |k: SliceKind| m.slice(k).map_or(0, |s| s.size);
     let layers: u64 = (0..m.config.num_layers)
@@ -151,7 +158,7 @@ pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
         * 2
         * (m.config.num_kv_heads * m.config.head_dim) as u64
         * 4;
-    let base = (18 << 20) + kv;
+    let base = loip_runtime::memory::WORKER_PROCESS_ESTIMATE + (18 << 20) + kv;
     (0..devices)
         .map(|i| {
             let mut b = base + layers * 6 / 10 / devices as u64;
@@ -277,6 +284,7 @@ fn spawn_local(
     bandwidth: Option<f64>,
     token: &str,
     store_root: Option<&Path>,
+    cgroup: bool,
 ) -> Result<LocalWorkers> {
     let exe = std::env::current_exe().context("locating the loip binary")?;
     let (root, temp) = match store_root {
@@ -310,7 +318,18 @@ fn spawn_local(
         if let Some(bw) = bandwidth {
             cmd.arg("--bandwidth").arg(format!("{bw}"));
         }
-        let p = WorkerProcess::spawn(cmd, Duration::from_secs(120))?;
+        let cg = if cgroup {
+            let cg_name = format!("loip-local-{}-{name}", std::process::id());
+            let cg = Cgroup::create(&cg_name, *b).with_context(|| {
+                format!(
+                    "creating memory cgroup {cg_name} (--cgroup needs root or a delegated cgroup)"
+                )
+            })?;
+            Some(cg)
+        } else {
+            None
+        };
+        let p = WorkerProcess::spawn_in(cmd, Duration::from_secs(120), cg)?;
         LIVE.lock().unwrap_or_else(|e| e.into_inner()).0.push(p.pid);
         procs.push(p);
     }
@@ -537,7 +556,13 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let budgets = budgets(&a, &manifest, context)?;
     let bandwidth = a.bandwidth.as_deref().map(parse_bw).transpose()?.flatten();
     let token = crate::cmd_local::random_token();
-    let workers = spawn_local(&budgets, bandwidth, &token, a.store_root.as_deref())?;
+    let workers = spawn_local(
+        &budgets,
+        bandwidth,
+        &token,
+        a.store_root.as_deref(),
+        a.cgroup,
+    )?;
     if !a.json {
         let b: Vec<String> = budgets
             .iter()
@@ -636,13 +661,65 @@ pub fn run(a: LocalArgs) -> Result<()> {
         "predicted_ms_per_token".into(),
         s.plan.predicted_ms_per_token.into(),
     );
+    let charged = cgroup_reports(&workers);
+    if a.cgroup {
+        extra.insert("cgroups".into(), serde_json::to_value(&charged)?);
+    }
     report(&prep.prompt_ids, &out, text, a.json, Some(extra))?;
     if !a.json {
         print_breakdown(&b, measured, s.plan.predicted_ms_per_token);
+        print_cgroups(&charged);
     }
     s.shutdown();
     drop(workers);
+    let killed: u64 = charged.iter().map(|c| c.oom_kills).sum();
+    if killed > 0 {
+        bail!("the kernel killed {killed} worker(s) for going over their memory cgroup's limit");
+    }
     Ok(())
+}
+
+/// Each worker's memory cgroup as the kernel saw it (empty without `--cgroup`).
+fn cgroup_reports(w: &LocalWorkers) -> Vec<CgroupReport> {
+    w.procs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.memory().map(|m| (i, m)))
+        .map(|(i, m)| CgroupReport {
+            device: format!("dev{}", i + 1),
+            limit: m.limit.unwrap_or(0),
+            peak: m.peak.unwrap_or(0),
+            oom_kills: m.oom_kills,
+            pressure_events: m.pressure_events,
+        })
+        .collect()
+}
+
+/// One worker's memory cgroup at the end of a run.
+#[derive(Debug, Clone, Serialize)]
+struct CgroupReport {
+    device: String,
+    /// bytes (= its --mem)
+    limit: u64,
+    /// highest charge, bytes
+    peak: u64,
+    oom_kills: u64,
+    pressure_events: u64,
+}
+
+fn print_cgroups(c: &[CgroupReport]) {
+    use loip_plan::units::format_bytes;
+    for r in c {
+        eprintln!(
+            "{}: memory cgroup limit {}, peak charge {} ({:.0}%), OOM kills {}, limit reached {} times",
+            r.device,
+            format_bytes(r.limit),
+            format_bytes(r.peak),
+            100.0 * r.peak as f64 / r.limit.max(1) as f64,
+            r.oom_kills,
+            r.pressure_events
+        );
+    }
 }
 
 /// A random shared secret for the local workers (given to them in `LOIP_TOKEN`, never on a
@@ -712,7 +789,7 @@ fn bench(
     );
     for bw_s in &a.bench_bandwidths {
         let bw = parse_bw(bw_s)?;
-        let workers = spawn_local(budgets, bw, &token, Some(&store_root))?;
+        let workers = spawn_local(budgets, bw, &token, Some(&store_root), a.cgroup)?;
         for pat_s in &a.bench_patterns {
             let pattern: Pattern = pat_s.parse().map_err(anyhow::Error::msg)?;
             let seqs = if pattern == Pattern::Bursty { n } else { 1 };
@@ -849,6 +926,7 @@ fn clone_args(a: &LocalArgs) -> LocalArgs {
         planner: a.planner.clone(),
         loader: a.loader,
         concurrent: a.concurrent,
+        cgroup: a.cgroup,
         store_root: a.store_root.clone(),
         json: a.json,
         relay: a.relay,

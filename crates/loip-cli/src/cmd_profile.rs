@@ -22,15 +22,10 @@ pub struct ProfileArgs {
     /// Device name recorded in the profile.
     #[arg(long, default_value = "this-machine")]
     pub name: String,
-    /// Memory the engine may use on this device (default: MemAvailable).
+    /// Memory the engine may use on this device (default: the device's, as `loip worker`
+    /// picks it: the cgroup limit or MemAvailable, less a margin).
     #[arg(long)]
     pub mem: Option<String>,
-}
-
-fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
 /// `loip profile`.
@@ -40,12 +35,22 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     let shape = loip_runtime::shape::shape_from_manifest(&a.model, &manifest);
     let mem = match &a.mem {
         Some(m) => loip_plan::parse_bytes(m)?,
-        None => mem_available().context("cannot read MemAvailable; give --mem")?,
+        None => {
+            loip_runtime::memory::default_budget()
+                .context("cannot read the cgroup limit or MemAvailable; give --mem")?
+                .bytes
+        }
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message("timing attention and MLP blocks, then both loaders");
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    let probe = loip_runtime::net::probe::probe(&dir, &manifest, true, true)?;
+    let probe = loip_runtime::net::probe::probe(
+        &dir,
+        &manifest,
+        true,
+        true,
+        loip_runtime::net::probe::ProbeBudget { bytes: 0 },
+    )?;
     bar.finish_and_clear();
     let profile = loip_runtime::cluster_run::profile_from_probe(&a.name, mem, &shape, &probe)?;
     std::fs::write(&a.out, profile.to_json())

@@ -14,9 +14,13 @@ pub struct WorkerArgs {
     /// Address to listen on; port 0 picks a free port (the first stdout line says which).
     #[arg(long, default_value = "0.0.0.0:7001")]
     pub listen: String,
-    /// Memory budget of this device, e.g. `2GiB`: weights, slot, KV cache and buffers.
+    /// Memory budget of this device, e.g. `2GiB`: the most the whole worker process may be
+    /// charged, as the kernel counts it (page cache and kernel buffers included). The engine
+    /// (weights, slot, KV cache) gets what the process itself does not need; both are
+    /// printed at start. Default: the device's — the smaller of this process's memory cgroup
+    /// limit and MemAvailable, less a margin of 5 % (at least 8 MiB).
     #[arg(long)]
-    pub mem: String,
+    pub mem: Option<String>,
     /// Slice store: the slices this device was given, kept and reused across restarts.
     #[arg(long)]
     pub store: PathBuf,
@@ -46,7 +50,21 @@ pub struct WorkerArgs {
 
 /// `loip worker`.
 pub fn run(a: WorkerArgs) -> Result<()> {
-    let mem = loip_plan::parse_bytes(&a.mem).with_context(|| format!("--mem {}", a.mem))?;
+    loip_runtime::memory::return_freed_memory();
+    let mem = match &a.mem {
+        Some(m) => loip_plan::parse_bytes(m).with_context(|| format!("--mem {m}"))?,
+        None => {
+            let d = loip_runtime::memory::default_budget().context(
+                "no --mem, and neither a cgroup memory limit nor MemAvailable could be read; give --mem",
+            )?;
+            eprintln!(
+                "budget {} (no --mem): {}",
+                loip_plan::units::format_bytes(d.bytes),
+                d.why
+            );
+            d.bytes
+        }
+    };
     if a.token.is_some() {
         eprintln!(
             "warning: --token is visible to other users in `ps`; prefer --token-file or LOIP_TOKEN"
@@ -66,7 +84,8 @@ pub fn run(a: WorkerArgs) -> Result<()> {
         ),
         _ => {}
     }
-    let mut opts = WorkerOptions::new(a.listen, mem, a.store);
+    let mut opts = WorkerOptions::new(a.listen, mem, a.store).whole_process()?;
+    eprintln!("{}", opts.budget());
     opts.token = tok;
     opts.idle_timeout = std::time::Duration::from_secs(a.idle_timeout.max(1));
     opts.name = a.name;

@@ -1,6 +1,6 @@
 //! The runtime against the simulator: one `loip local --json` run whose KV crosses its
-//! device's threshold (SmolLM2 on one worker of 56 MiB, 450 tokens), replayed in the
-//! simulator library with the same plan, the same device profile (a fixed one) and the same
+//! device's threshold (SmolLM2 on one worker of 90 MiB, about 63 MiB of it the engine's, 450
+//! tokens), replayed in the simulator library with the same plan, the same device profile (a fixed one) and the same
 //! request ([`loip_sim::replay`]): both take the same threshold switches (device, step, KV
 //! tokens, blocks offloaded before and after). Speed is printed, not asserted
 //! (`bench/runtime_vs_sim.sh` prints both ms/token).
@@ -13,13 +13,13 @@ use loip_sim::{AdaptEvent, KvPolicy};
 
 /// Budget and length of the run: one device holds all 30 layers' KV (46 KB a token); the
 /// admission plan is placed with the runtime's own working memory
-/// (`loip_plan::adapt::runtime_budgets`), so its thresholds come as the KV grows: four
-/// switches here (30, 140, 245 and 355 tokens; one brings attention blocks back).
+/// (`loip_plan::adapt::runtime_budgets`), so its thresholds come as the KV grows. `--mem` is
+/// the worker process's whole budget: the engine's share is what the process leaves.
 const ARGS: &[&str] = &[
     "--devices",
     "1",
     "--mem",
-    "56MiB",
+    "90MiB",
     "--prompt",
     "Tell me a very long story about a dragon",
     "--max-tokens",

@@ -109,7 +109,8 @@ fn a_budget_too_small_is_refused_with_what_needs_how_much() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("memory budget of 20480 bytes exceeded"),
+        err.contains("a budget of 20.0 KiB leaves nothing for the engine")
+            && err.contains("the smallest budget that works is"),
         "{err}"
     );
 }

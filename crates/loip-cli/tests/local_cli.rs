@@ -24,22 +24,6 @@ fn has_commands() -> bool {
     ok
 }
 
-fn json_run(cmd: &mut Command) -> serde_json::Value {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON in {text}"));
-    serde_json::from_str(line).unwrap()
-}
-
 fn single_device(model: &str, ids: &str, n: &str) -> serde_json::Value {
     json_run(loip().args([
         "generate",

@@ -37,7 +37,7 @@ const MANIFEST_VERSION: u32 = 2;
 pub const SPLIT_CHUNK: usize = 4 << 20;
 /// Written bytes a split lets accumulate before it writes them back and drops them from the
 /// page cache, bytes.
-const WRITE_WINDOW: u64 = 8 << 20;
+pub const WRITE_WINDOW: u64 = 8 << 20;
 
 /// What a slice holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -481,18 +481,28 @@ fn write_slice(
 /// A file writer that hands every [`WRITE_WINDOW`] of written bytes to writeback at once
 /// and, one window later, waits for it and drops it from the page cache, so a split leaves
 /// no dirty or cached pages of its output behind (Linux `sync_file_range` + `fadvise`; both
-/// only advice: a file system without them keeps its pages, as a plain write would).
-struct DropBehind {
+/// only advice: a file system without them keeps its pages, as a plain write would). At
+/// most two windows of the file are in the page cache at once.
+#[derive(Debug)]
+pub struct DropBehind {
     file: File,
+    window: u64,  // bytes
     pos: u64,     // bytes written
     started: u64, // bytes handed to writeback
     dropped: u64, // bytes written back and dropped from the cache
 }
 
 impl DropBehind {
-    fn new(file: File) -> Self {
+    /// Writes `file` with a [`WRITE_WINDOW`].
+    pub fn new(file: File) -> Self {
+        Self::with_window(file, WRITE_WINDOW)
+    }
+
+    /// Writes `file`, writing back and dropping every `window` bytes (at least 64 KiB).
+    pub fn with_window(file: File, window: u64) -> Self {
         DropBehind {
             file,
+            window: window.max(64 << 10),
             pos: 0,
             started: 0,
             dropped: 0,
@@ -530,7 +540,7 @@ impl DropBehind {
     }
 
     /// Syncs the file and drops all its pages from the cache.
-    fn finish(self) -> std::io::Result<File> {
+    pub fn finish(self) -> std::io::Result<File> {
         use std::os::fd::AsRawFd;
         self.file.sync_all()?;
         // SAFETY: plain syscall on an open descriptor.
@@ -545,7 +555,7 @@ impl Write for DropBehind {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.file.write(buf)?;
         self.pos += n as u64;
-        if self.pos - self.started >= WRITE_WINDOW {
+        if self.pos - self.started >= self.window {
             self.write_back();
         }
         Ok(n)

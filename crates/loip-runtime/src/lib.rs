@@ -3,7 +3,8 @@
 //! ([`coordinator`]) and cluster sessions ([`cluster_run`]).
 //!
 //! `unsafe` here is limited to the page-aligned buffer and the io_uring submissions of the
-//! direct loader; both document the protocol that makes them sound.
+//! direct loader, and the `pre_exec` that starts a child in a memory cgroup; each documents
+//! the protocol that makes it sound.
 #![deny(missing_docs)]
 
 pub mod adapt;
@@ -14,6 +15,7 @@ mod error;
 pub mod executor;
 pub mod loader;
 pub mod local;
+pub mod memory;
 pub mod net;
 pub mod resident;
 pub mod shape;

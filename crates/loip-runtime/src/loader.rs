@@ -610,12 +610,18 @@ fn load_conventional(layout: &Layout) -> Result<(Owned, u64), RuntimeError> {
     Ok((owned, total))
 }
 
+/// Asks the kernel to drop an open file's pages from the page cache (advice: a file system
+/// without it keeps them).
+pub fn drop_cached(f: &File) {
+    // SAFETY: plain syscall on an open descriptor.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
 /// Drops a file's pages from the page cache, so a benchmark reads from the device.
 pub fn drop_cache(path: &Path) {
     if let Ok(f) = File::open(path) {
-        // SAFETY: plain syscall on an open descriptor.
-        unsafe {
-            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-        }
+        drop_cached(&f);
     }
 }

@@ -32,13 +32,25 @@ impl Resident {
     fn add(&mut self, dir: &Path, s: &SliceEntry) -> Result<(), RuntimeError> {
         use std::os::unix::fs::FileExt;
         let path = dir.join(&s.file);
-        let file = open_slice(&path, s, false)?;
+        // O_DIRECT (slices are padded for it): reading a resident block leaves nothing in the
+        // page cache to be charged to this process; a file system without it is read through
+        // the cache, which is then dropped
+        let (file, direct) = match open_slice(&path, s, true) {
+            Ok(f) => (f, true),
+            Err(RuntimeError::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+                (open_slice(&path, s, false)?, false)
+            }
+            Err(e) => return Err(e),
+        };
         let mut buf = AlignedBuf::new(s.size as usize, 4096)?;
         file.read_exact_at(buf.as_mut_slice(), 0)
             .map_err(|e| RuntimeError::Io {
                 path: path.clone(),
                 source: e,
             })?;
+        if !direct {
+            crate::loader::drop_cached(&file);
+        }
         check_crc(&path, s, crc32fast::hash(buf.as_slice()))?;
         let idx = self.bufs.len();
         for t in &s.tensors {
@@ -102,9 +114,7 @@ impl TensorSource for Resident {
             .bufs
             .get(*b)
             .and_then(|buf| buf.as_slice().get(*off..off.checked_add(*n)?))
-            .ok_or_else(|| {
-                EngineError::Invalid(format!("tensor {name} lies outside its slice"))
-            })?;
+            .ok_or_else(|| EngineError::Invalid(format!("tensor {name} lies outside its slice")))?;
         Ok((*d, shape.clone(), bytes))
     }
 }

@@ -41,11 +41,11 @@ use crate::net::throttle::Throttle;
 /// Magic of the `Hello` frame.
 pub const MAGIC: [u8; 4] = *b"LOIP";
 /// Version of this protocol; peers must match exactly.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Largest payload of one frame, bytes.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest `SliceData` chunk, bytes.
-pub const SLICE_CHUNK: usize = 8 << 20;
+pub const SLICE_CHUNK: usize = 1 << 20;
 /// Bytes of a frame header (length + kind).
 pub const HEADER_BYTES: usize = 5;
 

@@ -58,8 +58,12 @@ mod peer;
 pub struct WorkerOptions {
     /// address to listen on, e.g. `0.0.0.0:7001` or `127.0.0.1:0`
     pub listen: String,
-    /// memory budget, bytes
+    /// memory budget, bytes: with [`WorkerOptions::whole_process`], the whole process as the
+    /// kernel counts it; else the engine's alone
     pub mem_budget: u64,
+    /// the process's own share of `mem_budget` (bytes); the engine gets the rest. 0 for a
+    /// worker inside a process that accounts for itself (tests, an embedding program)
+    pub process_overhead: u64,
     /// slice store directory
     pub store: PathBuf,
     /// shared secret; `None` (allowed on loopback only, see [`crate::net::token`]) accepts
@@ -91,6 +95,7 @@ impl WorkerOptions {
         WorkerOptions {
             listen: listen.into(),
             mem_budget,
+            process_overhead: 0,
             store: store.into(),
             token: None,
             name: None,
@@ -103,8 +108,35 @@ impl WorkerOptions {
     }
 }
 
+impl WorkerOptions {
+    /// Makes `mem_budget` the whole process's budget (`loip worker`): measures what this
+    /// process costs beside its engine (its resident set now, thread stacks, the peer
+    /// queues, page cache and socket buffers in flight) and leaves the engine the rest;
+    /// refused when no engine would fit, naming the smallest budget that works.
+    pub fn whole_process(mut self) -> Result<WorkerOptions, crate::memory::TooSmall> {
+        let threads = 4 + std::thread::available_parallelism().map_or(1, |n| n.get());
+        let queues = 2 * (queue_bytes(self.mem_budget) as usize).max(BASE_FRAME) as u64;
+        let b = crate::memory::split_this_process(self.mem_budget, threads, queues, MIN_ENGINE)?;
+        self.process_overhead = b.process;
+        Ok(self)
+    }
+
+    /// The budget split between the engine and the process.
+    pub fn budget(&self) -> crate::memory::Budget {
+        let process = self.process_overhead.min(self.mem_budget);
+        crate::memory::Budget {
+            total: self.mem_budget,
+            engine: self.mem_budget - process,
+            process,
+        }
+    }
+}
+
+/// The smallest engine share a worker starts with (a model is then checked against it when
+/// loaded), bytes.
+const MIN_ENGINE: u64 = 4 << 20;
 /// Largest frame of a session before a device is loaded (manifests, slice data), bytes.
-const BASE_FRAME: usize = 16 << 20;
+const BASE_FRAME: usize = 4 << 20;
 /// Largest bulk measurement, bytes.
 const MAX_BULK: u64 = 1 << 30;
 /// Bulk frame size, bytes.
@@ -300,7 +332,10 @@ async fn connection(
     rd.set_idle_timeout(Some(shared.opts.idle_timeout));
     if shared.busy.swap(true, Ordering::SeqCst) {
         let _ = wr
-            .write(FrameKind::Error, b"busy: this worker already serves a coordinator")
+            .write(
+                FrameKind::Error,
+                b"busy: this worker already serves a coordinator",
+            )
             .await;
         return Err(WireError::Protocol("refused a second coordinator".into()));
     }
@@ -312,7 +347,8 @@ async fn connection(
             .clone()
             .unwrap_or_else(|| format!("worker@{}", shared.addr)),
         version: env!("CARGO_PKG_VERSION").to_string(),
-        mem_budget: shared.opts.mem_budget,
+        // the planner plans with the engine's share
+        mem_budget: shared.opts.budget().engine,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         bandwidth_limit: shared.opts.bandwidth,
         store: lock(&shared.store).inventory(),
@@ -325,7 +361,10 @@ async fn connection(
     let (out_tx, out_rx) = mpsc::channel::<Out>(256);
     let writer = tokio::spawn(write_loop(wr, out_rx));
     let (job_tx, job_rx) = std::sync::mpsc::channel::<(Job, BytePermit)>();
-    let (inbox, frame_limit) = (ByteBudget::new(qbytes), Arc::new(AtomicUsize::new(BASE_FRAME)));
+    let (inbox, frame_limit) = (
+        ByteBudget::new(qbytes),
+        Arc::new(AtomicUsize::new(BASE_FRAME)),
+    );
     let (kv_tx, kv_rx) = std::sync::mpsc::channel::<lend::KvBack>();
     let direct = peer::Direct::new(
         info.name.clone(),
@@ -341,7 +380,6 @@ async fn connection(
         outbox: ByteBudget::new(qbytes),
         frame_limit,
         direct: direct.clone(),
-        kv_back: kv_tx,
     };
     let compute = {
         let ctx = ComputeCtx {
@@ -349,7 +387,7 @@ async fn connection(
             outbox: q.outbox.clone(),
             rt: tokio::runtime::Handle::current(),
             dir: lock(&shared.store).dir().to_path_buf(),
-            budget: shared.opts.mem_budget,
+            budget: shared.opts.budget().engine,
             frame_limit: q.frame_limit.clone(),
             direct: direct.clone(),
             refuse_switches: shared.opts.refuse_switches,
@@ -362,7 +400,9 @@ async fn connection(
     let result = session(&mut rd, &shared, &out_tx, &job_tx, &q).await;
     if let Err(e) = &result {
         let msg = scrub(&e.to_string(), &shared);
-        let _ = out_tx.send((FrameKind::Error, msg.into_bytes(), None)).await;
+        let _ = out_tx
+            .send((FrameKind::Error, msg.into_bytes(), None))
+            .await;
     }
     direct.close();
     *lock(&shared.direct) = None;
@@ -398,10 +438,8 @@ struct Queues {
     outbox: ByteBudget,
     /// largest frame accepted now, bytes (raised when a device is loaded)
     frame_limit: Arc<AtomicUsize>,
-    /// direct forwarding
+    /// direct forwarding, and lent KV coming back to the compute thread
     direct: Arc<peer::Direct>,
-    /// lent KV coming back, to the compute thread (which may be waiting for it)
-    kv_back: std::sync::mpsc::Sender<lend::KvBack>,
 }
 
 /// Removes this machine's store path from a message meant for a peer.
@@ -474,16 +512,27 @@ async fn session(
                         let r = lock(&q.direct.held).put(h.lender, h.stage, blob.to_vec());
                         if let Err(e) = r {
                             let message = e.to_string();
-                            reply(out, &ToCoordinator::Failed { step: None, message }).await?
+                            reply(
+                                out,
+                                &ToCoordinator::Failed {
+                                    step: None,
+                                    message,
+                                },
+                            )
+                            .await?
                         }
                     }
                     wire::lend::KvOp::Data => {
-                        let back = lend::KvBack::Data {
-                            stage: h.stage,
-                            blob: blob.to_vec(),
-                            at: Instant::now(),
-                        };
-                        q.kv_back.send(back).map_err(|_| gone())?
+                        if let Err(message) = q.direct.data_back(h.stage, blob) {
+                            reply(
+                                out,
+                                &ToCoordinator::Failed {
+                                    step: None,
+                                    message,
+                                },
+                            )
+                            .await?
+                        }
                     }
                     wire::lend::KvOp::Fetch => {
                         return Err(WireError::Protocol(
@@ -537,8 +586,9 @@ async fn session(
                         Err(e) => return Err(WireError::Protocol(scrub(&e.to_string(), shared))),
                     };
                     while w.remaining() > 0 {
-                        let b = read_data(rd, wire::SLICE_CHUNK, FrameKind::SliceData, "slice data")
-                            .await?;
+                        let b =
+                            read_data(rd, wire::SLICE_CHUNK, FrameKind::SliceData, "slice data")
+                                .await?;
                         w.write(&b.payload)
                             .map_err(|e| WireError::Protocol(scrub(&e.to_string(), shared)))?;
                     }
@@ -550,7 +600,14 @@ async fn session(
                         Ok(()) => reply(out, &ToCoordinator::Stored { file: entry.file }).await?,
                         Err(e) => {
                             let message = scrub(&e.to_string(), shared);
-                            reply(out, &ToCoordinator::Failed { step: None, message }).await?
+                            reply(
+                                out,
+                                &ToCoordinator::Failed {
+                                    step: None,
+                                    message,
+                                },
+                            )
+                            .await?
                         }
                     }
                 }
@@ -564,7 +621,14 @@ async fn session(
                         .map_err(|_| gone())?,
                     Err(message) => {
                         let message = format!("probe refused: {message}");
-                        reply(out, &ToCoordinator::Failed { step: None, message }).await?
+                        reply(
+                            out,
+                            &ToCoordinator::Failed {
+                                step: None,
+                                message,
+                            },
+                        )
+                        .await?
                     }
                 },
                 ToWorker::Load { manifest, spec } => match validate::check_manifest(&manifest) {
@@ -575,15 +639,22 @@ async fn session(
                     }
                     Err(message) => {
                         let message = format!("cannot open the device: {message}");
-                        reply(out, &ToCoordinator::Failed { step: None, message }).await?
+                        reply(
+                            out,
+                            &ToCoordinator::Failed {
+                                step: None,
+                                message,
+                            },
+                        )
+                        .await?
                     }
                 },
-                ToWorker::Release { seqs } => {
-                    jobs.send((Job::Release(seqs), permit)).map_err(|_| gone())?
-                }
-                ToWorker::Switch { stages } => {
-                    jobs.send((Job::Switch(stages), permit)).map_err(|_| gone())?
-                }
+                ToWorker::Release { seqs } => jobs
+                    .send((Job::Release(seqs), permit))
+                    .map_err(|_| gone())?,
+                ToWorker::Switch { stages } => jobs
+                    .send((Job::Switch(stages), permit))
+                    .map_err(|_| gone())?,
                 ToWorker::Lend { tokens, via } => jobs
                     .send((Job::Lend(tokens, via), permit))
                     .map_err(|_| gone())?,
@@ -628,7 +699,10 @@ async fn read_data(
         {
             continue;
         }
-        return Err(WireError::Protocol(format!("expected {what}, got {:?}", f.kind)));
+        return Err(WireError::Protocol(format!(
+            "expected {what}, got {:?}",
+            f.kind
+        )));
     }
 }
 
@@ -667,7 +741,9 @@ impl ComputeCtx {
     /// is gone.
     fn send_frame(&self, kind: FrameKind, payload: Vec<u8>) -> bool {
         let permit = self.outbox.blocking_acquire(payload.len(), &self.rt);
-        self.out.blocking_send((kind, payload, Some(permit))).is_ok()
+        self.out
+            .blocking_send((kind, payload, Some(permit)))
+            .is_ok()
     }
 
     fn send(&self, msg: ToCoordinator) -> bool {
@@ -685,7 +761,10 @@ impl ComputeCtx {
 
 /// The largest step frame a device can use: its most tokens of hidden rows plus headers.
 fn step_frame_limit(spec: &DeviceSpec, hidden: usize) -> usize {
-    let rows = spec.max_step_tokens.saturating_mul(hidden).saturating_mul(4);
+    let rows = spec
+        .max_step_tokens
+        .saturating_mul(hidden)
+        .saturating_mul(4);
     let header = spec.max_step_tokens.saturating_mul(32) + (1 << 20);
     rows.saturating_add(header)
         .clamp(BASE_FRAME, wire::MAX_FRAME)
@@ -701,7 +780,8 @@ fn compute_thread(
     while let Ok((job, permit)) = jobs.recv() {
         let ok = match job {
             Job::Probe(m, compute, loads) => {
-                match crate::net::probe::probe(&ctx.dir, &m, compute, loads) {
+                let budget = crate::net::probe::ProbeBudget { bytes: ctx.budget };
+                match crate::net::probe::probe(&ctx.dir, &m, compute, loads, budget) {
                     Ok(r) => ctx.send(ToCoordinator::Probed(r)),
                     Err(e) => ctx.fail(None, format!("probe failed: {e}")),
                 }

@@ -52,15 +52,7 @@ async fn start(name: &str, tweak: impl FnOnce(&mut WorkerOptions)) -> (String, s
 
 /// A fresh store holding copies of the tiny fixture's slice files.
 fn store_with_slices(name: &str) -> std::path::PathBuf {
-    let slices = dist_common::slices_of(&dist_common::fixture("tiny-llama"), "security");
-    let store = dist_common::scratch(name);
-    for e in std::fs::read_dir(&slices).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "slice") {
-            std::fs::copy(&p, store.join(p.file_name().unwrap())).unwrap();
-        }
-    }
-    store
+    dist_common::store_with_slices(name, "security")
 }
 
 fn manifest() -> Manifest {
@@ -134,7 +126,12 @@ async fn still_serves(addr: &str) {
 fn finding_1_slice_names_outside_the_store_are_refused_before_anything_is_opened() {
     rt().block_on(async {
         let (addr, store) = start("f1", |_| {}).await;
-        for evil in ["../../../../etc/passwd", "/etc/passwd", "../x.slice", "a/b.slice"] {
+        for evil in [
+            "../../../../etc/passwd",
+            "/etc/passwd",
+            "../x.slice",
+            "a/b.slice",
+        ] {
             let mut m = manifest();
             m.slices[0].file = evil.into();
             for probe in [false, true] {
@@ -151,10 +148,16 @@ fn finding_1_slice_names_outside_the_store_are_refused_before_anything_is_opened
                     failed_message(load(&mut s, &m, spec(&m, 8)).await)
                 };
                 assert!(msg.contains("not a plain store name"), "{msg}");
-                assert!(!msg.contains("passwd") && !msg.contains(&*store.to_string_lossy()), "{msg}");
+                assert!(
+                    !msg.contains("passwd") && !msg.contains(&*store.to_string_lossy()),
+                    "{msg}"
+                );
                 // the session goes on
                 s.control(&ToWorker::Ping { id: 1 }).await;
-                assert!(matches!(s.recv_control().await, ToCoordinator::Pong { id: 1 }));
+                assert!(matches!(
+                    s.recv_control().await,
+                    ToCoordinator::Pong { id: 1 }
+                ));
             }
         }
         // no manifest naming them was saved in the store
@@ -171,7 +174,12 @@ fn step(n: usize, head: bool) -> (StepHeader, Vec<u8>) {
         head,
         keep: false,
         stages: vec![0],
-        batch: (0..n).map(|i| TokenPos { seq: 1, pos: i % 200 }).collect(),
+        batch: (0..n)
+            .map(|i| TokenPos {
+                seq: 1,
+                pos: i % 200,
+            })
+            .collect(),
         rows: if head { vec![0] } else { vec![] },
         argmax: None,
         row_masks: vec![],
@@ -185,13 +193,19 @@ fn finding_2_a_huge_step_on_a_small_budget_is_an_error_and_the_worker_keeps_serv
         let (addr, _) = start("f2", |o| o.mem_budget = 64 << 20).await;
         let m = manifest();
         let mut s = raw::authed(&addr, Some(TOKEN)).await;
-        assert!(matches!(load(&mut s, &m, spec(&m, 16)).await, ToCoordinator::Loaded { .. }));
+        assert!(matches!(
+            load(&mut s, &m, spec(&m, 16)).await,
+            ToCoordinator::Loaded { .. }
+        ));
         // 2^16 tokens fit a frame: the step is refused by the device's limits, at once
         let (h, ids) = step(1 << 16, true);
         let t = Instant::now();
         s.send(FrameKind::Step, &wire::encode_step(&h, &ids)).await;
         let msg = failed_message(s.recv_control().await);
-        assert!(msg.contains("65536 tokens") && msg.contains("at most 16"), "{msg}");
+        assert!(
+            msg.contains("65536 tokens") && msg.contains("at most 16"),
+            "{msg}"
+        );
         assert!(t.elapsed() < Duration::from_secs(5));
         // and a proper step still runs on the same session
         let (h, ids) = step(3, true);
@@ -200,7 +214,9 @@ fn finding_2_a_huge_step_on_a_small_budget_is_an_error_and_the_worker_keeps_serv
         assert_eq!(f.kind, FrameKind::Output);
         // 2^20 tokens do not even fit a frame of this device: that session closes, the worker lives
         let (h, ids) = step(1 << 20, false);
-        let _ = s.wr.write(FrameKind::Step, &wire::encode_step(&h, &ids)).await;
+        let _ =
+            s.wr.write(FrameKind::Step, &wire::encode_step(&h, &ids))
+                .await;
         let msg = s.error_then_close().await.unwrap_or_default();
         assert!(msg.contains("exceeds the limit"), "{msg}");
         still_serves(&addr).await;
@@ -215,13 +231,27 @@ fn finding_3_a_worker_off_loopback_needs_a_token_and_makes_one() {
     let t = t.unwrap();
     assert!(t.len() >= 32);
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     // kept across restarts, and a given token wins
-    assert_eq!(token::for_worker(None, "0.0.0.0:7001", &dir).unwrap().0, Some(t));
+    assert_eq!(
+        token::for_worker(None, "0.0.0.0:7001", &dir).unwrap().0,
+        Some(t)
+    );
     let given = Some("given-token-0123456789".to_string());
-    assert_eq!(token::for_worker(given.clone(), "0.0.0.0:1", &dir).unwrap().0, given);
+    assert_eq!(
+        token::for_worker(given.clone(), "0.0.0.0:1", &dir)
+            .unwrap()
+            .0,
+        given
+    );
     // loopback may run without one
-    assert_eq!(token::for_worker(None, "127.0.0.1:0", &dir).unwrap().0, None);
+    assert_eq!(
+        token::for_worker(None, "127.0.0.1:0", &dir).unwrap().0,
+        None
+    );
     // weak tokens are refused where they come in
     assert!(token::from_sources(None, Some("short")).is_err());
 }
@@ -264,7 +294,10 @@ fn finding_4_too_many_unauthenticated_connections_are_closed_at_once() {
         let f = tokio::time::timeout(Duration::from_secs(5), wire::read_frame(&mut c, 1 << 16))
             .await
             .expect("closed at once");
-        assert!(matches!(f, Err(WireError::Closed)) || matches!(f, Err(WireError::Io(_))), "{f:?}");
+        assert!(
+            matches!(f, Err(WireError::Closed)) || matches!(f, Err(WireError::Io(_))),
+            "{f:?}"
+        );
         drop((a, b));
     });
 }
@@ -315,14 +348,22 @@ fn finding_6_unread_outputs_keep_the_worker_within_its_budget() {
         let hidden = m.config.hidden_size;
         let tokens = (8 << 20) / (hidden * 4); // 8 MiB of hidden rows per step
         let mut s = raw::authed(&addr, Some(TOKEN)).await;
-        assert!(matches!(load(&mut s, &m, spec(&m, tokens)).await, ToCoordinator::Loaded { .. }));
+        assert!(matches!(
+            load(&mut s, &m, spec(&m, tokens)).await,
+            ToCoordinator::Loaded { .. }
+        ));
         let h = StepHeader {
             step: 1,
             embed: false,
             head: false,
             keep: false,
             stages: vec![], // an echo: the rows come back as they went
-            batch: (0..tokens).map(|i| TokenPos { seq: 1, pos: i % 200 }).collect(),
+            batch: (0..tokens)
+                .map(|i| TokenPos {
+                    seq: 1,
+                    pos: i % 200,
+                })
+                .collect(),
             rows: vec![],
             argmax: None,
             row_masks: vec![],
@@ -347,7 +388,11 @@ fn finding_6_unread_outputs_keep_the_worker_within_its_budget() {
             MEM >> 20,
             OVERHEAD >> 20
         );
-        eprintln!("worker peak RSS {} MiB for --mem {} MiB", peak >> 20, MEM >> 20);
+        eprintln!(
+            "worker peak RSS {} MiB for --mem {} MiB",
+            peak >> 20,
+            MEM >> 20
+        );
         sender.abort();
         drop(rd);
     });
@@ -370,7 +415,10 @@ fn finding_7_tensor_ranges_past_their_slice_are_refused_at_once() {
             let t = Instant::now();
             let msg = failed_message(load(&mut s, &m, spec(&m, 8)).await);
             assert!(t.elapsed() < Duration::from_secs(5), "case {i}");
-            assert!(msg.contains("slice ") && msg.contains("tensor "), "case {i}: {msg}");
+            assert!(
+                msg.contains("slice ") && msg.contains("tensor "),
+                "case {i}: {msg}"
+            );
         }
         // a config that asks for absurd sizes is refused the same way
         let mut m = manifest();
@@ -390,14 +438,19 @@ fn finding_12_tampered_injected_and_replayed_frames_close_the_session() {
         // injected: a plaintext frame in the middle of a sealed session
         let mut s = raw::authed(&addr, Some(TOKEN)).await;
         let ping = wire::control_payload(&ToWorker::Ping { id: 3 }).unwrap();
-        wire::write_frame(s.wr.get_mut(), FrameKind::Control, &ping, None).await.unwrap();
+        wire::write_frame(s.wr.get_mut(), FrameKind::Control, &ping, None)
+            .await
+            .unwrap();
         let msg = s.error_then_close().await.unwrap_or_default();
         assert!(msg.contains("failed authentication"), "{msg}");
         // modified and replayed: capture a sealed frame's bytes, then change one / send it twice
         for replay in [false, true] {
             let mut s = raw::authed(&addr, Some(TOKEN)).await;
             s.control(&ToWorker::Ping { id: 1 }).await;
-            assert!(matches!(s.recv_control().await, ToCoordinator::Pong { id: 1 }));
+            assert!(matches!(
+                s.recv_control().await,
+                ToCoordinator::Pong { id: 1 }
+            ));
             // a second, hand-made frame with the session's counter is impossible to forge;
             // sending garbage with a valid header is what an injector can do
             let mut bytes = vec![0u8; 5 + 16 + 20];
@@ -417,7 +470,10 @@ fn finding_12_tampered_injected_and_replayed_frames_close_the_session() {
             token: Some("not-the-token-at-all".into()),
             ..opts()
         };
-        let e = Conn::connect(&ep(&addr), &bad).await.err().expect("refused");
+        let e = Conn::connect(&ep(&addr), &bad)
+            .await
+            .err()
+            .expect("refused");
         assert!(matches!(e.source, WireError::AuthRefused(_)), "{e}");
         still_serves(&addr).await;
     });
@@ -439,11 +495,16 @@ fn finding_12_the_coordinator_reads_no_large_frame_before_the_worker_is_authenti
             .await;
             // a 64 MiB "challenge"
             let len = (64u32 << 20).to_le_bytes();
-            let _ = s.write_all(&[len[0], len[1], len[2], len[3], FrameKind::Control as u8]).await;
+            let _ = s
+                .write_all(&[len[0], len[1], len[2], len[3], FrameKind::Control as u8])
+                .await;
             tokio::time::sleep(Duration::from_secs(10)).await;
         });
         let t = Instant::now();
-        let e = Conn::connect(&ep(&addr), &opts()).await.err().expect("refused");
+        let e = Conn::connect(&ep(&addr), &opts())
+            .await
+            .err()
+            .expect("refused");
         assert!(matches!(e.source, WireError::TooLarge { .. }), "{e}");
         assert!(t.elapsed() < Duration::from_secs(3));
     });
@@ -492,7 +553,8 @@ fn fuzz_frames_before_and_after_the_handshake_never_take_the_worker_down() {
                 // control messages
                 let mut s = raw::authed(&addr, Some(TOKEN)).await;
                 if rng.gen_bool(0.5) {
-                    let mut json = serde_json::to_vec(&ToWorker::Release { seqs: vec![1, 2] }).unwrap();
+                    let mut json =
+                        serde_json::to_vec(&ToWorker::Release { seqs: vec![1, 2] }).unwrap();
                     let at = rng.gen_range(0..json.len());
                     json[at] = rng.gen();
                     payload = json;
@@ -521,9 +583,12 @@ fn finding_4_one_host_cannot_use_up_the_handshake_slots_of_all() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut fifth = TcpStream::connect(&addr).await.unwrap();
-        let f = tokio::time::timeout(Duration::from_secs(5), wire::read_frame(&mut fifth, 1 << 16))
-            .await
-            .expect("closed at once");
+        let f = tokio::time::timeout(
+            Duration::from_secs(5),
+            wire::read_frame(&mut fifth, 1 << 16),
+        )
+        .await
+        .expect("closed at once");
         assert!(f.is_err(), "{f:?}");
         // a coordinator on another host (127.0.0.2) still gets in
         let sock = tokio::net::TcpSocket::new_v4().unwrap();
@@ -550,15 +615,18 @@ async fn handshake_as(addr: &str, hello_role: Role, mac_role: Role) -> Result<()
     let s = TcpStream::connect(addr).await.unwrap();
     let (mut rd, mut wr) = s.into_split();
     let hello_c = wire::hello_payload(hello_role, wire::PROTOCOL_VERSION);
-    wire::write_frame(&mut wr, FrameKind::Hello, &hello_c, None).await.unwrap();
+    wire::write_frame(&mut wr, FrameKind::Hello, &hello_c, None)
+        .await
+        .unwrap();
     let hello_w = wire::read_frame(&mut rd, 1 << 16).await.unwrap();
     let f = wire::read_frame(&mut rd, 1 << 16).await.unwrap();
-    let (nonce_w, key_w) = match wire::parse_control::<ToCoordinator>(&f).map_err(|e| e.to_string())? {
-        ToCoordinator::Challenge { nonce, key } => {
-            (unhex::<32>(&nonce).unwrap(), unhex::<32>(&key).unwrap())
-        }
-        other => panic!("{other:?}"),
-    };
+    let (nonce_w, key_w) =
+        match wire::parse_control::<ToCoordinator>(&f).map_err(|e| e.to_string())? {
+            ToCoordinator::Challenge { nonce, key } => {
+                (unhex::<32>(&nonce).unwrap(), unhex::<32>(&key).unwrap())
+            }
+            other => panic!("{other:?}"),
+        };
     let ours = Ephemeral::new();
     let (nonce_c, key_c) = (ours.nonce, ours.public);
     let parts = TranscriptParts {
@@ -576,8 +644,12 @@ async fn handshake_as(addr: &str, hello_role: Role, mac_role: Role) -> Result<()
         mac: keys.proof(mac_role),
     };
     let p = wire::control_payload(&auth).unwrap();
-    wire::write_frame(&mut wr, FrameKind::Control, &p, None).await.unwrap();
-    let f = wire::read_frame(&mut rd, 1 << 16).await.map_err(|e| e.to_string())?;
+    wire::write_frame(&mut wr, FrameKind::Control, &p, None)
+        .await
+        .unwrap();
+    let f = wire::read_frame(&mut rd, 1 << 16)
+        .await
+        .map_err(|e| e.to_string())?;
     match wire::parse_control::<ToCoordinator>(&f) {
         Ok(ToCoordinator::Proof { mac }) if keys.verify(Role::Worker, &mac) => Ok(()),
         other => Err(format!("{other:?}")),
@@ -634,11 +706,17 @@ fn peer_sessions_need_the_token_their_role_the_key_and_announced_steps() {
         let e = refused(peer::connect(&other, 1, &key, TOKEN, to, None).await);
         assert!(e.contains("expected device other"), "{e}");
         // no role's proof opens another role's session
-        let e = handshake_as(&addr, Role::Peer, Role::Coordinator).await.unwrap_err();
+        let e = handshake_as(&addr, Role::Peer, Role::Coordinator)
+            .await
+            .unwrap_err();
         assert!(e.contains("wrong token"), "{e}");
-        let e = handshake_as(&addr, Role::Coordinator, Role::Peer).await.unwrap_err();
+        let e = handshake_as(&addr, Role::Coordinator, Role::Peer)
+            .await
+            .unwrap_err();
         assert!(e.contains("wrong token"), "{e}");
-        let e = handshake_as(&addr, Role::Worker, Role::Worker).await.unwrap_err();
+        let e = handshake_as(&addr, Role::Worker, Role::Worker)
+            .await
+            .unwrap_err();
         assert!(e.contains("connecting role"), "{e}");
         handshake_as(&addr, Role::Peer, Role::Peer).await.unwrap();
         // rows for a step the coordinator did not announce close the peer session
@@ -658,26 +736,30 @@ fn peer_sessions_need_the_token_their_role_the_key_and_announced_steps() {
         p.wr.write(FrameKind::Hand, &direct::encode_hand(77, 1, &[0u8; 64]))
             .await
             .unwrap();
-        let f = p
-            .rd
-            .read_timeout(1 << 16, Duration::from_secs(20), "the error")
-            .await
-            .unwrap();
+        let f =
+            p.rd.read_timeout(1 << 16, Duration::from_secs(20), "the error")
+                .await
+                .unwrap();
         let text = String::from_utf8_lossy(&f.payload).into_owned();
-        assert!(f.kind == FrameKind::Error && text.contains("did not announce"), "{text}");
+        assert!(
+            f.kind == FrameKind::Error && text.contains("did not announce"),
+            "{text}"
+        );
         drop(p);
         // a frame over the session's limit (16 MiB before a device is loaded)
         let mut p = open().await;
         let mut head = (((16 << 20) + 17) as u32).to_le_bytes().to_vec();
         head.push(FrameKind::Hand as u8);
         p.wr.get_mut().write_all(&head).await.unwrap();
-        let f = p
-            .rd
-            .read_timeout(1 << 16, Duration::from_secs(10), "the error")
-            .await
-            .unwrap();
+        let f =
+            p.rd.read_timeout(1 << 16, Duration::from_secs(10), "the error")
+                .await
+                .unwrap();
         let text = String::from_utf8_lossy(&f.payload).into_owned();
-        assert!(f.kind == FrameKind::Error && text.contains("exceeds the limit"), "{text}");
+        assert!(
+            f.kind == FrameKind::Error && text.contains("exceeds the limit"),
+            "{text}"
+        );
         // a coordinator's request on a peer session is refused
         let mut p = open().await;
         let m = Manifest::load(&dist_common::slices_of(
@@ -691,14 +773,16 @@ fn peer_sessions_need_the_token_their_role_the_key_and_announced_steps() {
         })
         .unwrap();
         p.wr.write(FrameKind::Control, &bye).await.unwrap();
-        let f = p
-            .rd
-            .read_timeout(1 << 16, Duration::from_secs(10), "the error")
-            .await
-            .unwrap();
+        let f =
+            p.rd.read_timeout(1 << 16, Duration::from_secs(10), "the error")
+                .await
+                .unwrap();
         assert_eq!(f.kind, FrameKind::Error);
         // the coordinator's session is untouched
         c.control(&ToWorker::Ping { id: 1 }).await;
-        assert!(matches!(c.recv_control().await, ToCoordinator::Pong { id: 1 }));
+        assert!(matches!(
+            c.recv_control().await,
+            ToCoordinator::Pong { id: 1 }
+        ));
     });
 }

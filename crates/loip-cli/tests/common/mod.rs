@@ -18,4 +18,21 @@ pub fn fixture(name: &str) -> String {
         .into_owned()
 }
 
+/// Runs `cmd`, which must succeed, and parses the last JSON line of its stdout.
+pub fn json_run(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON in {text}"));
+    serde_json::from_str(line).unwrap()
+}
+
 pub mod api;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use loip_plan::{ExecMode, Pattern, Plan};
 
 use crate::coordinator::ClusterError;
+use crate::memory::Cgroup;
 use crate::RuntimeError;
 
 /// Sends SIGKILL to process `pid` (a worker child), ignoring errors.
@@ -49,6 +50,8 @@ pub fn on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> std::io::Result<
 /// A `loip worker` child process; killed when dropped.
 pub struct WorkerProcess {
     child: Child,
+    /// the memory cgroup it runs in, if it was started in one (removed after the child)
+    cgroup: Option<Cgroup>,
     /// the address it listens on
     pub addr: String,
     /// its lines on stdout after `listening on`, and stderr, are inherited / discarded
@@ -58,7 +61,22 @@ pub struct WorkerProcess {
 impl WorkerProcess {
     /// Spawns `cmd` (a `loip worker --listen HOST:0 …` command line) and waits up to
     /// `timeout` for its `listening on ADDR` line on stdout.
-    pub fn spawn(mut cmd: Command, timeout: Duration) -> Result<WorkerProcess, ClusterError> {
+    pub fn spawn(cmd: Command, timeout: Duration) -> Result<WorkerProcess, ClusterError> {
+        Self::spawn_in(cmd, timeout, None)
+    }
+
+    /// [`WorkerProcess::spawn`] inside `cgroup` (see [`Cgroup::confine`]).
+    pub fn spawn_in(
+        mut cmd: Command,
+        timeout: Duration,
+        cgroup: Option<Cgroup>,
+    ) -> Result<WorkerProcess, ClusterError> {
+        if let Some(cg) = &cgroup {
+            cg.confine(&mut cmd).map_err(|e| RuntimeError::Io {
+                path: cg.dir().to_path_buf(),
+                source: e,
+            })?;
+        }
         cmd.stdout(Stdio::piped()).stdin(Stdio::null());
         let mut child = cmd.spawn().map_err(|e| RuntimeError::Io {
             path: PathBuf::from(format!("{cmd:?}")),
@@ -83,7 +101,12 @@ impl WorkerProcess {
             }
         });
         match rx.recv_timeout(timeout) {
-            Ok(addr) => Ok(WorkerProcess { child, addr, pid }),
+            Ok(addr) => Ok(WorkerProcess {
+                child,
+                cgroup,
+                addr,
+                pid,
+            }),
             Err(_) => {
                 let _ = child.kill();
                 let status = child.wait().ok();
@@ -93,6 +116,11 @@ impl WorkerProcess {
                 )))
             }
         }
+    }
+
+    /// Its memory cgroup's figures (limit, peak, OOM kills), if it runs in one.
+    pub fn memory(&self) -> Option<crate::memory::cgroup::Report> {
+        self.cgroup.as_ref().map(Cgroup::report)
     }
 
     /// Kills it now (a fault test).

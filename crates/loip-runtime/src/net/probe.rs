@@ -13,6 +13,12 @@
 //! A micro-batch of `b` sequences at context `n` holds `b·n` KV rows; points with more than
 //! 4,096 rows (the largest b = 1 point) are not timed but completed from the b = 1 row
 //! ([`complete_row`]), so the probe's memory stays what it was.
+//!
+//! The probe runs within the engine's budget ([`ProbeBudget`]): layer 0's blocks, the cache
+//! flush buffer (scaled down to a quarter of the budget), the KV rows of the attention points
+//! (fewer rows, and so fewer contexts, where the budget is small) and the loader's slot are
+//! counted before anything is allocated, and a probe that cannot fit is refused with what it
+//! would need.
 
 use std::path::Path;
 use std::time::Instant;
@@ -37,6 +43,44 @@ pub const BATCH_GRID: [u32; 4] = [1, 2, 4, 8];
 const MAX_PROBE_ROWS: u64 = 4096;
 /// Bytes written between repetitions to evict the weights from the CPU caches.
 const FLUSH_BYTES: usize = 96 << 20;
+
+/// What a probe may allocate: the engine's share of the worker's budget.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeBudget {
+    /// bytes (0: unlimited)
+    pub bytes: u64,
+}
+
+impl ProbeBudget {
+    fn fits(&self, need: u64) -> bool {
+        self.bytes == 0 || need <= self.bytes
+    }
+}
+
+/// The cache flush buffer for a budget: [`FLUSH_BYTES`], at most a quarter of the budget.
+fn flush_bytes(budget: ProbeBudget) -> usize {
+    if budget.bytes == 0 {
+        return FLUSH_BYTES;
+    }
+    (FLUSH_BYTES as u64).min(budget.bytes / 4) as usize
+}
+
+/// Most KV rows a timed attention block may hold within `room` bytes, for `kv_dim` floats a
+/// row of K and of V.  // tokens
+fn rows_within(room: u64, kv_dim: usize) -> u64 {
+    let row = (kv_dim as u64).saturating_mul(8).max(1);
+    (room / row).min(MAX_PROBE_ROWS)
+}
+
+fn refuse(what: &str, need: u64, budget: ProbeBudget) -> RuntimeError {
+    RuntimeError::OverBudget {
+        budget: budget.bytes,
+        detail: format!(
+            "the probe needs {need} bytes for {what}; this worker's engine budget is {}",
+            budget.bytes
+        ),
+    }
+}
 
 /// Evicts the caches by writing every line of `buf`.
 fn flush(buf: &mut [u8], round: u8) {
@@ -66,12 +110,13 @@ pub fn probe_contexts(max_pos: usize) -> Vec<u64> {
 }
 
 /// Measures layer 0's blocks (`compute`) and both loaders (`loads`) from the slices in
-/// `dir`; parts not measured are left at zero.
+/// `dir` within `budget`; parts not measured are left at zero.
 pub fn probe(
     dir: &Path,
     m: &Manifest,
     compute: bool,
     loads: bool,
+    budget: ProbeBudget,
 ) -> Result<ProbeResult, RuntimeError> {
     let t0 = Instant::now();
     let zero = LoaderProfile {
@@ -79,7 +124,7 @@ pub fn probe(
         per_read_overhead: 0.0,
     };
     let mut grid = if compute {
-        time_blocks(dir, m)?
+        time_blocks(dir, m, budget)?
     } else {
         Vec::new()
     };
@@ -92,6 +137,10 @@ pub fn probe(
     };
     let (direct, conventional) = if loads {
         let (attn0, mlp0) = (entry(m, SliceKind::Attn(0))?, entry(m, SliceKind::Mlp(0))?);
+        let slot = attn0.size.saturating_add(mlp0.size);
+        if !budget.fits(slot) {
+            return Err(refuse("the loader's slot (layer 0's blocks)", slot, budget));
+        }
         let groups = vec![vec![attn0.clone()], vec![mlp0.clone()], vec![attn0, mlp0]];
         (
             loader_profile(LoaderKind::Direct, dir, &groups, 5)?,
@@ -211,9 +260,33 @@ pub fn complete_row(
 
 /// Layer 0's attention at every probe context and its MLP block, for every micro-batch size
 /// of [`BATCH_GRID`] (b = 1 first).
-fn time_blocks(dir: &Path, m: &Manifest) -> Result<Vec<BatchProbe>, RuntimeError> {
+fn time_blocks(
+    dir: &Path,
+    m: &Manifest,
+    budget: ProbeBudget,
+) -> Result<Vec<BatchProbe>, RuntimeError> {
     let cfg = &m.config;
     let (attn0, mlp0) = (entry(m, SliceKind::Attn(0))?, entry(m, SliceKind::Mlp(0))?);
+    // layer 0, the flush buffer and the activations of the largest micro-batch first
+    let flush_len = flush_bytes(budget);
+    let max_b = *BATCH_GRID.last().unwrap_or(&1) as u64;
+    let acts = (cfg.hidden_size as u64)
+        .saturating_add(cfg.intermediate_size as u64)
+        .saturating_mul(4 * 4 * max_b);
+    let fixed = attn0
+        .size
+        .saturating_add(mlp0.size)
+        .saturating_add(flush_len as u64)
+        .saturating_add(acts);
+    if !budget.fits(fixed) {
+        return Err(refuse("layer 0's blocks and buffers", fixed, budget));
+    }
+    let kv_dim = cfg.num_kv_heads.saturating_mul(cfg.head_dim);
+    let max_rows = if budget.bytes == 0 {
+        MAX_PROBE_ROWS
+    } else {
+        rows_within(budget.bytes - fixed, kv_dim)
+    };
     let resident = Resident::load(dir, &[attn0, mlp0])?;
     let tf = crate::executor::transformer_of(m)?;
     let aw = AttnWeights::bind(&resident, cfg, 0)?;
@@ -221,14 +294,17 @@ fn time_blocks(dir: &Path, m: &Manifest) -> Result<Vec<BatchProbe>, RuntimeError
     let h = cfg.hidden_size;
     let x0: Vec<f32> = (0..h).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
     let kv_dim = tf.kv_dim();
-    let mut cold = vec![0u8; FLUSH_BYTES];
-    let contexts = probe_contexts(cfg.max_position_embeddings);
+    let mut cold = vec![0u8; flush_len];
+    let contexts: Vec<u64> = probe_contexts(cfg.max_position_embeddings)
+        .into_iter()
+        .filter(|&n| n == 1 || n <= max_rows)
+        .collect();
     let mut out: Vec<BatchProbe> = Vec::new();
     for &b in &BATCH_GRID {
         let reps = if b == 1 { REPS } else { REPS_BATCHED };
         let mut measured = Vec::new();
         for &n in &contexts {
-            if n == 1 || b as u64 * n <= MAX_PROBE_ROWS {
+            if n == 1 || b as u64 * n <= max_rows {
                 measured.push((n, time_attn(&tf, &aw, &x0, kv_dim, b, n, &mut cold, reps)?));
             }
         }

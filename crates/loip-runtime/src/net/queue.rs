@@ -63,9 +63,10 @@ impl ByteBudget {
 }
 
 /// The budget of each of a worker's two queues (frames read, outputs to write) for a memory
-/// budget of `mem` bytes: an eighth of it, between 8 MiB and 128 MiB.
+/// budget of `mem` bytes: a sixteenth of it, between 4 MiB and 64 MiB (part of the process's
+/// share of the budget, `memory::Overhead::queues`).
 pub fn queue_bytes(mem: u64) -> u64 {
-    (mem / 8).clamp(8 << 20, 128 << 20)
+    (mem / 16).clamp(4 << 20, 64 << 20)
 }
 
 #[cfg(test)]
@@ -82,7 +83,8 @@ mod tests {
             let b = ByteBudget::new(64 << 10);
             let p1 = b.acquire(40 << 10).await;
             assert_eq!(b.available(), 24 << 10);
-            let wait = tokio::time::timeout(std::time::Duration::from_millis(50), b.acquire(40 << 10));
+            let wait =
+                tokio::time::timeout(std::time::Duration::from_millis(50), b.acquire(40 << 10));
             assert!(wait.await.is_err(), "over budget must wait");
             drop(p1);
             let big = b.acquire(1 << 30).await; // larger than the budget: takes all of it

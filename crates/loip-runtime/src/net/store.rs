@@ -17,7 +17,7 @@ use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use loip_model::slice::{Manifest, SliceEntry, MANIFEST};
+use loip_model::slice::{DropBehind, Manifest, SliceEntry, MANIFEST};
 use serde::{Deserialize, Serialize};
 
 use crate::wire::StoredSlice;
@@ -66,6 +66,10 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
+/// Received bytes written back and dropped from the page cache at a time: at most two of
+/// these are charged to the worker while a slice arrives (within `memory::IO_ALLOWANCE`).
+const RECEIVE_WINDOW: u64 = 2 << 20;
+
 fn file_crc(path: &Path) -> Result<u32, RuntimeError> {
     let mut f = File::open(path).map_err(io(path))?;
     let mut h = crc32fast::Hasher::new();
@@ -73,6 +77,8 @@ fn file_crc(path: &Path) -> Result<u32, RuntimeError> {
     loop {
         let n = f.read(&mut buf).map_err(io(path))?;
         if n == 0 {
+            // checking the store leaves nothing in the page cache charged to this process
+            crate::loader::drop_cached(&f);
             return Ok(h.finalize());
         }
         h.update(&buf[..n]);
@@ -176,7 +182,7 @@ impl Store {
         Ok(SliceWriter {
             entry: entry.clone(),
             tmp,
-            file,
+            file: Some(DropBehind::with_window(file, RECEIVE_WINDOW)),
             crc: crc32fast::Hasher::new(),
             written: 0,
             done: false,
@@ -205,7 +211,9 @@ impl Store {
 pub struct SliceWriter {
     entry: SliceEntry,
     tmp: PathBuf,
-    file: File,
+    /// written back and dropped from the page cache as it goes, so receiving a model does
+    /// not grow what the kernel charges this process
+    file: Option<DropBehind>,
     crc: crc32fast::Hasher,
     written: u64,
     done: bool,
@@ -225,7 +233,12 @@ impl SliceWriter {
                 self.entry.size, self.entry.file
             )));
         }
-        self.file.write_all(bytes).map_err(io(&self.tmp))?;
+        let Some(f) = self.file.as_mut() else {
+            return Err(RuntimeError::Invalid(
+                "the slice is already finished".into(),
+            ));
+        };
+        f.write_all(bytes).map_err(io(&self.tmp))?;
         self.crc.update(bytes);
         self.written += bytes.len() as u64;
         Ok(())
@@ -248,7 +261,9 @@ impl SliceWriter {
                 actual: got,
             }));
         }
-        self.file.sync_all().map_err(io(&tmp))?;
+        if let Some(f) = self.file.take() {
+            f.finish().map_err(io(&tmp))?;
+        }
         let path = store.dir.join(&entry.file);
         fs::rename(&tmp, &path).map_err(io(&path))?;
         self.done = true;

@@ -117,6 +117,8 @@ impl Lender {
         if self.asked.contains_key(&stage) {
             return Ok(());
         }
+        // before the request: the rows may come back before `send` returns
+        ctx.direct.expect_back(stage, l.bytes);
         let sent = match l.via {
             Some(to) => {
                 let h = KvHeader {

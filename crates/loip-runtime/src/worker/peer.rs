@@ -86,6 +86,11 @@ pub(super) struct Direct {
     /// lent KV this worker holds for its peers (puts and fetches are served on the session
     /// tasks, the coordinator's and the peers')
     pub(super) held: Borrower,
+    /// lent KV this worker asked back and has not received: stage → most blob bytes. A
+    /// `Data` frame for a stage not here, or larger, is refused before it is held, so at
+    /// most one blob per asked stage waits for the compute thread (bytes the lend took out
+    /// of the KV budget)
+    asked: Mutex<HashMap<u16, usize>>,
     inbox: ByteBudget,
     frame_limit: Arc<AtomicUsize>,
     state: Mutex<State>,
@@ -109,6 +114,7 @@ impl Direct {
     ) -> Arc<Direct> {
         Arc::new(Direct {
             held: Borrower::default(),
+            asked: Mutex::new(HashMap::new()),
             inbox,
             frame_limit,
             state: Mutex::new(State {
@@ -411,7 +417,11 @@ impl Direct {
                     _ = closed.changed() => return,
                 };
                 match (r, me.upgrade()) {
-                    (Ok(back), Some(d)) => d.kv_back(back),
+                    (Ok((stage, blob)), Some(d)) => {
+                        if let Err(why) = d.data_back(stage, &blob) {
+                            break why;
+                        }
+                    }
                     (Ok(_), None) => return,
                     (Err(why), _) => break why,
                 }
@@ -427,6 +437,32 @@ impl Direct {
         if let Some(k) = &lock(&self.state).kv_back {
             let _ = k.send(back);
         }
+    }
+
+    /// The lender asked `stage`'s rows back: one blob of at most `bytes` may come.
+    pub(super) fn expect_back(&self, stage: u16, bytes: usize) {
+        lock(&self.asked).insert(stage, bytes);
+    }
+
+    /// Lent KV of `stage` arrived (on the coordinator's session or a peer's): handed to the
+    /// compute thread when it was asked for and is no larger than what was lent; else refused
+    /// (why), and nothing is held.
+    pub(super) fn data_back(&self, stage: u16, blob: &[u8]) -> Result<(), String> {
+        let most = lock(&self.asked).remove(&stage).ok_or_else(|| {
+            format!("lent KV of stage {stage} that this worker did not ask back was refused")
+        })?;
+        if blob.len() > most {
+            return Err(format!(
+                "lent KV of stage {stage} of {} bytes was refused: at most {most} were lent",
+                blob.len()
+            ));
+        }
+        self.kv_back(KvBack::Data {
+            stage,
+            blob: blob.to_vec(),
+            at: Instant::now(),
+        });
+        Ok(())
     }
 
     /// Whether this worker's session to peer `to` is up.
@@ -649,12 +685,13 @@ async fn peer_frames(
 }
 
 /// Reads the next frame a peer sends back on this worker's session to it (`device`): lent KV
-/// coming back, no larger than what is out there; anything else ends the session (why).
+/// coming back (stage and blob), no larger than what is out there; anything else ends the
+/// session (why).
 async fn read_back(
     rd: &mut SealedReader<OwnedReadHalf>,
     me: &std::sync::Weak<Direct>,
     device: u16,
-) -> Result<KvBack, String> {
+) -> Result<(u16, Vec<u8>), String> {
     let (kind, len) = match rd.read_header(wire::MAX_FRAME).await {
         Ok(x) => x,
         Err(WireError::Closed) => return Err("it closed the session".into()),
@@ -681,11 +718,7 @@ async fn read_back(
         ));
     }
     match decode_kv(&f.payload) {
-        Ok((h, blob)) if h.op == KvOp::Data => Ok(KvBack::Data {
-            stage: h.stage,
-            blob: blob.to_vec(),
-            at: Instant::now(),
-        }),
+        Ok((h, blob)) if h.op == KvOp::Data => Ok((h.stage, blob.to_vec())),
         Ok((h, _)) => Err(format!("it sent a lent-KV frame of op {:?}", h.op)),
         Err(e) => Err(e.to_string()),
     }

@@ -62,6 +62,20 @@ pub fn slices_of(ckpt_path: &Path, name: &str) -> PathBuf {
     out
 }
 
+/// A fresh store `name` holding copies of the tiny fixture's slice files (split once per
+/// `tag`).
+pub fn store_with_slices(name: &str, tag: &str) -> PathBuf {
+    let slices = slices_of(&fixture("tiny-llama"), tag);
+    let store = scratch(name);
+    for e in std::fs::read_dir(&slices).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "slice") {
+            std::fs::copy(&p, store.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    store
+}
+
 /// Runs this process as a worker when `LOIP_DIST_WORKER` is set (see [`spawn_worker`]).
 /// Call it from a `#[test] fn dist_worker_entry()` in every test binary that spawns workers.
 pub fn worker_entry() {
@@ -80,6 +94,11 @@ pub fn worker_entry() {
     o.token = v["token"].as_str().map(str::to_string);
     o.name = v["name"].as_str().map(str::to_string);
     o.bandwidth = v["bandwidth"].as_f64();
+    if v["whole_process"].as_bool() == Some(true) {
+        loip_runtime::memory::return_freed_memory();
+        o = o.whole_process().unwrap();
+        eprintln!("{}", o.budget());
+    }
     loip_runtime::worker::exit_when_parent_dies();
     let r = run_blocking(o, |addr| {
         use std::io::Write;
@@ -103,6 +122,10 @@ pub struct W {
     pub listen: Option<String>,
     /// run it inside this network namespace (`ip netns exec NS …`)
     pub netns: Option<String>,
+    /// `mem` is the whole process's budget, as `loip worker` takes it
+    pub whole_process: bool,
+    /// run it in a fresh memory cgroup with this limit, bytes (see [`cgroup_skip_reason`])
+    pub cgroup: Option<u64>,
 }
 
 /// Spawns this test binary as a worker process.
@@ -110,6 +133,7 @@ pub fn spawn_worker(w: &W) -> WorkerProcess {
     let exe = std::env::current_exe().unwrap();
     let spec = serde_json::json!({
         "mem": w.mem, "store": w.store, "token": w.token, "name": w.name, "bandwidth": w.bandwidth, "listen": w.listen,
+        "whole_process": w.whole_process,
     });
     let mut cmd = match &w.netns {
         Some(ns) => {
@@ -127,7 +151,20 @@ pub fn spawn_worker(w: &W) -> WorkerProcess {
     ])
     .env("LOIP_DIST_WORKER", spec.to_string())
     .env("RAYON_NUM_THREADS", "1");
-    WorkerProcess::spawn(cmd, Duration::from_secs(60)).unwrap()
+    let cg = w.cgroup.map(|limit| {
+        let name = format!("loip-test-{}-{}", std::process::id(), w.name);
+        loip_runtime::memory::Cgroup::create(&name, limit).unwrap()
+    });
+    WorkerProcess::spawn_in(cmd, Duration::from_secs(60), cg).unwrap()
+}
+
+/// Why memory cgroups cannot be made here (not root, no controller), or None when they can.
+pub fn cgroup_skip_reason() -> Option<String> {
+    let name = format!("loip-test-probe-{}", std::process::id());
+    match loip_runtime::memory::Cgroup::create(&name, 64 << 20) {
+        Ok(_) => None,
+        Err(e) => Some(format!("cannot create a memory cgroup here: {e}")),
+    }
 }
 
 /// `n` worker processes named dev1..devN with stores under `root`.
