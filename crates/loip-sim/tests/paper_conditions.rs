@@ -232,3 +232,42 @@ fn reserve_sweep_finds_where_each_method_goes_oom() {
     let weights = shape("llama3.3-70b").unwrap().total_bytes() as f64;
     assert!((ra - rb - 4.0 * 2e9 / weights).abs() < 1e-9, "{ra} {rb}");
 }
+
+#[test]
+fn in_the_paper_experiments_loip_finishes_and_never_loses() {
+    // The paper's memory-constrained and end-to-end experiments with 32 tokens decoded (the
+    // committed results decode 512):
+    // `loip` finishes every row and no baseline is faster in any.
+    let exps: Vec<_> = ["memory-constrained", "end-to-end"]
+        .iter()
+        .flat_map(|n| experiments(n).unwrap())
+        .collect();
+    let cfg = ExperimentConfig {
+        output_tokens: 32,
+        ..Default::default()
+    };
+    let res = run_experiments(exps, &cfg, &|_, _| {}).unwrap();
+    let mut groups = std::collections::BTreeMap::<_, Vec<_>>::new();
+    for r in &res.records {
+        let bw = r.bandwidth_mbps.map(|b| b as u32);
+        groups
+            .entry((
+                r.experiment.clone(),
+                r.setup.clone(),
+                r.pattern.to_string(),
+                bw,
+            ))
+            .or_default()
+            .push(r);
+    }
+    assert_eq!(groups.len(), 24);
+    for (k, row) in groups {
+        let loip = row.iter().find(|r| r.method == "loip").unwrap();
+        assert_eq!(loip.status, Status::Ok, "{k:?}");
+        let l = loip.ms_per_token.unwrap();
+        for r in row.iter().filter(|r| r.status == Status::Ok) {
+            let m = r.ms_per_token.unwrap();
+            assert!(l <= m * (1.0 + 1e-9), "{k:?}: loip {l}, {} {m}", r.method);
+        }
+    }
+}
