@@ -28,11 +28,13 @@
 //! Baselines that read from disk (`pp-offload`, TPI-LLM) use the conventional loader: the
 //! O_DIRECT slot path is LOIP's own (design §5).
 //!
-//! **Framework overhead** ([`Method::framework_pass_s`]). The paper's baselines are Python
-//! programs on PyTorch; every device preset already deducts the framework's memory (the
-//! paper's LOIP runs on PyTorch too). Their runtime overhead is per method: a baseline pays
-//! [`FRAMEWORK_PASS_S`] per pass of a micro-batch through a stage (per token and device
-//! under tensor parallelism). The figure and its source are in `docs/simulator.md`.
+//! **Framework overhead** ([`Method::framework_pass_s`]). Every device preset deducts the
+//! memory of a Python + PyTorch process, since the paper's LOIP and its baselines all run in
+//! one. The time overhead is per method: the baselines run stock PyTorch modules and
+//! `torch.distributed`, and pay [`FRAMEWORK_PASS_S`] per pass of a micro-batch through a
+//! stage (per token and device under tensor parallelism); LOIP runs its own operators (the
+//! paper's custom CUDA operators, this project's runtime) and pays only the profile's block
+//! overhead. The figure and its source are in `docs/simulator.md`.
 
 use crate::error::SimError;
 use crate::pipeline::simulate_pipeline;
@@ -183,8 +185,8 @@ impl Method {
     }
 
     /// The runtime overhead it pays per pass of a micro-batch through a stage: the paper's
-    /// baselines are Python programs (transformers / `torch.distributed`); the LOIP family
-    /// runs its own operators and pays none beyond the profile's block overhead.  // seconds
+    /// baselines run stock PyTorch modules and `torch.distributed`; the LOIP family runs its
+    /// own operators and pays none beyond the profile's block overhead.  // seconds
     pub fn framework_pass_s(self) -> f64 {
         if self.is_loip() {
             0.0
