@@ -3,7 +3,8 @@
 //!
 //! - `loip simulate --experiment NAME --out DIR [--json]` runs `memory-constrained`,
 //!   `end-to-end`, `dynamic-bandwidth`, `ablation`, `long-context`, `memory-sweep`,
-//!   `context-sweep` or `all`, writes
+//!   `context-sweep`, `reserve-sweep` or `all` (`--reserve 3GB`: that much more reserved on
+//!   every device), writes
 //!   `results.md`, `results.csv`, `speedups.csv`, `results.json` and the figures (SVG + PNG)
 //!   into DIR, and prints the markdown tables (or, with `--json`, the JSON array: one record
 //!   per experiment, setup, method, pattern and bandwidth).
@@ -27,7 +28,7 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {
     /// Experiment: memory-constrained, end-to-end, dynamic-bandwidth, ablation, long-context,
-    /// memory-sweep, context-sweep, all (every one of these), or long-context-adapt (by name
+    /// memory-sweep, context-sweep, reserve-sweep, all (every one of these), or long-context-adapt (by name
     /// only: budgets at 0.80×/0.85× the weights and a 4096-token prompt, so thresholds are
     /// crossed and KV lending runs; compares loip, loip-no-kvtransfer, loip-recompute
     /// (eviction and recomputation only) and pp-offload).
@@ -74,6 +75,10 @@ pub struct SimulateArgs {
     /// otherwise), `adaptive`, `no-lending` or `recompute`.
     #[arg(long, default_value = "auto")]
     pub kv_policy: String,
+    /// Experiments: memory reserved on every device of every setup besides the setup's own
+    /// reservations (e.g. `3GB`): where each method goes OOM (see also `reserve-sweep`).
+    #[arg(long)]
+    pub reserve: Option<String>,
     /// Do not draw figures.
     #[arg(long)]
     pub no_plots: bool,
@@ -110,6 +115,10 @@ fn run_experiment(args: &SimulateArgs, name: &str) -> Result<()> {
         latency: loip_plan::parse_duration(&args.latency)
             .with_context(|| format!("--latency {}", args.latency))?,
         seed: args.seed,
+        reserve: match &args.reserve {
+            Some(r) => loip_plan::parse_bytes(r).with_context(|| format!("--reserve {r}"))?,
+            None => 0,
+        },
     };
     if cfg.output_tokens == 0 {
         bail!("--output-tokens must be at least 1");

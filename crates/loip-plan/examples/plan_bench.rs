@@ -4,23 +4,15 @@
 //! several runs per planner and pattern) and the `loip` plan. Target: `loip` under 100 ms.
 
 use loip_plan::planners::{planners, PlanRequest};
-use loip_plan::profile::preset;
 use loip_plan::{render, Cluster, LinkProfile, ModelShape, Pattern};
 use std::time::Instant;
 
 fn cluster(names: &[&str]) -> Cluster {
-    let devices = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (format!("{n}-{i}"), preset(n).expect("shipped preset")))
-        .collect();
-    Cluster::new(
-        devices,
-        LinkProfile {
-            bandwidth: 12.5e6,
-            latency: 2e-3,
-        },
-    )
+    let link = LinkProfile {
+        bandwidth: 12.5e6,
+        latency: 2e-3,
+    };
+    Cluster::of_presets(names, link).expect("shipped presets")
 }
 
 fn main() {

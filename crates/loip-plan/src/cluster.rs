@@ -160,6 +160,17 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster of shipped presets ([`crate::profile::preset`]), devices named
+    /// `PRESET-INDEX`, no reservations; `None` if a name is not a preset.
+    pub fn of_presets(presets: &[&str], link: LinkProfile) -> Option<Cluster> {
+        let devices = presets
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Some((format!("{p}-{i}"), crate::profile::preset(p)?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Cluster::new(devices, link))
+    }
+
     /// A cluster from devices given as (name, profile), no reservations.
     pub fn new(devices: Vec<(String, DeviceProfile)>, link: LinkProfile) -> Cluster {
         Cluster {
@@ -314,6 +325,7 @@ impl RawDevice {
                     peak_flops,
                     efficiency,
                     block_overhead,
+                    prefill_flops: None,
                 }),
                 loader: Loaders {
                     direct: LoaderProfile {
@@ -326,6 +338,8 @@ impl RawDevice {
                     },
                 },
                 sources: vec!["inline values in the cluster file".into()],
+                memory: None,
+                collective_latency: 0.0,
             }
         };
         if self.profile.is_some() || self.preset.is_some() {
@@ -438,7 +452,10 @@ impl RawCluster {
                 continue;
             };
             if disk.is_empty() {
-                return Err(invalid(&format!("device `{}`.disk", d.name), "must not be empty"));
+                return Err(invalid(
+                    &format!("device `{}`.disk", d.name),
+                    "must not be empty",
+                ));
             }
             match disks.iter_mut().find(|(k, _)| k == disk) {
                 Some((_, g)) => g.push(d.name.clone()),

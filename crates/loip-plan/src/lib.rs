@@ -32,6 +32,8 @@ pub use plan::{
     DevicePlan, DroppedDevice, ExecMode, LayerPlan, Pattern, Plan, Residency, StagePlan, StageRef,
 };
 pub use planners::{plan, planner, planner_names, PlanRequest, Planner};
-pub use profile::{ComputeModel, DeviceProfile, LinkProfile, LoaderKind, LoaderProfile};
+pub use profile::{
+    ComputeModel, DeviceProfile, LinkProfile, LoaderKind, LoaderProfile, MemoryDerivation,
+};
 pub use shape::ModelShape;
 pub use units::{parse_bandwidth, parse_bytes, parse_duration};

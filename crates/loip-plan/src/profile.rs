@@ -157,6 +157,48 @@ pub struct Roofline {
     /// Fixed cost per block (kernel launches, synchronisation).  // seconds
     #[serde(default)]
     pub block_overhead: f64,
+    /// Achieved throughput of a block that runs many tokens at once (prefill, or the
+    /// recomputation of evicted KV), measured or stated from a cited figure; `None`: the
+    /// roofline's `peak_flops · efficiency`.  // FLOP/s
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_flops: Option<f64>,
+}
+
+impl Roofline {
+    /// FLOP/s of a many-token block: [`Roofline::prefill_flops`], else the roofline's.  // FLOP/s
+    pub fn many_token_flops(&self) -> f64 {
+        self.prefill_flops
+            .unwrap_or(self.peak_flops * self.efficiency)
+    }
+}
+
+/// Where a preset's `mem_budget` comes from: the module's RAM less what the engine never
+/// gets. `mem_budget` must equal [`MemoryDerivation::usable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryDerivation {
+    /// Physical RAM of the module.  // bytes
+    pub physical: u64,
+    /// Hidden from the OS by firmware and kernel carve-outs (physical − what `free` shows).  // bytes
+    pub carve_out: u64,
+    /// OS, desktop and services at idle.  // bytes
+    pub os: u64,
+    /// CUDA context and the GPU libraries it maps (cuBLAS, cuDNN kernels).  // bytes
+    pub cuda_context: u64,
+    /// The serving framework's own process memory besides the CUDA context (Python with
+    /// PyTorch imported, for the paper's systems).  // bytes
+    #[serde(default)]
+    pub framework: u64,
+}
+
+impl MemoryDerivation {
+    /// What is left for the engine.  // bytes
+    pub fn usable(&self) -> u64 {
+        self.physical
+            .saturating_sub(self.carve_out)
+            .saturating_sub(self.os)
+            .saturating_sub(self.cuda_context)
+            .saturating_sub(self.framework)
+    }
 }
 
 /// How a device's compute time is known.
@@ -183,6 +225,14 @@ pub struct DeviceProfile {
     /// Where every number comes from.
     #[serde(default)]
     pub sources: Vec<String>,
+    /// How `mem_budget` was derived, for presets written from specifications.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryDerivation>,
+    /// Software latency of one collective (all-reduce, all-gather) started on this device,
+    /// besides the link's per-hop latency: library call, synchronisation, staging copies.
+    /// Tensor-parallel syncs wait for the largest among the devices.  // seconds
+    #[serde(default)]
+    pub collective_latency: f64,
 }
 
 /// Network between devices (one shared link model).
@@ -316,6 +366,8 @@ impl DeviceProfile {
                 conventional,
             },
             sources: vec!["measured by `loip profile`".to_string()],
+            memory: None,
+            collective_latency: 0.0,
         };
         profile.validate()?;
         Ok(profile)
@@ -335,6 +387,20 @@ impl DeviceProfile {
         if self.mem_budget == 0 {
             return Err(bad("mem_budget", "must be positive"));
         }
+        if let Some(m) = &self.memory {
+            if m.usable() != self.mem_budget {
+                return Err(bad(
+                    "mem_budget",
+                    &format!(
+                        "must equal memory.physical − carve_out − os − cuda_context − framework = {}",
+                        m.usable()
+                    ),
+                ));
+            }
+        }
+        if !(self.collective_latency >= 0.0 && self.collective_latency.is_finite()) {
+            return Err(bad("collective_latency", "must be >= 0"));
+        }
         match &self.compute {
             ComputeModel::Roofline(r) => {
                 if !(r.mem_bw > 0.0 && r.mem_bw.is_finite()) {
@@ -348,6 +414,9 @@ impl DeviceProfile {
                 }
                 if !(r.block_overhead >= 0.0 && r.block_overhead.is_finite()) {
                     return Err(bad("compute.block_overhead", "must be >= 0"));
+                }
+                if r.prefill_flops.is_some_and(|f| !(f > 0.0 && f.is_finite())) {
+                    return Err(bad("compute.prefill_flops", "must be positive"));
                 }
             }
             ComputeModel::Measured(m) => {

@@ -13,11 +13,27 @@
 //! - **a fraction `f` of a block** (a tensor-parallel shard): weight and KV bytes and FLOPs
 //!   scale with `f`, the per-block overhead does not.
 //!
-//! For roofline profiles these follow the roofline formula of `loip_plan::profile`; for
+//! For roofline profiles these follow the roofline formula of `loip_plan::profile`, except
+//! that FLOPs of several tokens at once run at the profile's prefill rate
+//! (`Roofline::prefill_flops`) when it states one; for
 //! measured profiles (grids in `b`) the extension is an approximation: the grid's time at
 //! `b = tokens` scaled by `f`.
 
+use loip_plan::profile::Roofline;
 use loip_plan::{ComputeModel, DeviceProfile, ModelShape};
+
+/// A roofline block that reads `bytes` and computes `flops` for `tokens` tokens at once: the
+/// profile's own formula for one token; for several (recomputation, a TP batch) the FLOPs
+/// run at [`Roofline::many_token_flops`] — the measured or cited prefill rate when the
+/// profile states one, else the roofline's `peak_flops · efficiency`.  // seconds
+fn roofline_many(r: &Roofline, bytes: f64, flops: f64, tokens: u32) -> f64 {
+    let compute = if tokens > 1 {
+        flops / r.many_token_flops()
+    } else {
+        flops / (r.peak_flops * r.efficiency)
+    };
+    (bytes / (r.mem_bw * r.efficiency)).max(compute) + r.block_overhead
+}
 
 /// Compute times of one device for one model shape.
 #[derive(Debug, Clone, Copy)]
@@ -48,7 +64,7 @@ impl<'a> DeviceModel<'a> {
                     frac * (s.attn_bytes as f64 + seqs as f64 * (n * s.kv_bytes_per_token) as f64);
                 let flops =
                     frac * (seqs * tokens) as f64 * (s.attn_proj_flops() + s.attn_ctx_flops(n));
-                (bytes / r.mem_bw).max(flops / r.peak_flops) / r.efficiency + r.block_overhead
+                roofline_many(r, bytes, flops, seqs * tokens)
             }
             ComputeModel::Measured(_) => self.profile.attn_time(s, seqs * tokens, n) * frac,
         }
@@ -57,14 +73,15 @@ impl<'a> DeviceModel<'a> {
     /// MLP block time for `tokens` tokens in all, fraction `frac` of the columns.  // seconds
     pub fn mlp(&self, tokens: u32, frac: f64) -> f64 {
         let tokens = tokens.max(1);
-        if frac == 1.0 {
+        let measured = matches!(self.profile.compute, ComputeModel::Measured(_));
+        if frac == 1.0 && (tokens == 1 || measured) {
             return self.profile.mlp_time(self.shape, tokens);
         }
         match &self.profile.compute {
             ComputeModel::Roofline(r) => {
                 let bytes = frac * self.shape.mlp_bytes as f64;
                 let flops = frac * tokens as f64 * self.shape.mlp_flops();
-                (bytes / r.mem_bw).max(flops / r.peak_flops) / r.efficiency + r.block_overhead
+                roofline_many(r, bytes, flops, tokens)
             }
             ComputeModel::Measured(_) => self.profile.mlp_time(self.shape, tokens) * frac,
         }

@@ -9,6 +9,7 @@
 //! | `long-context` | 70B on Orin64 + 3×Orin32 + NX16, reservation (iii), 1024 + 2048 tokens | the seven + `loip-no-kvtransfer` | 100, 200 |
 //! | `memory-sweep` | 70B on 5 and on 4 devices, 32B on 3, every budget scaled to [`SWEEP_RATIOS`] × the weight bytes | the seven + `loip-uniform`, `loip-conventional-load` | 100, 200 |
 //! | `context-sweep` | 70B on 5 devices, reservation (iii), bursty with `|D|` and `2·|D|` sequences, 512 + [`SWEEP_OUTPUTS`] tokens | the seven + `loip-no-kvtransfer` | 100 |
+//! | `reserve-sweep` | 70B on 5 and on 4 devices, [`crate::experiments_long::RESERVE_STEPS_GB`] reserved on every device | the seven | 100 |
 //!
 //! Every experiment runs both patterns (sporadic: one sequence; bursty: `|D|` sequences)
 //! with fixed prompt and output lengths (default 512 + 512 tokens per sequence).
@@ -199,7 +200,7 @@ impl Experiment {
 }
 
 /// Names accepted by [`experiments`] (`all` runs every one).
-pub const EXPERIMENT_NAMES: [&str; 8] = [
+pub const EXPERIMENT_NAMES: [&str; 9] = [
     "memory-constrained",
     "end-to-end",
     "dynamic-bandwidth",
@@ -207,6 +208,7 @@ pub const EXPERIMENT_NAMES: [&str; 8] = [
     "long-context",
     "memory-sweep",
     "context-sweep",
+    "reserve-sweep",
     "all",
 ];
 
@@ -243,7 +245,7 @@ pub fn sweep_setups(bases: &[Setup], ratios: &[f64]) -> Result<Vec<Setup>, SimEr
     Ok(v)
 }
 
-fn mem_constrained_setups() -> Vec<Setup> {
+pub(crate) fn mem_constrained_setups() -> Vec<Setup> {
     let base = |name: &str, r64: f64, r32: f64, rnx: f64| {
         Setup::new(
             name,
@@ -264,7 +266,7 @@ fn mem_constrained_setups() -> Vec<Setup> {
     ]
 }
 
-fn end_to_end_setups() -> Vec<Setup> {
+pub(crate) fn end_to_end_setups() -> Vec<Setup> {
     vec![
         Setup::new(
             "13b-2dev",
@@ -376,6 +378,7 @@ pub fn experiments(name: &str) -> Result<Vec<Experiment>, SimError> {
                 outputs: SWEEP_OUTPUTS.to_vec(),
                 sequence_factors: vec![1, 2],
             },
+            "reserve-sweep" => crate::experiments_long::reserve_sweep(),
             _ => return None,
         })
     };
@@ -412,6 +415,10 @@ pub struct ExperimentConfig {
     pub latency: f64,
     /// Seed of the dynamic bandwidth traces.
     pub seed: u64,
+    /// Memory reserved on every device of every setup, besides the setup's own
+    /// reservations (`loip simulate --reserve`).  // bytes
+    #[serde(default)]
+    pub reserve: u64,
 }
 
 impl Default for ExperimentConfig {
@@ -421,6 +428,7 @@ impl Default for ExperimentConfig {
             output_tokens: 512,
             latency: 2e-3,
             seed: 2024,
+            reserve: 0,
         }
     }
 }
@@ -580,7 +588,10 @@ pub fn run_experiments(
         .map(|j| {
             let setup = &exps[j.exp].setups[j.setup];
             let shape = shape(&setup.shape)?;
-            let cluster = setup.cluster()?;
+            let mut cluster = setup.cluster()?;
+            for d in &mut cluster.devices {
+                d.reserve = d.reserve.saturating_add(cfg.reserve);
+            }
             let point = RunPoint {
                 pattern: j.pattern,
                 bw: j.bw,
@@ -590,8 +601,11 @@ pub fn run_experiments(
             };
             let mut sc = run_config(cfg, setup, &point);
             sc.record_memory = j.method == Method::Loip;
-            let r = run_method(j.method, &shape, &cluster, &sc)
-                .and_then(|run| Ok((run, setup.budget_ratio()?, sc.output_tokens, sc.sequences)));
+            let r = run_method(j.method, &shape, &cluster, &sc).map(|run| {
+                let budget: u64 = cluster.devices.iter().map(|d| d.budget()).sum();
+                let ratio = budget as f64 / shape.total_bytes().max(1) as f64;
+                (run, ratio, sc.output_tokens, sc.sequences)
+            });
             progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
             r
         })

@@ -14,10 +14,16 @@
 //!
 //! It runs by name only: `all` keeps the experiments whose outputs earlier versions
 //! produced, byte for byte.
+//!
+//! `reserve-sweep` (part of `all`) reserves the same memory on every device of the paper's
+//! 70B clusters, from nothing up to [`RESERVE_STEPS_GB`]'s last step, to show where each
+//! method goes OOM: the paper's reservations (ii) and (iii) are points of the same axis.
 
 use crate::bandwidth::Bandwidth;
 use crate::error::SimError;
-use crate::experiments::{sweep_base_setups, sweep_setups, Experiment};
+use crate::experiments::{
+    end_to_end_setups, mem_constrained_setups, sweep_base_setups, sweep_setups, Experiment,
+};
 use crate::methods::Method;
 use loip_plan::Pattern;
 
@@ -59,4 +65,43 @@ fn long_context_adapt() -> Result<Experiment, SimError> {
         outputs: Vec::new(),
         sequence_factors: Vec::new(),
     })
+}
+
+/// Memory reserved on every device at the points of `reserve-sweep`.  // GB (10^9 bytes)
+pub const RESERVE_STEPS_GB: [f64; 9] = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+
+/// `reserve-sweep`: the 70B clusters of the memory-constrained (`70b-5dev`, no reservation
+/// of its own) and end-to-end (`70b-4dev`) experiments with [`RESERVE_STEPS_GB`] reserved
+/// on every device, named `SETUP+NGB`.
+pub(crate) fn reserve_sweep() -> Experiment {
+    let mut bases = mem_constrained_setups();
+    bases.truncate(1);
+    bases[0].name = "70b-5dev".into();
+    bases.extend(
+        end_to_end_setups()
+            .into_iter()
+            .filter(|s| s.name == "70b-4dev"),
+    );
+    let mut setups = Vec::new();
+    for base in &bases {
+        for gb in RESERVE_STEPS_GB {
+            let mut s = base.clone();
+            s.name = format!("{}+{gb:.0}GB", base.name);
+            for d in &mut s.devices {
+                d.reserve += (gb * 1e9) as u64;
+            }
+            setups.push(s);
+        }
+    }
+    Experiment {
+        name: "reserve-sweep".into(),
+        title: "Reserve sweep: LLaMA-3.3-70B on Orin64 + 3×Orin32 + NX16 and on 2×Orin64 + Orin32 + NX16 with 0–8 GB reserved on every device: where each method goes OOM".into(),
+        setups,
+        methods: Method::MAIN.to_vec(),
+        bandwidths: vec![Bandwidth::Mbps(100.0)],
+        patterns: vec![Pattern::Sporadic, Pattern::Bursty],
+        lengths: None,
+        outputs: Vec::new(),
+        sequence_factors: Vec::new(),
+    }
 }

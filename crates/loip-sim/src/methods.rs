@@ -15,18 +15,26 @@
 //! | `tpi-llm` | [`TpKind::TpiLlm`] | TP, star syncs, window from disk | evict + recompute |
 //! | `tpi-llm-offload` | [`TpKind::TpiLlmOffload`] | as `tpi-llm` | stream more layers |
 //!
-//! **Planned context** (design §4). Every method is first placed for the KV the whole run
-//! holds, `b · (prompt + output)` tokens. The LOIP family, which adapts online (§6:
-//! thresholds count from the placement), is also placed for less — the prompt, `b · prompt`,
-//! and, when the whole run does not fit, the largest context that does — and each placement
-//! is simulated (a candidate is stopped once it runs past the best one's end: it cannot win);
-//! the run kept is the fastest that finishes (ties: the larger context), and
-//! [`MethodRun::planned_for`] says which it was. The baselines are placed for the whole run
-//! when that fits — their best case, no recomputation — and otherwise for the prompt,
-//! handling the overflow as in the table. A method is OOM when it cannot place its weights
-//! even then.
+//! **Planned context** (design §4). The LOIP family, which adapts online (§6: thresholds
+//! count from the placement), is placed for the KV the whole run holds, `b · (prompt +
+//! output)` tokens, and also for less — the prompt, `b · prompt`, and, when the whole run
+//! does not fit, the largest context that does — and each placement is simulated (a
+//! candidate is stopped once it runs past the best one's end: it cannot win); the run kept is
+//! the fastest that finishes (ties: the larger context), and [`MethodRun::planned_for`] says
+//! which it was. The baselines run as their papers do: placed for the weights and the
+//! prompt, and when the KV cache then overflows a device they evict the oldest overflowed KV
+//! and recompute it in every forward pass (`tpi-llm-offload` streams more layers instead).
+//! A method is OOM only when its weights (or TP slices) and the prompt's KV cannot be placed.
 //! Baselines that read from disk (`pp-offload`, TPI-LLM) use the conventional loader: the
 //! O_DIRECT slot path is LOIP's own (design §5).
+//!
+//! **Framework overhead** ([`Method::framework_pass_s`]). Every device preset deducts the
+//! memory of a Python + PyTorch process, since the paper's LOIP and its baselines all run in
+//! one. The time overhead is per method: the baselines run stock PyTorch modules and
+//! `torch.distributed`, and pay [`FRAMEWORK_PASS_S`] per pass of a micro-batch through a
+//! stage (per token and device under tensor parallelism); LOIP runs its own operators (the
+//! paper's custom CUDA operators, this project's runtime) and pays only the profile's block
+//! overhead. The figure and its source are in `docs/simulator.md`.
 
 use crate::error::SimError;
 use crate::pipeline::simulate_pipeline;
@@ -34,6 +42,11 @@ use crate::sim::{KvPolicy, SimConfig, SimReport, Status};
 use crate::tp::{place_tp, simulate_tp, TpKind};
 use loip_plan::{Cluster, LoaderKind, ModelShape, Plan, PlanError, PlanRequest};
 use serde::{Deserialize, Serialize};
+
+/// Fixed cost a Python + PyTorch baseline pays per pass of a micro-batch through a stage:
+/// the Python calls of the stage's forward, the synchronisation that copies the activation
+/// out and the `torch.distributed` send (module docs).  // seconds
+pub const FRAMEWORK_PASS_S: f64 = 2e-3;
 
 /// A method of the comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -171,6 +184,17 @@ impl Method {
         }
     }
 
+    /// The runtime overhead it pays per pass of a micro-batch through a stage: the paper's
+    /// baselines run stock PyTorch modules and `torch.distributed`; the LOIP family runs its
+    /// own operators and pays none beyond the profile's block overhead.  // seconds
+    pub fn framework_pass_s(self) -> f64 {
+        if self.is_loip() {
+            0.0
+        } else {
+            FRAMEWORK_PASS_S
+        }
+    }
+
     /// Loader its planner is asked to price with.
     pub fn loader(self) -> LoaderKind {
         match self {
@@ -251,14 +275,16 @@ pub fn run_method(
     let full = b as u64 * (cfg.prompt_tokens as u64 + cfg.output_tokens as u64);
     let mut cfg = cfg.clone();
     cfg.kv_policy = method.kv_policy();
+    cfg.pass_overhead_s += method.framework_pass_s();
     if let Some(kind) = method.tp_kind() {
+        // Placed for the weights and the prompt (module docs).
         return match place_tp(
             kind,
             shape,
             &cluster,
             b,
             prompt,
-            full,
+            prompt,
             cfg.tpi_window_layers,
         ) {
             Ok(place) => {
@@ -310,17 +336,14 @@ pub fn run_method(
             plan: Some(plan),
         })
     };
-    let whole = place(full)?;
     if !method.is_loip() {
-        if let Ok(plan) = whole {
-            return simulate(plan, full, PlannedFor::Run, None);
-        }
         return match place(prompt)? {
             Ok(plan) => simulate(plan, prompt, PlannedFor::Prompt, None),
             Err(note) => Ok(oom(note)),
         };
     }
     // The LOIP family: the whole run, then less (see the module docs).
+    let whole = place(full)?;
     let mut candidates: Vec<(Plan, u64, PlannedFor)> = Vec::new();
     let fits_whole = whole.is_ok();
     let mut note = String::new();

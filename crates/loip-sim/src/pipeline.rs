@@ -103,6 +103,8 @@ struct Pipeline<'a> {
     step_end: Vec<TaskId>,
     /// Memory of every device for each emitted step not yet finished (time filled at its end).
     pending: std::collections::VecDeque<Vec<MemorySample>>,
+    /// A framework's fixed cost per pass of a micro-batch through a stage.  // seconds
+    pass_overhead: f64,
 }
 
 impl Pipeline<'_> {
@@ -211,12 +213,15 @@ impl Pipeline<'_> {
                             let mut deps: Vec<TaskId> =
                                 incoming[j].iter().copied().chain(fetch).collect();
                             let mut prev = None;
+                            // The pass's fixed cost goes with its first task.
+                            let mut fw = self.pass_overhead;
                             if seg.pre != (0, 0) || load.is_none() {
                                 let p = self.eng.task(
                                     Some(comp),
-                                    Work::Secs(Self::dur(seg.pre, ta, tm)),
+                                    Work::Secs(Self::dur(seg.pre, ta, tm) + fw),
                                     &deps,
                                 );
+                                fw = 0.0;
                                 prev = Some(p);
                                 deps = vec![p];
                             }
@@ -224,7 +229,7 @@ impl Pipeline<'_> {
                                 deps.push(l);
                                 let r = self.eng.task(
                                     Some(comp),
-                                    Work::Secs(Self::dur(seg.run, ta, tm)),
+                                    Work::Secs(Self::dur(seg.run, ta, tm) + fw),
                                     &deps,
                                 );
                                 last_run = Some(r);
@@ -263,12 +268,14 @@ impl Pipeline<'_> {
                             let mut deps: Vec<TaskId> =
                                 incoming[j].iter().copied().chain(fetch).collect();
                             let mut prev = None;
+                            let mut fw = self.pass_overhead;
                             if seg.pre != (0, 0) || seg.run_blocks.is_empty() {
                                 let p = self.eng.task(
                                     Some(comp),
-                                    Work::Secs(Self::dur(seg.pre, ta, tm)),
+                                    Work::Secs(Self::dur(seg.pre, ta, tm) + fw),
                                     &deps,
                                 );
+                                fw = 0.0;
                                 prev = Some(p);
                                 deps = vec![p];
                             }
@@ -287,7 +294,8 @@ impl Pipeline<'_> {
                                     );
                                     deps = vec![l];
                                 }
-                                let c = self.eng.task(Some(comp), Work::Secs(t1), &deps);
+                                let c = self.eng.task(Some(comp), Work::Secs(t1 + fw), &deps);
+                                fw = 0.0;
                                 if off {
                                     self.devs[i].slot_free = Some(c);
                                 }
@@ -434,6 +442,7 @@ pub fn simulate_pipeline(
         token: vec![None; b as usize],
         step_end: Vec::new(),
         pending: Default::default(),
+        pass_overhead: cfg.pass_overhead_s,
     };
     let mut report = SimReport::oom(String::new());
     report.status = Status::Ok;

@@ -593,11 +593,31 @@ pub fn write_plots(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, SimErr
                         .collect()
                 })
                 .collect();
+            // One bandwidth: it goes in the title and the groups are the setups.
+            let one_bw = e.bandwidths.len() == 1;
             let chart = BarChart {
-                title: format!("{} — {} (ms/token, lower is better)", e.name, pattern),
+                title: match (one_bw, groups.first()) {
+                    (true, Some(g)) => format!(
+                        "{} — {} at {} (ms/token, lower is better)",
+                        e.name,
+                        pattern,
+                        if g.1 == "dynamic" {
+                            "50–250 Mbit/s"
+                        } else {
+                            &g.1
+                        }
+                    ),
+                    _ => format!("{} — {} (ms/token, lower is better)", e.name, pattern),
+                },
                 groups: groups
                     .iter()
-                    .map(|g| format!("{} @ {}", g.0, g.1))
+                    .map(|g| {
+                        if one_bw {
+                            g.0.clone()
+                        } else {
+                            format!("{} @ {}", g.0, g.1)
+                        }
+                    })
                     .collect(),
                 series,
                 bars,

@@ -41,6 +41,11 @@ pub struct SimConfig {
     pub record_memory: bool,
     /// Sliding window of TPI-LLM, in layers streamed ahead.
     pub tpi_window_layers: u32,
+    /// Fixed cost a framework adds to every pass of a micro-batch through a stage (pipeline
+    /// methods) or of a token through a device (tensor parallelism): see
+    /// `Method::framework`.  // seconds
+    #[serde(default)]
+    pub pass_overhead_s: f64,
 }
 
 impl SimConfig {
@@ -64,6 +69,7 @@ impl SimConfig {
             stop_after_s: None,
             record_memory: false,
             tpi_window_layers: 2,
+            pass_overhead_s: 0.0,
         }
     }
 

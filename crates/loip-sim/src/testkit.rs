@@ -1,4 +1,5 @@
-//! Random clusters for tests and checks: seeded, so a failing case can be replayed.
+//! Clusters for tests and checks: seeded random ones (a failing case can be replayed) and
+//! clusters of named presets.
 
 use crate::bandwidth::BandwidthTrace;
 use crate::sim::{KvPolicy, SimConfig};
@@ -30,6 +31,7 @@ pub fn random_cluster(seed: u64) -> Cluster {
                     peak_flops: rng.gen_range(1e12..40e12),
                     efficiency: rng.gen_range(0.5..0.9),
                     block_overhead: rng.gen_range(0.0..50e-6),
+                    prefill_flops: None,
                 }),
                 loader: Loaders {
                     direct: LoaderProfile {
@@ -42,6 +44,8 @@ pub fn random_cluster(seed: u64) -> Cluster {
                     },
                 },
                 sources: vec![],
+                memory: None,
+                collective_latency: 0.0,
             }
         });
         devices.push((format!("d{i}"), profile));
@@ -55,6 +59,18 @@ pub fn random_cluster(seed: u64) -> Cluster {
         d.reserve = (d.profile.mem_budget as f64 * rng.gen_range(0.0..0.2)) as u64;
     }
     c
+}
+
+/// A cluster of the named presets (see [`Cluster::of_presets`]) on a 100 Mbit/s link with
+/// 2 ms latency.
+///
+/// Panics on an unknown preset name (a test helper).
+pub fn preset_cluster(presets: &[&str]) -> Cluster {
+    let link = LinkProfile {
+        bandwidth: 12.5e6,
+        latency: 2e-3,
+    };
+    Cluster::of_presets(presets, link).unwrap_or_else(|| panic!("unknown preset in {presets:?}"))
 }
 
 /// A random model shape name and planned context for `seed`.

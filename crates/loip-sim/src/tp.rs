@@ -90,6 +90,19 @@ fn max_resident(
     Some(if r + window >= l { l } else { r })
 }
 
+/// Largest fraction of every layer each device can hold resident with `tokens` KV tokens
+/// (its share of them), the embedding and head on the first.
+fn shard_caps(shape: &ModelShape, budgets: &[u64], tokens: u64, b: u32) -> Vec<f64> {
+    let l = shape.layers;
+    (0..budgets.len())
+        .map(|i| {
+            let fixed = tp_mem(shape, i, 0.0, l, 0, tokens, b);
+            let per_frac = tp_mem(shape, i, 1.0, l, 0, tokens, b) - fixed;
+            budgets[i].saturating_sub(fixed) as f64 / per_frac.max(1) as f64
+        })
+        .collect()
+}
+
 /// Water-fills `speed`-proportional fractions under per-device caps; `None` if the caps sum
 /// below 1.
 fn water_fill(speed: &[f64], cap: &[f64]) -> Option<Vec<f64>> {
@@ -140,13 +153,7 @@ pub fn place_tp(
     match kind {
         TpKind::Galaxy => {
             for tokens in [full_tokens, prompt_tokens] {
-                let cap: Vec<f64> = (0..nd)
-                    .map(|i| {
-                        let fixed = tp_mem(shape, i, 0.0, shape.layers, 0, tokens, b);
-                        let per_frac = tp_mem(shape, i, 1.0, shape.layers, 0, tokens, b) - fixed;
-                        budgets[i].saturating_sub(fixed) as f64 / per_frac.max(1) as f64
-                    })
-                    .collect();
+                let cap = shard_caps(shape, &budgets, tokens, b);
                 if let Some(frac) = water_fill(&speed, &cap) {
                     let frac: Vec<f64> = frac.iter().zip(&cap).map(|(f, c)| f.min(*c)).collect();
                     return Ok(TpPlacement {
@@ -162,8 +169,19 @@ pub fn place_tp(
             Err(format!("all shards must be resident: {need:.1} GB of weights do not fit the devices' budgets"))
         }
         TpKind::TpiLlm | TpKind::TpiLlmOffload => {
-            let total: f64 = speed.iter().sum();
-            let frac: Vec<f64> = speed.iter().map(|s| s / total).collect();
+            // TPI-LLM's split: by speed, each device's share capped by what it can keep
+            // resident (the sliding window then never streams) when the weights fit in
+            // total; otherwise by memory, so that every device streams the same share of its
+            // slice through the window.
+            let cap = shard_caps(shape, &budgets, prompt_tokens, b);
+            let frac = water_fill(&speed, &cap).unwrap_or_else(|| {
+                let total: f64 = cap.iter().map(|c| c.max(0.0)).sum();
+                if total > 0.0 {
+                    cap.iter().map(|c| c.max(0.0) / total).collect()
+                } else {
+                    vec![1.0 / nd as f64; nd]
+                }
+            });
             let fits_full = (0..nd)
                 .all(|i| tp_mem(shape, i, frac[i], shape.layers, 0, full_tokens, b) <= budgets[i]);
             let tokens = if fits_full {
@@ -217,6 +235,12 @@ pub fn simulate_tp(
         .map(|d| DeviceModel::new(&d.profile, shape))
         .collect();
     let loader_kind = LoaderKind::Conventional;
+    // A collective finishes when its slowest participant's library call does.  // seconds
+    let collective_latency = cluster
+        .devices
+        .iter()
+        .map(|d| d.profile.collective_latency)
+        .fold(0.0, f64::max);
     let budgets: Vec<u64> = cluster.devices.iter().map(|d| d.budget()).collect();
     let mut eng = Engine::new(cfg.bandwidth.at(0), cfg.latency);
     let comp: Vec<_> = (0..nd).map(|_| eng.resource()).collect();
@@ -309,18 +333,33 @@ pub fn simulate_tp(
         let tok = (b * (1 + *evict)) as f64;
         let n_ctx = cfg.prompt_tokens as u64 + t as u64 + 1;
         let sync = |eng: &mut Engine, deps: &[TaskId]| -> TaskId {
+            if nd == 1 {
+                return eng.task(None, Work::Secs(0.0), deps);
+            }
             let n = nd as f64;
-            let work = match place.kind {
-                TpKind::Galaxy => Work::Collective {
-                    bytes: 2.0 * (n - 1.0) / n * tok * h,
-                    hops: 2.0 * (n - 1.0),
-                },
-                _ => Work::Collective {
-                    bytes: n * tok * h,
-                    hops: 2.0,
-                },
+            // Galaxy: a reduce-scatter and an all-gather; TPI-LLM: one all-reduce.
+            let (work, calls) = match place.kind {
+                TpKind::Galaxy => (
+                    Work::Collective {
+                        bytes: 2.0 * (n - 1.0) / n * tok * h,
+                        hops: 2.0 * (n - 1.0),
+                    },
+                    2.0,
+                ),
+                _ => (
+                    Work::Collective {
+                        bytes: n * tok * h,
+                        hops: 2.0,
+                    },
+                    1.0,
+                ),
             };
-            eng.task(None, if nd > 1 { work } else { Work::Secs(0.0) }, deps)
+            let wire = eng.task(None, work, deps);
+            if collective_latency > 0.0 {
+                eng.task(None, Work::Secs(calls * collective_latency), &[wire])
+            } else {
+                wire
+            }
         };
         let mut prev = *input;
         for layer in 0..l {
@@ -345,7 +384,9 @@ pub fn simulate_tp(
             let attn: Vec<TaskId> = (0..nd)
                 .map(|i| {
                     let deps: Vec<TaskId> = prev.into_iter().chain(loads[i]).collect();
-                    let secs = models[i].attn(b, 1 + *evict, n_ctx, place.frac[i]);
+                    // The framework's fixed cost of a forward pass, once per token.
+                    let fw = if layer == 0 { cfg.pass_overhead_s } else { 0.0 };
+                    let secs = models[i].attn(b, 1 + *evict, n_ctx, place.frac[i]) + fw;
                     eng.task(Some(comp[i]), Work::Secs(secs), &deps)
                 })
                 .collect();
@@ -372,14 +413,15 @@ pub fn simulate_tp(
             &prev.into_iter().collect::<Vec<_>>(),
         );
         let bcast = if nd > 1 {
-            eng.task(
+            let wire = eng.task(
                 None,
                 Work::Collective {
                     bytes: (nd - 1) as f64 * b as f64 * h,
                     hops: 1.0,
                 },
                 &[head],
-            )
+            );
+            eng.task(None, Work::Secs(collective_latency), &[wire])
         } else {
             head
         };
@@ -429,22 +471,10 @@ pub fn simulate_tp(
 mod tests {
     use super::*;
     use crate::bandwidth::BandwidthTrace;
-    use loip_plan::profile::preset;
-    use loip_plan::{LinkProfile, Pattern};
+    use loip_plan::Pattern;
 
     fn cluster(presets: &[&str]) -> Cluster {
-        let devices = presets
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (format!("d{i}"), preset(p).unwrap()))
-            .collect();
-        Cluster::new(
-            devices,
-            LinkProfile {
-                bandwidth: 12.5e6,
-                latency: 2e-3,
-            },
-        )
+        crate::testkit::preset_cluster(presets)
     }
 
     #[test]
@@ -496,7 +526,11 @@ mod tests {
     #[test]
     fn ring_is_cheaper_in_bytes_star_in_hops() {
         let sh = crate::shapes::shape("llama2-13b").unwrap();
-        let c = cluster(&["orin64", "orin64", "orin64", "orin64"]);
+        let mut c = cluster(&["orin64", "orin64", "orin64", "orin64"]);
+        // Link latency only: the collectives' software latency is checked elsewhere.
+        for d in &mut c.devices {
+            d.profile.collective_latency = 0.0;
+        }
         let run = |kind, latency: f64| {
             let p = place_tp(kind, &sh, &c, 1, 256, 300, 2).unwrap();
             let mut cfg = SimConfig::new(

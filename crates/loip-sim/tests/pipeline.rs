@@ -28,12 +28,15 @@ fn device_ssd(name: &str, ssd: f64) -> (String, DeviceProfile) {
             peak_flops: 1e16,
             efficiency: 1.0,
             block_overhead: 0.0,
+            prefill_flops: None,
         }),
         loader: Loaders {
             direct: loader,
             conventional: loader,
         },
         sources: vec![],
+        memory: None,
+        collective_latency: 0.0,
     };
     (name.to_string(), p)
 }

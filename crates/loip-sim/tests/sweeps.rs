@@ -88,7 +88,8 @@ fn memory_sweep_is_deterministic_and_loip_places_where_anyone_does() {
         );
         assert_eq!(r.output_tokens, 32);
     }
-    // Below the weight bytes only offloading places the model; at a tenth nothing does.
+    // Below the weight bytes only offloading places the model; at a tenth no pipeline does
+    // and nothing finishes (TPI-LLM, split by memory, still places its window, too slowly).
     let loip_ok = |ratio: &str, p: Pattern| {
         a.records.iter().any(|r| {
             r.method == "loip"
@@ -102,7 +103,8 @@ fn memory_sweep_is_deterministic_and_loip_places_where_anyone_does() {
         .records
         .iter()
         .filter(|r| r.setup.ends_with("@0.10"))
-        .all(|r| r.status == Status::Oom));
+        .all(|r| r.status != Status::Ok
+            && (r.method.starts_with("tpi-llm") || r.status == Status::Oom)));
     let j = serde_json::to_value(report::json_records(&a.records)).unwrap();
     assert!(j[0]["budget_ratio"].as_f64().is_some());
     assert_eq!(j[0]["output_tokens"], 32);
