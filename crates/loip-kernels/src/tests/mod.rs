@@ -103,7 +103,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// Column counts exercising every remainder path of `dtype`.
 fn col_cases(dtype: DType) -> Vec<usize> {
     match dtype.block_elems() {
-        1 => vec![1, 7, 16, 17, 48, 63, 64, 65, 100, 576, 1000],
+        1 => vec![1, 7, 16, 17, 48, 63, 64, 65, 100, 576, 1000, 1041],
         32 => vec![32, 64, 96, 160, 256, 288, 576, 1536],
         _ => vec![256, 512, 768, 1536],
     }
