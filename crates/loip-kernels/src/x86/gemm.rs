@@ -18,7 +18,10 @@
 //!
 //! Panels: batches of up to [`SHORT_BATCH`] tokens (batched decode) dequantize one tile of
 //! `R` rows at a time into a 64-byte-aligned buffer that stays in L1, then run every token
-//! over it; longer batches (prefill) dequantize panels of [`PANEL_BYTES`] that stay in L2.
+//! over it; longer batches (prefill) dequantize panels of [`PANEL_BYTES`] that stay in L2
+//! (at least [`LONG_PANEL_ROWS`] rows when rows are longer than a block of [`KB`] columns:
+//! such panels run block by block over all their tiles, so that a block of the tokens stays
+//! in L1 across the tiles).
 //!
 //! AVX2 machines use it for every batch, with 256-bit slots. AVX-512 machines keep their
 //! per-row kernels (`avx512`: 1 row × 4 tokens, weights dequantized in registers by table
