@@ -3,8 +3,8 @@
 //! ```text
 //! cargo run --release -p loip-kernels --example prefill_bench [-- --tokens N] [--model M] [--rounds R]
 //! ```
-//! For each matrix of one layer of Gemma 3 270M Q4_K_M and Qwen2.5-0.5B Q4_K_M (their shapes
-//! and stored types; `--model gemma3` or `qwen2.5` for one), GFLOP/s of `matmul` with `N`
+//! For each matrix of one layer of SmolLM2-135M Q4_1, Gemma 3 270M Q4_K_M and Qwen2.5-0.5B
+//! Q4_K_M (their shapes and stored types; `--model smollm2`, `gemma3` or `qwen2.5` for one), GFLOP/s of `matmul` with `N`
 //! tokens (default 256, a prompt) on one thread, by the thread's CPU time (meaningful on a
 //! machine shared with other work), best of `R` rounds (default 3), and its share of the FMA
 //! peak; then the whole layer's matmuls in µs per token. The peak is that of one core,
@@ -20,6 +20,17 @@ use std::time::{Duration, Instant};
 
 /// One matrix of a layer: name, rows, cols, stored type.
 type Shape = (&'static str, usize, usize, DType);
+
+/// SmolLM2-135M Q4_1 (its GGUF: every layer matrix Q4_1).
+const SMOLLM2: [Shape; 7] = [
+    ("attn_q", 576, 576, DType::Q4_1),
+    ("attn_k", 192, 576, DType::Q4_1),
+    ("attn_v", 192, 576, DType::Q4_1),
+    ("attn_output", 576, 576, DType::Q4_1),
+    ("ffn_gate", 1536, 576, DType::Q4_1),
+    ("ffn_up", 1536, 576, DType::Q4_1),
+    ("ffn_down", 576, 1536, DType::Q4_1),
+];
 
 /// Gemma 3 270M Q4_K_M: the types of its GGUF (attn_v and ffn_down alternate between two
 /// types over the layers: the first is listed).
@@ -126,7 +137,11 @@ fn fma_peak() -> f64 {
 fn main() {
     let mut tokens = 256usize;
     let mut rounds = 3usize;
-    let mut models: Vec<(&str, &[Shape])> = vec![("gemma3", &GEMMA3), ("qwen2.5", &QWEN25)];
+    let mut models: Vec<(&str, &[Shape])> = vec![
+        ("smollm2", &SMOLLM2),
+        ("gemma3", &GEMMA3),
+        ("qwen2.5", &QWEN25),
+    ];
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let num = |v: Option<String>| v.and_then(|v| v.parse().ok());
