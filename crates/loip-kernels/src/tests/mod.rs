@@ -32,6 +32,17 @@ const ALL: [DType; 8] = [
     DType::Q6K,
 ];
 
+/// The other GGUF types (`quant_ext`, `quant_k_ext`): the batched tests take them too.
+pub(crate) const EXT: [DType; 7] = [
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q5K,
+    DType::IQ4NL,
+    DType::IQ4XS,
+];
+
 /// Random bytes with finite f16 scales (the exact helper of the integration tests, reduced).
 fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
     let rb = dtype.row_bytes(cols).expect("whole blocks");
@@ -59,12 +70,20 @@ fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -
             for b in data.chunks_exact_mut(dtype.block_bytes()) {
                 let d = rng.gen_range(-0.05f32..0.05);
                 let m = rng.gen_range(-0.05f32..0.05);
+                // the f16 scales (and minimums) of each type's block
                 match dtype {
-                    DType::Q8_0 | DType::Q4_0 => put(b, 0, d),
-                    DType::Q4_1 | DType::Q4K => {
+                    DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4NL | DType::IQ4XS => {
+                        put(b, 0, d)
+                    }
+                    DType::Q4_1 | DType::Q4K | DType::Q5_1 | DType::Q5K => {
                         put(b, 0, d);
                         put(b, 2, m);
                     }
+                    DType::Q2K => {
+                        put(b, 80, d);
+                        put(b, 82, m);
+                    }
+                    DType::Q3K => put(b, 108, d),
                     _ => put(b, 208, d),
                 }
             }
@@ -84,7 +103,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// Column counts exercising every remainder path of `dtype`.
 fn col_cases(dtype: DType) -> Vec<usize> {
     match dtype.block_elems() {
-        1 => vec![1, 7, 16, 17, 48, 63, 64, 65, 100, 576, 1000],
+        1 => vec![1, 7, 16, 17, 48, 63, 64, 65, 100, 576, 1000, 1041],
         32 => vec![32, 64, 96, 160, 256, 288, 576, 1536],
         _ => vec![256, 512, 768, 1536],
     }
@@ -359,12 +378,13 @@ fn softmax_sum_is_canonical_dot_with_ones() {
 
 /// Prefill, chunked prefill and batched decode are token-by-token decoding, bit for bit: a
 /// matmul of `n = 1..=17` tokens (register-tiled on x86) equals `n` one-token matmuls on the
-/// portable path, for every dtype, SIMD level, odd row counts (partial row tiles, several
-/// panels) and 1–3 threads.
+/// portable path, for every dtype (the GGUF extras Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL and
+/// IQ4_XS included), SIMD level, odd row counts (partial row tiles, several panels) and 1–3
+/// threads.
 #[test]
 fn batched_matmul_is_token_by_token_every_level() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);
-    for dtype in ALL {
+    for dtype in ALL.into_iter().chain(EXT) {
         let cases = col_cases(dtype);
         // a short row, a middle one and the longest (several panels for the tiled kernel)
         let picks = [cases[0], cases[cases.len() / 2], cases[cases.len() - 1]];
@@ -372,8 +392,8 @@ fn batched_matmul_is_token_by_token_every_level() {
             let rows = [13, 7, 67][i];
             let data = random_matrix(dtype, rows, cols, &mut rng);
             let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
-            let x = random_f32(17 * cols, &mut rng);
-            let want: Vec<u32> = (0..17)
+            let x = random_f32(40 * cols, &mut rng);
+            let want: Vec<u32> = (0..40)
                 .flat_map(|t| {
                     let mut y = vec![0f32; rows];
                     matmul_at(Level::Scalar, &w, &x[t * cols..(t + 1) * cols], &mut y)
@@ -398,7 +418,7 @@ fn batched_matmul_is_token_by_token_every_level() {
                             .num_threads(threads)
                             .build()
                             .expect("pool");
-                        for n in [2, 5, 8, 9, 16] {
+                        for n in [2, 5, 8, 9, 16, 40] {
                             let mut y = vec![f32::NAN; n * rows];
                             pool.install(|| matmul_at(level, &w, &x[..n * cols], &mut y))
                                 .expect("matmul");
@@ -424,8 +444,15 @@ fn tiled_kernel_bit_identical() {
     if !supported(Level::Avx2) {
         return;
     }
-    for dtype in ALL {
-        for cols in col_cases(dtype) {
+    for dtype in ALL.into_iter().chain(EXT) {
+        let cases = col_cases(dtype);
+        // the extras: a short row, a middle one and the longest
+        let cols_of = if ALL.contains(&dtype) {
+            cases
+        } else {
+            vec![cases[0], cases[cases.len() / 2], cases[cases.len() - 1]]
+        };
+        for cols in cols_of {
             let rows = 11;
             let data = random_matrix(dtype, rows, cols, &mut rng);
             let rb = dtype.row_bytes(cols).expect("blocks");

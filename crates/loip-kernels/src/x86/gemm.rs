@@ -18,7 +18,10 @@
 //!
 //! Panels: batches of up to [`SHORT_BATCH`] tokens (batched decode) dequantize one tile of
 //! `R` rows at a time into a 64-byte-aligned buffer that stays in L1, then run every token
-//! over it; longer batches (prefill) dequantize panels of [`PANEL_BYTES`] that stay in L2.
+//! over it; longer batches (prefill) dequantize panels of [`PANEL_BYTES`] that stay in L2
+//! (at least [`LONG_PANEL_ROWS`] rows when rows are longer than a block of [`KB`] columns:
+//! such panels run block by block over all their tiles, so that a block of the tokens stays
+//! in L1 across the tiles).
 //!
 //! AVX2 machines use it for every batch, with 256-bit slots. AVX-512 machines keep their
 //! per-row kernels (`avx512`: 1 row × 4 tokens, weights dequantized in registers by table
@@ -45,6 +48,10 @@ pub(crate) mod short;
 /// L2). Batches of at most [`SHORT_BATCH`] tokens dequantize one tile of rows at a time
 /// instead, into L1 (the panel's stores to L2 were their bottleneck).
 const PANEL_BYTES: usize = 128 << 10;
+/// Fewest rows of a long batch's panel of rows longer than [`KB`] columns (a multiple of
+/// every tile's rows): each block of columns of a tile of tokens stays in L1 across this many
+/// rows (with 128 KiB panels, rows of 4864 columns had 6).
+const LONG_PANEL_ROWS: usize = 24;
 /// Longest batch whose panels are one tile of rows.
 const SHORT_BATCH: usize = 8;
 /// Columns per block of the slot passes: the `R + T` rows of a tile stay in L1 meanwhile
@@ -135,63 +142,56 @@ unsafe fn reduce_state<V: Slot>(s: &[MaybeUninit<V>; 8]) -> f32 {
     V::reduce(&s)
 }
 
-/// One tile: `st[i][t][s]` = slot `s` of rows `w[i]` · tokens `x[t]` over the full-group
-/// elements `0 .. full` (`full` a multiple of 16); writes every slot `s < SLOTS`.
+/// One tile over one block of columns: `st[i][t][s]` = slot `s` of rows `w[i]` · tokens
+/// `x[t]` over the full-group elements `0 .. k1`, from the state of the elements `0 .. k0`
+/// that `st` holds (nothing if `k0 == 0`); `k0` a multiple of 64, `k1` of 16. Writes every
+/// slot `s < SLOTS`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // one index runs over three arrays
 unsafe fn tile<V: Slot, const R: usize, const T: usize>(
     w: &[*const f32; R],
     x: &[*const f32; T],
-    full: usize,
+    (k0, k1): (usize, usize),
     st: &mut State<V, R, T>,
 ) {
-    if full == 0 {
-        for sti in st.iter_mut() {
-            for s in sti.iter_mut() {
-                s[..V::SLOTS].iter_mut().for_each(|v| {
-                    v.write(V::zero());
-                });
-            }
-        }
-        return;
-    }
-    let mut k0 = 0;
-    while k0 < full {
-        let k1 = (k0 + KB).min(full);
-        for s in 0..V::SLOTS {
-            let mut acc = [[V::zero(); T]; R];
-            if k0 > 0 {
-                for i in 0..R {
-                    for t in 0..T {
-                        // written by the block before (k0 > 0)
-                        acc[i][t] = st[i][t][s].assume_init();
-                    }
-                }
-            }
-            let mut e = k0 + V::WIDTH * s;
-            while e + V::WIDTH <= k1 {
-                let wv: [V; R] = std::array::from_fn(|i| V::load(w[i].add(e)));
-                let xv: [V; T] = std::array::from_fn(|t| V::load(x[t].add(e)));
-                for i in 0..R {
-                    for t in 0..T {
-                        acc[i][t] = V::fma(wv[i], xv[t], acc[i][t]);
-                    }
-                }
-                e += 64;
-            }
+    for s in 0..V::SLOTS {
+        let mut acc = [[V::zero(); T]; R];
+        if k0 > 0 {
             for i in 0..R {
                 for t in 0..T {
-                    st[i][t][s].write(acc[i][t]);
+                    // written by the block before (k0 > 0)
+                    acc[i][t] = st[i][t][s].assume_init();
                 }
             }
         }
-        k0 = k1;
+        let mut e = k0 + V::WIDTH * s;
+        while e + V::WIDTH <= k1 {
+            let wv: [V; R] = std::array::from_fn(|i| V::load(w[i].add(e)));
+            let xv: [V; T] = std::array::from_fn(|t| V::load(x[t].add(e)));
+            for i in 0..R {
+                for t in 0..T {
+                    acc[i][t] = V::fma(wv[i], xv[t], acc[i][t]);
+                }
+            }
+            e += 64;
+        }
+        for i in 0..R {
+            for t in 0..T {
+                st[i][t][s].write(acc[i][t]);
+            }
+        }
     }
 }
 
 /// Tokens `t0 .. t0 + T` against every row of the panel `w` (`pr` rows of `cols` f32, rows
 /// `row0 ..` of `out`), `R` rows at a time (the last tile repeats its last row and drops the
 /// copies).
+///
+/// Rows longer than one block of [`KB`] columns run block by block over all the tiles of the
+/// panel, each tile's slot state resting in `states` in between: the block's tokens stay in
+/// L1 across the tiles, instead of all of each token's row passing through L1 once per tile
+/// (rows of 2048 and 4864 columns, the down projections of Gemma 3 and Qwen2.5, ran at half
+/// the rate of rows of 640).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
@@ -202,29 +202,76 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
     t0: usize,
     out: Out,
     row0: usize,
+    states: &mut Vec<State<V, R, T>>,
 ) {
     let full = cols / 16 * 16;
     let xs: [*const f32; T] = std::array::from_fn(|t| x.add((t0 + t) * cols));
-    let mut r0 = 0;
-    while r0 < pr {
-        let ws: [*const f32; R] = std::array::from_fn(|i| w.add((r0 + i).min(pr - 1) * cols));
+    let ws = |r0: usize| -> [*const f32; R] {
+        std::array::from_fn(|i| w.add((r0 + i).min(pr - 1) * cols))
+    };
+    let fin = |j: usize| (row0 + R * j, pr - R * j, ws(R * j));
+    let tiles = pr.div_ceil(R);
+    if full <= KB {
+        // one block: each tile's state stays on the stack
         let mut st: State<V, R, T> = [[[MaybeUninit::uninit(); 8]; T]; R];
-        tile::<V, R, T>(&ws, &xs, full, &mut st);
-        for (i, sti) in st.iter().enumerate().take(pr - r0) {
-            for (t, s) in sti.iter().enumerate() {
-                // slots < SLOTS are written by `tile`
-                let mut v = reduce_state(s);
-                if full < cols {
-                    let mut tail = 0f32;
-                    for j in full..cols {
-                        tail = (*ws[i].add(j)).mul_add(*xs[t].add(j), tail);
-                    }
-                    v += tail;
-                }
-                out.put(row0 + r0 + i, t0 + t, v);
+        for j in 0..tiles {
+            if full == 0 {
+                st.iter_mut().flatten().for_each(|s| {
+                    s[..V::SLOTS].iter_mut().for_each(|v| {
+                        v.write(V::zero());
+                    });
+                });
+            } else {
+                tile::<V, R, T>(&ws(R * j), &xs, (0, full), &mut st);
             }
+            let (r0, valid, wj) = fin(j);
+            finish(&st, (cols, full), &wj, &xs, out, (r0, t0), valid);
         }
-        r0 += R;
+        return;
+    }
+    states.clear();
+    states.resize(tiles, [[[MaybeUninit::uninit(); 8]; T]; R]);
+    let mut k0 = 0;
+    while k0 < full {
+        let k1 = (k0 + KB).min(full);
+        for (j, st) in states.iter_mut().enumerate() {
+            tile::<V, R, T>(&ws(R * j), &xs, (k0, k1), st);
+        }
+        k0 = k1;
+    }
+    for (j, st) in states.iter().enumerate() {
+        let (r0, valid, wj) = fin(j);
+        finish(st, (cols, full), &wj, &xs, out, (r0, t0), valid);
+    }
+}
+
+/// The outputs of one tile from its state (`valid` rows of it; rows `r0 ..`, tokens `t0 ..`
+/// of `out`): the canonical reduction, plus the sequential tail of the columns `full ..
+/// cols` of rows `w` and tokens `x`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn finish<V: Slot, const R: usize, const T: usize>(
+    st: &State<V, R, T>,
+    (cols, full): (usize, usize),
+    w: &[*const f32; R],
+    x: &[*const f32; T],
+    out: Out,
+    (r0, t0): (usize, usize),
+    valid: usize,
+) {
+    for (i, sti) in st.iter().enumerate().take(valid) {
+        for (t, s) in sti.iter().enumerate() {
+            // slots < SLOTS are written by `tile` (or zeroed)
+            let mut v = reduce_state(s);
+            if full < cols {
+                let mut tail = 0f32;
+                for j in full..cols {
+                    tail = (*w[i].add(j)).mul_add(*x[t].add(j), tail);
+                }
+                v += tail;
+            }
+            out.put(r0 + i, t0 + t, v);
+        }
     }
 }
 
@@ -258,20 +305,26 @@ unsafe fn panel<V: Slot, const R: usize, const T: usize>(job: Job<'_>) {
     } = job;
     let (w, x) = (w.as_ptr(), x.as_ptr());
     let mut t0 = t_start;
+    let mut states = Vec::new();
     while t0 + T <= n {
-        tokens::<V, R, T>(w, pr, cols, x, t0, out, row0);
+        tokens::<V, R, T>(w, pr, cols, x, t0, out, row0, &mut states);
         t0 += T;
     }
     // the remaining 0 .. T - 1 tokens (T is at most 8)
+    macro_rules! rest {
+        ($t:literal) => {
+            tokens::<V, R, $t>(w, pr, cols, x, t0, out, row0, &mut Vec::new())
+        };
+    }
     match n - t0 {
         0 => {}
-        1 => tokens::<V, R, 1>(w, pr, cols, x, t0, out, row0),
-        2 => tokens::<V, R, 2>(w, pr, cols, x, t0, out, row0),
-        3 => tokens::<V, R, 3>(w, pr, cols, x, t0, out, row0),
-        4 => tokens::<V, R, 4>(w, pr, cols, x, t0, out, row0),
-        5 => tokens::<V, R, 5>(w, pr, cols, x, t0, out, row0),
-        6 => tokens::<V, R, 6>(w, pr, cols, x, t0, out, row0),
-        _ => tokens::<V, R, 7>(w, pr, cols, x, t0, out, row0),
+        1 => rest!(1),
+        2 => rest!(2),
+        3 => rest!(3),
+        4 => rest!(4),
+        5 => rest!(5),
+        6 => rest!(6),
+        _ => rest!(7),
     }
 }
 
@@ -420,7 +473,8 @@ pub(crate) unsafe fn rows(
     let per_panel = if n <= SHORT_BATCH {
         tr
     } else {
-        (PANEL_BYTES / (4 * cols)).max(tr) / tr * tr
+        let long = if cols > KB { LONG_PANEL_ROWS } else { 0 };
+        (PANEL_BYTES / (4 * cols)).max(long).max(tr) / tr * tr
     }
     .min(rows);
     PANEL.with(|buf| {

@@ -1,0 +1,199 @@
+//! Prefill matmuls of real models' layers, by CPU time, against this core's FMA peak.
+//!
+//! ```text
+//! cargo run --release -p loip-kernels --example prefill_bench [-- --tokens N] [--model M] [--rounds R]
+//! ```
+//! For each matrix of one layer of SmolLM2-135M Q4_1, Gemma 3 270M Q4_K_M and Qwen2.5-0.5B
+//! Q4_K_M (their shapes and stored types; `--model smollm2`, `gemma3` or `qwen2.5` for one), GFLOP/s of `matmul` with `N`
+//! tokens (default 256, a prompt) on one thread, by the thread's CPU time (meaningful on a
+//! machine shared with other work), best of `R` rounds (default 3), and its share of the FMA
+//! peak; then the whole layer's matmuls in µs per token. The peak is that of one core,
+//! measured by a loop of 12 independent fma chains at the level the kernels run
+//! (multiply-adds per second × 2; `LOIP_SIMD=avx2` gives the AVX2 figures).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use loip_kernels::{matmul, simd_level, DType, Matrix};
+use rand::SeedableRng;
+use std::time::{Duration, Instant};
+
+/// One matrix of a layer: name, rows, cols, stored type.
+type Shape = (&'static str, usize, usize, DType);
+
+/// SmolLM2-135M Q4_1 (its GGUF: every layer matrix Q4_1).
+const SMOLLM2: [Shape; 7] = [
+    ("attn_q", 576, 576, DType::Q4_1),
+    ("attn_k", 192, 576, DType::Q4_1),
+    ("attn_v", 192, 576, DType::Q4_1),
+    ("attn_output", 576, 576, DType::Q4_1),
+    ("ffn_gate", 1536, 576, DType::Q4_1),
+    ("ffn_up", 1536, 576, DType::Q4_1),
+    ("ffn_down", 576, 1536, DType::Q4_1),
+];
+
+/// Gemma 3 270M Q4_K_M: the types of its GGUF (attn_v and ffn_down alternate between two
+/// types over the layers: the first is listed).
+const GEMMA3: [Shape; 7] = [
+    ("attn_q", 1024, 640, DType::Q5_0),
+    ("attn_k", 256, 640, DType::Q5_0),
+    ("attn_v", 256, 640, DType::Q8_0),
+    ("attn_output", 640, 1024, DType::Q4K),
+    ("ffn_gate", 2048, 640, DType::Q5_0),
+    ("ffn_up", 2048, 640, DType::Q5_0),
+    ("ffn_down", 640, 2048, DType::Q6K),
+];
+
+/// Qwen2.5-0.5B Q4_K_M: rows of 896 (not a multiple of 256) fall back to Q5_0 / Q8_0.
+const QWEN25: [Shape; 7] = [
+    ("attn_q", 896, 896, DType::Q5_0),
+    ("attn_k", 128, 896, DType::Q5_0),
+    ("attn_v", 128, 896, DType::Q8_0),
+    ("attn_output", 896, 896, DType::Q5_0),
+    ("ffn_gate", 4864, 896, DType::Q5_0),
+    ("ffn_up", 4864, 896, DType::Q5_0),
+    ("ffn_down", 896, 4864, DType::Q6K),
+];
+
+/// CPU time of the calling thread, ns (the scheduler's figure).
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU ns per call of `f`, over calls lasting about 150 ms.
+fn cpu_ns_per_call(mut f: impl FnMut()) -> f64 {
+    f(); // warm up
+    let (start, c0) = (Instant::now(), thread_cpu_ns());
+    let mut calls = 0u64;
+    while calls == 0 || start.elapsed() < Duration::from_millis(150) {
+        f();
+        calls += 1;
+    }
+    (thread_cpu_ns() - c0).max(1) as f64 / calls as f64
+}
+
+/// Multiply-adds per CPU second of 12 independent fma chains at the widest level.
+fn fma_peak() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chains512(iters: u64) -> f32 {
+            let mut a = [_mm512_set1_ps(1.0); 12];
+            let (b, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+            for _ in 0..iters {
+                for v in a.iter_mut() {
+                    *v = _mm512_fmadd_ps(*v, b, c);
+                }
+            }
+            a.iter().map(|&v| _mm512_reduce_add_ps(v)).sum()
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn chains256(iters: u64) -> f32 {
+            let mut a = [_mm256_set1_ps(1.0); 12];
+            let (b, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            for _ in 0..iters {
+                for v in a.iter_mut() {
+                    *v = _mm256_fmadd_ps(*v, b, c);
+                }
+            }
+            let mut s = [0f32; 8];
+            a.iter()
+                .map(|&v| {
+                    _mm256_storeu_ps(s.as_mut_ptr(), v);
+                    s[0]
+                })
+                .sum()
+        }
+        let iters = 1_000_000u64;
+        let (lanes, ns) = if simd_level() == "avx512" {
+            // SAFETY: AVX-512F detected (the kernels' level)
+            (
+                16.0,
+                cpu_ns_per_call(|| {
+                    std::hint::black_box(unsafe { chains512(std::hint::black_box(iters)) });
+                }),
+            )
+        } else if simd_level() == "avx2" {
+            // SAFETY: AVX2 and FMA detected (the kernels' level)
+            (
+                8.0,
+                cpu_ns_per_call(|| {
+                    std::hint::black_box(unsafe { chains256(std::hint::black_box(iters)) });
+                }),
+            )
+        } else {
+            return 0.0;
+        };
+        12.0 * lanes * iters as f64 / ns * 1e9
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    0.0
+}
+
+fn main() {
+    let mut tokens = 256usize;
+    let mut rounds = 3usize;
+    let mut models: Vec<(&str, &[Shape])> = vec![
+        ("smollm2", &SMOLLM2),
+        ("gemma3", &GEMMA3),
+        ("qwen2.5", &QWEN25),
+    ];
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let num = |v: Option<String>| v.and_then(|v| v.parse().ok());
+        match a.as_str() {
+            "--tokens" => tokens = num(it.next()).unwrap_or(tokens).max(1),
+            "--rounds" => rounds = num(it.next()).unwrap_or(rounds).max(1),
+            "--model" => {
+                let m = it.next().unwrap_or_default();
+                models.retain(|(name, _)| *name == m);
+            }
+            _ => {
+                eprintln!(
+                    "usage: prefill_bench [--tokens N] [--model gemma3|qwen2.5] [--rounds R]"
+                );
+                std::process::exit(2);
+            }
+        }
+    }
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build();
+    let Ok(pool) = pool else {
+        eprintln!("thread pool");
+        std::process::exit(1);
+    };
+    pool.install(|| {
+        let peak = 2.0 * fma_peak() / 1e9;
+        println!(
+            "simd {}, {tokens} tokens, 1 thread, GFLOP/s per CPU second (share of the FMA peak, {peak:.1})",
+            simd_level()
+        );
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(33);
+        for (name, shapes) in models {
+            let mut layer = 0f64; // CPU ns per call of the whole layer
+            for &(m, rows, cols, dtype) in shapes {
+                let data = common::random_matrix(dtype, rows, cols, &mut rng);
+                let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
+                let x = common::random_f32(tokens * cols, &mut rng);
+                let mut y = vec![0f32; tokens * rows];
+                let best = (0..rounds)
+                    .map(|_| cpu_ns_per_call(|| matmul(&w, &x, &mut y).expect("matmul")))
+                    .fold(f64::MAX, f64::min);
+                let gf = 2.0 * (rows * cols * tokens) as f64 / best;
+                println!(
+                    "{name:<8} {m:<12} {rows:>5}x{cols:<5} {:<5} {gf:>6.1} ({:>3.0} %)",
+                    dtype.name(),
+                    100.0 * gf / peak
+                );
+                layer += best;
+            }
+            println!(
+                "{name:<8} layer matmuls: {:.1} µs per token",
+                layer / tokens as f64 / 1e3
+            );
+        }
+    });
+}
