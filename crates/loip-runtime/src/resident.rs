@@ -76,7 +76,8 @@ impl Resident {
     }
 }
 
-/// Opens a slice file (with `O_DIRECT` when `direct`) and checks its size against the
+/// Opens a slice file (never through a symbolic link; with `O_DIRECT` when `direct`) and
+/// checks its size against the
 /// manifest, so a truncated or grown slice is named before anything is read.
 pub(crate) fn open_slice(
     path: &Path,
@@ -90,9 +91,9 @@ pub(crate) fn open_slice(
     };
     let mut opts = std::fs::OpenOptions::new();
     opts.read(true);
-    if direct {
-        opts.custom_flags(libc::O_DIRECT);
-    }
+    // a link in the store is never followed out of it
+    let flags = libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 };
+    opts.custom_flags(flags);
     let file = opts.open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     if len != s.size {

@@ -71,7 +71,12 @@ pub fn valid_name(name: &str) -> bool {
 const RECEIVE_WINDOW: u64 = 2 << 20;
 
 fn file_crc(path: &Path) -> Result<u32, RuntimeError> {
-    let mut f = File::open(path).map_err(io(path))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io(path))?;
     let mut h = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -103,6 +108,11 @@ impl Store {
                 continue;
             }
             if !valid_name(&name) {
+                continue;
+            }
+            // regular files only: a link planted in the store is never followed
+            if !e.file_type().is_ok_and(|t| t.is_file()) {
+                tracing::warn!("store: leaving out {name}: not a regular file");
                 continue;
             }
             let Ok(meta) = e.metadata() else { continue };

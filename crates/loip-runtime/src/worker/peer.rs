@@ -98,6 +98,10 @@ pub(super) struct Direct {
     closed: watch::Sender<bool>,
 }
 
+/// What a coordinator is told of a peer link that could not be made (the reason is logged
+/// here only).
+pub(super) const UNREACHABLE: &str = "unreachable (this worker's log says why)";
+
 fn gone() -> WireError {
     WireError::Protocol("the compute thread stopped".into())
 }
@@ -352,10 +356,12 @@ impl Direct {
                 }
                 Err(e) => {
                     tracing::warn!("no peer session to {} ({}): {e}", target.name, target.addr);
+                    // only "unreachable" goes back: the reason (refused, a banner read as a
+                    // frame length) would map this worker's network for the token holder
                     reports.push(PeerLinkReport {
                         device: target.device,
                         reachable: false,
-                        error: Some(e.to_string()),
+                        error: Some(UNREACHABLE.into()),
                         latency_s: 0.0,
                         bps: 0.0,
                     });

@@ -1,0 +1,121 @@
+//! Regression tests for the worker findings of the third security review, named after them:
+//! a token holder cannot use a worker to map its network (`peers` errors) nor read outside
+//! its store through a planted link.
+
+mod dist_common;
+
+use std::time::Duration;
+
+use dist_common::raw;
+use loip_model::slice::Manifest;
+use loip_runtime::net::direct::{PeerRef, PeersMsg};
+use loip_runtime::net::store::Store;
+use loip_runtime::wire::{ToCoordinator, ToWorker};
+use loip_runtime::worker::{Worker, WorkerOptions};
+use tokio::io::AsyncWriteExt;
+
+#[test]
+fn dist_worker_entry() {
+    dist_common::worker_entry();
+}
+
+const TOKEN: &str = "a-test-token-of-some-length";
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn start(name: &str) -> (String, std::path::PathBuf) {
+    let store = dist_common::store_with_slices(name, "security-round3");
+    let mut o = WorkerOptions::new("127.0.0.1:0", 256 << 20, &store);
+    o.token = Some(TOKEN.into());
+    o.name = Some(name.into());
+    o.handshake_timeout = Duration::from_secs(2);
+    let w = Worker::bind(o).await.unwrap();
+    let addr = w.local_addr().to_string();
+    tokio::spawn(w.serve());
+    (addr, store)
+}
+
+/// Item 4: the coordinator names a closed port and a host speaking another protocol as
+/// peers; the worker answers "unreachable" for both, without "refused" or a frame length
+/// decoded from the other side's banner.
+#[test]
+fn finding_4_peers_errors_say_only_unreachable() {
+    rt().block_on(async {
+        let (addr, _) = start("r3-peers").await;
+        // a closed port: bind, note the port, close
+        let closed = {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        // a server with a banner of another protocol
+        let ssh = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ssh_addr = ssh.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = ssh.accept().await {
+                let _ = s.write_all(b"SSH-2.0-OpenSSH_9.6\r\n").await;
+            }
+        });
+        let mut c = raw::authed(&addr, Some(TOKEN)).await;
+        let peer = |device: u16, a: &str| PeerRef {
+            device,
+            name: format!("p{device}"),
+            addr: a.to_string(),
+        };
+        c.control(&ToWorker::Peers(PeersMsg {
+            key: "ab".repeat(32),
+            me: 0,
+            expect: vec![],
+            connect: vec![peer(1, &closed), peer(2, &ssh_addr)],
+            measure: false,
+        }))
+        .await;
+        let links = match c.recv_control().await {
+            ToCoordinator::PeersReady { links } => links,
+            other => panic!("expected PeersReady, got {other:?}"),
+        };
+        assert_eq!(links.len(), 2);
+        for l in links {
+            assert!(!l.reachable);
+            let e = l.error.unwrap_or_default();
+            assert!(e.starts_with("unreachable"), "{e}");
+            for leak in ["refused", "length", "SSH", "bytes"] {
+                assert!(!e.contains(leak), "{e}");
+            }
+        }
+    });
+}
+
+/// Item 6: a link planted in the store to a file outside it is neither listed (with its size
+/// and CRC) nor read when a manifest names it.
+#[test]
+fn finding_6_a_link_planted_in_the_store_is_not_listed_or_read() {
+    let store = dist_common::store_with_slices("r3-link", "security-round3");
+    let outside = dist_common::scratch("r3-outside").join("secret.bin");
+    std::fs::write(&outside, vec![42u8; 4096]).unwrap();
+    // named like a slice the manifest has, so a load would open it
+    let m = Manifest::load(&dist_common::slices_of(
+        &dist_common::fixture("tiny-llama"),
+        "security-round3",
+    ))
+    .unwrap();
+    let victim = m.slices[0].file.clone();
+    std::fs::remove_file(store.join(&victim)).unwrap();
+    std::os::unix::fs::symlink(&outside, store.join(&victim)).unwrap();
+    let s = Store::open(&store).unwrap();
+    assert!(
+        s.inventory().iter().all(|e| e.file != victim),
+        "the link is listed: {:?}",
+        s.inventory()
+    );
+    // and a device opening it is refused rather than reading through the link
+    let e = loip_runtime::resident::Resident::load(&store, &m.slices[..1])
+        .err()
+        .expect("reading through the link is refused");
+    assert!(!e.to_string().contains("secret"), "{e}");
+}
