@@ -149,6 +149,7 @@ struct Shared {
     throttle: Option<Throttle>,
     addr: SocketAddr,
     preauth: Arc<Semaphore>,
+    fast_lane: Arc<Semaphore>,
     preauth_by_host: Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
     /// the forwarding state of the coordinator session being served
     direct: Mutex<Option<Arc<peer::Direct>>>,
@@ -158,17 +159,37 @@ struct Shared {
 /// `max_unauthenticated` and one of its host's quarter of them, both given back when dropped.
 struct PreAuth {
     _permit: OwnedSemaphorePermit,
-    host: std::net::IpAddr,
+    /// the host whose share it holds (None: a fast-lane slot)
+    host: Option<std::net::IpAddr>,
     by_host: Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
 }
 
+impl PreAuth {
+    /// The deadline of this connection's whole handshake: a fast-lane slot must prove the
+    /// token within [`FAST_HANDSHAKE`].
+    fn deadline(&self, opts: &WorkerOptions) -> Duration {
+        match self.host {
+            Some(_) => opts.handshake_timeout,
+            None => opts.handshake_timeout.min(FAST_HANDSHAKE),
+        }
+    }
+}
+
+/// Slots for connections that arrive while the regular handshake slots are full (or their
+/// host's share is): strangers holding every regular slot cannot keep the coordinator out,
+/// since a connection that proves the token does so in milliseconds.
+const FAST_LANE: usize = 4;
+/// The whole handshake's deadline in a fast-lane slot.
+const FAST_HANDSHAKE: Duration = Duration::from_secs(1);
+
 impl Drop for PreAuth {
     fn drop(&mut self) {
+        let Some(host) = self.host else { return };
         let mut m = lock(&self.by_host);
-        if let Some(n) = m.get_mut(&self.host) {
+        if let Some(n) = m.get_mut(&host) {
             *n -= 1;
             if *n == 0 {
-                m.remove(&self.host);
+                m.remove(&host);
             }
         }
     }
@@ -178,17 +199,26 @@ impl Shared {
     /// Admits a new connection from `host` into the handshake, or None when the worker or that
     /// host already has its share in flight (so one host cannot crowd out the coordinator).
     fn admit(&self, host: std::net::IpAddr) -> Option<PreAuth> {
-        let permit = self.preauth.clone().try_acquire_owned().ok()?;
+        self.admit_regular(host).or_else(|| {
+            Some(PreAuth {
+                _permit: self.fast_lane.clone().try_acquire_owned().ok()?,
+                host: None,
+                by_host: self.preauth_by_host.clone(),
+            })
+        })
+    }
+
+    fn admit_regular(&self, host: std::net::IpAddr) -> Option<PreAuth> {
         let per_host = (self.opts.max_unauthenticated / 4).max(2);
         let mut m = lock(&self.preauth_by_host);
-        let n = m.entry(host).or_insert(0);
-        if *n >= per_host {
+        if m.get(&host).is_some_and(|&n| n >= per_host) {
             return None;
         }
-        *n += 1;
+        let permit = self.preauth.clone().try_acquire_owned().ok()?;
+        *m.entry(host).or_insert(0) += 1;
         Some(PreAuth {
             _permit: permit,
-            host,
+            host: Some(host),
             by_host: self.preauth_by_host.clone(),
         })
     }
@@ -244,6 +274,7 @@ impl Worker {
                 throttle,
                 addr,
                 preauth: Arc::new(Semaphore::new(opts_preauth)),
+                fast_lane: Arc::new(Semaphore::new(FAST_LANE)),
                 preauth_by_host: Arc::default(),
                 direct: Mutex::new(None),
             }),
@@ -319,7 +350,7 @@ async fn connection(
 ) -> Result<(), WireError> {
     session::keepalive(&stream);
     let (mut rd, mut wr) = stream.into_split();
-    let to = shared.opts.handshake_timeout;
+    let to = preauth.deadline(&shared.opts);
     let token = shared.opts.token.clone().unwrap_or_default();
     let (keys, role) = tokio::time::timeout(to, handshake::accept_role(&mut rd, &mut wr, &token))
         .await

@@ -289,8 +289,16 @@ fn finding_4_too_many_unauthenticated_connections_are_closed_at_once() {
         let a = TcpStream::connect(&addr).await.unwrap();
         let b = TcpStream::connect(&addr).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
+        // the next four take the fast lane: a hello, then closed within its 1 s deadline
+        let mut fast = Vec::new();
+        for _ in 0..4 {
+            let mut c = TcpStream::connect(&addr).await.unwrap();
+            let f = wire::read_frame(&mut c, 1 << 16).await.unwrap();
+            assert_eq!(f.kind, FrameKind::Hello);
+            fast.push(c);
+        }
         let mut c = TcpStream::connect(&addr).await.unwrap();
-        // the third is closed without a hello
+        // the seventh is closed without a hello
         let f = tokio::time::timeout(Duration::from_secs(5), wire::read_frame(&mut c, 1 << 16))
             .await
             .expect("closed at once");
@@ -298,6 +306,10 @@ fn finding_4_too_many_unauthenticated_connections_are_closed_at_once() {
             matches!(f, Err(WireError::Closed)) || matches!(f, Err(WireError::Io(_))),
             "{f:?}"
         );
+        let t = Instant::now();
+        let f = wire::read_frame(&mut fast[0], 1 << 16).await;
+        assert!(f.is_err(), "{f:?}");
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
         drop((a, b));
     });
 }
@@ -582,13 +594,17 @@ fn finding_4_one_host_cannot_use_up_the_handshake_slots_of_all() {
             silent.push(s);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+        // a fifth from the same host gets only a fast-lane slot: its hello, then it is closed
+        // unless it proves the token within 1 s
         let mut fifth = TcpStream::connect(&addr).await.unwrap();
+        let hello = wire::read_frame(&mut fifth, 1 << 16).await.unwrap();
+        assert_eq!(hello.kind, FrameKind::Hello);
         let f = tokio::time::timeout(
             Duration::from_secs(5),
             wire::read_frame(&mut fifth, 1 << 16),
         )
         .await
-        .expect("closed at once");
+        .expect("closed within the fast lane's deadline");
         assert!(f.is_err(), "{f:?}");
         // a coordinator on another host (127.0.0.2) still gets in
         let sock = tokio::net::TcpSocket::new_v4().unwrap();

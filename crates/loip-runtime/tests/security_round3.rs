@@ -41,6 +41,41 @@ async fn start(name: &str) -> (String, std::path::PathBuf) {
     (addr, store)
 }
 
+/// Item 1: strangers hold every handshake slot with silent connections from five addresses
+/// (4 each: the 16 slots and more); a coordinator with the token still gets in, through the
+/// fast lane or a slot freed by the hello wait, every time.
+#[test]
+fn finding_1_silent_connections_from_five_addresses_do_not_keep_the_coordinator_out() {
+    use loip_runtime::coordinator::{Conn, ConnectOptions, Endpoint};
+    rt().block_on(async {
+        let (addr, _) = start("r3-slots").await;
+        let mut silent = Vec::new();
+        for host in 2..=6 {
+            for _ in 0..4 {
+                let sock = tokio::net::TcpSocket::new_v4().unwrap();
+                sock.bind(format!("127.0.0.{host}:0").parse().unwrap()).unwrap();
+                silent.push(sock.connect(addr.parse().unwrap()).await.unwrap());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let ep = Endpoint {
+            name: "dev".into(),
+            addr: addr.clone(),
+        };
+        let opts = ConnectOptions {
+            token: Some(TOKEN.into()),
+            connect_timeout: Duration::from_secs(10),
+            ..Default::default()
+        };
+        for i in 0..5 {
+            let c = Conn::connect(&ep, &opts).await;
+            assert!(c.is_ok(), "connect {i} refused: {:?}", c.err());
+            c.unwrap().bye().await;
+        }
+        drop(silent);
+    });
+}
+
 /// Item 4: the coordinator names a closed port and a host speaking another protocol as
 /// peers; the worker answers "unreachable" for both, without "refused" or a frame length
 /// decoded from the other side's banner.

@@ -161,7 +161,8 @@ async fn handshake(
 
 impl Conn {
     /// Connects, checks the protocol version and authenticates both ways. A worker busy with
-    /// another coordinator is retried until `connect_timeout`.
+    /// another coordinator, or one that closed the connection before its hello (its handshake
+    /// slots full), is retried until `connect_timeout`.
     pub async fn connect(ep: &Endpoint, opts: &ConnectOptions) -> Result<Conn, NetError> {
         let err = |e: WireError| NetError::new(&ep.name, &ep.addr, e);
         let deadline = Instant::now() + opts.connect_timeout;
@@ -179,6 +180,11 @@ impl Conn {
             };
             match handshake(stream, ep, opts).await {
                 Err(WireError::Remote(m)) if m.starts_with("busy") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                // closed before its hello: the worker's handshake slots were full (strangers
+                // holding them); a slot comes free within the worker's hello wait
+                Err(WireError::Closed | WireError::Io(_)) if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 r => return r.map_err(err),

@@ -12,6 +12,8 @@ use crate::wire::{
 
 /// Largest frame either side accepts before the peer is authenticated, bytes.
 pub const PRE_AUTH_FRAME: usize = 64 << 10;
+/// How long a worker waits for the connecting side's hello, the first message of a handshake.
+pub const HELLO_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn send_error<W: AsyncWrite + Unpin>(wr: &mut W, msg: &str) {
     let _ = wire::write_frame(wr, FrameKind::Error, msg.as_bytes(), None).await;
@@ -53,7 +55,12 @@ where
 {
     let hello_w = wire::hello_payload(Role::Worker, PROTOCOL_VERSION);
     wire::write_frame(wr, FrameKind::Hello, &hello_w, None).await?;
-    let hello = wire::read_frame(rd, PRE_AUTH_FRAME).await;
+    // a connecting side sends its hello at once: a silent one gives its slot back early
+    let hello = match tokio::time::timeout(HELLO_WAIT, wire::read_frame(rd, PRE_AUTH_FRAME)).await
+    {
+        Ok(r) => r,
+        Err(_) => Err(WireError::Timeout(HELLO_WAIT, "the hello")),
+    };
     let hello = match hello.and_then(|f| wire::check_hello(&f).map(|()| f)) {
         Ok(f) => f,
         Err(e) => {
