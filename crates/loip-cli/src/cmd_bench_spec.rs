@@ -14,8 +14,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use loip_engine::generate::{generate, Flow};
 use loip_engine::speculate::lookup::Lookup;
-use loip_engine::speculate::{generate_speculative, Rewind, SpecOptions, SpecStats};
-use loip_engine::{GenerateOptions, Generator, Model, SamplingParams, StepBackend};
+use loip_engine::speculate::{generate_speculative, Drafter, Rewind, SpecOptions, SpecStats};
+use loip_engine::{EngineError, GenerateOptions, Generator, Model, SamplingParams, StepBackend};
 use loip_model::chat::ChatMessage;
 use loip_runtime::local::{LocalModel, LocalOptions, OffloadRule};
 use serde_json::json;
@@ -61,6 +61,24 @@ pub struct SpecBenchArgs {
     /// Skip the runs from slice files.
     #[arg(long)]
     no_offload: bool,
+    /// Also run each prompt with every draft made wrong (the cost of rejected drafts and
+    /// of the adaptive fallback to k = 0).
+    #[arg(long)]
+    wrong: bool,
+}
+
+/// Prompt lookup's drafts made wrong (each id + 1): the cost of speculation when every
+/// draft is rejected, i.e. of the adaptive fallback to k = 0.
+struct Wrong {
+    lookup: Lookup,
+    vocab: u32,
+}
+
+impl Drafter for Wrong {
+    fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>, EngineError> {
+        let d = self.lookup.draft(context, k);
+        Ok(d.into_iter().map(|t| (t + 1) % self.vocab.max(1)).collect())
+    }
 }
 
 /// One timed run.
@@ -87,6 +105,7 @@ fn run_pair<B: StepBackend + Rewind>(
     opts: &GenerateOptions,
     spec: &SpecOptions,
     spec_first: bool,
+    wrong: bool,
 ) -> Result<(Run, Run)> {
     let plain = |b: &mut B| -> Result<Run> {
         b.release(0);
@@ -99,15 +118,17 @@ fn run_pair<B: StepBackend + Rewind>(
     };
     let fast = |b: &mut B| -> Result<Run> {
         b.release(0);
-        let out = generate_speculative(
-            b,
-            0,
-            prompt,
-            opts,
-            &mut Lookup::default(),
-            spec,
-            &mut |_| Flow::Continue,
-        )?;
+        let mut wrong_drafts = Wrong {
+            lookup: Lookup::default(),
+            vocab: b.vocab_size() as u32,
+        };
+        let mut lookup = Lookup::default();
+        let drafter: &mut dyn Drafter = if wrong {
+            &mut wrong_drafts
+        } else {
+            &mut lookup
+        };
+        let out = generate_speculative(b, 0, prompt, opts, drafter, spec, &mut |_| Flow::Continue)?;
         Ok(Run {
             ids: out.out.new_ids,
             ms_per_token: out.out.decode_ms_per_token,
@@ -149,7 +170,10 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
             Some(tpl) => tpl.encode(&tok, &[ChatMessage::new("user", text)], true)?,
             None => tok.encode(&text, true)?,
         };
-        prompts.push((name, ids));
+        if a.wrong {
+            prompts.push((format!("{name}, drafts made wrong"), ids.clone(), true));
+        }
+        prompts.push((name, ids, false));
     }
     let opts = GenerateOptions {
         max_tokens: a.tokens,
@@ -187,7 +211,7 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
     let mut results: Vec<(String, &str, Vec<(Run, Run)>)> = Vec::new();
     for round in 0..a.rounds.max(1) {
         let spec_first = round % 2 == 1;
-        for (name, ids) in &prompts {
+        for (name, ids, wrong) in &prompts {
             let mut push = |backend: &'static str, pair: (Run, Run)| match results
                 .iter_mut()
                 .find(|r| &r.0 == name && r.1 == backend)
@@ -199,7 +223,7 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
                 let mut gen = Generator::new(&model, None);
                 push(
                     "in memory",
-                    run_pair(&mut gen, ids, &opts, &spec(false), spec_first)?,
+                    run_pair(&mut gen, ids, &opts, &spec(false), spec_first, *wrong)?,
                 );
             }
             if let Some(lm) = sliced.as_mut() {
@@ -208,7 +232,10 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
                 } else {
                     "half offloaded"
                 };
-                push(what, run_pair(lm, ids, &opts, &spec(true), spec_first)?);
+                push(
+                    what,
+                    run_pair(lm, ids, &opts, &spec(true), spec_first, *wrong)?,
+                );
             }
             eprintln!("round {} of {}: {name} done", round + 1, a.rounds.max(1));
         }
