@@ -11,6 +11,8 @@
 //! - `c(k)` starts from a prior slope (`StepCost::prior_per_row`) and follows the measured
 //!   times of steps of each size (drafting included: a draft model's `k` steps count) once
 //!   both a one-position step and that size were seen.
+//! - A draft must promise 2 % more tokens per unit time than none, and an extra position is
+//!   taken to cost at least 1 % of a step (so timing noise never makes drafting look free).
 //! - At `a` near 0 the best `k` is 0; a step at `k = 0` teaches nothing, so after
 //!   `probe_every` such steps with a draft available one step verifies a single draft.
 //!
@@ -54,11 +56,22 @@ impl StepCost {
             self.seconds.first().copied().flatten(),
             self.seconds.get(rows - 1).copied().flatten(),
         ) {
-            (Some(one), Some(n)) if one > 0.0 => (n / one).max(1.0),
-            _ => prior,
+            // a measured step is never taken as cheaper than the floor: timing noise must not
+            // make extra positions look free
+            (Some(one), Some(n)) if one > 0.0 => (n / one).max(floor(rows)),
+            _ => prior.max(floor(rows)),
         }
     }
 }
+
+/// The least relative cost assumed for a step of `rows` positions: 1 % per extra position.
+fn floor(rows: usize) -> f64 {
+    1.0 + 0.01 * rows.saturating_sub(1) as f64
+}
+
+/// A draft is worth verifying only when it promises this much more tokens per unit time
+/// than a step without drafts.
+const MIN_GAIN: f64 = 1.02;
 
 /// The per-sequence draft-length controller.
 #[derive(Debug, Clone)]
@@ -111,7 +124,7 @@ impl AdaptiveK {
             return self.k_max; // fixed
         }
         let a = self.acceptance().clamp(0.0, 0.999);
-        let mut best = (0usize, 1.0f64); // (k, tokens per unit cost)
+        let mut best = (0usize, MIN_GAIN); // (k, tokens per unit cost to beat)
         let mut expected = 1.0;
         let mut term = 1.0;
         for k in 1..=self.k_max {
@@ -165,6 +178,10 @@ mod tests {
         for _ in 0..60 {
             a.observe(1, 0, None);
         }
+        assert_eq!(a.next_k(), 0);
+        // measured steps whose noise makes a longer one look no dearer do not bring it back
+        a.cost.observe(1, 0.010);
+        a.cost.observe(2, 0.009);
         assert_eq!(a.next_k(), 0);
         // a probe of one draft comes every `probe_every` idle steps
         let probes = (0..32).filter(|_| a.next_k() == 1).count();
