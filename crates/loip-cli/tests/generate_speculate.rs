@@ -64,33 +64,23 @@ fn speculation_gives_the_same_tokens_in_memory_offloaded_and_sampled() {
     }
 }
 
+/// The error of a `loip generate` on tiny-llama with `spec` flags, which must fail.
+fn refusal(spec: &[&str]) -> String {
+    let model = fixture("tiny-llama");
+    let out = loip()
+        .args(["generate", "--model", &model, "--prompt-ids", "1,2,3"])
+        .args(spec)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{spec:?} ran");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_draft_with_other_token_ids_is_refused() {
-    let out = loip()
-        .args([
-            "generate",
-            "--model",
-            &fixture("tiny-llama"),
-            "--prompt-ids",
-            "1,2,3",
-        ])
-        .args(["--speculate", "draft", "--draft", &fixture("tiny-qwen3")])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let qwen = fixture("tiny-qwen3");
+    let err = refusal(&["--speculate", "draft", "--draft", &qwen]);
     assert!(err.contains("cannot draft for this model"), "{err}");
-    let out = loip()
-        .args([
-            "generate",
-            "--model",
-            &fixture("tiny-llama"),
-            "--prompt-ids",
-            "1,2,3",
-        ])
-        .args(["--speculate", "draft"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--draft MODEL"));
+    let err = refusal(&["--speculate", "draft"]);
+    assert!(err.contains("--draft MODEL"), "{err}");
 }
