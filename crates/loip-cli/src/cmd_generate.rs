@@ -2,12 +2,14 @@
 
 use anyhow::Result;
 use clap::Args;
-use loip_engine::Model;
+use loip_engine::{Model, Speculate};
+use loip_model::Checkpoint;
 use loip_plan::Pattern;
 
 use crate::backend::{self, ClusterArgs, OffloadArgs};
 use crate::model_load;
-use crate::request::{prepare, report, Printer, PromptArgs};
+use crate::request::{prepare, report, Prepared, Printer, PromptArgs};
+use crate::speculate::{self, SpecArgs};
 
 /// Arguments of `loip generate`.
 #[derive(Args, Debug)]
@@ -24,6 +26,8 @@ pub struct GenerateArgs {
     pub offload: OffloadArgs,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 /// Arguments of `loip logits`.
@@ -50,7 +54,14 @@ pub struct FetchArgs {
 pub fn generate(a: GenerateArgs) -> Result<()> {
     let (src, info) = backend::source(&a.model, &a.offload, &a.cluster)?;
     let on_cluster = matches!(src, backend::Source::Cluster(_));
+    let config = info.config.clone();
     let prep = prepare(info, &a.prompt)?;
+    if a.spec.on() {
+        let draft = (a.spec.speculate == Speculate::Draft)
+            .then(|| speculate::open_draft(&a.spec, &config, prep.tokenizer.as_ref()))
+            .transpose()?;
+        return generate_speculative(a, src, prep, draft.as_ref());
+    }
     let context = prep.prompt_ids.len() + prep.opts.max_tokens;
     let how = backend::How {
         model: &a.model,
@@ -86,20 +97,15 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     }
     if let Some(memory) = &opened.memory {
         let dev = opened.backend.stats().device;
-        let steps = out.new_ids.len().max(1) as f64;
-        extra.insert("memory".into(), serde_json::to_value(memory)?);
-        extra.insert(
-            "load_stall_ms_per_token".into(),
-            (dev.load_stall_s * 1e3 / steps).into(),
-        );
-        extra.insert("loaded_bytes".into(), dev.loaded_bytes.into());
-        if !a.json {
-            backend::print_memory(memory);
-            eprintln!(
-                "; load stall {:.2} ms/token",
-                dev.load_stall_s * 1e3 / steps
-            );
-        }
+        let tokens = out.new_ids.len();
+        memory_report(
+            memory,
+            dev.load_stall_s,
+            dev.loaded_bytes,
+            tokens,
+            a.json,
+            &mut extra,
+        )?;
     }
     let cluster = backend::cluster_report(&opened.backend, true)?;
     if let Some((_, _, more)) = &cluster {
@@ -111,6 +117,73 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     }
     opened.backend.shutdown();
     Ok(())
+}
+
+/// A device's memory and loads (from slice files) into the JSON `extra`, and on stderr
+/// unless `json`.
+fn memory_report(
+    memory: &loip_runtime::MemoryReport,
+    stall_s: f64,
+    loaded_bytes: u64,
+    tokens: usize,
+    json: bool,
+    extra: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
+    let stall_ms = stall_s * 1e3 / tokens.max(1) as f64;
+    extra.insert("memory".into(), serde_json::to_value(memory)?);
+    extra.insert("load_stall_ms_per_token".into(), stall_ms.into());
+    extra.insert("loaded_bytes".into(), loaded_bytes.into());
+    if !json {
+        backend::print_memory(memory);
+        eprintln!("; load stall {stall_ms:.2} ms/token");
+    }
+    Ok(())
+}
+
+/// `loip generate --speculate …`: the request on this machine with speculative decoding
+/// (the same tokens; fewer forward steps when drafts are accepted).
+fn generate_speculative(
+    a: GenerateArgs,
+    src: backend::Source,
+    prep: Prepared,
+    draft: Option<&Checkpoint>,
+) -> Result<()> {
+    let mut printer = Printer::new(prep.tokenizer.as_ref(), a.prompt.stop.clone(), a.json);
+    let run = speculate::run(
+        src,
+        &a.offload,
+        &prep.prompt_ids,
+        &prep.opts,
+        &a.spec,
+        draft,
+        &mut |id| printer.on_token(id),
+    )?;
+    let text = printer.finish();
+    let (out, stats) = (&run.out.out, run.out.stats);
+    let mut extra = serde_json::Map::new();
+    extra.insert("peak_rss_bytes".into(), backend::peak_rss().into());
+    extra.insert("speculation".into(), serde_json::to_value(stats)?);
+    if let (Some(memory), Some(t)) = (&run.memory, &run.times) {
+        let tokens = out.new_ids.len();
+        memory_report(
+            memory,
+            t.stall_s,
+            t.loaded_bytes,
+            tokens,
+            a.json,
+            &mut extra,
+        )?;
+    }
+    if !a.json {
+        eprintln!(
+            "speculation: {} steps after the prompt, {} drafts, {} accepted ({:.0} %)",
+            stats.steps,
+            stats.drafted,
+            stats.accepted,
+            stats.acceptance() * 100.0
+        );
+    }
+    report(&prep.prompt_ids, out, text, a.json, Some(extra))
 }
 
 /// `loip logits`.

@@ -4,6 +4,7 @@ mod backend;
 mod cmd_api;
 mod cmd_bench;
 mod cmd_bench_serve;
+mod cmd_bench_spec;
 mod cmd_generate;
 mod cmd_local;
 mod cmd_local_plot;
@@ -17,6 +18,7 @@ mod cmd_worker;
 mod model_load;
 mod model_shape;
 mod request;
+mod speculate;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

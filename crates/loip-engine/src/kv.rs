@@ -164,6 +164,16 @@ impl KvCache {
         self
     }
 
+    /// Keeps `slack` positions more than the window on every sliding-window layer from now
+    /// on (speculative decoding: a rewind of up to `slack` rejected positions then leaves at
+    /// least the window). Reads are unchanged: attention reads the last `window` positions
+    /// of the model's config, which the wider ring still holds in the same order.
+    pub fn widen_windows(&mut self, slack: usize) {
+        for w in self.windows.iter_mut().flatten() {
+            *w = w.saturating_add(slack);
+        }
+    }
+
     /// The window of held layer `layer` (`None`: it keeps every position, or is not held).
     pub fn window(&self, layer: usize) -> Option<usize> {
         self.slot(layer).ok().and_then(|i| self.windows[i])

@@ -11,6 +11,8 @@
 //! Serving many sequences at once: [`batch`] runs one forward over the tokens of several
 //! sequences and samples each with its own state; [`batch_drive`] drives it with the pure
 //! step scheduler of `loip_plan::sched` (continuous batching, chunked prefill).
+//! [`speculate`] uses the same batched forward to verify several draft tokens of one
+//! sequence in one step (lossless speculative decoding).
 #![deny(missing_docs)]
 
 pub mod batch;
@@ -21,6 +23,7 @@ pub mod generate;
 pub mod kv;
 pub mod rope;
 pub mod sampling;
+pub mod speculate;
 pub mod weights;
 
 pub use batch::{BatchBackend, BatchRunner, Feed, RowPick, SeqEvent};
@@ -33,4 +36,5 @@ pub use generate::{
 };
 pub use kv::{KvCache, SeqId};
 pub use sampling::{Sampler, SamplingParams};
+pub use speculate::{generate_speculative, Rewind, SpecOptions, SpecOutput, SpecStats, Speculate};
 pub use weights::{AttnWeights, HeadWeights, LayerWeights, MlpWeights, TensorSource};

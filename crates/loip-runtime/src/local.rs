@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use loip_engine::{BatchBackend, EngineError, StepBackend, TokenPos};
+use loip_engine::{BatchBackend, EngineError, Rewind, StepBackend, TokenPos};
 use loip_model::slice::{Manifest, SliceKind};
 
 use crate::executor::{working_bytes, BlockPlacement, Device, DeviceSpec, StageLayer, StageSpec};
@@ -308,6 +308,23 @@ impl BatchBackend for LocalModel {
 
     fn vocab_size(&self) -> usize {
         self.device.tf.cfg.vocab_size
+    }
+}
+
+/// Speculative decoding from slice files: a verify step of `k + 1` positions reads each
+/// offloaded block once; the rejected positions' KV is truncated here.
+impl Rewind for LocalModel {
+    fn rewind(&mut self, seq: u64, len: usize) -> Result<(), EngineError> {
+        self.device.kv.truncate(seq, len);
+        Ok(())
+    }
+
+    fn allow_rewind(&mut self, k: usize) {
+        self.device.kv.widen_windows(k);
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        Some(self.device.tf.cfg.max_position_embeddings)
     }
 }
 

@@ -1,0 +1,214 @@
+//! Adaptive draft length: per sequence, how many draft tokens the next step verifies.
+//!
+//! Pure state (times are inputs). The model: each draft token is accepted with probability
+//! `a` given the previous one was (a geometric run), so a step verifying `k` drafts yields
+//! `E(k) = 1 + a + … + a^k` tokens; it costs `c(k)`, the time of a step of `k + 1` positions
+//! over one. The next `k` maximises `E(k) / c(k)`.
+//!
+//! - `a` is the ratio of accepted drafts to drafts that were tested (a step that accepts `j`
+//!   of `k` drafts tested `j + 1` of them when `j < k`, else `k`), both counts decaying so a
+//!   change of regime (copying starts or stops) shows within a few steps.
+//! - `c(k)` starts from a prior slope (`StepCost::prior_per_row`) and follows the measured
+//!   times of steps of each size (drafting included: a draft model's `k` steps count) once
+//!   both a one-position step and that size were seen.
+//! - A draft must promise 2 % more tokens per unit time than none, and an extra position is
+//!   taken to cost at least 1 % of a step (so timing noise never makes drafting look free).
+//! - At `a` near 0 the best `k` is 0; a step at `k = 0` teaches nothing, so after
+//!   `probe_every` such steps with a draft available one step verifies a single draft.
+//!
+//! Invariant: the choice never changes which tokens are produced (verification is exact),
+//! only how many positions a step carries.
+
+/// The relative cost of a step of `n` positions of one sequence.
+#[derive(Debug, Clone)]
+pub struct StepCost {
+    /// the prior `c(n) = 1 + prior_per_row × (n − 1)`
+    pub prior_per_row: f64,
+    seconds: Vec<Option<f64>>, // [n - 1]: decayed mean seconds of a step of n positions
+}
+
+impl StepCost {
+    /// A cost model for steps of up to `max_rows` positions with a prior slope.
+    pub fn new(max_rows: usize, prior_per_row: f64) -> StepCost {
+        StepCost {
+            prior_per_row,
+            seconds: vec![None; max_rows.max(1)],
+        }
+    }
+
+    /// Records a step of `rows` positions that took `seconds`.
+    pub fn observe(&mut self, rows: usize, seconds: f64) {
+        if rows == 0 || !seconds.is_finite() || seconds <= 0.0 {
+            return;
+        }
+        if let Some(s) = self.seconds.get_mut(rows - 1) {
+            *s = Some(s.map_or(seconds, |m| 0.8 * m + 0.2 * seconds));
+        }
+    }
+
+    /// `c(rows)`: a step of `rows` positions over a step of one (≥ 1 for rows ≥ 1).
+    pub fn relative(&self, rows: usize) -> f64 {
+        if rows <= 1 {
+            return 1.0;
+        }
+        let prior = 1.0 + self.prior_per_row * (rows - 1) as f64;
+        match (
+            self.seconds.first().copied().flatten(),
+            self.seconds.get(rows - 1).copied().flatten(),
+        ) {
+            // a measured step is never taken as cheaper than the floor: timing noise must not
+            // make extra positions look free
+            (Some(one), Some(n)) if one > 0.0 => (n / one).max(floor(rows)),
+            _ => prior.max(floor(rows)),
+        }
+    }
+}
+
+/// The least relative cost assumed for a step of `rows` positions: 1 % per extra position.
+fn floor(rows: usize) -> f64 {
+    1.0 + 0.01 * rows.saturating_sub(1) as f64
+}
+
+/// A draft is worth verifying only when it promises this much more tokens per unit time
+/// than a step without drafts.
+const MIN_GAIN: f64 = 1.02;
+
+/// The per-sequence draft-length controller.
+#[derive(Debug, Clone)]
+pub struct AdaptiveK {
+    k_max: usize,
+    accepted: f64, // decayed count of accepted drafts
+    tested: f64,   // decayed count of drafts tested (accepted + first rejected)
+    idle: usize,   // steps at k = 0 since the last probe
+    probe_every: usize,
+    /// the step cost model
+    pub cost: StepCost,
+}
+
+/// How fast old observations fade (per step).
+const DECAY: f64 = 0.9;
+
+impl AdaptiveK {
+    /// A controller of drafts up to `k_max` with a prior acceptance of 1/2 (worth one step)
+    /// and a prior step-cost slope `prior_per_row`.
+    pub fn new(k_max: usize, prior_per_row: f64) -> AdaptiveK {
+        AdaptiveK {
+            k_max,
+            accepted: 1.0,
+            tested: 2.0,
+            idle: 0,
+            probe_every: 16,
+            cost: StepCost::new(k_max + 1, prior_per_row),
+        }
+    }
+
+    /// A controller that always asks for `k` (no adaptation).
+    pub fn fixed(k: usize) -> AdaptiveK {
+        let mut a = AdaptiveK::new(k, 0.0);
+        a.probe_every = 0;
+        a
+    }
+
+    /// The estimated acceptance rate of one draft token.
+    pub fn acceptance(&self) -> f64 {
+        if self.tested > 0.0 {
+            self.accepted / self.tested
+        } else {
+            0.0
+        }
+    }
+
+    /// The number of drafts the next step should verify (before any cap of the caller).
+    pub fn next_k(&mut self) -> usize {
+        if self.probe_every == 0 {
+            return self.k_max; // fixed
+        }
+        let a = self.acceptance().clamp(0.0, 0.999);
+        let mut best = (0usize, MIN_GAIN); // (k, tokens per unit cost to beat)
+        let mut expected = 1.0;
+        let mut term = 1.0;
+        for k in 1..=self.k_max {
+            term *= a;
+            expected += term;
+            let rate = expected / self.cost.relative(k + 1);
+            if rate > best.1 * 1.0001 {
+                best = (k, rate);
+            }
+        }
+        if best.0 == 0 && self.k_max > 0 {
+            self.idle += 1;
+            if self.idle >= self.probe_every {
+                self.idle = 0;
+                return 1;
+            }
+        }
+        best.0
+    }
+
+    /// Records a step that verified `drafted` drafts and accepted the first `accepted` of them
+    /// in `seconds` (`None`: not timed).
+    pub fn observe(&mut self, drafted: usize, accepted: usize, seconds: Option<f64>) {
+        if let Some(s) = seconds {
+            self.cost.observe(drafted + 1, s);
+        }
+        if drafted == 0 {
+            return;
+        }
+        let tested = if accepted < drafted {
+            accepted + 1
+        } else {
+            drafted
+        };
+        self.accepted = DECAY * self.accepted + accepted as f64;
+        self.tested = DECAY * self.tested + tested as f64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_acceptance_asks_for_the_most_and_rejection_falls_to_zero() {
+        let mut a = AdaptiveK::new(6, 0.1);
+        for _ in 0..20 {
+            a.observe(6, 6, None);
+        }
+        assert_eq!(a.next_k(), 6);
+        for _ in 0..60 {
+            a.observe(1, 0, None);
+        }
+        assert_eq!(a.next_k(), 0);
+        // measured steps whose noise makes a longer one look no dearer do not bring it back
+        a.cost.observe(1, 0.010);
+        a.cost.observe(2, 0.009);
+        assert_eq!(a.next_k(), 0);
+        // a probe of one draft comes every `probe_every` idle steps
+        let probes = (0..32).filter(|_| a.next_k() == 1).count();
+        assert_eq!(probes, 2);
+    }
+
+    #[test]
+    fn costly_steps_shorten_the_draft() {
+        // acceptance about 0.6: cheap extra rows → long drafts, dear ones → short or none
+        let mut cheap = AdaptiveK::new(8, 0.02);
+        let mut dear = AdaptiveK::new(8, 0.9);
+        for a in [&mut cheap, &mut dear] {
+            for _ in 0..40 {
+                a.observe(4, 2, None);
+            }
+        }
+        assert!(cheap.next_k() >= 6, "{}", cheap.next_k());
+        assert!(dear.next_k() <= 1, "{}", dear.next_k());
+        // measured times override the prior
+        let mut m = AdaptiveK::new(8, 0.9);
+        for _ in 0..40 {
+            m.observe(4, 2, None);
+        }
+        for n in 1..=9 {
+            m.cost.observe(n, 0.010 + 0.0001 * (n - 1) as f64);
+        }
+        assert!(m.next_k() >= 6, "{}", m.next_k());
+        assert!(AdaptiveK::fixed(3).next_k() == 3);
+    }
+}

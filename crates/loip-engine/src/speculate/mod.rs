@@ -1,0 +1,308 @@
+//! Lossless speculative decoding: propose `k` tokens cheaply, verify them and the position
+//! after them in ONE forward of `k + 1` positions, keep the longest prefix the model itself
+//! produces, and drop the KV of the rest.
+//!
+//! The pieces: a [`Drafter`] proposes tokens ([`lookup::Lookup`], prompt lookup, needs no
+//! second model; [`draft::ModelDrafter`], a smaller model with the same tokenizer); [`adapt::AdaptiveK`] chooses how many per step; [`generate_speculative`]
+//! is the generation loop over any [`Rewind`] backend (the in-memory [`Generator`], the
+//! offloaded device of `loip_runtime`).
+//!
+//! Invariants (lossless, tested in `tests/speculate.rs`):
+//! - Row `j` of a verify step is the position after the pending token and the first `j`
+//!   drafts. It is only used once those drafts were all accepted, i.e. once its context is
+//!   exactly what decoding one token at a time would have fed; the batched forward computes
+//!   each position bit-identically to one at a time (crate docs), so its logits are the
+//!   non-speculative step's, bit for bit.
+//! - Each used row goes through the sequence's own [`Decoding`] exactly as in
+//!   [`generate`](crate::generate()) (EOS mask, argmax or one draw of the seeded sampler),
+//!   and a draft counts as accepted only when that pick equals it. So greedy AND seeded
+//!   sampled requests give the tokens of decoding without speculation; the sampler draws
+//!   once per kept token in both.
+//! - After a step the KV holds exactly the fed tokens that were kept: the rejected rows are
+//!   truncated ([`Rewind::rewind`]) before the next step.
+
+pub mod adapt;
+pub mod draft;
+pub mod lookup;
+
+use std::time::Instant;
+
+use crate::batch::{pick_rows, BatchBackend, RowPick};
+use crate::forward::TokenPos;
+use crate::generate::{Decoding, Flow, GenerateOptions, GenerateOutput, Generator, StopReason};
+use crate::kv::SeqId;
+use crate::EngineError;
+
+use adapt::AdaptiveK;
+use lookup::Lookup;
+
+/// Where draft tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Speculate {
+    /// no speculation: one position per step
+    #[default]
+    Off,
+    /// prompt lookup: n-gram matches in the prompt and the generated text
+    Lookup,
+    /// a draft model with the same tokenizer ([`draft::ModelDrafter`])
+    Draft,
+}
+
+impl std::str::FromStr for Speculate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" | "none" => Ok(Speculate::Off),
+            "lookup" => Ok(Speculate::Lookup),
+            "draft" => Ok(Speculate::Draft),
+            _ => Err(format!(
+                "unknown speculation {s:?}; expected lookup, draft or off"
+            )),
+        }
+    }
+}
+
+/// How a request speculates.
+#[derive(Debug, Clone)]
+pub struct SpecOptions {
+    /// most drafts verified in one step // tokens
+    pub k_max: usize,
+    /// adapt `k` per step from the acceptance rate and step costs ([`AdaptiveK`]); else
+    /// always verify as many drafts as the drafter proposes, up to `k_max`
+    pub adaptive: bool,
+    /// the adaptive controller's prior cost of one more position in a step, relative to a
+    /// step of one (replaced by measured step times as they come)
+    pub prior_per_row: f64,
+}
+
+impl Default for SpecOptions {
+    fn default() -> Self {
+        SpecOptions {
+            k_max: 8,
+            adaptive: true,
+            prior_per_row: 0.15,
+        }
+    }
+}
+
+/// What speculation did over a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct SpecStats {
+    /// forward steps after the prompt
+    pub steps: usize,
+    /// draft tokens verified
+    pub drafted: usize,
+    /// draft tokens accepted
+    pub accepted: usize,
+    /// steps that verified at least one draft
+    pub draft_steps: usize,
+}
+
+impl SpecStats {
+    /// Accepted over drafted (0 when nothing was drafted).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+}
+
+/// A backend that can drop a sequence's newest positions (the rejected drafts' KV).
+pub trait Rewind: BatchBackend {
+    /// Keeps only the first `len` positions of `seq`'s KV.
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError>;
+
+    /// Makes rewinds of up to `k` positions possible from now on: a sliding-window layer
+    /// keeps `k` positions more than its window ([`KvCache::widen_windows`]), so a rewind
+    /// never drops below the window the next step reads.
+    ///
+    /// [`KvCache::widen_windows`]: crate::KvCache::widen_windows
+    fn allow_rewind(&mut self, k: usize);
+
+    /// The model's context limit (positions), if any.
+    fn max_positions(&self) -> Option<usize>;
+}
+
+impl Rewind for Generator<'_, '_> {
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        self.kv.truncate(seq, len);
+        Ok(())
+    }
+
+    fn allow_rewind(&mut self, k: usize) {
+        self.kv.widen_windows(k);
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        Some(self.model.tf.cfg.max_position_embeddings)
+    }
+}
+
+/// Proposes draft tokens to follow a context.
+pub trait Drafter {
+    /// Up to `k` tokens likely to follow `context` (prompt and kept tokens).
+    fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>, EngineError>;
+}
+
+impl Drafter for Lookup {
+    fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>, EngineError> {
+        Ok(self.draft(context, k))
+    }
+}
+
+/// The output of [`generate_speculative`].
+#[derive(Debug, Clone)]
+pub struct SpecOutput {
+    /// the tokens and timings, as [`generate`](crate::generate()) reports them
+    pub out: GenerateOutput,
+    /// what speculation did
+    pub stats: SpecStats,
+}
+
+/// Generates like [`generate`](crate::generate()) (same tokens, and each kept token from
+/// logits bit-identical to its), verifying the `drafter`'s proposals in steps of up to
+/// `spec.k_max + 1` positions. `decode_ms_per_token` is the decode time over the tokens
+/// after the first, as without speculation.
+pub fn generate_speculative<B: Rewind + ?Sized>(
+    backend: &mut B,
+    seq: SeqId,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    drafter: &mut dyn Drafter,
+    spec: &SpecOptions,
+    on_token: &mut dyn FnMut(u32) -> Flow,
+) -> Result<SpecOutput, EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::Invalid("the prompt has no tokens".into()));
+    }
+    let mut dec = Decoding::new(opts)?;
+    let mut adapt = if spec.adaptive {
+        AdaptiveK::new(spec.k_max, spec.prior_per_row)
+    } else {
+        AdaptiveK::fixed(spec.k_max)
+    };
+    let mut stats = SpecStats::default();
+    backend.allow_rewind(spec.k_max);
+    let mut context = prompt.to_vec(); // prompt, then each kept token
+    let t0 = Instant::now();
+    let first = verify(backend, seq, prompt, 0, 1)?;
+    let mut fed = prompt.len(); // positions in the KV
+    let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t1 = Instant::now();
+    let mut pending = take(&mut dec, &first, on_token, &mut context);
+    while let Some(last) = pending {
+        // drafts: no more than the tokens still wanted after this step's first, nor past the
+        // model's context limit
+        let wanted = opts.max_tokens.saturating_sub(dec.new_ids().len() + 1);
+        let room = backend_room(backend, fed);
+        let k = adapt.next_k().min(wanted).min(room);
+        let ts = Instant::now(); // a step's cost: drafting and verifying
+        let mut draft = if k > 0 {
+            drafter.propose(&context, k)?
+        } else {
+            Vec::new()
+        };
+        draft.truncate(k);
+        let mut ids = Vec::with_capacity(draft.len() + 1);
+        ids.push(last);
+        ids.extend_from_slice(&draft);
+        let logits = match verify(backend, seq, &ids, fed, ids.len()) {
+            // the KV budget refused the longer step (nothing was written): verify none
+            Err(EngineError::KvBudget { .. }) if !draft.is_empty() => {
+                draft.clear();
+                ids.truncate(1);
+                verify(backend, seq, &ids, fed, 1)?
+            }
+            r => r?,
+        };
+        let secs = ts.elapsed().as_secs_f64();
+        // use rows in order while each picks the draft that the next row assumed
+        let vocab = logits.len() / ids.len();
+        let mut kept = 0; // fed tokens kept: the pending one, then accepted drafts
+        pending = None;
+        for j in 0..ids.len() {
+            kept = j + 1;
+            let row = &logits[j * vocab..(j + 1) * vocab];
+            match take(&mut dec, row, on_token, &mut context) {
+                Some(t) if draft.get(j) == Some(&t) => continue,
+                next => {
+                    pending = next;
+                    break;
+                }
+            }
+        }
+        let accepted = kept - 1;
+        fed += kept;
+        if kept < ids.len() {
+            backend.rewind(seq, fed)?;
+        }
+        stats.steps += 1;
+        stats.drafted += draft.len();
+        stats.accepted += accepted.min(draft.len());
+        stats.draft_steps += usize::from(!draft.is_empty());
+        adapt.observe(draft.len(), accepted, Some(secs));
+    }
+    let decoded = dec.new_ids().len().saturating_sub(1);
+    let decode_ms_per_token = if decoded > 0 {
+        t1.elapsed().as_secs_f64() * 1e3 / decoded as f64
+    } else {
+        0.0
+    };
+    Ok(SpecOutput {
+        out: GenerateOutput {
+            stop: dec.stop_reason().unwrap_or(StopReason::Length),
+            new_ids: dec.new_ids().to_vec(),
+            prompt_ms,
+            decode_ms_per_token,
+        },
+        stats,
+    })
+}
+
+/// Positions a step at `fed` may add before the model's context limit, beyond the first.
+fn backend_room<B: Rewind + ?Sized>(backend: &B, fed: usize) -> usize {
+    backend
+        .max_positions()
+        .map_or(usize::MAX, |limit| limit.saturating_sub(fed + 1))
+}
+
+/// One forward of `ids` at positions `start..` of `seq`: the logits `(rows, vocab)` of its
+/// last `rows` positions.
+fn verify<B: Rewind + ?Sized>(
+    backend: &mut B,
+    seq: SeqId,
+    ids: &[u32],
+    start: usize,
+    rows: usize,
+) -> Result<Vec<f32>, EngineError> {
+    let batch: Vec<TokenPos> = (start..start + ids.len())
+        .map(|pos| TokenPos { seq, pos })
+        .collect();
+    let rows: Vec<usize> = (ids.len() - rows..ids.len()).collect();
+    backend.forward_rows(ids, &batch, &rows)
+}
+
+/// Picks the next token from one row `(vocab,)` as the sequence's decoding state says (EOS
+/// mask, argmax or a sample) and keeps it; the kept token is appended to `context`.
+/// Returns the token to feed next, `None` once done.
+fn take(
+    dec: &mut Decoding,
+    row: &[f32],
+    on_token: &mut dyn FnMut(u32) -> Flow,
+    context: &mut Vec<u32>,
+) -> Option<u32> {
+    let pick = RowPick {
+        row: 0,
+        greedy: dec.greedy(),
+        masked: dec.masked(),
+    };
+    let next = pick_rows(row, row.len(), &[pick]).pop()?;
+    let kept = dec.new_ids().len();
+    let feed = dec.accept(&next, on_token);
+    if let Some(&id) = dec.new_ids().get(kept) {
+        context.push(id);
+    }
+    feed
+}
