@@ -296,7 +296,7 @@ pub struct Opened {
 
 /// `--mem` is the whole process's budget, as the kernel counts it: the engine gets what this
 /// process (its code, tokenizer, runtime, `parallel` requests' buffers and threads) leaves.
-fn engine_share(total: u64, parallel: usize) -> Result<loip_runtime::memory::Budget> {
+pub fn engine_share(total: u64, parallel: usize) -> Result<loip_runtime::memory::Budget> {
     loip_runtime::memory::return_freed_memory();
     let threads = 4 + std::thread::available_parallelism().map_or(1, |n| n.get());
     // per request in flight: its prompt, logits and a response, bounded by the server

@@ -148,12 +148,17 @@ pub fn run(
             })
         }
         Source::Slices(dir) => {
+            // --mem is the whole process's budget; the engine gets its share
+            let mem_budget = match offload.mem.as_deref() {
+                Some(m) => {
+                    let b = crate::backend::engine_share(loip_plan::parse_bytes(m)?, 1)?;
+                    eprintln!("{b}");
+                    Some(b.engine)
+                }
+                None => None,
+            };
             let lopts = LocalOptions {
-                mem_budget: offload
-                    .mem
-                    .as_deref()
-                    .map(loip_plan::parse_bytes)
-                    .transpose()?,
+                mem_budget,
                 rule: offload.offload_blocks,
                 loader: offload.loader,
                 overlap: !offload.no_overlap,
