@@ -136,3 +136,76 @@ fn a_worker_without_mem_takes_its_cgroups_budget_and_says_why() {
     assert!(mib < 300.0 && mib > 200.0, "{chosen}");
     assert!(text.contains("= engine"), "{text}");
 }
+
+/// `loip api --mem 192MiB` in a cgroup of exactly 192 MiB (SmolLM2, 97 MB of weights: part
+/// streamed from slice files) under load: 8 clients at once with long prompts, two of them
+/// streaming and hanging up after the first bytes, then 8 more requests. Every finished
+/// request is answered, the server still says it is healthy, and the kernel killed nothing.
+#[test]
+fn api_under_load_stays_within_a_cgroup_of_its_budget() {
+    use common::api::{http, wait_for_line, Guard};
+    use std::io::{Read, Write};
+    if let Some(why) = cgroup_skip_reason() {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    const MEM: u64 = 192 << 20;
+    let cg = Cgroup::create(&format!("loip-cli-test-api-{}", std::process::id()), MEM).unwrap();
+    let mut cmd = loip();
+    cmd.args(["api", "--listen", "127.0.0.1:0", "--model", "smollm2", "--mem", "192MiB"])
+        .args(["--parallel", "4"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cg.confine(&mut cmd).unwrap();
+    let mut child = Guard(cmd.spawn().unwrap());
+    let err = child.0.stderr.take().unwrap();
+    let (addr, log) = wait_for_line(err, "listening on http://");
+    let long = "Summarise the following notes. ".repeat(60);
+    let body = |stream: bool| {
+        serde_json::json!({"model": "smollm2", "prompt": long, "max_tokens": 24,
+            "min_tokens": 24, "stream": stream})
+        .to_string()
+    };
+    for round in 0..2 {
+        let clients: Vec<_> = (0..8)
+            .map(|i| {
+                let (addr, req) = (addr.clone(), body(i < 2 && round == 0));
+                std::thread::spawn(move || {
+                    if i < 2 && round == 0 {
+                        // a streaming client that hangs up after the first bytes
+                        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+                        let head = format!(
+                            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\n\
+                             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                            req.len()
+                        );
+                        s.write_all(head.as_bytes()).unwrap();
+                        s.write_all(req.as_bytes()).unwrap();
+                        let mut b = [0u8; 64];
+                        let _ = s.read(&mut b);
+                        return 0;
+                    }
+                    http(&addr, "POST", "/v1/completions", req.as_bytes()).status
+                })
+            })
+            .collect();
+        for c in clients {
+            let status = c.join().unwrap();
+            assert!(status == 0 || status == 200 || status == 429, "status {status}");
+        }
+    }
+    let health = http(&addr, "GET", "/health", b"");
+    assert_eq!(health.status, 200, "{}", String::from_utf8_lossy(&health.body));
+    let r = cg.report();
+    let peak = r.peak.unwrap_or(0);
+    let text = log.lock().map(|l| l.clone()).unwrap_or_default();
+    eprintln!(
+        "loip api --mem 192MiB: peak charge {:.1} MiB, OOM kills {}\n{}",
+        peak as f64 / (1 << 20) as f64,
+        r.oom_kills,
+        text.lines().find(|l| l.contains("= engine")).unwrap_or("")
+    );
+    assert_eq!(r.oom_kills, 0);
+    assert!(peak <= MEM);
+    drop(child);
+}
