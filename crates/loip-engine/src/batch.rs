@@ -18,6 +18,7 @@ use crate::forward::TokenPos;
 use crate::generate::{Decoding, Flow, GenerateOptions, Generator, Next, StopReason};
 use crate::kv::SeqId;
 use crate::sampling::{argmax, mask};
+use crate::sampling::{Shaping, TokenLogprob};
 use crate::EngineError;
 
 /// A row of a step whose logits pick the next token of its sequence.
@@ -160,6 +161,8 @@ struct SeqRun {
 pub struct BatchRunner<B> {
     backend: B,
     seqs: BTreeMap<SeqId, SeqRun>,
+    /// log-probabilities of sequences' kept tokens, until taken or released
+    logprobs: BTreeMap<SeqId, Vec<TokenLogprob>>,
 }
 
 impl<B: BatchBackend> BatchRunner<B> {
@@ -168,6 +171,7 @@ impl<B: BatchBackend> BatchRunner<B> {
         BatchRunner {
             backend,
             seqs: BTreeMap::new(),
+            logprobs: BTreeMap::new(),
         }
     }
 
@@ -189,6 +193,19 @@ impl<B: BatchBackend> BatchRunner<B> {
         prompt: &[u32],
         opts: &GenerateOptions,
     ) -> Result<(), EngineError> {
+        self.add_shaped(seq, prompt, opts, &Shaping::default())
+    }
+
+    /// [`BatchRunner::add`] for a sequence whose tokens are shaped (penalties, bias) and
+    /// whose log-probabilities are recorded ([`BatchRunner::take_logprobs`]); refuses a bad
+    /// `shaping` too.
+    pub fn add_shaped(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        shaping: &Shaping,
+    ) -> Result<(), EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt has no tokens".into()));
         }
@@ -199,7 +216,8 @@ impl<B: BatchBackend> BatchRunner<B> {
         if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
             return Err(EngineError::BadTokenId { id, vocab });
         }
-        let dec = Decoding::new(opts)?;
+        shaping.validate(vocab)?;
+        let dec = Decoding::shaped(opts, shaping, prompt)?;
         self.seqs.insert(
             seq,
             SeqRun {
@@ -221,9 +239,16 @@ impl<B: BatchBackend> BatchRunner<B> {
         self.seqs.is_empty()
     }
 
+    /// The log-probabilities of `seq`'s kept tokens since the last call (asked for with
+    /// [`BatchRunner::add_shaped`]), also after it ended, until it is released.
+    pub fn take_logprobs(&mut self, seq: SeqId) -> Vec<TokenLogprob> {
+        self.logprobs.remove(&seq).unwrap_or_default()
+    }
+
     /// Drops `seq`'s state and frees its KV (a finished, cancelled or failed sequence).
     pub fn release(&mut self, seq: SeqId) {
         self.seqs.remove(&seq);
+        self.logprobs.remove(&seq);
         self.backend.release(seq);
     }
 
@@ -295,6 +320,10 @@ impl<B: BatchBackend> BatchRunner<B> {
             };
             let kept = run.dec.new_ids().len();
             let feed = run.dec.accept(next, &mut |_| Flow::Continue);
+            let lps = run.dec.take_logprobs();
+            if !lps.is_empty() {
+                self.logprobs.entry(*seq).or_default().extend(lps);
+            }
             if let Some(&id) = run.dec.new_ids().get(kept) {
                 events.push(SeqEvent::Token { seq: *seq, id });
             }

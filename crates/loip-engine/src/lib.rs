@@ -32,5 +32,5 @@ pub use generate::{
     StopReason,
 };
 pub use kv::{KvCache, SeqId};
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{Sampler, SamplingParams, Shaping, TokenLogprob};
 pub use weights::{AttnWeights, HeadWeights, LayerWeights, MlpWeights, TensorSource};
