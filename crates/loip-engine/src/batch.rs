@@ -161,8 +161,10 @@ struct SeqRun {
 pub struct BatchRunner<B> {
     backend: B,
     seqs: BTreeMap<SeqId, SeqRun>,
-    /// log-probabilities of sequences' kept tokens, until taken or released
+    /// log-probabilities of sequences' kept tokens, until taken
     logprobs: BTreeMap<SeqId, Vec<TokenLogprob>>,
+    /// those of sequences released since the last step, until taken or the next step
+    ended: BTreeMap<SeqId, Vec<TokenLogprob>>,
 }
 
 impl<B: BatchBackend> BatchRunner<B> {
@@ -172,6 +174,7 @@ impl<B: BatchBackend> BatchRunner<B> {
             backend,
             seqs: BTreeMap::new(),
             logprobs: BTreeMap::new(),
+            ended: BTreeMap::new(),
         }
     }
 
@@ -240,15 +243,20 @@ impl<B: BatchBackend> BatchRunner<B> {
     }
 
     /// The log-probabilities of `seq`'s kept tokens since the last call (asked for with
-    /// [`BatchRunner::add_shaped`]), also after it ended, until it is released.
+    /// [`BatchRunner::add_shaped`]); after it is released, until the next step.
     pub fn take_logprobs(&mut self, seq: SeqId) -> Vec<TokenLogprob> {
-        self.logprobs.remove(&seq).unwrap_or_default()
+        self.logprobs
+            .remove(&seq)
+            .or_else(|| self.ended.remove(&seq))
+            .unwrap_or_default()
     }
 
     /// Drops `seq`'s state and frees its KV (a finished, cancelled or failed sequence).
     pub fn release(&mut self, seq: SeqId) {
         self.seqs.remove(&seq);
-        self.logprobs.remove(&seq);
+        if let Some(lps) = self.logprobs.remove(&seq) {
+            self.ended.insert(seq, lps);
+        }
         self.backend.release(seq);
     }
 
@@ -264,6 +272,7 @@ impl<B: BatchBackend> BatchRunner<B> {
     /// at most once), samples the sequences whose known tokens are then all fed, and returns
     /// what happened, in feed order. A refused or failed step changes no sequence's state.
     pub fn run_step(&mut self, feeds: &[Feed]) -> Result<Vec<SeqEvent>, EngineError> {
+        self.ended.clear();
         let mut ids = Vec::new();
         let mut batch = Vec::new();
         let mut sampled: Vec<(SeqId, usize)> = Vec::new(); // (seq, row)

@@ -395,4 +395,35 @@ mod shaping_tests {
         .is_err());
         assert!(Shaping::default().is_off());
     }
+
+    #[test]
+    fn a_penalised_greedy_decoding_moves_off_a_repeated_token() {
+        use crate::generate::{Decoding, Flow, GenerateOptions, Next};
+        let opts = GenerateOptions {
+            max_tokens: 3,
+            sampling: SamplingParams::default(),
+            eos_ids: vec![],
+            min_tokens: 0,
+        };
+        let logits = Next::Logits(vec![1.0, 0.0, -0.5]);
+        let run = |shaping: &Shaping| {
+            let mut d = Decoding::shaped(&opts, shaping, &[]).unwrap();
+            while d.accept(&logits, &mut |_| Flow::Continue).is_some() {}
+            (d.new_ids().to_vec(), d.take_logprobs())
+        };
+        assert_eq!(run(&Shaping::default()).0, [0, 0, 0]);
+        let s = Shaping {
+            presence_penalty: 2.0,
+            logprobs: Some(1),
+            ..Default::default()
+        };
+        let (ids, lps) = run(&s);
+        // 0 (1.0), then 1 (0.0 beats 1.0 - 2), then 2 (-0.5 beats -1 and -2)
+        assert_eq!(ids, [0, 1, 2]);
+        // log-probabilities are of the model's logits, not the penalised ones
+        let want = logprob_of(&[1.0, 0.0, -0.5], 1, 1);
+        assert_eq!(lps.len(), 3);
+        assert_eq!(lps[1], want);
+        assert!(!Decoding::shaped(&opts, &s, &[]).unwrap().greedy());
+    }
 }
