@@ -77,6 +77,10 @@ pub struct ApiArgs {
     /// or the LOIP_API_KEY environment variable.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Let browsers call the API from this origin (e.g. `https://app.example`, or `*`):
+    /// responses carry `Access-Control-Allow-Origin`, preflight requests are answered.
+    #[arg(long)]
+    pub cors: Option<String>,
     /// Read the API key from the first line of this file.
     #[arg(long, conflicts_with = "api_key")]
     pub api_key_file: Option<PathBuf>,
@@ -176,6 +180,7 @@ pub fn run(a: ApiArgs) -> Result<()> {
         max_tokens_limit: a.max_tokens_limit,
         context,
         api_key,
+        cors: a.cors.clone(),
         limits: Limits {
             max_connections: a.max_connections,
             max_connections_per_addr: a.max_connections_per_addr,

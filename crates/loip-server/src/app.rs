@@ -74,6 +74,11 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            http::cors,
+        ))
+        .layer(axum::middleware::from_fn(http::log_request))
         .with_state(app)
 }
 
@@ -98,6 +103,8 @@ pub(crate) struct App {
     context: usize,          // tokens: one request's prompt + max_tokens
     /// SHA-256 of the API key `/v1/*` requires, if any
     pub(crate) api_key: Option<[u8; 32]>,
+    /// the origin `--cors` allows, if any
+    pub(crate) cors: Option<axum::http::HeaderValue>,
     pub(crate) body_timeout: Duration,
     /// most text one prompt may have before tokenizing: `--max-prompt` tokens of the longest
     /// spelling in the vocabulary, doubled (a normalizer may shorten text)  // bytes
@@ -136,6 +143,7 @@ impl App {
             max_tokens_limit: cfg.max_tokens_limit,
             context: cfg.context,
             api_key: cfg.api_key.as_deref().map(http::key_digest),
+            cors: cfg.cors.as_deref().and_then(|o| o.parse().ok()),
             body_timeout: cfg.limits.body_timeout,
             max_prompt_bytes: cfg
                 .max_prompt
@@ -335,12 +343,15 @@ async fn handle(app: Arc<App>, kind: Kind, req: Request) -> Result<Response, Api
     let job = tokio::task::spawn_blocking(move || checker.job(kind, req))
         .await
         .map_err(ApiError::from_join)??;
-    let permit = app.permits.clone().acquire_owned().await.map_err(|_| {
+    // all `n` places at once (one at a time, two requests could each hold a part)
+    let places = u32::try_from(job.n).unwrap_or(u32::MAX);
+    let permit = app.permits.clone().acquire_many_owned(places).await;
+    let permit = Arc::new(permit.map_err(|_| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is shutting down",
         )
-    })?;
+    })?);
     drop(queued);
     let meta = Meta {
         kind,
@@ -350,57 +361,82 @@ async fn handle(app: Arc<App>, kind: Kind, req: Request) -> Result<Response, Api
         seed: job.seed,
     };
     if job.stream {
-        return Ok(stream(app, job, meta, permit));
+        return Ok(stream(app, job, Arc::new(meta), permit));
     }
     let gone = Arc::new(AtomicBool::new(false));
     let _cancel = CancelOnDrop(gone.clone());
-    let id = meta.id.clone();
-    let (job, done) = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        let done = app.run(&job, &mut |_, _| !gone.load(Ordering::Relaxed));
-        if let (true, Ok(f)) = (gone.load(Ordering::Relaxed), &done) {
-            log_gone(&id, f);
-        }
-        (job, done)
-    })
-    .await
-    .map_err(ApiError::from_join)?;
-    Ok(Json(meta.full(&job, &done?)).into_response())
+    let job = Arc::new(job);
+    let tasks: Vec<_> = (0..job.n)
+        .map(|i| {
+            let (app, job, permit, gone) = (app.clone(), job.clone(), permit.clone(), gone.clone());
+            let id = meta.id.clone();
+            tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                let done = app.run(&job.choice(i), &mut |_, _| !gone.load(Ordering::Relaxed));
+                if let (true, Ok(f)) = (gone.load(Ordering::Relaxed), &done) {
+                    log_gone(&id, f);
+                }
+                done
+            })
+        })
+        .collect();
+    let mut done = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        done.push(t.await.map_err(ApiError::from_join)??);
+    }
+    let mut resp = Json(meta.full(&job, &done)).into_response();
+    resp.extensions_mut().insert(http::Tokens {
+        prompt: job.prompt_ids.len(),
+        completion: done.iter().map(|f| f.new_ids.len()).sum(),
+    });
+    Ok(resp)
 }
 
-/// Streams `job` as server-sent events; the generation stops when the client goes away.
-fn stream(app: Arc<App>, job: Job, meta: Meta, permit: OwnedSemaphorePermit) -> Response {
+/// Streams `job`'s `n` choices as server-sent events (each chunk names its choice); the
+/// generations stop when the client goes away. After the last choice's end: the usage chunk
+/// when asked for, then `[DONE]`.
+fn stream(app: Arc<App>, job: Job, meta: Arc<Meta>, permit: Arc<OwnedSemaphorePermit>) -> Response {
     let (tx, rx) = mpsc::unbounded_channel::<String>();
-    tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        if meta.kind == Kind::Chat {
-            let _ = tx.send(meta.role_chunk().to_string());
-        }
-        let done = app.run(&job, &mut |piece, logprobs| {
-            if piece.is_empty() && logprobs.is_null() {
-                return !tx.is_closed();
+    let left = Arc::new(AtomicUsize::new(job.n));
+    let completion = Arc::new(AtomicUsize::new(0));
+    let job = Arc::new(job);
+    for i in 0..job.n {
+        let (app, job, meta, permit) = (app.clone(), job.clone(), meta.clone(), permit.clone());
+        let (tx, left, completion) = (tx.clone(), left.clone(), completion.clone());
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            if meta.kind == Kind::Chat {
+                let _ = tx.send(meta.role_chunk(i).to_string());
             }
-            tx.send(meta.chunk(piece, None, logprobs).to_string())
-                .is_ok()
-        });
-        match done {
-            Ok(f) if tx.is_closed() => log_gone(&meta.id, &f),
-            Ok(f) => {
-                let _ = tx.send(
-                    meta.chunk("", Some(f.finish_reason), Value::Null)
-                        .to_string(),
-                );
-                if job.include_usage {
-                    let usage = usage(job.prompt_ids.len(), f.new_ids.len());
-                    let _ = tx.send(meta.usage_chunk(usage).to_string());
+            let done = app.run(&job.choice(i), &mut |piece, logprobs| {
+                if piece.is_empty() && logprobs.is_null() {
+                    return !tx.is_closed();
+                }
+                tx.send(meta.chunk(i, piece, None, logprobs).to_string())
+                    .is_ok()
+            });
+            match done {
+                Ok(f) if tx.is_closed() => log_gone(&meta.id, &f),
+                Ok(f) => {
+                    completion.fetch_add(f.new_ids.len(), Ordering::Relaxed);
+                    let last = meta.chunk(i, "", Some(f.finish_reason), Value::Null);
+                    let _ = tx.send(last.to_string());
+                }
+                Err(e) => {
+                    let _ = tx.send(e.body().to_string());
                 }
             }
-            Err(e) => {
-                let _ = tx.send(e.body().to_string());
+            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                if job.include_usage {
+                    let done = completion.load(Ordering::Relaxed);
+                    let usage = usage(job.prompt_ids.len(), done);
+                    let _ = tx.send(meta.usage_chunk(usage).to_string());
+                }
+                let _ = tx.send("[DONE]".to_string());
             }
-        }
-        let _ = tx.send("[DONE]".to_string());
-    });
+        });
+    }
+    drop(tx);
     let events = futures_util::stream::unfold(rx, |mut rx| async move {
         let data = rx.recv().await?;
         Some((Ok::<_, Infallible>(Event::default().data(data)), rx))
@@ -425,9 +461,15 @@ impl App {
                 return Err(ApiError::model_not_found(m, &self.name));
             }
         }
-        if r.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad("only n = 1 is supported"));
-        }
+        let choices = match r.n.unwrap_or(1) {
+            n @ 1.. if n <= self.parallel as u64 => n as usize,
+            n => {
+                return Err(ApiError::bad(format!(
+                    "n must be from 1 to {} (--parallel), got {n}",
+                    self.parallel
+                )))
+            }
+        };
         let temperature = r.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
             return Err(ApiError::bad(format!(
@@ -489,6 +531,7 @@ impl App {
         let opts = generate_options(&self.config, &prompt_ids, &s)
             .map_err(|e| ApiError::bad(e.to_string()))?;
         Ok(Job {
+            n: choices,
             kind,
             prompt_ids,
             seed,

@@ -9,6 +9,9 @@
 //!   also runs while a keep-alive connection is idle); a half-sent head (slowloris) is closed.
 //! - A body is read within `body_timeout` and never past [`MAX_BODY`]; a `Content-Length`
 //!   over the limit is answered 413 before one byte of the body is read.
+//! - Every request is logged in one line at info (method, path, status, tokens, ms to the
+//!   response head), never with its prompt; with `--cors ORIGIN` every response allows that
+//!   origin and a preflight `OPTIONS` is answered 204 before any route or key check.
 //! - With an API key, every `/v1/*` route and `/metrics` need `Authorization: Bearer KEY`; the key is
 //!   compared through its SHA-256 digest in constant time, and a miss is 401 in OpenAI's shape.
 
@@ -16,7 +19,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -211,6 +214,69 @@ fn refuse(stream: &TcpStream, over: Over) {
         body.len()
     );
     let _ = stream.try_write(reply.as_bytes());
+}
+
+/// A finished request's token counts, put on its response for the request log.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tokens {
+    pub(crate) prompt: usize,     // tokens
+    pub(crate) completion: usize, // tokens
+}
+
+/// Middleware: one line per request at info: method, path (at most 128 characters), status,
+/// tokens when the handler put them on the response, and ms to the response head.
+pub(crate) async fn log_request(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path: String = req.uri().path().chars().take(128).collect();
+    let t0 = Instant::now();
+    let resp = next.run(req).await;
+    let tokens = resp
+        .extensions()
+        .get::<Tokens>()
+        .map_or(String::new(), |t| {
+            format!(" {} + {} tokens", t.prompt, t.completion)
+        });
+    tracing::info!(
+        target: "loip::api",
+        "{method} {path} {}{tokens} {} ms",
+        resp.status().as_u16(),
+        t0.elapsed().as_millis()
+    );
+    resp
+}
+
+/// Middleware of `--cors ORIGIN`: a preflight `OPTIONS` is answered 204 with the methods and
+/// headers the API takes; every response allows the origin.
+pub(crate) async fn cors(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    use axum::http::header;
+    let Some(origin) = app.cors.clone() else {
+        return next.run(req).await;
+    };
+    let preflight = req.method() == axum::http::Method::OPTIONS;
+    let mut resp = if preflight {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        next.run(req).await
+    };
+    let h = resp.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(
+        header::VARY,
+        header::ORIGIN.as_str().parse().expect("a header name"),
+    );
+    if preflight {
+        let allow = |s: &'static str| axum::http::HeaderValue::from_static(s);
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            allow("GET, POST, OPTIONS"),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            allow("authorization, content-type"),
+        );
+        h.insert(header::ACCESS_CONTROL_MAX_AGE, allow("600"));
+    }
+    resp
 }
 
 /// What the server keeps of an API key: its SHA-256 digest.

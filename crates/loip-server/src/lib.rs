@@ -59,6 +59,8 @@ pub struct ServerConfig {
     pub context: usize,
     /// the key `/v1/*` requires as `Authorization: Bearer KEY`, if any
     pub api_key: Option<String>,
+    /// an origin browsers may call the API from (`*` for any), if any
+    pub cors: Option<String>,
     /// connections and timeouts
     pub limits: Limits,
 }
@@ -123,6 +125,13 @@ pub fn serve(
         return Err(ServerError::Config(
             "max_connections, max_connections_per_addr and max_queue must be at least 1".into(),
         ));
+    }
+    if let Some(o) = &cfg.cors {
+        if o.parse::<axum::http::HeaderValue>().is_err() || o.is_empty() {
+            return Err(ServerError::Config(format!(
+                "the CORS origin {o:?} is not a valid header value"
+            )));
+        }
     }
     let backend = Arc::new(backend);
     let served = serve_until(listen, &cfg, model, backend.clone(), shutdown_signal());

@@ -250,6 +250,15 @@ impl ApiRequest {
 /// Most `logit_bias` entries one request may have.
 const MAX_BIASES: usize = 1024;
 
+impl Job {
+    /// The job of choice `index`: the same request, seeded `seed + index`.
+    pub(crate) fn choice(&self, index: usize) -> Job {
+        let mut job = self.clone();
+        job.opts.sampling.seed = self.seed.wrapping_add(index as u64);
+        job
+    }
+}
+
 impl ApiRequest {
     /// The penalties, bias and log-probabilities asked for, checked against a vocabulary of
     /// `vocab` tokens: `logprobs` is a count (0–20) on completions, `true`/`false` with
@@ -379,7 +388,10 @@ pub(crate) struct InMessage {
 }
 
 /// A checked request, ready to run.
+#[derive(Clone)]
 pub(crate) struct Job {
+    /// choices to generate (`n`), each its own sequence seeded `seed + index`
+    pub(crate) n: usize,
     pub(crate) kind: Kind,
     pub(crate) prompt_ids: Vec<u32>,
     /// the sampling seed: the request's, or a fresh one (reported in the response)
@@ -591,12 +603,19 @@ impl Meta {
                "model": self.model, "seed": self.seed, "choices": choices})
     }
 
-    /// A streamed piece of text (with its tokens' log-probabilities when asked for), or the
-    /// last chunk with its finish reason.
-    pub(crate) fn chunk(&self, text: &str, finish: Option<&str>, logprobs: Value) -> Value {
+    /// A streamed piece of choice `index`'s text (with its tokens' log-probabilities when
+    /// asked for), or its last chunk with its finish reason.
+    pub(crate) fn chunk(
+        &self,
+        index: usize,
+        text: &str,
+        finish: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Completion => {
-                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "text": text, "logprobs": logprobs,
+                       "finish_reason": finish})
             }
             Kind::Chat => {
                 let delta = if finish.is_some() && text.is_empty() {
@@ -604,7 +623,7 @@ impl Meta {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs,
+                json!({"index": index, "delta": delta, "logprobs": logprobs,
                        "finish_reason": finish})
             }
         };
@@ -612,8 +631,8 @@ impl Meta {
     }
 
     /// A chat stream's first chunk: the assistant role.
-    pub(crate) fn role_chunk(&self) -> Value {
-        let choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""},
+    pub(crate) fn role_chunk(&self, index: usize) -> Value {
+        let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""},
                             "logprobs": null, "finish_reason": null});
         self.envelope(true, json!([choice]))
     }
@@ -624,22 +643,32 @@ impl Meta {
                "model": self.model, "seed": self.seed, "choices": [], "usage": usage})
     }
 
-    /// The whole response of a request that did not stream.
-    pub(crate) fn full(&self, job: &Job, f: &Finished) -> Value {
-        let logprobs = f.logprobs.clone().unwrap_or(Value::Null);
-        let mut choice = match self.kind {
-            Kind::Completion => json!({"index": 0, "text": f.text, "logprobs": logprobs,
-                                       "finish_reason": f.finish_reason}),
-            Kind::Chat => json!({"index": 0,
-                                 "message": {"role": "assistant", "content": f.text},
-                                 "logprobs": logprobs, "finish_reason": f.finish_reason}),
-        };
-        if let (true, Some(c)) = (job.return_token_ids, choice.as_object_mut()) {
-            c.insert("token_ids".into(), json!(f.new_ids));
-        }
-        let mut out = self.envelope(false, json!([choice]));
+    /// The whole response of a request that did not stream: one choice per `done`.
+    pub(crate) fn full(&self, job: &Job, done: &[Finished]) -> Value {
+        let choices: Vec<Value> = done
+            .iter()
+            .enumerate()
+            .map(|(index, f)| {
+                let logprobs = f.logprobs.clone().unwrap_or(Value::Null);
+                let mut choice = match self.kind {
+                    Kind::Completion => json!({"index": index, "text": f.text,
+                                               "logprobs": logprobs,
+                                               "finish_reason": f.finish_reason}),
+                    Kind::Chat => json!({"index": index,
+                                         "message": {"role": "assistant", "content": f.text},
+                                         "logprobs": logprobs,
+                                         "finish_reason": f.finish_reason}),
+                };
+                if let (true, Some(c)) = (job.return_token_ids, choice.as_object_mut()) {
+                    c.insert("token_ids".into(), json!(f.new_ids));
+                }
+                choice
+            })
+            .collect();
+        let completion: usize = done.iter().map(|f| f.new_ids.len()).sum();
+        let mut out = self.envelope(false, json!(choices));
         if let Some(o) = out.as_object_mut() {
-            o.insert("usage".into(), usage(job.prompt_ids.len(), f.new_ids.len()));
+            o.insert("usage".into(), usage(job.prompt_ids.len(), completion));
             if job.return_token_ids {
                 o.insert("prompt_token_ids".into(), json!(job.prompt_ids));
             }

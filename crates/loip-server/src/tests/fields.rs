@@ -384,3 +384,111 @@ fn check_request_answers_every_mutated_body() {
     }
     assert!(refused > 0);
 }
+
+/// Issue 34: with `--cors ORIGIN` a preflight is answered 204 before the key is checked and
+/// every response allows the origin; `/metrics` lists the request counters from the start.
+#[tokio::test]
+async fn issue_34_cors_preflight_and_metrics_from_the_start() {
+    let app = keyed_app(Some("s3cret")); // with a key, the test app allows https://app.example
+    let req = Request::builder()
+        .method("OPTIONS")
+        .uri("/v1/chat/completions")
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .body(Body::empty())
+        .unwrap();
+    let resp = router(app.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 204);
+    let h = resp.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://app.example");
+    assert!(h["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .contains("authorization"));
+    let (s, _) = call(&app, "GET", "/v1/models", vec![]).await;
+    assert_eq!(s, 401);
+    let resp = router(app.clone())
+        .oneshot(keyed_get("/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    if crate::metrics::init().is_some() {
+        for series in ["loip_requests_total", "loip_queue_depth"] {
+            assert!(text.contains(series), "{series} in {text}");
+        }
+    }
+    // without --cors no CORS header
+    let resp = router(tiny_app())
+        .oneshot(
+            Request::builder()
+                .uri("/health")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(resp.headers().get("access-control-allow-origin").is_none());
+}
+
+/// Issue 34: `n` choices (up to `--parallel`), each its own sequence seeded `seed + index`:
+/// choice 1 of seed 7 is choice 0 of seed 8; streamed, every chunk names its choice and the
+/// usage counts all of them.
+#[tokio::test]
+async fn issue_34_n_choices_are_served() {
+    let app = tiny_app(); // --parallel 2
+    let body = |seed: u64, n: u64| {
+        json!({"prompt": [1, 5, 9], "max_tokens": 4, "temperature": 1, "seed": seed, "n": n,
+               "ignore_eos": true, "return_token_ids": true})
+    };
+    let (s, two) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        body(7, 2).to_string().into(),
+    )
+    .await;
+    assert_eq!(s, 200, "{two}");
+    assert_eq!(two["choices"].as_array().map(Vec::len), Some(2));
+    assert_eq!(two["choices"][1]["index"], 1);
+    assert_eq!(two["usage"]["completion_tokens"], 8);
+    let (_, next) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        body(8, 1).to_string().into(),
+    )
+    .await;
+    assert_eq!(
+        two["choices"][1]["token_ids"],
+        next["choices"][0]["token_ids"]
+    );
+    let mut streamed = body(7, 2);
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let chunks = events(&app, "/v1/completions", streamed).await;
+    let finished: Vec<u64> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["finish_reason"].is_string())
+        .filter_map(|c| c["choices"][0]["index"].as_u64())
+        .collect();
+    assert_eq!(finished.len(), 2, "{chunks:?}");
+    assert!(finished.contains(&0) && finished.contains(&1));
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 8, "{usage}");
+    let text = |i: u64| -> String {
+        chunks
+            .iter()
+            .filter(|c| c["choices"][0]["index"].as_u64() == Some(i))
+            .filter_map(|c| c["choices"][0]["text"].as_str())
+            .collect()
+    };
+    assert_eq!(text(0), two["choices"][0]["text"].as_str().unwrap());
+    assert_eq!(text(1), two["choices"][1]["text"].as_str().unwrap());
+}

@@ -71,6 +71,7 @@ fn build_app(key: Option<&str>, parallel: usize, max_queue: usize, text: bool) -
         max_tokens_limit: 100,
         context: ckpt.config.max_position_embeddings,
         api_key: key.map(str::to_string),
+        cors: key.map(|_| "https://app.example".to_string()),
         limits: Limits {
             max_connections: 8,
             max_connections_per_addr: 2,
@@ -125,9 +126,9 @@ async fn handlers_answer_without_a_socket() {
             "--max-tokens-limit",
         ),
         (
-            br#"{"prompt": [1], "max_tokens": 100, "n": 2}"#,
+            br#"{"prompt": [1], "max_tokens": 100, "n": 3}"#,
             400,
-            "n = 1",
+            "n must be from 1 to 2",
         ),
         (br#"{"prompt": [1, 99999]}"#, 400, "vocabulary"),
         (br#"{"prompt": [-1]}"#, 400, "unsigned"),
@@ -176,6 +177,15 @@ pub(super) async fn send(app: &Arc<App>, req: Request<Body>) -> (u16, Value) {
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     )
+}
+
+/// `GET path` with the test key `s3cret`.
+pub(super) fn keyed_get(path: &str) -> Request<Body> {
+    Request::builder()
+        .uri(path)
+        .header("authorization", "Bearer s3cret")
+        .body(Body::empty())
+        .unwrap()
 }
 
 fn models_with(auth: Option<&str>) -> Request<Body> {
