@@ -20,16 +20,24 @@ use crate::model_load;
 #[command(after_long_help = "\
 Endpoints:
   GET  /health               ok and the model (with --cluster: each device's state; 503 when one is gone)
-  GET  /v1/models            the served model
+  GET  /v1/models[/ID]       the served model (or an --alias); another id is 404
   POST /v1/completions       prompt: text or token ids; max_tokens, temperature, top_p, top_k,
-                             seed, stop, stream, ignore_eos, min_tokens, return_token_ids
+                             seed, stop, stream, logprobs, frequency_penalty, presence_penalty,
+                             logit_bias, repetition_penalty, ignore_eos, min_tokens,
+                             return_token_ids
   POST /v1/chat/completions  messages [{role, content}] rendered with the model's chat template;
-                             the same sampling fields
+                             the same sampling fields, logprobs: true with top_logprobs
+  POST /tokenize, /detokenize  text to ids and back (llama-server's shapes)
+  GET  /metrics              Prometheus text
+
+A field the server does not implement is refused with 400 naming it. Without a seed each
+request draws a fresh one; responses report it.
 
 Greedy requests (temperature 0) give exactly the tokens of `loip generate`. Bad requests get
 HTTP 400 with {\"error\": {\"message\", \"type\"}}, bodies over 1 MiB 413, unknown paths 404.
-With an API key (--api-key, --api-key-file or LOIP_API_KEY), /v1/* needs
-`Authorization: Bearer KEY` (401 otherwise); /health stays open.
+With an API key (--api-key, --api-key-file or LOIP_API_KEY), /v1/* and /metrics need
+`Authorization: Bearer KEY` (401 otherwise); /health stays open but names devices,
+addresses and failure reasons only with the key.
 
 Example:
   loip api --listen 127.0.0.1:8080 --model smollm2 &
@@ -46,6 +54,10 @@ pub struct ApiArgs {
     /// Model id the API reports (default: the model's file or directory name).
     #[arg(long)]
     pub name: Option<String>,
+    /// Another id a request's `model` may name (repeatable); any other is answered 404
+    /// `model_not_found`. A request without `model` gets the served model.
+    #[arg(long = "alias")]
+    pub aliases: Vec<String>,
     /// Generations run at once; further requests wait in a queue.
     #[arg(long, default_value_t = 4)]
     pub parallel: usize,
@@ -65,12 +77,24 @@ pub struct ApiArgs {
     /// or the LOIP_API_KEY environment variable.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Let browsers call the API from this origin (e.g. `https://app.example`, or `*`):
+    /// responses carry `Access-Control-Allow-Origin`, preflight requests are answered.
+    #[arg(long)]
+    pub cors: Option<String>,
     /// Read the API key from the first line of this file.
     #[arg(long, conflicts_with = "api_key")]
     pub api_key_file: Option<PathBuf>,
-    /// Most HTTP connections open at once; one more is closed at once.
+    /// Most HTTP connections open at once; one more is answered 503 and closed at once.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
+    /// Most HTTP connections open at once from one address (an IPv6 /64 counts as one);
+    /// one more is answered 503 and closed. Raise it behind a reverse proxy.
+    #[arg(long, default_value_t = 64)]
+    pub max_connections_per_addr: usize,
+    /// Most requests waiting for a generation's place (default: 16 × --parallel); one more
+    /// is answered 429 with `Retry-After`.
+    #[arg(long)]
+    pub max_queue: Option<usize>,
     /// Seconds a client has to send a request's headers; an idle keep-alive connection is
     /// closed after as long.
     #[arg(long, default_value_t = 10)]
@@ -101,8 +125,16 @@ pub fn run(a: ApiArgs) -> Result<()> {
     if a.parallel == 0 || a.max_prompt == 0 || a.max_tokens_limit == 0 {
         bail!("--parallel, --max-prompt and --max-tokens-limit must be at least 1");
     }
-    if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
-        bail!("--max-connections, --header-timeout and --body-timeout must be at least 1");
+    if a.max_connections == 0
+        || a.max_connections_per_addr == 0
+        || a.max_queue == Some(0)
+        || a.header_timeout == 0
+        || a.body_timeout == 0
+    {
+        bail!(
+            "--max-connections, --max-connections-per-addr, --max-queue, --header-timeout and \
+             --body-timeout must be at least 1"
+        );
     }
     let api_key = api_key(a.api_key.as_deref(), a.api_key_file.as_deref())?;
     let name = a.name.clone().unwrap_or_else(|| default_name(&a.model));
@@ -141,13 +173,17 @@ pub fn run(a: ApiArgs) -> Result<()> {
     };
     let cfg = ServerConfig {
         name,
+        aliases: a.aliases.clone(),
         parallel: a.parallel,
+        max_queue: a.max_queue.unwrap_or(a.parallel.saturating_mul(16)),
         max_prompt: a.max_prompt,
         max_tokens_limit: a.max_tokens_limit,
         context,
         api_key,
+        cors: a.cors.clone(),
         limits: Limits {
             max_connections: a.max_connections,
+            max_connections_per_addr: a.max_connections_per_addr,
             header_timeout: Duration::from_secs(a.header_timeout),
             body_timeout: Duration::from_secs(a.body_timeout),
         },

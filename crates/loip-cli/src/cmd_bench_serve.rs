@@ -36,9 +36,9 @@ pub struct ServeBenchArgs {
     /// The server, e.g. http://127.0.0.1:8080 (plain HTTP).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// The model name to send.
-    #[arg(long, default_value = "loip")]
-    model: String,
+    /// The model name to send (default: none, the server's model).
+    #[arg(long)]
+    model: Option<String>,
     /// Requests in all.
     #[arg(long, default_value_t = 8)]
     requests: usize,
@@ -211,13 +211,16 @@ fn body(a: &ServeBenchArgs, rng: &mut Rng) -> String {
             .collect();
         json!(words.join(" "))
     };
-    json!({
-        "model": a.model, "prompt": prompt, "max_tokens": a.output_len,
+    let mut body = json!({
+        "prompt": prompt, "max_tokens": a.output_len,
         "min_tokens": a.output_len, "ignore_eos": true, "temperature": a.temperature,
         "seed": rng.next() % 1_000_000, "stream": true,
         "stream_options": {"include_usage": true},
-    })
-    .to_string()
+    });
+    if let (Some(m), Some(o)) = (&a.model, body.as_object_mut()) {
+        o.insert("model".into(), json!(m));
+    }
+    body.to_string()
 }
 
 /// When each request starts, after the run's start (open-loop patterns).

@@ -72,9 +72,11 @@ enum Command {
 fn main() {
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("LOIP_LOG").unwrap_or_else(|_| "warn".into());
+    // colour only on a terminal: service logs get plain text
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     quiet_on_broken_pipe();
     let cli = Cli::parse();

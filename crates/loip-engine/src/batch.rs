@@ -18,6 +18,7 @@ use crate::forward::TokenPos;
 use crate::generate::{Decoding, Flow, GenerateOptions, Generator, Next, StopReason};
 use crate::kv::SeqId;
 use crate::sampling::{argmax, mask};
+use crate::sampling::{Shaping, TokenLogprob};
 use crate::EngineError;
 
 /// A row of a step whose logits pick the next token of its sequence.
@@ -160,6 +161,10 @@ struct SeqRun {
 pub struct BatchRunner<B> {
     backend: B,
     seqs: BTreeMap<SeqId, SeqRun>,
+    /// log-probabilities of sequences' kept tokens, until taken
+    logprobs: BTreeMap<SeqId, Vec<TokenLogprob>>,
+    /// those of sequences released since the last step, until taken or the next step
+    ended: BTreeMap<SeqId, Vec<TokenLogprob>>,
 }
 
 impl<B: BatchBackend> BatchRunner<B> {
@@ -168,6 +173,8 @@ impl<B: BatchBackend> BatchRunner<B> {
         BatchRunner {
             backend,
             seqs: BTreeMap::new(),
+            logprobs: BTreeMap::new(),
+            ended: BTreeMap::new(),
         }
     }
 
@@ -189,6 +196,19 @@ impl<B: BatchBackend> BatchRunner<B> {
         prompt: &[u32],
         opts: &GenerateOptions,
     ) -> Result<(), EngineError> {
+        self.add_shaped(seq, prompt, opts, &Shaping::default())
+    }
+
+    /// [`BatchRunner::add`] for a sequence whose tokens are shaped (penalties, bias) and
+    /// whose log-probabilities are recorded ([`BatchRunner::take_logprobs`]); refuses a bad
+    /// `shaping` too.
+    pub fn add_shaped(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        shaping: &Shaping,
+    ) -> Result<(), EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt has no tokens".into()));
         }
@@ -199,7 +219,8 @@ impl<B: BatchBackend> BatchRunner<B> {
         if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
             return Err(EngineError::BadTokenId { id, vocab });
         }
-        let dec = Decoding::new(opts)?;
+        shaping.validate(vocab)?;
+        let dec = Decoding::shaped(opts, shaping, prompt)?;
         self.seqs.insert(
             seq,
             SeqRun {
@@ -221,9 +242,21 @@ impl<B: BatchBackend> BatchRunner<B> {
         self.seqs.is_empty()
     }
 
+    /// The log-probabilities of `seq`'s kept tokens since the last call (asked for with
+    /// [`BatchRunner::add_shaped`]); after it is released, until the next step.
+    pub fn take_logprobs(&mut self, seq: SeqId) -> Vec<TokenLogprob> {
+        self.logprobs
+            .remove(&seq)
+            .or_else(|| self.ended.remove(&seq))
+            .unwrap_or_default()
+    }
+
     /// Drops `seq`'s state and frees its KV (a finished, cancelled or failed sequence).
     pub fn release(&mut self, seq: SeqId) {
         self.seqs.remove(&seq);
+        if let Some(lps) = self.logprobs.remove(&seq) {
+            self.ended.insert(seq, lps);
+        }
         self.backend.release(seq);
     }
 
@@ -239,6 +272,7 @@ impl<B: BatchBackend> BatchRunner<B> {
     /// at most once), samples the sequences whose known tokens are then all fed, and returns
     /// what happened, in feed order. A refused or failed step changes no sequence's state.
     pub fn run_step(&mut self, feeds: &[Feed]) -> Result<Vec<SeqEvent>, EngineError> {
+        self.ended.clear();
         let mut ids = Vec::new();
         let mut batch = Vec::new();
         let mut sampled: Vec<(SeqId, usize)> = Vec::new(); // (seq, row)
@@ -295,6 +329,10 @@ impl<B: BatchBackend> BatchRunner<B> {
             };
             let kept = run.dec.new_ids().len();
             let feed = run.dec.accept(next, &mut |_| Flow::Continue);
+            let lps = run.dec.take_logprobs();
+            if !lps.is_empty() {
+                self.logprobs.entry(*seq).or_default().extend(lps);
+            }
             if let Some(&id) = run.dec.new_ids().get(kept) {
                 events.push(SeqEvent::Token { seq: *seq, id });
             }

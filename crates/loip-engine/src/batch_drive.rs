@@ -20,6 +20,7 @@ use crate::batch::{BatchBackend, BatchRunner, Feed, SeqEvent};
 use crate::forward::Model;
 use crate::generate::{GenerateOptions, StopReason};
 use crate::kv::SeqId;
+use crate::sampling::Shaping;
 use crate::EngineError;
 
 /// Errors of the serving loop.
@@ -75,7 +76,20 @@ impl<B: BatchBackend> Serving<B> {
         prompt: &[u32],
         opts: &GenerateOptions,
     ) -> Result<(), ServeError> {
-        self.runner.add(seq, prompt, opts)?;
+        self.submit_shaped(now, seq, prompt, opts, &Shaping::default())
+    }
+
+    /// [`Serving::submit`] for a request whose tokens are shaped and whose
+    /// log-probabilities are recorded ([`Serving::take_logprobs`]).
+    pub fn submit_shaped(
+        &mut self,
+        now: Time,
+        seq: SeqId,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        shaping: &Shaping,
+    ) -> Result<(), ServeError> {
+        self.runner.add_shaped(seq, prompt, opts, shaping)?;
         let req = Request {
             seq,
             prompt_len: prompt.len(),
@@ -86,6 +100,11 @@ impl<B: BatchBackend> Serving<B> {
             return Err(e.into());
         }
         Ok(())
+    }
+
+    /// The log-probabilities of `seq`'s tokens kept since the last call.
+    pub fn take_logprobs(&mut self, seq: SeqId) -> Vec<crate::TokenLogprob> {
+        self.runner.take_logprobs(seq)
     }
 
     /// Cancels `seq` (queued or running): its KV is freed at the next step, a

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use crate::forward::{Model, TokenPos};
 use crate::kv::{KvCache, SeqId};
-use crate::sampling::{argmax, mask, Sampler, SamplingParams};
+use std::collections::BTreeMap;
+
+use crate::sampling::{argmax, logprob_of, mask, Sampler, SamplingParams, Shaping, TokenLogprob};
 use crate::EngineError;
 
 /// Runs forward steps for one sequence.
@@ -51,22 +53,57 @@ pub struct Decoding {
     sampler: Sampler,
     new_ids: Vec<u32>,        // kept new tokens (EOS excluded)
     stop: Option<StopReason>, // set once done
+    /// penalties, bias and log-probabilities asked for (off for most requests)
+    shaping: Shaping,
+    /// kept new tokens' ids and how often each came (with shaping on)
+    counts: BTreeMap<u32, u32>,
+    /// the prompt's ids, sorted, without repeats (with a repetition penalty)
+    prompt_ids: Vec<u32>,
+    /// log-probabilities of kept tokens not yet taken ([`Decoding::take_logprobs`])
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl Decoding {
     /// A fresh state; fails on bad sampling parameters.
     pub fn new(opts: &GenerateOptions) -> Result<Decoding, EngineError> {
+        Decoding::shaped(opts, &Shaping::default(), &[])
+    }
+
+    /// A fresh state that also shapes each token's logits (a copy) and records
+    /// log-probabilities as `shaping` asks; `prompt` is the sequence's prompt (for a
+    /// repetition penalty). The shaping is not validated here ([`Shaping::validate`]).
+    pub fn shaped(
+        opts: &GenerateOptions,
+        shaping: &Shaping,
+        prompt: &[u32],
+    ) -> Result<Decoding, EngineError> {
+        let mut prompt_ids = Vec::new();
+        if shaping.repetition_penalty.is_some() {
+            prompt_ids = prompt.to_vec();
+            prompt_ids.sort_unstable();
+            prompt_ids.dedup();
+        }
         Ok(Decoding {
             sampler: Sampler::new(opts.sampling.clone())?,
             stop: (opts.max_tokens == 0).then_some(StopReason::Length),
             opts: opts.clone(),
             new_ids: Vec::new(),
+            shaping: shaping.clone(),
+            counts: BTreeMap::new(),
+            prompt_ids,
+            logprobs: Vec::new(),
         })
     }
 
-    /// Whether the next token is the argmax (the backend may pick it where the logits are).
+    /// Whether the next token is the argmax (the backend may pick it where the logits are):
+    /// greedy sampling and no shaping.
     pub fn greedy(&self) -> bool {
-        self.sampler.is_greedy()
+        self.sampler.is_greedy() && self.shaping.is_off()
+    }
+
+    /// Log-probabilities of the kept tokens since the last call (with `logprobs` asked for).
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.logprobs)
     }
 
     /// The ids to mask out of the next token's logits: the EOS ids until `min_tokens`.
@@ -84,15 +121,28 @@ impl Decoding {
         if self.stop.is_some() {
             return None;
         }
+        let mut logprob = None;
         let id = match next {
             Next::Id(id) => *id,
-            Next::Logits(logits) => self.sampler.sample(logits),
+            Next::Logits(logits) if self.shaping.is_off() => self.sampler.sample(logits),
+            Next::Logits(logits) => {
+                let mut shaped = logits.clone();
+                self.shaping
+                    .apply(&mut shaped, &self.counts, &self.prompt_ids);
+                let id = self.sampler.sample(&shaped);
+                logprob = self.shaping.logprobs.map(|n| logprob_of(logits, id, n));
+                id
+            }
         };
         if self.opts.eos_ids.contains(&id) {
             self.stop = Some(StopReason::Eos);
             return None;
         }
         self.new_ids.push(id);
+        if !self.shaping.is_off() {
+            *self.counts.entry(id).or_insert(0) += 1;
+        }
+        self.logprobs.extend(logprob);
         if on_token(id) == Flow::Stop {
             self.stop = Some(StopReason::Stop);
         } else if self.new_ids.len() >= self.opts.max_tokens {

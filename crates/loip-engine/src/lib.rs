@@ -35,6 +35,6 @@ pub use generate::{
     StopReason,
 };
 pub use kv::{KvCache, SeqId};
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{Sampler, SamplingParams, Shaping, TokenLogprob};
 pub use speculate::{generate_speculative, Rewind, SpecOptions, SpecOutput, SpecStats, Speculate};
 pub use weights::{AttnWeights, HeadWeights, LayerWeights, MlpWeights, TensorSource};

@@ -1,5 +1,7 @@
 //! Token sampling: greedy, temperature, top-k, top-p, seeded.
 
+use std::collections::BTreeMap;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -141,6 +143,150 @@ impl Sampler {
     }
 }
 
+/// What a request asks of the next token besides sampling: penalties on tokens already seen,
+/// a bias per token, and the log-probabilities to report. Shaping works on a copy of the
+/// logits: the model's logits are never changed, and log-probabilities are those of the
+/// model's own logits ([`logprob_of`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Shaping {
+    /// subtracted from a token's logit once per time it was generated (OpenAI's)
+    pub frequency_penalty: f32,
+    /// subtracted once from a token's logit when it was generated (OpenAI's)
+    pub presence_penalty: f32,
+    /// a token in the prompt or generated has its logit divided by this when positive,
+    /// multiplied when negative (Hugging Face's `repetition_penalty`); `None` is off
+    pub repetition_penalty: Option<f32>,
+    /// `(token id, bias)`: the bias is added to the token's logit (−100 bans it)
+    pub logit_bias: Vec<(u32, f32)>,
+    /// report the chosen token's log-probability and this many most likely alternatives
+    pub logprobs: Option<usize>,
+}
+
+/// Most alternatives [`Shaping::logprobs`] may ask for.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+impl Shaping {
+    /// Whether it asks for nothing (the next token may be picked where the logits are).
+    pub fn is_off(&self) -> bool {
+        *self == Shaping::default()
+    }
+
+    /// Rejects out-of-range values, naming the field: penalties in [−2, 2], a repetition
+    /// penalty in (0, 10], biases in [−100, 100] on ids inside `vocab`, at most
+    /// [`MAX_TOP_LOGPROBS`] alternatives.
+    pub fn validate(&self, vocab: usize) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::Invalid(m));
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} must be between -2 and 2, got {v}"));
+            }
+        }
+        if let Some(r) = self.repetition_penalty {
+            if !(r > 0.0 && r <= 10.0) {
+                return bad(format!("repetition_penalty must be in (0, 10], got {r}"));
+            }
+        }
+        for &(id, b) in &self.logit_bias {
+            if id as usize >= vocab {
+                return bad(format!(
+                    "logit_bias: token id {id} is outside the vocabulary of {vocab} tokens"
+                ));
+            }
+            if !(-100.0..=100.0).contains(&b) {
+                return bad(format!(
+                    "logit_bias of token {id} must be between -100 and 100, got {b}"
+                ));
+            }
+        }
+        if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return bad(format!("at most {MAX_TOP_LOGPROBS} top log-probabilities"));
+        }
+        Ok(())
+    }
+
+    /// Applies the penalties and the bias to `logits` (a copy of the model's): `counts` are
+    /// the generated tokens' ids and how often each came, `prompt` the prompt's ids
+    /// (sorted, without repeats).
+    pub fn apply(&self, logits: &mut [f32], counts: &BTreeMap<u32, u32>, prompt: &[u32]) {
+        for (&id, &n) in counts {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l -= n as f32 * self.frequency_penalty + self.presence_penalty;
+            }
+        }
+        if let Some(r) = self.repetition_penalty {
+            let seen = counts
+                .keys()
+                .copied()
+                .chain(prompt.iter().copied().filter(|id| !counts.contains_key(id)));
+            for id in seen {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = if *l > 0.0 { *l / r } else { *l * r };
+                }
+            }
+        }
+        for &(id, b) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += b;
+            }
+        }
+    }
+}
+
+/// A chosen token's log-probability under the model's logits, and the most likely tokens'.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// the chosen token
+    pub id: u32,
+    /// its log-probability (−∞ for a masked token)
+    pub logprob: f32,
+    /// the most likely tokens, most likely first (ties: lower id first), with theirs
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The log-softmax of `logits` at `id`, and at the `top` most likely ids: `l − max −
+/// ln Σ exp(l − max)`, summed in f64, so the same logits give the same bits on every path.
+pub fn logprob_of(logits: &[f32], id: u32, top: usize) -> TokenLogprob {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| v.is_finite())
+        .map(|&v| f64::from(v - max).exp())
+        .sum();
+    let lse = f64::from(max) + sum.ln();
+    let lp = |v: f32| {
+        if v.is_finite() {
+            (f64::from(v) - lse) as f32
+        } else {
+            f32::NEG_INFINITY
+        }
+    };
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &v) in logits.iter().enumerate() {
+            if !v.is_finite() || (best.len() == top && v <= best[top - 1].1) {
+                continue;
+            }
+            let at = best.partition_point(|b| b.1 >= v);
+            best.insert(at, (i as u32, v));
+            best.truncate(top);
+        }
+    }
+    TokenLogprob {
+        id,
+        logprob: logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |&v| lp(v)),
+        top: best.into_iter().map(|(i, v)| (i, lp(v))).collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +345,85 @@ mod tests {
             ..Default::default()
         })
         .is_err());
+    }
+}
+
+#[cfg(test)]
+mod shaping_tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_the_log_softmax_of_the_model_logits() {
+        let logits = [1.0f32, 3.0, 3.0, f32::NEG_INFINITY, 0.5];
+        let lp = logprob_of(&logits, 4, 3);
+        let z: f64 = [1.0f64, 3.0, 3.0, 0.5].iter().map(|v| v.exp()).sum();
+        assert!((f64::from(lp.logprob) - (0.5 - z.ln())).abs() < 1e-6);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 2, 0]);
+        assert_eq!(lp.top[0].1, lp.top[1].1);
+        assert_eq!(logprob_of(&logits, 3, 0).logprob, f32::NEG_INFINITY);
+        assert!(logprob_of(&logits, 3, 0).top.is_empty());
+    }
+
+    #[test]
+    fn penalties_and_bias_shape_a_copy() {
+        let mut l = vec![2.0f32, -1.0, 0.0, 1.0];
+        let counts = BTreeMap::from([(0, 2), (1, 1)]);
+        let s = Shaping {
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            repetition_penalty: Some(2.0),
+            logit_bias: vec![(3, -100.0)],
+            logprobs: None,
+        };
+        s.apply(&mut l, &counts, &[2]);
+        // 2 - 1 - 0.25 = 0.75, then / 2; -1 - 0.5 - 0.25 = -1.75, then * 2; 0 * 2; 1 - 100
+        assert_eq!(l, vec![0.375, -3.5, 0.0, -99.0]);
+        assert!(s.validate(4).is_ok());
+        assert!(s.validate(3).is_err());
+        assert!(Shaping {
+            frequency_penalty: 3.0,
+            ..Default::default()
+        }
+        .validate(4)
+        .is_err());
+        assert!(Shaping {
+            logprobs: Some(21),
+            ..Default::default()
+        }
+        .validate(4)
+        .is_err());
+        assert!(Shaping::default().is_off());
+    }
+
+    #[test]
+    fn a_penalised_greedy_decoding_moves_off_a_repeated_token() {
+        use crate::generate::{Decoding, Flow, GenerateOptions, Next};
+        let opts = GenerateOptions {
+            max_tokens: 3,
+            sampling: SamplingParams::default(),
+            eos_ids: vec![],
+            min_tokens: 0,
+        };
+        let logits = Next::Logits(vec![1.0, 0.0, -0.5]);
+        let run = |shaping: &Shaping| {
+            let mut d = Decoding::shaped(&opts, shaping, &[]).unwrap();
+            while d.accept(&logits, &mut |_| Flow::Continue).is_some() {}
+            (d.new_ids().to_vec(), d.take_logprobs())
+        };
+        assert_eq!(run(&Shaping::default()).0, [0, 0, 0]);
+        let s = Shaping {
+            presence_penalty: 2.0,
+            logprobs: Some(1),
+            ..Default::default()
+        };
+        let (ids, lps) = run(&s);
+        // 0 (1.0), then 1 (0.0 beats 1.0 - 2), then 2 (-0.5 beats -1 and -2)
+        assert_eq!(ids, [0, 1, 2]);
+        // log-probabilities are of the model's logits, not the penalised ones
+        let want = logprob_of(&[1.0, 0.0, -0.5], 1, 1);
+        assert_eq!(lps.len(), 3);
+        assert_eq!(lps[1], want);
+        assert!(!Decoding::shaped(&opts, &s, &[]).unwrap().greedy());
     }
 }

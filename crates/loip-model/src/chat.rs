@@ -58,6 +58,12 @@ pub enum ChatError {
          {RENDER_FUEL} steps): a pathological template, or an unusually long conversation"
     )]
     TooMuchWork,
+    /// The rendered conversation is longer than [`RENDER_MAX_BYTES`].
+    #[error(
+        "the chat template renders this conversation to more than {RENDER_MAX_BYTES} bytes: a \
+         pathological template, or an unusually long conversation"
+    )]
+    TooLong,
     /// The template raised an error (`raise_exception`) or failed while rendering.
     #[error("chat template failed to render: {0:#}")]
     Render(#[source] minijinja::Error),
@@ -102,6 +108,16 @@ impl ChatMessage {
 /// of running for hours.
 pub const RENDER_FUEL: u64 = 2_000_000;
 
+/// Most text one render may write; the writer refuses the byte past it, so a template cannot
+/// grow its output without bound (fuel counts instructions, not what a filter writes).
+/// Far above any prompt a server accepts.  // bytes
+pub const RENDER_MAX_BYTES: usize = 32 << 20;
+
+/// Largest indent `tojson` and `indent` may ask for; larger ones are clamped to it (real
+/// templates use 2 or 4; `tojson(indent=10**9)` would allocate gigabytes before fuel sees
+/// it).  // spaces
+pub const MAX_INDENT: usize = 16;
+
 /// A compiled chat template plus the bos/eos strings it may refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -140,6 +156,8 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
         env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson_clamped);
+        env.add_filter("indent", indent_clamped);
         env.add_template_owned(TEMPLATE_NAME, template_source)
             .map_err(ChatError::Syntax)?;
         Ok(Self {
@@ -242,12 +260,22 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(ChatError::Render)?;
-        tmpl.render(Value::from(ctx)).map_err(|e| {
-            if e.kind() == ErrorKind::OutOfFuel {
-                ChatError::TooMuchWork
-            } else {
-                ChatError::Render(e)
-            }
+        let mut out = Bounded {
+            buf: Vec::new(),
+            limit: RENDER_MAX_BYTES,
+        };
+        tmpl.render_captured_to(Value::from(ctx), &mut out)
+            .map_err(|e| match e.kind() {
+                ErrorKind::OutOfFuel => ChatError::TooMuchWork,
+                ErrorKind::WriteFailure => ChatError::TooLong,
+                _ => ChatError::Render(e),
+            })?;
+        // the template writes only `str`s: the bytes are UTF-8
+        String::from_utf8(out.buf).map_err(|e| {
+            ChatError::Render(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("the render is not UTF-8: {e}"),
+            ))
         })
     }
 
@@ -342,6 +370,86 @@ impl ChatTemplate {
 /// `raise_exception(msg)`: what HF templates call to reject a conversation.
 fn raise_exception(msg: String) -> Result<Value, minijinja::Error> {
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// A writer that holds at most `limit` bytes and fails the write that would pass it.
+struct Bounded {
+    buf: Vec<u8>,
+    limit: usize, // bytes
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.limit {
+            return Err(std::io::Error::other("the render is too long"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `tojson`, with `indent` clamped to [`MAX_INDENT`] (`true` is 2, as in minijinja).
+fn tojson_clamped(
+    value: &Value,
+    indent: Option<Value>,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<Value, minijinja::Error> {
+    let indent = match indent {
+        Some(i) => Some(i),
+        None => kwargs.get::<Option<Value>>("indent")?,
+    };
+    kwargs.assert_all_used()?;
+    let indent = indent.map(|i| match bool::try_from(i.clone()) {
+        Ok(true) => Value::from(2),
+        Ok(false) => i,
+        Err(_) => match usize::try_from(i.clone()) {
+            Ok(n) => Value::from(n.min(MAX_INDENT)),
+            Err(_) => i, // minijinja names the bad value
+        },
+    });
+    minijinja::filters::tojson(value, indent, no_kwargs())
+}
+
+/// `indent`, with its width clamped to [`MAX_INDENT`] and the output's size checked against
+/// [`RENDER_MAX_BYTES`] before it is built.
+fn indent_clamped(
+    value: minijinja::value::StringInput<'_>,
+    width: Option<usize>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<Value, minijinja::Error> {
+    let width = match width {
+        Some(w) => w,
+        None => kwargs.get::<Option<usize>>("width")?.unwrap_or(4),
+    }
+    .min(MAX_INDENT);
+    let first = match first {
+        Some(f) => f,
+        None => kwargs.get::<Option<bool>>("first")?.unwrap_or(false),
+    };
+    let blank = match blank {
+        Some(b) => b,
+        None => kwargs.get::<Option<bool>>("blank")?.unwrap_or(false),
+    };
+    kwargs.assert_all_used()?;
+    let text = value.as_str();
+    let lines = text.bytes().filter(|&b| b == b'\n').count() + 1;
+    if width.saturating_mul(lines).saturating_add(text.len()) > RENDER_MAX_BYTES {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            "indent: the result is too long",
+        ));
+    }
+    minijinja::filters::indent(value, Some(width), Some(first), Some(blank), no_kwargs())
+}
+
+fn no_kwargs() -> minijinja::value::Kwargs {
+    minijinja::value::Kwargs::from_iter(Vec::<(String, Value)>::new())
 }
 
 /// Reads a file, `None` if it does not exist.

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use loip_model::chat::{ChatError, ChatMessage, ChatTemplate};
+use loip_model::chat::{ChatError, ChatMessage, ChatTemplate, RENDER_MAX_BYTES};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2")
@@ -217,6 +217,40 @@ fn a_pathological_template_stops_with_an_error() {
     let err = t.render(&[user("hi")], true).unwrap_err();
     assert!(matches!(err, ChatError::TooMuchWork), "{err}");
     assert!(err.to_string().contains("more work than allowed"), "{err}");
+}
+
+/// Issue 37 (3): a render is bounded in output bytes as well as in work. `tojson`'s indent
+/// is clamped (an indent of 10^8 allocated 621 MB before the fuel ran out; 10^9 aborted the
+/// process), and a template writing past [`RENDER_MAX_BYTES`] stops with an error instead of
+/// growing its output.
+#[test]
+fn finding_3_template_renders_are_bounded_in_output_bytes() {
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "hi"),
+    ];
+    let render = |src: &str| {
+        ChatTemplate::new(src.into(), None, None)
+            .unwrap()
+            .render(&msgs, true)
+    };
+    let clamped = render("{{ messages|tojson(indent=16)|length }}").unwrap();
+    for huge in ["100000000", "1000000000"] {
+        let src = format!("{{{{ messages|tojson(indent={huge})|length }}}}");
+        assert_eq!(render(&src).unwrap(), clamped, "indent={huge}");
+        let src = format!("{{{{ 'a\nb'|indent({huge}, true) }}}}");
+        assert_eq!(render(&src).unwrap(), format!("{0}a\n{0}b", " ".repeat(16)));
+    }
+    assert_eq!(
+        render("{{ messages|tojson(indent=true) }}").unwrap(),
+        render("{{ messages|tojson(indent=2) }}").unwrap()
+    );
+    // 40,000 writes of 1 KB: 40 MB of output in little work
+    assert!(40_000_000 > RENDER_MAX_BYTES);
+    let src = "{% set s = 'x' * 1000 %}{% for i in range(40000) %}{{ s }}{% endfor %}";
+    let err = render(src).unwrap_err();
+    assert!(matches!(err, ChatError::TooLong), "{err}");
+    assert!(err.to_string().contains("more than"), "{err}");
 }
 
 /// The budget leaves real templates room: SmolLM2's renders 1,000 messages of 500

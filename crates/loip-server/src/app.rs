@@ -13,24 +13,29 @@
 //!   generation starts; nothing a client sends panics the server. Engine failures are 500, a
 //!   lost cluster device (or a stopped pipeline) 503; neither names files or addresses.
 //! - Chat message contents are plain text: only the template's own text can make control
-//!   tokens.
+//!   tokens; a role is one of [`ROLES`] (checked, with the contents' size, before anything
+//!   is tokenized), so a role cannot spell one either.
+//! - At most `max_queue` requests wait (tokenizing, or for a generation's place) at once;
+//!   one more is answered 429 with `Retry-After` at once.
+//! - `/health` names devices, addresses and failure reasons only to a client that gives the
+//!   API key (or when the server has none); `/metrics` needs the key like `/v1/*`.
 //! - A prompt's size is checked before it is tokenized: text longer than `max_prompt` tokens
 //!   of the vocabulary's longest spelling could hold (doubled) is refused unread.
 //! - A client that goes away stops its generation at the next token, streaming or not, and a
 //!   request still queued for a permit never starts.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use loip_engine::{Flow, StopReason};
+use loip_engine::{Flow, StopReason, TokenLogprob};
 use loip_model::chat::{ChatError, ChatMessage, ChatTemplate};
 use loip_model::tokenizer::Tokenizer;
 use loip_model::ModelConfig;
@@ -39,37 +44,49 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::backend::{Backend, BackendError, Health};
 use crate::http;
+use crate::logprobs::Logprobs;
 use crate::options::{generate_options, Sampling};
 use crate::text::TextStream;
 use crate::wire::{
-    content_text, parse_request, request_id, stop_strings, token_ids, usage, ApiError, ApiRequest,
-    Finished, InMessage, Job, Kind, Meta, MAX_BODY,
+    content_text, fresh_seed, parse_request, request_id, stop_strings, token_ids, usage, ApiError,
+    ApiRequest, Finished, InMessage, Job, Kind, Meta, MAX_BODY,
 };
 use crate::{ServedModel, ServerConfig};
+use loip_runtime::coordinator::DeviceHealth;
 
 /// The routes over a shared [`App`].
 pub(crate) fn router(app: Arc<App>) -> Router {
     let v1 = Router::new()
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(crate::tokens::model))
+        .route("/tokenize", post(crate::tokens::tokenize))
+        .route("/detokenize", post(crate::tokens::detokenize))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/metrics", get(metrics_text))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             http::require_key,
         ));
     Router::new()
         .route("/health", get(health))
-        .route("/metrics", get(metrics_text))
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            http::cors,
+        ))
+        .layer(axum::middleware::from_fn(http::log_request))
         .with_state(app)
 }
 
 /// The server's state: the model, its tokenizer and template, limits, and the queue.
 pub(crate) struct App {
     pub(crate) name: String,
+    /// other ids a request's `model` may name
+    aliases: Vec<String>,
     created: u64, // unix seconds
     config: ModelConfig,
     tokenizer: Result<Tokenizer, String>,
@@ -77,12 +94,18 @@ pub(crate) struct App {
     pub(crate) backend: Arc<Backend>,
     permits: Arc<Semaphore>,
     pub(crate) parallel: usize,
+    /// requests past parsing that have no generation place yet
+    waiting: AtomicUsize,
+    /// most requests `waiting` at once; one more is 429
+    max_queue: usize,
     max_prompt: usize,       // tokens
     max_tokens_limit: usize, // tokens
     context: usize,          // tokens: one request's prompt + max_tokens
     /// SHA-256 of the API key `/v1/*` requires, if any
     pub(crate) api_key: Option<[u8; 32]>,
-    body_timeout: Duration,
+    /// the origin `--cors` allows, if any
+    pub(crate) cors: Option<axum::http::HeaderValue>,
+    pub(crate) body_timeout: Duration,
     /// most text one prompt may have before tokenizing: `--max-prompt` tokens of the longest
     /// spelling in the vocabulary, doubled (a normalizer may shorten text)  // bytes
     max_prompt_bytes: usize,
@@ -106,6 +129,7 @@ impl App {
         });
         App {
             name: cfg.name.clone(),
+            aliases: cfg.aliases.clone(),
             created: unix_now(),
             config: model.config,
             tokenizer,
@@ -113,10 +137,13 @@ impl App {
             backend,
             permits: Arc::new(Semaphore::new(cfg.parallel)),
             parallel: cfg.parallel,
+            waiting: AtomicUsize::new(0),
+            max_queue: cfg.max_queue,
             max_prompt: cfg.max_prompt,
             max_tokens_limit: cfg.max_tokens_limit,
             context: cfg.context,
             api_key: cfg.api_key.as_deref().map(http::key_digest),
+            cors: cfg.cors.as_deref().and_then(|o| o.parse().ok()),
             body_timeout: cfg.limits.body_timeout,
             max_prompt_bytes: cfg
                 .max_prompt
@@ -146,7 +173,25 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
-async fn health(State(app): State<Arc<App>>) -> Response {
+/// The roles a chat message may have.
+const ROLES: &[&str] = &["system", "user", "assistant", "tool", "developer"];
+
+/// A device as `/health` shows it: with its name, address and failure reason only when
+/// `full` (the client gave the API key, or the server has none).
+pub(crate) fn device_json(d: &DeviceHealth, full: bool) -> Value {
+    if full {
+        json!({"name": d.endpoint.name, "addr": d.endpoint.addr, "alive": d.alive,
+               "reason": d.reason})
+    } else {
+        json!({"alive": d.alive})
+    }
+}
+
+async fn health(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let full = app
+        .api_key
+        .as_ref()
+        .is_none_or(|digest| http::key_given(digest, &headers));
     let busy = app.parallel - app.permits.available_permits().min(app.parallel);
     let (status, devices) = match app.backend.health() {
         Health::Ready => (StatusCode::OK, None),
@@ -171,13 +216,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         }
         Health::Devices(h) => {
             let ok = h.iter().all(|d| d.alive);
-            let devices: Vec<Value> = h
-                .iter()
-                .map(|d| {
-                    json!({"name": d.endpoint.name, "addr": d.endpoint.addr,
-                           "alive": d.alive, "reason": d.reason})
-                })
-                .collect();
+            let devices: Vec<Value> = h.iter().map(|d| device_json(d, full)).collect();
             let status = if ok {
                 StatusCode::OK
             } else {
@@ -214,11 +253,27 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": app.name, "object": "model", "created": app.created, "owned_by": "loip",
-                  "context_length": app.context}],
-    }))
+    Json(json!({"object": "list", "data": [app.model_entry(&app.name)]}))
+}
+
+impl App {
+    /// Whether `id` names the served model (its name or an alias).
+    pub(crate) fn serves(&self, id: &str) -> bool {
+        id == self.name || self.aliases.iter().any(|a| a == id)
+    }
+
+    /// The served model as `/v1/models` lists it, under `id`.
+    pub(crate) fn model_entry(&self, id: &str) -> Value {
+        json!({"id": id, "object": "model", "created": self.created, "owned_by": "loip",
+               "context_length": self.context, "max_prompt_tokens": self.max_prompt,
+               "max_completion_tokens": self.max_tokens_limit,
+               "placement": self.backend.describe()})
+    }
+
+    /// The model's vocabulary.
+    pub(crate) fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
 }
 
 async fn completions(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
@@ -238,76 +293,150 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// A request's place in the queue (tokenizing, or waiting for a generation's place); given
+/// back when dropped.
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl App {
+    /// Requests waiting now (tests).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Takes a generation's place, as a request does (tests).
+    #[cfg(test)]
+    pub(crate) async fn take_place(&self) -> Option<OwnedSemaphorePermit> {
+        self.permits.clone().acquire_owned().await.ok()
+    }
+
+    /// A place in the queue, or 429 when `max_queue` requests wait already.
+    fn enqueue(&self) -> Result<Queued<'_>, ApiError> {
+        self.waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_queue).then_some(n + 1)
+            })
+            .map_err(|n| {
+                ApiError::busy(format!(
+                    "the server is busy: {n} requests wait already (--max-queue); retry later"
+                ))
+            })?;
+        Ok(Queued(&self.waiting))
+    }
+}
+
 /// Checks, queues and runs one request.
 async fn handle(app: Arc<App>, kind: Kind, req: Request) -> Result<Response, ApiError> {
     let body = http::read_body(req, app.body_timeout).await?;
     let req = parse_request(&body)?;
     drop(body);
+    let queued_app = app.clone();
+    let queued = queued_app.enqueue()?;
     // Tokenizing a long prompt takes a while: off the async workers too.
     let checker = app.clone();
     let job = tokio::task::spawn_blocking(move || checker.job(kind, req))
         .await
         .map_err(ApiError::from_join)??;
-    let permit = app.permits.clone().acquire_owned().await.map_err(|_| {
+    // all `n` places at once (one at a time, two requests could each hold a part)
+    let places = u32::try_from(job.n).unwrap_or(u32::MAX);
+    let permit = app.permits.clone().acquire_many_owned(places).await;
+    let permit = Arc::new(permit.map_err(|_| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is shutting down",
         )
-    })?;
+    })?);
+    drop(queued);
     let meta = Meta {
         kind,
         id: request_id(kind),
         created: unix_now(),
         model: app.name.clone(),
+        seed: job.seed,
     };
     if job.stream {
-        return Ok(stream(app, job, meta, permit));
+        return Ok(stream(app, job, Arc::new(meta), permit));
     }
     let gone = Arc::new(AtomicBool::new(false));
     let _cancel = CancelOnDrop(gone.clone());
-    let id = meta.id.clone();
-    let (job, done) = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        let done = app.run(&job, &mut |_| !gone.load(Ordering::Relaxed));
-        if let (true, Ok(f)) = (gone.load(Ordering::Relaxed), &done) {
-            log_gone(&id, f);
-        }
-        (job, done)
-    })
-    .await
-    .map_err(ApiError::from_join)?;
-    Ok(Json(meta.full(&job, &done?)).into_response())
+    let job = Arc::new(job);
+    let tasks: Vec<_> = (0..job.n)
+        .map(|i| {
+            let (app, job, permit, gone) = (app.clone(), job.clone(), permit.clone(), gone.clone());
+            let id = meta.id.clone();
+            tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                let done = app.run(&job.choice(i), &mut |_, _| !gone.load(Ordering::Relaxed));
+                if let (true, Ok(f)) = (gone.load(Ordering::Relaxed), &done) {
+                    log_gone(&id, f);
+                }
+                done
+            })
+        })
+        .collect();
+    let mut done = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        done.push(t.await.map_err(ApiError::from_join)??);
+    }
+    let mut resp = Json(meta.full(&job, &done)).into_response();
+    resp.extensions_mut().insert(http::Tokens {
+        prompt: job.prompt_ids.len(),
+        completion: done.iter().map(|f| f.new_ids.len()).sum(),
+    });
+    Ok(resp)
 }
 
-/// Streams `job` as server-sent events; the generation stops when the client goes away.
-fn stream(app: Arc<App>, job: Job, meta: Meta, permit: OwnedSemaphorePermit) -> Response {
+/// Streams `job`'s `n` choices as server-sent events (each chunk names its choice); the
+/// generations stop when the client goes away. After the last choice's end: the usage chunk
+/// when asked for, then `[DONE]`.
+fn stream(app: Arc<App>, job: Job, meta: Arc<Meta>, permit: Arc<OwnedSemaphorePermit>) -> Response {
     let (tx, rx) = mpsc::unbounded_channel::<String>();
-    tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        if meta.kind == Kind::Chat {
-            let _ = tx.send(meta.role_chunk().to_string());
-        }
-        let done = app.run(&job, &mut |piece| {
-            if piece.is_empty() {
-                return !tx.is_closed();
+    let left = Arc::new(AtomicUsize::new(job.n));
+    let completion = Arc::new(AtomicUsize::new(0));
+    let job = Arc::new(job);
+    for i in 0..job.n {
+        let (app, job, meta, permit) = (app.clone(), job.clone(), meta.clone(), permit.clone());
+        let (tx, left, completion) = (tx.clone(), left.clone(), completion.clone());
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            if meta.kind == Kind::Chat {
+                let _ = tx.send(meta.role_chunk(i).to_string());
             }
-            tx.send(meta.chunk(piece, None).to_string()).is_ok()
-        });
-        match done {
-            Ok(f) if tx.is_closed() => log_gone(&meta.id, &f),
-            Ok(f) => {
-                let _ = tx.send(meta.chunk("", Some(f.finish_reason)).to_string());
-                if job.include_usage {
-                    let usage = usage(job.prompt_ids.len(), f.new_ids.len());
-                    let _ = tx.send(meta.usage_chunk(usage).to_string());
+            let done = app.run(&job.choice(i), &mut |piece, logprobs| {
+                if piece.is_empty() && logprobs.is_null() {
+                    return !tx.is_closed();
+                }
+                tx.send(meta.chunk(i, piece, None, logprobs).to_string())
+                    .is_ok()
+            });
+            match done {
+                Ok(f) if tx.is_closed() => log_gone(&meta.id, &f),
+                Ok(f) => {
+                    completion.fetch_add(f.new_ids.len(), Ordering::Relaxed);
+                    let last = meta.chunk(i, "", Some(f.finish_reason), Value::Null);
+                    let _ = tx.send(last.to_string());
+                }
+                Err(e) => {
+                    let _ = tx.send(e.body().to_string());
                 }
             }
-            Err(e) => {
-                let _ = tx.send(e.body().to_string());
+            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                if job.include_usage {
+                    let done = completion.load(Ordering::Relaxed);
+                    let usage = usage(job.prompt_ids.len(), done);
+                    let _ = tx.send(meta.usage_chunk(usage).to_string());
+                }
+                let _ = tx.send("[DONE]".to_string());
             }
-        }
-        let _ = tx.send("[DONE]".to_string());
-    });
+        });
+    }
+    drop(tx);
     let events = futures_util::stream::unfold(rx, |mut rx| async move {
         let data = rx.recv().await?;
         Some((Ok::<_, Infallible>(Event::default().data(data)), rx))
@@ -325,10 +454,22 @@ fn log_gone(id: &str, f: &Finished) {
 
 impl App {
     /// Checks a request and tokenizes its prompt (blocking).
-    fn job(&self, kind: Kind, r: ApiRequest) -> Result<Job, ApiError> {
-        if r.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad("only n = 1 is supported"));
+    fn job(&self, kind: Kind, mut r: ApiRequest) -> Result<Job, ApiError> {
+        r.refuse_unsupported()?;
+        if let Some(m) = &r.model {
+            if !self.serves(m) {
+                return Err(ApiError::model_not_found(m, &self.name));
+            }
         }
+        let choices = match r.n.unwrap_or(1) {
+            n @ 1.. if n <= self.parallel as u64 => n as usize,
+            n => {
+                return Err(ApiError::bad(format!(
+                    "n must be from 1 to {} (--parallel), got {n}",
+                    self.parallel
+                )))
+            }
+        };
         let temperature = r.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
             return Err(ApiError::bad(format!(
@@ -341,7 +482,8 @@ impl App {
                 "top_p must be in (0, 1], got {top_p}"
             )));
         }
-        let stops = stop_strings(r.stop)?;
+        let stops = stop_strings(r.stop.take())?;
+        let shaping = r.shaping(kind, self.config.vocab_size)?;
         let prompt_ids = match kind {
             Kind::Completion => self.completion_ids(r.prompt)?,
             Kind::Chat => self.chat_ids(r.messages)?,
@@ -372,6 +514,7 @@ impl App {
             Some(m) => m as usize,
             None => self.max_tokens_limit.min(self.context - n),
         };
+        let seed = r.seed.unwrap_or_else(fresh_seed);
         let s = Sampling {
             max_tokens,
             temperature: temperature as f32,
@@ -379,7 +522,7 @@ impl App {
                 .top_k
                 .map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
             top_p: top_p as f32,
-            seed: r.seed.unwrap_or(0),
+            seed,
             ignore_eos: r.ignore_eos.unwrap_or(false),
             min_tokens: r
                 .min_tokens
@@ -388,7 +531,11 @@ impl App {
         let opts = generate_options(&self.config, &prompt_ids, &s)
             .map_err(|e| ApiError::bad(e.to_string()))?;
         Ok(Job {
+            n: choices,
+            kind,
             prompt_ids,
+            seed,
+            shaping,
             opts,
             stops,
             stream: r.stream.unwrap_or(false),
@@ -426,6 +573,23 @@ impl App {
             .into_iter()
             .enumerate()
             .map(|(i, m)| {
+                if !ROLES.contains(&m.role.as_str()) {
+                    return Err(ApiError::bad(format!(
+                        "messages[{i}].role must be one of {}",
+                        ROLES.join(", ")
+                    )));
+                }
+                for (field, v) in [
+                    ("name", &m.name),
+                    ("tool_calls", &m.tool_calls),
+                    ("tool_call_id", &m.tool_call_id),
+                ] {
+                    if v.as_ref().is_some_and(|v| !v.is_null()) {
+                        return Err(ApiError::bad(format!(
+                            "messages[{i}].{field} is not supported by this server"
+                        )));
+                    }
+                }
                 Ok(ChatMessage {
                     role: m.role,
                     content: content_text(m.content)
@@ -434,7 +598,12 @@ impl App {
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         let template = self.chat.as_ref().map_err(|e| ApiError::bad(e.clone()))?;
-        self.check_text(messages.iter().map(|m| m.content.len()).sum())?;
+        self.check_text(
+            messages
+                .iter()
+                .map(|m| m.content.len() + m.role.len())
+                .sum(),
+        )?;
         let tok = self.tokenizer()?;
         template.encode(tok, &messages, true).map_err(|e| match e {
             ChatError::Tokenize(e) => ApiError::bad(format!("tokenizing the prompt: {e}")),
@@ -442,14 +611,14 @@ impl App {
         })
     }
 
-    fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
+    pub(crate) fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
         self.tokenizer
             .as_ref()
             .map_err(|e| ApiError::bad(format!("{e}; send the prompt as token ids")))
     }
 
     /// Refuses text too long for `--max-prompt` tokens without tokenizing it.
-    fn check_text(&self, bytes: usize) -> Result<(), ApiError> {
+    pub(crate) fn check_text(&self, bytes: usize) -> Result<(), ApiError> {
         if bytes > self.max_prompt_bytes {
             return Err(ApiError::bad(format!(
                 "the prompt has {bytes} bytes of text, more than {} tokens (--max-prompt) can hold",
@@ -474,32 +643,59 @@ impl App {
     }
 
     /// Runs `job` to its end (blocking). `emit` gets the text as it becomes final (possibly
-    /// empty) and returns `false` when nobody listens any more, which stops the generation.
-    fn run(&self, job: &Job, emit: &mut dyn FnMut(&str) -> bool) -> Result<Finished, ApiError> {
-        let mut text = TextStream::new(self.tokenizer.as_ref().ok(), &job.stops);
+    /// empty) with, for a streamed request that asked for them, the log-probabilities of
+    /// the tokens not yet sent (`null` otherwise), and returns `false` when nobody listens
+    /// any more, which stops the generation.
+    fn run(
+        &self,
+        job: &Job,
+        emit: &mut dyn FnMut(&str, Value) -> bool,
+    ) -> Result<Finished, ApiError> {
+        let tok = self.tokenizer.as_ref().ok();
+        let mut text = TextStream::new(tok, &job.stops);
+        let mut chunk_logprobs = Logprobs::new(job.kind, tok);
+        let mut all: Vec<TokenLogprob> = Vec::new();
+        let mut pending: Vec<TokenLogprob> = Vec::new(); // streamed: not yet sent
         let t0 = std::time::Instant::now();
         let mut last: Option<std::time::Instant> = None;
-        // `emit("")` asks whether anybody listens: also while the request waits for its
-        // first token, so that a client gone from the queue frees its place.
+        // `emit("", null)` asks whether anybody listens: also while the request waits for
+        // its first token, so that a client gone from the queue frees its place.
         let emit = std::cell::RefCell::new(emit);
-        let mut on_token = |id: u32| {
+        let mut on_token = |id: u32, lp: Option<&TokenLogprob>| {
             let now = std::time::Instant::now();
             match last {
                 None => crate::metrics::first_token((now - t0).as_secs_f64()),
                 Some(l) => crate::metrics::inter_token((now - l).as_secs_f64()),
             }
             last = Some(now);
+            if let Some(lp) = lp {
+                all.push(lp.clone());
+                if job.stream {
+                    pending.push(lp.clone());
+                }
+            }
             let (piece, hit_stop) = text.push(id);
-            if !(*emit.borrow_mut())(&piece) || hit_stop {
+            let lps = if piece.is_empty() || pending.is_empty() {
+                Value::Null
+            } else {
+                chunk_logprobs.object(&std::mem::take(&mut pending))
+            };
+            if !(*emit.borrow_mut())(&piece, lps) || hit_stop {
                 Flow::Stop
             } else {
                 Flow::Continue
             }
         };
-        let mut alive = || (*emit.borrow_mut())("");
+        let mut alive = || (*emit.borrow_mut())("", Value::Null);
         let out = self
             .backend
-            .generate_watched(&job.prompt_ids, &job.opts, &mut on_token, &mut alive)
+            .generate_shaped(
+                &job.prompt_ids,
+                &job.opts,
+                &job.shaping,
+                &mut on_token,
+                &mut alive,
+            )
             .map_err(|e| match e {
                 BackendError::Cluster(e) => ApiError::from_cluster(e),
                 BackendError::Engine(e) => ApiError::from_engine(e),
@@ -507,7 +703,12 @@ impl App {
             })?;
         crate::metrics::request_done(job.prompt_ids.len(), out.new_ids.len());
         let (rest, text) = text.finish();
-        (*emit.borrow_mut())(&rest);
+        let lps = if pending.is_empty() {
+            Value::Null
+        } else {
+            chunk_logprobs.object(&pending)
+        };
+        (*emit.borrow_mut())(&rest, lps);
         Ok(Finished {
             text,
             new_ids: out.new_ids,
@@ -515,6 +716,10 @@ impl App {
                 StopReason::Length => "length",
                 _ => "stop",
             },
+            logprobs: job
+                .shaping
+                .logprobs
+                .map(|_| Logprobs::new(job.kind, tok).object(&all)),
         })
     }
 }

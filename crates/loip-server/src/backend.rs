@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use loip_engine::{
     one_device_limits, BatchBackend, EngineError, Flow, GenerateOptions, GenerateOutput, Generator,
-    Model, Next, RowPick, SeqId, TokenPos,
+    Model, Next, RowPick, SeqId, Shaping, TokenLogprob, TokenPos,
 };
 use loip_model::Checkpoint;
 use loip_runtime::cluster_run::{DeviceStats, Session};
@@ -211,16 +211,26 @@ impl Backend {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> Flow,
     ) -> Result<GenerateOutput, BackendError> {
-        self.generate_watched(prompt, opts, on_token, &mut || true)
+        let mut on_token = |id, _: Option<&TokenLogprob>| on_token(id);
+        self.generate_shaped(
+            prompt,
+            opts,
+            &Shaping::default(),
+            &mut on_token,
+            &mut || true,
+        )
     }
 
-    /// [`Backend::generate`] that cancels the request once `alive` says its client is gone,
-    /// also before its first token (see [`Batcher::generate_watched`]).
-    pub fn generate_watched(
+    /// [`Backend::generate`] with the tokens shaped as `shaping` asks (penalties, bias),
+    /// `on_token` also getting each token's log-probabilities when asked for; the request is
+    /// cancelled once `alive` says its client is gone, also before its first token (see
+    /// [`Batcher::generate_shaped`]).
+    pub fn generate_shaped(
         &self,
         prompt: &[u32],
         opts: &GenerateOptions,
-        on_token: &mut dyn FnMut(u32) -> Flow,
+        shaping: &Shaping,
+        on_token: &mut dyn FnMut(u32, Option<&TokenLogprob>) -> Flow,
         alive: &mut dyn FnMut() -> bool,
     ) -> Result<GenerateOutput, BackendError> {
         let batcher = match self {
@@ -230,7 +240,7 @@ impl Backend {
                 .min_by_key(|l| l.outstanding())
                 .ok_or(BatchError::Stopped)?,
         };
-        Ok(batcher.generate_watched(prompt, opts, on_token, alive)?)
+        Ok(batcher.generate_shaped(prompt, opts, shaping, on_token, alive)?)
     }
 
     /// The serving loop's numbers (a cluster's loops summed; the last batch is the largest).

@@ -2,11 +2,13 @@
 //!
 //! - [`app`]: the router and handlers, request validation from raw JSON to a checked job, SSE;
 //! - [`options`]: a request's sampling fields to the engine's options (shared with the CLI);
+//! - `logprobs`: token log-probabilities in the OpenAI shapes;
 //! - [`wire`]: the OpenAI shapes and the one error type, mapped to status codes;
 //! - [`http`]: connections, header and body timeouts, body limits, the API key;
 //! - [`backend`]: what runs the forward passes (this machine, slice files, or a cluster);
 //! - [`metrics`]: `GET /metrics` (Prometheus text);
-//! - [`serving`]: the one-device batched serving loop (continuous batching).
+//! - [`serving`]: the one-device batched serving loop (continuous batching);
+//! - `tokens`: `/tokenize`, `/detokenize` and `/v1/models/{id}`.
 //!
 //! Invariants: nothing a client sends panics the server or is answered with a 5xx; error
 //! bodies name no file or address; a greedy request gives exactly the tokens of the
@@ -17,10 +19,12 @@
 mod app;
 pub mod backend;
 pub mod http;
+mod logprobs;
 mod metrics;
 pub mod options;
 pub mod serving;
 mod text;
+mod tokens;
 mod wire;
 
 #[cfg(test)]
@@ -41,8 +45,12 @@ pub use http::Limits;
 pub struct ServerConfig {
     /// the model id the API reports
     pub name: String,
+    /// other ids a request's `model` may name (any other is 404 `model_not_found`)
+    pub aliases: Vec<String>,
     /// generations run at once; further requests wait in a queue
     pub parallel: usize,
+    /// most requests waiting in that queue (tokenizing included); one more is answered 429
+    pub max_queue: usize,
     /// longest prompt accepted  // tokens
     pub max_prompt: usize,
     /// largest `max_tokens` a request may ask for; also what a request without one gets
@@ -51,6 +59,8 @@ pub struct ServerConfig {
     pub context: usize,
     /// the key `/v1/*` requires as `Authorization: Bearer KEY`, if any
     pub api_key: Option<String>,
+    /// an origin browsers may call the API from (`*` for any), if any
+    pub cors: Option<String>,
     /// connections and timeouts
     pub limits: Limits,
 }
@@ -86,6 +96,15 @@ pub enum ServerError {
     },
 }
 
+/// Parses and checks a request body as `/v1/completions` (or, with `chat`, the chat
+/// endpoint) does before any model work: the JSON shape, unknown and unsupported fields,
+/// `stop`, prompt ids or message contents, penalties, bias and log-probabilities against a
+/// vocabulary of `vocab` tokens. `Err` holds the 4xx message. Never panics: the fuzz target
+/// `api_request` feeds it.
+pub fn check_request(body: &[u8], chat: bool, vocab: usize) -> Result<(), String> {
+    wire::check_body(body, chat, vocab).map_err(|e| e.message().to_string())
+}
+
 /// Binds `listen`, prints `listening on http://ADDR` on stderr and serves until Ctrl-C or
 /// SIGTERM; then shuts the backend down (a cluster's workers are told goodbye).
 pub fn serve(
@@ -99,10 +118,20 @@ pub fn serve(
             "parallel, max_prompt and max_tokens_limit must be at least 1".into(),
         ));
     }
-    if cfg.limits.max_connections == 0 {
+    if cfg.limits.max_connections == 0
+        || cfg.limits.max_connections_per_addr == 0
+        || cfg.max_queue == 0
+    {
         return Err(ServerError::Config(
-            "max_connections must be at least 1".into(),
+            "max_connections, max_connections_per_addr and max_queue must be at least 1".into(),
         ));
+    }
+    if let Some(o) = &cfg.cors {
+        if o.parse::<axum::http::HeaderValue>().is_err() || o.is_empty() {
+            return Err(ServerError::Config(format!(
+                "the CORS origin {o:?} is not a valid header value"
+            )));
+        }
     }
     let backend = Arc::new(backend);
     let served = serve_until(listen, &cfg, model, backend.clone(), shutdown_signal());

@@ -2,7 +2,8 @@
 //! its Prometheus recorder (installed once per process; several servers in one process, as
 //! in tests, share it).
 //!
-//! Series (histograms render as summaries with quantiles):
+//! Series (histograms render as summaries with quantiles; counters and the serving loop's
+//! gauges are listed at zero from the start):
 //! - `loip_requests_total`, `loip_prompt_tokens_total`, `loip_completion_tokens_total`
 //!   (counters, finished requests);
 //! - `loip_queue_depth`, `loip_running_sequences`, `loip_batch_size` (sequences in the last
@@ -36,9 +37,34 @@ pub(crate) fn init() -> Option<&'static PrometheusHandle> {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new().build_recorder();
             let handle = recorder.handle();
-            metrics::set_global_recorder(recorder).ok().map(|_| handle)
+            let installed = metrics::set_global_recorder(recorder).ok().map(|_| handle);
+            if installed.is_some() {
+                register();
+            }
+            installed
         })
         .as_ref()
+}
+
+/// Every series that does not wait for a device or a budget, at zero: `/metrics` lists
+/// them from the start, before the first request.
+fn register() {
+    for c in [
+        "loip_requests_total",
+        "loip_prompt_tokens_total",
+        "loip_completion_tokens_total",
+    ] {
+        metrics::counter!(c).increment(0);
+    }
+    for g in [
+        "loip_queue_depth",
+        "loip_running_sequences",
+        "loip_batch_size",
+        "loip_kv_used_bytes",
+        "loip_kv_reserved_bytes",
+    ] {
+        metrics::gauge!(g).set(0.0);
+    }
 }
 
 /// The current numbers, Prometheus text.

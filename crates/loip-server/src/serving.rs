@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use loip_engine::{
     BatchBackend, EngineError, Flow, GenerateOptions, GenerateOutput, SeqEvent, SeqId, ServeError,
-    Serving, StopReason,
+    Serving, Shaping, StopReason, TokenLogprob,
 };
 use loip_plan::sched::{Limits, RejectReason};
 
@@ -34,8 +34,8 @@ pub const WATCH: Duration = Duration::from_millis(50);
 
 /// What the loop tells one request.
 enum Reply {
-    /// a new token
-    Token(u32),
+    /// a new token, with its log-probabilities when asked for
+    Token(u32, Option<TokenLogprob>),
     /// the sequence ended by itself
     Done(StopReason),
     /// refused or failed
@@ -69,6 +69,7 @@ enum Cmd {
         seq: SeqId,
         prompt: Vec<u32>,
         opts: GenerateOptions,
+        shaping: Shaping,
         reply: Sender<Reply>,
     },
     Cancel(SeqId),
@@ -212,6 +213,21 @@ impl Batcher {
         on_token: &mut dyn FnMut(u32) -> Flow,
         alive: &mut dyn FnMut() -> bool,
     ) -> Result<GenerateOutput, BatchError> {
+        let mut on_token = |id, _: Option<&TokenLogprob>| on_token(id);
+        self.generate_shaped(prompt, opts, &Shaping::default(), &mut on_token, alive)
+    }
+
+    /// [`Batcher::generate_watched`] with the tokens shaped as `shaping` asks (penalties,
+    /// bias); `on_token` also gets each token's log-probabilities when `shaping` asks for
+    /// them.
+    pub fn generate_shaped(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        shaping: &Shaping,
+        on_token: &mut dyn FnMut(u32, Option<&TokenLogprob>) -> Flow,
+        alive: &mut dyn FnMut() -> bool,
+    ) -> Result<GenerateOutput, BatchError> {
         // Process-wide ids: several loops (a cluster's micro-batches) share one pipeline,
         // whose devices key the KV cache by sequence id.
         let seq = loip_runtime::coordinator::next_seq_id();
@@ -224,6 +240,7 @@ impl Batcher {
                 seq,
                 prompt: prompt.to_vec(),
                 opts: opts.clone(),
+                shaping: shaping.clone(),
                 reply,
             })
             .map_err(|_| BatchError::Stopped)?;
@@ -237,10 +254,10 @@ impl Batcher {
                         break StopReason::Stop;
                     }
                 }
-                Ok(Reply::Token(id)) => {
+                Ok(Reply::Token(id, logprob)) => {
                     first.get_or_insert_with(Instant::now);
                     new_ids.push(id);
-                    if on_token(id) == Flow::Stop {
+                    if on_token(id, logprob.as_ref()) == Flow::Stop {
                         let _ = self.tx.send(Cmd::Cancel(seq));
                         break StopReason::Stop;
                     }
@@ -380,8 +397,9 @@ fn run_loop<B: BatchBackend>(
             seq,
             prompt,
             opts,
+            shaping,
             reply,
-        } => match serving.submit(now, seq, &prompt, &opts) {
+        } => match serving.submit_shaped(now, seq, &prompt, &opts, &shaping) {
             Ok(()) => {
                 replies.insert(seq, reply);
             }
@@ -456,8 +474,9 @@ fn run_loop<B: BatchBackend>(
         for ev in events {
             match ev {
                 SeqEvent::Token { seq, id } => {
+                    let logprob = serving.take_logprobs(seq).pop();
                     if let Some(r) = replies.get(&seq) {
-                        if r.send(Reply::Token(id)).is_err() {
+                        if r.send(Reply::Token(id, logprob)).is_err() {
                             // its caller is gone: free the sequence
                             replies.remove(&seq);
                             serving.cancel(clock(), seq);

@@ -11,7 +11,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use loip_engine::{EngineError, GenerateOptions};
+use loip_engine::sampling::MAX_TOP_LOGPROBS;
+use loip_engine::{EngineError, GenerateOptions, Shaping};
 use loip_runtime::coordinator::ClusterError;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -28,6 +29,8 @@ pub(crate) struct ApiError {
     message: String,
     /// OpenAI's machine-readable `code` (e.g. `invalid_api_key`)
     code: Option<&'static str>,
+    /// seconds after which a retry may succeed (the `Retry-After` header of a 429 or 503)
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -36,6 +39,31 @@ impl ApiError {
             status,
             message: message.into(),
             code: None,
+            retry_after: None,
+        }
+    }
+
+    /// 404 `model_not_found`: the request names a model this server does not serve.
+    pub(crate) fn model_not_found(asked: &str, served: &str) -> ApiError {
+        let asked: String = asked.chars().take(64).collect();
+        ApiError {
+            code: Some("model_not_found"),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "the model `{asked}` does not exist; this server serves `{served}` (or \
+                     leave `model` out)"
+                ),
+            )
+        }
+    }
+
+    /// 429: the server is busy; `Retry-After: 1`.
+    pub(crate) fn busy(message: impl Into<String>) -> ApiError {
+        ApiError {
+            code: Some("rate_limit_exceeded"),
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, message)
         }
     }
 
@@ -57,6 +85,11 @@ impl ApiError {
             StatusCode::INTERNAL_SERVER_ERROR,
             "generation failed on the server (see its log)",
         )
+    }
+
+    /// The message for the client.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 
     /// 400: the request is wrong.
@@ -84,10 +117,7 @@ impl ApiError {
     pub(crate) fn from_batch(e: crate::serving::BatchError) -> ApiError {
         use crate::serving::BatchError;
         match e {
-            BatchError::Busy(m) => ApiError {
-                code: Some("rate_limit_exceeded"),
-                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, format!("{m}; retry later"))
-            },
+            BatchError::Busy(m) => ApiError::busy(format!("{m}; retry later")),
             BatchError::Refused(m) => ApiError::bad(m),
             BatchError::Stopped => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the serving loop stopped")
@@ -121,7 +151,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }
 
@@ -132,10 +167,13 @@ pub(crate) enum Kind {
     Chat,
 }
 
-/// The body of a completion or chat request; unknown fields are ignored.
+/// The body of a completion or chat request. A field this server does not know is refused
+/// (400 naming it); a field it knows but does not implement is refused unless it has its
+/// neutral value (see [`ApiRequest::refuse_unsupported`]); none is silently ignored.
 #[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub(crate) struct ApiRequest {
+    pub(crate) model: Option<String>,
     pub(crate) prompt: Option<Value>,
     pub(crate) messages: Option<Vec<InMessage>>,
     pub(crate) max_tokens: Option<u64>,
@@ -154,27 +192,215 @@ pub(crate) struct ApiRequest {
     pub(crate) min_tokens: Option<u64>,
     /// extension: return the prompt's and the completion's token ids
     pub(crate) return_token_ids: Option<bool>,
+    /// completions: report this many alternatives' log-probabilities (0: the chosen token's
+    /// only); chat: `true` to report them
+    pub(crate) logprobs: Option<Value>,
+    /// chat: this many alternatives with `logprobs: true`
+    pub(crate) top_logprobs: Option<u64>,
+    pub(crate) frequency_penalty: Option<f64>,
+    pub(crate) presence_penalty: Option<f64>,
+    /// extension (Hugging Face's): 1 is off
+    pub(crate) repetition_penalty: Option<f64>,
+    /// token id (as a string) to a bias added to its logit
+    pub(crate) logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// accepted and ignored on purpose: it changes no output (OpenAI's end-user id)
+    #[allow(dead_code)]
+    pub(crate) user: Option<Value>,
+    // OpenAI fields known but not implemented: each is refused with a 400 naming it unless
+    // it has its neutral value (absent, `null`, or the value that asks for nothing: `false`,
+    // `0`, `{}`, `[]`, `"none"`, `{"type": "text"}`), see `refuse_unsupported`
+    echo: Option<Value>,
+    best_of: Option<Value>,
+    suffix: Option<Value>,
+    response_format: Option<Value>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<Value>,
+    functions: Option<Value>,
+    function_call: Option<Value>,
+}
+
+impl ApiRequest {
+    /// 400 naming the first known-but-unimplemented field with a value that asks for
+    /// something.
+    pub(crate) fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        let u = self;
+        let fields: [(&str, &Option<Value>); 9] = [
+            ("echo", &u.echo),
+            ("best_of", &u.best_of),
+            ("suffix", &u.suffix),
+            ("response_format", &u.response_format),
+            ("tools", &u.tools),
+            ("tool_choice", &u.tool_choice),
+            ("parallel_tool_calls", &u.parallel_tool_calls),
+            ("functions", &u.functions),
+            ("function_call", &u.function_call),
+        ];
+        for (name, v) in fields {
+            if let Some(v) = v {
+                if !neutral(name, v) {
+                    return Err(unsupported(name));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Most `logit_bias` entries one request may have.
+const MAX_BIASES: usize = 1024;
+
+impl Job {
+    /// The job of choice `index`: the same request, seeded `seed + index`.
+    pub(crate) fn choice(&self, index: usize) -> Job {
+        let mut job = self.clone();
+        job.opts.sampling.seed = self.seed.wrapping_add(index as u64);
+        job
+    }
+}
+
+impl ApiRequest {
+    /// The penalties, bias and log-probabilities asked for, checked against a vocabulary of
+    /// `vocab` tokens: `logprobs` is a count (0–20) on completions, `true`/`false` with
+    /// `top_logprobs` (0–20) on chat.
+    pub(crate) fn shaping(&self, kind: Kind, vocab: usize) -> Result<Shaping, ApiError> {
+        let top = self.top_logprobs;
+        let logprobs = match (kind, &self.logprobs) {
+            (Kind::Completion, _) if top.is_some() => {
+                return Err(ApiError::bad(
+                    "`top_logprobs` is a chat field; on completions `logprobs` is the count",
+                ))
+            }
+            (Kind::Completion, None | Some(Value::Null)) => None,
+            (Kind::Completion, Some(v)) => Some(
+                v.as_u64()
+                    .filter(|&n| n <= MAX_TOP_LOGPROBS as u64)
+                    .ok_or_else(|| {
+                        ApiError::bad(format!(
+                            "`logprobs` must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {v}"
+                        ))
+                    })? as usize,
+            ),
+            (Kind::Chat, None | Some(Value::Null) | Some(Value::Bool(false))) => {
+                if top.is_some_and(|n| n > 0) {
+                    return Err(ApiError::bad("`top_logprobs` needs `logprobs: true`"));
+                }
+                None
+            }
+            (Kind::Chat, Some(Value::Bool(true))) => match top.unwrap_or(0) {
+                n if n <= MAX_TOP_LOGPROBS as u64 => Some(n as usize),
+                n => {
+                    return Err(ApiError::bad(format!(
+                        "`top_logprobs` must be from 0 to {MAX_TOP_LOGPROBS}, got {n}"
+                    )))
+                }
+            },
+            (Kind::Chat, Some(v)) => {
+                return Err(ApiError::bad(format!(
+                    "`logprobs` must be true or false, got {v}"
+                )))
+            }
+        };
+        let biases = self.logit_bias.as_ref();
+        if biases.is_some_and(|b| b.len() > MAX_BIASES) {
+            return Err(ApiError::bad(format!(
+                "`logit_bias` may have at most {MAX_BIASES} entries"
+            )));
+        }
+        let logit_bias = biases
+            .into_iter()
+            .flatten()
+            .map(|(k, &v)| match k.parse::<u32>() {
+                Ok(id) => Ok((id, v as f32)),
+                Err(_) => Err(ApiError::bad(format!(
+                    "`logit_bias` keys must be token ids, got {:?}",
+                    k.chars().take(32).collect::<String>()
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let shaping = Shaping {
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0) as f32,
+            presence_penalty: self.presence_penalty.unwrap_or(0.0) as f32,
+            repetition_penalty: self
+                .repetition_penalty
+                .filter(|&p| p != 1.0)
+                .map(|p| p as f32),
+            logit_bias,
+            logprobs,
+        };
+        shaping.validate(vocab).map_err(|e| match e {
+            EngineError::Invalid(m) => ApiError::bad(m),
+            e => ApiError::bad(e.to_string()),
+        })?;
+        Ok(shaping)
+    }
+}
+
+/// Whether `v` asks for nothing: what a client sends for a field it does not use.
+fn neutral(name: &str, v: &Value) -> bool {
+    match v {
+        Value::Null | Value::Bool(false) => true,
+        // `best_of` is neutral at 1
+        Value::Number(n) => name == "best_of" && n.as_f64() == Some(1.0),
+        Value::Object(o) if o.is_empty() => true,
+        Value::Array(a) if a.is_empty() => true,
+        Value::String(s) => match name {
+            "tool_choice" | "function_call" => s == "none",
+            "suffix" => s.is_empty(),
+            _ => false,
+        },
+        Value::Object(o) => {
+            name == "response_format" && o.len() == 1 && o.get("type") == Some(&json!("text"))
+        }
+        _ => false,
+    }
+}
+
+fn unsupported(name: &str) -> ApiError {
+    ApiError {
+        code: Some("unsupported_parameter"),
+        ..ApiError::bad(format!(
+            "`{name}` is not supported by this server (send it without a value, or leave it \
+             out)"
+        ))
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub(crate) struct StreamOptions {
     pub(crate) include_usage: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct InMessage {
     pub(crate) role: String,
     #[serde(default)]
     pub(crate) content: Option<Value>,
+    /// not implemented: refused unless null (tool calls, named participants)
+    #[serde(default)]
+    pub(crate) name: Option<Value>,
+    #[serde(default)]
+    pub(crate) tool_calls: Option<Value>,
+    #[serde(default)]
+    pub(crate) tool_call_id: Option<Value>,
 }
 
 /// A checked request, ready to run.
+#[derive(Clone)]
 pub(crate) struct Job {
+    /// choices to generate (`n`), each its own sequence seeded `seed + index`
+    pub(crate) n: usize,
+    pub(crate) kind: Kind,
     pub(crate) prompt_ids: Vec<u32>,
+    /// the sampling seed: the request's, or a fresh one (reported in the response)
+    pub(crate) seed: u64,
     pub(crate) opts: GenerateOptions,
     pub(crate) stops: Vec<String>,
     pub(crate) stream: bool,
+    /// penalties, bias, log-probabilities
+    pub(crate) shaping: loip_engine::Shaping,
     pub(crate) include_usage: bool,
     pub(crate) return_token_ids: bool,
 }
@@ -184,19 +410,44 @@ pub(crate) struct Finished {
     pub(crate) text: String,
     pub(crate) new_ids: Vec<u32>,
     pub(crate) finish_reason: &'static str,
+    /// the tokens' log-probabilities in the endpoint's shape, when asked for
+    pub(crate) logprobs: Option<Value>,
 }
 
 /// The request body: a JSON object; a field of the wrong type is named.
 pub(crate) fn parse_request(body: &[u8]) -> Result<ApiRequest, ApiError> {
+    parse_body(body)
+}
+
+/// A JSON object body as `T`: a field of the wrong type is named, an unknown field is
+/// refused naming it.
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::bad(
             "invalid JSON body: the request body must be a JSON object",
         ));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    let req: ApiRequest = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let req: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let e = e.into_inner();
+        let text = e.to_string();
+        if let Some(field) = text
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+        {
+            let at = match path.rsplit_once('.') {
+                Some((parent, _)) if !parent.is_empty() => format!(" in `{parent}`"),
+                _ => String::new(),
+            };
+            return ApiError {
+                code: Some("unsupported_parameter"),
+                ..ApiError::bad(format!(
+                    "unknown field `{field}`{at}: this server refuses fields it does not \
+                     implement"
+                ))
+            };
+        }
         if e.is_syntax() || e.is_eof() || path == "." {
             ApiError::bad(format!("invalid JSON body: {e}"))
         } else {
@@ -206,6 +457,26 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ApiRequest, ApiError> {
     de.end()
         .map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))?;
     Ok(req)
+}
+
+/// Parses and checks `body` as the completion (or chat) endpoint does before any model work:
+/// the JSON shape, unknown and unsupported fields, `stop`, prompt ids or message contents,
+/// penalties, bias and log-probabilities against a vocabulary of `vocab` tokens.
+pub(crate) fn check_body(body: &[u8], chat: bool, vocab: usize) -> Result<(), ApiError> {
+    let mut r = parse_request(body)?;
+    let kind = if chat { Kind::Chat } else { Kind::Completion };
+    r.refuse_unsupported()?;
+    stop_strings(r.stop.take())?;
+    r.shaping(kind, vocab)?;
+    for m in r.messages.take().into_iter().flatten() {
+        content_text(m.content).map_err(ApiError::bad)?;
+    }
+    if let Some(Value::Array(items)) = &r.prompt {
+        if items.iter().all(Value::is_number) {
+            token_ids(items)?;
+        }
+    }
+    Ok(())
 }
 
 /// Token ids of a prompt array.
@@ -276,6 +547,19 @@ pub(crate) fn stop_strings(stop: Option<Value>) -> Result<Vec<String>, ApiError>
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// A fresh sampling seed for a request that gave none: SipHash under the process's random
+/// keys of the time and a counter, so two requests never share one by accident.
+pub(crate) fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    h.write_u64(NEXT_ID.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
 pub(crate) fn request_id(kind: Kind) -> String {
     let prefix = match kind {
         Kind::Completion => "cmpl",
@@ -301,6 +585,8 @@ pub(crate) struct Meta {
     pub(crate) id: String,
     pub(crate) created: u64, // unix seconds
     pub(crate) model: String,
+    /// the sampling seed, reported so that a response can be reproduced
+    pub(crate) seed: u64,
 }
 
 impl Meta {
@@ -314,14 +600,22 @@ impl Meta {
 
     fn envelope(&self, stream: bool, choices: Value) -> Value {
         json!({"id": self.id, "object": self.object(stream), "created": self.created,
-               "model": self.model, "choices": choices})
+               "model": self.model, "seed": self.seed, "choices": choices})
     }
 
-    /// A streamed piece of text, or the last chunk with its finish reason.
-    pub(crate) fn chunk(&self, text: &str, finish: Option<&str>) -> Value {
+    /// A streamed piece of choice `index`'s text (with its tokens' log-probabilities when
+    /// asked for), or its last chunk with its finish reason.
+    pub(crate) fn chunk(
+        &self,
+        index: usize,
+        text: &str,
+        finish: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Completion => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "text": text, "logprobs": logprobs,
+                       "finish_reason": finish})
             }
             Kind::Chat => {
                 let delta = if finish.is_some() && text.is_empty() {
@@ -329,15 +623,16 @@ impl Meta {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": logprobs,
+                       "finish_reason": finish})
             }
         };
         self.envelope(true, json!([choice]))
     }
 
     /// A chat stream's first chunk: the assistant role.
-    pub(crate) fn role_chunk(&self) -> Value {
-        let choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""},
+    pub(crate) fn role_chunk(&self, index: usize) -> Value {
+        let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""},
                             "logprobs": null, "finish_reason": null});
         self.envelope(true, json!([choice]))
     }
@@ -345,24 +640,35 @@ impl Meta {
     /// `stream_options.include_usage`: a last chunk with no choices and the usage.
     pub(crate) fn usage_chunk(&self, usage: Value) -> Value {
         json!({"id": self.id, "object": self.object(true), "created": self.created,
-               "model": self.model, "choices": [], "usage": usage})
+               "model": self.model, "seed": self.seed, "choices": [], "usage": usage})
     }
 
-    /// The whole response of a request that did not stream.
-    pub(crate) fn full(&self, job: &Job, f: &Finished) -> Value {
-        let mut choice = match self.kind {
-            Kind::Completion => json!({"index": 0, "text": f.text, "logprobs": null,
-                                       "finish_reason": f.finish_reason}),
-            Kind::Chat => json!({"index": 0,
-                                 "message": {"role": "assistant", "content": f.text},
-                                 "logprobs": null, "finish_reason": f.finish_reason}),
-        };
-        if let (true, Some(c)) = (job.return_token_ids, choice.as_object_mut()) {
-            c.insert("token_ids".into(), json!(f.new_ids));
-        }
-        let mut out = self.envelope(false, json!([choice]));
+    /// The whole response of a request that did not stream: one choice per `done`.
+    pub(crate) fn full(&self, job: &Job, done: &[Finished]) -> Value {
+        let choices: Vec<Value> = done
+            .iter()
+            .enumerate()
+            .map(|(index, f)| {
+                let logprobs = f.logprobs.clone().unwrap_or(Value::Null);
+                let mut choice = match self.kind {
+                    Kind::Completion => json!({"index": index, "text": f.text,
+                                               "logprobs": logprobs,
+                                               "finish_reason": f.finish_reason}),
+                    Kind::Chat => json!({"index": index,
+                                         "message": {"role": "assistant", "content": f.text},
+                                         "logprobs": logprobs,
+                                         "finish_reason": f.finish_reason}),
+                };
+                if let (true, Some(c)) = (job.return_token_ids, choice.as_object_mut()) {
+                    c.insert("token_ids".into(), json!(f.new_ids));
+                }
+                choice
+            })
+            .collect();
+        let completion: usize = done.iter().map(|f| f.new_ids.len()).sum();
+        let mut out = self.envelope(false, json!(choices));
         if let Some(o) = out.as_object_mut() {
-            o.insert("usage".into(), usage(job.prompt_ids.len(), f.new_ids.len()));
+            o.insert("usage".into(), usage(job.prompt_ids.len(), completion));
             if job.return_token_ids {
                 o.insert("prompt_token_ids".into(), json!(job.prompt_ids));
             }

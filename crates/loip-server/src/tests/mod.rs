@@ -1,4 +1,8 @@
 //! Handler tests through `tower::ServiceExt::oneshot`: no socket, the tiny fixture.
+//! [`security`]: issue 37's findings on the API; [`fields`]: issue 34's request fields.
+
+mod fields;
+mod security;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,13 +16,47 @@ use crate::app::{router, App};
 use crate::wire::MAX_BODY;
 use crate::{Backend, Limits, ServedModel, ServerConfig};
 
-fn tiny_app() -> Arc<App> {
+pub(super) fn tiny_app() -> Arc<App> {
     keyed_app(None)
 }
 
 /// The tiny fixture (no tokenizer, no chat template) on this machine; `--max-prompt 64`,
 /// `--max-tokens-limit 100`, a 1 s body timeout.
-fn keyed_app(key: Option<&str>) -> Arc<App> {
+pub(super) fn keyed_app(key: Option<&str>) -> Arc<App> {
+    app_with(key, 2, 64)
+}
+
+/// The tiny fixture with `parallel` generations at once and `max_queue` waiting.
+pub(super) fn app_with(key: Option<&str>, parallel: usize, max_queue: usize) -> Arc<App> {
+    build_app(key, parallel, max_queue, false)
+}
+
+/// The tiny fixture with a byte-level tokenizer of its 256 ids (one token per byte) and
+/// SmolLM2's chat template (its control tokens spelled as bytes); `--max-prompt 200`.
+pub(super) fn tokenized_app() -> Arc<App> {
+    build_app(None, 2, 64, true)
+}
+
+fn byte_tokenizer() -> loip_model::tokenizer::Tokenizer {
+    let mut alphabet: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
+        .into_iter()
+        .collect();
+    alphabet.sort_unstable();
+    let vocab = loip_model::tokenizer::GgufVocab {
+        model: "gpt2".into(),
+        pre: Some("smollm".into()),
+        tokens: alphabet.iter().map(char::to_string).collect(),
+        token_types: vec![],
+        merges: vec![],
+        scores: vec![],
+        bos: None,
+        eos: None,
+        add_bos: false,
+    };
+    loip_model::tokenizer::Tokenizer::from_gguf_vocab(vocab).unwrap()
+}
+
+fn build_app(key: Option<&str>, parallel: usize, max_queue: usize, text: bool) -> Arc<App> {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/fixtures/tiny-llama"
@@ -26,27 +64,34 @@ fn keyed_app(key: Option<&str>) -> Arc<App> {
     let ckpt = loip_model::Checkpoint::open(std::path::Path::new(dir)).unwrap();
     let cfg = ServerConfig {
         name: "tiny".into(),
-        parallel: 2,
-        max_prompt: 64,
+        aliases: vec!["tiny-alias".into()],
+        parallel,
+        max_queue,
+        max_prompt: if text { 200 } else { 64 },
         max_tokens_limit: 100,
         context: ckpt.config.max_position_embeddings,
         api_key: key.map(str::to_string),
+        cors: key.map(|_| "https://app.example".to_string()),
         limits: Limits {
             max_connections: 8,
+            max_connections_per_addr: 2,
             header_timeout: Duration::from_secs(5),
             body_timeout: Duration::from_secs(1),
         },
     };
     let model = ServedModel {
         config: ckpt.config.clone(),
-        tokenizer: None,
-        chat: None,
+        tokenizer: text.then(byte_tokenizer),
+        chat: text.then(|| {
+            let src = include_str!("../../../../tests/fixtures/smollm2/chat_template.jinja");
+            loip_model::chat::ChatTemplate::new(src.into(), None, None).unwrap()
+        }),
     };
-    let backend = Backend::local(ckpt, 2).unwrap();
+    let backend = Backend::local(ckpt, parallel).unwrap();
     Arc::new(App::new(&cfg, model, Arc::new(backend)))
 }
 
-async fn call(app: &Arc<App>, method: &str, path: &str, body: Vec<u8>) -> (u16, Value) {
+pub(super) async fn call(app: &Arc<App>, method: &str, path: &str, body: Vec<u8>) -> (u16, Value) {
     let req = Request::builder()
         .method(method)
         .uri(path)
@@ -81,9 +126,9 @@ async fn handlers_answer_without_a_socket() {
             "--max-tokens-limit",
         ),
         (
-            br#"{"prompt": [1], "max_tokens": 100, "n": 2}"#,
+            br#"{"prompt": [1], "max_tokens": 100, "n": 3}"#,
             400,
-            "n = 1",
+            "n must be from 1 to 2",
         ),
         (br#"{"prompt": [1, 99999]}"#, 400, "vocabulary"),
         (br#"{"prompt": [-1]}"#, 400, "unsigned"),
@@ -122,7 +167,7 @@ async fn handlers_answer_without_a_socket() {
     assert_eq!(s, 400, "{v}");
 }
 
-async fn send(app: &Arc<App>, req: Request<Body>) -> (u16, Value) {
+pub(super) async fn send(app: &Arc<App>, req: Request<Body>) -> (u16, Value) {
     let resp = router(app.clone()).oneshot(req).await.unwrap();
     let status = resp.status().as_u16();
     let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
@@ -132,6 +177,15 @@ async fn send(app: &Arc<App>, req: Request<Body>) -> (u16, Value) {
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     )
+}
+
+/// `GET path` with the test key `s3cret`.
+pub(super) fn keyed_get(path: &str) -> Request<Body> {
+    Request::builder()
+        .uri(path)
+        .header("authorization", "Bearer s3cret")
+        .body(Body::empty())
+        .unwrap()
 }
 
 fn models_with(auth: Option<&str>) -> Request<Body> {
@@ -213,23 +267,23 @@ async fn finding_13_errors_name_no_paths() {
 }
 
 /// xorshift64: a fixed, dependency-free stream of test inputs.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
     }
 }
 
 /// Mutates `seed` a few times: byte flips, inserted JSON fragments, cut and repeated ranges.
-fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
+pub(super) fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
     const PIECES: &[&str] = &[
         "null",
         "-1",
