@@ -301,12 +301,9 @@ pub fn engine_share(total: u64, parallel: usize) -> Result<loip_runtime::memory:
     let threads = 4 + std::thread::available_parallelism().map_or(1, |n| n.get());
     // per request in flight: its prompt, logits and a response, bounded by the server
     let requests = parallel.max(1) as u64 * (1 << 20);
-    Ok(loip_runtime::memory::split_this_process(
-        total,
-        threads,
-        requests,
-        4 << 20,
-    )?)
+    let b = loip_runtime::memory::split_this_process(total, threads, requests, 4 << 20)?;
+    loip_runtime::memory::set_budget(b);
+    Ok(b)
 }
 
 /// Opens `src` as a batched backend.

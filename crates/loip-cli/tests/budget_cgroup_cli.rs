@@ -137,7 +137,7 @@ fn a_worker_without_mem_takes_its_cgroups_budget_and_says_why() {
     assert!(text.contains("= engine"), "{text}");
 }
 
-/// `loip api --mem 192MiB` in a cgroup of exactly 192 MiB (SmolLM2, 97 MB of weights: part
+/// `loip api --mem 256MiB --context 512` in a cgroup of exactly 256 MiB (SmolLM2, 97 MB of weights: part
 /// streamed from slice files) under load: 8 clients at once with long prompts, two of them
 /// streaming and hanging up after the first bytes, then 8 more requests. Every finished
 /// request is answered, the server still says it is healthy, and the kernel killed nothing.
@@ -149,18 +149,18 @@ fn api_under_load_stays_within_a_cgroup_of_its_budget() {
         eprintln!("skipping: {why}");
         return;
     }
-    const MEM: u64 = 192 << 20;
+    const MEM: u64 = 256 << 20;
     let cg = Cgroup::create(&format!("loip-cli-test-api-{}", std::process::id()), MEM).unwrap();
     let mut cmd = loip();
-    cmd.args(["api", "--listen", "127.0.0.1:0", "--model", "smollm2", "--mem", "192MiB"])
-        .args(["--parallel", "4"])
+    cmd.args(["api", "--listen", "127.0.0.1:0", "--model", "smollm2", "--mem", "256MiB"])
+        .args(["--parallel", "4", "--context", "512"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     cg.confine(&mut cmd).unwrap();
     let mut child = Guard(cmd.spawn().unwrap());
     let err = child.0.stderr.take().unwrap();
     let (addr, log) = wait_for_line(err, "listening on http://");
-    let long = "Summarise the following notes. ".repeat(60);
+    let long = "Summarise the following notes. ".repeat(30);
     let body = |stream: bool| {
         serde_json::json!({"model": "smollm2", "prompt": long, "max_tokens": 24,
             "min_tokens": 24, "stream": stream})
@@ -196,11 +196,15 @@ fn api_under_load_stays_within_a_cgroup_of_its_budget() {
     }
     let health = http(&addr, "GET", "/health", b"");
     assert_eq!(health.status, 200, "{}", String::from_utf8_lossy(&health.body));
+    // /health reports the split and the live charge
+    let h = health.json();
+    assert_eq!(h["memory"]["budget"]["total"], MEM, "{h}");
+    assert!(h["memory"]["charge"]["bytes"].as_u64().unwrap_or(0) > 0, "{h}");
     let r = cg.report();
     let peak = r.peak.unwrap_or(0);
     let text = log.lock().map(|l| l.clone()).unwrap_or_default();
     eprintln!(
-        "loip api --mem 192MiB: peak charge {:.1} MiB, OOM kills {}\n{}",
+        "loip api --mem 256MiB: peak charge {:.1} MiB, OOM kills {}\n{}",
         peak as f64 / (1 << 20) as f64,
         r.oom_kills,
         text.lines().find(|l| l.contains("= engine")).unwrap_or("")

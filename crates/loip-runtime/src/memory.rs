@@ -146,6 +146,31 @@ pub fn split_this_process(
     Budget::split(total, o.total(), min_engine)
 }
 
+static BUDGET: std::sync::OnceLock<Budget> = std::sync::OnceLock::new();
+
+/// Records this process's budget split (once, at start) for [`report`].
+pub fn set_budget(b: Budget) {
+    let _ = BUDGET.set(b);
+}
+
+/// The process's budget split as recorded by [`set_budget`], and the live charge: what
+/// `/health` and `/metrics` report.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MemoryNow {
+    /// the split, when a budget was given
+    pub budget: Option<Budget>,
+    /// what the kernel charges now
+    pub charge: Charge,
+}
+
+/// [`MemoryNow`] of this process.
+pub fn report() -> MemoryNow {
+    MemoryNow {
+        budget: BUDGET.get().copied(),
+        charge: charge_now(),
+    }
+}
+
 /// How the default budget was chosen: the bytes and the reason, for the start-up line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DefaultBudget {

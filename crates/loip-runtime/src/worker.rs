@@ -117,6 +117,7 @@ impl WorkerOptions {
         let threads = 4 + std::thread::available_parallelism().map_or(1, |n| n.get());
         let queues = 2 * (queue_bytes(self.mem_budget) as usize).max(BASE_FRAME) as u64;
         let b = crate::memory::split_this_process(self.mem_budget, threads, queues, MIN_ENGINE)?;
+        crate::memory::set_budget(b);
         self.process_overhead = b.process;
         Ok(self)
     }

@@ -206,6 +206,7 @@ async fn health(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
                               "kv_budget_bytes": (st.kv_budget != u64::MAX).then_some(st.kv_budget),
                               "last_batch": st.last_batch, "steps": st.steps},
                 "devices": null,
+                "memory": loip_runtime::memory::report(),
             });
             return (StatusCode::OK, Json(body)).into_response();
         }

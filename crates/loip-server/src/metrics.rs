@@ -6,6 +6,10 @@
 //! gauges are listed at zero from the start):
 //! - `loip_requests_total`, `loip_prompt_tokens_total`, `loip_completion_tokens_total`
 //!   (counters, finished requests);
+//! - `loip_memory_budget_bytes`, `loip_memory_engine_bytes`, `loip_memory_process_bytes`
+//!   (with `--mem`: the whole process's budget and its split), `loip_memory_charged_bytes`
+//!   and `loip_memory_pressure_events` (what the kernel charges the process now, and the
+//!   times its cgroup met its limit; gauges, read when `/metrics` is asked);
 //! - `loip_queue_depth`, `loip_running_sequences`, `loip_batch_size` (sequences in the last
 //!   step), `loip_kv_used_bytes`, `loip_kv_reserved_bytes`, `loip_kv_budget_bytes` (gauges,
 //!   one-device serving loop, after each step);
@@ -69,6 +73,7 @@ fn register() {
 
 /// The current numbers, Prometheus text.
 pub(crate) fn render() -> String {
+    memory(&loip_runtime::memory::report());
     match init() {
         Some(h) => {
             h.run_upkeep();
@@ -76,6 +81,17 @@ pub(crate) fn render() -> String {
         }
         None => String::new(),
     }
+}
+
+/// The process's memory: its budget split (with `--mem`) and what the kernel charges now.
+fn memory(m: &loip_runtime::memory::MemoryNow) {
+    if let Some(b) = m.budget {
+        metrics::gauge!("loip_memory_budget_bytes").set(b.total as f64);
+        metrics::gauge!("loip_memory_engine_bytes").set(b.engine as f64);
+        metrics::gauge!("loip_memory_process_bytes").set(b.process as f64);
+    }
+    metrics::gauge!("loip_memory_charged_bytes").set(m.charge.bytes as f64);
+    metrics::gauge!("loip_memory_pressure_events").set(m.charge.pressure_events as f64);
 }
 
 /// One finished request.
