@@ -2,8 +2,9 @@
 # The memory contract measured: SmolLM2 on `loip local` worker processes, each run once in a
 # memory cgroup of exactly its --mem (`--cgroup`) and once without, interleaved over ROUNDS;
 # prints one table row per scenario: budgets, the engine's share, the highest peak charge the
-# kernel recorded (memory.peak / max_usage_in_bytes), OOM kills, and decode ms/token with and
-# without the cgroup (medians). Needs root (or a delegated cgroup) and a release build.
+# kernel recorded (memory.peak / max_usage_in_bytes), OOM kills, and ms/token with and
+# without the cgroup (medians), every worker planned with the same fixed device profile.
+# Needs root (or a delegated cgroup) and a release build.
 #
 # usage: bench/budget_cgroup.sh [ROUNDS]
 set -euo pipefail
@@ -12,6 +13,9 @@ rounds=${1:-3}
 loip=target/release/loip
 [ -x "$loip" ] || { echo "build first: cargo build --release -p loip-cli" >&2; exit 1; }
 prompt="Tell me a story about a lighthouse keeper and a storm"
+# one fixed device profile for every worker, so both runs of a pair follow the same plan (a
+# measured profile follows the machine's load, and the plan with it)
+profile=crates/loip-cli/tests/fixtures/smollm2-device-profile.json
 scenarios=(
   "3 workers, 66 MiB each|--devices 3 --mem 66MiB -n 64 --min-tokens 64"
   "3 workers, default budgets|--devices 3 -n 64 --min-tokens 64"
@@ -19,16 +23,16 @@ scenarios=(
 )
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "| scenario | budgets | engine share | peak charge (highest worker) | OOM kills | ms/token in cgroups | ms/token without |"
+echo "| scenario | budgets | engine share (devices in the plan) | peak charge (highest worker) | OOM kills | ms/token in cgroups | ms/token without |"
 echo "|---|---|---|---|---|---|---|"
 for s in "${scenarios[@]}"; do
   name=${s%%|*}
   args=${s#*|}
   for r in $(seq "$rounds"); do
     # shellcheck disable=SC2086
-    "$loip" local --json --prompt "$prompt" $args --cgroup >"$tmp/cg.$r.json" 2>/dev/null || echo '{}' >"$tmp/cg.$r.json"
+    "$loip" local --json --profile "$profile" --prompt "$prompt" $args --cgroup >"$tmp/cg.$r.json" 2>/dev/null || echo '{}' >"$tmp/cg.$r.json"
     # shellcheck disable=SC2086
-    "$loip" local --json --prompt "$prompt" $args >"$tmp/plain.$r.json" 2>/dev/null || echo '{}' >"$tmp/plain.$r.json"
+    "$loip" local --json --profile "$profile" --prompt "$prompt" $args >"$tmp/plain.$r.json" 2>/dev/null || echo '{}' >"$tmp/plain.$r.json"
   done
   python3 - "$tmp" "$rounds" "$name" <<'EOF'
 import json, statistics, sys
