@@ -36,7 +36,7 @@ use loip_engine::TokenPos;
 use loip_model::slice::Manifest;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 
 use crate::executor::{Device, DeviceSpec};
 use crate::net::queue::{queue_bytes, ByteBudget, BytePermit};
@@ -50,8 +50,11 @@ use crate::wire::{
 };
 use crate::RuntimeError;
 
+mod admit;
 mod lend;
 mod peer;
+
+use admit::{PreAuth, FAST_LANE};
 
 /// Options of one worker.
 #[derive(Debug, Clone)]
@@ -154,75 +157,6 @@ struct Shared {
     preauth_by_host: Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
     /// the forwarding state of the coordinator session being served
     direct: Mutex<Option<Arc<peer::Direct>>>,
-}
-
-/// A connection's place among those in their handshake: one of the worker's
-/// `max_unauthenticated` and one of its host's quarter of them, both given back when dropped.
-struct PreAuth {
-    _permit: OwnedSemaphorePermit,
-    /// the host whose share it holds (None: a fast-lane slot)
-    host: Option<std::net::IpAddr>,
-    by_host: Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-}
-
-impl PreAuth {
-    /// The deadline of this connection's whole handshake: a fast-lane slot must prove the
-    /// token within [`FAST_HANDSHAKE`].
-    fn deadline(&self, opts: &WorkerOptions) -> Duration {
-        match self.host {
-            Some(_) => opts.handshake_timeout,
-            None => opts.handshake_timeout.min(FAST_HANDSHAKE),
-        }
-    }
-}
-
-/// Slots for connections that arrive while the regular handshake slots are full (or their
-/// host's share is): strangers holding every regular slot cannot keep the coordinator out,
-/// since a connection that proves the token does so in milliseconds.
-const FAST_LANE: usize = 4;
-/// The whole handshake's deadline in a fast-lane slot.
-const FAST_HANDSHAKE: Duration = Duration::from_secs(1);
-
-impl Drop for PreAuth {
-    fn drop(&mut self) {
-        let Some(host) = self.host else { return };
-        let mut m = lock(&self.by_host);
-        if let Some(n) = m.get_mut(&host) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&host);
-            }
-        }
-    }
-}
-
-impl Shared {
-    /// Admits a new connection from `host` into the handshake, or None when the worker or that
-    /// host already has its share in flight (so one host cannot crowd out the coordinator).
-    fn admit(&self, host: std::net::IpAddr) -> Option<PreAuth> {
-        self.admit_regular(host).or_else(|| {
-            Some(PreAuth {
-                _permit: self.fast_lane.clone().try_acquire_owned().ok()?,
-                host: None,
-                by_host: self.preauth_by_host.clone(),
-            })
-        })
-    }
-
-    fn admit_regular(&self, host: std::net::IpAddr) -> Option<PreAuth> {
-        let per_host = (self.opts.max_unauthenticated / 4).max(2);
-        let mut m = lock(&self.preauth_by_host);
-        if m.get(&host).is_some_and(|&n| n >= per_host) {
-            return None;
-        }
-        let permit = self.preauth.clone().try_acquire_owned().ok()?;
-        *m.entry(host).or_insert(0) += 1;
-        Some(PreAuth {
-            _permit: permit,
-            host: Some(host),
-            by_host: self.preauth_by_host.clone(),
-        })
-    }
 }
 
 /// A bound worker, ready to serve.
@@ -487,6 +421,18 @@ fn scrub_path(msg: &str, dir: &std::path::Path) -> String {
     msg.replace(&format!("{d}/"), "").replace(&*d, "the store")
 }
 
+/// Answers a request that cannot be served with `Failed` (the session goes on).
+async fn refuse(out: &mpsc::Sender<Out>, message: String) -> Result<(), WireError> {
+    reply(
+        out,
+        &ToCoordinator::Failed {
+            step: None,
+            message,
+        },
+    )
+    .await
+}
+
 async fn reply(out: &mpsc::Sender<Out>, msg: &ToCoordinator) -> Result<(), WireError> {
     out.send((FrameKind::Control, wire::control_payload(msg)?, None))
         .await
@@ -544,26 +490,12 @@ async fn session(
                         let r = lock(&q.direct.held).put(h.lender, h.stage, blob.to_vec());
                         if let Err(e) = r {
                             let message = e.to_string();
-                            reply(
-                                out,
-                                &ToCoordinator::Failed {
-                                    step: None,
-                                    message,
-                                },
-                            )
-                            .await?
+                            refuse(out, message).await?
                         }
                     }
                     wire::lend::KvOp::Data => {
                         if let Err(message) = q.direct.data_back(h.stage, blob) {
-                            reply(
-                                out,
-                                &ToCoordinator::Failed {
-                                    step: None,
-                                    message,
-                                },
-                            )
-                            .await?
+                            refuse(out, message).await?
                         }
                     }
                     wire::lend::KvOp::Fetch => {
@@ -632,14 +564,7 @@ async fn session(
                         Ok(()) => reply(out, &ToCoordinator::Stored { file: entry.file }).await?,
                         Err(e) => {
                             let message = scrub(&e.to_string(), shared);
-                            reply(
-                                out,
-                                &ToCoordinator::Failed {
-                                    step: None,
-                                    message,
-                                },
-                            )
-                            .await?
+                            refuse(out, message).await?
                         }
                     }
                 }
@@ -653,14 +578,7 @@ async fn session(
                         .map_err(|_| gone())?,
                     Err(message) => {
                         let message = format!("probe refused: {message}");
-                        reply(
-                            out,
-                            &ToCoordinator::Failed {
-                                step: None,
-                                message,
-                            },
-                        )
-                        .await?
+                        refuse(out, message).await?
                     }
                 },
                 ToWorker::Load { manifest, spec } => match validate::check_manifest(&manifest) {
@@ -671,14 +589,7 @@ async fn session(
                     }
                     Err(message) => {
                         let message = format!("cannot open the device: {message}");
-                        reply(
-                            out,
-                            &ToCoordinator::Failed {
-                                step: None,
-                                message,
-                            },
-                        )
-                        .await?
+                        refuse(out, message).await?
                     }
                 },
                 ToWorker::Release { seqs } => jobs

@@ -20,13 +20,7 @@ fn dist_worker_entry() {
 
 const TOKEN: &str = "a-test-token-of-some-length";
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use dist_common::rt;
 
 fn store_with_slices(name: &str) -> std::path::PathBuf {
     dist_common::store_with_slices(name, "budget-cgroup")

@@ -21,13 +21,7 @@ fn dist_worker_entry() {
 
 const TOKEN: &str = "a-test-token-of-some-length";
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use dist_common::rt;
 
 async fn start(name: &str) -> (String, std::path::PathBuf) {
     let store = dist_common::store_with_slices(name, "security-round3");
@@ -53,7 +47,8 @@ fn finding_1_silent_connections_from_five_addresses_do_not_keep_the_coordinator_
         for host in 2..=6 {
             for _ in 0..4 {
                 let sock = tokio::net::TcpSocket::new_v4().unwrap();
-                sock.bind(format!("127.0.0.{host}:0").parse().unwrap()).unwrap();
+                sock.bind(format!("127.0.0.{host}:0").parse().unwrap())
+                    .unwrap();
                 silent.push(sock.connect(addr.parse().unwrap()).await.unwrap());
             }
         }

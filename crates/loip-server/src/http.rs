@@ -260,10 +260,7 @@ pub(crate) async fn cors(State(app): State<Arc<App>>, req: Request, next: Next) 
     };
     let h = resp.headers_mut();
     h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-    h.insert(
-        header::VARY,
-        header::ORIGIN.as_str().parse().expect("a header name"),
-    );
+    h.insert(header::VARY, axum::http::HeaderValue::from_static("origin"));
     if preflight {
         let allow = |s: &'static str| axum::http::HeaderValue::from_static(s);
         h.insert(

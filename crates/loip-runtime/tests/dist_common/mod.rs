@@ -62,6 +62,15 @@ pub fn slices_of(ckpt_path: &Path, name: &str) -> PathBuf {
     out
 }
 
+/// A two-thread tokio runtime for a test.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A fresh store `name` holding copies of the tiny fixture's slice files (split once per
 /// `tag`).
 pub fn store_with_slices(name: &str, tag: &str) -> PathBuf {
