@@ -130,12 +130,22 @@ fn memory_report(
     extra: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<()> {
     let stall_ms = stall_s * 1e3 / tokens.max(1) as f64;
+    let shed = loip_runtime::memory::pressure::totals();
     extra.insert("memory".into(), serde_json::to_value(memory)?);
+    extra.insert("shed".into(), serde_json::to_value(shed)?);
     extra.insert("load_stall_ms_per_token".into(), stall_ms.into());
     extra.insert("loaded_bytes".into(), loaded_bytes.into());
     if !json {
         backend::print_memory(memory);
         eprintln!("; load stall {stall_ms:.2} ms/token");
+        if shed.sheds > 0 {
+            eprintln!(
+                "memory pressure: shed {} in {} step(s) by offloading blocks (the figures \
+                 above are the budget at start)",
+                loip_plan::units::format_bytes(shed.bytes),
+                shed.sheds
+            );
+        }
     }
     Ok(())
 }

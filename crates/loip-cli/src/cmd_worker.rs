@@ -24,6 +24,11 @@ pub struct WorkerArgs {
     /// Slice store: the slices this device was given, kept and reused across restarts.
     #[arg(long)]
     pub store: PathBuf,
+    /// Most bytes of slices the store may hold, e.g. `20GiB`; a coordinator sending more is
+    /// refused before a byte is written. Default: what the store holds plus the free space
+    /// of its disk, less 5 % of the disk.
+    #[arg(long, value_name = "BYTES")]
+    pub store_quota: Option<String>,
     /// File holding the shared secret the coordinator must prove (first line). Default:
     /// `$LOIP_TOKEN`; else, off loopback, `STORE/token`, created on first start (printed once).
     /// Without any, only a loopback address is allowed.
@@ -89,6 +94,12 @@ pub fn run(a: WorkerArgs) -> Result<()> {
     opts.token = tok;
     opts.idle_timeout = std::time::Duration::from_secs(a.idle_timeout.max(1));
     opts.name = a.name;
+    opts.store_quota = a
+        .store_quota
+        .as_deref()
+        .map(loip_plan::parse_bytes)
+        .transpose()
+        .context("--store-quota")?;
     opts.bandwidth = a
         .bandwidth
         .as_deref()

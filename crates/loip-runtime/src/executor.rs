@@ -26,6 +26,9 @@ use crate::loader::{Loader, LoaderKind};
 use crate::resident::Resident;
 use crate::RuntimeError;
 
+mod shed;
+pub use shed::{PressureGuard, ShedDone};
+
 /// Where a block lives during the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

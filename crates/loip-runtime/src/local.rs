@@ -12,7 +12,9 @@ use std::path::Path;
 use loip_engine::{BatchBackend, EngineError, Rewind, StepBackend, TokenPos};
 use loip_model::slice::{Manifest, SliceKind};
 
-use crate::executor::{working_bytes, BlockPlacement, Device, DeviceSpec, StageLayer, StageSpec};
+use crate::executor::{
+    working_bytes, BlockPlacement, Device, DeviceSpec, PressureGuard, StageLayer, StageSpec,
+};
 use crate::loader::LoaderKind;
 use crate::RuntimeError;
 
@@ -125,7 +127,11 @@ pub fn local_spec_for(
     }
     // a sliding-window layer's cache stops at its window
     let kv_rows: u64 = (0..n as usize)
-        .map(|l| m.config.layer_window(l).map_or(opts.context, |w| w.min(opts.context)) as u64)
+        .map(|l| {
+            m.config
+                .layer_window(l)
+                .map_or(opts.context, |w| w.min(opts.context)) as u64
+        })
         .sum();
     let kv_bytes = (kv_rows * max_seqs as u64)
         .saturating_mul(2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4);
@@ -238,6 +244,13 @@ fn planned_spec(m: &Manifest, opts: &LocalOptions) -> Result<DeviceSpec, Runtime
 pub struct LocalModel {
     /// the device
     pub device: Device,
+    /// sheds the device's blocks when the kernel reports memory pressure
+    guard: PressureGuard,
+}
+
+/// The guard of a process whose budget split was recorded ([`crate::memory::set_budget`]).
+fn guard() -> PressureGuard {
+    PressureGuard::new(crate::memory::report().budget.map_or(0, |b| b.total))
 }
 
 impl LocalModel {
@@ -247,6 +260,7 @@ impl LocalModel {
         let spec = local_spec(&m, opts)?;
         Ok(LocalModel {
             device: Device::open(dir, &m, spec)?,
+            guard: guard(),
         })
     }
 
@@ -261,6 +275,7 @@ impl LocalModel {
         let spec = local_spec_for(&m, opts, max_seqs)?;
         Ok(LocalModel {
             device: Device::open(dir, &m, spec)?,
+            guard: guard(),
         })
     }
 
@@ -270,6 +285,7 @@ impl LocalModel {
         ids: &[u32],
         batch: &[TokenPos],
     ) -> Result<Vec<f32>, RuntimeError> {
+        self.guard.check(&mut self.device);
         self.device.reserve(ids.len())?;
         let mut x = self.device.embed(ids)?;
         for k in 0..self.device.stages() {

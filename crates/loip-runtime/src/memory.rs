@@ -14,9 +14,10 @@
 //!
 //! [`charge_now`] is the live figure `/health`, `/metrics` and the worker's log report: the
 //! cgroup's `memory.current` where this process is confined alone, else its RSS plus the page
-//! cache its cgroup holds.
+//! cache its cgroup holds. Under pressure the engine sheds memory ([`pressure`]).
 
 pub mod cgroup;
+pub mod pressure;
 
 use std::fmt;
 
@@ -161,6 +162,8 @@ pub struct MemoryNow {
     pub budget: Option<Budget>,
     /// what the kernel charges now
     pub charge: Charge,
+    /// what pressure made the process shed so far ([`pressure`])
+    pub shed: pressure::ShedTotals,
 }
 
 /// [`MemoryNow`] of this process.
@@ -168,6 +171,7 @@ pub fn report() -> MemoryNow {
     MemoryNow {
         budget: BUDGET.get().copied(),
         charge: charge_now(),
+        shed: pressure::totals(),
     }
 }
 

@@ -69,6 +69,9 @@ pub struct WorkerOptions {
     pub process_overhead: u64,
     /// slice store directory
     pub store: PathBuf,
+    /// most bytes of slices the store may hold (`None`: its free disk space, see
+    /// [`crate::net::store`])
+    pub store_quota: Option<u64>,
     /// shared secret; `None` (allowed on loopback only, see [`crate::net::token`]) accepts
     /// any coordinator
     pub token: Option<String>,
@@ -100,6 +103,7 @@ impl WorkerOptions {
             mem_budget,
             process_overhead: 0,
             store: store.into(),
+            store_quota: None,
             token: None,
             name: None,
             bandwidth: None,
@@ -183,8 +187,8 @@ impl Worker {
             )));
         }
         let store = {
-            let dir = opts.store.clone();
-            tokio::task::spawn_blocking(move || Store::open(&dir))
+            let (dir, quota) = (opts.store.clone(), opts.store_quota);
+            tokio::task::spawn_blocking(move || Store::open_with_quota(&dir, quota))
                 .await
                 .map_err(|e| RuntimeError::Invalid(format!("store verification failed: {e}")))??
         };
@@ -416,9 +420,10 @@ fn scrub(msg: &str, shared: &Shared) -> String {
 fn scrub_path(msg: &str, dir: &std::path::Path) -> String {
     let d = dir.to_string_lossy();
     if d.is_empty() {
-        return msg.to_string();
+        return crate::net::store::without_file_details(msg);
     }
-    msg.replace(&format!("{d}/"), "").replace(&*d, "the store")
+    let msg = msg.replace(&format!("{d}/"), "").replace(&*d, "the store");
+    crate::net::store::without_file_details(&msg)
 }
 
 /// Answers a request that cannot be served with `Failed` (the session goes on).
@@ -720,7 +725,12 @@ fn compute_thread(
 ) {
     let mut device: Option<Device> = None;
     let mut refusals = ctx.refuse_switches;
+    let whole = crate::memory::report().budget.map_or(0, |b| b.total);
+    let mut guard = crate::executor::PressureGuard::new(whole);
     while let Ok((job, permit)) = jobs.recv() {
+        if let (Job::Step { .. }, Some(d)) = (&job, device.as_mut()) {
+            guard.check(d); // between steps: sheds blocks under memory pressure
+        }
         let ok = match job {
             Job::Probe(m, compute, loads) => {
                 let budget = crate::net::probe::ProbeBudget { bytes: ctx.budget };

@@ -9,7 +9,9 @@
 //! - `loip_memory_budget_bytes`, `loip_memory_engine_bytes`, `loip_memory_process_bytes`
 //!   (with `--mem`: the whole process's budget and its split), `loip_memory_charged_bytes`
 //!   and `loip_memory_pressure_events` (what the kernel charges the process now, and the
-//!   times its cgroup met its limit; gauges, read when `/metrics` is asked);
+//!   times its cgroup met its limit; gauges, read when `/metrics` is asked),
+//!   `loip_memory_shed_total` and `loip_memory_shed_bytes` (times and bytes the engine shed
+//!   by offloading blocks under memory pressure);
 //! - `loip_queue_depth`, `loip_running_sequences`, `loip_batch_size` (sequences in the last
 //!   step), `loip_kv_used_bytes`, `loip_kv_reserved_bytes`, `loip_kv_budget_bytes` (gauges,
 //!   one-device serving loop, after each step);
@@ -92,6 +94,8 @@ fn memory(m: &loip_runtime::memory::MemoryNow) {
     }
     metrics::gauge!("loip_memory_charged_bytes").set(m.charge.bytes as f64);
     metrics::gauge!("loip_memory_pressure_events").set(m.charge.pressure_events as f64);
+    metrics::gauge!("loip_memory_shed_total").set(m.shed.sheds as f64);
+    metrics::gauge!("loip_memory_shed_bytes").set(m.shed.bytes as f64);
 }
 
 /// One finished request.

@@ -255,6 +255,19 @@ impl Cgroup {
         }
     }
 
+    /// The charge less the page cache the kernel can drop at once (`inactive_file`): the
+    /// working set, what pressure is judged by (a cgroup at its limit with cache alone is
+    /// not short of memory), bytes.
+    pub fn working_set(&self) -> Option<u64> {
+        let stat = self.dir.join("memory.stat");
+        let inactive = match self.version {
+            Version::V2 => keyed(&stat, "inactive_file"),
+            Version::V1 => keyed(&stat, "total_inactive_file"),
+        }
+        .unwrap_or(0);
+        Some(self.current()?.saturating_sub(inactive))
+    }
+
     /// The highest charge seen, bytes (`memory.peak`, `memory.max_usage_in_bytes`).
     pub fn peak(&self) -> Option<u64> {
         match self.version {

@@ -11,6 +11,11 @@
 //!
 //! File names come from the peer: only `[A-Za-z0-9._-]` names ending in `.slice`, not
 //! starting with a dot, are accepted, so nothing is written outside `DIR`.
+//!
+//! A quota bounds what a coordinator may make the store hold: by default what the store
+//! holds plus the free space of its file system less 5 % of that file system (the disk is
+//! never filled), or a fixed figure (`loip worker --store-quota`); a slice beyond it is
+//! refused before any byte is written.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -18,6 +23,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use loip_model::slice::{DropBehind, Manifest, SliceEntry, MANIFEST};
+use loip_plan::units::format_bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::wire::StoredSlice;
@@ -39,6 +45,27 @@ struct Held {
 pub struct Store {
     dir: PathBuf,
     held: BTreeMap<String, Held>,
+    /// most bytes of slices it may hold
+    quota: u64,
+}
+
+/// The default quota of a store holding `held` bytes on a file system of `size` bytes with
+/// `avail` free: what it holds plus the free space, less 5 % of the file system.  // bytes
+pub fn default_quota(held: u64, size: u64, avail: u64) -> u64 {
+    held + avail.saturating_sub(size / 20)
+}
+
+/// (size, free space) of the file system holding `dir`, bytes.
+fn fs_space(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we own; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let frag = st.f_frsize as u64;
+    Some((st.f_blocks as u64 * frag, st.f_bavail as u64 * frag))
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
@@ -53,6 +80,33 @@ fn mtime_ns(m: &fs::Metadata) -> u64 {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// `msg` without what it says of the store's files beyond their names: a checksum error's
+/// two CRCs and a size error's two sizes (a reply to a peer says what is wrong, not what the
+/// file holds).
+pub fn without_file_details(msg: &str) -> String {
+    let mut out = msg.to_string();
+    if let Some(i) = out.find(" (manifest ") {
+        if let Some(j) = out[i..].find(')') {
+            out.replace_range(i..i + j + 1, "");
+        }
+    }
+    if let Some(i) = out.find("slice is ") {
+        let rest = &out[i..];
+        let end = rest
+            .find(", manifest says ")
+            .map(|k| k + ", manifest says ".len())
+            .map(|k| {
+                k + rest[k..]
+                    .find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(rest.len() - k)
+            });
+        if let Some(e) = end {
+            out.replace_range(i..i + e, "slice's size differs from the manifest");
+        }
+    }
+    out
 }
 
 /// Whether a peer-given file name is acceptable in the store.
@@ -91,8 +145,14 @@ fn file_crc(path: &Path) -> Result<u32, RuntimeError> {
 }
 
 impl Store {
-    /// Opens (creating) the store in `dir` and verifies what it holds.
+    /// Opens (creating) the store in `dir` and verifies what it holds, with the default
+    /// quota (see the module docs).
     pub fn open(dir: &Path) -> Result<Store, RuntimeError> {
+        Store::open_with_quota(dir, None)
+    }
+
+    /// [`Store::open`] with a quota of `quota` bytes of slices (`None`: the default).
+    pub fn open_with_quota(dir: &Path, quota: Option<u64>) -> Result<Store, RuntimeError> {
         fs::create_dir_all(dir).map_err(io(dir))?;
         let cached: BTreeMap<String, Held> = fs::read(dir.join(CACHE))
             .ok()
@@ -133,9 +193,15 @@ impl Store {
             };
             held.insert(name, h);
         }
+        let total: u64 = held.values().map(|h| h.size).sum();
+        let quota = quota.unwrap_or_else(|| match fs_space(dir) {
+            Some((size, avail)) => default_quota(total, size, avail),
+            None => u64::MAX,
+        });
         let s = Store {
             dir: dir.to_path_buf(),
             held,
+            quota,
         };
         s.save_cache()?;
         Ok(s)
@@ -166,6 +232,16 @@ impl Store {
             .collect()
     }
 
+    /// The most bytes of slices the store may hold.
+    pub fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// Bytes of slices held.
+    pub fn held_bytes(&self) -> u64 {
+        self.held.values().map(|h| h.size).sum()
+    }
+
     /// Whether the store holds exactly this slice.
     pub fn has(&self, e: &SliceEntry) -> bool {
         self.held
@@ -185,6 +261,18 @@ impl Store {
             return Err(RuntimeError::Invalid(format!(
                 "slice {} of {} bytes is over the limit",
                 entry.file, entry.size
+            )));
+        }
+        // a slice replacing one of the same name frees that one's bytes
+        let replaced = self.held.get(&entry.file).map_or(0, |h| h.size);
+        let after = (self.held_bytes() - replaced).saturating_add(entry.size);
+        if after > self.quota {
+            return Err(RuntimeError::Invalid(format!(
+                "the store's quota of {} would be exceeded ({} held, the slice needs {}): \
+                 raise `loip worker --store-quota` or free space on its disk",
+                format_bytes(self.quota),
+                format_bytes(self.held_bytes()),
+                format_bytes(entry.size)
             )));
         }
         let tmp = self.dir.join(format!("{}.part", entry.file));
@@ -303,6 +391,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn replies_say_what_is_wrong_without_sizes_or_checksums() {
+        let crc = "layer-001-attn.slice: checksum mismatch (manifest 0badc0de, file 12345678): \
+                   the slice is corrupt; re-run `loip split`";
+        assert_eq!(
+            without_file_details(crc),
+            "layer-001-attn.slice: checksum mismatch: the slice is corrupt; re-run `loip split`"
+        );
+        let size = "x.slice: truncated: slice is 4053 bytes, manifest says 8192";
+        assert_eq!(
+            without_file_details(size),
+            "x.slice: truncated: slice's size differs from the manifest"
+        );
+        assert_eq!(without_file_details("no device"), "no device");
+    }
+
+    #[test]
     fn names_are_confined_to_the_store() {
         assert!(valid_name("layer-003-attn.slice"));
         for bad in [
@@ -315,5 +419,47 @@ mod tests {
         ] {
             assert!(!valid_name(bad), "{bad}");
         }
+    }
+
+    fn entry(file: &str, bytes: &[u8]) -> SliceEntry {
+        SliceEntry {
+            kind: loip_model::slice::SliceKind::Embed,
+            file: file.into(),
+            size: bytes.len() as u64,
+            crc32: format!("{:08x}", crc32fast::hash(bytes)),
+            tensors: Vec::new(),
+        }
+    }
+
+    fn receive(s: &mut Store, file: &str, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let mut w = s.begin(&entry(file, bytes))?;
+        w.write(bytes)?;
+        w.finish(s)
+    }
+
+    #[test]
+    fn slices_beyond_the_quota_are_refused_before_a_byte_is_written() {
+        let dir = std::env::temp_dir().join(format!("loip-store-quota-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut s = Store::open_with_quota(&dir, Some(1000)).unwrap();
+        receive(&mut s, "a.slice", &[1u8; 600]).unwrap();
+        let e = receive(&mut s, "b.slice", &[2u8; 600])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("quota of") && e.contains("would be exceeded"),
+            "{e}"
+        );
+        assert!(!dir.join("b.slice.part").exists() && !dir.join("b.slice").exists());
+        // replacing a slice counts only the difference
+        receive(&mut s, "a.slice", &[3u8; 900]).unwrap();
+        assert_eq!(s.held_bytes(), 900);
+        // reopened, the default quota is what it holds plus the disk's free space
+        drop(s);
+        let s = Store::open(&dir).unwrap();
+        assert!(s.quota() >= 900, "{}", s.quota());
+        assert_eq!(default_quota(100, 1000, 500), 550);
+        assert_eq!(default_quota(100, 1000, 20), 100);
+        let _ = fs::remove_dir_all(&dir);
     }
 }
