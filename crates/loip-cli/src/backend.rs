@@ -237,6 +237,10 @@ pub fn source(
 ) -> Result<(Source, model_load::ModelInfo)> {
     let sliced = offload.sliced() || Path::new(model).join(loip_model::slice::MANIFEST).is_file();
     if cluster.cluster.is_some() || sliced {
+        if let (Some(m), None) = (offload.mem.as_deref(), &cluster.cluster) {
+            // a budget too small for this process is refused before a slice is written
+            split(loip_plan::parse_bytes(m)?, 1)?;
+        }
         let dir = crate::cmd_split::slices_for(model)?;
         // The slice directory carries the config and tokenizer; the checkpoint is not opened.
         let info = model_load::info(&dir.to_string_lossy())?;
@@ -298,12 +302,23 @@ pub struct Opened {
 /// process (its code, tokenizer, runtime, `parallel` requests' buffers and threads) leaves.
 pub fn engine_share(total: u64, parallel: usize) -> Result<loip_runtime::memory::Budget> {
     loip_runtime::memory::return_freed_memory();
+    let b = split(total, parallel)?;
+    loip_runtime::memory::set_budget(b);
+    Ok(b)
+}
+
+/// `total` split between this process as it is now, with `parallel` requests in flight, and
+/// an engine of at least 4 MiB.
+fn split(total: u64, parallel: usize) -> Result<loip_runtime::memory::Budget> {
     let threads = 4 + std::thread::available_parallelism().map_or(1, |n| n.get());
     // per request in flight: its prompt, logits and a response, bounded by the server
     let requests = parallel.max(1) as u64 * (1 << 20);
-    let b = loip_runtime::memory::split_this_process(total, threads, requests, 4 << 20)?;
-    loip_runtime::memory::set_budget(b);
-    Ok(b)
+    Ok(loip_runtime::memory::split_this_process(
+        total,
+        threads,
+        requests,
+        4 << 20,
+    )?)
 }
 
 /// Opens `src` as a batched backend.

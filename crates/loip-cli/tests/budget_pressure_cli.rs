@@ -114,6 +114,28 @@ fn split_and_a_first_run_stay_within_a_cgroup_of_the_budget() {
     );
 }
 
+/// A budget too small for the process is refused before a slice is written (an empty
+/// cache stays empty).
+#[test]
+fn a_hopeless_budget_is_refused_before_splitting() {
+    let gguf = smollm2_gguf();
+    let cache = Temp::new("hopeless-cache");
+    let out = loip()
+        .args([
+            "generate", "--model", &gguf, "--prompt", "hi", "-n", "2", "--mem", "1KiB",
+        ])
+        .env("LOIP_CACHE", &cache.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("the smallest budget that works is"), "{err}");
+    assert!(
+        !cache.0.join("slices").exists(),
+        "slices written before refusing"
+    );
+}
+
 /// Grows a cgroup's working set to a fraction of its limit in 4 MiB steps and holds it:
 /// another program on the device taking the memory the process lives in.
 const HOG: &str = r#"
