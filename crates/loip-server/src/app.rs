@@ -16,7 +16,9 @@
 //!   tokens; a role is one of [`ROLES`] (checked, with the contents' size, before anything
 //!   is tokenized), so a role cannot spell one either.
 //! - At most `max_queue` requests wait (tokenizing, or for a generation's place) at once;
-//!   one more is answered 429 with `Retry-After` at once.
+//!   one more is answered 429 with `Retry-After` at once; while the device is under memory
+//!   pressure with nothing left to shed ([`loip_runtime::memory::pressure::exhausted`]), a
+//!   new request is answered 503 with `Retry-After` (the running ones go on).
 //! - `/health` names devices, addresses and failure reasons only to a client that gives the
 //!   API key (or when the server has none); `/metrics` needs the key like `/v1/*`.
 //! - A prompt's size is checked before it is tokenized: text longer than `max_prompt` tokens
@@ -317,8 +319,12 @@ impl App {
         self.permits.clone().acquire_owned().await.ok()
     }
 
-    /// A place in the queue, or 429 when `max_queue` requests wait already.
+    /// A place in the queue, or 429 when `max_queue` requests wait already (503 while the
+    /// device is under memory pressure with nothing left to shed).
     fn enqueue(&self) -> Result<Queued<'_>, ApiError> {
+        if loip_runtime::memory::pressure::exhausted() {
+            return Err(ApiError::under_pressure());
+        }
         self.waiting
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < self.max_queue).then_some(n + 1)

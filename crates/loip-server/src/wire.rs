@@ -67,6 +67,19 @@ impl ApiError {
         }
     }
 
+    /// 503: the device is under memory pressure with nothing left to shed; `Retry-After: 1`.
+    pub(crate) fn under_pressure() -> ApiError {
+        ApiError {
+            code: Some("memory_pressure"),
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the device is under memory pressure with nothing left to shed: new requests \
+                 wait until it eases; retry later",
+            )
+        }
+    }
+
     /// 401: no API key, or not the server's.
     pub(crate) fn unauthorized() -> ApiError {
         ApiError {

@@ -149,11 +149,16 @@ impl PressureGuard {
             return;
         };
         let Some(shed) = self.watch.observe(sample, now) else {
+            if !Watch::near(&sample) {
+                self.exhausted = false;
+                pressure::set_exhausted(false);
+            }
             return;
         };
         match d.shed(shed.bytes) {
             Ok(Some(done)) => {
                 self.exhausted = false;
+                pressure::set_exhausted(false);
                 pressure::record(done.freed);
                 tracing::warn!(
                     "memory pressure ({}): shed {} by offloading {} block(s); engine budget \
@@ -174,6 +179,7 @@ impl PressureGuard {
                     );
                 }
                 self.exhausted = true;
+                pressure::set_exhausted(true);
             }
             Err(e) => tracing::error!("memory pressure ({}): shedding failed: {e}", shed.why),
         }

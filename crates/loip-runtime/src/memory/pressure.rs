@@ -15,7 +15,9 @@
 //!
 //! Each answer is to shed 1/16 of the limit (at least 1 MiB), at most once a second, so a
 //! brief spike costs one block and a lasting squeeze offloads block after block until it
-//! stops or nothing is left.
+//! stops or nothing is left. With nothing left, [`exhausted`] holds (for [`HOLD`] after each
+//! look that finds it so): `loip api` answers new requests 503 "retry later" meanwhile
+//! (running ones go on).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -59,6 +61,11 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// Whether `s` is within 1/16 of its limit (pressure that shedding must answer).
+    pub fn near(s: &Sample) -> bool {
+        s.limit > 0 && s.charge >= s.limit - s.limit / 16
+    }
+
     /// Whether `s`, taken at `now`, asks for a shed (see the module docs).
     pub fn observe(&mut self, s: Sample, now: Instant) -> Option<Shed> {
         let new_events = s.events.saturating_sub(self.events.unwrap_or(s.events));
@@ -67,7 +74,7 @@ impl Watch {
             return None;
         }
         let near = |part: u64| s.charge >= s.limit - s.limit / part;
-        let why = if near(16) {
+        let why = if Watch::near(&s) {
             let whose = if s.cgroup {
                 "the cgroup's"
             } else {
@@ -155,6 +162,31 @@ pub struct ShedTotals {
     pub nothing_left: u64,
 }
 
+/// When pressure last found nothing to shed: milliseconds after [`EPOCH`] (0: never).
+static EXHAUSTED_AT: AtomicU64 = AtomicU64::new(0);
+static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// How long "nothing left to shed" holds new sequences back after it was last seen: the
+/// guard sees it again at most once a [`COOLDOWN`] while steps run; with none running it
+/// lapses, so a request gets in, runs steps, and the guard looks again.
+pub const HOLD: Duration = Duration::from_secs(2);
+
+fn millis() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// Whether the process is under memory pressure with nothing left to shed (seen within
+/// [`HOLD`]): a server holds new sequences back (answers them "retry later") meanwhile.
+pub fn exhausted() -> bool {
+    let at = EXHAUSTED_AT.load(Ordering::Relaxed);
+    at != 0 && millis().saturating_sub(at) < HOLD.as_millis() as u64
+}
+
+/// Records that pressure found nothing left to shed (`true`), or that it eased (`false`).
+pub fn set_exhausted(on: bool) {
+    EXHAUSTED_AT.store(if on { millis() } else { 0 }, Ordering::Relaxed);
+}
+
 static SHEDS: AtomicU64 = AtomicU64::new(0);
 static SHED_BYTES: AtomicU64 = AtomicU64::new(0);
 static NOTHING_LEFT: AtomicU64 = AtomicU64::new(0);
@@ -206,6 +238,15 @@ mod tests {
         assert!(w
             .observe(s(155, 0), t + Duration::from_millis(1001))
             .is_some());
+    }
+
+    #[test]
+    fn nothing_left_holds_new_sequences_for_a_while() {
+        assert!(!exhausted());
+        set_exhausted(true);
+        assert!(exhausted());
+        set_exhausted(false);
+        assert!(!exhausted());
     }
 
     #[test]
