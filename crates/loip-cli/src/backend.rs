@@ -393,9 +393,14 @@ pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
 
 /// The memory line of a device run from slice files (stderr).
 pub fn print_memory(m: &MemoryReport) {
+    let b = loip_plan::units::format_bytes;
     eprint!(
-        "memory: budget {} B, resident {} B, slot {} B, working {} B, KV budget {} B",
-        m.budget, m.resident, m.slot, m.working, m.kv_budget
+        "memory: budget {}, resident {}, slot {}, working {}, KV budget {}",
+        b(m.budget),
+        b(m.resident),
+        b(m.slot),
+        b(m.working),
+        b(m.kv_budget)
     );
 }
 

@@ -37,7 +37,7 @@ pub struct BenchArgs {
 enum BenchWhat {
     /// Decode ms/token of the in-memory engine at 1 and 2 threads.
     Engine {
-        /// Model: `smollm2`, an HF directory or a GGUF file.
+        /// Model: a known name (`smollm2`, `gemma3-270m`), an HF directory or a GGUF file.
         #[arg(long, default_value = "smollm2")]
         model: String,
         /// Tokens to decode per measurement.

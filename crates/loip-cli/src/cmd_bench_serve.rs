@@ -181,6 +181,13 @@ pub fn run(a: ServeBenchArgs) -> Result<Value> {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    if samples.iter().all(|s| !s.ok) {
+        bail!(
+            "every one of the {} requests failed (first errors: {})",
+            samples.len(),
+            result["errors"]
+        );
+    }
     Ok(result)
 }
 

@@ -14,7 +14,7 @@ use crate::speculate::{self, SpecArgs};
 /// Arguments of `loip generate`.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// Model: `smollm2`, an HF directory, or a GGUF file.
+    /// Model: a known name (`smollm2`, `gemma3-270m`), an HF directory, or a GGUF file.
     #[arg(long, short = 'm', default_value = "smollm2")]
     pub model: String,
     #[command(flatten)]
@@ -33,7 +33,7 @@ pub struct GenerateArgs {
 /// Arguments of `loip logits`.
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
-    /// Model: `smollm2`, an HF directory, or a GGUF file.
+    /// Model: a known name (`smollm2`, `gemma3-270m`), an HF directory, or a GGUF file.
     #[arg(long, short = 'm')]
     pub model: String,
     /// Token ids, e.g. `1,5,42`.
@@ -44,7 +44,7 @@ pub struct LogitsArgs {
 /// Arguments of `loip fetch`.
 #[derive(Args, Debug)]
 pub struct FetchArgs {
-    /// Model name; only `smollm2` is known.
+    /// Model name: `smollm2` or `gemma3-270m`.
     #[arg(default_value = "smollm2")]
     pub name: String,
 }

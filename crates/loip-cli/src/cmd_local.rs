@@ -38,7 +38,7 @@ use crate::request::{prepare, report, Printer, PromptArgs};
 /// Arguments of `loip local`.
 #[derive(Args, Debug)]
 pub struct LocalArgs {
-    /// Model: `smollm2`, an HF directory, a GGUF file or a slice directory.
+    /// Model: a known name (`smollm2`, `gemma3-270m`), an HF directory, a GGUF file or a slice directory.
     #[arg(long, short = 'm', default_value = "smollm2")]
     pub model: String,
     /// Number of worker processes (devices).

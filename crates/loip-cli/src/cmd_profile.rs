@@ -13,7 +13,7 @@ use loip_model::slice::Manifest;
 /// Arguments of `loip profile`.
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
-    /// Model to time blocks of: `smollm2`, an HF directory, a GGUF file or a slice directory.
+    /// Model to time blocks of: a known name (`smollm2`, `gemma3-270m`), an HF directory, a GGUF file or a slice directory.
     #[arg(long, short = 'm', default_value = "smollm2")]
     pub model: String,
     /// Where to write the profile JSON.

@@ -21,7 +21,7 @@ use crate::request::{prepare, report, Printer, PromptArgs};
 /// Arguments of `loip serve`.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Model: `smollm2`, an HF directory, a GGUF file or a slice directory.
+    /// Model: a known name (`smollm2`, `gemma3-270m`), an HF directory, a GGUF file or a slice directory.
     #[arg(long, short = 'm', default_value = "smollm2")]
     pub model: String,
     #[command(flatten)]

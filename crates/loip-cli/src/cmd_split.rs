@@ -10,10 +10,11 @@ use loip_model::slice::{self, SplitOutcome, SplitProgress, MANIFEST};
 /// Arguments of `loip split`.
 #[derive(Args, Debug)]
 pub struct SplitArgs {
-    /// Model to split: `smollm2`, an HF directory or a GGUF file. With --verify: a slice directory.
+    /// Model to split: a known name (`smollm2`, `gemma3-270m`), an HF directory or a GGUF file. With --verify: a slice directory.
     pub model: String,
-    /// Output directory for the slices and manifest.json.
-    #[arg(long, required_unless_present = "verify")]
+    /// Output directory for the slices and manifest.json. Default: the slice cache that
+    /// `--mem` and `loip local` use (printed).
+    #[arg(long)]
     pub out: Option<PathBuf>,
     /// Re-check every slice's size and checksum in MODEL (a slice directory) and exit.
     #[arg(long)]
@@ -43,8 +44,13 @@ pub fn run(a: SplitArgs) -> Result<()> {
         println!("{n} slices verified in {}", dir.display());
         return Ok(());
     }
-    let out = a.out.context("--out is required")?;
-    split_into(&a.model, &out)?;
+    let out = match a.out {
+        Some(out) => {
+            split_into(&a.model, &out)?;
+            out
+        }
+        None => slices_for(&a.model)?,
+    };
     println!("{}", out.display());
     Ok(())
 }

@@ -46,7 +46,7 @@ enum Command {
     Generate(cmd_generate::GenerateArgs),
     /// Print the logits of every position of a prompt as JSON.
     Logits(cmd_generate::LogitsArgs),
-    /// Download, verify and cache a known model (`smollm2`); prints its path.
+    /// Download, verify and cache a known model (`smollm2`, `gemma3-270m`); prints its path.
     Fetch(cmd_generate::FetchArgs),
     /// Write a random-weight checkpoint of a real architecture's shape (for benchmarks).
     Synth(cmd_synth::SynthArgs),
@@ -84,9 +84,26 @@ fn main() {
         if is_broken_pipe(&e) {
             std::process::exit(0);
         }
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", describe(&e));
         std::process::exit(1);
     }
+}
+
+/// `e` and its causes, joined by ": ", each said once: a message that already quotes its
+/// cause (an I/O error naming its file and the OS error) is not followed by it again.
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for c in e.chain() {
+        let s = c.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
 }
 
 /// `loip logits … | head`: when the reader closes stdout, the command ends quietly with

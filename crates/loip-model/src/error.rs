@@ -70,7 +70,8 @@ pub enum ModelError {
     /// A model architecture this crate does not know (`model_type`, `architectures` or
     /// `general.architecture`).
     #[error(
-        "unknown model architecture {0:?} (supported: llama, qwen3 in HF format; llama in GGUF)"
+        "unknown model architecture {0:?} (supported: llama, mistral, qwen2, qwen3, gemma3 \
+         text models; in GGUF: llama (Mistral files too), qwen2, qwen3, gemma3)"
     )]
     UnknownArch(String),
     /// A GGUF tensor type without a kernel.
