@@ -18,16 +18,18 @@
 //! (`/tmp/loip-local-PID`) before exiting with status 130.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use loip_engine::generate::Flow;
-use loip_model::slice::{Manifest, SliceKind};
+use loip_model::slice::Manifest;
 use loip_plan::{DeviceProfile, Pattern};
-use loip_runtime::cluster_run::{Breakdown, Session, SessionOptions, WorkerProcess, WorkerSpec};
-use loip_runtime::memory::Cgroup;
+use loip_runtime::cluster_run::{Breakdown, Session, SessionOptions};
+use loip_runtime::local_cluster::{
+    bench_budgets, default_budgets, install_interrupt_cleanup, keep_scratch, scratch_size,
+    CgroupReport, LocalWorkerOptions, LocalWorkers,
+};
 use loip_runtime::LoaderKind;
 use serde::Serialize;
 
@@ -145,54 +147,6 @@ pub struct LocalArgs {
     pub bench_patterns: Vec<String>,
 }
 
-/// Budgets that force offloading: the worker process itself
-/// ([`loip_runtime::memory::WORKER_PROCESS_ESTIMATE`]), working buffers, the embedding / head
-/// where they live, the KV cache, and 60% of an even share of the layers.  // bytes
-pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
-    let size = |k: SliceKind| m.slice(k).map_or(0, |s| s.size);
-    let layers: u64 = (0..m.config.num_layers)
-        .map(|l| size(SliceKind::Attn(l)) + size(SliceKind::Mlp(l)))
-        .sum();
-    let kv = context
-        * m.config.num_layers as u64
-        * 2
-        * (m.config.num_kv_heads * m.config.head_dim) as u64
-        * 4;
-    let base = loip_runtime::memory::WORKER_PROCESS_ESTIMATE + (18 << 20) + kv;
-    (0..devices)
-        .map(|i| {
-            let mut b = base + layers * 6 / 10 / devices as u64;
-            if i == 0 {
-                b += size(SliceKind::Embed);
-            }
-            if i + 1 == devices {
-                b += size(SliceKind::Head)
-                    + if m.config.tie_word_embeddings && i != 0 {
-                        size(SliceKind::Embed)
-                    } else {
-                        0
-                    };
-            }
-            b
-        })
-        .collect()
-}
-
-/// The benchmark's budgets: together 60% of the model's bytes (all slices), split 2:1:2:1…
-/// so that the devices differ; rounded down to MiB. On llama-1b (2.1 GB) and 3 devices:
-/// 503, 251, 503 MiB. No single-stage pipeline fits (`pp`, `edgeshard` report OOM); the
-/// interleaved plans offload.  // bytes
-pub fn bench_budgets(m: &Manifest, devices: usize) -> Vec<u64> {
-    let total: u64 = m.slices.iter().map(|s| s.size).sum();
-    let w: Vec<u64> = (0..devices)
-        .map(|i| if i % 2 == 0 { 2 } else { 1 })
-        .collect();
-    let sum: u64 = w.iter().sum();
-    w.iter()
-        .map(|&wi| (total * 6 / 10 * wi / sum) >> 20 << 20)
-        .collect()
-}
-
 fn budgets(a: &LocalArgs, m: &Manifest, context: u64) -> Result<Vec<u64>> {
     match &a.mem {
         None => Ok(default_budgets(m, a.devices, context)),
@@ -207,133 +161,6 @@ fn budgets(a: &LocalArgs, m: &Manifest, context: u64) -> Result<Vec<u64>> {
         }
         Some(v) => bail!("--mem has {} values for {} devices", v.len(), a.devices),
     }
-}
-
-/// Worker processes of this binary on loopback; killed (and their temp stores removed) on drop.
-struct LocalWorkers {
-    procs: Vec<WorkerProcess>,
-    temp: Option<PathBuf>,
-}
-
-impl Drop for LocalWorkers {
-    fn drop(&mut self) {
-        let pids: Vec<u32> = self.procs.iter().map(|p| p.pid).collect();
-        self.procs.clear();
-        if let Some(t) = &self.temp {
-            let _ = std::fs::remove_dir_all(t);
-        }
-        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-        live.0.retain(|p| !pids.contains(p));
-        if let Some(t) = &self.temp {
-            live.1.retain(|d| d != t);
-        }
-    }
-}
-
-/// Worker children and temp dirs alive now, for the Ctrl-C handler.
-static LIVE: std::sync::Mutex<(Vec<u32>, Vec<PathBuf>)> =
-    std::sync::Mutex::new((Vec::new(), Vec::new()));
-/// Scratch kept on purpose (the benchmark's stores), reported when interrupted.
-static KEPT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
-
-/// On SIGINT / SIGTERM: kill the worker children, remove the temp stores, say where kept
-/// scratch is, exit 130.
-fn install_interrupt_cleanup() {
-    let r = loip_runtime::cluster_run::on_interrupt(|| {
-        let (pids, dirs) = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()));
-        for pid in pids {
-            loip_runtime::cluster_run::kill_pid(pid);
-        }
-        for d in dirs {
-            let _ = std::fs::remove_dir_all(&d);
-        }
-        let kept = KEPT.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        match kept {
-            Some(k) => eprintln!(
-                "interrupted: workers stopped; stores kept in {} ({})",
-                k.display(),
-                scratch_size(&k)
-            ),
-            None => eprintln!("interrupted: workers stopped, temp stores removed"),
-        }
-    });
-    if let Err(e) = r {
-        tracing::warn!("no Ctrl-C handler: {e}");
-    }
-}
-
-/// Bytes under `dir`, formatted.
-fn scratch_size(dir: &Path) -> String {
-    fn walk(p: &Path) -> u64 {
-        let Ok(rd) = std::fs::read_dir(p) else {
-            return 0;
-        };
-        rd.flatten()
-            .map(|e| match e.file_type() {
-                Ok(t) if t.is_dir() => walk(&e.path()),
-                Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-                _ => 0,
-            })
-            .sum()
-    }
-    loip_plan::units::format_bytes(walk(dir))
-}
-
-fn spawn_local(
-    budgets: &[u64],
-    bandwidth: Option<f64>,
-    token: &str,
-    store_root: Option<&Path>,
-    cgroup: bool,
-) -> Result<LocalWorkers> {
-    let exe = std::env::current_exe().context("locating the loip binary")?;
-    let (root, temp) = match store_root {
-        Some(r) => (r.to_path_buf(), None),
-        None => {
-            let t = std::env::temp_dir().join(format!("loip-local-{}", std::process::id()));
-            LIVE.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .1
-                .push(t.clone());
-            (t.clone(), Some(t))
-        }
-    };
-    let mut procs = Vec::new();
-    for (i, b) in budgets.iter().enumerate() {
-        let name = format!("dev{}", i + 1);
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "worker",
-            "--listen",
-            "127.0.0.1:0",
-            "--exit-with-parent",
-            "--name",
-            &name,
-        ])
-        .arg("--mem")
-        .arg(b.to_string())
-        .arg("--store")
-        .arg(root.join(&name))
-        .env("LOIP_TOKEN", token);
-        if let Some(bw) = bandwidth {
-            cmd.arg("--bandwidth").arg(format!("{bw}"));
-        }
-        let cg = if cgroup {
-            let cg_name = format!("loip-local-{}-{name}", std::process::id());
-            let cg = Cgroup::create(&cg_name, *b).with_context(|| {
-                format!(
-                    "creating memory cgroup {cg_name} (--cgroup needs root or a delegated cgroup)"
-                )
-            })?;
-            Some(cg)
-        } else {
-            None
-        };
-        let p = WorkerProcess::spawn_in(cmd, Duration::from_secs(120), cg)?;
-        LIVE.lock().unwrap_or_else(|e| e.into_inner()).0.push(p.pid);
-        procs.push(p);
-    }
-    Ok(LocalWorkers { procs, temp })
 }
 
 fn parse_bw(s: &str) -> Result<Option<f64>> {
@@ -524,17 +351,6 @@ fn fixed_profiles(a: &LocalArgs, n: usize) -> Result<Option<Vec<DeviceProfile>>>
     Ok(Some(vec![p; n]))
 }
 
-fn specs(w: &LocalWorkers, profiles: Option<&[DeviceProfile]>) -> Vec<WorkerSpec> {
-    w.procs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| WorkerSpec {
-            profile: profiles.map(|ps| ps[i].clone()),
-            ..WorkerSpec::new(format!("dev{}", i + 1), &p.addr)
-        })
-        .collect()
-}
-
 /// `loip local`.
 pub fn run(a: LocalArgs) -> Result<()> {
     if a.devices == 0 {
@@ -556,13 +372,14 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let budgets = budgets(&a, &manifest, context)?;
     let bandwidth = a.bandwidth.as_deref().map(parse_bw).transpose()?.flatten();
     let token = crate::cmd_local::random_token();
-    let workers = spawn_local(
-        &budgets,
+    let workers = LocalWorkers::spawn(&LocalWorkerOptions {
+        exe: std::env::current_exe().context("locating the loip binary")?,
+        budgets: budgets.clone(),
         bandwidth,
-        &token,
-        a.store_root.as_deref(),
-        a.cgroup,
-    )?;
+        token: token.clone(),
+        store_root: a.store_root.clone(),
+        cgroup: a.cgroup,
+    })?;
     if !a.json {
         let b: Vec<String> = budgets
             .iter()
@@ -593,7 +410,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
         opts.admitted = Some((prep.prompt_ids.len() * n) as u64);
     }
     let fixed = fixed_profiles(&a, workers.procs.len())?;
-    let s = Session::start(&dir, specs(&workers, fixed.as_deref()), opts)?;
+    let s = Session::start(&dir, workers.specs(fixed.as_deref()), opts)?;
     if !a.json {
         print_setup(&s);
     }
@@ -661,7 +478,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
         "predicted_ms_per_token".into(),
         s.plan.predicted_ms_per_token.into(),
     );
-    let charged = cgroup_reports(&workers);
+    let charged = workers.cgroup_reports();
     if a.cgroup {
         extra.insert("cgroups".into(), serde_json::to_value(&charged)?);
     }
@@ -679,46 +496,9 @@ pub fn run(a: LocalArgs) -> Result<()> {
     Ok(())
 }
 
-/// Each worker's memory cgroup as the kernel saw it (empty without `--cgroup`).
-fn cgroup_reports(w: &LocalWorkers) -> Vec<CgroupReport> {
-    w.procs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, p)| p.memory().map(|m| (i, m)))
-        .map(|(i, m)| CgroupReport {
-            device: format!("dev{}", i + 1),
-            limit: m.limit.unwrap_or(0),
-            peak: m.peak.unwrap_or(0),
-            oom_kills: m.oom_kills,
-            pressure_events: m.pressure_events,
-        })
-        .collect()
-}
-
-/// One worker's memory cgroup at the end of a run.
-#[derive(Debug, Clone, Serialize)]
-struct CgroupReport {
-    device: String,
-    /// bytes (= its --mem)
-    limit: u64,
-    /// highest charge, bytes
-    peak: u64,
-    oom_kills: u64,
-    pressure_events: u64,
-}
-
 fn print_cgroups(c: &[CgroupReport]) {
-    use loip_plan::units::format_bytes;
     for r in c {
-        eprintln!(
-            "{}: memory cgroup limit {}, peak charge {} ({:.0}%), OOM kills {}, limit reached {} times",
-            r.device,
-            format_bytes(r.limit),
-            format_bytes(r.peak),
-            100.0 * r.peak as f64 / r.limit.max(1) as f64,
-            r.oom_kills,
-            r.pressure_events
-        );
+        eprintln!("{r}");
     }
 }
 
@@ -773,7 +553,7 @@ fn bench(
         .store_root
         .clone()
         .unwrap_or_else(|| loip_model::fetch::cache_dir().join("bench-stores"));
-    *KEPT.lock().unwrap_or_else(|e| e.into_inner()) = Some(store_root.clone());
+    keep_scratch(&store_root);
     let total: u64 = budgets.iter().sum();
     let model: u64 = Manifest::load(dir)?.slices.iter().map(|s| s.size).sum();
     eprintln!(
@@ -789,7 +569,14 @@ fn bench(
     );
     for bw_s in &a.bench_bandwidths {
         let bw = parse_bw(bw_s)?;
-        let workers = spawn_local(budgets, bw, &token, Some(&store_root), a.cgroup)?;
+        let workers = LocalWorkers::spawn(&LocalWorkerOptions {
+            exe: std::env::current_exe().context("locating the loip binary")?,
+            budgets: budgets.to_vec(),
+            bandwidth: bw,
+            token: token.clone(),
+            store_root: Some(store_root.clone()),
+            cgroup: a.cgroup,
+        })?;
         for pat_s in &a.bench_patterns {
             let pattern: Pattern = pat_s.parse().map_err(anyhow::Error::msg)?;
             let seqs = if pattern == Pattern::Bursty { n } else { 1 };
@@ -815,7 +602,7 @@ fn bench(
                 la.model = a.model.clone();
                 let opts =
                     session_options(&la, planner, pattern, bw, context, prompt.len(), &token);
-                match Session::start(dir, specs(&workers, profiles.as_deref()), opts) {
+                match Session::start(dir, workers.specs(profiles.as_deref()), opts) {
                     Err(e) => row.error = Some(e.to_string()),
                     Ok(s) => {
                         if profiles.is_none() {

@@ -15,6 +15,7 @@ mod error;
 pub mod executor;
 pub mod loader;
 pub mod local;
+pub mod local_cluster;
 pub mod memory;
 pub mod net;
 pub mod resident;
