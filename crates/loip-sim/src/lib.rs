@@ -13,7 +13,8 @@
 //!
 //! Modules: [`engine`] (event queue, resources, task graph), [`compute`] (block times),
 //! [`bandwidth`] (constant and dynamic links), [`adapt`] (memory over time, online adaptation),
-//! [`pipeline`], [`tp`], [`methods`], [`experiments`], [`report`], [`plot`], [`plot_lines`],
+//! [`pipeline`], [`tp`], [`methods`], [`setups`] (setups and the experiment type),
+//! [`experiments`], [`report`], [`plot`], [`plot_lines`], [`plot_style`],
 //! [`shapes`]
 //! (built-in model shapes), [`replay`] (a run of the runtime replayed), [`serving`] (the runtime's step scheduler on the virtual clock),
 //! [`testkit`] (seeded random clusters for checks), [`sim`]
@@ -35,9 +36,11 @@ pub mod methods;
 pub mod pipeline;
 pub mod plot;
 pub mod plot_lines;
+pub mod plot_style;
 pub mod replay;
 pub mod report;
 pub mod serving;
+pub mod setups;
 pub mod shapes;
 pub mod sim;
 pub mod testkit;
