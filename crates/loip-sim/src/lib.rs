@@ -18,7 +18,8 @@
 //! [`shapes`]
 //! (built-in model shapes), [`replay`] (a run of the runtime replayed), [`serving`] (the runtime's step scheduler on the virtual clock),
 //! [`testkit`] (seeded random clusters for checks), [`sim`]
-//! (configuration and report types), [`error`].
+//! (configuration and report types), [`error`]. The three plot modules (plotters and the
+//! embedded font) are the default feature `plot`.
 //!
 //! Results of the paper-scale experiments and how they compare with the paper's claims:
 //! docs/simulator.md (sections "Results" and "Where our numbers and the paper's claims agree or
@@ -34,8 +35,11 @@ pub mod experiments;
 pub mod experiments_long;
 pub mod methods;
 pub mod pipeline;
+#[cfg(feature = "plot")]
 pub mod plot;
+#[cfg(feature = "plot")]
 pub mod plot_lines;
+#[cfg(feature = "plot")]
 pub mod plot_style;
 pub mod replay;
 pub mod report;
