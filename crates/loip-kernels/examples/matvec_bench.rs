@@ -65,72 +65,70 @@ struct Args {
     min: bool,
 }
 
+/// The flags (see the module docs); `parse_args` turns them into [`Args`].
+#[derive(clap::Parser)]
+#[command(
+    name = "matvec_bench",
+    about = "Decode matvec throughput per stored type"
+)]
+struct Cli {
+    /// only this many rayon threads (default: 1, then 2)
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// shorter trials and a smaller working set
+    #[arg(long)]
+    quick: bool,
+    /// time by the CPU time of the process
+    #[arg(long)]
+    cpu: bool,
+    /// also time one small matrix that stays in L2
+    #[arg(long)]
+    hot: bool,
+    /// the short-batch tiles' minimum µs per call
+    #[arg(long)]
+    min: bool,
+    /// only this stored type (F32, Q4_1, ...)
+    #[arg(long, value_name = "T", value_parser = parse_dtype)]
+    dtype: Option<DType>,
+    /// only the SmolLM2 per-token set
+    #[arg(long)]
+    smol: bool,
+    /// only the SmolLM2 single-token matmuls
+    #[arg(long)]
+    decode: bool,
+    /// only the memory bandwidth and per-dtype table
+    #[arg(long)]
+    table: bool,
+    /// only the batched (GEMM) table
+    #[arg(long)]
+    gemm: bool,
+    /// only the batched-decode table (n = 1, 2, 4, 8)
+    #[arg(long)]
+    batch: bool,
+    /// only the whole SmolLM2 step of the batched-decode table
+    #[arg(long)]
+    step: bool,
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    DType::from_name(s).ok_or_else(|| "needs a stored type name (F32, Q4_1, ...)".to_string())
+}
+
 fn parse_args() -> Args {
-    let mut threads = vec![1, 2];
-    let mut quick = false;
-    let mut smol_only = false;
-    let mut table_only = false;
-    let mut hot = false;
-    let mut gemm = false;
-    let mut dtype = None;
-    let mut batch = false;
-    let mut step = false;
-    let mut decode = false;
-    let mut min = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--threads" => {
-                if let Some(n) = it.next().and_then(|s| s.parse().ok()) {
-                    threads = vec![n];
-                } else {
-                    eprintln!("--threads needs a number");
-                    std::process::exit(2);
-                }
-            }
-            "--quick" => quick = true,
-            "--decode" => {
-                smol_only = true;
-                decode = true
-            }
-            "--smol" => smol_only = true,
-            "--table" => table_only = true,
-            "--hot" => hot = true,
-            "--min" => min = true,
-            "--gemm" => gemm = true,
-            "--batch" => batch = true,
-            "--step" => {
-                batch = true;
-                step = true
-            }
-            "--cpu" => CPU_TIME.store(true, std::sync::atomic::Ordering::Relaxed),
-            "--dtype" => match it.next().as_deref().and_then(DType::from_name) {
-                Some(d) => dtype = Some(d),
-                None => {
-                    eprintln!("--dtype needs a stored type name (F32, Q4_1, ...)");
-                    std::process::exit(2);
-                }
-            },
-            _ => {
-                eprintln!(
-                    "usage: matvec_bench [--threads N] [--quick] [--cpu] [--hot] [--min [--dtype T]] [--smol | --decode | --table | --gemm [--dtype T] | --batch [--dtype T] | --step]"
-                );
-                std::process::exit(2);
-            }
-        }
-    }
+    let cli = <Cli as clap::Parser>::parse();
+    CPU_TIME.store(cli.cpu, std::sync::atomic::Ordering::Relaxed);
     Args {
-        threads,
-        quick,
-        smol_only,
-        table_only,
-        hot,
-        gemm,
-        dtype,
-        batch,
-        step,
-        decode,
-        min,
+        threads: cli.threads.map_or_else(|| vec![1, 2], |n| vec![n]),
+        quick: cli.quick,
+        smol_only: cli.smol || cli.decode,
+        table_only: cli.table,
+        hot: cli.hot,
+        gemm: cli.gemm,
+        dtype: cli.dtype,
+        batch: cli.batch || cli.step,
+        step: cli.step,
+        decode: cli.decode,
+        min: cli.min,
     }
 }
 

@@ -194,6 +194,15 @@ pub(crate) fn exp(x: f32) -> f32 {
     }
 }
 
+/// Portable `silu_mul` (`gate[i] = silu(gate[i]) * up[i]`, canonical exp): the portable
+/// path of [`crate::silu_mul`] and the SIMD paths' remainder.
+pub(crate) fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let v = *g;
+        *g = v / (1.0 + crate::canon::exp(-v)) * u;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -87,10 +87,10 @@ pub(crate) fn rows(
     match usable(level) {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: AVX-512F/AVX2/FMA/F16C detected; lengths checked above.
-        Level::Avx512 => unsafe { crate::x86::avx512::rows(dtype, data, cols, x, n, out) },
+        Level::Avx512 => unsafe { crate::x86::route::avx512_rows(dtype, data, cols, x, n, out) },
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: AVX2/FMA/F16C detected; lengths checked above.
-        Level::Avx2 => unsafe { crate::x86::avx2::rows(dtype, data, cols, x, n, out) },
+        Level::Avx2 => unsafe { crate::x86::route::avx2_rows(dtype, data, cols, x, n, out) },
         #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
         // SAFETY: NEON is baseline on aarch64; a handled type; lengths checked above.
         Level::Neon if crate::arm::neon::handles(dtype) => unsafe {
@@ -290,6 +290,6 @@ pub(crate) fn silu_mul(level: Level, gate: &mut [f32], up: &[f32]) {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; equal lengths.
         Level::Avx2 => unsafe { crate::x86::avx2::silu_mul(gate, up) },
-        _ => crate::elementwise::silu_mul_scalar(gate, up),
+        _ => crate::canon::silu_mul_scalar(gate, up),
     }
 }

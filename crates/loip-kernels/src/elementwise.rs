@@ -39,14 +39,6 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     dispatch::silu_mul(simd::current(), gate, up)
 }
 
-/// Portable [`silu_mul`] (also the SIMD paths' remainder).
-pub(crate) fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let v = *g;
-        *g = v / (1.0 + crate::canon::exp(-v)) * u;
-    }
-}
-
 /// Rotary embedding, Hugging Face "rotate_half" layout, in place on one head vector.
 ///
 /// `x`: `head_dim`; `cos`, `sin`: `head_dim / 2` (the angles of this position). For

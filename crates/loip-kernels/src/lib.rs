@@ -14,11 +14,13 @@
 //! tree, `exp` is a fixed polynomial. So two machines with different SIMD support also agree
 //! bit for bit.
 //!
-//! Layout: `dtype` (types, errors, `Matrix`), `dequant` (exact scalar dequantization),
-//! `canon` (the canonical order, portable), `x86::{avx512, avx512_act, avx2}` and
-//! `arm::neon` (SIMD kernels), `dispatch` (safe level → kernel), `matmul`, `attention`,
-//! `elementwise`, `simd` (run-time detection), and `ops` (the public entry points, re-exported
-//! here).
+//! Layout: `dtype` (types, errors, `Matrix`), `scales` (K-quant scale unpacking), `dequant`
+//! (exact scalar dequantization), `canon` (the canonical order, portable),
+//! `x86::{avx512, avx512_act, avx2, quant_ext_*, gemm}` and `arm::neon` (SIMD kernels),
+//! `x86::route` (stored type → x86 kernel), `dispatch` (safe level → kernel), `matmul`,
+//! `attention`, `elementwise`, `simd` (run-time detection), and `ops` (the public entry
+//! points, re-exported here). Every module imports only modules below it: no two import each
+//! other, directly or around a loop.
 #![deny(missing_docs)]
 // `is_multiple_of` needs Rust 1.87; the workspace supports 1.85
 #![allow(clippy::manual_is_multiple_of)]
@@ -36,6 +38,7 @@ mod elementwise;
 mod matmul;
 mod quant_ext;
 mod quant_k_ext;
+mod scales;
 mod simd;
 mod team;
 #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]

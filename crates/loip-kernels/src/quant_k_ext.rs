@@ -26,8 +26,8 @@
 //! at most 7 bits) times a value of at most 7 bits fits in 24 bits. So a SIMD path may fuse
 //! `(d·sc)·q − m` into one fma and get the same bits.
 
-use crate::dequant::scale_min_k4;
 use crate::dtype::DType;
+use crate::scales::scale_min_k4;
 use half::f16;
 
 /// The 16 IQ4 values (ggml `kvalues_iq4nl`), indexed by nibble.

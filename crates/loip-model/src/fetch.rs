@@ -233,11 +233,7 @@ fn hash_reader(r: &mut impl Read, path: &Path) -> Result<String, FetchError> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hex(&hasher.finalize()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// What identifies one version of a file without reading it: size, mtime and inode.
@@ -443,7 +439,7 @@ fn ensure_cached(
     };
     fill(&mut w)?;
     w.flush().map_err(io_err(&tmp))?;
-    let actual = hex(&w.hasher.finalize());
+    let actual = hex::encode(w.hasher.finalize());
     if actual != expected {
         return Err(FetchError::ChecksumMismatch {
             path: dest.to_path_buf(),
@@ -591,7 +587,7 @@ mod tests {
     }
 
     fn sha_of(bytes: &[u8]) -> String {
-        hex(&Sha256::digest(bytes))
+        hex::encode(Sha256::digest(bytes))
     }
 
     fn os(s: &str) -> Option<OsString> {

@@ -32,7 +32,7 @@
 //! File access stays outside: the caller passes a closure that returns a profile file's text.
 
 use crate::error::ConfigError;
-use crate::plan::Pattern;
+use crate::plan::{Pattern, PLANNER_NAMES};
 use crate::profile::{
     preset, preset_names, ComputeModel, DeviceProfile, LinkProfile, LoaderKind, LoaderProfile,
     Loaders, Roofline,
@@ -412,7 +412,7 @@ impl RawCluster {
         let mut defaults = PlanDefaults::default();
         if let Some(p) = &self.plan {
             if let Some(name) = &p.planner {
-                let valid = crate::planners::planner_names();
+                let valid = PLANNER_NAMES;
                 if !valid.contains(&name.as_str()) {
                     return Err(ConfigError::UnknownPlanner {
                         field: "plan.planner".into(),

@@ -100,28 +100,12 @@
 
 use crate::cluster::{Cluster, Device};
 use crate::error::PlanError;
+/// The breakdown and the slot size are plan figures, defined with the plan types.
+pub use crate::plan::{slot_bytes, CostBreakdown};
 use crate::plan::{ExecMode, Pattern, Plan, StagePlan};
 use crate::profile::LoaderProfile;
 use crate::shape::ModelShape;
 use serde::{Deserialize, Serialize};
-
-/// Where the time of one generated token goes; the parts add up to the total.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct CostBreakdown {
-    /// Compute on the critical path.  // milliseconds
-    pub compute_ms: f64,
-    /// Activation transfers and link latency.  // milliseconds
-    pub comm_ms: f64,
-    /// SSD load time not hidden behind compute.  // milliseconds
-    pub uncovered_load_ms: f64,
-}
-
-impl CostBreakdown {
-    /// Sum of the parts.  // milliseconds
-    pub fn total_ms(&self) -> f64 {
-        self.compute_ms + self.comm_ms + self.uncovered_load_ms
-    }
-}
 
 /// Per-device figures of an evaluated plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -239,29 +223,6 @@ pub fn stage_span(stage: &StagePlan, t_attn: f64, t_mlp: f64) -> f64 {
     (first..=last)
         .map(|i| if i % 2 == 0 { t_attn } else { t_mlp })
         .sum()
-}
-
-/// Slot bytes for a device's stages: the largest stage's offloaded bytes (overlapped), or the
-/// largest single offloaded block (sequential).  // bytes
-pub fn slot_bytes(mode: ExecMode, stages: &[StagePlan], shape: &ModelShape) -> u64 {
-    match mode {
-        ExecMode::Overlapped => stages
-            .iter()
-            .map(|s| s.offloaded_bytes(shape))
-            .max()
-            .unwrap_or(0),
-        ExecMode::Sequential => {
-            let any_a = stages
-                .iter()
-                .flat_map(|s| &s.layers)
-                .any(|l| l.attn.is_offloaded());
-            let any_m = stages
-                .iter()
-                .flat_map(|s| &s.layers)
-                .any(|l| l.mlp.is_offloaded());
-            (if any_a { shape.attn_bytes } else { 0 }).max(if any_m { shape.mlp_bytes } else { 0 })
-        }
-    }
 }
 
 /// Memory of a device at `context` tokens, `M_i(n)` of design §3 with `n_trans = 0`.  // bytes

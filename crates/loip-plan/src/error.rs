@@ -1,38 +1,12 @@
 //! Typed errors of the planning crate.
 //!
-//! Three families: [`ParseError`] (a byte size, bandwidth or duration string),
+//! Three families: [`ParseError`] (a byte size, bandwidth or duration string; it lives beside
+//! its parsers in [`crate::units`] and is re-exported here),
 //! [`ConfigError`] (a cluster file or profile; always names the offending field), and
 //! [`PlanError`] (a planner could not place the model, or a plan is inconsistent).
 
+pub use crate::units::ParseError;
 use thiserror::Error;
-
-/// A unit-bearing string ("300MiB", "100mbit", "2ms") could not be parsed.
-#[derive(Debug, Clone, PartialEq, Error)]
-#[non_exhaustive]
-pub enum ParseError {
-    /// The string is empty.
-    #[error("empty value")]
-    Empty,
-    /// The numeric part is missing or malformed.
-    #[error("`{0}` does not start with a number")]
-    BadNumber(String),
-    /// The unit is not one of the accepted ones.
-    #[error("`{input}` has unknown unit `{unit}` (accepted: {accepted})")]
-    BadUnit {
-        /// The whole input.
-        input: String,
-        /// The unit part.
-        unit: String,
-        /// The accepted units, for the message.
-        accepted: &'static str,
-    },
-    /// The value is negative, zero where zero is meaningless, or not finite.
-    #[error("`{0}` must be positive")]
-    NotPositive(String),
-    /// The value does not fit in the target type.
-    #[error("`{0}` is too large")]
-    TooLarge(String),
-}
 
 /// A cluster file or device profile is invalid. Every variant names the field.
 #[derive(Debug, Clone, PartialEq, Error)]

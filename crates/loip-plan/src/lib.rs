@@ -14,6 +14,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 pub mod adapt;
+mod check;
 pub mod cluster;
 pub mod cost;
 pub mod error;

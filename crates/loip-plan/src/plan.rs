@@ -10,14 +10,28 @@
 //!   stage 2, …) gives the layers `0..L`, each exactly once, in increasing order;
 //! - the first device holds the embedding, the last one the final norm + LM head;
 //! - every device's memory at the planned context is within its budget.
+//!
+//! This module holds the plan types alone, below the cluster, the cost model and the
+//! planners that all use them; checking and repricing a plan against a cluster
+//! ([`Plan::validate`], [`Plan::reprice`]) need the cost model and live in `check.rs`.
 
-use crate::cluster::Cluster;
-use crate::cost::{self, CostBreakdown};
-use crate::error::{PlanError, PlanInvalid};
 use crate::profile::LoaderKind;
 use crate::shape::ModelShape;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
+
+/// Names of the planners, `loip` first: what a plan's `planner` and a cluster file's
+/// `plan.planner` may say. The registry (`planners::planners`) holds one planner for each,
+/// in this order.
+pub const PLANNER_NAMES: [&str; 7] = [
+    "loip",
+    "loip-conventional-load",
+    "loip-paper",
+    "loip-uniform",
+    "pp",
+    "pp-offload",
+    "edgeshard",
+];
 
 /// Request pattern (design §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -128,7 +142,7 @@ impl StagePlan {
 
     /// Builds a stage of layers `first..first+n` whose offloaded blocks (`a` attention, `m`
     /// MLP) form the tightest contiguous run at the end of the stage, so that its compute
-    /// span is [`cost::span`]`(a, m)`. Requires `a, m <= n`.
+    /// span is [`crate::cost::span`]`(a, m)`. Requires `a, m <= n`.
     pub fn with_offload(first: u32, n: u32, a: u32, m: u32) -> StagePlan {
         let (a, m) = (a.min(n), m.min(n));
         let mut layers: Vec<LayerPlan> = (first..first + n)
@@ -164,7 +178,7 @@ impl StagePlan {
     }
 }
 
-/// What one device runs. The figures after `stages` are derived (by [`cost::evaluate`]);
+/// What one device runs. The figures after `stages` are derived (by [`crate::cost::evaluate`]);
 /// a hand-written plan may omit them and call [`Plan::reprice`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DevicePlan {
@@ -224,6 +238,24 @@ pub struct StageRef {
     pub stage: usize,
     /// Global layers it runs.
     pub layers: Range<u32>,
+}
+
+/// Where the time of one generated token goes; the parts add up to the total.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct CostBreakdown {
+    /// Compute on the critical path.  // milliseconds
+    pub compute_ms: f64,
+    /// Activation transfers and link latency.  // milliseconds
+    pub comm_ms: f64,
+    /// SSD load time not hidden behind compute.  // milliseconds
+    pub uncovered_load_ms: f64,
+}
+
+impl CostBreakdown {
+    /// Sum of the parts.  // milliseconds
+    pub fn total_ms(&self) -> f64 {
+        self.compute_ms + self.comm_ms + self.uncovered_load_ms
+    }
 }
 
 /// A complete allocation of a model to devices, with its predicted cost.
@@ -295,21 +327,13 @@ impl Plan {
     pub fn slot_bytes(&self, shape: &ModelShape, device: usize) -> u64 {
         self.devices
             .get(device)
-            .map(|d| cost::slot_bytes(self.mode, &d.stages, shape))
+            .map(|d| slot_bytes(self.mode, &d.stages, shape))
             .unwrap_or(0)
     }
 
     /// Total layers placed.
     pub fn layer_count(&self) -> u32 {
         self.devices.iter().map(|d| d.layer_count()).sum()
-    }
-
-    /// Recomputes the derived figures (prediction, breakdown, per-device memory and times)
-    /// with the cost model, e.g. after a hand edit or for another cluster's link.
-    pub fn reprice(&mut self, shape: &ModelShape, cluster: &Cluster) -> Result<(), PlanError> {
-        let c = cost::evaluate(self, shape, cluster)?;
-        cost::apply(self, &c);
-        Ok(())
     }
 
     /// Pretty JSON.
@@ -321,108 +345,27 @@ impl Plan {
     pub fn from_json(text: &str) -> Result<Plan, serde_json::Error> {
         serde_json::from_str(text)
     }
+}
 
-    /// Checks a (possibly hand-edited) plan against the model and cluster: layers, order,
-    /// stage counts, embedding/head placement, devices known, memory within budget.
-    pub fn validate(&self, shape: &ModelShape, cluster: &Cluster) -> Result<(), PlanError> {
-        if self.shape != shape.name {
-            return Err(PlanInvalid::ShapeMismatch {
-                plan: self.shape.clone(),
-                model: shape.name.clone(),
-            }
-            .into());
+/// Slot bytes for a device's stages: the largest stage's offloaded bytes (overlapped), or the
+/// largest single offloaded block (sequential).  // bytes
+pub fn slot_bytes(mode: ExecMode, stages: &[StagePlan], shape: &ModelShape) -> u64 {
+    match mode {
+        ExecMode::Overlapped => stages
+            .iter()
+            .map(|s| s.offloaded_bytes(shape))
+            .max()
+            .unwrap_or(0),
+        ExecMode::Sequential => {
+            let any_a = stages
+                .iter()
+                .flat_map(|s| &s.layers)
+                .any(|l| l.attn.is_offloaded());
+            let any_m = stages
+                .iter()
+                .flat_map(|s| &s.layers)
+                .any(|l| l.mlp.is_offloaded());
+            (if any_a { shape.attn_bytes } else { 0 }).max(if any_m { shape.mlp_bytes } else { 0 })
         }
-        if self.devices.is_empty() {
-            return Err(PlanInvalid::NoDevice.into());
-        }
-        if self.stages_per_device == 0 {
-            return Err(PlanInvalid::Zero("stages_per_device").into());
-        }
-        if self.micro_batches == 0 {
-            return Err(PlanInvalid::Zero("micro_batches").into());
-        }
-        let mut last_idx = None;
-        for (i, d) in self.devices.iter().enumerate() {
-            let idx = cluster
-                .index_of(&d.name)
-                .ok_or_else(|| PlanError::UnknownDevice(d.name.clone()))?;
-            if self.devices[..i].iter().any(|x| x.name == d.name) {
-                return Err(PlanInvalid::DuplicateDevice(d.name.clone()).into());
-            }
-            if last_idx.is_some_and(|l| idx < l) {
-                return Err(PlanInvalid::Roles(format!(
-                    "device `{}` is out of cluster order",
-                    d.name
-                ))
-                .into());
-            }
-            last_idx = Some(idx);
-            if d.stages.len() != self.stages_per_device as usize {
-                return Err(PlanInvalid::StageCount {
-                    device: d.name.clone(),
-                    got: d.stages.len(),
-                    expected: self.stages_per_device,
-                }
-                .into());
-            }
-            if let Some(stage) = d.stages.iter().position(|s| s.layers.is_empty()) {
-                return Err(PlanInvalid::EmptyStage {
-                    device: d.name.clone(),
-                    stage,
-                }
-                .into());
-            }
-            let first = i == 0;
-            let last = i + 1 == self.devices.len();
-            if d.holds_embedding != first {
-                return Err(PlanInvalid::Roles(format!(
-                    "embedding must be on the first device only (device `{}`)",
-                    d.name
-                ))
-                .into());
-            }
-            if d.holds_head != last {
-                return Err(PlanInvalid::Roles(format!(
-                    "head must be on the last device only (device `{}`)",
-                    d.name
-                ))
-                .into());
-            }
-        }
-        let mut expected = 0u32;
-        for r in self.stage_order() {
-            let d = &self.devices[r.device];
-            for l in &d.stages[r.stage].layers {
-                if l.layer != expected {
-                    return Err(PlanInvalid::LayerOrder {
-                        device: d.name.clone(),
-                        stage: r.stage,
-                        expected,
-                        found: l.layer,
-                    }
-                    .into());
-                }
-                expected += 1;
-            }
-        }
-        if expected != shape.layers {
-            return Err(PlanInvalid::LayerCount {
-                placed: expected,
-                layers: shape.layers,
-            }
-            .into());
-        }
-        let c = cost::evaluate(self, shape, cluster)?;
-        for d in &c.devices {
-            if d.memory_bytes > d.budget_bytes {
-                return Err(PlanInvalid::OverBudget {
-                    device: d.name.clone(),
-                    need: d.memory_bytes,
-                    budget: d.budget_bytes,
-                }
-                .into());
-            }
-        }
-        Ok(())
     }
 }

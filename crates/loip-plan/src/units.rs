@@ -4,7 +4,35 @@
 //! Decimal prefixes (k, M, G, T) are powers of 1000, binary ones (Ki, Mi, Gi, Ti) powers of
 //! 1024. In a bandwidth a capital `B` is a byte and a lower-case `b`, `bit` or `bps` a bit.
 
-use crate::error::ParseError;
+use thiserror::Error;
+
+/// A unit-bearing string ("300MiB", "100mbit", "2ms") could not be parsed.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum ParseError {
+    /// The string is empty.
+    #[error("empty value")]
+    Empty,
+    /// The numeric part is missing or malformed.
+    #[error("`{0}` does not start with a number")]
+    BadNumber(String),
+    /// The unit is not one of the accepted ones.
+    #[error("`{input}` has unknown unit `{unit}` (accepted: {accepted})")]
+    BadUnit {
+        /// The whole input.
+        input: String,
+        /// The unit part.
+        unit: String,
+        /// The accepted units, for the message.
+        accepted: &'static str,
+    },
+    /// The value is negative, zero where zero is meaningless, or not finite.
+    #[error("`{0}` must be positive")]
+    NotPositive(String),
+    /// The value does not fit in the target type.
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+}
 
 /// Splits "12.5GiB" into (12.5, "GiB"). Rejects negative and non-finite numbers.
 fn split_number(input: &str) -> Result<(f64, &str), ParseError> {

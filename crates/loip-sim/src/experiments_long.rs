@@ -21,10 +21,10 @@
 
 use crate::bandwidth::Bandwidth;
 use crate::error::SimError;
-use crate::experiments::{
+use crate::methods::Method;
+use crate::setups::{
     end_to_end_setups, mem_constrained_setups, sweep_base_setups, sweep_setups, Experiment,
 };
-use crate::methods::Method;
 use loip_plan::Pattern;
 
 /// Experiments run by name only (not part of `all`).

@@ -13,11 +13,13 @@
 //!
 //! Modules: [`engine`] (event queue, resources, task graph), [`compute`] (block times),
 //! [`bandwidth`] (constant and dynamic links), [`adapt`] (memory over time, online adaptation),
-//! [`pipeline`], [`tp`], [`methods`], [`experiments`], [`report`], [`plot`], [`plot_lines`],
+//! [`pipeline`], [`tp`], [`methods`], [`setups`] (setups and the experiment type),
+//! [`experiments`], [`report`], [`plot`], [`plot_lines`], [`plot_style`],
 //! [`shapes`]
 //! (built-in model shapes), [`replay`] (a run of the runtime replayed), [`serving`] (the runtime's step scheduler on the virtual clock),
 //! [`testkit`] (seeded random clusters for checks), [`sim`]
-//! (configuration and report types), [`error`].
+//! (configuration and report types), [`error`]. The three plot modules (plotters and the
+//! embedded font) are the default feature `plot`.
 //!
 //! Results of the paper-scale experiments and how they compare with the paper's claims:
 //! docs/simulator.md (sections "Results" and "Where our numbers and the paper's claims agree or
@@ -33,11 +35,16 @@ pub mod experiments;
 pub mod experiments_long;
 pub mod methods;
 pub mod pipeline;
+#[cfg(feature = "plot")]
 pub mod plot;
+#[cfg(feature = "plot")]
 pub mod plot_lines;
+#[cfg(feature = "plot")]
+pub mod plot_style;
 pub mod replay;
 pub mod report;
 pub mod serving;
+pub mod setups;
 pub mod shapes;
 pub mod sim;
 pub mod testkit;

@@ -13,7 +13,7 @@
 
 use crate::error::SimError;
 use crate::experiments::{Experiment, Record, Results};
-use crate::plot::{register_font, Bar, COLORS};
+use crate::plot_style::{register_font, Bar, COLORS};
 use crate::sim::Status;
 use plotters::coord::Shift;
 use plotters::prelude::*;

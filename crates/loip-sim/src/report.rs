@@ -73,50 +73,73 @@ fn cell(r: &Record) -> String {
     }
 }
 
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
+/// Writes `rows` (the header first) as CSV with the `csv` crate: a field is quoted only
+/// where it holds a comma, a quote or a line break.
+fn csv_text<const N: usize>(
+    header: [&str; N],
+    rows: impl IntoIterator<Item = [String; N]>,
+) -> String {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    // Writing records of one length into a Vec cannot fail.
+    let _ = w.write_record(header);
+    for row in rows {
+        let _ = w.write_record(&row);
     }
+    let bytes = w.into_inner().unwrap_or_default();
+    String::from_utf8(bytes).unwrap_or_default()
 }
 
 /// All records as CSV (one line per record, header first).
 pub fn csv(records: &[Record]) -> String {
-    let mut out = String::from(
-        "experiment,setup,method,pattern,bandwidth_mbps,budget_ratio,output_tokens,sequences,status,ms_per_token,predicted_ms_per_token,planned_for,stages,switches,lends,evicted_tokens,note\n",
-    );
     let opt = |x: Option<f64>| x.map(|v| format!("{v:.2}")).unwrap_or_default();
-    for r in records {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{}",
-            r.experiment,
-            r.setup,
-            r.method,
-            r.pattern,
-            r.bandwidth_mbps
-                .map(|b| format!("{b:.0}"))
-                .unwrap_or_default(),
-            r.budget_ratio,
-            r.output_tokens,
-            r.sequences,
-            r.status,
-            opt(if r.status == Status::Ok {
-                r.ms_per_token
-            } else {
-                None
-            }),
-            opt(r.predicted_ms_per_token),
-            r.planned_for.as_deref().unwrap_or(""),
-            r.stages.map(|s| s.to_string()).unwrap_or_default(),
-            r.switches,
-            r.lends,
-            r.evicted_tokens,
-            csv_field(r.note.as_deref().unwrap_or("")),
-        );
-    }
-    out
+    csv_text(
+        [
+            "experiment",
+            "setup",
+            "method",
+            "pattern",
+            "bandwidth_mbps",
+            "budget_ratio",
+            "output_tokens",
+            "sequences",
+            "status",
+            "ms_per_token",
+            "predicted_ms_per_token",
+            "planned_for",
+            "stages",
+            "switches",
+            "lends",
+            "evicted_tokens",
+            "note",
+        ],
+        records.iter().map(|r| {
+            [
+                r.experiment.to_string(),
+                r.setup.to_string(),
+                r.method.to_string(),
+                r.pattern.to_string(),
+                r.bandwidth_mbps
+                    .map(|b| format!("{b:.0}"))
+                    .unwrap_or_default(),
+                format!("{:.3}", r.budget_ratio),
+                r.output_tokens.to_string(),
+                r.sequences.to_string(),
+                r.status.to_string(),
+                opt(if r.status == Status::Ok {
+                    r.ms_per_token
+                } else {
+                    None
+                }),
+                opt(r.predicted_ms_per_token),
+                r.planned_for.as_deref().unwrap_or("").to_string(),
+                r.stages.map(|s| s.to_string()).unwrap_or_default(),
+                r.switches.to_string(),
+                r.lends.to_string(),
+                r.evicted_tokens.to_string(),
+                r.note.as_deref().unwrap_or("").to_string(),
+            ]
+        }),
+    )
 }
 
 /// LOIP's speedup over one method in one experiment.
@@ -208,31 +231,37 @@ pub fn speedups(records: &[Record]) -> Vec<Speedup> {
 
 /// Speedups as CSV.
 pub fn speedups_csv(sp: &[Speedup]) -> String {
-    let mut out = String::from(
-        "experiment,method,rows_both_ok,geo_mean,min,max,loip_only_ok,method_only_ok\n",
-    );
-    for s in sp {
-        let f = |x: f64| {
-            if x.is_finite() {
-                format!("{x:.3}")
-            } else {
-                String::new()
-            }
-        };
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{}",
-            s.experiment,
-            s.method,
-            s.rows,
-            f(s.geo_mean),
-            f(s.min),
-            f(s.max),
-            s.loip_only,
-            s.method_only
-        );
-    }
-    out
+    let f = |x: f64| {
+        if x.is_finite() {
+            format!("{x:.3}")
+        } else {
+            String::new()
+        }
+    };
+    csv_text(
+        [
+            "experiment",
+            "method",
+            "rows_both_ok",
+            "geo_mean",
+            "min",
+            "max",
+            "loip_only_ok",
+            "method_only_ok",
+        ],
+        sp.iter().map(|s| {
+            [
+                s.experiment.clone(),
+                s.method.clone(),
+                s.rows.to_string(),
+                f(s.geo_mean),
+                f(s.min),
+                f(s.max),
+                s.loip_only.to_string(),
+                s.method_only.to_string(),
+            ]
+        }),
+    )
 }
 
 /// Markdown: per experiment, a table of ms/token (rows: setup, pattern, bandwidth; columns:

@@ -235,7 +235,7 @@ fn dot_exp_silu_rows_levels_bit_identical() {
         let want_dot = canon::dot_f32(&a, &b);
         let want_exp: Vec<f32> = e.iter().map(|&v| canon::exp(v)).collect();
         let mut want_silu = a.clone();
-        crate::elementwise::silu_mul_scalar(&mut want_silu, &b);
+        crate::canon::silu_mul_scalar(&mut want_silu, &b);
         for level in LEVELS.into_iter().filter(|&l| supported(l)) {
             assert_eq!(
                 dispatch::dot_f32(level, &a, &b).to_bits(),

@@ -12,8 +12,8 @@ use std::arch::x86::*;
 use std::arch::x86_64::*;
 
 use crate::canon::exp_consts as ec;
-use crate::dequant::unpack_scales_k4;
 use crate::dtype::DType;
+use crate::scales::unpack_scales_k4;
 use std::ptr::read_unaligned;
 
 /// One 64-element chunk: `[2i]` = lanes 0..8 and `[2i + 1]` = lanes 8..16 of group `i`.
@@ -79,7 +79,7 @@ pub(super) unsafe fn k4_scales(p: *const u8) -> [f32; 16] {
 }
 
 /// A quantized type, read one block (32 or 256 elements) at a time.
-trait Quant {
+pub(super) trait Quant {
     /// 64-element chunks per block (0 for 32-element blocks, read in pairs)
     const CHUNKS: usize;
     const BLOCK_BYTES: usize;
@@ -129,7 +129,7 @@ macro_rules! pair_quant {
     };
 }
 
-struct Q40;
+pub(super) struct Q40;
 impl Q40 {
     #[inline(always)]
     unsafe fn block(p: *const u8) -> [Group; 2] {
@@ -143,7 +143,7 @@ impl Q40 {
 }
 pair_quant!(Q40, 18);
 
-struct Q41;
+pub(super) struct Q41;
 impl Q41 {
     #[inline(always)]
     unsafe fn block(p: *const u8) -> [Group; 2] {
@@ -158,7 +158,7 @@ impl Q41 {
 }
 pair_quant!(Q41, 20);
 
-struct Q80;
+pub(super) struct Q80;
 impl Q80 {
     #[inline(always)]
     unsafe fn block(p: *const u8) -> [Group; 2] {
@@ -170,7 +170,7 @@ impl Q80 {
 }
 pair_quant!(Q80, 34);
 
-struct Q4K;
+pub(super) struct Q4K;
 impl Quant for Q4K {
     const CHUNKS: usize = 4;
     const BLOCK_BYTES: usize = 144;
@@ -207,7 +207,7 @@ impl Quant for Q4K {
     }
 }
 
-struct Q6K;
+pub(super) struct Q6K;
 impl Quant for Q6K {
     const CHUNKS: usize = 4;
     const BLOCK_BYTES: usize = 210;
@@ -255,14 +255,14 @@ impl Quant for Q6K {
 }
 
 /// A float type, read one 8-element half group at a time.
-trait Float {
+pub(super) trait Float {
     const ELEM_BYTES: usize;
     const DTYPE: DType;
     /// elements `8h .. 8h + 8` of the row at `p`
     unsafe fn half(p: *const u8, h: usize) -> __m256;
 }
 
-struct F32;
+pub(super) struct F32;
 impl Float for F32 {
     const ELEM_BYTES: usize = 4;
     const DTYPE: DType = DType::F32;
@@ -272,7 +272,7 @@ impl Float for F32 {
     }
 }
 
-struct F16;
+pub(super) struct F16;
 impl Float for F16 {
     const ELEM_BYTES: usize = 2;
     const DTYPE: DType = DType::F16;
@@ -282,7 +282,7 @@ impl Float for F16 {
     }
 }
 
-struct BF16;
+pub(super) struct BF16;
 impl Float for BF16 {
     const ELEM_BYTES: usize = 2;
     const DTYPE: DType = DType::BF16;
@@ -496,7 +496,7 @@ unsafe fn rows_with(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_quant<Q: Quant>(
+pub(super) unsafe fn rows_quant<Q: Quant>(
     data: &[u8],
     rb: usize,
     cols: usize,
@@ -516,7 +516,7 @@ unsafe fn rows_quant<Q: Quant>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_float<F: Float>(
+pub(super) unsafe fn rows_float<F: Float>(
     data: &[u8],
     rb: usize,
     cols: usize,
@@ -535,44 +535,10 @@ unsafe fn rows_float<F: Float>(
     )
 }
 
-/// `out[r * n + t]` = canonical dot of row `r` of `data` with row `t` of `x` (`n × cols`).
-///
-/// # Safety
-/// AVX2/FMA/F16C available; `data.len() == out.len() / n * row_bytes(cols)`,
-/// `x.len() == n * cols`, `cols` a multiple of the block size, `n > 0`.
-pub(crate) unsafe fn rows(
-    dtype: DType,
-    data: &[u8],
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    out: &mut [f32],
-) {
-    let rb = crate::dequant::prefix_bytes(dtype, cols);
-    debug_assert!(n > 0 && x.len() == n * cols && data.len() == out.len() / n * rb);
-    match dtype {
-        DType::F32 => rows_float::<F32>(data, rb, cols, x, n, out),
-        DType::F16 => rows_float::<F16>(data, rb, cols, x, n, out),
-        DType::BF16 => rows_float::<BF16>(data, rb, cols, x, n, out),
-        DType::Q8_0 => rows_quant::<Q80>(data, rb, cols, x, n, out),
-        DType::Q4_0 => rows_quant::<Q40>(data, rb, cols, x, n, out),
-        DType::Q4_1 => rows_quant::<Q41>(data, rb, cols, x, n, out),
-        DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
-        DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
-        DType::Q5_0
-        | DType::Q5_1
-        | DType::Q2K
-        | DType::Q3K
-        | DType::Q5K
-        | DType::IQ4NL
-        | DType::IQ4XS => super::quant_ext_simd::rows::<false>(dtype, data, rb, cols, x, n, out),
-    }
-}
-
 /// Dequantizes one row of `cols` elements at `row` into `out` (`cols` f32): the exact
 /// values of `dequant`, as the dot kernels compute them.
 #[inline(always)]
-unsafe fn dequant_quant<Q: Quant>(row: *const u8, cols: usize, out: *mut f32) {
+pub(super) unsafe fn dequant_quant<Q: Quant>(row: *const u8, cols: usize, out: *mut f32) {
     let store = |at: usize, v: &[__m256]| {
         for (j, vj) in v.iter().enumerate() {
             _mm256_storeu_ps(out.add(at + 8 * j), *vj);
@@ -603,7 +569,7 @@ unsafe fn dequant_quant<Q: Quant>(row: *const u8, cols: usize, out: *mut f32) {
 
 /// [`dequant_quant`] for a float type (the last `cols % 8` elements by the scalar path).
 #[inline(always)]
-unsafe fn dequant_float<F: Float>(row: *const u8, cols: usize, out: *mut f32) {
+pub(super) unsafe fn dequant_float<F: Float>(row: *const u8, cols: usize, out: *mut f32) {
     for h in 0..cols / 8 {
         _mm256_storeu_ps(out.add(8 * h), F::half(row, h));
     }
@@ -616,44 +582,6 @@ unsafe fn dequant_float<F: Float>(row: *const u8, cols: usize, out: *mut f32) {
         let o = std::slice::from_raw_parts_mut(out.add(done), cols - done);
         crate::dequant::dequant_into(F::DTYPE, bytes, o);
     }
-}
-
-/// Dequantizes the rows of `data` (`out.len() / cols` rows of `cols` elements of `dtype`)
-/// into `out`, row-major. Returns `false`, writing nothing, for a type without an AVX2
-/// decoder here (the caller then uses the scalar `dequant`, which gives the same values).
-///
-/// # Safety
-/// AVX2/FMA/F16C available; `data.len() == out.len() / cols * row_bytes(cols)`, `cols > 0` a
-/// multiple of the block size.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dequant_rows(dtype: DType, data: &[u8], cols: usize, out: &mut [f32]) -> bool {
-    let rb = crate::dequant::prefix_bytes(dtype, cols);
-    debug_assert!(cols > 0 && data.len() == out.len() / cols * rb);
-    let rows = out.len() / cols;
-    let (d, o) = (data.as_ptr(), out.as_mut_ptr());
-    macro_rules! each_row {
-        ($f:ident, $t:ty) => {
-            for r in 0..rows {
-                $f::<$t>(d.add(r * rb), cols, o.add(r * cols))
-            }
-        };
-    }
-    match dtype {
-        DType::F32 => each_row!(dequant_float, F32),
-        DType::F16 => each_row!(dequant_float, F16),
-        DType::BF16 => each_row!(dequant_float, BF16),
-        DType::Q8_0 => each_row!(dequant_quant, Q80),
-        DType::Q4_0 => each_row!(dequant_quant, Q40),
-        DType::Q4_1 => each_row!(dequant_quant, Q41),
-        DType::Q4K => each_row!(dequant_quant, Q4K),
-        DType::Q6K => each_row!(dequant_quant, Q6K),
-        d if super::quant_ext_simd::handles(d) => {
-            super::quant_ext_simd::dequant_rows(dtype, data, cols, out)
-        }
-        #[allow(unreachable_patterns)]
-        _ => return false,
-    }
-    true
 }
 
 /// Canonical dot product of two f32 slices of equal length.
@@ -762,7 +690,7 @@ pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
             _mm256_mul_ps(s, _mm256_loadu_ps(uc.as_ptr())),
         );
     }
-    crate::elementwise::silu_mul_scalar(g.into_remainder(), u.remainder());
+    crate::canon::silu_mul_scalar(g.into_remainder(), u.remainder());
 }
 
 /// `o[i] = fma(p[t], row_t[i], o[i])` for the `8 K` columns at `o`, all rows in order: `K`

@@ -12,8 +12,8 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use crate::dequant::unpack_scales_k4;
 use crate::dtype::DType;
+use crate::scales::unpack_scales_k4;
 use std::ptr::read_unaligned;
 
 /// One 64-element chunk of dequantized weights: canonical groups `4c .. 4c + 4`.
@@ -27,7 +27,7 @@ type Chunk = [__m512; 4];
 /// The scales of a unit are converted to f32 in a separate pass over a segment of units and
 /// kept in a stack buffer: each use is then a broadcast load (`vbroadcastss` or an embedded
 /// `{1to16}` operand) rather than a register shuffle, the scarce resource of these kernels.
-trait Quant {
+pub(super) trait Quant {
     /// bytes per unit of 256 elements
     const UNIT_BYTES: usize;
     /// Writes 16 f32 scale values per unit for `units` consecutive units at `p` to `out`.
@@ -120,7 +120,7 @@ fn join(a: [__m512; 2], b: [__m512; 2]) -> Chunk {
     [a[0], a[1], b[0], b[1]]
 }
 
-struct Q40;
+pub(super) struct Q40;
 impl Quant for Q40 {
     const UNIT_BYTES: usize = 8 * 18;
     #[inline(always)]
@@ -143,7 +143,7 @@ impl Quant for Q40 {
     }
 }
 
-struct Q41;
+pub(super) struct Q41;
 impl Quant for Q41 {
     const UNIT_BYTES: usize = 8 * 20;
     #[inline(always)]
@@ -174,7 +174,7 @@ impl Quant for Q41 {
     }
 }
 
-struct Q80;
+pub(super) struct Q80;
 impl Quant for Q80 {
     const UNIT_BYTES: usize = 8 * 34;
     #[inline(always)]
@@ -195,7 +195,7 @@ impl Quant for Q80 {
     }
 }
 
-struct Q4K;
+pub(super) struct Q4K;
 impl Quant for Q4K {
     const UNIT_BYTES: usize = 144;
     /// `d * sc_k` for the 8 sub-blocks `k`, then `-(dmin * m_k)`
@@ -244,7 +244,7 @@ impl Quant for Q4K {
     }
 }
 
-struct Q6K;
+pub(super) struct Q6K;
 impl Quant for Q6K {
     const UNIT_BYTES: usize = 210;
     /// `d * sc_g` for the 16 groups
@@ -339,7 +339,7 @@ impl Float for F32 {
     }
 }
 
-struct F16;
+pub(super) struct F16;
 impl Float for F16 {
     const ELEM_BYTES: usize = 2;
     const DTYPE: DType = DType::F16;
@@ -349,7 +349,7 @@ impl Float for F16 {
     }
 }
 
-struct BF16;
+pub(super) struct BF16;
 impl Float for BF16 {
     const ELEM_BYTES: usize = 2;
     const DTYPE: DType = DType::BF16;
@@ -629,7 +629,7 @@ macro_rules! rows_fn {
     ($name:ident, $bound:ident, $dot:ident) => {
         /// `out[r * n + t]` = canonical dot of row `r` of `data` with token `t` of `x`.
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-        unsafe fn $name<T: $bound>(
+        pub(super) unsafe fn $name<T: $bound>(
             data: &[u8],
             rb: usize,
             cols: usize,
@@ -731,38 +731,3 @@ macro_rules! rows_fn {
 }
 rows_fn!(rows_quant, Quant, dot_quant);
 rows_fn!(rows_float, Float, dot_float);
-
-/// `out[r * n + t]` = canonical dot of row `r` of `data` (rows of `cols` elements of `dtype`)
-/// with row `t` of `x` (`n × cols`).
-///
-/// # Safety
-/// AVX-512F/AVX2/FMA/F16C available; `data.len() == out.len() / n * row_bytes(cols)`,
-/// `x.len() == n * cols`, `cols` a multiple of the block size, `n > 0`.
-pub(crate) unsafe fn rows(
-    dtype: DType,
-    data: &[u8],
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    out: &mut [f32],
-) {
-    let rb = crate::dequant::prefix_bytes(dtype, cols);
-    debug_assert!(n > 0 && x.len() == n * cols && data.len() == out.len() / n * rb);
-    match dtype {
-        DType::F32 => rows_float::<F32>(data, rb, cols, x, n, out),
-        DType::F16 => rows_float::<F16>(data, rb, cols, x, n, out),
-        DType::BF16 => rows_float::<BF16>(data, rb, cols, x, n, out),
-        DType::Q8_0 => rows_quant::<Q80>(data, rb, cols, x, n, out),
-        DType::Q4_0 => rows_quant::<Q40>(data, rb, cols, x, n, out),
-        DType::Q4_1 => rows_quant::<Q41>(data, rb, cols, x, n, out),
-        DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
-        DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
-        DType::Q5_0
-        | DType::Q5_1
-        | DType::Q2K
-        | DType::Q3K
-        | DType::Q5K
-        | DType::IQ4NL
-        | DType::IQ4XS => super::quant_ext_simd::rows::<true>(dtype, data, rb, cols, x, n, out),
-    }
-}

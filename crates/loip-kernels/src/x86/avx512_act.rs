@@ -126,7 +126,7 @@ pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
             _mm512_mul_ps(s, _mm512_loadu_ps(uc.as_ptr())),
         );
     }
-    crate::elementwise::silu_mul_scalar(g.into_remainder(), u.remainder());
+    crate::canon::silu_mul_scalar(g.into_remainder(), u.remainder());
 }
 
 /// `out[i] = fma(p[t], v[t * stride + i], out[i])` for `t = 0, 1, ..` in order, `i < out.len()`

@@ -43,6 +43,10 @@ use std::mem::MaybeUninit;
 
 mod lanes;
 pub(crate) mod short;
+mod tile;
+
+pub(crate) use tile::Out;
+use tile::{Slot, State, SHORT_BATCH};
 
 /// f32 bytes of one dequantized panel of rows for long batches (about a quarter of a small
 /// L2). Batches of at most [`SHORT_BATCH`] tokens dequantize one tile of rows at a time
@@ -52,8 +56,6 @@ const PANEL_BYTES: usize = 128 << 10;
 /// every tile's rows): each block of columns of a tile of tokens stays in L1 across this many
 /// rows (with 128 KiB panels, rows of 4864 columns had 6).
 const LONG_PANEL_ROWS: usize = 24;
-/// Longest batch whose panels are one tile of rows.
-const SHORT_BATCH: usize = 8;
 /// Columns per block of the slot passes: the `R + T` rows of a tile stay in L1 meanwhile
 /// (a multiple of 64, the canonical chunk).
 const KB: usize = 1024;
@@ -64,67 +66,6 @@ thread_local! {
     /// The token-lane tiles' transposed tokens of this thread (f32), reused.
     static LANES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
-
-/// A vector register holding one slot of the canonical dot state.
-trait Slot: Copy {
-    /// lanes per register (8 or 16)
-    const WIDTH: usize;
-    /// slots of the 64-lane state (`64 / WIDTH`)
-    const SLOTS: usize;
-    unsafe fn zero() -> Self;
-    unsafe fn load(p: *const f32) -> Self;
-    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
-    /// the canonical reduction of the `SLOTS` first slots
-    unsafe fn reduce(s: &[Self; 8]) -> f32;
-}
-
-/// `impl Slot` for a register type: lanes, the three intrinsics, and its reduction.
-macro_rules! slot {
-    ($v:ty, $width:expr, $zero:ident, $load:ident, $fma:ident, |$s:ident| $reduce:expr) => {
-        impl Slot for $v {
-            const WIDTH: usize = $width;
-            const SLOTS: usize = 64 / $width;
-            #[inline(always)]
-            unsafe fn zero() -> Self {
-                $zero()
-            }
-            #[inline(always)]
-            unsafe fn load(p: *const f32) -> Self {
-                $load(p)
-            }
-            #[inline(always)]
-            unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-                $fma(a, b, c)
-            }
-            #[inline(always)]
-            unsafe fn reduce($s: &[Self; 8]) -> f32 {
-                $reduce
-            }
-        }
-    };
-}
-// slot 2a + h is half h of accumulator a: the layout of the AVX2 reduction
-slot!(
-    __m256,
-    8,
-    _mm256_setzero_ps,
-    _mm256_loadu_ps,
-    _mm256_fmadd_ps,
-    |s| super::avx2::reduce(s)
-);
-// slot a is accumulator a: the layout of the AVX-512 reduction
-slot!(
-    __m512,
-    16,
-    _mm512_setzero_ps,
-    _mm512_loadu_ps,
-    _mm512_fmadd_ps,
-    |s| super::avx512::reduce(&[s[0], s[1], s[2], s[3]])
-);
-
-/// Slot states of a tile, `[row][token][slot]`; slots `SLOTS ..` are never written or read
-/// (left uninitialized: zeroing the whole array was a `memset` per tile, 9 % of a prefill).
-type State<V, const R: usize, const T: usize> = [[[MaybeUninit<V>; 8]; T]; R];
 
 /// The canonical reduction of one output's slot state (slots `SLOTS ..` are not read).
 ///
@@ -377,51 +318,6 @@ fn tile_rows(wide: bool, n: usize) -> usize {
     }
 }
 
-/// Where the outputs go: element (row `r`, token `t`) at `ptr[r * rs + t * ts]`, inside
-/// `len` elements (every write is bounds-checked).
-#[derive(Clone, Copy)]
-pub(crate) struct Out {
-    ptr: *mut f32,
-    len: usize,
-    rs: usize,
-    ts: usize,
-}
-
-impl Out {
-    /// `out[r * n + t]` (the per-row kernels' layout; tests compare the kernels in it).
-    #[cfg(test)]
-    pub(crate) fn row_major(out: &mut [f32], n: usize) -> Out {
-        Out {
-            ptr: out.as_mut_ptr(),
-            len: out.len(),
-            rs: n,
-            ts: 1,
-        }
-    }
-
-    /// `ptr[r + t * stride]`, `len` elements: rows of a token-major output.
-    ///
-    /// # Safety
-    /// `ptr` is valid for writes of `len` f32 while the `Out` is used, and nothing else
-    /// reads or writes the elements this `Out`'s rows address meanwhile.
-    pub(crate) unsafe fn token_major(ptr: *mut f32, len: usize, stride: usize) -> Out {
-        Out {
-            ptr,
-            len,
-            rs: 1,
-            ts: stride,
-        }
-    }
-
-    #[inline(always)]
-    fn put(&self, r: usize, t: usize, v: f32) {
-        let i = r * self.rs + t * self.ts;
-        assert!(i < self.len, "gemm output index");
-        // SAFETY: in bounds (checked); the constructors give exclusive access to these rows
-        unsafe { *self.ptr.add(i) = v };
-    }
-}
-
 /// Output (row `r`, token `t`) of `out` = canonical dot of row `r` of `data` (`rows` rows)
 /// with row `t` of `x` (`n × cols`), with 512-bit slots if `wide`, else 256-bit.
 ///
@@ -502,7 +398,7 @@ pub(crate) unsafe fn rows(
                 // the next panel's weights, while this one computes (a hint; may point past
                 // the end, never faults): small panels stream from L3 or memory like decode's
                 super::prefetch(data.as_ptr().wrapping_add((p0 + pr) * rb), pr * rb);
-                if !super::avx2::dequant_rows(dtype, bytes, cols, wb) {
+                if !super::route::avx2_dequant_rows(dtype, bytes, cols, wb) {
                     for (o, b) in wb.chunks_exact_mut(cols).zip(bytes.chunks_exact(rb)) {
                         dequant_into(dtype, b, o);
                     }

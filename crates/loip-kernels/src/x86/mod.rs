@@ -7,7 +7,9 @@ pub(crate) mod avx512;
 pub(crate) mod avx512_act;
 pub(crate) mod gemm;
 pub(crate) mod quant_ext_avx512;
+pub(crate) mod quant_ext_decode;
 pub(crate) mod quant_ext_simd;
+pub(crate) mod route;
 
 /// Software prefetch of the `bytes` bytes at `p` into L2, one request per 64-byte line (into
 /// L2: measured clearly faster here than into L1). A hint: it never faults, so `p` may point

@@ -18,9 +18,9 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::quant_ext_simd::{Decode, IQ4NL, IQ4XS, Q2K, Q3K, Q5, Q5K};
-use crate::dequant::unpack_scales_k4;
+use super::quant_ext_decode::{Decode, IQ4NL, IQ4XS, Q2K, Q3K, Q5, Q5K};
 use crate::quant_k_ext::{scale_iq4xs, scales_q3k, IQ4_TABLE};
+use crate::scales::unpack_scales_k4;
 use std::ptr::read_unaligned;
 
 /// 64 elements as four canonical 16-lane groups.

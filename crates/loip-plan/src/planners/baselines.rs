@@ -2,8 +2,8 @@
 //! `loip-uniform`; none drops devices except `pp` (a device that cannot hold one layer) and
 //! `edgeshard` (its DP may skip devices).
 
+use super::base::{build_plan, divisors, does_not_fit, Ctx, PlanRequest, Planner};
 use super::exact::best_blocks;
-use super::{build_plan, divisors, does_not_fit, Ctx, PlanRequest, Planner};
 use crate::cluster::Cluster;
 use crate::cost;
 use crate::error::PlanError;

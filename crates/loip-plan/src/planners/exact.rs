@@ -35,7 +35,7 @@
 //! brute force. All ordered subsets of up to 10 devices are tried (larger clusters: all
 //! devices and every single drop); a dropped device is reported with the reason.
 
-use super::{build_plan, divisors, does_not_fit, Ctx, PlanRequest, Planner};
+use super::base::{build_plan, divisors, does_not_fit, Ctx, PlanRequest, Planner};
 use crate::cluster::Cluster;
 use crate::cost;
 use crate::error::PlanError;

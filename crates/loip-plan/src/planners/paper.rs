@@ -10,8 +10,8 @@
 //!
 //! Uses every device; not guaranteed optimal.
 
+use super::base::{build_plan, divisors, does_not_fit, Ctx, PlanRequest, Planner};
 use super::exact::{g_tables, GEntry};
-use super::{build_plan, divisors, does_not_fit, Ctx, PlanRequest, Planner};
 use crate::cluster::Cluster;
 use crate::cost;
 use crate::error::PlanError;

@@ -27,7 +27,7 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::Out;
+use super::tile::Out;
 
 /// Tokens per group (two 8-lane registers).
 pub(super) const GROUP: usize = 16;

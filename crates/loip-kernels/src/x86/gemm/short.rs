@@ -1,4 +1,4 @@
-//! AVX-512 tiles for short batches ([`WIDE_MIN`] ..= [`super::SHORT_BATCH`] tokens: batched
+//! AVX-512 tiles for short batches ([`WIDE_MIN`] ..= [`SHORT_BATCH`] tokens: batched
 //! decode of 4 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
 //! types (Q4_0, Q4_1, Q8_0), with the weights dequantized in registers: no panel, no stores,
 //! and each block dequantized once for all the tokens (the per-row kernels of `avx512` hold
@@ -45,7 +45,7 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::{Out, Slot, State};
+use super::tile::{Out, Slot, State, SHORT_BATCH};
 use crate::dtype::DType;
 use crate::x86::avx2::f16_scalar;
 use std::cell::RefCell;
@@ -406,7 +406,7 @@ const WIDE_MIN: usize = 4;
 
 /// Whether [`rows`] takes `n` tokens of `dtype` (AVX-512 only).
 pub(crate) fn handles(dtype: DType, n: usize) -> bool {
-    (WIDE_MIN..=super::SHORT_BATCH).contains(&n)
+    (WIDE_MIN..=SHORT_BATCH).contains(&n)
         && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
 }
 

@@ -1,0 +1,327 @@
+//! 256-bit decoders of the extra GGUF types: `Q5_0`, `Q5_1` (`crate::quant_ext`) and `Q2_K`,
+//! `Q3_K`, `Q5_K`, `IQ4_NL`, `IQ4_XS` (`crate::quant_k_ext`).
+//!
+//! Each type's [`Decode`] writes a block's exact values (those of the scalar references, by
+//! the same integer unpacking and the same f32 operations; a product with an exact `q · d` may
+//! be fused with the following add), or hands them over in registers. The AVX2 row kernels
+//! (`quant_ext_simd.rs`) and the AVX-512 ones (`quant_ext_avx512.rs`, whose `Fused` extends
+//! [`Decode`]) both read the types through it.
+//!
+//! Safety: every `unsafe fn` here requires AVX2, FMA and F16C, checked by [`crate::simd`],
+//! and the buffer lengths stated in its docs.
+
+#[cfg(target_arch = "x86")]
+use std::arch::x86::*;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use crate::quant_k_ext::{scale_iq4xs, scales_q3k, IQ4_TABLE};
+use std::ptr::read_unaligned;
+// exact f16 → f32 of the 2 bytes at `p`; 8 bytes zero-extended to 8 × i32
+use super::avx2::{f16_scalar as f16_at, u8x8 as bytes8};
+
+/// A stored type decoded one block at a time.
+pub(super) trait Decode {
+    /// elements per block (32 or 256)
+    const ELEMS: usize;
+    /// bytes per block
+    const BYTES: usize;
+    /// Writes the `ELEMS` exact values of the block at `p` to `out` (by default, the types
+    /// with [`Decode::sub_octets`]: sub-block by sub-block).
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        let s = Self::sub_scales(p);
+        for j in 0..Self::ELEMS / 32 {
+            store4(out.add(32 * j), Self::sub_octets(p, &s, j));
+        }
+    }
+    /// Whether [`Decode::octets`] is implemented (32-element types: the AVX2 dot then takes
+    /// the values in registers).
+    const OCTETS: bool = false;
+    /// The 32 values of the block at `p` as 4 × 8 lanes.
+    #[inline(always)]
+    unsafe fn octets(_p: *const u8) -> [__m256; 4] {
+        unreachable!("no register decoder")
+    }
+    /// Whether [`Decode::sub_octets`] is implemented (256-element types whose 32-element
+    /// sub-blocks decode in registers once the block's scales are known).
+    const SUB_OCTETS: bool = false;
+    /// The exact per-group scales (and offsets) of the block at `p`, as
+    /// [`Decode::sub_octets`] reads them.
+    #[inline(always)]
+    unsafe fn sub_scales(_p: *const u8) -> [f32; 32] {
+        unreachable!("no register decoder")
+    }
+    /// The 32 values of sub-block `j` of the block at `p` as 4 × 8 lanes, `s` its
+    /// [`Decode::sub_scales`]: the values [`Decode::decode`] writes there.
+    #[inline(always)]
+    unsafe fn sub_octets(_p: *const u8, _s: &[f32; 32], _j: usize) -> [__m256; 4] {
+        unreachable!("no register decoder")
+    }
+}
+
+/// Stores 4 × 8 values at `out`.
+#[inline(always)]
+unsafe fn store4(out: *mut f32, v: [__m256; 4]) {
+    for (o, vo) in v.iter().enumerate() {
+        _mm256_storeu_ps(out.add(8 * o), *vo);
+    }
+}
+
+/// `v >> s` per 32-bit lane, `s` the same for all lanes.
+#[inline(always)]
+unsafe fn shr(v: __m256i, s: u32) -> __m256i {
+    _mm256_srl_epi32(v, _mm_cvtsi32_si128(s as i32))
+}
+
+/// `q * d - m` with one rounding (`q * d` is exact, so this is the scalar `d * q - m`);
+/// `d` and `m` are broadcast from memory.
+#[inline(always)]
+unsafe fn affine(q: __m256i, d: &f32, m: &f32) -> __m256 {
+    _mm256_fmsub_ps(
+        _mm256_cvtepi32_ps(q),
+        _mm256_broadcast_ss(d),
+        _mm256_broadcast_ss(m),
+    )
+}
+
+/// `s * v` for the 8 integers `v` (exact conversion, one product each), stored at `out`.
+#[inline(always)]
+unsafe fn scaled8(out: *mut f32, s: f32, v: __m256i) {
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(v)));
+}
+
+pub(super) struct Q5<const MIN: bool>;
+impl<const MIN: bool> Decode for Q5<MIN> {
+    const ELEMS: usize = 32;
+    const BYTES: usize = if MIN { 24 } else { 22 };
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        store4(out, Self::octets(p))
+    }
+    const OCTETS: bool = true;
+    #[inline(always)]
+    unsafe fn octets(p: *const u8) -> [__m256; 4] {
+        let off = if MIN { 4 } else { 2 };
+        let d = _mm256_set1_ps(f16_at(p));
+        // the 32 high bits as bytes 0xFF / 0x00: byte j takes qh byte j / 8, then every bit
+        // but j % 8 is set and the byte compared with all ones
+        let qh = _mm256_set1_epi32(read_unaligned(p.add(off) as *const u32) as i32);
+        let spread = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let others = _mm256_set1_epi64x(0x7FBF_DFEF_F7FB_FDFE);
+        let set = _mm256_cmpeq_epi8(
+            _mm256_or_si256(_mm256_shuffle_epi8(qh, spread), others),
+            _mm256_set1_epi8(-1),
+        );
+        // the 5-bit values as bytes: low nibbles are elements 0..16, high nibbles 16..32
+        let qs = _mm_loadu_si128(p.add(off + 4) as *const __m128i);
+        let m4 = _mm_set1_epi8(0xF);
+        let nib = _mm256_set_m128i(
+            _mm_and_si128(_mm_srli_epi16(qs, 4), m4),
+            _mm_and_si128(qs, m4),
+        );
+        let q = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        // Q5_0: q - 16 as a signed byte
+        let q = if MIN {
+            q
+        } else {
+            _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+        };
+        let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        let parts = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+        let mut w = [_mm256_setzero_ps(); 4];
+        if MIN {
+            // q * d exact: one rounding, like q * d + m
+            let m = _mm256_set1_ps(f16_at(p.add(2)));
+            for (wo, v) in w.iter_mut().zip(parts) {
+                *wo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d, m);
+            }
+        } else {
+            for (wo, v) in w.iter_mut().zip(parts) {
+                *wo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+            }
+        }
+        w
+    }
+}
+
+/// One 32-element IQ4 block of scale `d` over the 16 bytes at `qs`: table lookups by byte
+/// shuffle, then `d * value` (exact).
+#[inline(always)]
+unsafe fn iq4_octets(d: f32, qs: *const u8) -> [__m256; 4] {
+    let table = _mm_loadu_si128(IQ4_TABLE.as_ptr() as *const __m128i);
+    let q = _mm_loadu_si128(qs as *const __m128i);
+    let m4 = _mm_set1_epi8(0xF);
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+    let d = _mm256_set1_ps(d);
+    let v = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+    let mut w = [_mm256_setzero_ps(); 4];
+    for (wo, vo) in w.iter_mut().zip(v) {
+        *wo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(vo)));
+    }
+    w
+}
+
+pub(super) struct IQ4NL;
+impl Decode for IQ4NL {
+    const ELEMS: usize = 32;
+    const BYTES: usize = 18;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, out: *mut f32) {
+        store4(out, Self::octets(p))
+    }
+    const OCTETS: bool = true;
+    #[inline(always)]
+    unsafe fn octets(p: *const u8) -> [__m256; 4] {
+        iq4_octets(f16_at(p), p.add(2))
+    }
+}
+
+pub(super) struct IQ4XS;
+impl Decode for IQ4XS {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 136;
+    const SUB_OCTETS: bool = true;
+    /// `d * (ls - 32)` of the 8 sub-blocks, then zeros
+    #[inline(always)]
+    unsafe fn sub_scales(p: *const u8) -> [f32; 32] {
+        let blk = std::slice::from_raw_parts(p, 8);
+        let mut ls = [0i32; 8];
+        for (i, l) in ls.iter_mut().enumerate() {
+            *l = scale_iq4xs(blk, i) - 32;
+        }
+        let mut dl = [0f32; 32]; // d * (ls - 32) per block
+        scaled8(
+            dl.as_mut_ptr(),
+            f16_at(p),
+            _mm256_loadu_si256(ls.as_ptr() as *const __m256i),
+        );
+        dl
+    }
+    #[inline(always)]
+    unsafe fn sub_octets(p: *const u8, s: &[f32; 32], j: usize) -> [__m256; 4] {
+        iq4_octets(s[j], p.add(8 + 16 * j))
+    }
+}
+
+pub(super) struct Q2K;
+impl Decode for Q2K {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 84;
+    const SUB_OCTETS: bool = true;
+    /// `d * sc_g` for the 16 groups, then `dmin * m_g`
+    #[inline(always)]
+    unsafe fn sub_scales(p: *const u8) -> [f32; 32] {
+        let mut s = [0f32; 32];
+        let m4 = _mm256_set1_epi32(0xF);
+        for (i, at) in [0, 8].into_iter().enumerate() {
+            let sc = bytes8(p.add(at));
+            scaled8(
+                s.as_mut_ptr().add(8 * i),
+                f16_at(p.add(80)),
+                _mm256_and_si256(sc, m4),
+            );
+            scaled8(
+                s.as_mut_ptr().add(16 + 8 * i),
+                f16_at(p.add(82)),
+                _mm256_srli_epi32(sc, 4),
+            );
+        }
+        s
+    }
+    /// Sub-block `4 n + j`: bits `2 j` of the 32 bytes of half `n`, groups `8 n + 2 j + h`.
+    #[inline(always)]
+    unsafe fn sub_octets(p: *const u8, s: &[f32; 32], sb: usize) -> [__m256; 4] {
+        let (n, j) = (sb / 4, sb % 4);
+        let q = p.add(16 + 32 * n);
+        let m3 = _mm256_set1_epi32(3);
+        let mut w = [_mm256_setzero_ps(); 4];
+        for (o, wo) in w.iter_mut().enumerate() {
+            let (h, k) = (o / 2, o % 2);
+            let g = 8 * n + 2 * j + h;
+            let v = _mm256_and_si256(shr(bytes8(q.add(8 * (2 * h + k))), 2 * j as u32), m3);
+            *wo = affine(v, &s[g], &s[16 + g]);
+        }
+        w
+    }
+}
+
+pub(super) struct Q3K;
+impl Decode for Q3K {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 110;
+    const SUB_OCTETS: bool = true;
+    /// `d * (sc_g - 32)` for the 16 groups, then zeros
+    #[inline(always)]
+    unsafe fn sub_scales(p: *const u8) -> [f32; 32] {
+        let sc = scales_q3k(std::slice::from_raw_parts(p.add(96), 12));
+        let mut s = [0f32; 32];
+        let (d, c32) = (f16_at(p.add(108)), _mm256_set1_epi32(32));
+        for i in 0..2 {
+            let v = _mm256_sub_epi32(bytes8(sc.as_ptr().add(8 * i)), c32);
+            scaled8(s.as_mut_ptr().add(8 * i), d, v);
+        }
+        s
+    }
+    /// Sub-block `4 n + j`: bits `2 j` of the 32 bytes of half `n` and bit `4 n + j` of the
+    /// high-bit mask, groups `8 n + 2 j + h`.
+    #[inline(always)]
+    unsafe fn sub_octets(p: *const u8, s: &[f32; 32], sb: usize) -> [__m256; 4] {
+        let (n, j) = (sb / 4, sb % 4);
+        let q = p.add(32 + 32 * n);
+        let (m3, c4, zero) = (
+            _mm256_set1_epi32(3),
+            _mm256_set1_epi32(4),
+            _mm256_setzero_si256(),
+        );
+        let bit = _mm256_set1_epi32(1 << (4 * n + j));
+        let mut w = [_mm256_setzero_ps(); 4];
+        for (o, wo) in w.iter_mut().enumerate() {
+            let h = o / 2;
+            let dl = _mm256_broadcast_ss(&s[8 * n + 2 * j + h]);
+            let ql = _mm256_and_si256(shr(bytes8(q.add(8 * o)), 2 * j as u32), m3);
+            // a clear high bit subtracts 4
+            let hm = bytes8(p.add(8 * o));
+            let clear = _mm256_cmpeq_epi32(_mm256_and_si256(hm, bit), zero);
+            let qv = _mm256_sub_epi32(ql, _mm256_and_si256(clear, c4));
+            *wo = _mm256_mul_ps(dl, _mm256_cvtepi32_ps(qv));
+        }
+        w
+    }
+}
+
+pub(super) struct Q5K;
+impl Decode for Q5K {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 176;
+    const SUB_OCTETS: bool = true;
+    /// `d * sc_k` for the 8 sub-blocks, then `dmin * m_k`, then zeros
+    #[inline(always)]
+    unsafe fn sub_scales(p: *const u8) -> [f32; 32] {
+        let mut s = [0f32; 32];
+        s[..16].copy_from_slice(&super::avx2::k4_scales(p));
+        s
+    }
+    /// Sub-block `2 c + h`: nibble `h` of the 32 bytes of chunk `c`, bit `2 c + h` of the
+    /// high bits.
+    #[inline(always)]
+    unsafe fn sub_octets(p: *const u8, s: &[f32; 32], sub: usize) -> [__m256; 4] {
+        let (c, h) = (sub / 2, sub % 2);
+        let (qh, ql) = (p.add(16), p.add(48 + 32 * c));
+        let (m4, one) = (_mm256_set1_epi32(0xF), _mm256_set1_epi32(1));
+        let mut w = [_mm256_setzero_ps(); 4];
+        for (o, wo) in w.iter_mut().enumerate() {
+            let lo = _mm256_and_si256(shr(bytes8(ql.add(8 * o)), 4 * h as u32), m4);
+            let hb = _mm256_and_si256(shr(bytes8(qh.add(8 * o)), sub as u32), one);
+            let q = _mm256_or_si256(lo, _mm256_slli_epi32(hb, 4));
+            *wo = affine(q, &s[sub], &s[8 + sub]);
+        }
+        w
+    }
+}
