@@ -49,7 +49,7 @@ fn dist_worker_entry() {
 fn wide_model() -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = std::env::temp_dir().join("loip-dist-netns-direct-model");
+    let dir = dist_common::test_tmp().join("loip-dist-netns-direct-model");
     if dir.join("config.json").exists() {
         return dir;
     }

@@ -31,9 +31,16 @@ fn binary() -> String {
         .unwrap_or_default()
 }
 
-/// A fresh scratch directory (emptied on each use, so runs do not pile up in /tmp).
+/// Where these tests keep files: the checkout's own `target/tmp` (cargo's
+/// `CARGO_TARGET_TMPDIR`), never a name in `/tmp` shared by every checkout on the machine,
+/// and gone with `cargo clean`.
+pub fn test_tmp() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// A fresh scratch directory (emptied on each use, so runs do not pile up).
 pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir()
+    let d = test_tmp()
         .join("loip-dist-scratch")
         .join(binary())
         .join(name);
@@ -42,11 +49,11 @@ pub fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// Splits a checkpoint into slices under the temp dir (a no-op when already split).
+/// Splits a checkpoint into slices under [`test_tmp`] (a no-op when already split).
 pub fn slices_of(ckpt_path: &Path, name: &str) -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let out = std::env::temp_dir()
+    let out = test_tmp()
         .join("loip-dist-slices")
         .join(binary())
         .join(name);
