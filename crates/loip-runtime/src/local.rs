@@ -125,7 +125,11 @@ pub fn local_spec_for(
     }
     // a sliding-window layer's cache stops at its window
     let kv_rows: u64 = (0..n as usize)
-        .map(|l| m.config.layer_window(l).map_or(opts.context, |w| w.min(opts.context)) as u64)
+        .map(|l| {
+            m.config
+                .layer_window(l)
+                .map_or(opts.context, |w| w.min(opts.context)) as u64
+        })
         .sum();
     let kv_bytes = (kv_rows * max_seqs as u64)
         .saturating_mul(2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4);
@@ -306,6 +310,15 @@ impl BatchBackend for LocalModel {
         self.device.kv.remove(seq);
     }
 
+    fn rewind(&mut self, seq: u64, len: usize) -> Result<(), EngineError> {
+        self.device.kv.truncate(seq, len);
+        Ok(())
+    }
+
+    fn can_rewind(&self) -> bool {
+        true
+    }
+
     fn vocab_size(&self) -> usize {
         self.device.tf.cfg.vocab_size
     }
@@ -314,11 +327,6 @@ impl BatchBackend for LocalModel {
 /// Speculative decoding from slice files: a verify step of `k + 1` positions reads each
 /// offloaded block once; the rejected positions' KV is truncated here.
 impl Rewind for LocalModel {
-    fn rewind(&mut self, seq: u64, len: usize) -> Result<(), EngineError> {
-        self.device.kv.truncate(seq, len);
-        Ok(())
-    }
-
     fn allow_rewind(&mut self, k: usize) {
         self.device.kv.widen_windows(k);
     }
