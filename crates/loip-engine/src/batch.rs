@@ -11,6 +11,12 @@
 //! (arrival times, chunk sizes, other sequences, cancellations): a token's hidden state
 //! depends only on its sequence (see the crate docs), and sampling is per sequence. So every
 //! sequence gets exactly what [`generate`](crate::generate()) gives it alone.
+//!
+//! A speculating sequence ([`BatchRunner::speculate`], prompt lookup) carries its drafts in
+//! its decode feed; its rows are used as [`generate_speculative`](crate::generate_speculative())
+//! uses them (each only once the drafts before it were kept), and the backend drops the
+//! rejected positions ([`BatchBackend::rewind`]), so it too gets what `generate` gives it
+//! alone without speculation.
 
 use std::collections::{BTreeMap, BTreeSet};
 

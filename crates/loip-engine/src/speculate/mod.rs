@@ -6,11 +6,13 @@
 //! second model; [`draft::ModelDrafter`], a smaller model with the same tokenizer);
 //! [`adapt::AdaptiveK`] chooses how many per step; [`generate_speculative`] is the
 //! generation loop over any [`Rewind`] backend (the in-memory [`Generator`], the offloaded
-//! device of `loip_runtime`).
+//! device of `loip_runtime`); [`batched::SeqSpec`] is a speculating sequence's state in the
+//! batch runner (continuous batching, `loip api`).
 //!
 //! [`Sampler::keep_or_resample`]: crate::Sampler::keep_or_resample
 //!
-//! Invariants (lossless, tested in `tests/speculate.rs`):
+//! Invariants (lossless, tested in `tests/speculate.rs`, `tests/speculate_batch.rs` and
+//! `tests/speculate_sampling.rs`):
 //! - Row `j` of a verify step is the position after the pending token and the first `j`
 //!   drafts. It is only used once those drafts were all accepted, i.e. once its context is
 //!   exactly what decoding one token at a time would have fed; the batched forward computes
