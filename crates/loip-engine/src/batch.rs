@@ -25,6 +25,7 @@ use crate::generate::{Decoding, Flow, GenerateOptions, Generator, Next, StopReas
 use crate::kv::SeqId;
 use crate::sampling::{argmax, mask};
 use crate::sampling::{Shaping, TokenLogprob};
+use crate::speculate::adapt::StepCost;
 use crate::speculate::batched::SeqSpec;
 use crate::speculate::{SpecOptions, SpecStats, Speculate};
 use crate::EngineError;
@@ -303,8 +304,10 @@ impl<B: BatchBackend> BatchRunner<B> {
 
     /// Prepares the drafts of every speculating sequence whose next step is a decode step:
     /// `(sequence, drafts ready)`, 0 included. A feed may then carry up to that many tokens
-    /// beyond the pending one (the scheduler's `set_drafts`).
-    pub fn drafts_ready(&mut self) -> Vec<(SeqId, usize)> {
+    /// beyond the pending one (the scheduler's `set_drafts`). `cost`: the times of steps by
+    /// their number of positions (the draft lengths weigh the neighbours' time too).
+    pub fn drafts_ready(&mut self, cost: &StepCost) -> Vec<(SeqId, usize)> {
+        let others = self.seqs.len().saturating_sub(1); // at least one position each
         let mut out = Vec::new();
         for (&seq, run) in self.seqs.iter_mut() {
             let Some(spec) = run.spec.as_mut() else {
@@ -314,7 +317,7 @@ impl<B: BatchBackend> BatchRunner<B> {
                 continue; // prefilling
             }
             let wanted = run.dec.wanted().saturating_sub(1);
-            out.push((seq, spec.prepare(&run.tokens, wanted)));
+            out.push((seq, spec.prepare(&run.tokens, wanted, others, cost)));
         }
         out
     }

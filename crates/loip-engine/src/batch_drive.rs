@@ -26,6 +26,7 @@ use crate::forward::Model;
 use crate::generate::{GenerateOptions, StopReason};
 use crate::kv::SeqId;
 use crate::sampling::Shaping;
+use crate::speculate::adapt::StepCost;
 use crate::speculate::{SpecOptions, SpecStats, Speculate};
 use crate::EngineError;
 
@@ -58,14 +59,21 @@ pub fn one_device_limits(model: &Model<'_>, kv_budget: Option<u64>) -> Limits {
 pub struct Serving<B> {
     sched: Scheduler,
     runner: BatchRunner<B>,
+    /// the times of its steps by number of positions (speculating sequences' draft lengths)
+    cost: StepCost,
 }
 
 impl<B: BatchBackend> Serving<B> {
     /// A loop under `limits` over `backend`.
     pub fn new(limits: Limits, backend: B) -> Result<Self, ServeError> {
+        let cost = StepCost::new(
+            limits.max_batch_tokens,
+            SpecOptions::default().prior_per_row,
+        );
         Ok(Serving {
             sched: Scheduler::new(limits)?,
             runner: BatchRunner::new(backend),
+            cost,
         })
     }
 
@@ -143,10 +151,11 @@ impl<B: BatchBackend> Serving<B> {
     /// `clock` gives the time at the start and at the end of each step.
     pub fn step(&mut self, clock: &mut dyn FnMut() -> Time) -> Result<Vec<SeqEvent>, ServeError> {
         let mut events = Vec::new();
-        for (seq, drafts) in self.runner.drafts_ready() {
+        for (seq, drafts) in self.runner.drafts_ready(&self.cost) {
             self.sched.set_drafts(seq, drafts);
         }
-        let actions = self.sched.poll(clock());
+        let mut t0 = clock(); // a step's start
+        let actions = self.sched.poll(t0);
         for action in actions {
             match action {
                 Action::Release { seq, reason, .. } => self.release(seq, reason, &mut events),
@@ -159,8 +168,11 @@ impl<B: BatchBackend> Serving<B> {
                             len: i.len,
                         })
                         .collect();
-                    let results = match self.runner.run_step(&feeds) {
+                    let ran = self.runner.run_step(&feeds);
+                    let t1 = clock();
+                    let results = match ran {
                         Ok(evs) => {
+                            self.cost.observe(step.tokens(), t1 - t0);
                             let results = outcomes(&step.items, &evs);
                             events.extend(evs);
                             results
@@ -181,7 +193,8 @@ impl<B: BatchBackend> Serving<B> {
                             })
                             .collect(),
                     };
-                    self.sched.on_step_done(clock(), step.id, &results)?;
+                    self.sched.on_step_done(t1, step.id, &results)?;
+                    t0 = t1;
                 }
             }
         }

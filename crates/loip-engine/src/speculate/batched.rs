@@ -5,13 +5,14 @@
 //! rows of a shared step (other sequences, plain or speculating, in the same forward); a row
 //! is used only once the drafts before it were kept, exactly as in
 //! [`generate_speculative`](super::generate_speculative), so the sequence's tokens and each
-//! kept token's logits are those of decoding alone without speculation. Step times are not
-//! a sequence's own in a shared step: the draft length adapts from the acceptance rate and
-//! the prior cost of a position ([`SpecOptions::prior_per_row`]).
+//! kept token's logits are those of decoding alone without speculation. A shared step's
+//! time is not a sequence's own: the draft length adapts from the sequence's acceptance rate
+//! and the measured times of the serving loop's steps by size, so that drafts that would slow
+//! the neighbours more than they gain are not verified ([`AdaptiveK::next_k_shared`]).
 //!
 //! Pure: token ids in, drafts out.
 
-use super::adapt::AdaptiveK;
+use super::adapt::{AdaptiveK, StepCost};
 use super::lookup::Lookup;
 use super::{SpecOptions, SpecStats, Speculate};
 
@@ -50,9 +51,17 @@ impl SeqSpec {
     }
 
     /// Drafts for the step after `context` (prompt and kept tokens), at most `wanted` (the
-    /// tokens still wanted after that step's first): returns how many are ready.
-    pub fn prepare(&mut self, context: &[u32], wanted: usize) -> usize {
-        let k = self.adapt.next_k().min(wanted);
+    /// tokens still wanted after that step's first), for a step shared with about `others`
+    /// positions of other sequences whose times by size `cost` holds: returns how many are
+    /// ready.
+    pub fn prepare(
+        &mut self,
+        context: &[u32],
+        wanted: usize,
+        others: usize,
+        cost: &StepCost,
+    ) -> usize {
+        let k = self.adapt.next_k_shared(others, cost).min(wanted);
         self.drafts = match self.source {
             Speculate::Lookup => self.lookup.draft(context, k),
             Speculate::Off | Speculate::Draft => Vec::new(),
