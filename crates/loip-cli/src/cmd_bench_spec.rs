@@ -269,7 +269,8 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
         prior_per_row: if offloaded { 0.03 } else { 0.25 },
     };
     // (prompt, backend) → per round: (plain, speculative)
-    let mut results: Vec<(String, String, Vec<(Run, Run)>)> = Vec::new();
+    type Pairs = Vec<(Run, Run)>;
+    let mut results: Vec<(String, String, Pairs)> = Vec::new();
     for round in 0..a.rounds.max(1) {
         let spec_first = round % 2 == 1;
         for (name, ids, wrong) in &prompts {

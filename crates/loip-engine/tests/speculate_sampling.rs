@@ -226,7 +226,8 @@ fn a_sampling_draft_keeps_the_targets_law() {
     );
 
     // drafts drawn from a distorted law of the target itself, and from another model
-    let drafts: [(&str, &Model<'_>, &dyn Fn(u64) -> SamplingParams); 2] = [
+    type DraftParams<'f> = &'f dyn Fn(u64) -> SamplingParams;
+    let drafts: [(&str, &Model<'_>, DraftParams); 2] = [
         ("hot self", &target, &hot),
         ("other model", &other, &params),
     ];

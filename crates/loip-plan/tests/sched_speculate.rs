@@ -26,14 +26,15 @@ fn limits(max_batch_tokens: usize) -> Limits {
     }
 }
 
+/// Each step's items `(seq, start, len)`.
+type Items = Vec<Vec<(u64, usize, usize)>>;
+/// Each release `(seq, reason, tokens generated)`.
+type Releases = Vec<(u64, EndReason, usize)>;
+
 /// Runs two sequences (seq 1 speculates with `drafts` ready before every step and keeps
 /// `keep(len)` tokens of a decode item of `len` positions; seq 2 is plain) to their end.
 /// Returns each step's items `(seq, start, len)` and the releases.
-fn run(
-    max_batch_tokens: usize,
-    drafts: usize,
-    keep: impl Fn(usize) -> usize,
-) -> (Vec<Vec<(u64, usize, usize)>>, Vec<(u64, EndReason, usize)>) {
+fn run(max_batch_tokens: usize, drafts: usize, keep: impl Fn(usize) -> usize) -> (Items, Releases) {
     let mut s = Scheduler::new(limits(max_batch_tokens)).unwrap();
     let (p1, n1, p2, n2) = (10, 20, 6, 9);
     for (seq, prompt_len, max_new_tokens) in [(1, p1, n1), (2, p2, n2)] {
