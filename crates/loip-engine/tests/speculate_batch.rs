@@ -2,7 +2,8 @@
 //! steps with plain ones, and each sequence gets the tokens of `generate` alone without
 //! speculation, each kept token from bit-identical logits, whatever the batch around it
 //! (staggered arrivals, chunked prefill, a step-token limit that leaves few spare positions
-//! for drafts), greedy and seeded sampled, on a full-attention and a sliding-window model;
+//! for drafts, a KV budget of about two requests shared by the cache and the scheduler),
+//! greedy and seeded sampled, on a full-attention and a sliding-window model;
 //! the scheduler's KV ledger and the cache hold nothing once all are done.
 
 use std::collections::BTreeMap;
@@ -158,12 +159,14 @@ struct Served {
     lookup: (usize, usize), // drafted, accepted
 }
 
-/// Serves every case with `(prefill chunk, step tokens, k)`.
-fn serve(model: &Model<'_>, cases: &[Case], chunk: usize, batch_tokens: usize, k: usize) -> Served {
-    let mut limits = one_device_limits(model, None);
+/// Serves every case with `(prefill chunk, step tokens, k, KV budget)`; the cache and the
+/// scheduler share the budget (a request waits for room, none fails for KV mid-way).
+fn serve(model: &Model<'_>, cases: &[Case], how: (usize, usize, usize, Option<u64>)) -> Served {
+    let (chunk, batch_tokens, k, kv_budget) = how;
+    let mut limits = one_device_limits(model, kv_budget);
     limits.prefill_chunk = chunk;
     limits.max_batch_tokens = batch_tokens;
-    let mut gen = Generator::new(model, None);
+    let mut gen = Generator::new(model, kv_budget);
     gen.allow_rewind(k);
     let backend = RecBatch {
         gen,
@@ -231,10 +234,24 @@ fn check(name: &str) {
     let all = cases(ckpt.config.vocab_size as u32, &ckpt.config.eos_token_ids);
     let refs: BTreeMap<SeqId, _> = all.iter().map(|c| (c.seq, alone(&model, c))).collect();
     let mut accepted = 0;
-    for (chunk, batch_tokens, k) in [(4, 64, 3), (5, 12, 8), (64, 512, 1), (3, 9, 6)] {
-        let rec = serve(&model, &all, chunk, batch_tokens, k);
+    // room for the KV of about two of the longest requests at once
+    let bytes_per_token = one_device_limits(&model, None).devices[0].bytes_per_token;
+    let longest = all
+        .iter()
+        .map(|c| c.prompt.len() + c.opts.max_tokens)
+        .max()
+        .unwrap_or(1) as u64;
+    let tight = Some(2 * longest * bytes_per_token);
+    for (chunk, batch_tokens, k, budget) in [
+        (4, 64, 3, None),
+        (5, 12, 8, None),
+        (64, 512, 1, None),
+        (3, 9, 6, None),
+        (8, 32, 8, tight),
+    ] {
+        let rec = serve(&model, &all, (chunk, batch_tokens, k, budget));
         let (tokens, done, (drafted, acc)) = (&rec.tokens, &rec.done, rec.lookup);
-        let tag = format!("{name}: chunk {chunk}, step tokens {batch_tokens}, k {k}");
+        let tag = format!("{name}: chunk {chunk}, step tokens {batch_tokens}, k {k}, {budget:?}");
         for c in &all {
             let (want, want_rows) = &refs[&c.seq];
             assert_eq!(
