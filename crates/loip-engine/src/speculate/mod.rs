@@ -31,7 +31,7 @@
 //!   is distributed as without speculation, though a seed no longer gives the same tokens
 //!   (`tests/speculate_sampling.rs` checks the law with a chi-square test).
 //! - After a step the KV holds exactly the fed tokens that were kept: the rejected rows are
-//!   truncated ([`Rewind::rewind`]) before the next step.
+//!   truncated ([`BatchBackend::rewind`]) before the next step.
 
 pub mod adapt;
 pub mod batched;
