@@ -118,6 +118,14 @@ pub struct ApiArgs {
     /// With --cluster: sequences in flight for bursty traffic (default: number of devices).
     #[arg(long)]
     pub micro_batches: Option<u32>,
+    /// Speculative decoding of requests that do not say (their `speculate` field): `lookup`
+    /// (drafts from n-gram matches in the prompt and the output so far, verified in the
+    /// shared steps; the same tokens) or `off`. On this machine (not with --cluster).
+    #[arg(long, default_value = "off")]
+    pub speculate: loip_engine::Speculate,
+    /// Most draft tokens verified in one step of a speculating request (1 to 16).
+    #[arg(long, default_value_t = 8)]
+    pub speculate_k: usize,
 }
 
 /// `loip api`: load the model (or bring the cluster up), then serve until Ctrl-C or SIGTERM.
@@ -135,6 +143,23 @@ pub fn run(a: ApiArgs) -> Result<()> {
             "--max-connections, --max-connections-per-addr, --max-queue, --header-timeout and \
              --body-timeout must be at least 1"
         );
+    }
+    if !(1..=loip_server::serving::MAX_DRAFTS).contains(&a.speculate_k) {
+        bail!(
+            "--speculate-k must be from 1 to {}",
+            loip_server::serving::MAX_DRAFTS
+        );
+    }
+    match a.speculate {
+        loip_engine::Speculate::Draft => bail!(
+            "loip api speculates with prompt lookup (--speculate lookup); a draft model is not \
+             served in batches"
+        ),
+        loip_engine::Speculate::Lookup if a.cluster.cluster.is_some() => bail!(
+            "--speculate runs on this machine; speculation through a cluster's pipeline is not \
+             implemented yet"
+        ),
+        _ => {}
     }
     let api_key = api_key(a.api_key.as_deref(), a.api_key_file.as_deref())?;
     let name = a.name.clone().unwrap_or_else(|| default_name(&a.model));
@@ -187,6 +212,8 @@ pub fn run(a: ApiArgs) -> Result<()> {
             header_timeout: Duration::from_secs(a.header_timeout),
             body_timeout: Duration::from_secs(a.body_timeout),
         },
+        speculate: a.speculate,
+        speculate_k: a.speculate_k,
     };
     loip_server::serve(&a.listen, cfg, served(info), backend)?;
     Ok(())

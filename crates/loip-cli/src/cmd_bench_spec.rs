@@ -66,6 +66,66 @@ pub struct SpecBenchArgs {
     /// of the adaptive fallback to k = 0).
     #[arg(long)]
     wrong: bool,
+    /// Also serve this many copies of each prompt at once in memory through the serving
+    /// loop (continuous batching, as `loip api`), all speculating or none.
+    #[arg(long)]
+    batch: Option<usize>,
+}
+
+/// `n` copies of `prompt` served at once in memory by the serving loop, speculating with
+/// prompt lookup or not: each copy's tokens, and the decode time over the steps after every
+/// copy has its first token, per token of one copy.
+fn run_batch(
+    model: &Model<'_>,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    n: usize,
+    spec: Option<&SpecOptions>,
+) -> Result<Run> {
+    use loip_engine::{Serving, Shaping, Speculate};
+    let mut limits = loip_engine::one_device_limits(model, None);
+    limits.max_seqs = n;
+    limits.max_step_seqs = n;
+    let mut gen = Generator::new(model, None);
+    gen.allow_rewind(spec.map_or(0, |s| s.k_max));
+    let mut serving = Serving::new(limits, gen)?;
+    let off = SpecOptions::default();
+    let how = spec.map_or((Speculate::Off, &off), |s| (Speculate::Lookup, s));
+    for seq in 0..n as u64 {
+        serving.submit_speculative(0.0, seq, prompt, opts, &Shaping::default(), how)?;
+    }
+    let t0 = std::time::Instant::now();
+    let mut clock = || t0.elapsed().as_secs_f64();
+    let mut ids: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut started = None;
+    while !serving.is_idle() {
+        for e in serving.step(&mut clock)? {
+            match e {
+                loip_engine::SeqEvent::Token { seq, id } => ids[seq as usize].push(id),
+                loip_engine::SeqEvent::Failed { error, .. } => bail!("a sequence failed: {error}"),
+                _ => {}
+            }
+        }
+        if started.is_none() && ids.iter().all(|v| !v.is_empty()) {
+            started = Some(std::time::Instant::now());
+        }
+    }
+    if ids.windows(2).any(|w| w[0] != w[1]) {
+        bail!("copies of one prompt decoded differently");
+    }
+    let decoded = opts.max_tokens.saturating_sub(1).max(1);
+    let mut stats = serving
+        .spec_totals()
+        .iter()
+        .find(|(s, _)| *s == Speculate::Lookup)
+        .map(|(_, st)| *st)
+        .unwrap_or_default();
+    stats.steps = stats.steps.div_ceil(n.max(1)); // one copy's steps
+    Ok(Run {
+        ids: ids.swap_remove(0),
+        ms_per_token: started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3) / decoded as f64,
+        stats,
+    })
 }
 
 /// Prompt lookup's drafts made wrong (each id + 1): the cost of speculation when every
@@ -209,11 +269,12 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
         prior_per_row: if offloaded { 0.03 } else { 0.25 },
     };
     // (prompt, backend) → per round: (plain, speculative)
-    let mut results: Vec<(String, &str, Vec<(Run, Run)>)> = Vec::new();
+    type Pairs = Vec<(Run, Run)>;
+    let mut results: Vec<(String, String, Pairs)> = Vec::new();
     for round in 0..a.rounds.max(1) {
         let spec_first = round % 2 == 1;
         for (name, ids, wrong) in &prompts {
-            let mut push = |backend: &'static str, pair: (Run, Run)| match results
+            let mut push = |backend: String, pair: (Run, Run)| match results
                 .iter_mut()
                 .find(|r| &r.0 == name && r.1 == backend)
             {
@@ -223,9 +284,20 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
             if !a.no_memory {
                 let mut gen = Generator::new(&model, None);
                 push(
-                    "in memory",
+                    "in memory".into(),
                     run_pair(&mut gen, ids, &opts, &spec(false), spec_first, *wrong)?,
                 );
+            }
+            if let Some(n) = a.batch.filter(|_| !*wrong) {
+                let sp = spec(false);
+                let pair = if spec_first {
+                    let s = run_batch(&model, ids, &opts, n, Some(&sp))?;
+                    (run_batch(&model, ids, &opts, n, None)?, s)
+                } else {
+                    let p = run_batch(&model, ids, &opts, n, None)?;
+                    (p, run_batch(&model, ids, &opts, n, Some(&sp))?)
+                };
+                push(format!("{n} at once, in memory"), pair);
             }
             if let Some(lm) = sliced.as_mut() {
                 let what = if a.mem.is_some() {
@@ -234,7 +306,7 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
                     "half offloaded"
                 };
                 push(
-                    what,
+                    what.into(),
                     run_pair(lm, ids, &opts, &spec(true), spec_first, *wrong)?,
                 );
             }

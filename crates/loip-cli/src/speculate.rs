@@ -127,9 +127,12 @@ pub fn run(
         _ => None,
     };
     let mut lookup = Lookup::default();
+    // under a sampled request the draft samples too (its drafts checked by the speculative
+    // sampling rule: the target's distribution, other tokens than without speculation)
     let mut by_model = draft_model
         .as_ref()
-        .map(|m| ModelDrafter::new(Generator::new(m, None), 0));
+        .map(|m| ModelDrafter::new(Generator::new(m, None), 0).sampling(&opts.sampling))
+        .transpose()?;
     let drafter: &mut dyn Drafter = match by_model.as_mut() {
         Some(d) => d,
         None => &mut lookup,

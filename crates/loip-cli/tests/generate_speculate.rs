@@ -1,6 +1,7 @@
 //! `loip generate --speculate`: the tokens of the same request without speculation, in
 //! memory and from slice files, greedy and seeded sampled, from prompt lookup and from a
-//! draft model; a draft model with other token ids is refused with a clear error.
+//! draft model (a sampled request's draft samples: the same number of tokens, their law
+//! tested in the engine); a draft model with other token ids is refused with a clear error.
 
 mod common;
 use common::api::generate;
@@ -51,7 +52,14 @@ fn speculation_gives_the_same_tokens_in_memory_offloaded_and_sampled() {
                 args.extend_from_slice(&spec);
                 let got = run(&model, &args);
                 let tag = format!("{what} {place:?} {spec:?}");
-                assert_eq!(got["new_ids"], plain["new_ids"], "{tag}");
+                if what == "sampled" && spec[1] == "draft" {
+                    // a sampling draft keeps the distribution, not the seeded tokens
+                    // (loip-engine/tests/speculate_sampling.rs); the length is fixed here
+                    let n = |v: &Value| v["new_ids"].as_array().map(Vec::len);
+                    assert_eq!(n(&got), n(&plain), "{tag}");
+                } else {
+                    assert_eq!(got["new_ids"], plain["new_ids"], "{tag}");
+                }
                 assert!(
                     got["speculation"]["steps"].as_u64().unwrap() > 0,
                     "{tag}: {got}"

@@ -11,6 +11,12 @@
 //! (arrival times, chunk sizes, other sequences, cancellations): a token's hidden state
 //! depends only on its sequence (see the crate docs), and sampling is per sequence. So every
 //! sequence gets exactly what [`generate`](crate::generate()) gives it alone.
+//!
+//! A speculating sequence ([`BatchRunner::speculate`], prompt lookup) carries its drafts in
+//! its decode feed; its rows are used as [`generate_speculative`](crate::generate_speculative())
+//! uses them (each only once the drafts before it were kept), and the backend drops the
+//! rejected positions ([`BatchBackend::rewind`]), so it too gets what `generate` gives it
+//! alone without speculation.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,6 +25,9 @@ use crate::generate::{Decoding, Flow, GenerateOptions, Generator, Next, StopReas
 use crate::kv::SeqId;
 use crate::sampling::{argmax, mask};
 use crate::sampling::{Shaping, TokenLogprob};
+use crate::speculate::adapt::StepCost;
+use crate::speculate::batched::SeqSpec;
+use crate::speculate::{SpecOptions, SpecStats, Speculate};
 use crate::EngineError;
 
 /// A row of a step whose logits pick the next token of its sequence.
@@ -60,6 +69,21 @@ pub trait BatchBackend {
     /// Frees `seq`'s KV (nothing when unknown).
     fn release(&mut self, seq: SeqId);
 
+    /// Keeps only the first `len` positions of `seq`'s KV (a speculative step's rejected
+    /// positions). A backend that cannot says so in [`BatchBackend::can_rewind`] and is
+    /// never asked.
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        let _ = (seq, len);
+        Err(EngineError::Backend(
+            "this backend cannot drop KV positions (no speculative decoding)".into(),
+        ))
+    }
+
+    /// Whether [`BatchBackend::rewind`] works here.
+    fn can_rewind(&self) -> bool {
+        false
+    }
+
     /// Token ids must be below this.
     fn vocab_size(&self) -> usize;
 }
@@ -99,6 +123,15 @@ impl BatchBackend for Generator<'_, '_> {
 
     fn release(&mut self, seq: SeqId) {
         self.kv.remove(seq);
+    }
+
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        self.kv.truncate(seq, len);
+        Ok(())
+    }
+
+    fn can_rewind(&self) -> bool {
+        true
     }
 
     fn vocab_size(&self) -> usize {
@@ -155,6 +188,7 @@ struct SeqRun {
     tokens: Vec<u32>, // prompt, then each kept new token
     fed: usize,       // tokens in the KV cache // tokens
     dec: Decoding,
+    spec: Option<SeqSpec>, // speculating: its drafts and counts
 }
 
 /// The synchronous batch runner: per-sequence state over one [`BatchBackend`].
@@ -165,6 +199,8 @@ pub struct BatchRunner<B> {
     logprobs: BTreeMap<SeqId, Vec<TokenLogprob>>,
     /// those of sequences released since the last step, until taken or the next step
     ended: BTreeMap<SeqId, Vec<TokenLogprob>>,
+    /// what speculation drafted and kept, per source, over all sequences so far
+    spec_totals: Vec<(Speculate, SpecStats)>,
 }
 
 impl<B: BatchBackend> BatchRunner<B> {
@@ -175,6 +211,7 @@ impl<B: BatchBackend> BatchRunner<B> {
             seqs: BTreeMap::new(),
             logprobs: BTreeMap::new(),
             ended: BTreeMap::new(),
+            spec_totals: Vec::new(),
         }
     }
 
@@ -227,9 +264,67 @@ impl<B: BatchBackend> BatchRunner<B> {
                 tokens: prompt.to_vec(),
                 fed: 0,
                 dec,
+                spec: None,
             },
         );
         Ok(())
+    }
+
+    /// Makes added sequence `seq` speculate from `source` with `opts` (prompt lookup; `Off`
+    /// turns it off): a feed of its decode step may then carry up to
+    /// [`BatchRunner::drafts_ready`]'s drafts after its pending token. Refused when the
+    /// backend cannot drop KV positions, or for a draft model (not served in batches).
+    pub fn speculate(
+        &mut self,
+        seq: SeqId,
+        source: Speculate,
+        opts: &SpecOptions,
+    ) -> Result<(), EngineError> {
+        let spec = match source {
+            Speculate::Off => None,
+            Speculate::Draft => {
+                return Err(EngineError::Invalid(
+                    "a draft model is not served in batches; speculate with lookup".into(),
+                ))
+            }
+            Speculate::Lookup if !self.backend.can_rewind() => {
+                return Err(EngineError::Invalid(
+                    "speculative decoding is not available on this backend".into(),
+                ))
+            }
+            Speculate::Lookup => Some(SeqSpec::new(source, opts)),
+        };
+        let run = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or_else(|| EngineError::Invalid(format!("unknown sequence {seq}")))?;
+        run.spec = spec;
+        Ok(())
+    }
+
+    /// Prepares the drafts of every speculating sequence whose next step is a decode step:
+    /// `(sequence, drafts ready)`, 0 included. A feed may then carry up to that many tokens
+    /// beyond the pending one (the scheduler's `set_drafts`). `cost`: the times of steps by
+    /// their number of positions (the draft lengths weigh the neighbours' time too).
+    pub fn drafts_ready(&mut self, cost: &StepCost) -> Vec<(SeqId, usize)> {
+        let others = self.seqs.len().saturating_sub(1); // at least one position each
+        let mut out = Vec::new();
+        for (&seq, run) in self.seqs.iter_mut() {
+            let Some(spec) = run.spec.as_mut() else {
+                continue;
+            };
+            if run.tokens.len() != run.fed + 1 || run.dec.stop_reason().is_some() {
+                continue; // prefilling
+            }
+            let wanted = run.dec.wanted().saturating_sub(1);
+            out.push((seq, spec.prepare(&run.tokens, wanted, others, cost)));
+        }
+        out
+    }
+
+    /// What speculation drafted and kept so far, per source (sequences' steps summed).
+    pub fn spec_totals(&self) -> &[(Speculate, SpecStats)] {
+        &self.spec_totals
     }
 
     /// Sequences held.
@@ -269,13 +364,19 @@ impl<B: BatchBackend> BatchRunner<B> {
     }
 
     /// Runs one forward over every feed (each a sequence's next unfed tokens, each sequence
-    /// at most once), samples the sequences whose known tokens are then all fed, and returns
-    /// what happened, in feed order. A refused or failed step changes no sequence's state.
+    /// at most once; a speculating sequence's decode feed may also carry its prepared
+    /// drafts, see [`BatchRunner::drafts_ready`]), samples the sequences whose known tokens
+    /// are then all fed, and returns what happened, in feed order. A refused or failed step
+    /// changes no sequence's state.
+    ///
+    /// A speculating feed's rows are used in order while each picks the draft the next row
+    /// assumed (as [`generate_speculative`](crate::generate_speculative()) does); its KV then
+    /// drops the rejected positions.
     pub fn run_step(&mut self, feeds: &[Feed]) -> Result<Vec<SeqEvent>, EngineError> {
         self.ended.clear();
         let mut ids = Vec::new();
         let mut batch = Vec::new();
-        let mut sampled: Vec<(SeqId, usize)> = Vec::new(); // (seq, row)
+        let mut sampled: Vec<(SeqId, usize, usize)> = Vec::new(); // (seq, first row, rows)
         let mut seen = BTreeSet::new();
         for f in feeds {
             let run = self
@@ -283,16 +384,25 @@ impl<B: BatchBackend> BatchRunner<B> {
                 .get(&f.seq)
                 .ok_or_else(|| EngineError::Invalid(format!("unknown sequence {}", f.seq)))?;
             let unfed = run.tokens.len() - run.fed;
-            if !seen.insert(f.seq) || f.len == 0 || f.len > unfed {
+            // a decode feed of a speculating sequence may carry its drafts
+            let drafts = match &run.spec {
+                Some(sp) if unfed == 1 => sp.drafts(),
+                _ => &[],
+            };
+            if !seen.insert(f.seq) || f.len == 0 || f.len > unfed + drafts.len() {
                 return Err(EngineError::Invalid(format!(
                     "sequence {}: cannot feed {} tokens ({unfed} unfed, or fed twice)",
                     f.seq, f.len
                 )));
             }
-            ids.extend_from_slice(&run.tokens[run.fed..run.fed + f.len]);
+            let first = ids.len();
+            let own = f.len.min(unfed);
+            ids.extend_from_slice(&run.tokens[run.fed..run.fed + own]);
+            ids.extend_from_slice(&drafts[..f.len - own]);
             batch.extend((run.fed..run.fed + f.len).map(|pos| TokenPos { seq: f.seq, pos }));
-            if f.len == unfed {
-                sampled.push((f.seq, ids.len() - 1));
+            if f.len >= unfed {
+                let rows = 1 + f.len - own;
+                sampled.push((f.seq, first + own - 1, rows));
             }
         }
         if ids.is_empty() {
@@ -300,21 +410,21 @@ impl<B: BatchBackend> BatchRunner<B> {
         }
         let picks: Vec<RowPick<'_>> = sampled
             .iter()
-            .map(|&(seq, row)| {
+            .flat_map(|&(seq, row, rows)| {
                 let dec = &self.seqs[&seq].dec;
-                RowPick {
-                    row,
+                (0..rows).map(move |j| RowPick {
+                    row: row + j,
                     greedy: dec.greedy(),
-                    masked: dec.masked(),
-                }
+                    masked: dec.masked_after(j),
+                })
             })
             .collect();
         let next = self.backend.forward_pick(&ids, &batch, &picks)?;
-        if next.len() != sampled.len() {
+        if next.len() != picks.len() {
             return Err(EngineError::Backend(format!(
                 "{} picks for {} rows",
                 next.len(),
-                sampled.len()
+                picks.len()
             )));
         }
         for f in feeds {
@@ -323,30 +433,82 @@ impl<B: BatchBackend> BatchRunner<B> {
             }
         }
         let mut events = Vec::new();
-        for ((seq, _), next) in sampled.iter().zip(&next) {
-            let Some(run) = self.seqs.get_mut(seq) else {
+        let mut at = 0; // index into `next`
+        for &(seq, _, rows) in &sampled {
+            let next = &next[at..at + rows];
+            at += rows;
+            let Some(run) = self.seqs.get_mut(&seq) else {
                 continue;
             };
-            let kept = run.dec.new_ids().len();
-            let feed = run.dec.accept(next, &mut |_| Flow::Continue);
-            let lps = run.dec.take_logprobs();
-            if !lps.is_empty() {
-                self.logprobs.entry(*seq).or_default().extend(lps);
+            let mut feed = None;
+            let mut kept = 0; // rows used: the pending token's, then each kept draft's
+            for (j, n) in next.iter().enumerate() {
+                kept = j + 1;
+                let before = run.dec.new_ids().len();
+                feed = run.dec.accept(n, &mut |_| Flow::Continue);
+                let lps = run.dec.take_logprobs();
+                if !lps.is_empty() {
+                    self.logprobs.entry(seq).or_default().extend(lps);
+                }
+                if let Some(&id) = run.dec.new_ids().get(before) {
+                    events.push(SeqEvent::Token { seq, id });
+                }
+                let draft = run.spec.as_ref().and_then(|s| s.drafts().get(j).copied());
+                if feed.is_none() || j + 1 == rows || feed != draft {
+                    break;
+                }
+                run.tokens.push(draft.unwrap_or_default()); // a kept draft: already fed
             }
-            if let Some(&id) = run.dec.new_ids().get(kept) {
-                events.push(SeqEvent::Token { seq: *seq, id });
+            if rows > 1 {
+                // drop the rejected drafts' positions: the KV holds the kept tokens only
+                run.fed -= rows - kept;
+                if kept < rows {
+                    if let Err(e) = self.backend.rewind(seq, run.fed) {
+                        self.seqs.remove(&seq);
+                        events.push(SeqEvent::Failed {
+                            seq,
+                            error: e.to_string(),
+                        });
+                        continue;
+                    }
+                }
+            }
+            if let Some(spec) = run.spec.as_mut() {
+                spec.observe(rows - 1, kept - 1);
+                add_stats(&mut self.spec_totals, spec.source(), rows - 1, kept - 1);
             }
             match feed {
                 Some(id) => run.tokens.push(id),
                 None => {
-                    if let Some(run) = self.seqs.remove(seq) {
-                        events.push(done(*seq, run));
+                    if let Some(run) = self.seqs.remove(&seq) {
+                        events.push(done(seq, run));
                     }
                 }
             }
         }
         Ok(events)
     }
+}
+
+/// Adds a step that verified `drafted` drafts and kept `accepted` to `source`'s totals.
+fn add_stats(
+    totals: &mut Vec<(Speculate, SpecStats)>,
+    source: Speculate,
+    drafted: usize,
+    accepted: usize,
+) {
+    let i = match totals.iter().position(|(s, _)| *s == source) {
+        Some(i) => i,
+        None => {
+            totals.push((source, SpecStats::default()));
+            totals.len() - 1
+        }
+    };
+    let t = &mut totals[i].1;
+    t.steps += 1;
+    t.drafted += drafted;
+    t.accepted += accepted.min(drafted);
+    t.draft_steps += usize::from(drafted > 0);
 }
 
 fn done(seq: SeqId, run: SeqRun) -> SeqEvent {

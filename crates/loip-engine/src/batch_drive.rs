@@ -6,6 +6,11 @@
 //! and frees released sequences' KV at once. Time is an input (`clock`): the runtime passes
 //! seconds since its start, tests a virtual clock.
 //!
+//! Speculating sequences (prompt lookup, [`Serving::submit_speculative`]) share steps with
+//! plain ones: before each poll the runner prepares their drafts and the scheduler may give
+//! a decode item the pending token plus those drafts, within the step's token limit; the
+//! kept tokens are reported back and the rejected positions' KV dropped.
+//!
 //! Invariant: the scheduler's KV reservation (worst case per sequence) is within the same
 //! budget as the backend's cache, so an admitted sequence never fails for KV mid-way; and a
 //! sequence's tokens are those of [`generate`](crate::generate()) alone (see [`crate::batch`]).
@@ -21,6 +26,8 @@ use crate::forward::Model;
 use crate::generate::{GenerateOptions, StopReason};
 use crate::kv::SeqId;
 use crate::sampling::Shaping;
+use crate::speculate::adapt::StepCost;
+use crate::speculate::{SpecOptions, SpecStats, Speculate};
 use crate::EngineError;
 
 /// Errors of the serving loop.
@@ -52,14 +59,21 @@ pub fn one_device_limits(model: &Model<'_>, kv_budget: Option<u64>) -> Limits {
 pub struct Serving<B> {
     sched: Scheduler,
     runner: BatchRunner<B>,
+    /// the times of its steps by number of positions (speculating sequences' draft lengths)
+    cost: StepCost,
 }
 
 impl<B: BatchBackend> Serving<B> {
     /// A loop under `limits` over `backend`.
     pub fn new(limits: Limits, backend: B) -> Result<Self, ServeError> {
+        let cost = StepCost::new(
+            limits.max_batch_tokens,
+            SpecOptions::default().prior_per_row,
+        );
         Ok(Serving {
             sched: Scheduler::new(limits)?,
             runner: BatchRunner::new(backend),
+            cost,
         })
     }
 
@@ -89,7 +103,27 @@ impl<B: BatchBackend> Serving<B> {
         opts: &GenerateOptions,
         shaping: &Shaping,
     ) -> Result<(), ServeError> {
+        let off = SpecOptions::default();
+        self.submit_speculative(now, seq, prompt, opts, shaping, (Speculate::Off, &off))
+    }
+
+    /// [`Serving::submit_shaped`] for a request that speculates as `spec` says (prompt
+    /// lookup, or off): its decode steps verify its drafts in the same step as the other
+    /// sequences' tokens, each draft counted against the step's token limit.
+    pub fn submit_speculative(
+        &mut self,
+        now: Time,
+        seq: SeqId,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        shaping: &Shaping,
+        spec: (Speculate, &SpecOptions),
+    ) -> Result<(), ServeError> {
         self.runner.add_shaped(seq, prompt, opts, shaping)?;
+        if let Err(e) = self.runner.speculate(seq, spec.0, spec.1) {
+            self.runner.release(seq);
+            return Err(e.into());
+        }
         let req = Request {
             seq,
             prompt_len: prompt.len(),
@@ -117,7 +151,11 @@ impl<B: BatchBackend> Serving<B> {
     /// `clock` gives the time at the start and at the end of each step.
     pub fn step(&mut self, clock: &mut dyn FnMut() -> Time) -> Result<Vec<SeqEvent>, ServeError> {
         let mut events = Vec::new();
-        let actions = self.sched.poll(clock());
+        for (seq, drafts) in self.runner.drafts_ready(&self.cost) {
+            self.sched.set_drafts(seq, drafts);
+        }
+        let mut t0 = clock(); // a step's start
+        let actions = self.sched.poll(t0);
         for action in actions {
             match action {
                 Action::Release { seq, reason, .. } => self.release(seq, reason, &mut events),
@@ -130,8 +168,11 @@ impl<B: BatchBackend> Serving<B> {
                             len: i.len,
                         })
                         .collect();
-                    let results = match self.runner.run_step(&feeds) {
+                    let ran = self.runner.run_step(&feeds);
+                    let t1 = clock();
+                    let results = match ran {
                         Ok(evs) => {
+                            self.cost.observe(step.tokens(), t1 - t0);
                             let results = outcomes(&step.items, &evs);
                             events.extend(evs);
                             results
@@ -152,7 +193,8 @@ impl<B: BatchBackend> Serving<B> {
                             })
                             .collect(),
                     };
-                    self.sched.on_step_done(clock(), step.id, &results)?;
+                    self.sched.on_step_done(t1, step.id, &results)?;
+                    t0 = t1;
                 }
             }
         }
@@ -182,6 +224,11 @@ impl<B: BatchBackend> Serving<B> {
         self.sched.stats()
     }
 
+    /// What speculation drafted and kept so far, per source.
+    pub fn spec_totals(&self) -> &[(Speculate, SpecStats)] {
+        self.runner.spec_totals()
+    }
+
     /// The KV devices of the limits.
     pub fn kv_devices(&self) -> &[KvDevice] {
         &self.sched.limits().devices
@@ -189,16 +236,25 @@ impl<B: BatchBackend> Serving<B> {
 }
 
 /// The scheduler's view of a step's events: a sampled sequence goes on unless it ended by
-/// EOS or a stop (reaching max tokens the scheduler counts itself); no event is a failure.
+/// EOS or a stop (reaching max tokens the scheduler counts itself), with as many new tokens
+/// as it kept (several after a speculative step); no event is a failure.
 fn outcomes(items: &[loip_plan::sched::StepItem], evs: &[SeqEvent]) -> Vec<SeqResult> {
     items
         .iter()
         .filter(|i| i.sample)
         .map(|i| {
             let mut outcome = Outcome::Failed;
+            let mut kept = 0;
             for e in evs {
                 match e {
-                    SeqEvent::Token { seq, .. } if *seq == i.seq => outcome = Outcome::Continue,
+                    SeqEvent::Token { seq, .. } if *seq == i.seq => {
+                        kept += 1;
+                        outcome = if kept == 1 {
+                            Outcome::Continue
+                        } else {
+                            Outcome::Kept(kept)
+                        };
+                    }
                     SeqEvent::Done { seq, stop, .. }
                         if *seq == i.seq && *stop != StopReason::Length =>
                     {

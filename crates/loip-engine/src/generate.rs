@@ -10,7 +10,9 @@ use crate::forward::{Model, TokenPos};
 use crate::kv::{KvCache, SeqId};
 use std::collections::BTreeMap;
 
-use crate::sampling::{argmax, logprob_of, mask, Sampler, SamplingParams, Shaping, TokenLogprob};
+use crate::sampling::{
+    argmax, logprob_of, mask, Dist, Sampler, SamplingParams, Shaping, TokenLogprob,
+};
 use crate::EngineError;
 
 /// Runs forward steps for one sequence.
@@ -108,7 +110,13 @@ impl Decoding {
 
     /// The ids to mask out of the next token's logits: the EOS ids until `min_tokens`.
     pub fn masked(&self) -> &[u32] {
-        if self.new_ids.len() < self.opts.min_tokens {
+        self.masked_after(0)
+    }
+
+    /// [`Decoding::masked`] once `more` tokens more are kept (row `more` of a speculative
+    /// step, used only once the `more` drafts before it were kept).
+    pub fn masked_after(&self, more: usize) -> &[u32] {
+        if self.new_ids.len() + more < self.opts.min_tokens {
             &self.opts.eos_ids
         } else {
             &[]
@@ -126,14 +134,59 @@ impl Decoding {
             Next::Id(id) => *id,
             Next::Logits(logits) if self.shaping.is_off() => self.sampler.sample(logits),
             Next::Logits(logits) => {
-                let mut shaped = logits.clone();
-                self.shaping
-                    .apply(&mut shaped, &self.counts, &self.prompt_ids);
+                let shaped = self.shaped_logits(logits);
                 let id = self.sampler.sample(&shaped);
                 logprob = self.shaping.logprobs.map(|n| logprob_of(logits, id, n));
                 id
             }
         };
+        self.keep(id, logprob, on_token)
+    }
+
+    /// [`Decoding::accept`] of a draft `x` drawn from `q` (a sampled draft model), with the
+    /// speculative sampling rule ([`Sampler::keep_or_resample`]) against this sequence's
+    /// sampling distribution of `logits` (the row, EOS already masked where due): the kept
+    /// token is distributed as [`Decoding::accept`]'s. Returns what `accept` returns and
+    /// whether the draft was kept.
+    pub fn accept_draft(
+        &mut self,
+        logits: &[f32],
+        x: u32,
+        q: &Dist,
+        on_token: &mut dyn FnMut(u32) -> Flow,
+    ) -> (Option<u32>, bool) {
+        if self.stop.is_some() {
+            return (None, false);
+        }
+        let p = if self.shaping.is_off() {
+            self.sampler.distribution(logits)
+        } else {
+            self.sampler.distribution(&self.shaped_logits(logits))
+        };
+        let (id, drafted) = if p.ids.is_empty() {
+            (argmax(logits), false)
+        } else {
+            self.sampler.keep_or_resample(&p, x, q)
+        };
+        let logprob = self.shaping.logprobs.map(|n| logprob_of(logits, id, n));
+        (self.keep(id, logprob, on_token), drafted)
+    }
+
+    /// A copy of `logits` with the request's penalties and bias applied.
+    fn shaped_logits(&self, logits: &[f32]) -> Vec<f32> {
+        let mut shaped = logits.to_vec();
+        self.shaping
+            .apply(&mut shaped, &self.counts, &self.prompt_ids);
+        shaped
+    }
+
+    /// Keeps the chosen `id` (or stops on EOS); the rest of [`Decoding::accept`].
+    fn keep(
+        &mut self,
+        id: u32,
+        logprob: Option<TokenLogprob>,
+        on_token: &mut dyn FnMut(u32) -> Flow,
+    ) -> Option<u32> {
         if self.opts.eos_ids.contains(&id) {
             self.stop = Some(StopReason::Eos);
             return None;
@@ -159,6 +212,11 @@ impl Decoding {
     /// Why it ended, once done.
     pub fn stop_reason(&self) -> Option<StopReason> {
         self.stop
+    }
+
+    /// New tokens still wanted: `max_tokens` less those kept.
+    pub fn wanted(&self) -> usize {
+        self.opts.max_tokens.saturating_sub(self.new_ids.len())
     }
 
     /// The kept new tokens.

@@ -99,6 +99,22 @@ impl Sampler {
         if self.is_greedy() {
             return argmax(logits);
         }
+        let d = self.distribution(logits);
+        if d.ids.is_empty() {
+            return argmax(logits);
+        }
+        self.draw(&d)
+    }
+
+    /// The distribution [`Sampler::sample`] draws from: temperature, then top-k, then
+    /// top-p; a point mass on the [`argmax`] when greedy; empty when no logit is finite.
+    pub fn distribution(&self, logits: &[f32]) -> Dist {
+        if self.is_greedy() {
+            return Dist {
+                ids: vec![argmax(logits)],
+                probs: vec![1.0],
+            };
+        }
         let p = &self.params;
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
@@ -107,7 +123,7 @@ impl Sampler {
             .map(|(i, &v)| (i as u32, v / p.temperature))
             .collect();
         if cand.is_empty() {
-            return argmax(logits);
+            return Dist::default();
         }
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 {
@@ -131,15 +147,84 @@ impl Sampler {
             let total: f64 = probs.iter().sum();
             probs.iter_mut().for_each(|q| *q /= total);
         }
-        let r: f64 = self.rng.gen();
+        cand.truncate(probs.len());
+        Dist {
+            ids: cand.into_iter().map(|c| c.0).collect(),
+            probs,
+        }
+    }
+
+    /// One draw from `d` (not empty) with this sampler's RNG.
+    pub fn draw(&mut self, d: &Dist) -> u32 {
+        let r = self.uniform();
         let mut acc = 0.0;
-        for (i, q) in probs.iter().enumerate() {
+        for (i, q) in d.probs.iter().enumerate() {
             acc += q;
             if r < acc {
-                return cand[i].0;
+                return d.ids[i];
             }
         }
-        cand[probs.len() - 1].0
+        d.ids[d.ids.len() - 1]
+    }
+
+    /// One uniform draw in [0, 1) from this sampler's RNG.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.gen()
+    }
+
+    /// The speculative sampling rule, for a draft `x` drawn from a distribution `q` (a
+    /// sampled draft model): keeps `x` with probability `min(1, p(x) / q(x))`, else draws
+    /// from the residual `max(0, p − q)` renormalised; whatever `q`, the result is
+    /// distributed as `p` (Leviathan et al. 2023, Chen et al. 2023). Returns the token and
+    /// whether it is the draft. One uniform draw, one more on rejection. `p` not empty.
+    ///
+    /// A point-mass draft (`q = δ(x)`) keeps `x` with probability `p(x)` and otherwise draws
+    /// from `p` without `x`: the same law as drawing from `p` and keeping the draft when
+    /// they match, which the speculative loop does for point masses (it also gives the
+    /// seeded tokens of decoding without speculation).
+    pub fn keep_or_resample(&mut self, p: &Dist, x: u32, q: &Dist) -> (u32, bool) {
+        let (px, qx) = (p.prob(x), q.prob(x));
+        // u < p/q without dividing: a draft q never proposes (qx = 0) is kept iff p allows it
+        if px > 0.0 && self.uniform() * qx < px {
+            return (x, true);
+        }
+        let residual: Vec<f64> = p
+            .ids
+            .iter()
+            .zip(&p.probs)
+            .map(|(&id, &pi)| (pi - q.prob(id)).max(0.0))
+            .collect();
+        let total: f64 = residual.iter().sum();
+        if total <= 0.0 {
+            // p ≤ q everywhere means p = q up to rounding: a rejection that cannot happen in
+            // exact arithmetic; p is the law it would have drawn from
+            return (self.draw(p), false);
+        }
+        let r = Dist {
+            ids: p.ids.clone(),
+            probs: residual.iter().map(|v| v / total).collect(),
+        };
+        (self.draw(&r), false)
+    }
+}
+
+/// A distribution over token ids: the ids with non-zero probability and theirs (summing to
+/// 1, most likely first as [`Sampler::distribution`] builds it).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Dist {
+    /// token ids
+    pub ids: Vec<u32>,
+    /// their probabilities, `[i]` of `ids[i]`
+    pub probs: Vec<f64>,
+}
+
+impl Dist {
+    /// The probability of `id` (0 outside the support).
+    pub fn prob(&self, id: u32) -> f64 {
+        self.ids
+            .iter()
+            .position(|&i| i == id)
+            .map_or(0.0, |i| self.probs[i])
     }
 }
 
@@ -331,6 +416,52 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(s.sample(&logits), 1);
         }
+    }
+
+    /// Exact: the rule's output law is q·min(1, p/q) + (1 − Σ min(p, q))·residual = p;
+    /// here checked by drawing (fixed seed) against p, with a loose bound.
+    #[test]
+    fn the_kept_tokens_follow_p_whatever_q() {
+        let p = Dist {
+            ids: vec![0, 1, 2, 3],
+            probs: vec![0.5, 0.25, 0.15, 0.1],
+        };
+        let q = Dist {
+            ids: vec![3, 1, 4],
+            probs: vec![0.6, 0.3, 0.1],
+        };
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            seed: 9,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut draft = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            seed: 10,
+            ..Default::default()
+        })
+        .unwrap();
+        let n = 200_000;
+        let mut counts = [0usize; 5];
+        let mut kept = 0;
+        for _ in 0..n {
+            let x = draft.draw(&q);
+            let (t, k) = s.keep_or_resample(&p, x, &q);
+            assert!(!k || t == x);
+            kept += usize::from(k);
+            counts[t as usize] += 1;
+        }
+        for (id, &c) in counts.iter().enumerate() {
+            let want = p.prob(id as u32);
+            let got = c as f64 / n as f64;
+            assert!((got - want).abs() < 0.005, "token {id}: {got} vs {want}");
+        }
+        // acceptance is Σ min(p, q) = 0.1 + 0.25 = 0.35
+        let acc = kept as f64 / n as f64;
+        assert!((acc - 0.35).abs() < 0.005, "{acc}");
+        // a draft outside p is never kept
+        assert!(!s.keep_or_resample(&p, 4, &q).1);
     }
 
     #[test]

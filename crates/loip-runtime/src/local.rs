@@ -322,6 +322,15 @@ impl BatchBackend for LocalModel {
         self.device.kv.remove(seq);
     }
 
+    fn rewind(&mut self, seq: u64, len: usize) -> Result<(), EngineError> {
+        self.device.kv.truncate(seq, len);
+        Ok(())
+    }
+
+    fn can_rewind(&self) -> bool {
+        true
+    }
+
     fn vocab_size(&self) -> usize {
         self.device.tf.cfg.vocab_size
     }
@@ -330,11 +339,6 @@ impl BatchBackend for LocalModel {
 /// Speculative decoding from slice files: a verify step of `k + 1` positions reads each
 /// offloaded block once; the rejected positions' KV is truncated here.
 impl Rewind for LocalModel {
-    fn rewind(&mut self, seq: u64, len: usize) -> Result<(), EngineError> {
-        self.device.kv.truncate(seq, len);
-        Ok(())
-    }
-
     fn allow_rewind(&mut self, k: usize) {
         self.device.kv.widen_windows(k);
     }

@@ -37,6 +37,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use loip_engine::speculate::SpecOptions;
 use loip_engine::{Flow, StopReason, TokenLogprob};
 use loip_model::chat::{ChatError, ChatMessage, ChatTemplate};
 use loip_model::tokenizer::Tokenizer;
@@ -48,6 +49,7 @@ use crate::backend::{Backend, BackendError, Health};
 use crate::http;
 use crate::logprobs::Logprobs;
 use crate::options::{generate_options, Sampling};
+use crate::serving::Speculation;
 use crate::text::TextStream;
 use crate::wire::{
     content_text, fresh_seed, parse_request, request_id, stop_strings, token_ids, usage, ApiError,
@@ -111,6 +113,9 @@ pub(crate) struct App {
     /// most text one prompt may have before tokenizing: `--max-prompt` tokens of the longest
     /// spelling in the vocabulary, doubled (a normalizer may shorten text)  // bytes
     max_prompt_bytes: usize,
+    /// how requests speculate: the source of those without a `speculate` field, and the
+    /// draft length of all
+    speculation: Speculation,
 }
 
 impl App {
@@ -144,6 +149,13 @@ impl App {
             max_prompt: cfg.max_prompt,
             max_tokens_limit: cfg.max_tokens_limit,
             context: cfg.context,
+            speculation: Speculation {
+                source: cfg.speculate,
+                opts: SpecOptions {
+                    k_max: cfg.speculate_k,
+                    ..SpecOptions::default()
+                },
+            },
             api_key: cfg.api_key.as_deref().map(http::key_digest),
             cors: cfg.cors.as_deref().and_then(|o| o.parse().ok()),
             body_timeout: cfg.limits.body_timeout,
@@ -491,6 +503,7 @@ impl App {
         }
         let stops = stop_strings(r.stop.take())?;
         let shaping = r.shaping(kind, self.config.vocab_size)?;
+        let speculate = r.speculation(self.speculation.source)?;
         let prompt_ids = match kind {
             Kind::Completion => self.completion_ids(r.prompt)?,
             Kind::Chat => self.chat_ids(r.messages)?,
@@ -543,6 +556,7 @@ impl App {
             prompt_ids,
             seed,
             shaping,
+            speculate,
             opts,
             stops,
             stream: r.stream.unwrap_or(false),
@@ -694,12 +708,17 @@ impl App {
             }
         };
         let mut alive = || (*emit.borrow_mut())("", Value::Null);
+        let spec = Speculation {
+            source: job.speculate,
+            opts: self.speculation.opts.clone(),
+        };
         let out = self
             .backend
             .generate_shaped(
                 &job.prompt_ids,
                 &job.opts,
                 &job.shaping,
+                &spec,
                 &mut on_token,
                 &mut alive,
             )

@@ -22,6 +22,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use loip_engine::speculate::Rewind;
 use loip_engine::{
     one_device_limits, BatchBackend, EngineError, Flow, GenerateOptions, GenerateOutput, Generator,
     Model, Next, RowPick, SeqId, Shaping, TokenLogprob, TokenPos,
@@ -31,7 +32,7 @@ use loip_runtime::cluster_run::{DeviceStats, Session};
 use loip_runtime::coordinator::{ClusterError, DeviceHealth, Pipeline, PipelineBackend, Totals};
 use loip_runtime::local::LocalModel;
 
-use crate::serving::{BatchBackendDyn, BatchError, Batcher, LoopStats};
+use crate::serving::{BatchBackendDyn, BatchError, Batcher, LoopStats, Speculation, MAX_DRAFTS};
 
 /// Why a generation failed.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +116,7 @@ impl Backend {
             let mut limits = one_device_limits(&model, None);
             set_parallel(&mut limits, parallel, usize::MAX);
             let mut gen = Generator::new(&model, None);
+            gen.allow_rewind(MAX_DRAFTS); // speculating requests' rejected positions
             run(limits, &mut gen);
         })
         .map_err(|e| EngineError::Backend(format!("starting the serving loop: {e}")))?;
@@ -143,6 +145,7 @@ impl Backend {
         let mut model = Some(model);
         let batcher = Batcher::start("loip-batch", move |run| {
             if let Some(mut m) = model.take() {
+                m.allow_rewind(MAX_DRAFTS); // speculating requests' rejected positions
                 run(limits, &mut m);
             }
         })
@@ -216,20 +219,22 @@ impl Backend {
             prompt,
             opts,
             &Shaping::default(),
+            &Speculation::default(),
             &mut on_token,
             &mut || true,
         )
     }
 
     /// [`Backend::generate`] with the tokens shaped as `shaping` asks (penalties, bias),
-    /// `on_token` also getting each token's log-probabilities when asked for; the request is
-    /// cancelled once `alive` says its client is gone, also before its first token (see
-    /// [`Batcher::generate_shaped`]).
+    /// speculating as `spec` says (refused on a cluster), `on_token` also getting each
+    /// token's log-probabilities when asked for; the request is cancelled once `alive` says
+    /// its client is gone, also before its first token (see [`Batcher::generate_shaped`]).
     pub fn generate_shaped(
         &self,
         prompt: &[u32],
         opts: &GenerateOptions,
         shaping: &Shaping,
+        spec: &Speculation,
         on_token: &mut dyn FnMut(u32, Option<&TokenLogprob>) -> Flow,
         alive: &mut dyn FnMut() -> bool,
     ) -> Result<GenerateOutput, BackendError> {
@@ -240,7 +245,7 @@ impl Backend {
                 .min_by_key(|l| l.outstanding())
                 .ok_or(BatchError::Stopped)?,
         };
-        Ok(batcher.generate_shaped(prompt, opts, shaping, on_token, alive)?)
+        Ok(batcher.generate_shaped(prompt, opts, shaping, spec, on_token, alive)?)
     }
 
     /// The serving loop's numbers (a cluster's loops summed; the last batch is the largest).

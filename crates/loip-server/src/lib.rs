@@ -63,6 +63,10 @@ pub struct ServerConfig {
     pub cors: Option<String>,
     /// connections and timeouts
     pub limits: Limits,
+    /// the speculation of a request without a `speculate` field (prompt lookup, or off)
+    pub speculate: loip_engine::Speculate,
+    /// most drafts a speculative step verifies (at most [`serving::MAX_DRAFTS`])
+    pub speculate_k: usize,
 }
 
 /// What requests need besides the weights.
@@ -125,6 +129,13 @@ pub fn serve(
         return Err(ServerError::Config(
             "max_connections, max_connections_per_addr and max_queue must be at least 1".into(),
         ));
+    }
+    if cfg.speculate_k > serving::MAX_DRAFTS || cfg.speculate == loip_engine::Speculate::Draft {
+        return Err(ServerError::Config(format!(
+            "requests speculate with prompt lookup of at most {} drafts a step (a draft model is \
+             not served)",
+            serving::MAX_DRAFTS
+        )));
     }
     if let Some(o) = &cfg.cors {
         if o.parse::<axum::http::HeaderValue>().is_err() || o.is_empty() {

@@ -28,6 +28,9 @@
 //!   `loip_adapt_borrowed_bytes` (reserved for peers' lent KV now),
 //!   `loip_adapt_evictions_total` (sequences evicted, the last resort; the same on every
 //!   device) and `loip_adapt_evicted_bytes_total` (KV evicted there, to be recomputed);
+//! - `loip_speculate_drafted_total`, `loip_speculate_accepted_total` (counters) and
+//!   `loip_speculate_acceptance` (accepted over drafted, a gauge), `source` label `lookup`
+//!   (the one-device serving loop, after each step; listed at zero from the start);
 //! - `loip_step_seconds`, `loip_time_to_first_token_seconds`, `loip_inter_token_seconds`
 //!   (histograms).
 
@@ -62,6 +65,13 @@ fn register() {
     ] {
         metrics::counter!(c).increment(0);
     }
+    for c in [
+        "loip_speculate_drafted_total",
+        "loip_speculate_accepted_total",
+    ] {
+        metrics::counter!(c, "source" => "lookup").increment(0);
+    }
+    metrics::gauge!("loip_speculate_acceptance", "source" => "lookup").set(0.0);
     for g in [
         "loip_queue_depth",
         "loip_running_sequences",
@@ -127,6 +137,18 @@ pub(crate) fn step(st: &crate::serving::LoopStats, step_s: Option<f64>) {
     }
     if st.device != crate::serving::DeviceTotals::default() {
         device("this", &st.device);
+    }
+    for (source, s) in &st.spec {
+        let source = match source {
+            loip_engine::Speculate::Lookup => "lookup",
+            loip_engine::Speculate::Draft => "draft",
+            loip_engine::Speculate::Off => continue,
+        };
+        metrics::counter!("loip_speculate_drafted_total", "source" => source)
+            .absolute(s.drafted as u64);
+        metrics::counter!("loip_speculate_accepted_total", "source" => source)
+            .absolute(s.accepted as u64);
+        metrics::gauge!("loip_speculate_acceptance", "source" => source).set(s.acceptance());
     }
     if let Some(s) = step_s {
         metrics::histogram!("loip_step_seconds").record(s);

@@ -13,6 +13,10 @@
 //!   as typed errors, and the loop keeps serving the others.
 //! - The loop ends when every [`Batcher`] handle is dropped and nothing is running.
 //! - Sequence ids are unique in the process (loops sharing a pipeline never collide).
+//! - A request may speculate (prompt lookup, [`Speculation`]): its decode steps carry its
+//!   drafts beside the other sequences' tokens, within the step-token limit; its tokens are
+//!   still those of `generate` alone without speculation (the engine's batched speculation
+//!   invariant), several may come from one step.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -23,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use loip_engine::speculate::{SpecOptions, SpecStats, Speculate};
 use loip_engine::{
     BatchBackend, EngineError, Flow, GenerateOptions, GenerateOutput, SeqEvent, SeqId, ServeError,
     Serving, Shaping, StopReason, TokenLogprob,
@@ -31,6 +36,20 @@ use loip_plan::sched::{Limits, RejectReason};
 
 /// How often a request waiting for its next token asks whether its client is still there.
 pub const WATCH: Duration = Duration::from_millis(50);
+
+/// Most drafts one speculative step may verify (`--speculate-k`): a sliding-window layer of a
+/// served model keeps this many positions more than its window, so a rewind never cuts into
+/// it.
+pub const MAX_DRAFTS: usize = 16;
+
+/// How a request speculates.
+#[derive(Debug, Clone, Default)]
+pub struct Speculation {
+    /// where drafts come from (prompt lookup, or off)
+    pub source: Speculate,
+    /// draft length and adaptation
+    pub opts: SpecOptions,
+}
 
 /// What the loop tells one request.
 enum Reply {
@@ -70,6 +89,7 @@ enum Cmd {
         prompt: Vec<u32>,
         opts: GenerateOptions,
         shaping: Shaping,
+        spec: Speculation,
         reply: Sender<Reply>,
     },
     Cancel(SeqId),
@@ -96,6 +116,8 @@ pub struct LoopStats {
     pub kv_budget: u64,
     /// what the device did in all steps so far (a device run from slice files)
     pub device: DeviceTotals,
+    /// what speculation drafted and kept so far, per source
+    pub spec: Vec<(Speculate, SpecStats)>,
 }
 
 /// Time and bytes of a device over the steps run so far.
@@ -214,17 +236,26 @@ impl Batcher {
         alive: &mut dyn FnMut() -> bool,
     ) -> Result<GenerateOutput, BatchError> {
         let mut on_token = |id, _: Option<&TokenLogprob>| on_token(id);
-        self.generate_shaped(prompt, opts, &Shaping::default(), &mut on_token, alive)
+        let plain = Speculation::default();
+        self.generate_shaped(
+            prompt,
+            opts,
+            &Shaping::default(),
+            &plain,
+            &mut on_token,
+            alive,
+        )
     }
 
     /// [`Batcher::generate_watched`] with the tokens shaped as `shaping` asks (penalties,
-    /// bias); `on_token` also gets each token's log-probabilities when `shaping` asks for
-    /// them.
+    /// bias) and speculating as `spec` says; `on_token` also gets each token's
+    /// log-probabilities when `shaping` asks for them.
     pub fn generate_shaped(
         &self,
         prompt: &[u32],
         opts: &GenerateOptions,
         shaping: &Shaping,
+        spec: &Speculation,
         on_token: &mut dyn FnMut(u32, Option<&TokenLogprob>) -> Flow,
         alive: &mut dyn FnMut() -> bool,
     ) -> Result<GenerateOutput, BatchError> {
@@ -241,6 +272,7 @@ impl Batcher {
                 prompt: prompt.to_vec(),
                 opts: opts.clone(),
                 shaping: shaping.clone(),
+                spec: spec.clone(),
                 reply,
             })
             .map_err(|_| BatchError::Stopped)?;
@@ -359,6 +391,13 @@ impl BatchBackend for DynBackend<'_> {
     fn release(&mut self, seq: SeqId) {
         self.inner.release(seq)
     }
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        let r = self.inner.rewind(seq, len);
+        self.note(r)
+    }
+    fn can_rewind(&self) -> bool {
+        self.inner.can_rewind()
+    }
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
@@ -398,8 +437,16 @@ fn run_loop<B: BatchBackend>(
             prompt,
             opts,
             shaping,
+            spec,
             reply,
-        } => match serving.submit_shaped(now, seq, &prompt, &opts, &shaping) {
+        } => match serving.submit_speculative(
+            now,
+            seq,
+            &prompt,
+            &opts,
+            &shaping,
+            (spec.source, &spec.opts),
+        ) {
             Ok(()) => {
                 replies.insert(seq, reply);
             }
@@ -468,6 +515,7 @@ fn run_loop<B: BatchBackend>(
             }
             s.kv_budget = kv_budget;
             s.device = side.device;
+            s.spec = serving.spec_totals().to_vec();
             crate::metrics::step(&s, (!batch.is_empty()).then_some(step_s));
             side.unavailable.take()
         };

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use loip_engine::sampling::MAX_TOP_LOGPROBS;
-use loip_engine::{EngineError, GenerateOptions, Shaping};
+use loip_engine::{EngineError, GenerateOptions, Shaping, Speculate};
 use loip_runtime::coordinator::ClusterError;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -205,6 +205,9 @@ pub(crate) struct ApiRequest {
     pub(crate) min_tokens: Option<u64>,
     /// extension: return the prompt's and the completion's token ids
     pub(crate) return_token_ids: Option<bool>,
+    /// extension: speculative decoding, `"lookup"` or `"off"` (`"draft"` names a draft
+    /// model, which this server does not serve); default: `loip api --speculate`
+    pub(crate) speculate: Option<String>,
     /// completions: report this many alternatives' log-probabilities (0: the chosen token's
     /// only); chat: `true` to report them
     pub(crate) logprobs: Option<Value>,
@@ -257,6 +260,27 @@ impl ApiRequest {
             }
         }
         Ok(())
+    }
+}
+
+impl ApiRequest {
+    /// The request's speculation, `default` when it names none: `lookup` or `off`; any other
+    /// value is refused naming the field.
+    pub(crate) fn speculation(&self, default: Speculate) -> Result<Speculate, ApiError> {
+        let Some(v) = self.speculate.as_deref() else {
+            return Ok(default);
+        };
+        match v {
+            "lookup" => Ok(Speculate::Lookup),
+            "off" => Ok(Speculate::Off),
+            "draft" => Err(ApiError::bad(
+                "`speculate`: this server has no draft model; use \"lookup\" or \"off\"",
+            )),
+            _ => Err(ApiError::bad(format!(
+                "`speculate` must be \"lookup\", \"draft\" or \"off\", got {:?}",
+                v.chars().take(32).collect::<String>()
+            ))),
+        }
     }
 }
 
@@ -414,6 +438,8 @@ pub(crate) struct Job {
     pub(crate) stream: bool,
     /// penalties, bias, log-probabilities
     pub(crate) shaping: loip_engine::Shaping,
+    /// speculative decoding (prompt lookup, or off)
+    pub(crate) speculate: Speculate,
     pub(crate) include_usage: bool,
     pub(crate) return_token_ids: bool,
 }

@@ -48,18 +48,25 @@ impl StepCost {
 
     /// `c(rows)`: a step of `rows` positions over a step of one (≥ 1 for rows ≥ 1).
     pub fn relative(&self, rows: usize) -> f64 {
-        if rows <= 1 {
+        self.ratio(1, rows)
+    }
+
+    /// A step of `to` positions over a step of `from` (1 ≤ from ≤ to): measured when both
+    /// sizes were seen, else the prior's; never below 1 % a position more (timing noise must
+    /// not make extra positions look free).
+    pub fn ratio(&self, from: usize, to: usize) -> f64 {
+        let from = from.max(1);
+        if to <= from {
             return 1.0;
         }
-        let prior = 1.0 + self.prior_per_row * (rows - 1) as f64;
-        match (
-            self.seconds.first().copied().flatten(),
-            self.seconds.get(rows - 1).copied().flatten(),
-        ) {
-            // a measured step is never taken as cheaper than the floor: timing noise must not
-            // make extra positions look free
-            (Some(one), Some(n)) if one > 0.0 => (n / one).max(floor(rows)),
-            _ => prior.max(floor(rows)),
+        let least = floor(to - from + 1);
+        let seen = |n: usize| self.seconds.get(n - 1).copied().flatten();
+        match (seen(from), seen(to)) {
+            (Some(a), Some(b)) if a > 0.0 => (b / a).max(least),
+            _ => {
+                let prior = |n: usize| 1.0 + self.prior_per_row * (n - 1) as f64;
+                (prior(to) / prior(from)).max(least)
+            }
         }
     }
 }
@@ -120,17 +127,28 @@ impl AdaptiveK {
 
     /// The number of drafts the next step should verify (before any cap of the caller).
     pub fn next_k(&mut self) -> usize {
+        let cost = self.cost.clone();
+        self.next_k_shared(0, &cost)
+    }
+
+    /// [`AdaptiveK::next_k`] for a step shared with `others` positions of other sequences
+    /// (one token each): the `k` with the most tokens of the whole step per unit of its
+    /// time, `(others + E(k)) / c(others + 1 → others + 1 + k)` from `cost`, the step cost
+    /// model of the steps of all sequences (a draft that slows the neighbours more than it
+    /// gains is not worth it).
+    pub fn next_k_shared(&mut self, others: usize, cost: &StepCost) -> usize {
         if self.probe_every == 0 {
             return self.k_max; // fixed
         }
         let a = self.acceptance().clamp(0.0, 0.999);
-        let mut best = (0usize, MIN_GAIN); // (k, tokens per unit cost to beat)
+        let base = others as f64 + 1.0; // tokens of a step without this sequence's drafts
+        let mut best = (0usize, MIN_GAIN * base); // (k, tokens per unit cost to beat)
         let mut expected = 1.0;
         let mut term = 1.0;
         for k in 1..=self.k_max {
             term *= a;
             expected += term;
-            let rate = expected / self.cost.relative(k + 1);
+            let rate = (others as f64 + expected) / cost.ratio(others + 1, others + 1 + k);
             if rate > best.1 * 1.0001 {
                 best = (k, rate);
             }
@@ -210,5 +228,35 @@ mod tests {
         }
         assert!(m.next_k() >= 6, "{}", m.next_k());
         assert!(AdaptiveK::fixed(3).next_k() == 3);
+    }
+
+    #[test]
+    fn a_shared_step_weighs_the_neighbours_time() {
+        // acceptance about 0.6, three neighbours of one position each
+        let mut a = AdaptiveK::new(8, 0.25);
+        for _ in 0..40 {
+            a.observe(4, 2, None);
+        }
+        // compute-bound: each position more costs half a one-position step (a sixth of the
+        // 4-position one)
+        let mut dear = StepCost::new(16, 0.25);
+        for n in 1..=16 {
+            dear.observe(n, 0.010 * (1.0 + 0.5 * n as f64));
+        }
+        assert_eq!(a.next_k_shared(3, &dear), 0);
+        // load-bound: positions nearly free, drafts pay even beside neighbours
+        let mut cheap = StepCost::new(16, 0.25);
+        for n in 1..=16 {
+            cheap.observe(n, 0.100 + 0.0005 * n as f64);
+        }
+        assert!(
+            a.next_k_shared(3, &cheap) >= 4,
+            "{}",
+            a.next_k_shared(3, &cheap)
+        );
+        // alone, the same costs give what next_k gives
+        let mut b = a.clone();
+        b.cost = cheap.clone();
+        assert_eq!(b.next_k(), a.next_k_shared(0, &cheap));
     }
 }

@@ -1,11 +1,13 @@
-//! A draft model: a smaller model with the same tokenizer proposes the next `k` tokens by
-//! greedy decoding, in memory.
+//! A draft model: a smaller model with the same tokenizer proposes the next `k` tokens, in
+//! memory: by greedy decoding (point masses, checked by exact match), or under a sampled
+//! request by sampling its own distribution ([`ModelDrafter::sampling`]; checked by the
+//! speculative sampling rule against the target's).
 //!
 //! The draft keeps its own KV cache of the context it has seen; each proposal feeds the
 //! context tokens it has not seen yet in one step, decodes `k` tokens one at a time, then
 //! rewinds its cache to the context (its proposals that the target accepts come back as
-//! context next time). Greedy proposals are checked by exact match ([`super`]), so the
-//! output is the target's whatever the draft.
+//! context next time). Whatever the draft proposes, the output is the target's: its tokens
+//! (greedy proposals) or its distribution (sampled ones), see [`super`].
 //!
 //! Invariant: the draft and the target share token ids; [`vocab_matches`] checks the
 //! models' side of it (vocabulary size and special ids), the caller the tokenizers.
@@ -13,17 +15,21 @@
 use crate::forward::TokenPos;
 use crate::generate::Generator;
 use crate::kv::SeqId;
-use crate::sampling::argmax;
-use crate::speculate::{Drafter, Rewind};
+use crate::sampling::{argmax, Dist, Sampler, SamplingParams};
+use crate::speculate::{Drafter, Proposal, Rewind};
 use crate::EngineError;
 
 /// Greedy proposals of a draft model over any backend that can rewind.
 pub struct ModelDrafter<B> {
     draft: B,
     seq: SeqId,
-    fed: usize,        // context tokens in the draft's KV
-    last: Option<u32>, // the context token at `fed - 1`, to notice a changed context
+    fed: usize,               // context tokens in the draft's KV
+    last: Option<u32>,        // the context token at `fed - 1`, to notice a changed context
+    sampler: Option<Sampler>, // draws the proposals of [`Drafter::propose_drawn`]
 }
+
+/// A draft sampler's seed from the request's: its own stream, fixed by the request's seed.
+const DRAFT_SEED: u64 = 0x5bd1_e995_d1b5_4a32;
 
 impl<B: Rewind> ModelDrafter<B> {
     /// A drafter over `draft` (its KV must not hold sequence `seq`).
@@ -33,7 +39,21 @@ impl<B: Rewind> ModelDrafter<B> {
             seq,
             fed: 0,
             last: None,
+            sampler: None,
         }
+    }
+
+    /// Samples the proposals of [`Drafter::propose_drawn`] as a request with `params` does
+    /// (temperature, top-k, top-p; its own RNG, seeded from `params.seed`) when they are not
+    /// greedy; greedy proposals otherwise.
+    pub fn sampling(mut self, params: &SamplingParams) -> Result<Self, EngineError> {
+        let params = SamplingParams {
+            seed: params.seed ^ DRAFT_SEED,
+            ..params.clone()
+        };
+        let sampler = Sampler::new(params)?;
+        self.sampler = (!sampler.is_greedy()).then_some(sampler);
+        Ok(self)
     }
 
     /// The draft backend.
@@ -41,19 +61,35 @@ impl<B: Rewind> ModelDrafter<B> {
         &self.draft
     }
 
-    fn step(&mut self, ids: &[u32], start: usize) -> Result<u32, EngineError> {
+    /// The next token after feeding `ids` at `start..`: the argmax, or a draw and the
+    /// distribution it came from when `drawn`.
+    fn step(
+        &mut self,
+        ids: &[u32],
+        start: usize,
+        drawn: bool,
+    ) -> Result<(u32, Option<Dist>), EngineError> {
         let batch: Vec<TokenPos> = (start..start + ids.len())
             .map(|pos| TokenPos { seq: self.seq, pos })
             .collect();
         let logits = self.draft.forward_rows(ids, &batch, &[ids.len() - 1])?;
-        Ok(argmax(&logits))
+        match self.sampler.as_mut().filter(|_| drawn) {
+            Some(s) => {
+                let q = s.distribution(&logits);
+                if q.ids.is_empty() {
+                    return Ok((argmax(&logits), None));
+                }
+                Ok((s.draw(&q), Some(q)))
+            }
+            None => Ok((argmax(&logits), None)),
+        }
     }
-}
 
-impl<B: Rewind> Drafter for ModelDrafter<B> {
-    fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>, EngineError> {
+    /// Up to `k` proposals after `context`, drawn (with their distributions) when `drawn`
+    /// and this drafter samples; greedy otherwise.
+    fn draft(&mut self, context: &[u32], k: usize, drawn: bool) -> Result<Proposal, EngineError> {
         if k == 0 || context.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Proposal::default());
         }
         // The context only grows; if it does not extend what the draft saw, start over.
         if self.fed > context.len() || (self.fed > 0 && self.last != Some(context[self.fed - 1])) {
@@ -71,21 +107,34 @@ impl<B: Rewind> Drafter for ModelDrafter<B> {
         // a draft with a shorter context limit proposes nothing near its end
         if let Some(limit) = self.draft.max_positions() {
             if context.len() + k > limit {
-                return Ok(Vec::new());
+                return Ok(Proposal::default());
             }
         }
-        let mut out = Vec::with_capacity(k);
-        let mut next = self.step(&context[self.fed..], self.fed)?;
+        let mut out = Proposal::default();
+        let mut next = self.step(&context[self.fed..], self.fed, drawn)?;
         self.fed = context.len();
         self.last = context.last().copied();
-        out.push(next);
-        while out.len() < k {
-            next = self.step(&[next], context.len() + out.len() - 1)?;
-            out.push(next);
+        loop {
+            out.tokens.push(next.0);
+            out.q.extend(next.1);
+            if out.tokens.len() == k {
+                break;
+            }
+            next = self.step(&[next.0], context.len() + out.tokens.len() - 1, drawn)?;
         }
         // drop the proposals' KV (all but the context)
         self.draft.rewind(self.seq, self.fed)?;
         Ok(out)
+    }
+}
+
+impl<B: Rewind> Drafter for ModelDrafter<B> {
+    fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>, EngineError> {
+        Ok(self.draft(context, k, false)?.tokens)
+    }
+
+    fn propose_drawn(&mut self, context: &[u32], k: usize) -> Result<Proposal, EngineError> {
+        self.draft(context, k, true)
     }
 }
 

@@ -3,25 +3,38 @@
 //! produces, and drop the KV of the rest.
 //!
 //! The pieces: a [`Drafter`] proposes tokens ([`lookup::Lookup`], prompt lookup, needs no
-//! second model; [`draft::ModelDrafter`], a smaller model with the same tokenizer); [`adapt::AdaptiveK`] chooses how many per step; [`generate_speculative`]
-//! is the generation loop over any [`Rewind`] backend (the in-memory [`Generator`], the
-//! offloaded device of `loip_runtime`).
+//! second model; [`draft::ModelDrafter`], a smaller model with the same tokenizer);
+//! [`adapt::AdaptiveK`] chooses how many per step; [`generate_speculative`] is the
+//! generation loop over any [`Rewind`] backend (the in-memory [`Generator`], the offloaded
+//! device of `loip_runtime`); [`batched::SeqSpec`] is a speculating sequence's state in the
+//! batch runner (continuous batching, `loip api`).
 //!
-//! Invariants (lossless, tested in `tests/speculate.rs`):
+//! [`Sampler::keep_or_resample`]: crate::Sampler::keep_or_resample
+//!
+//! Invariants (lossless, tested in `tests/speculate.rs`, `tests/speculate_batch.rs` and
+//! `tests/speculate_sampling.rs`):
 //! - Row `j` of a verify step is the position after the pending token and the first `j`
 //!   drafts. It is only used once those drafts were all accepted, i.e. once its context is
 //!   exactly what decoding one token at a time would have fed; the batched forward computes
 //!   each position bit-identically to one at a time (crate docs), so its logits are the
 //!   non-speculative step's, bit for bit.
 //! - Each used row goes through the sequence's own [`Decoding`] exactly as in
-//!   [`generate`](crate::generate()) (EOS mask, argmax or one draw of the seeded sampler),
-//!   and a draft counts as accepted only when that pick equals it. So greedy AND seeded
-//!   sampled requests give the tokens of decoding without speculation; the sampler draws
-//!   once per kept token in both.
+//!   [`generate`](crate::generate()) (EOS mask, argmax or one draw of the seeded sampler).
+//!   A point-mass draft (prompt lookup, a greedy draft model) counts as accepted only when
+//!   that pick equals it. So greedy AND seeded sampled requests with such drafts give the
+//!   tokens of decoding without speculation; the sampler draws once per kept token in both.
+//!   (For `q = δ(x)` this IS the speculative sampling rule: `x` is kept with probability
+//!   `p(x)`, else the token is drawn from `p` without `x`.)
+//! - A draft drawn from a distribution `q` (a draft model sampling under a sampled request,
+//!   [`Proposal::q`]) is kept with probability `min(1, p(x) / q(x))`, else replaced by a
+//!   draw from the residual `max(0, p − q)` ([`Sampler::keep_or_resample`]): each kept token
+//!   is distributed as without speculation, though a seed no longer gives the same tokens
+//!   (`tests/speculate_sampling.rs` checks the law with a chi-square test).
 //! - After a step the KV holds exactly the fed tokens that were kept: the rejected rows are
-//!   truncated ([`Rewind::rewind`]) before the next step.
+//!   truncated ([`BatchBackend::rewind`]) before the next step.
 
 pub mod adapt;
+pub mod batched;
 pub mod draft;
 pub mod lookup;
 
@@ -29,8 +42,11 @@ use std::time::Instant;
 
 use crate::batch::{pick_rows, BatchBackend, RowPick};
 use crate::forward::TokenPos;
-use crate::generate::{Decoding, Flow, GenerateOptions, GenerateOutput, Generator, StopReason};
+use crate::generate::{
+    Decoding, Flow, GenerateOptions, GenerateOutput, Generator, Next, StopReason,
+};
 use crate::kv::SeqId;
+use crate::sampling::Dist;
 use crate::EngineError;
 
 use adapt::AdaptiveK;
@@ -109,11 +125,9 @@ impl SpecStats {
     }
 }
 
-/// A backend that can drop a sequence's newest positions (the rejected drafts' KV).
+/// A backend that drops a sequence's newest positions (the rejected drafts' KV, with
+/// [`BatchBackend::rewind`]) in one sequence's speculative loop.
 pub trait Rewind: BatchBackend {
-    /// Keeps only the first `len` positions of `seq`'s KV.
-    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError>;
-
     /// Makes rewinds of up to `k` positions possible from now on: a sliding-window layer
     /// keeps `k` positions more than its window ([`KvCache::widen_windows`]), so a rewind
     /// never drops below the window the next step reads.
@@ -126,11 +140,6 @@ pub trait Rewind: BatchBackend {
 }
 
 impl Rewind for Generator<'_, '_> {
-    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
-        self.kv.truncate(seq, len);
-        Ok(())
-    }
-
     fn allow_rewind(&mut self, k: usize) {
         self.kv.widen_windows(k);
     }
@@ -144,6 +153,27 @@ impl Rewind for Generator<'_, '_> {
 pub trait Drafter {
     /// Up to `k` tokens likely to follow `context` (prompt and kept tokens).
     fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>, EngineError>;
+
+    /// [`Drafter::propose`] with the distributions the drafts were drawn from. The default:
+    /// point masses (`q` empty), verified by exact match; a drafter that samples (a draft
+    /// model under a sampled request) returns one `q` per draft, verified by the speculative
+    /// sampling rule.
+    fn propose_drawn(&mut self, context: &[u32], k: usize) -> Result<Proposal, EngineError> {
+        Ok(Proposal {
+            tokens: self.propose(context, k)?,
+            q: Vec::new(),
+        })
+    }
+}
+
+/// Draft tokens and, for drafts drawn from a distribution, theirs.
+#[derive(Debug, Clone, Default)]
+pub struct Proposal {
+    /// the drafts
+    pub tokens: Vec<u32>,
+    /// empty: each draft is a point mass; else `q[i]` is the distribution `tokens[i]` was
+    /// drawn from (as many as `tokens`)
+    pub q: Vec<Dist>,
 }
 
 impl Drafter for Lookup {
@@ -199,12 +229,16 @@ pub fn generate_speculative<B: Rewind + ?Sized>(
         let room = backend_room(backend, fed);
         let k = adapt.next_k().min(wanted).min(room);
         let ts = Instant::now(); // a step's cost: drafting and verifying
-        let mut draft = if k > 0 {
-            drafter.propose(&context, k)?
+        let Proposal {
+            tokens: mut draft,
+            q,
+        } = if k > 0 {
+            drafter.propose_drawn(&context, k)?
         } else {
-            Vec::new()
+            Proposal::default()
         };
         draft.truncate(k);
+        let q = (q.len() >= draft.len()).then_some(q); // None: point masses
         let mut ids = Vec::with_capacity(draft.len() + 1);
         ids.push(last);
         ids.extend_from_slice(&draft);
@@ -225,12 +259,17 @@ pub fn generate_speculative<B: Rewind + ?Sized>(
         for j in 0..ids.len() {
             kept = j + 1;
             let row = &logits[j * vocab..(j + 1) * vocab];
-            match take(&mut dec, row, on_token, &mut context) {
-                Some(t) if draft.get(j) == Some(&t) => continue,
-                next => {
-                    pending = next;
-                    break;
+            let drawn = q.as_ref().and_then(|q| Some((*draft.get(j)?, &q[j])));
+            let (next, hit) = match drawn {
+                Some((x, qj)) => take_drawn(&mut dec, row, x, qj, on_token, &mut context),
+                None => {
+                    let next = take(&mut dec, row, on_token, &mut context);
+                    (next, next.is_some() && next == draft.get(j).copied())
                 }
+            };
+            if !hit || next.is_none() {
+                pending = next;
+                break;
             }
         }
         let accepted = kept - 1;
@@ -293,16 +332,50 @@ fn take(
     on_token: &mut dyn FnMut(u32) -> Flow,
     context: &mut Vec<u32>,
 ) -> Option<u32> {
+    let next = masked_row(dec, row)?;
+    let kept = dec.new_ids().len();
+    let feed = dec.accept(&next, on_token);
+    extend_context(dec, kept, context);
+    feed
+}
+
+/// [`take`] for a draft `x` drawn from `q`: the speculative sampling rule
+/// ([`Decoding::accept_draft`]). Returns the token to feed next and whether `x` was kept.
+fn take_drawn(
+    dec: &mut Decoding,
+    row: &[f32],
+    x: u32,
+    q: &Dist,
+    on_token: &mut dyn FnMut(u32) -> Flow,
+    context: &mut Vec<u32>,
+) -> (Option<u32>, bool) {
+    let kept = dec.new_ids().len();
+    let out = match masked_row(dec, row) {
+        Some(Next::Logits(l)) => dec.accept_draft(&l, x, q, on_token),
+        // a greedy request: the argmax, kept like any point-mass draft
+        Some(next) => {
+            let feed = dec.accept(&next, on_token);
+            (feed, feed == Some(x))
+        }
+        None => (None, false),
+    };
+    extend_context(dec, kept, context);
+    out
+}
+
+/// The row with the sequence's EOS mask applied: its argmax when greedy, else the logits.
+fn masked_row(dec: &Decoding, row: &[f32]) -> Option<Next> {
     let pick = RowPick {
         row: 0,
         greedy: dec.greedy(),
         masked: dec.masked(),
     };
-    let next = pick_rows(row, row.len(), &[pick]).pop()?;
-    let kept = dec.new_ids().len();
-    let feed = dec.accept(&next, on_token);
+    pick_rows(row, row.len(), &[pick]).pop()
+}
+
+/// Appends the token kept since `dec` held `kept` tokens (if any) to `context`.
+fn extend_context(dec: &Decoding, kept: usize, context: &mut Vec<u32>) {
     if let Some(&id) = dec.new_ids().get(kept) {
         context.push(id);
     }
-    feed
 }

@@ -83,15 +83,18 @@ impl<B: Rewind> BatchBackend for Rec<B> {
     fn release(&mut self, seq: SeqId) {
         self.inner.release(seq)
     }
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        self.inner.rewind(seq, len)
+    }
+    fn can_rewind(&self) -> bool {
+        self.inner.can_rewind()
+    }
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
 }
 
 impl<B: Rewind> Rewind for Rec<B> {
-    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
-        self.inner.rewind(seq, len)
-    }
     fn allow_rewind(&mut self, k: usize) {
         self.inner.allow_rewind(k)
     }

@@ -23,6 +23,14 @@
 //!   holds back another sequence's decode). Sequences are picked least recently served first
 //!   (then in admission order), so no running sequence waits more than a bounded number of
 //!   steps; prompt tokens are shared out in admission order.
+//! - Speculative decoding: a decoding sequence whose driver has `n` drafts ready
+//!   ([`Scheduler::set_drafts`]) gets a decode item of up to `1 + n` positions (the pending
+//!   token and the drafts to verify), the extra positions taken from the step's spare tokens
+//!   like prompt chunks and capped so the step never feeds past the sequence's last wanted
+//!   token (`drafts ≤ max_new_tokens − generated − 1`): every position it writes is within
+//!   its worst-case reservation, rejected positions included, before the driver drops them.
+//!   The driver reports how many new tokens it kept ([`Outcome::Kept`]); the KV then holds
+//!   that many more positions.
 //! - Up to `max_in_flight` steps are out at once, each of at most `max_step_seqs` sequences
 //!   and `max_batch_tokens` tokens (the pipeline's bursty pattern; 1 on one device).
 //!
@@ -160,6 +168,10 @@ impl Step {
 pub enum Outcome {
     /// a new token was kept: the sequence goes on (unless it reached `max_new_tokens`)
     Continue,
+    /// a decode item of several positions (speculative) kept this many new tokens (at least
+    /// 1: the pending token's successor, after any accepted drafts); its KV holds that many
+    /// more positions, the rejected ones dropped by the driver
+    Kept(usize),
     /// the sequence ended (EOS, a stop string, the caller hung up)
     Stop,
     /// running the sequence failed
@@ -259,6 +271,7 @@ struct Running {
     last_served: StepId,       // last step it was in (0: none)
     arrived: Time,             // seconds
     first_token: Option<Time>, // seconds
+    drafts: usize,             // drafts ready for the next decode item
 }
 
 /// What the scheduler knows of one sequence.
@@ -410,18 +423,29 @@ impl Scheduler {
                 continue; // cancelled meanwhile
             };
             r.busy = false;
-            r.fed += item.len;
-            self.ledger.cache(item.seq, item.len as u64);
-            if !item.sample {
-                continue;
-            }
             let outcome = results
                 .iter()
                 .find(|x| x.seq == item.seq)
                 .map_or(Outcome::Failed, |x| x.outcome);
-            let generated = r.generated + 1;
+            // a decode item keeps one position per new token (rejected drafts are dropped)
+            let decode = item.start >= r.req.prompt_len;
+            let kept = match outcome {
+                Outcome::Kept(n) => n.max(1),
+                _ => 1,
+            };
+            let cached = if decode && item.sample {
+                kept.min(item.len)
+            } else {
+                item.len
+            };
+            r.fed += cached;
+            self.ledger.cache(item.seq, cached as u64);
+            if !item.sample {
+                continue;
+            }
+            let generated = r.generated + kept;
             match outcome {
-                Outcome::Continue => {
+                Outcome::Continue | Outcome::Kept(_) => {
                     r.generated = generated;
                     r.first_token.get_or_insert(self.now);
                     if generated >= r.req.max_new_tokens {
@@ -481,6 +505,7 @@ impl Scheduler {
                     last_served: 0,
                     arrived,
                     first_token: None,
+                    drafts: 0,
                 },
             );
             self.next_order += 1;
@@ -505,7 +530,11 @@ impl Scheduler {
             .map(|r| {
                 let left = r.req.prompt_len.saturating_sub(r.fed);
                 let len = if left == 0 {
-                    1 // decode: the last sampled token
+                    // decode: the last sampled token, and drafts up to the last wanted token
+                    let wanted = r.req.max_new_tokens.saturating_sub(r.generated + 1);
+                    let extra = r.drafts.min(wanted).min(spare);
+                    spare -= extra;
+                    1 + extra
                 } else {
                     let extra = (left - 1).min(l.prefill_chunk - 1).min(spare);
                     spare -= extra;
@@ -525,9 +554,23 @@ impl Scheduler {
             if let Some(r) = self.running.get_mut(&item.seq) {
                 r.busy = true;
                 r.last_served = id;
+                r.drafts = 0;
             }
         }
         Some(Step { id, items })
+    }
+
+    /// The driver has `drafts` draft tokens ready for running `seq`'s next decode item
+    /// (speculative decoding): that item may carry up to as many more positions (see the
+    /// module docs). Holds until the item is built; returns whether `seq` is running.
+    pub fn set_drafts(&mut self, seq: SeqId, drafts: usize) -> bool {
+        match self.running.get_mut(&seq) {
+            Some(r) => {
+                r.drafts = drafts;
+                true
+            }
+            None => false,
+        }
     }
 
     /// What the scheduler knows of a queued or running sequence.

@@ -1,8 +1,10 @@
 //! Handler tests through `tower::ServiceExt::oneshot`: no socket, the tiny fixture.
-//! [`security`]: issue 37's findings on the API; [`fields`]: issue 34's request fields.
+//! [`security`]: issue 37's findings on the API; [`fields`]: issue 34's request fields;
+//! [`speculate`]: issue 31's `speculate` field.
 
 mod fields;
 mod security;
+mod speculate;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +80,8 @@ fn build_app(key: Option<&str>, parallel: usize, max_queue: usize, text: bool) -
             header_timeout: Duration::from_secs(5),
             body_timeout: Duration::from_secs(1),
         },
+        speculate: loip_engine::Speculate::Off,
+        speculate_k: 8,
     };
     let model = ServedModel {
         config: ckpt.config.clone(),
