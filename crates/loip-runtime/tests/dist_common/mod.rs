@@ -33,9 +33,9 @@ fn binary() -> String {
 
 /// Where these tests keep files: the checkout's own `target/tmp` (cargo's
 /// `CARGO_TARGET_TMPDIR`), never a name in `/tmp` shared by every checkout on the machine,
-/// and gone with `cargo clean`.
+/// and gone with `cargo clean` (the temp dir for the examples that share these helpers).
 pub fn test_tmp() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+    option_env!("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from)
 }
 
 /// A fresh scratch directory (emptied on each use, so runs do not pile up).
