@@ -276,3 +276,62 @@ fn finding_9_a_group_or_world_readable_token_file_is_refused() {
     let t = loip_runtime::net::token::from_sources(Some(&path), None).unwrap();
     assert_eq!(t.as_deref(), Some(TOKEN));
 }
+
+/// Noise sessions: the coordinator pins each device's static key on first contact; a device
+/// answering under the same name with another key (its store replaced, or another machine at
+/// its address) is refused with an error naming the device and how to accept the new key,
+/// and accepted when told.
+#[test]
+fn noise_sessions_pin_each_device_key_and_refuse_a_changed_one() {
+    use loip_runtime::coordinator::{Conn, ConnectOptions, Endpoint};
+    use loip_runtime::net::known::KnownDevices;
+    use std::sync::Arc;
+    rt().block_on(async {
+        let pins = dist_common::scratch("r3-pins").join("known_devices");
+        let opts = |accept: Vec<String>| ConnectOptions {
+            token: Some(TOKEN.into()),
+            connect_timeout: Duration::from_secs(5),
+            known_devices: Some(Arc::new(KnownDevices::new(&pins, accept))),
+            ..Default::default()
+        };
+        let ep = |addr: &str| Endpoint {
+            name: "edge-1".into(),
+            addr: addr.to_string(),
+        };
+        let (first, _) = start("r3-pin-a").await;
+        let c = Conn::connect(&ep(&first), &opts(vec![])).await.unwrap();
+        let pinned = loip_runtime::wire::hex(&c.device_key);
+        c.bye().await;
+        let text = std::fs::read_to_string(&pins).unwrap();
+        assert!(text.contains(&format!("edge-1 {pinned}")), "{text}");
+        // the same device again: its key is the pinned one
+        Conn::connect(&ep(&first), &opts(vec![]))
+            .await
+            .unwrap()
+            .bye()
+            .await;
+        // another worker (another store, another key) under the same name
+        let (second, _) = start("r3-pin-b").await;
+        let e = Conn::connect(&ep(&second), &opts(vec![]))
+            .await
+            .err()
+            .expect("a changed key is refused")
+            .to_string();
+        assert!(
+            e.contains("edge-1") && e.contains("--accept-new-key edge-1"),
+            "{e}"
+        );
+        assert!(e.contains(&pins.display().to_string()), "{e}");
+        let c = Conn::connect(&ep(&second), &opts(vec!["edge-1".into()]))
+            .await
+            .unwrap();
+        let now = loip_runtime::wire::hex(&c.device_key);
+        c.bye().await;
+        assert_ne!(now, pinned);
+        let text = std::fs::read_to_string(&pins).unwrap();
+        assert!(
+            text.contains(&format!("edge-1 {now}")) && !text.contains(&pinned),
+            "{text}"
+        );
+    });
+}
