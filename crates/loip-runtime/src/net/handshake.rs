@@ -14,9 +14,11 @@
 //! The prologue is `"loip noise v6"` ‖ the connecting side's hello ‖ the worker's, so both
 //! hellos (versions and roles: a coordinator's session and a peer's are different transcripts)
 //! are authenticated. The pre-shared key is SHA-256("loip psk v6" ‖ token): only a holder of
-//! the token completes the third message (the worker checks it before it answers anything
-//! else) or seals the confirmation (the connecting side checks it before it reads a frame
-//! larger than 64 KiB). Each side learns the other's static public key, proved by the DH
+//! the token completes the third message (the worker checks it before anything past the
+//! handshake) or seals the confirmation (the connecting side checks it before it reads a frame
+//! larger than 64 KiB). The worker's second message comes before any proof of the token, so
+//! anyone who connects learns the worker's static public key (it is not a secret). Each side
+//! learns the other's static public key, proved by the DH
 //! operations `es` and `se`: the coordinator pins the worker's ([`crate::net::known`]), and a
 //! peer session names the device it comes from by it ([`crate::net::direct`]). Ephemeral keys
 //! on both sides give forward secrecy (a token or static key leaked later does not decrypt
