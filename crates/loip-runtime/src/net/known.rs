@@ -128,9 +128,15 @@ impl KnownDevices {
             Err(e) => return Err(format!("reading {}: {e}", self.path.display())),
         };
         let mut text = String::new();
-        f.take(MAX_FILE)
+        f.take(MAX_FILE + 1)
             .read_to_string(&mut text)
             .map_err(|e| format!("reading {}: {e}", self.path.display()))?;
+        if text.len() as u64 > MAX_FILE {
+            return Err(format!(
+                "{} is over {MAX_FILE} bytes: not a known-devices file",
+                self.path.display()
+            ));
+        }
         Ok(text)
     }
 

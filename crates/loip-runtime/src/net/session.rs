@@ -31,6 +31,9 @@ pub const TAG_BYTES: usize = 16;
 /// Bytes of a session key.
 pub const KEY_BYTES: usize = 32;
 
+/// One direction of a session: its key and the frames it has used.
+type Direction<'a> = (&'a [u8; KEY_BYTES], &'a mut u64);
+
 /// The keys of one session: Noise's split, and how many frames each direction already used
 /// during the handshake (the sealed confirmation), so the counters go on from there.
 pub struct SessionKeys {
@@ -52,10 +55,7 @@ impl SessionKeys {
     }
 
     /// `role`'s sending key and counter, then its receiving key and counter.
-    fn sides(
-        &mut self,
-        role: Role,
-    ) -> ((&[u8; KEY_BYTES], &mut u64), (&[u8; KEY_BYTES], &mut u64)) {
+    fn sides(&mut self, role: Role) -> (Direction<'_>, Direction<'_>) {
         match role {
             // the connecting side, coordinator or peer, sends with i2r
             Role::Coordinator | Role::Peer => (
