@@ -476,8 +476,8 @@ fn finding_12_tampered_injected_and_replayed_frames_close_the_session() {
             let msg = s.error_then_close().await.unwrap_or_default();
             assert!(msg.contains("failed authentication"), "{msg}");
         }
-        // a reflected proof: a coordinator that echoes the worker's own label is refused
-        // (unit tests in net::session cover the MAC; here the wrong token end to end)
+        // a coordinator without the token is refused
+        // (unit tests in net::handshake cover the Noise messages; here the wrong token end to end)
         let bad = ConnectOptions {
             token: Some("not-the-token-at-all".into()),
             ..opts()
