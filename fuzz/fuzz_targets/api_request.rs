@@ -1,13 +1,8 @@
-//! What a client sends `loip api`: a completion or chat request body, parsed and checked as
-//! the endpoints do before any model work (`loip_server::check_request`). The first byte
-//! picks the endpoint (odd: chat); every body must end in `Ok` or a 4xx message, never a
-//! panic.
+//! libFuzzer entry of `bodies/api_request.rs` (a `loip api` request body).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    let Some((&pick, body)) = data.split_first() else {
-        return;
-    };
-    let _ = loip_server::check_request(body, pick & 1 == 1, 49_152);
-});
+#[path = "../bodies/api_request.rs"]
+mod body;
+
+fuzz_target!(|data: &[u8]| body::run(data));

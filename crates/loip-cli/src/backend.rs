@@ -34,6 +34,14 @@ pub struct ClusterArgs {
     /// `$LOIP_TOKEN`).
     #[arg(long)]
     pub token: Option<String>,
+    /// File of the devices' pinned keys (first contact records a device's key, a changed key
+    /// is refused). Default: `$LOIP_KNOWN_DEVICES`, else `known_devices` beside the cluster file.
+    #[arg(long, value_name = "FILE")]
+    pub known_devices: Option<PathBuf>,
+    /// Accept (and pin) a new key for this device, e.g. after its store was replaced
+    /// (repeatable).
+    #[arg(long, value_name = "DEVICE")]
+    pub accept_new_key: Vec<String>,
     /// Planner: loip, loip-paper, loip-uniform, pp, pp-offload, edgeshard, …
     #[arg(long, default_value = "loip")]
     pub planner: String,
@@ -179,6 +187,10 @@ pub fn start(
     };
     opts.connect.token =
         loip_runtime::net::token::from_sources(c.token_file.as_deref(), c.token.as_deref())?;
+    let known = loip_runtime::net::known::resolve_path(c.known_devices.as_deref(), file);
+    opts.connect.known_devices = Some(std::sync::Arc::new(
+        loip_runtime::net::known::KnownDevices::new(known, c.accept_new_key.clone()),
+    ));
     let s = Session::start(dir, workers, opts)?;
     if let Some(p) = &c.plan_out {
         std::fs::write(p, s.plan.to_json()).with_context(|| format!("writing {}", p.display()))?;

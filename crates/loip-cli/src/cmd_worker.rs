@@ -29,9 +29,10 @@ pub struct WorkerArgs {
     /// of its disk, less 5 % of the disk.
     #[arg(long, value_name = "BYTES")]
     pub store_quota: Option<String>,
-    /// File holding the shared secret the coordinator must prove (first line). Default:
-    /// `$LOIP_TOKEN`; else, off loopback, `STORE/token`, created on first start (printed once).
-    /// Without any, only a loopback address is allowed.
+    /// File holding the shared secret the coordinator must prove (first line; mode 0600, a
+    /// file others may read is refused). Default: `$LOIP_TOKEN`; else, off loopback,
+    /// `STORE/token`, created on first start (its path is printed, never the token). Without
+    /// any, only a loopback address is allowed.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// The shared secret itself (visible to other users in `ps`: prefer --token-file or
@@ -48,6 +49,11 @@ pub struct WorkerArgs {
     /// Emulate an outgoing link limit, e.g. `100mbit`.
     #[arg(long)]
     pub bandwidth: Option<String>,
+    /// Accept connections (coordinators and peer workers) only from this network, e.g.
+    /// `10.0.0.0/24` or `fd00::/64` (repeatable; default: from anywhere). Others are closed at
+    /// accept.
+    #[arg(long, value_name = "CIDR")]
+    pub peer_allow: Vec<String>,
     /// Exit when the parent process exits (used by `loip local`).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
@@ -78,9 +84,9 @@ pub fn run(a: WorkerArgs) -> Result<()> {
     let given = token::from_sources(a.token_file.as_deref(), a.token.as_deref())?;
     let (tok, created) = token::for_worker(given, &a.listen, &a.store)?;
     match (&tok, created) {
-        (Some(t), Some(path)) => eprintln!(
-            "generated a token for this worker (saved to {}, mode 0600):\n  {t}\n\
-             give it to the coordinator with --token-file FILE or LOIP_TOKEN",
+        (Some(_), Some(path)) => eprintln!(
+            "generated a token for this worker in {} (mode 0600); give the coordinator a copy \
+             of that file with --token-file FILE, or its first line in LOIP_TOKEN",
             path.display()
         ),
         (None, _) => eprintln!(
@@ -89,7 +95,18 @@ pub fn run(a: WorkerArgs) -> Result<()> {
         ),
         _ => {}
     }
+    let (id, made) = loip_runtime::net::identity::Identity::load_or_create(&a.store)?;
+    eprintln!(
+        "device key {} ({} in {}; coordinators pin it)",
+        id.fingerprint(),
+        if made { "new" } else { "kept" },
+        a.store.display()
+    );
+    let peer_allow = (a.peer_allow.iter().map(|c| c.parse()))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(anyhow::Error::msg)?;
     let mut opts = WorkerOptions::new(a.listen, mem, a.store).whole_process()?;
+    opts.peer_allow = peer_allow;
     eprintln!("{}", opts.budget());
     opts.token = tok;
     opts.idle_timeout = std::time::Duration::from_secs(a.idle_timeout.max(1));

@@ -40,7 +40,9 @@ mod split;
 mod wave;
 
 pub use backend::PipelineBackend;
-pub use conn::{Conn, ConnectOptions, Endpoint, LinkStats, ShipStats, KEEPALIVE};
+pub use conn::{
+    coordinator_identity, Conn, ConnectOptions, Endpoint, LinkStats, ShipStats, KEEPALIVE,
+};
 pub use device_stats::DeviceStepTotals;
 pub use lend::LendTotals;
 pub use route::{HopLinks, LinkBytes};

@@ -18,12 +18,14 @@
 //! | `Hand` | a peer's hidden rows for one hop of a step, worker to worker ([`crate::net::direct`]) |
 //! | `Notice` | a worker's small per-hop receipt after it handed rows to a peer ([`crate::net::direct`]) |
 //!
+//! | `Handshake` | a Noise handshake message, or the worker's sealed confirmation ([`crate::net::handshake`]) |
+//!
 //! Session: both sides send `Hello` first; a peer with another magic or version is refused
-//! with an `Error` frame naming both versions. Then the handshake of
-//! [`crate::net::session`] (challenge, authentication, proof; both roles, both nonces and
-//! ephemeral keys bound, keys derived from the token) and every later frame is sealed with
-//! ChaCha20-Poly1305 in the same `[len][kind][payload]` layout, `len` counting the 16-byte tag.
-//! Frames before authentication are at most 64 KiB.
+//! with an `Error` frame naming both versions. Then the Noise handshake of
+//! [`crate::net::handshake`] (`Noise_XXpsk3_25519_ChaChaPoly_BLAKE2s`: static keys both ways,
+//! the pre-shared key from the token, both hellos as the prologue) and every later frame is
+//! sealed with ChaCha20-Poly1305 in the same `[len][kind][payload]` layout, `len` counting the
+//! 16-byte tag ([`crate::net::session`]). Frames before authentication are at most 64 KiB.
 //!
 //! Lossless: activations travel as the exact bytes of little-endian f32 values; nothing on
 //! the wire is ever rounded, quantized or compressed.
@@ -41,7 +43,7 @@ use crate::net::throttle::Throttle;
 /// Magic of the `Hello` frame.
 pub const MAGIC: [u8; 4] = *b"LOIP";
 /// Version of this protocol; peers must match exactly.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Largest payload of one frame, bytes.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest `SliceData` chunk, bytes.
@@ -75,6 +77,8 @@ pub enum FrameKind {
     Notice = 10,
     /// lent KV rows (see [`lend`])
     Kv = 11,
+    /// a Noise handshake message ([`crate::net::handshake`])
+    Handshake = 12,
 }
 
 impl FrameKind {
@@ -92,6 +96,7 @@ impl FrameKind {
             9 => FrameKind::Hand,
             10 => FrameKind::Notice,
             11 => FrameKind::Kv,
+            12 => FrameKind::Handshake,
             _ => return None,
         })
     }
@@ -372,15 +377,6 @@ fn yes() -> bool {
 #[serde(tag = "type", rename_all = "snake_case")]
 #[allow(clippy::large_enum_variant)]
 pub enum ToWorker {
-    /// answer to [`ToCoordinator::Challenge`] (see [`crate::net::session`])
-    Auth {
-        /// the coordinator's nonce, 32 bytes hex
-        nonce: String,
-        /// the coordinator's ephemeral X25519 public key, 32 bytes hex
-        key: String,
-        /// HMAC(k_auth, "coordinator" ‖ transcript), hex
-        mac: String,
-    },
     /// nothing to do: keeps an idle session from timing out (no answer)
     KeepAlive,
     /// round-trip probe; answered with `Pong`
@@ -504,18 +500,6 @@ impl From<MemoryReport> for DeviceMemory {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToCoordinator {
-    /// first message (see [`crate::net::session`])
-    Challenge {
-        /// the worker's nonce, 32 bytes hex
-        nonce: String,
-        /// the worker's ephemeral X25519 public key, 32 bytes hex
-        key: String,
-    },
-    /// the worker's proof that it holds the token
-    Proof {
-        /// HMAC(k_auth, "worker" ‖ transcript), hex
-        mac: String,
-    },
     /// the first sealed frame: the session is open
     Welcome {
         /// about the worker

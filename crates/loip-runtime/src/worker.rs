@@ -3,8 +3,8 @@
 //! it is sent on its [`Device`].
 //!
 //! Per connection: `Hello` both ways (another version is refused, naming both), the
-//! handshake of [`crate::net::session`] within `handshake_timeout` (a wrong token is
-//! refused), then sealed requests until the coordinator says `Bye`, goes away, or sends
+//! Noise handshake of [`crate::net::handshake`] within `handshake_timeout` (a wrong token is
+//! refused; the worker proves its static key, kept in its store), then sealed requests until the coordinator says `Bye`, goes away, or sends
 //! nothing for `idle_timeout` (TCP keepalive notices a vanished host too). At most
 //! `max_unauthenticated` connections may be in their handshake at once, at most a quarter of
 //! them (and at least 2) from one host; the worker turns
@@ -39,6 +39,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::executor::{Device, DeviceSpec};
+use crate::net::identity::Identity;
 use crate::net::queue::{queue_bytes, ByteBudget, BytePermit};
 use crate::net::session::{SealedReader, SealedWriter};
 use crate::net::store::Store;
@@ -89,6 +90,9 @@ pub struct WorkerOptions {
     /// fault injection (tests of the coordinator's fallback): refuse the first this many
     /// plan switches as if they did not fit; 0 otherwise
     pub refuse_switches: u32,
+    /// accept connections (coordinators and peers) only from these networks; empty: from
+    /// anywhere (`--peer-allow`)
+    pub peer_allow: Vec<crate::net::allow::Cidr>,
 }
 
 impl WorkerOptions {
@@ -111,6 +115,7 @@ impl WorkerOptions {
             idle_timeout: Duration::from_secs(60),
             max_unauthenticated: 16,
             refuse_switches: 0,
+            peer_allow: Vec::new(),
         }
     }
 }
@@ -161,6 +166,8 @@ struct Shared {
     preauth_by_host: Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
     /// the forwarding state of the coordinator session being served
     direct: Mutex<Option<Arc<peer::Direct>>>,
+    /// this device's static key pair (kept in the store)
+    identity: Identity,
 }
 
 /// A bound worker, ready to serve.
@@ -186,6 +193,7 @@ impl Worker {
                 opts.listen
             )));
         }
+        let (identity, _) = Identity::load_or_create(&opts.store)?;
         let store = {
             let (dir, quota) = (opts.store.clone(), opts.store_quota);
             tokio::task::spawn_blocking(move || Store::open_with_quota(&dir, quota))
@@ -216,6 +224,7 @@ impl Worker {
                 fast_lane: Arc::new(Semaphore::new(FAST_LANE)),
                 preauth_by_host: Arc::default(),
                 direct: Mutex::new(None),
+                identity,
             }),
         })
     }
@@ -241,10 +250,12 @@ impl Worker {
                     continue;
                 }
             };
-            let Some(permit) = self.shared.admit(peer.ip()) else {
-                tracing::warn!("closing {peer}: too many connections in their handshake");
-                drop(stream);
-                continue;
+            let permit = match self.shared.admit(peer.ip()) {
+                Ok(p) => p,
+                Err(why) => {
+                    tracing::warn!("closing {peer}: {why}");
+                    continue;
+                }
             };
             let shared = self.shared.clone();
             tokio::spawn(async move {
@@ -291,14 +302,15 @@ async fn connection(
     let (mut rd, mut wr) = stream.into_split();
     let to = preauth.deadline(&shared.opts);
     let token = shared.opts.token.clone().unwrap_or_default();
-    let (keys, role) = tokio::time::timeout(to, handshake::accept_role(&mut rd, &mut wr, &token))
+    let accept = handshake::accept_role(&mut rd, &mut wr, &token, &shared.identity);
+    let (hs, role) = tokio::time::timeout(to, accept)
         .await
         .map_err(|_| WireError::Timeout(to, "the handshake"))??;
     drop(preauth);
     if role == Role::Peer {
-        return peer::serve_peer(keys, rd, wr, shared).await;
+        return peer::serve_peer(hs, rd, wr, shared).await;
     }
-    let (mut rd, mut wr) = keys.seal(Role::Worker, rd, wr, shared.throttle.clone());
+    let (mut rd, mut wr) = hs.keys.seal(Role::Worker, rd, wr, shared.throttle.clone());
     rd.set_idle_timeout(Some(shared.opts.idle_timeout));
     if shared.busy.swap(true, Ordering::SeqCst) {
         let _ = wr
@@ -616,9 +628,6 @@ async fn session(
                         .map_err(|_| WireError::Closed)?
                 }
                 ToWorker::Bye => return Ok(()),
-                ToWorker::Auth { .. } => {
-                    return Err(WireError::Protocol("authentication twice".into()))
-                }
             },
             FrameKind::Error => {
                 return Err(WireError::Remote(

@@ -303,10 +303,13 @@ fn hostile_lent_kv_frames_on_a_peer_session_are_refused() {
     rt.block_on(async {
         let mut c = dist_common::raw::authed(&addr, None).await;
         let key = "ab".repeat(32);
+        // the test poses as device 1 with its own static key
+        let id = loip_runtime::net::identity::Identity::generate();
         let lender = PeerRef {
             device: 1,
             name: "lender".into(),
             addr: String::new(),
+            key: id.fingerprint(),
         };
         let msg = PeersMsg {
             key: key.clone(),
@@ -336,10 +339,17 @@ fn hostile_lent_kv_frames_on_a_peer_session_are_refused() {
             device: 0,
             name: "borrower".into(),
             addr: addr.clone(),
+            key: c.key.clone(),
+        };
+        let auth = peer::PeerAuth {
+            me: 1,
+            key: &key,
+            identity: &id,
+            token: "",
         };
         let open = || async {
             for _ in 0..100 {
-                match peer::connect(&me, 1, &key, "", Duration::from_secs(5), None).await {
+                match peer::connect(&me, &auth, Duration::from_secs(5), None).await {
                     Ok(p) => return p,
                     Err(e) if e.to_string().contains("already has a session") => {
                         tokio::time::sleep(Duration::from_millis(20)).await

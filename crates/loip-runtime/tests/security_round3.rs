@@ -96,6 +96,7 @@ fn finding_4_peers_errors_say_only_unreachable() {
             device,
             name: format!("p{device}"),
             addr: a.to_string(),
+            key: String::new(),
         };
         c.control(&ToWorker::Peers(PeersMsg {
             key: "ab".repeat(32),
@@ -148,4 +149,189 @@ fn finding_6_a_link_planted_in_the_store_is_not_listed_or_read() {
         .err()
         .expect("reading through the link is refused");
     assert!(!e.to_string().contains("secret"), "{e}");
+}
+
+/// Item 5: a token holder that knows the pipeline's key claims lender 1's index on a peer
+/// session. Lender 1's static key is not its own, so the session is refused before it can
+/// fetch, put or drain lender 1's rows; the device that holds that key is admitted.
+#[test]
+fn finding_5_a_token_holder_claiming_lender_1_is_refused() {
+    use loip_runtime::net::identity::Identity;
+    use loip_runtime::net::peer::{self, PeerAuth};
+    rt().block_on(async {
+        let (addr, _) = start("r3-identity").await;
+        let mut c = raw::authed(&addr, Some(TOKEN)).await;
+        let lender = Identity::generate(); // lender 1's key, as the coordinator pinned it
+        let key = "ab".repeat(32);
+        c.control(&ToWorker::Peers(PeersMsg {
+            key: key.clone(),
+            me: 0,
+            expect: vec![PeerRef {
+                device: 1,
+                name: "lender".into(),
+                addr: String::new(),
+                key: lender.fingerprint(),
+            }],
+            connect: vec![],
+            measure: false,
+        }))
+        .await;
+        assert!(matches!(
+            c.recv_control().await,
+            ToCoordinator::PeersReady { .. }
+        ));
+        let borrower = PeerRef {
+            device: 0,
+            name: "r3-identity".into(),
+            addr: addr.clone(),
+            key: c.key.clone(),
+        };
+        let to = Duration::from_secs(5);
+        let attacker = Identity::generate();
+        let claim = |identity| PeerAuth {
+            me: 1,
+            key: &key,
+            identity,
+            token: TOKEN,
+        };
+        let e = match peer::connect(&borrower, &claim(&attacker), to, None).await {
+            Ok(_) => panic!("a session claiming lender 1 was opened with another device's key"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("static key") && e.contains("device 1"), "{e}");
+        // the connecting side checks the accepting one's key too: a worker that is not the
+        // device the coordinator named gets nothing, not even the pipeline's key
+        let impostor = PeerRef {
+            key: attacker.fingerprint(),
+            ..borrower.clone()
+        };
+        let e = match peer::connect(&impostor, &claim(&lender), to, None).await {
+            Ok(_) => panic!("a session to a device with another key was opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("another static key"), "{e}");
+        // lender 1 itself gets in
+        peer::connect(&borrower, &claim(&lender), to, None)
+            .await
+            .expect("the device with lender 1's key is admitted");
+    });
+}
+
+/// Item 4 (`--peer-allow`): a worker that accepts only 127.0.0.2 closes a connection from
+/// 127.0.0.1 at accept, before its hello, and lets the coordinator on 127.0.0.2 in.
+#[test]
+fn finding_4_peer_allow_refuses_connections_from_outside_at_accept() {
+    use loip_runtime::coordinator::coordinator_identity;
+    use loip_runtime::net::handshake;
+    rt().block_on(async {
+        let store = dist_common::store_with_slices("r3-allow", "security-round3");
+        let mut o = WorkerOptions::new("127.0.0.1:0", 256 << 20, &store);
+        o.token = Some(TOKEN.into());
+        o.peer_allow = vec!["127.0.0.2/32".parse().unwrap()];
+        let w = Worker::bind(o).await.unwrap();
+        let addr = w.local_addr().to_string();
+        tokio::spawn(w.serve());
+        let from = |host: &'static str| {
+            let addr = addr.clone();
+            async move {
+                let sock = tokio::net::TcpSocket::new_v4().unwrap();
+                sock.bind(format!("{host}:0").parse().unwrap()).unwrap();
+                sock.connect(addr.parse().unwrap()).await.unwrap()
+            }
+        };
+        // outside: closed with nothing said
+        let mut s = from("127.0.0.1").await;
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            loip_runtime::wire::read_frame(&mut s, 1 << 16),
+        )
+        .await
+        .expect("closed at once");
+        assert!(r.is_err(), "a connection from outside got {r:?}");
+        // inside: the whole handshake
+        let s = from("127.0.0.2").await;
+        let (mut rd, mut wr) = s.into_split();
+        handshake::connect(&mut rd, &mut wr, TOKEN, coordinator_identity())
+            .await
+            .expect("a coordinator inside --peer-allow is served");
+    });
+}
+
+/// Item 9 (tokens): a token file that other users may read is refused, naming `chmod 600`;
+/// the same file at mode 0600 is read.
+#[test]
+fn finding_9_a_group_or_world_readable_token_file_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = dist_common::scratch("r3-token-file");
+    let path = dir.join("token");
+    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+    for mode in [0o644, 0o640, 0o604] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = loip_runtime::net::token::from_sources(Some(&path), None)
+            .expect_err("a token file others may read is refused")
+            .to_string();
+        assert!(e.contains(&format!("chmod 600 {}", path.display())), "{e}");
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let t = loip_runtime::net::token::from_sources(Some(&path), None).unwrap();
+    assert_eq!(t.as_deref(), Some(TOKEN));
+}
+
+/// Noise sessions: the coordinator pins each device's static key on first contact; a device
+/// answering under the same name with another key (its store replaced, or another machine at
+/// its address) is refused with an error naming the device and how to accept the new key,
+/// and accepted when told.
+#[test]
+fn noise_sessions_pin_each_device_key_and_refuse_a_changed_one() {
+    use loip_runtime::coordinator::{Conn, ConnectOptions, Endpoint};
+    use loip_runtime::net::known::KnownDevices;
+    use std::sync::Arc;
+    rt().block_on(async {
+        let pins = dist_common::scratch("r3-pins").join("known_devices");
+        let opts = |accept: Vec<String>| ConnectOptions {
+            token: Some(TOKEN.into()),
+            connect_timeout: Duration::from_secs(5),
+            known_devices: Some(Arc::new(KnownDevices::new(&pins, accept))),
+            ..Default::default()
+        };
+        let ep = |addr: &str| Endpoint {
+            name: "edge-1".into(),
+            addr: addr.to_string(),
+        };
+        let (first, _) = start("r3-pin-a").await;
+        let c = Conn::connect(&ep(&first), &opts(vec![])).await.unwrap();
+        let pinned = loip_runtime::wire::hex(&c.device_key);
+        c.bye().await;
+        let text = std::fs::read_to_string(&pins).unwrap();
+        assert!(text.contains(&format!("edge-1 {pinned}")), "{text}");
+        // the same device again: its key is the pinned one
+        Conn::connect(&ep(&first), &opts(vec![]))
+            .await
+            .unwrap()
+            .bye()
+            .await;
+        // another worker (another store, another key) under the same name
+        let (second, _) = start("r3-pin-b").await;
+        let e = Conn::connect(&ep(&second), &opts(vec![]))
+            .await
+            .err()
+            .expect("a changed key is refused")
+            .to_string();
+        assert!(
+            e.contains("edge-1") && e.contains("--accept-new-key edge-1"),
+            "{e}"
+        );
+        assert!(e.contains(&pins.display().to_string()), "{e}");
+        let c = Conn::connect(&ep(&second), &opts(vec!["edge-1".into()]))
+            .await
+            .unwrap();
+        let now = loip_runtime::wire::hex(&c.device_key);
+        c.bye().await;
+        assert_ne!(now, pinned);
+        let text = std::fs::read_to_string(&pins).unwrap();
+        assert!(
+            text.contains(&format!("edge-1 {now}")) && !text.contains(&pinned),
+            "{text}"
+        );
+    });
 }

@@ -40,6 +40,7 @@ pub(super) async fn connect_peers(
             device: i as u16,
             name: c.endpoint.name.clone(),
             addr: c.endpoint.addr.clone(),
+            key: crate::wire::hex(&c.device_key),
         })
         .collect();
     let relayed = |a: &str, b: &str| {

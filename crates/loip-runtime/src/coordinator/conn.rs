@@ -1,7 +1,9 @@
 //! The coordinator's authenticated, sealed connection to one worker ([`Conn`]) and what it
 //! does during setup: link measurement, slice shipping, probing, loading. A keepalive task
 //! says [`ToWorker::KeepAlive`] every [`KEEPALIVE`] while the connection lives, so a worker's
-//! idle timeout never ends the session of a coordinator that is busy elsewhere.
+//! idle timeout never ends the session of a coordinator that is busy elsewhere. Each worker's
+//! static key, proved in the Noise handshake, is checked against the pins of
+//! [`ConnectOptions::known_devices`] (recorded on first contact, refused when changed).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,6 +18,8 @@ use tokio::net::TcpStream;
 
 use crate::executor::DeviceSpec;
 use crate::net::handshake;
+use crate::net::identity::Identity;
+use crate::net::known::{KnownDevices, Pin};
 use crate::net::session::{self, SealedReader, SealedWriter};
 use crate::net::throttle::Throttle;
 use crate::wire::{
@@ -44,6 +48,9 @@ pub struct ConnectOptions {
     pub request_timeout: Duration,
     /// emulated limit of the coordinator → worker direction, bytes/s
     pub bandwidth: Option<f64>,
+    /// the pins of the devices' static keys; None: not pinned (workers this process started,
+    /// tests)
+    pub known_devices: Option<Arc<KnownDevices>>,
 }
 
 impl Default for ConnectOptions {
@@ -53,6 +60,7 @@ impl Default for ConnectOptions {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(600),
             bandwidth: None,
+            known_devices: None,
         }
     }
 }
@@ -117,6 +125,8 @@ pub struct Conn {
     pub endpoint: Endpoint,
     /// what the worker said about itself
     pub info: WorkerInfo,
+    /// the worker's static public key, proved in the handshake
+    pub device_key: [u8; 32],
     pub(super) rd: SealedReader<OwnedReadHalf>,
     pub(super) wr: SharedWriter,
     pub(super) keepalive: KeepAliveTask,
@@ -132,7 +142,8 @@ async fn handshake(
     let (mut rd, mut wr) = stream.into_split();
     let to = opts.connect_timeout;
     let token = opts.token.clone().unwrap_or_default();
-    let keys = tokio::time::timeout(to, handshake::connect(&mut rd, &mut wr, &token))
+    let hs = handshake::connect(&mut rd, &mut wr, &token, coordinator_identity());
+    let hs = tokio::time::timeout(to, hs)
         .await
         .map_err(|_| WireError::Timeout(to, "the handshake"))?
         .map_err(|e| match e {
@@ -141,9 +152,31 @@ async fn handshake(
             )),
             e => e,
         })?;
-    let (mut rd, wr) = keys.seal(Role::Coordinator, rd, wr, opts.bandwidth.map(Throttle::new));
+    if let Some(known) = &opts.known_devices {
+        match known.check(&ep.name, &hs.remote) {
+            Ok(Pin::New) => tracing::info!(
+                "device {}: pinned its key {} in {}",
+                ep.name,
+                crate::wire::hex(&hs.remote),
+                known.path().display()
+            ),
+            Ok(Pin::Replaced) => tracing::warn!(
+                "device {}: accepted its new key {} in {}",
+                ep.name,
+                crate::wire::hex(&hs.remote),
+                known.path().display()
+            ),
+            Ok(Pin::Known) => {}
+            Err(m) => return Err(WireError::AuthRefused(m)),
+        }
+    }
+    let device_key = hs.remote;
+    let throttle = opts.bandwidth.map(Throttle::new);
+    let (mut rd, wr) = hs.keys.seal(Role::Coordinator, rd, wr, throttle);
     // Authenticated both ways: only now may the worker send a large frame.
-    let f = rd.read_timeout(wire::MAX_FRAME, to, "the worker's welcome").await?;
+    let f = rd
+        .read_timeout(wire::MAX_FRAME, to, "the worker's welcome")
+        .await?;
     let info = match wire::parse_control::<ToCoordinator>(&f)? {
         ToCoordinator::Welcome { info } => info,
         _ => return Err(WireError::Protocol("expected the worker's welcome".into())),
@@ -152,11 +185,18 @@ async fn handshake(
     Ok(Conn {
         endpoint: ep.clone(),
         info,
+        device_key,
         rd,
         keepalive: spawn_keepalive(&wr),
         wr,
         request_timeout: opts.request_timeout,
     })
+}
+
+/// The coordinator's static key pair: one per process (workers do not pin coordinators).
+pub fn coordinator_identity() -> &'static Identity {
+    static ID: std::sync::OnceLock<Identity> = std::sync::OnceLock::new();
+    ID.get_or_init(Identity::generate)
 }
 
 impl Conn {
@@ -435,4 +475,3 @@ impl Conn {
         let _ = self.send(&ToWorker::Bye).await;
     }
 }
-

@@ -3,11 +3,16 @@
 //!
 //! Setup: the coordinator sends every worker [`PeersMsg`] twice over its own session — first
 //! with `connect` empty (the worker now accepts peer sessions from `expect`, proved by the
-//! pipeline's random `key`), then with the workers it hands rows to. The worker connects to
-//! each, runs the handshake as role `peer` (its own MAC label, so no role's proof can be
-//! reflected as another's), says [`ToPeer::Hello`] with the key and its index, checks the
-//! name in [`FromPeer::Welcome`] against the one the coordinator gave, optionally measures the
-//! link, and answers `PeersReady` with a [`PeerLinkReport`] per link.
+//! pipeline's random `key`), then with the workers it hands rows to. Each [`PeerRef`] carries
+//! the device's static key as the coordinator's own handshake with it proved it. The worker
+//! connects to each, runs the Noise handshake as role `peer` (its hello says so, and both
+//! hellos are bound into the handshake), checks that the accepting side proved the static key
+//! the coordinator gave before it says anything, says [`ToPeer::Hello`] with the key and its
+//! index, checks the name in [`FromPeer::Welcome`] against the one the coordinator gave,
+//! optionally measures the link, and answers `PeersReady` with a [`PeerLinkReport`] per link.
+//! The accepting worker admits a session claiming device `from` only when the static key the
+//! session proved is the one the coordinator gave for `from`: holding the token and the
+//! pipeline's key is not enough to pose as another device.
 //!
 //! Steps: the coordinator sends each device of a step's route a `Routed` frame: a
 //! [`Routed`] prefix (hop index, where the input comes from, where the output goes) before a
@@ -50,6 +55,17 @@ pub struct PeerRef {
     /// where it listens (`host:port`); empty when only expected
     #[serde(default)]
     pub addr: String,
+    /// its static public key (hex), as it proved it to the coordinator; a peer session from
+    /// or to this device must prove the same
+    #[serde(default)]
+    pub key: String,
+}
+
+impl PeerRef {
+    /// Whether `proved` (a static key a peer session proved) is this device's.
+    pub fn proves(&self, proved: &[u8; 32]) -> bool {
+        same_secret(&self.key.to_ascii_lowercase(), &crate::wire::hex(proved))
+    }
 }
 
 /// [`crate::wire::ToWorker::Peers`].

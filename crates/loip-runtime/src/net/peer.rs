@@ -1,6 +1,7 @@
 //! The connecting side of a peer session (direct forwarding, [`crate::net::direct`]): TCP,
-//! the handshake as role `peer` over the shared token, the pipeline's key, the accepting
-//! worker's name checked against the one the coordinator gave, and the link measurement.
+//! the Noise handshake as role `peer` over the shared token with this device's static key,
+//! the accepting worker's static key and then its name checked against the ones the
+//! coordinator gave, the pipeline's key, and the link measurement.
 //! Every wait is bounded by the caller's timeout.
 
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use tokio::net::TcpStream;
 
 use crate::net::direct::{FromPeer, PeerRef, ToPeer};
 use crate::net::handshake::{self, PRE_AUTH_FRAME};
+use crate::net::identity::Identity;
 use crate::net::session::{self, SealedReader, SealedWriter};
 use crate::net::throttle::Throttle;
 use crate::wire::{self, FrameKind, Role, WireError};
@@ -28,12 +30,23 @@ pub struct PeerConn {
     timeout: Duration,
 }
 
-/// Opens a peer session to `target` as device `me` of the pipeline with `key`.
+/// Who opens a peer session: this device's index in the pipeline, the pipeline's key, this
+/// device's static key pair, the shared token.
+pub struct PeerAuth<'a> {
+    /// this device's index
+    pub me: u16,
+    /// the pipeline's key ([`crate::net::direct::PeersMsg::key`])
+    pub key: &'a str,
+    /// this device's static key pair
+    pub identity: &'a Identity,
+    /// the shared token
+    pub token: &'a str,
+}
+
+/// Opens a peer session to `target` as `auth`.
 pub async fn connect(
     target: &PeerRef,
-    me: u16,
-    key: &str,
-    token: &str,
+    auth: &PeerAuth<'_>,
     timeout: Duration,
     throttle: Option<Throttle>,
 ) -> Result<PeerConn, WireError> {
@@ -42,16 +55,23 @@ pub async fn connect(
         .map_err(|_| WireError::Timeout(timeout, "the TCP connection"))??;
     session::keepalive(&stream);
     let (mut rd, mut wr) = stream.into_split();
-    let keys = tokio::time::timeout(
+    let hs = tokio::time::timeout(
         timeout,
-        handshake::connect_as(&mut rd, &mut wr, token, Role::Peer),
+        handshake::connect_as(&mut rd, &mut wr, auth.token, auth.identity, Role::Peer),
     )
     .await
     .map_err(|_| WireError::Timeout(timeout, "the handshake"))??;
-    let (mut rd, mut wr) = keys.seal(Role::Peer, rd, wr, throttle);
+    // before the pipeline's key goes out: the device there is the one the coordinator knows
+    if !target.proves(&hs.remote) {
+        return Err(WireError::AuthRefused(format!(
+            "the worker at {} is not device {}: it proved another static key than the coordinator's",
+            target.addr, target.name
+        )));
+    }
+    let (mut rd, mut wr) = hs.keys.seal(Role::Peer, rd, wr, throttle);
     let hello = wire::control_payload(&ToPeer::Hello {
-        key: key.to_string(),
-        from: me,
+        key: auth.key.to_string(),
+        from: auth.me,
     })?;
     wr.write(FrameKind::Control, &hello).await?;
     let f = rd

@@ -1,50 +1,26 @@
-//! Authenticated, encrypted sessions between a coordinator and a worker.
+//! Sealed sessions between a coordinator and a worker, or between two workers (direct
+//! forwarding), after the Noise handshake of [`crate::net::handshake`].
 //!
-//! After both `Hello` frames (plaintext, at most 64 KiB each, as every frame before
-//! authentication), the two sides run this handshake:
+//! The handshake (`Noise_XXpsk3_25519_ChaChaPoly_BLAKE2s`, the pre-shared key derived from the
+//! token, both `Hello` frames as the prologue) ends in Noise's `Split()`: one ChaCha20-Poly1305
+//! key per direction. Every later frame is sealed with them as a Noise `CipherState` would,
+//! `EncryptWithAd(header, payload)`, in the frame layout of the wire protocol:
+//! `[u32 LE len][u8 kind][ciphertext ‖ 16-byte tag]`, `len` = payload + 16, the nonce the
+//! direction's frame counter (0, 1, 2, …, 32 zero bits then the u64 LE counter, as Noise's
+//! ChaChaPoly) that is never sent, and the 5 header bytes as associated data. Unlike Noise's
+//! transport messages a frame may be larger than 64 KiB (up to [`crate::wire::MAX_FRAME`]),
+//! so the keys are taken from the split rather than from snow's transport state. A modified,
+//! injected, dropped, replayed or reordered frame fails its tag ([`WireError::Tampered`]) and
+//! the session closes.
 //!
-//! ```text
-//! W → C  Challenge { nonce_w, key_w }        32 random bytes; an ephemeral X25519 public key
-//! C → W  Auth { nonce_c, key_c, mac_c }      mac_c = HMAC(k_auth, "coordinator" ‖ transcript)
-//! W → C  Proof { mac_w }                      mac_w = HMAC(k_auth, "worker" ‖ transcript)
-//! ```
-//!
-//! with
-//!
-//! ```text
-//! transcript = SHA-256(hello_c ‖ hello_w ‖ nonce_w ‖ key_w ‖ nonce_c ‖ key_c)
-//! prk        = HKDF-Extract(salt = transcript, ikm = SHA-256(token) ‖ X25519(e_w, e_c))
-//! k_auth, k_c→w, k_w→c = HKDF-Expand(prk, "loip v3 auth" | "loip v3 c2w" | "loip v3 w2c")
-//! ```
-//!
-//! A worker connecting to another worker (direct forwarding) runs the same handshake in the
-//! coordinator's place with role `peer`: its hello says so and its MAC is labelled "peer",
-//! so a coordinator's proof cannot open a peer session nor a peer's a coordinator session.
-//!
-//! Each MAC binds both roles (different labels, so a reflected MAC is refused), both nonces,
-//! both ephemeral keys and both hellos. Only a peer that holds the token can compute
-//! `k_auth`; a man in the middle without it cannot complete either side, and the ephemeral
-//! Diffie-Hellman gives forward secrecy (a token leaked later does not decrypt recorded
-//! sessions). A worker checks the coordinator's MAC before it answers anything else; the
-//! coordinator checks the worker's before it reads a frame larger than 64 KiB.
-//!
-//! Then every frame in both directions is sealed with ChaCha20-Poly1305:
-//! `[u32 LE len][u8 kind][ciphertext ‖ 16-byte tag]`, `len` = payload + 16, one key per
-//! direction, the nonce a per-direction frame counter (0, 1, 2, …) that is never sent, and
-//! the 5 header bytes as associated data. A modified, injected, dropped, replayed or
-//! reordered frame fails its tag ([`WireError::Tampered`]) and the session closes.
-//!
-//! Without a token (allowed on loopback only) the key schedule runs with the empty token:
-//! frames are still encrypted against passive listeners, but anyone who can connect can
-//! authenticate.
+//! Without a token (allowed on loopback only) the pre-shared key is the empty token's: frames
+//! are still encrypted against passive listeners and each side still proves its static key,
+//! but anyone who can connect can authenticate.
 
 use std::time::Duration;
 
 use chacha20poly1305::aead::{AeadInPlace, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce, Tag};
-use hkdf::Hkdf;
-use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::net::throttle::Throttle;
@@ -52,169 +28,141 @@ use crate::wire::{Frame, FrameKind, Role, WireError, HEADER_BYTES};
 
 /// Bytes of the AEAD tag appended to every sealed payload.
 pub const TAG_BYTES: usize = 16;
-/// Bytes of a handshake nonce and of an X25519 public key.
+/// Bytes of a session key.
 pub const KEY_BYTES: usize = 32;
 
-type HmacSha256 = Hmac<Sha256>;
+/// One direction of a session: its key and the frames it has used.
+type Direction<'a> = (&'a [u8; KEY_BYTES], &'a mut u64);
 
-/// One side's fresh handshake material: a random nonce and an ephemeral X25519 key.
-pub struct Ephemeral {
-    secret: x25519_dalek::EphemeralSecret,
-    /// the public key sent to the peer
-    pub public: [u8; KEY_BYTES],
-    /// the nonce sent to the peer
-    pub nonce: [u8; KEY_BYTES],
-}
-
-impl Ephemeral {
-    /// Fresh material from the operating system's random source.
-    pub fn new() -> Ephemeral {
-        let secret = x25519_dalek::EphemeralSecret::random_from_rng(rand::rngs::OsRng);
-        let public = x25519_dalek::PublicKey::from(&secret).to_bytes();
-        Ephemeral {
-            secret,
-            public,
-            nonce: rand::random(),
-        }
-    }
-}
-
-impl Default for Ephemeral {
-    fn default() -> Self {
-        Ephemeral::new()
-    }
-}
-
-/// What both sides put into the transcript hash, in this order.
-pub struct TranscriptParts<'a> {
-    /// the coordinator's hello payload
-    pub hello_c: &'a [u8],
-    /// the worker's hello payload
-    pub hello_w: &'a [u8],
-    /// the worker's nonce
-    pub nonce_w: &'a [u8; KEY_BYTES],
-    /// the worker's ephemeral public key
-    pub key_w: &'a [u8; KEY_BYTES],
-    /// the coordinator's nonce
-    pub nonce_c: &'a [u8; KEY_BYTES],
-    /// the coordinator's ephemeral public key
-    pub key_c: &'a [u8; KEY_BYTES],
-}
-
-/// The keys of one session.
+/// The keys of one session: Noise's split, and how many frames each direction already used
+/// during the handshake (the sealed confirmation), so the counters go on from there.
 pub struct SessionKeys {
-    auth: [u8; 32],
-    c2w: [u8; 32],
-    w2c: [u8; 32],
-    transcript: [u8; 32],
+    i2r: [u8; KEY_BYTES], // the connecting side (coordinator or peer) → the accepting worker
+    r2i: [u8; KEY_BYTES],
+    i2r_used: u64,
+    r2i_used: u64,
 }
 
 impl SessionKeys {
-    /// Finishes the key schedule: `ours` is this side's ephemeral, `their_key` the peer's
-    /// public key. A low-order peer key (all-zero shared secret) is refused.
-    pub fn derive(
-        token: &str,
-        ours: Ephemeral,
-        their_key: &[u8; KEY_BYTES],
-        parts: &TranscriptParts<'_>,
-    ) -> Result<SessionKeys, WireError> {
-        let shared = ours
-            .secret
-            .diffie_hellman(&x25519_dalek::PublicKey::from(*their_key));
-        if !shared.was_contributory() {
-            return Err(WireError::AuthRefused(
-                "the peer's key exchange value is invalid".into(),
-            ));
+    /// The keys of Noise's `Split()`: initiator → responder, responder → initiator.
+    pub(crate) fn from_split(i2r: [u8; KEY_BYTES], r2i: [u8; KEY_BYTES]) -> SessionKeys {
+        SessionKeys {
+            i2r,
+            r2i,
+            i2r_used: 0,
+            r2i_used: 0,
         }
-        let mut t = Sha256::new();
-        for p in [
-            parts.hello_c,
-            parts.hello_w,
-            &parts.nonce_w[..],
-            &parts.key_w[..],
-            &parts.nonce_c[..],
-            &parts.key_c[..],
-        ] {
-            t.update((p.len() as u32).to_le_bytes());
-            t.update(p);
-        }
-        let transcript: [u8; 32] = t.finalize().into();
-        let mut ikm = Sha256::digest(token.as_bytes()).to_vec();
-        ikm.extend_from_slice(shared.as_bytes());
-        let hk = Hkdf::<Sha256>::new(Some(&transcript), &ikm);
-        let mut keys = SessionKeys {
-            auth: [0; 32],
-            c2w: [0; 32],
-            w2c: [0; 32],
-            transcript,
-        };
-        for (label, out) in [
-            (&b"loip v3 auth"[..], &mut keys.auth),
-            (&b"loip v3 c2w"[..], &mut keys.c2w),
-            (&b"loip v3 w2c"[..], &mut keys.w2c),
-        ] {
-            hk.expand(label, out)
-                .map_err(|_| WireError::Protocol("key derivation failed".into()))?;
-        }
-        Ok(keys)
     }
 
-    fn mac_of(&self, role: Role) -> HmacSha256 {
-        let label: &[u8] = match role {
-            Role::Coordinator => b"coordinator",
-            Role::Worker => b"worker",
-            Role::Peer => b"peer",
-        };
-        // HMAC takes keys of any length; 32 bytes cannot fail.
-        let mut m = <HmacSha256 as Mac>::new_from_slice(&self.auth)
-            .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
-        m.update(label);
-        m.update(&self.transcript);
-        m
-    }
-
-    /// The proof `role` sends: HMAC(k_auth, role label ‖ transcript), hex.
-    pub fn proof(&self, role: Role) -> String {
-        crate::wire::hex(&self.mac_of(role).finalize().into_bytes())
-    }
-
-    /// Checks `role`'s proof in constant time.
-    pub fn verify(&self, role: Role, proof_hex: &str) -> bool {
-        match unhex::<32>(proof_hex) {
-            Some(b) => self.mac_of(role).verify_slice(&b).is_ok(),
-            None => false,
+    /// `role`'s sending key and counter, then its receiving key and counter.
+    fn sides(&mut self, role: Role) -> (Direction<'_>, Direction<'_>) {
+        match role {
+            // the connecting side, coordinator or peer, sends with i2r
+            Role::Coordinator | Role::Peer => (
+                (&self.i2r, &mut self.i2r_used),
+                (&self.r2i, &mut self.r2i_used),
+            ),
+            Role::Worker => (
+                (&self.r2i, &mut self.r2i_used),
+                (&self.i2r, &mut self.i2r_used),
+            ),
         }
+    }
+
+    /// One whole sealed frame (header, ciphertext, tag) from `role`, for the handshake's
+    /// confirmation; the session's writer goes on with the next counter.
+    pub(crate) fn seal_frame(
+        &mut self,
+        role: Role,
+        kind: FrameKind,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, WireError> {
+        let ((key, used), _) = self.sides(role);
+        let aead = ChaCha20Poly1305::new(Key::from_slice(key));
+        let mut buf = Vec::with_capacity(HEADER_BYTES + payload.len() + TAG_BYTES);
+        seal_into(&aead, *used, kind, payload, &mut buf)?;
+        *used += 1;
+        Ok(buf)
+    }
+
+    /// Opens a sealed frame read as a plain one ([`crate::wire::read_frame`]) during the
+    /// handshake; the session's reader goes on with the next counter.
+    pub(crate) fn open_frame(&mut self, role: Role, f: Frame) -> Result<Frame, WireError> {
+        let (_, (key, used)) = self.sides(role);
+        let aead = ChaCha20Poly1305::new(Key::from_slice(key));
+        let Frame { kind, mut payload } = f;
+        if payload.len() < TAG_BYTES {
+            return Err(WireError::Tampered);
+        }
+        let tag = payload.split_off(payload.len() - TAG_BYTES);
+        open_in_place(&aead, *used, kind, &mut payload, &tag)?;
+        *used += 1;
+        Ok(Frame { kind, payload })
     }
 
     /// Seals this side's connection halves: `role` is this side.
     pub fn seal<R, W>(
-        &self,
+        mut self,
         role: Role,
         rd: R,
         wr: W,
         throttle: Option<Throttle>,
     ) -> (SealedReader<R>, SealedWriter<W>) {
-        let (send, recv) = match role {
-            // the connecting side, coordinator or peer, sends with c2w
-            Role::Coordinator | Role::Peer => (&self.c2w, &self.w2c),
-            Role::Worker => (&self.w2c, &self.c2w),
-        };
+        let ((send, sent), (recv, received)) = self.sides(role);
         (
             SealedReader {
                 inner: rd,
                 aead: ChaCha20Poly1305::new(Key::from_slice(recv)),
-                counter: 0,
+                counter: *received,
                 idle: None,
             },
             SealedWriter {
                 inner: wr,
                 aead: ChaCha20Poly1305::new(Key::from_slice(send)),
-                counter: 0,
+                counter: *sent,
                 throttle,
                 buf: Vec::new(),
             },
         )
     }
+}
+
+/// Appends the sealed frame of `payload` (header, ciphertext, tag) to `buf`.
+fn seal_into(
+    aead: &ChaCha20Poly1305,
+    counter: u64,
+    kind: FrameKind,
+    payload: &[u8],
+    buf: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    if payload.len() > crate::wire::MAX_FRAME {
+        return Err(WireError::TooLarge {
+            len: payload.len() as u64,
+            max: crate::wire::MAX_FRAME,
+        });
+    }
+    let head = header(payload.len() + TAG_BYTES, kind);
+    let at = buf.len();
+    buf.extend_from_slice(&head);
+    buf.extend_from_slice(payload);
+    let tag = aead
+        .encrypt_in_place_detached(&nonce_of(counter), &head, &mut buf[at + HEADER_BYTES..])
+        .map_err(|_| WireError::Protocol("encryption failed".into()))?;
+    buf.extend_from_slice(&tag);
+    Ok(())
+}
+
+/// Opens `payload` (ciphertext of `kind`, its tag apart) in place.
+fn open_in_place(
+    aead: &ChaCha20Poly1305,
+    counter: u64,
+    kind: FrameKind,
+    payload: &mut [u8],
+    tag: &[u8],
+) -> Result<(), WireError> {
+    let aad = header(payload.len() + TAG_BYTES, kind);
+    aead.decrypt_in_place_detached(&nonce_of(counter), &aad, payload, Tag::from_slice(tag))
+        .map_err(|_| WireError::Tampered)
 }
 
 /// Decodes `N` bytes of lower-case or upper-case hex.
@@ -306,15 +254,7 @@ impl<R: AsyncRead + Unpin> SealedReader<R> {
         self.fill(&mut payload, "a frame's payload").await?;
         let mut tag = [0u8; TAG_BYTES];
         self.fill(&mut tag, "a frame's tag").await?;
-        let aad = header(len + TAG_BYTES, kind);
-        self.aead
-            .decrypt_in_place_detached(
-                &nonce_of(self.counter),
-                &aad,
-                &mut payload,
-                Tag::from_slice(&tag),
-            )
-            .map_err(|_| WireError::Tampered)?;
+        open_in_place(&self.aead, self.counter, kind, &mut payload, &tag)?;
         self.counter += 1;
         Ok(Frame { kind, payload })
     }
@@ -355,30 +295,12 @@ impl<W: AsyncWrite + Unpin> SealedWriter<W> {
 
     /// Seals and writes one frame (after waiting for the throttle's budget, if any).
     pub async fn write(&mut self, kind: FrameKind, payload: &[u8]) -> Result<(), WireError> {
-        if payload.len() > crate::wire::MAX_FRAME {
-            return Err(WireError::TooLarge {
-                len: payload.len() as u64,
-                max: crate::wire::MAX_FRAME,
-            });
-        }
-        let len = payload.len() + TAG_BYTES;
         if let Some(t) = &self.throttle {
-            t.take(HEADER_BYTES + len).await;
+            t.take(HEADER_BYTES + payload.len() + TAG_BYTES).await;
         }
-        let head = header(len, kind);
         self.buf.clear();
-        self.buf.extend_from_slice(&head);
-        self.buf.extend_from_slice(payload);
-        let tag = self
-            .aead
-            .encrypt_in_place_detached(
-                &nonce_of(self.counter),
-                &head,
-                &mut self.buf[HEADER_BYTES..],
-            )
-            .map_err(|_| WireError::Protocol("encryption failed".into()))?;
+        seal_into(&self.aead, self.counter, kind, payload, &mut self.buf)?;
         self.counter += 1;
-        self.buf.extend_from_slice(&tag);
         self.inner.write_all(&self.buf).await?;
         self.inner.flush().await?;
         if self.buf.capacity() > 1 << 20 {
@@ -406,33 +328,9 @@ pub fn keepalive(stream: &tokio::net::TcpStream) {
 mod tests {
     use super::*;
 
-    fn pair(token_c: &str, token_w: &str) -> (SessionKeys, SessionKeys) {
-        let (ec, ew) = (Ephemeral::new(), Ephemeral::new());
-        let (nc, kc, nw, kw) = (ec.nonce, ec.public, ew.nonce, ew.public);
-        let parts = TranscriptParts {
-            hello_c: b"hc",
-            hello_w: b"hw",
-            nonce_w: &nw,
-            key_w: &kw,
-            nonce_c: &nc,
-            key_c: &kc,
-        };
-        let c = SessionKeys::derive(token_c, ec, &kw, &parts).unwrap();
-        let w = SessionKeys::derive(token_w, ew, &kc, &parts).unwrap();
-        (c, w)
-    }
-
-    #[test]
-    fn proofs_bind_the_token_and_the_role() {
-        let (c, w) = pair("t", "t");
-        assert!(w.verify(Role::Coordinator, &c.proof(Role::Coordinator)));
-        assert!(c.verify(Role::Worker, &w.proof(Role::Worker)));
-        // a reflected proof (the other role's) is refused
-        assert!(!w.verify(Role::Worker, &c.proof(Role::Coordinator)));
-        assert!(!c.verify(Role::Coordinator, &w.proof(Role::Worker)));
-        let (c, w) = pair("t", "other");
-        assert!(!w.verify(Role::Coordinator, &c.proof(Role::Coordinator)));
-        assert!(!w.verify(Role::Coordinator, "zz"));
+    fn pair() -> (SessionKeys, SessionKeys) {
+        let (a, b): ([u8; 32], [u8; 32]) = (rand::random(), rand::random());
+        (SessionKeys::from_split(a, b), SessionKeys::from_split(a, b))
     }
 
     #[test]
@@ -442,12 +340,18 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let (c, w) = pair("t", "t");
+            let (mut c, w) = pair();
+            // a frame sealed during the handshake moves the counter on
+            let first = c
+                .seal_frame(Role::Coordinator, FrameKind::Control, b"first")
+                .unwrap();
             let (a, b) = tokio::io::duplex(1 << 20);
             let (ar, aw) = tokio::io::split(a);
             let (br, bw) = tokio::io::split(b);
             let (_cr, mut cw) = c.seal(Role::Coordinator, ar, aw, None);
             let (mut wr, _ww) = w.seal(Role::Worker, br, bw, None);
+            cw.get_mut().write_all(&first).await.unwrap();
+            assert_eq!(wr.read(1 << 20).await.unwrap().payload, b"first");
             for i in 0..3u8 {
                 cw.write(FrameKind::Step, &[i; 1000]).await.unwrap();
                 let f = wr.read(1 << 20).await.unwrap();
@@ -457,7 +361,7 @@ mod tests {
         rt.block_on(async {
             // a flipped byte, a replayed frame and a changed kind are all refused
             for attack in 0..3 {
-                let (c, w) = pair("t", "t");
+                let (c, w) = pair();
                 let (mut raw_w, raw_r) = tokio::io::duplex(1 << 20);
                 let (mut buf_r, buf_w) = tokio::io::duplex(1 << 20);
                 let (_u, mut cw) = c.seal(Role::Coordinator, tokio::io::empty(), buf_w, None);
@@ -483,5 +387,30 @@ mod tests {
                 }
             }
         });
+    }
+
+    #[test]
+    fn a_frame_opened_in_the_handshake_is_checked() {
+        let (mut c, mut w) = pair();
+        let sealed = c
+            .seal_frame(Role::Coordinator, FrameKind::Control, b"x")
+            .unwrap();
+        let mut f = crate::wire::Frame {
+            kind: FrameKind::Control,
+            payload: sealed[HEADER_BYTES..].to_vec(),
+        };
+        f.payload[0] ^= 1;
+        assert!(matches!(
+            w.open_frame(Role::Worker, f),
+            Err(WireError::Tampered)
+        ));
+        let short = crate::wire::Frame {
+            kind: FrameKind::Control,
+            payload: vec![0; 3],
+        };
+        assert!(matches!(
+            w.open_frame(Role::Worker, short),
+            Err(WireError::Tampered)
+        ));
     }
 }

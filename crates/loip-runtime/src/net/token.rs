@@ -3,7 +3,10 @@
 //! A token can come from a file (`--token-file`), the `LOIP_TOKEN` environment variable or
 //! (visible in `ps`, discouraged) the command line. A worker listening on anything but a
 //! loopback address refuses to run without one: if none is given it uses `STORE/token`,
-//! creating it (32 random bytes, hex, mode 0600) on first start and printing it once.
+//! creating it (32 random bytes, hex, mode 0600) on first start; the token itself is written
+//! to that file only (never to a log: the worker prints the file's path). A token file that
+//! other users may read or change is refused (`chmod 600 FILE`), as is one that is not a
+//! regular file.
 
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -35,25 +38,45 @@ pub fn check(token: &str, from: &str) -> Result<(), RuntimeError> {
         )));
     }
     if token.chars().any(|c| c.is_control()) {
-        return Err(invalid(format!("the token from {from} contains control characters")));
+        return Err(invalid(format!(
+            "the token from {from} contains control characters"
+        )));
     }
     Ok(())
 }
 
-/// Reads a token file: the first line, trimmed. Warns when others may read the file.
+/// Largest token file read, bytes.
+const MAX_TOKEN_FILE: u64 = 4096;
+
+/// Reads a token file: the first line, trimmed. Refused when other users may read or change
+/// it, or when it is not a regular file.
 pub fn read_file(path: &Path) -> Result<String, RuntimeError> {
-    let text = std::fs::read_to_string(path).map_err(|e| RuntimeError::Io {
+    use std::io::Read;
+    let io = |e| RuntimeError::Io {
         path: path.to_path_buf(),
         source: e,
-    })?;
-    if let Ok(m) = std::fs::metadata(path) {
-        if m.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(
-                "token file {} can be read by other users; chmod 600 it",
-                path.display()
-            );
-        }
+    };
+    let f = std::fs::File::open(path).map_err(io)?;
+    let m = f.metadata().map_err(io)?;
+    if !m.is_file() {
+        return Err(invalid(format!(
+            "token file {} is not a regular file",
+            path.display()
+        )));
     }
+    let mode = m.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(invalid(format!(
+            "token file {} can be read or changed by other users (mode {mode:03o}); \
+             run `chmod 600 {}` and start again",
+            path.display(),
+            path.display()
+        )));
+    }
+    let mut text = String::new();
+    f.take(MAX_TOKEN_FILE)
+        .read_to_string(&mut text)
+        .map_err(io)?;
     let token = text.lines().next().unwrap_or("").trim().to_string();
     check(&token, &path.display().to_string())?;
     Ok(token)
@@ -98,7 +121,7 @@ fn loopback_ip(ip: IpAddr) -> bool {
 
 /// What a worker will use: the given token; else, on a loopback address, none; else the
 /// store's own token, created if missing. The second value says where a created token was
-/// saved (print it once).
+/// saved (print that path, never the token).
 pub fn for_worker(
     given: Option<String>,
     listen: &str,
@@ -154,12 +177,19 @@ mod tests {
         let (t1, made) = for_worker(None, "0.0.0.0:0", &dir).unwrap();
         assert!(made.is_some());
         let path = dir.join(STORE_TOKEN);
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         let (t2, made2) = for_worker(None, "0.0.0.0:0", &dir).unwrap();
         assert_eq!((t1.clone(), made2), (t2, None));
         assert_eq!(t1.unwrap().len(), 64);
         assert_eq!(for_worker(None, "127.0.0.1:0", &dir).unwrap(), (None, None));
         assert!(check("short", "x").is_err());
+        // a token file others may read is refused, naming the fix
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = read_file(&path).unwrap_err().to_string();
+        assert!(e.contains(&format!("chmod 600 {}", path.display())), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

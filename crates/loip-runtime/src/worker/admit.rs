@@ -1,7 +1,7 @@
 //! Admission into the handshake: a connection's place among those in their handshake (one
 //! of the worker's `max_unauthenticated` and one of its host's quarter of them), or a
 //! fast-lane slot when those are taken, so strangers holding every slot cannot keep the
-//! coordinator out.
+//! coordinator out. A host outside `--peer-allow` is refused before all that.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,16 +51,23 @@ impl Drop for PreAuth {
 }
 
 impl Shared {
-    /// Admits a new connection from `host` into the handshake, or None when the worker or that
-    /// host already has its share in flight (so one host cannot crowd out the coordinator).
-    pub(super) fn admit(&self, host: std::net::IpAddr) -> Option<PreAuth> {
-        self.admit_regular(host).or_else(|| {
+    /// Admits a new connection from `host` into the handshake; refused (why) when `host` is
+    /// outside `--peer-allow`, or when the worker or that host already has its share in flight
+    /// and the fast lane is full (so one host cannot crowd out the coordinator).
+    pub(super) fn admit(&self, host: std::net::IpAddr) -> Result<PreAuth, &'static str> {
+        if !crate::net::allow::allowed(&self.opts.peer_allow, host) {
+            return Err("outside --peer-allow");
+        }
+        let fast = || {
             Some(PreAuth {
                 _permit: self.fast_lane.clone().try_acquire_owned().ok()?,
                 host: None,
                 by_host: self.preauth_by_host.clone(),
             })
-        })
+        };
+        self.admit_regular(host)
+            .or_else(fast)
+            .ok_or("too many connections in their handshake")
     }
 
     fn admit_regular(&self, host: std::net::IpAddr) -> Option<PreAuth> {

@@ -12,8 +12,9 @@
 //!   Rows for a step the coordinator told this worker to forget are dropped. Anything else
 //!   closes that peer session with an `Error` frame; the coordinator session stays up.
 //! - A peer session is admitted only with the pipeline's key, from a device the coordinator
-//!   said to expect, one session per such device; frames obey the session's frame limit and
-//!   inbox budget, as the coordinator's do.
+//!   said to expect whose static key the session proved in its handshake (a token holder
+//!   cannot claim another device's index), one session per such device; frames obey the
+//!   session's frame limit and inbox budget, as the coordinator's do.
 //! - A link this worker hands rows to that fails is reported to the coordinator
 //!   (`PeerGone`), which fails the steps in flight naming that device; nothing waits on it.
 //! - KV lending ([`super::lend`]) uses the same sessions: the lender's puts and fetch
@@ -35,10 +36,11 @@ use super::{lock, ComputeCtx, Job, Out, Shared, MAX_BULK};
 use crate::net::direct::{
     self, FromPeer, Notice, PeerLinkReport, PeerRef, PeersMsg, ToPeer, ANNOUNCE_WAIT,
 };
+use crate::net::handshake::Handshake;
 use crate::net::handshake::PRE_AUTH_FRAME;
-use crate::net::peer::{self, PeerConn};
+use crate::net::peer::{self, PeerAuth, PeerConn};
 use crate::net::queue::{ByteBudget, BytePermit};
-use crate::net::session::{SealedReader, SealedWriter, SessionKeys};
+use crate::net::session::{SealedReader, SealedWriter};
 use crate::wire::lend::{decode_kv, KvOp, KV_HEADER_BYTES};
 use crate::wire::{self, FrameKind, JobTimes, Role, StepHeader, ToCoordinator, WireError};
 
@@ -283,8 +285,9 @@ impl Direct {
         }
     }
 
-    /// Admits a peer session's hello: the key, an expected device, one session each.
-    fn admit(&self, key: &str, from: u16) -> Result<String, String> {
+    /// Admits a peer session's hello: the key, an expected device whose static key the
+    /// session proved (`proved`), one session each.
+    fn admit(&self, key: &str, from: u16, proved: &[u8; 32]) -> Result<String, String> {
         let mut st = lock(&self.state);
         let ok_key = st
             .key
@@ -293,9 +296,14 @@ impl Direct {
         if !st.open || !ok_key {
             return Err("refused: no pipeline of this worker has that key".into());
         }
-        if !st.expect.iter().any(|p| p.device == from) {
+        let Some(dev) = st.expect.iter().find(|p| p.device == from) else {
             return Err(format!(
                 "refused: device {from} does not hand rows to this worker"
+            ));
+        };
+        if !dev.proves(proved) {
+            return Err(format!(
+                "refused: this session proved another static key than device {from}'s"
             ));
         }
         if !st.incoming.insert(from) {
@@ -324,16 +332,14 @@ impl Direct {
         let to = shared.opts.handshake_timeout;
         let mut reports = Vec::new();
         for target in &msg.connect {
+            let auth = PeerAuth {
+                me: msg.me,
+                key: &msg.key,
+                identity: &shared.identity,
+                token: &token,
+            };
             let r = async {
-                let mut c = peer::connect(
-                    target,
-                    msg.me,
-                    &msg.key,
-                    &token,
-                    to,
-                    shared.throttle.clone(),
-                )
-                .await?;
+                let mut c = peer::connect(target, &auth, to, shared.throttle.clone()).await?;
                 let m = if msg.measure {
                     c.measure().await?
                 } else {
@@ -549,14 +555,14 @@ impl Direct {
 
 /// Serves a peer session this worker accepted (after the handshake as role `peer`).
 pub(super) async fn serve_peer(
-    keys: SessionKeys,
+    hs: Handshake,
     rd: OwnedReadHalf,
     wr: OwnedWriteHalf,
     shared: Arc<Shared>,
 ) -> Result<(), WireError> {
-    let (mut rd, mut wr) = keys.seal(Role::Worker, rd, wr, shared.throttle.clone());
+    let (mut rd, mut wr) = hs.keys.seal(Role::Worker, rd, wr, shared.throttle.clone());
     rd.set_idle_timeout(Some(shared.opts.idle_timeout));
-    let r = peer_session(&mut rd, &mut wr, &shared).await;
+    let r = peer_session(&mut rd, &mut wr, &shared, &hs.remote).await;
     if let Err(e) = &r {
         let msg = super::scrub(&e.to_string(), &shared);
         let _ = wr.write(FrameKind::Error, msg.as_bytes()).await;
@@ -568,6 +574,7 @@ async fn peer_session(
     rd: &mut SealedReader<OwnedReadHalf>,
     wr: &mut SealedWriter<OwnedWriteHalf>,
     shared: &Shared,
+    proved: &[u8; 32],
 ) -> Result<(), WireError> {
     let to = shared.opts.handshake_timeout;
     let f = rd
@@ -582,7 +589,9 @@ async fn peer_session(
             "no pipeline of this worker expects peers".into(),
         ));
     };
-    let name = d.admit(&key, from).map_err(WireError::AuthRefused)?;
+    let name = d
+        .admit(&key, from, proved)
+        .map_err(WireError::AuthRefused)?;
     let r = peer_frames(rd, wr, &d, from, name).await;
     d.leave(from);
     r

@@ -16,6 +16,8 @@ pub struct Raw {
     pub rd: SealedReader<OwnedReadHalf>,
     pub wr: SealedWriter<OwnedWriteHalf>,
     pub info: WorkerInfo,
+    /// the worker's static key as its handshake proved it, hex (a `PeerRef`'s `key`)
+    pub key: String,
 }
 
 /// Sends a coordinator's hello of this protocol version (and nothing more).
@@ -29,13 +31,15 @@ pub async fn authed(addr: &str, token: Option<&str>) -> Raw {
     for _ in 0..200 {
         let s = TcpStream::connect(addr).await.unwrap();
         let (mut rd, mut wr) = s.into_split();
-        let keys = handshake::connect(&mut rd, &mut wr, token.unwrap_or(""))
+        let me = loip_runtime::coordinator::coordinator_identity();
+        let hs = handshake::connect(&mut rd, &mut wr, token.unwrap_or(""), me)
             .await
             .unwrap();
-        let (mut rd, wr) = keys.seal(Role::Coordinator, rd, wr, None);
+        let key = wire::hex(&hs.remote);
+        let (mut rd, wr) = hs.keys.seal(Role::Coordinator, rd, wr, None);
         let f = rd.read(wire::MAX_FRAME).await.unwrap();
         match wire::parse_control::<ToCoordinator>(&f) {
-            Ok(ToCoordinator::Welcome { info }) => return Raw { rd, wr, info },
+            Ok(ToCoordinator::Welcome { info }) => return Raw { rd, wr, info, key },
             Err(WireError::Remote(m)) if m.starts_with("busy") => {
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
