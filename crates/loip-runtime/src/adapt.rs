@@ -667,6 +667,7 @@ impl Adapter {
         }
         d.refused.push(refused);
         d.kv_budget = memory.kv_budget;
+        adopt_budget(d, &memory);
         let mut rep = lock(&self.report);
         if let Some(r) = rep.devices.get_mut(device) {
             tracing::warn!(
@@ -689,12 +690,21 @@ impl Adapter {
         d.prev = None;
         d.refused.clear();
         d.kv_budget = memory.kv_budget;
+        adopt_budget(d, &memory);
         let mut rep = lock(&self.report);
         if let Some(r) = rep.devices.get_mut(device) {
             r.switches_applied += 1;
             r.kv_budget = memory.kv_budget;
             r.threshold = d.threshold();
         }
+    }
+}
+
+/// A worker that shed memory under pressure (`executor::shed`) runs on a smaller budget than
+/// it opened with; its answers carry it, and layouts are chosen within it from then on.
+fn adopt_budget(d: &mut Dev, memory: &DeviceMemory) {
+    if memory.budget > 0 && memory.budget < d.budget {
+        d.budget = memory.budget;
     }
 }
 

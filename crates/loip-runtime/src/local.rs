@@ -248,11 +248,6 @@ pub struct LocalModel {
     guard: PressureGuard,
 }
 
-/// The guard of a process whose budget split was recorded ([`crate::memory::set_budget`]).
-fn guard() -> PressureGuard {
-    PressureGuard::new(crate::memory::report().budget.map_or(0, |b| b.total))
-}
-
 impl LocalModel {
     /// Opens the model in `dir` under `opts`.
     pub fn open(dir: &Path, opts: &LocalOptions) -> Result<LocalModel, RuntimeError> {
@@ -260,7 +255,7 @@ impl LocalModel {
         let spec = local_spec(&m, opts)?;
         Ok(LocalModel {
             device: Device::open(dir, &m, spec)?,
-            guard: guard(),
+            guard: PressureGuard::new(),
         })
     }
 
@@ -275,7 +270,7 @@ impl LocalModel {
         let spec = local_spec_for(&m, opts, max_seqs)?;
         Ok(LocalModel {
             device: Device::open(dir, &m, spec)?,
-            guard: guard(),
+            guard: PressureGuard::new(),
         })
     }
 

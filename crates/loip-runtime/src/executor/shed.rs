@@ -130,12 +130,17 @@ pub struct PressureGuard {
     exhausted: bool,
 }
 
+impl Default for PressureGuard {
+    fn default() -> Self {
+        PressureGuard::new()
+    }
+}
+
 impl PressureGuard {
-    /// A guard for a process whose whole budget is `budget` bytes (0: none; then only a
-    /// cgroup limit is watched).
-    pub fn new(budget: u64) -> PressureGuard {
+    /// A guard watching this process's memory cgroup (nothing when it has no limit).
+    pub fn new() -> PressureGuard {
         PressureGuard {
-            sampler: Sampler::new(budget),
+            sampler: Sampler::new(),
             watch: Watch::default(),
             exhausted: false,
         }

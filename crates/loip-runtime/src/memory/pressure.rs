@@ -10,8 +10,11 @@
 //!   the device's memory shrank under the process), or
 //! - the kernel reported new pressure events (v2 `memory.events` `max`/`high`, v1
 //!   `failcnt`) while the charge is within 1/8 of the limit (events alone also count page
-//!   cache being reclaimed, which is harmless), or
-//! - with no cgroup limit, this process's own charge is within 1/16 of its `--mem`.
+//!   cache being reclaimed, which is harmless).
+//!
+//! Without a cgroup limit there is no pressure the kernel reports for this process: nothing
+//! is watched (the process's own estimate near its `--mem` is not pressure; its budget split
+//! already holds it). [`Sample`]s with `cgroup: false` stay possible for the pure policy.
 //!
 //! Each answer is to shed 1/16 of the limit (at least 1 MiB), at most once a second, so a
 //! brief spike costs one block and a lasting squeeze offloads block after block until it
@@ -106,7 +109,6 @@ impl Watch {
 #[derive(Debug)]
 pub struct Sampler {
     cgroup: Option<Cgroup>,
-    budget: u64,
     every: Duration,
     last: Option<Instant>,
 }
@@ -115,13 +117,11 @@ pub struct Sampler {
 pub const EVERY: Duration = Duration::from_millis(50);
 
 impl Sampler {
-    /// Samples against the process's cgroup limit where it has one, else against `budget`
-    /// (the whole `--mem`, bytes; 0: no budget, nothing to watch without a cgroup).
-    pub fn new(budget: u64) -> Sampler {
+    /// Samples against the process's cgroup limit where it has one; nothing without.
+    pub fn new() -> Sampler {
         let cgroup = Cgroup::of_self().filter(|c| c.limit().is_some());
         Sampler {
             cgroup,
-            budget,
             every: EVERY,
             last: None,
         }
@@ -139,12 +139,6 @@ impl Sampler {
                 limit: c.limit()?,
                 events: c.pressure_events(),
                 cgroup: true,
-            }),
-            None if self.budget > 0 => Some(Sample {
-                charge: super::charge_now().bytes,
-                limit: self.budget,
-                events: 0,
-                cgroup: false,
             }),
             None => None,
         }

@@ -293,11 +293,18 @@ impl Store {
         self.save_cache()
     }
 
-    /// Writes the model's manifest beside the slices (informational).
+    /// Writes the model's manifest beside the slices (informational), without where the
+    /// coordinator keeps the model (its path is the coordinator's business, not the
+    /// device's: only the file name is kept).
     pub fn save_manifest(&self, m: &Manifest) -> Result<(), RuntimeError> {
         let path = self.dir.join(MANIFEST);
+        let mut m = m.clone();
+        m.source.path = Path::new(&m.source.path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let text =
-            serde_json::to_vec_pretty(m).map_err(|e| RuntimeError::Invalid(e.to_string()))?;
+            serde_json::to_vec_pretty(&m).map_err(|e| RuntimeError::Invalid(e.to_string()))?;
         let tmp = self.dir.join("manifest.json.tmp");
         fs::write(&tmp, text).map_err(io(&tmp))?;
         fs::rename(&tmp, &path).map_err(io(&path))
@@ -389,6 +396,30 @@ impl Drop for SliceWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_saved_manifest_keeps_the_models_file_name_not_its_path() {
+        let dir = std::env::temp_dir().join(format!("loip-store-manifest-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let s = Store::open(&dir).unwrap();
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tiny-llama"
+        );
+        let ckpt = loip_model::Checkpoint::open(Path::new(fixture)).unwrap();
+        let slices = dir.join("split");
+        let progress = loip_model::slice::SplitProgress {
+            on_bytes: &|_, _| {},
+        };
+        loip_model::slice::split(&ckpt, &slices, progress).unwrap();
+        let mut m = Manifest::load(&slices).unwrap();
+        m.source.path = "/home/someone/models/secret/tiny.gguf".into();
+        s.save_manifest(&m).unwrap();
+        let text = fs::read_to_string(dir.join(MANIFEST)).unwrap();
+        assert!(!text.contains("/home/someone"), "{text}");
+        assert!(text.contains("\"tiny.gguf\""), "the file name stays");
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn replies_say_what_is_wrong_without_sizes_or_checksums() {

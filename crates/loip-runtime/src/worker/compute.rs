@@ -75,8 +75,7 @@ pub(super) fn compute_thread(
 ) {
     let mut device: Option<Device> = None;
     let mut refusals = ctx.refuse_switches;
-    let whole = crate::memory::report().budget.map_or(0, |b| b.total);
-    let mut guard = crate::executor::PressureGuard::new(whole);
+    let mut guard = crate::executor::PressureGuard::new();
     while let Ok((job, permit)) = jobs.recv() {
         if let (Job::Step { .. }, Some(d)) = (&job, device.as_mut()) {
             guard.check(d); // between steps: sheds blocks under memory pressure
