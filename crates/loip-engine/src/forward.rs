@@ -257,7 +257,7 @@ impl Transformer {
         let mut up = vec![0f32; n * i]; // (n, intermediate)
         k::matmul_many(&[&w.gate, &w.up], &xn, &mut [&mut gate, &mut up])?;
         if self.cfg.arch == Arch::Gemma3 {
-            gelu_tanh_mul(&mut gate, &up);
+            k::gelu_tanh_mul(&mut gate, &up);
         } else {
             k::silu_mul(&mut gate, &up);
         }
@@ -314,18 +314,6 @@ fn dequant_vec(m: &Matrix) -> Result<Vec<f32>, EngineError> {
     let mut v = vec![0f32; m.cols];
     k::dequant_row(m, 0, &mut v)?;
     Ok(v)
-}
-
-/// `gate[i] = gelu_tanh(gate[i]) * up[i]`, PyTorch's `gelu(approximate="tanh")`:
-/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
-fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
-    const BETA: f32 = 0.797_884_6; // √(2/π)
-    const KAPPA: f32 = 0.044715;
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        let inner = BETA * (x + KAPPA * x * x * x);
-        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
-    }
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {

@@ -7,16 +7,20 @@
 //! Q4_K_M (their shapes and stored types; `--model smollm2`, `gemma3` or `qwen2.5` for one), GFLOP/s of `matmul` with `N`
 //! tokens (default 256, a prompt) on one thread, by the thread's CPU time (meaningful on a
 //! machine shared with other work), best of `R` rounds (default 3), and its share of the FMA
-//! peak; then the whole layer's matmuls in µs per token. The peak is that of one core,
+//! peak; then the whole layer's matmuls in µs per token, and its gated activation (tanh GELU
+//! for Gemma 3, SiLU for the others) in µs per token. The peak is that of one core,
 //! measured by a loop of 12 independent fma chains at the level the kernels run
 //! (multiply-adds per second × 2; `LOIP_SIMD=avx2` gives the AVX2 figures).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use loip_kernels::{matmul, simd_level, DType, Matrix};
+use loip_kernels::{gelu_tanh_mul, matmul, silu_mul, simd_level, DType, Matrix};
 use rand::SeedableRng;
 use std::time::{Duration, Instant};
+
+/// A gated activation kernel: `(gate, up)`, `gate` in place.
+type Act = fn(&mut [f32], &[f32]);
 
 /// One matrix of a layer: name, rows, cols, stored type.
 type Shape = (&'static str, usize, usize, DType);
@@ -193,6 +197,30 @@ fn main() {
             println!(
                 "{name:<8} layer matmuls: {:.1} µs per token",
                 layer / tokens as f64 / 1e3
+            );
+            // the gated activation between the up/gate and down projections, on the gate's
+            // (tokens, intermediate) output: Gemma 3's tanh GELU, SiLU for the others
+            let inter = shapes[4].1;
+            let (act_name, act): (&str, Act) = if name == "gemma3" {
+                ("gelu_tanh_mul", gelu_tanh_mul)
+            } else {
+                ("silu_mul", silu_mul)
+            };
+            let src = common::random_f32(tokens * inter, &mut rng);
+            let up = common::random_f32(tokens * inter, &mut rng);
+            let mut gate = src.clone();
+            let best = (0..rounds)
+                .map(|_| {
+                    cpu_ns_per_call(|| {
+                        gate.copy_from_slice(&src); // fresh inputs each call
+                        act(&mut gate, &up)
+                    })
+                })
+                .fold(f64::MAX, f64::min);
+            println!(
+                "{name:<8} {act_name} ({tokens}x{inter}, with a copy of its input): {:.2} µs per token, {:.2} ns per element",
+                best / tokens as f64 / 1e3,
+                best / (tokens * inter) as f64
             );
         }
     });

@@ -27,6 +27,10 @@
 //! correctly rounded operations (add, mul, fma, comparisons), accurate to about 1 ulp.
 //! Results below about 2.4e-38 (inputs below -86.6) are flushed to `+0.0`; inputs above
 //! 88.7228 give `+inf`; NaN gives NaN.
+//!
+//! **Gated activations** ([`Act`]): `gate[i] = v / (1 + exp(arg)) * up[i]`, each operation
+//! rounded in this order, with `arg = -v` (SiLU) or `v * fma(v * v, C1, C0)` (PyTorch's tanh
+//! GELU rewritten with the canonical exp, see [`Act::GeluTanh`]).
 
 /// Lanes of one canonical group.
 pub(crate) const LANES: usize = 16;
@@ -194,12 +198,49 @@ pub(crate) fn exp(x: f32) -> f32 {
     }
 }
 
-/// Portable `silu_mul` (`gate[i] = silu(gate[i]) * up[i]`, canonical exp): the portable
-/// path of [`crate::silu_mul`] and the SIMD paths' remainder.
-pub(crate) fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
+/// The activation of a gated MLP: `gate[i] = act(gate[i]) * up[i]`. Both are
+/// `v / (1 + exp(arg(v)))` with the canonical exp, and differ only in `arg` ([`Act::arg`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Act {
+    /// SwiGLU: `silu(v) = v / (1 + exp(-v))`.
+    Silu,
+    /// GeGLU with PyTorch's `gelu(approximate="tanh")`,
+    /// `0.5 v (1 + tanh(√(2/π) (v + 0.044715 v³)))`, computed as
+    /// `v / (1 + exp(-2√(2/π) (v + 0.044715 v³)))` (the same function: `(1 + tanh z) / 2` is
+    /// `1 / (1 + exp(-2z))`), so that it needs only the canonical exp, and no libm `tanhf`
+    /// whose results differ between C libraries.
+    GeluTanh,
+}
+
+/// Constants of the canonical tanh GELU ([`Act::GeluTanh`]).
+pub(crate) mod gelu_consts {
+    /// √(2/π)
+    const BETA: f64 = 0.797_884_560_802_865_4;
+    /// `-2√(2/π)`: the argument of the exp is `v * fma(v * v, C1, C0)`
+    pub const C0: f32 = (-2.0 * BETA) as f32;
+    /// `-2√(2/π) · 0.044715`
+    pub const C1: f32 = (-2.0 * BETA * 0.044715) as f32;
+}
+
+impl Act {
+    /// The exp's argument: `-v` (SiLU), or `v * fma(v * v, C1, C0)` (tanh GELU), rounded
+    /// after each operation as written.
+    #[inline(always)]
+    pub(crate) fn arg(self, v: f32) -> f32 {
+        match self {
+            Act::Silu => -v,
+            Act::GeluTanh => v * (v * v).mul_add(gelu_consts::C1, gelu_consts::C0),
+        }
+    }
+}
+
+/// Portable gated activation (`gate[i] = v / (1 + exp(act.arg(v))) * up[i]` with
+/// `v = gate[i]`, canonical exp): the portable path of [`crate::silu_mul`] and
+/// [`crate::gelu_tanh_mul`] and the SIMD paths' remainder.
+pub(crate) fn act_mul_scalar(act: Act, gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let v = *g;
-        *g = v / (1.0 + crate::canon::exp(-v)) * u;
+        *g = v / (1.0 + crate::canon::exp(act.arg(v))) * u;
     }
 }
 
@@ -231,6 +272,42 @@ mod tests {
         assert_eq!(exp(100.0), f32::INFINITY);
         assert_eq!(exp(f32::INFINITY), f32::INFINITY);
         assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn gelu_tanh_matches_pytorch_formula() {
+        // against 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))) in f64
+        let want = |x: f64| {
+            let z = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            0.5 * x * (1.0 + z.tanh())
+        };
+        let gelu = |x: f32| {
+            let mut g = [x];
+            act_mul_scalar(Act::GeluTanh, &mut g, &[1.0]);
+            g[0]
+        };
+        let (mut worst_rel, mut worst_abs) = (0f64, 0f64);
+        let mut x = -12.0f32;
+        while x < 12.0 {
+            let (got, w) = (gelu(x) as f64, want(x as f64));
+            if x > -3.0 {
+                // where the output is not tiny: a few ulp
+                worst_rel = worst_rel.max((got - w).abs() / w.abs().max(1e-30));
+            } else {
+                // the tail towards -0 (|output| < 0.004)
+                worst_abs = worst_abs.max((got - w).abs());
+            }
+            x += 0.001_37;
+        }
+        assert!(worst_rel < 1e-6, "relative error {worst_rel}");
+        assert!(worst_abs < 1e-8, "absolute error {worst_abs}");
+        assert_eq!(gelu(0.0), 0.0);
+        assert_eq!(gelu(1e20), 1e20);
+        assert_eq!(gelu(f32::INFINITY), f32::INFINITY);
+        assert_eq!(gelu(-1e20), 0.0);
+        // -inf · 0 in PyTorch's form, -inf / inf here
+        assert!(gelu(f32::NEG_INFINITY).is_nan());
+        assert!(gelu(f32::NAN).is_nan());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! A level the CPU does not support falls back to the scalar path, so these functions are
 //! safe to call with any level. Slice lengths are checked here, before any `unsafe` code.
 
+use crate::canon::Act;
 use crate::dequant::{prefix_bytes, row_dots_scalar};
 use crate::dtype::DType;
 use crate::simd::{detected, per_row_batches, Level};
@@ -280,16 +281,24 @@ pub(crate) fn exp_inplace(level: Level, s: &mut [f32]) {
     }
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]`. Panics if the lengths differ.
-pub(crate) fn silu_mul(level: Level, gate: &mut [f32], up: &[f32]) {
-    assert_eq!(gate.len(), up.len(), "silu_mul lengths");
-    match usable(level) {
+/// `gate[i] = act(gate[i]) * up[i]` (see [`Act`]). Panics if the lengths differ.
+pub(crate) fn act_mul(level: Level, act: Act, gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "act_mul lengths");
+    match (usable(level), act) {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; equal lengths.
-        Level::Avx512 => unsafe { crate::x86::avx512_act::silu_mul(gate, up) },
+        (Level::Avx512, Act::Silu) => unsafe { crate::x86::avx512_act::act_mul::<false>(gate, up) },
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: features detected; equal lengths.
-        Level::Avx2 => unsafe { crate::x86::avx2::silu_mul(gate, up) },
-        _ => crate::canon::silu_mul_scalar(gate, up),
+        (Level::Avx512, Act::GeluTanh) => unsafe {
+            crate::x86::avx512_act::act_mul::<true>(gate, up)
+        },
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: features detected; equal lengths.
+        (Level::Avx2, Act::Silu) => unsafe { crate::x86::avx2::act_mul::<false>(gate, up) },
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: features detected; equal lengths.
+        (Level::Avx2, Act::GeluTanh) => unsafe { crate::x86::avx2::act_mul::<true>(gate, up) },
+        _ => crate::canon::act_mul_scalar(act, gate, up),
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! - [`matmul`] / [`matmul_many`] / [`matmul_ref`] / [`dequant_row`]: weights in their stored
 //!   dtype.
-//! - [`rmsnorm`], [`silu_mul`], [`rope_half`]: element-wise f32 kernels.
+//! - [`rmsnorm`], [`silu_mul`], [`gelu_tanh_mul`], [`rope_half`]: element-wise f32 kernels.
 //! - [`attention`] / [`attention_ref`]: one query token over a KV cache;
 //!   [`attention_causal`]: the tokens of a prompt chunk, each over its causal prefix.
 //! - [`simd_level`] / [`set_force_scalar`] / [`set_per_row_batches`] / [`set_lane_tiles`]:
@@ -16,7 +16,7 @@
 //! weight addresses. The `_ref` functions are plain, independent scalar code for tests.
 
 pub use crate::attention::{attention, attention_causal, attention_ref};
-pub use crate::elementwise::{rmsnorm, rope_half, silu_mul};
+pub use crate::elementwise::{gelu_tanh_mul, rmsnorm, rope_half, silu_mul};
 pub use crate::matmul::{dequant_row, matmul, matmul_many, matmul_ref};
 pub use crate::simd::{
     set_force_scalar, set_lane_tiles, set_per_row_batches, set_short_tiles_off, simd_level,

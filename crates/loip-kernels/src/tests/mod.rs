@@ -209,7 +209,7 @@ fn scalar_path_is_canonical_dot_of_dequantized_row() {
 }
 
 #[test]
-fn dot_exp_silu_rows_levels_bit_identical() {
+fn dot_exp_act_rows_levels_bit_identical() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     for len in [0, 1, 5, 8, 15, 16, 17, 31, 64, 65, 130, 1000] {
         let a = random_f32(len, &mut rng);
@@ -235,7 +235,27 @@ fn dot_exp_silu_rows_levels_bit_identical() {
         let want_dot = canon::dot_f32(&a, &b);
         let want_exp: Vec<f32> = e.iter().map(|&v| canon::exp(v)).collect();
         let mut want_silu = a.clone();
-        crate::canon::silu_mul_scalar(&mut want_silu, &b);
+        canon::act_mul_scalar(canon::Act::Silu, &mut want_silu, &b);
+        // GELU inputs: its whole range (the exp's clamps at both ends), with special values
+        let mut ge: Vec<f32> = (0..len).map(|_| rng.gen_range(-40.0f32..40.0)).collect();
+        for (i, s) in [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            1e20,
+            -1e20,
+            -9.3,
+        ]
+        .iter()
+        .enumerate()
+        {
+            if i < ge.len() {
+                ge[i] = *s;
+            }
+        }
+        let mut want_gelu = ge.clone();
+        canon::act_mul_scalar(canon::Act::GeluTanh, &mut want_gelu, &b);
         for level in LEVELS.into_iter().filter(|&l| supported(l)) {
             assert_eq!(
                 dispatch::dot_f32(level, &a, &b).to_bits(),
@@ -251,8 +271,16 @@ fn dot_exp_silu_rows_levels_bit_identical() {
                 );
             }
             let mut s = a.clone();
-            dispatch::silu_mul(level, &mut s, &b);
+            dispatch::act_mul(level, canon::Act::Silu, &mut s, &b);
             assert_eq!(bits(&s), bits(&want_silu), "silu {len} {level:?}");
+            let mut s = ge.clone();
+            dispatch::act_mul(level, canon::Act::GeluTanh, &mut s, &b);
+            for (g, w) in s.iter().zip(&want_gelu) {
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "gelu {len} {level:?}: {g} vs {w}"
+                );
+            }
             // rows of `len` columns, stride len + 3, 19 rows (two blocks of 8 and a rest)
             let stride = len + 3;
             let rows = random_f32(19 * stride, &mut rng);

@@ -4,7 +4,9 @@
 
 use super::{bits, random_f32, random_matrix};
 use crate::attention::{attention_at, attention_causal_at};
+use crate::canon::Act;
 use crate::dtype::{DType, Matrix};
+use crate::elementwise::act_mul_par;
 use crate::matmul::{matmul_at, matmul_many_at};
 use crate::ops::on_pool;
 use crate::simd::{supported, Level};
@@ -56,6 +58,14 @@ fn step(level: Level, ws: &[Matrix], x: &[f32], kv: (&[f32], &[f32])) -> Vec<f32
     let start = ctx - 4;
     attention_causal_at(level, q, k, v, start, (heads, kv_heads, hd), &mut o);
     out.extend(o);
+    // the activations of a prompt's MLP, long enough to be split over the threads
+    let len = x.len() * 10 + 37;
+    let up: Vec<f32> = x.iter().cycle().skip(5).take(len).copied().collect();
+    for act in [Act::Silu, Act::GeluTanh] {
+        let mut g: Vec<f32> = x.iter().cycle().take(len).map(|v| v * 3.0).collect();
+        act_mul_par(level, act, &mut g, &up);
+        out.extend(g);
+    }
     out
 }
 
@@ -121,8 +131,11 @@ fn every_chunk_runs_once_across_parks_and_nesting() {
         p.install(|| {
             on_pool(|| {
                 // under Miri (`cargo +nightly miri test`) a few rounds check the protocol
-                let (rounds, nest_every, park_every) =
-                    if cfg!(miri) { (12, 5, 4) } else { (300usize, 50, 100) };
+                let (rounds, nest_every, park_every) = if cfg!(miri) {
+                    (12, 5, 4)
+                } else {
+                    (300usize, 50, 100)
+                };
                 for round in 0..rounds {
                     let n = 1 + round % 97;
                     let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();

@@ -1,5 +1,5 @@
 //! AVX-512F kernels on f32 activations: attention's dot products and weighted sums, the
-//! canonical exp, SiLU·up. Same canonical order as [`crate::canon`].
+//! canonical exp, SiLU·up and tanh-GELU·up. Same canonical order as [`crate::canon`].
 //!
 //! Safety: every `unsafe fn` here requires a CPU with AVX-512F, AVX2, FMA and F16C
 //! (checked by [`crate::simd`]) and the buffer lengths stated in its docs.
@@ -11,6 +11,7 @@ use std::arch::x86_64::*;
 
 use super::avx512::{dot_float, reduce4, F32};
 use crate::canon::exp_consts as ec;
+use crate::canon::{gelu_consts as gl, Act};
 
 /// Canonical dot product of two f32 slices of equal length.
 ///
@@ -108,25 +109,33 @@ pub(crate) unsafe fn exp_inplace(s: &mut [f32]) {
     }
 }
 
-/// `gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i]`.
+/// `gate[i] = v / (1 + exp(arg(v))) * up[i]` with `v = gate[i]`: SiLU·up (`GELU` false,
+/// `arg(v) = 0 - v`) or tanh-GELU·up (`GELU` true, `arg(v) = v * fma(v * v, C1, C0)`); see
+/// [`crate::canon::Act`].
 ///
 /// # Safety
 /// AVX-512F/AVX2/FMA/F16C available; equal lengths.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+pub(crate) unsafe fn act_mul<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
     let one = _mm512_set1_ps(1.0);
+    let (c0, c1) = (_mm512_set1_ps(gl::C0), _mm512_set1_ps(gl::C1));
     let mut g = gate.chunks_exact_mut(16);
     let mut u = up.chunks_exact(16);
     for (gc, uc) in (&mut g).zip(&mut u) {
         let v = _mm512_loadu_ps(gc.as_ptr());
-        let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));
-        let s = _mm512_div_ps(v, _mm512_add_ps(one, e));
+        let arg = if GELU {
+            _mm512_mul_ps(v, _mm512_fmadd_ps(_mm512_mul_ps(v, v), c1, c0))
+        } else {
+            _mm512_sub_ps(_mm512_setzero_ps(), v)
+        };
+        let s = _mm512_div_ps(v, _mm512_add_ps(one, exp16(arg)));
         _mm512_storeu_ps(
             gc.as_mut_ptr(),
             _mm512_mul_ps(s, _mm512_loadu_ps(uc.as_ptr())),
         );
     }
-    crate::canon::silu_mul_scalar(g.into_remainder(), u.remainder());
+    let act = if GELU { Act::GeluTanh } else { Act::Silu };
+    crate::canon::act_mul_scalar(act, g.into_remainder(), u.remainder());
 }
 
 /// `out[i] = fma(p[t], v[t * stride + i], out[i])` for `t = 0, 1, ..` in order, `i < out.len()`
