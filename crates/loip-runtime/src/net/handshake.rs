@@ -246,6 +246,24 @@ where
     Ok((h, role))
 }
 
+/// The first frame's error from a server that is not a loip worker, said as such: its first
+/// four bytes, read as a frame length, name what it speaks (`HTTP`, `SSH-`, text).
+fn not_a_worker(e: WireError) -> WireError {
+    let what = match e {
+        WireError::TooLarge { len, .. } => match &(len as u32).to_le_bytes() {
+            b"HTTP" => "it answered HTTP",
+            b"SSH-" => "it answered SSH",
+            b if b.iter().all(|c| c.is_ascii_graphic() || *c == b' ') => "it answered text",
+            _ => "its first bytes are no loip frame",
+        },
+        WireError::BadKind(_) => "its first frame is of no loip kind",
+        e => return e,
+    };
+    WireError::Protocol(format!(
+        "not a loip worker ({what}): check the address and port"
+    ))
+}
+
 /// The coordinator's side: hellos, the three Noise messages, the worker's sealed
 /// confirmation checked.
 pub async fn connect<R, W>(
@@ -275,7 +293,9 @@ where
 {
     let hello_c = wire::hello_payload(role, PROTOCOL_VERSION);
     wire::write_frame(wr, FrameKind::Hello, &hello_c, None).await?;
-    let hello = wire::read_frame(rd, PRE_AUTH_FRAME).await?;
+    let hello = wire::read_frame(rd, PRE_AUTH_FRAME)
+        .await
+        .map_err(not_a_worker)?;
     wire::check_hello(&hello)?;
     if wire::hello_role(&hello) != Some(Role::Worker) {
         return Err(WireError::Protocol(
@@ -322,6 +342,32 @@ mod tests {
             .enable_all()
             .build()
             .unwrap()
+    }
+
+    #[test]
+    fn a_server_that_is_not_a_worker_is_named_for_what_it_speaks() {
+        for (answer, says) in [
+            (&b"HTTP/1.1 400 Bad Request\r\n\r\n"[..], "it answered HTTP"),
+            (&b"SSH-2.0-OpenSSH_9.6\r\n"[..], "it answered SSH"),
+            (&b"220 smtp ready\r\n"[..], "it answered text"),
+        ] {
+            let e = rt().block_on(async {
+                use tokio::io::AsyncWriteExt;
+                let (c_side, mut server) = tokio::io::duplex(1 << 16);
+                server.write_all(answer).await.unwrap();
+                let (mut rd, mut wr) = tokio::io::split(c_side);
+                let me = Identity::generate();
+                connect(&mut rd, &mut wr, "a-token-of-some-length", &me)
+                    .await
+                    .err()
+                    .unwrap()
+            });
+            let msg = e.to_string();
+            assert!(
+                msg.contains("not a loip worker") && msg.contains(says),
+                "{msg}"
+            );
+        }
     }
 
     /// Runs both sides over in-memory pipes, the connecting side's bytes passed through `edit`
