@@ -191,6 +191,7 @@ pub fn start(
     opts.connect.known_devices = Some(std::sync::Arc::new(
         loip_runtime::net::known::KnownDevices::new(known, c.accept_new_key.clone()),
     ));
+    opts.on_ship = ship_bars(false);
     let s = Session::start(dir, workers, opts)?;
     if let Some(p) = &c.plan_out {
         std::fs::write(p, s.plan.to_json()).with_context(|| format!("writing {}", p.display()))?;
@@ -436,4 +437,40 @@ pub fn cluster_report(
     };
     extra.insert("breakdown".into(), serde_json::to_value(b)?);
     Ok(Some((b, predicted, extra)))
+}
+
+/// A progress bar per device for the slices going out to it (bytes, rate, time left), on a
+/// terminal; `None` when `quiet` or stderr is not a terminal.
+pub fn ship_bars(quiet: bool) -> Option<loip_runtime::coordinator::OnShip> {
+    use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+    use loip_runtime::coordinator::{OnShip, ShipProgress};
+    if quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return None;
+    }
+    let multi = MultiProgress::new();
+    let bars: std::sync::Mutex<std::collections::HashMap<String, ProgressBar>> = Default::default();
+    Some(OnShip(std::sync::Arc::new(move |p: ShipProgress<'_>| {
+        if p.total == 0 {
+            return;
+        }
+        let mut bars = bars.lock().unwrap_or_else(|e| e.into_inner());
+        let bar = bars.entry(p.device.to_string()).or_insert_with(|| {
+            let b = multi.add(ProgressBar::new(p.total));
+            let tpl = "{prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}";
+            b.set_style(
+                ProgressStyle::with_template(tpl).unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b.set_prefix(format!("slices to {}", p.device));
+            b
+        });
+        // a later call for the same device (the probe's layer first, then the rest)
+        if bar.length() != Some(p.total) || p.sent < bar.position() {
+            bar.reset();
+            bar.set_length(p.total);
+        }
+        bar.set_position(p.sent);
+        if p.sent >= p.total {
+            bar.finish();
+        }
+    })))
 }

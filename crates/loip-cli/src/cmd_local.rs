@@ -409,6 +409,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
     if !a.whole_context {
         opts.admitted = Some((prep.prompt_ids.len() * n) as u64);
     }
+    opts.on_ship = crate::backend::ship_bars(a.json);
     let fixed = fixed_profiles(&a, workers.procs.len())?;
     let s = Session::start(&dir, workers.specs(fixed.as_deref()), opts)?;
     if !a.json {

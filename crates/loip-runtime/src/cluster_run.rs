@@ -30,9 +30,7 @@ use std::time::{Duration, Instant};
 use loip_engine::generate::{generate, Flow};
 use loip_engine::{GenerateOptions, GenerateOutput};
 use loip_model::slice::{Manifest, SliceKind};
-use loip_plan::{
-    Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest,
-};
+use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest};
 use serde::Serialize;
 
 use crate::coordinator::{
@@ -145,6 +143,8 @@ pub struct SessionOptions {
     /// with adaptation: no plan switches and no lending; a device near its budget only
     /// evicts and recomputes (the last resort alone, for comparison: `--evict-only`)
     pub evict_only: bool,
+    /// told as slices go out to each device (a progress bar)
+    pub on_ship: Option<crate::coordinator::OnShip>,
 }
 
 impl Default for SessionOptions {
@@ -173,6 +173,7 @@ impl Default for SessionOptions {
             lending: false,
             adapt: Default::default(),
             evict_only: false,
+            on_ship: None,
         }
     }
 }
@@ -299,16 +300,8 @@ pub fn profile_from_probe(
             mlp.push((g.b, g.mlp_s));
         }
     }
-    DeviceProfile::from_measurements(
-        name,
-        mem_budget,
-        shape,
-        attn,
-        mlp,
-        p.direct,
-        p.conventional,
-    )
-    .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))
+    DeviceProfile::from_measurements(name, mem_budget, shape, attn, mlp, p.direct, p.conventional)
+        .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))
 }
 
 /// The cost model's link for a star over `links`.
@@ -447,6 +440,7 @@ async fn setup(
                     model_dir,
                     manifest,
                     &[SliceKind::Attn(0), SliceKind::Mlp(0)],
+                    opts.on_ship.as_ref(),
                 )
                 .await?;
             reports[i].shipped.sent.extend(s.sent);
@@ -546,13 +540,9 @@ async fn setup(
                 allow_drop: opts.allow_drop,
             };
             match opts.admitted {
-                Some(n) => loip_plan::adapt::plan_for_admission(
-                    &opts.planner,
-                    &shape,
-                    &cluster,
-                    &req,
-                    n,
-                ),
+                Some(n) => {
+                    loip_plan::adapt::plan_for_admission(&opts.planner, &shape, &cluster, &req, n)
+                }
                 None => loip_plan::plan(&opts.planner, &shape, &cluster, &req),
             }
             .map_err(|e| left_out(e.into()))?
@@ -585,7 +575,9 @@ async fn setup(
             ClusterError::Invalid(format!("device `{}` appears twice in the plan", d.name))
         })?;
         let kinds = device_slices(&plan, i, manifest.config.tie_word_embeddings);
-        let s = c.ship(model_dir, manifest, &kinds).await?;
+        let s = c
+            .ship(model_dir, manifest, &kinds, opts.on_ship.as_ref())
+            .await?;
         let r = &mut reports[idx];
         r.shipped.reused = s.reused;
         r.shipped.sent_bytes += s.sent_bytes;
@@ -618,7 +610,11 @@ async fn setup(
     };
     let reaches = |a: usize, b: usize| {
         let (a, b) = (peer_ids[a] as usize, peer_ids[b] as usize);
-        reach.get(a).and_then(|r| r.get(b)).copied().unwrap_or(false)
+        reach
+            .get(a)
+            .and_then(|r| r.get(b))
+            .copied()
+            .unwrap_or(false)
     };
     let direct: Vec<bool> = (0..route.hops.len())
         .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))

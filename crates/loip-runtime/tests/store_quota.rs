@@ -32,6 +32,14 @@ fn worker(store: std::path::PathBuf, quota: u64) -> String {
 }
 
 fn session(slices: &std::path::Path, addr: &str) -> Result<Session, String> {
+    session_with(slices, addr, None)
+}
+
+fn session_with(
+    slices: &std::path::Path,
+    addr: &str,
+    on_ship: Option<loip_runtime::coordinator::OnShip>,
+) -> Result<Session, String> {
     let m = Manifest::load(slices).unwrap();
     let names = vec!["dev1".to_string()];
     let plan = uniform_plan(
@@ -51,6 +59,7 @@ fn session(slices: &std::path::Path, addr: &str) -> Result<Session, String> {
         context: 64,
         max_step_tokens: 16,
         step_timeout: Duration::from_secs(60),
+        on_ship,
         ..Default::default()
     };
     Session::start(slices, specs, opts).map_err(|e| e.to_string())
@@ -86,8 +95,23 @@ fn slices_beyond_the_store_quota_are_refused_and_the_worker_lives() {
         "{held} bytes held over a quota of {}",
         total / 2
     );
-    // a worker with room serves the same model
+    // a worker with room serves the same model; the progress callback sees every byte go
     let addr = worker(root.join("whole"), total + (1 << 20));
-    let s = session(&slices, &addr).unwrap_or_else(|e| panic!("session: {e}"));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let on_ship = loip_runtime::coordinator::OnShip(std::sync::Arc::new(move |p| {
+        log.lock()
+            .unwrap()
+            .push((p.device.to_string(), p.sent, p.total));
+    }));
+    let s = session_with(&slices, &addr, Some(on_ship)).unwrap_or_else(|e| panic!("session: {e}"));
     s.shutdown();
+    let seen = seen.lock().unwrap();
+    let (device, sent, total) = seen.last().cloned().expect("progress told");
+    assert_eq!((device.as_str(), sent), ("dev1", total), "{seen:?}");
+    assert!(
+        seen.windows(2)
+            .all(|w| w[0].1 <= w[1].1 || w[1].2 != w[0].2),
+        "{seen:?}"
+    );
 }

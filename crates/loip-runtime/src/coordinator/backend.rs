@@ -7,9 +7,9 @@
 //! back) and here otherwise; either way the engine's sampler's mask-then-argmax on the same
 //! bits, so the tokens are those of the single-device engine.
 
+use loip_engine::batch::pick_rows;
 use loip_engine::generate::Next;
 use loip_engine::kv::SeqId;
-use loip_engine::batch::pick_rows;
 use loip_engine::{BatchBackend, EngineError, RowPick, StepBackend, TokenPos};
 
 use super::{ClusterError, Pipeline, RowsOut, StepOutput, StepStats};

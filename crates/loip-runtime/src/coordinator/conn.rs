@@ -87,6 +87,27 @@ pub struct ShipStats {
     pub reused: usize,
 }
 
+/// Slices being sent to one device: bytes sent so far of the bytes to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShipProgress<'a> {
+    /// the device
+    pub device: &'a str,
+    /// bytes sent so far (of this call)
+    pub sent: u64,
+    /// bytes this call sends (slices the device already holds are not counted)
+    pub total: u64,
+}
+
+/// Called as slices go out (after each chunk), e.g. to draw a progress bar.
+#[derive(Clone)]
+pub struct OnShip(pub Arc<dyn Fn(ShipProgress<'_>) + Send + Sync>);
+
+impl std::fmt::Debug for OnShip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnShip(..)")
+    }
+}
+
 /// The writing half of a session, shared by its user and its keepalive task.
 pub(super) type SharedWriter = Arc<tokio::sync::Mutex<SealedWriter<OwnedWriteHalf>>>;
 
@@ -355,6 +376,7 @@ impl Conn {
         dir: &Path,
         manifest: &Manifest,
         kinds: &[SliceKind],
+        on_ship: Option<&OnShip>,
     ) -> Result<ShipStats, NetError> {
         let held: HashMap<String, (u64, String)> = self
             .info
@@ -362,6 +384,23 @@ impl Conn {
             .iter()
             .map(|s| (s.file.clone(), (s.size, s.crc32.clone())))
             .collect();
+        let total: u64 = kinds
+            .iter()
+            .filter_map(|&k| manifest.slice(k))
+            .filter(|e| held.get(&e.file) != Some(&(e.size, e.crc32.clone())))
+            .map(|e| e.size)
+            .sum();
+        let name = self.endpoint.name.clone();
+        let mut sent = 0u64;
+        let tell = |sent: u64| {
+            if let Some(f) = on_ship {
+                (f.0)(ShipProgress {
+                    device: &name,
+                    sent,
+                    total,
+                });
+            }
+        };
         let mut stats = ShipStats::default();
         for &k in kinds {
             let entry = manifest.slice(k).cloned().ok_or_else(|| {
@@ -391,6 +430,8 @@ impl Conn {
                     .map_err(|e| self.err(WireError::Io(e)))?;
                 self.send_frame(FrameKind::SliceData, &buf[..n]).await?;
                 left -= n as u64;
+                sent += n as u64;
+                tell(sent);
             }
             match self.recv("the slice receipt").await? {
                 ToCoordinator::Stored { file } if file == entry.file => {}
