@@ -105,11 +105,10 @@ impl Watch {
     }
 }
 
-/// Takes [`Sample`]s of this process's memory from the kernel, at most every `every`.
+/// Takes [`Sample`]s of this process's memory from the kernel, at most every [`EVERY`].
 #[derive(Debug)]
 pub struct Sampler {
     cgroup: Option<Cgroup>,
-    every: Duration,
     last: Option<Instant>,
 }
 
@@ -120,16 +119,12 @@ impl Sampler {
     /// Samples against the process's cgroup limit where it has one; nothing without.
     pub fn new() -> Sampler {
         let cgroup = Cgroup::of_self().filter(|c| c.limit().is_some());
-        Sampler {
-            cgroup,
-            every: EVERY,
-            last: None,
-        }
+        Sampler { cgroup, last: None }
     }
 
     /// A sample, unless one was taken less than [`EVERY`] ago.
     pub fn sample(&mut self, now: Instant) -> Option<Sample> {
-        if self.last.is_some_and(|t| now < t + self.every) {
+        if self.last.is_some_and(|t| now < t + EVERY) {
             return None;
         }
         self.last = Some(now);
