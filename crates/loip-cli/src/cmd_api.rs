@@ -13,7 +13,6 @@ use loip_plan::Pattern;
 use loip_server::{Limits, ServedModel, ServerConfig};
 
 use crate::backend::{self, ClusterArgs, OffloadArgs};
-use crate::model_load;
 
 /// Arguments of `loip api`.
 #[derive(Args, Debug)]
@@ -221,7 +220,7 @@ pub fn run(a: ApiArgs) -> Result<()> {
 
 /// The server's view of the model; why a tokenizer or template is missing is logged here
 /// (it may name files), clients are only told that it is.
-fn served(info: model_load::ModelInfo) -> ServedModel {
+fn served(info: loip::model::ModelInfo) -> ServedModel {
     let tokenizer = info
         .tokenizer
         .map_err(|e| eprintln!("warning: no tokenizer ({e:#}); only token-id prompts are accepted"))

@@ -118,7 +118,7 @@ fn decode_ms<B: StepBackend>(b: &mut B, tokens: usize) -> Result<f64> {
 const PREFILL_TOKENS: usize = 256;
 
 fn engine(model: &str, tokens: usize) -> Result<serde_json::Value> {
-    let ckpt = crate::model_load::open(model)?;
+    let ckpt = loip::model::open(model)?;
     let m = Model::from_checkpoint(&ckpt)?;
     let mut rows = vec![];
     // a 256-token prompt (token ids cycling below the vocabulary) for the prefill column
@@ -160,7 +160,7 @@ const BATCH_ROUNDS: usize = 5;
 /// within each round; medians.
 fn batched(model: &str, tokens: usize, seqs: &[usize]) -> Result<serde_json::Value> {
     use loip_engine::batch::{BatchRunner, Feed};
-    let ckpt = crate::model_load::open(model)?;
+    let ckpt = loip::model::open(model)?;
     let m = Model::from_checkpoint(&ckpt)?;
     let vocab = m.tf.cfg.vocab_size.max(1) as u32;
     let tokens = tokens.max(1);
@@ -246,7 +246,7 @@ fn median(xs: &mut [f64]) -> f64 {
 /// the loader's request size and queue depth, no checksum), the direct loader and the
 /// conventional one, interleaved round by round; medians.
 fn loader(model: &str, repeats: usize) -> Result<serde_json::Value> {
-    let dir = crate::cmd_split::slices_for(model)?;
+    let dir = crate::progress::slices_for(model)?;
     let m = Manifest::load(&dir)?;
     let blocks: Vec<_> = (0..2)
         .map(|l| {
@@ -321,7 +321,7 @@ fn loader(model: &str, repeats: usize) -> Result<serde_json::Value> {
 }
 
 fn offload(model: &str, tokens: usize) -> Result<serde_json::Value> {
-    let dir = crate::cmd_split::slices_for(model)?;
+    let dir = crate::progress::slices_for(model)?;
     let m = Manifest::load(&dir)?;
     let opts = |rule, loader, overlap| LocalOptions {
         mem_budget: None,

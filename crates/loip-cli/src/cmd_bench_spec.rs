@@ -207,9 +207,9 @@ fn run_pair<B: StepBackend + Rewind>(
 
 /// `loip bench speculate`.
 pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
-    let ckpt = crate::model_load::open(&a.model)?;
-    let tok = crate::model_load::tokenizer(&ckpt)?;
-    let chat = crate::model_load::chat_template(&ckpt)?;
+    let ckpt = loip::model::open(&a.model)?;
+    let tok = loip::model::tokenizer(&ckpt)?;
+    let chat = loip::model::chat_template(&ckpt)?;
     let mut prompts = Vec::new();
     let texts: Vec<(String, String)> = if a.prompt_file.is_empty() {
         PROMPTS
@@ -247,7 +247,7 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
     let mut sliced = if a.no_offload {
         None
     } else {
-        let dir = crate::cmd_split::slices_for(&a.model)?;
+        let dir = crate::progress::slices_for(&a.model)?;
         let mem_budget = a.mem.as_deref().map(loip_plan::parse_bytes).transpose()?;
         let lopts = LocalOptions {
             mem_budget,

@@ -7,7 +7,7 @@ use loip_model::Checkpoint;
 use loip_plan::Pattern;
 
 use crate::backend::{self, ClusterArgs, OffloadArgs};
-use crate::model_load;
+
 use crate::request::{prepare, report, Prepared, Printer, PromptArgs};
 use crate::speculate::{self, SpecArgs};
 
@@ -198,7 +198,7 @@ fn generate_speculative(
 
 /// `loip logits`.
 pub fn logits(a: LogitsArgs) -> Result<()> {
-    let ckpt = model_load::open(&a.model)?;
+    let ckpt = loip::model::open(&a.model)?;
     let model = Model::from_checkpoint(&ckpt)?;
     let vocab = ckpt.config.vocab_size;
     let logits = model.prompt_logits(&a.ids)?;

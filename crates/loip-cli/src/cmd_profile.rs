@@ -30,7 +30,7 @@ pub struct ProfileArgs {
 
 /// `loip profile`.
 pub fn run(a: ProfileArgs) -> Result<()> {
-    let dir = crate::cmd_split::slices_for(&a.model)?;
+    let dir = crate::progress::slices_for(&a.model)?;
     let manifest = Manifest::load(&dir)?;
     let shape = loip_runtime::shape::shape_from_manifest(&a.model, &manifest);
     let mem = match &a.mem {

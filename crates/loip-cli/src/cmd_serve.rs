@@ -15,7 +15,7 @@ use loip_runtime::LoaderKind;
 use loip_server::Backend;
 
 use crate::backend::{self, print_breakdown, ClusterArgs, OffloadArgs};
-use crate::model_load;
+
 use crate::request::{prepare, report, Printer, PromptArgs};
 
 /// Arguments of `loip serve`.
@@ -55,14 +55,14 @@ pub struct ServeArgs {
 /// `loip serve`: set the cluster up, then generate for every line of stdin, on the same
 /// batched cluster backend as `loip api`.
 pub fn serve(a: ServeArgs) -> Result<()> {
-    let dir = crate::cmd_split::slices_for(&a.model)?;
+    let dir = crate::progress::slices_for(&a.model)?;
     let offload = OffloadArgs {
         mem: None,
         offload_blocks: loip_runtime::local::OffloadRule::Auto,
         loader: a.loader,
         no_overlap: false,
     };
-    let max_position = model_load::info(&dir.to_string_lossy())?
+    let max_position = loip::model::info(&dir.to_string_lossy())?
         .config
         .max_position_embeddings;
     let how = backend::How {
@@ -120,7 +120,7 @@ fn serve_lines(be: &Backend, dir: &Path, a: &ServeArgs) -> Result<()> {
 }
 
 fn serve_one(be: &Backend, dir: &Path, p: &PromptArgs, json: bool) -> Result<()> {
-    let prep = prepare(model_load::info(&dir.to_string_lossy())?, p)?;
+    let prep = prepare(loip::model::info(&dir.to_string_lossy())?, p)?;
     let mut printer = Printer::new(prep.tokenizer.as_ref(), p.stop.clone(), json);
     let out = be.generate(&prep.prompt_ids, &prep.opts, &mut |id| printer.on_token(id))?;
     let text = printer.finish();

@@ -15,8 +15,8 @@ mod cmd_simulate;
 mod cmd_split;
 mod cmd_synth;
 mod cmd_worker;
-mod model_load;
 mod model_shape;
+mod progress;
 mod request;
 mod speculate;
 

@@ -12,7 +12,7 @@ pub fn resolve_shape(model: Option<&str>, shape: Option<&str>) -> Result<ModelSh
                 let manifest = loip_model::slice::Manifest::load(dir)?;
                 return Ok(loip_runtime::shape::shape_from_manifest(m, &manifest));
             }
-            let ckpt = crate::model_load::open(m)?;
+            let ckpt = loip::model::open(m)?;
             Ok(loip_runtime::shape::shape_from_checkpoint(m, &ckpt))
         }
         (None, Some(s)) => {

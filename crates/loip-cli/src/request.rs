@@ -12,8 +12,6 @@ use loip_engine::GenerateOptions;
 use loip_model::chat::ChatMessage;
 use loip_model::tokenizer::StreamDecoder;
 
-use crate::model_load;
-
 /// Prompt and sampling options shared by `generate`, `local` and the server.
 #[derive(Args, Debug, Clone)]
 pub struct PromptArgs {
@@ -87,8 +85,8 @@ pub struct Prepared {
 }
 
 /// Tokenizes the prompt (or takes its ids) and builds the generation options.
-pub fn prepare(info: model_load::ModelInfo, p: &PromptArgs) -> Result<Prepared> {
-    let model_load::ModelInfo {
+pub fn prepare(info: loip::model::ModelInfo, p: &PromptArgs) -> Result<Prepared> {
+    let loip::model::ModelInfo {
         config,
         tokenizer,
         chat,

@@ -79,12 +79,12 @@ pub fn open_draft(
         .draft
         .as_deref()
         .context("--speculate draft needs --draft MODEL")?;
-    let ckpt = crate::model_load::open(name)?;
+    let ckpt = loip::model::open(name)?;
     let refuse = |why: String| {
         anyhow::anyhow!("the draft model {name} cannot draft for this model: its {why}")
     };
     vocab_matches(target, &ckpt.config).map_err(refuse)?;
-    let (tok, dtok) = match (target_tok, crate::model_load::tokenizer(&ckpt)) {
+    let (tok, dtok) = match (target_tok, loip::model::tokenizer(&ckpt)) {
         (Some(tok), Ok(dtok)) => (tok, dtok),
         // neither has a tokenizer (token ids in and out): the config check is all there is
         (None, Err(_)) => return Ok(ckpt),

@@ -1,4 +1,5 @@
-//! Opening a model by name or path, with its tokenizer and chat template.
+//! Opening a model by name or path (a known name is fetched, verified and cached on first
+//! use), with its tokenizer and chat template.
 
 use std::path::{Path, PathBuf};
 
