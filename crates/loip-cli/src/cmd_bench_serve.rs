@@ -5,17 +5,17 @@
 //! a seeded arrival pattern (sporadic: evenly spaced; bursty: `--burst` at once; Poisson),
 //! and prints aggregate tokens/s and time-to-first-token / inter-token percentiles.
 //!
-//! Invariants: the run is bounded (N requests, each with a `--timeout`); the HTTP client is a
-//! plain HTTP/1.1 one over TCP (`Connection: close`, chunked bodies decoded), meant for
-//! servers on a trusted network; a failed request is counted, never retried.
+//! Invariants: the run is bounded (N requests, each with a `--timeout`, a response at most
+//! 16 MiB); the client speaks plain HTTP (no TLS), meant for servers on a trusted network; a
+//! failed request is counted, never retried.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// How requests arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -124,7 +124,11 @@ pub fn run(a: ServeBenchArgs) -> Result<Value> {
     if a.arrival != Arrival::Closed && !(a.rate.is_finite() && a.rate > 0.0) {
         bail!("--rate must be a positive number");
     }
-    let (host, port) = parse_url(&a.url)?;
+    let url = completions_url(&a.url)?;
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .context("building the HTTP client")?;
     let mut rng = Rng(a.seed);
     let bodies: Vec<String> = (0..a.requests).map(|_| body(&a, &mut rng)).collect();
     let starts = arrivals(&a, &mut rng);
@@ -142,23 +146,23 @@ pub fn run(a: ServeBenchArgs) -> Result<Value> {
             let bodies = std::sync::Arc::new(bodies);
             for _ in 0..a.concurrency.min(a.requests) {
                 let (next, bodies) = (next.clone(), bodies.clone());
-                let (host, key) = (host.clone(), a.api_key.clone());
+                let (client, url, key) = (client.clone(), url.clone(), a.api_key.clone());
                 tasks.push(tokio::spawn(async move {
                     let mut out = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(b) = bodies.get(i) else { break };
-                        out.push(one(&host, port, key.as_deref(), b, timeout).await);
+                        out.push(one(&client, &url, key.as_deref(), b, timeout).await);
                     }
                     out
                 }));
             }
         } else {
             for (b, at) in bodies.into_iter().zip(starts) {
-                let (host, key) = (host.clone(), a.api_key.clone());
+                let (client, url, key) = (client.clone(), url.clone(), a.api_key.clone());
                 tasks.push(tokio::spawn(async move {
                     tokio::time::sleep_until(tokio::time::Instant::from_std(t0) + at).await;
-                    vec![one(&host, port, key.as_deref(), &b, timeout).await]
+                    vec![one(&client, &url, key.as_deref(), &b, timeout).await]
                 }));
             }
         }
@@ -191,19 +195,16 @@ pub fn run(a: ServeBenchArgs) -> Result<Value> {
     Ok(result)
 }
 
-fn parse_url(url: &str) -> Result<(String, u16)> {
-    let rest = url
-        .strip_prefix("http://")
-        .context("--url must start with http:// (plain HTTP)")?;
-    let hostport = rest.split('/').next().unwrap_or(rest);
-    let (host, port) = match hostport.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse::<u16>().context("the port of --url")?),
-        None => (hostport, 80),
-    };
-    if host.is_empty() {
+/// The completions endpoint of the server at `url` (plain HTTP).
+fn completions_url(url: &str) -> Result<reqwest::Url> {
+    let base = reqwest::Url::parse(url).with_context(|| format!("--url {url}"))?;
+    if base.scheme() != "http" {
+        bail!("--url must start with http:// (plain HTTP)");
+    }
+    if base.host_str().is_none_or(str::is_empty) {
         bail!("--url has no host");
     }
-    Ok((host.to_string(), port))
+    Ok(base.join("/v1/completions")?)
 }
 
 fn body(a: &ServeBenchArgs, rng: &mut Rng) -> String {
@@ -249,9 +250,15 @@ fn arrivals(a: &ServeBenchArgs, rng: &mut Rng) -> Vec<Duration> {
 }
 
 /// One streaming request, timed.
-async fn one(host: &str, port: u16, key: Option<&str>, body: &str, timeout: Duration) -> Sample {
+async fn one(
+    client: &reqwest::Client,
+    url: &reqwest::Url,
+    key: Option<&str>,
+    body: &str,
+    timeout: Duration,
+) -> Sample {
     let start = Instant::now();
-    let mut s = match tokio::time::timeout(timeout, request(host, port, key, body, start)).await {
+    let mut s = match tokio::time::timeout(timeout, request(client, url, key, body, start)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => Sample {
             error: Some(format!("{e:#}")),
@@ -266,107 +273,73 @@ async fn one(host: &str, port: u16, key: Option<&str>, body: &str, timeout: Dura
     s
 }
 
+/// Most bytes of one response read.
+const MAX_RESPONSE: usize = 16 << 20;
+
 async fn request(
-    host: &str,
-    port: u16,
+    client: &reqwest::Client,
+    url: &reqwest::Url,
     key: Option<&str>,
     body: &str,
     start: Instant,
 ) -> Result<Sample> {
-    let mut sock = TcpStream::connect((host, port))
-        .await
-        .with_context(|| format!("connecting to {host}:{port}"))?;
-    sock.set_nodelay(true).ok();
-    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n\
-         Accept: text/event-stream\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    sock.write_all(head.as_bytes()).await?;
-    sock.write_all(body.as_bytes()).await?;
-    let mut raw = Vec::new(); // bytes read, not yet decoded
-    let mut buf = vec![0u8; 16 * 1024];
-    // headers
-    let (status, chunked) = loop {
-        if let Some(end) = find(&raw, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&raw[..end]).to_string();
-            raw.drain(..end + 4);
-            let status: u16 = head
-                .split_whitespace()
-                .nth(1)
-                .and_then(|s| s.parse().ok())
-                .context("a bad status line")?;
-            let chunked = head.lines().any(|l| {
-                l.to_ascii_lowercase()
-                    .starts_with("transfer-encoding: chunked")
-            });
-            break (status, chunked);
-        }
-        if raw.len() > 64 * 1024 {
-            bail!("response headers over 64 KiB");
-        }
-        let n = sock.read(&mut buf).await?;
-        if n == 0 {
-            bail!("the connection closed before the headers");
-        }
-        raw.extend_from_slice(&buf[..n]);
-    };
-    let mut sample = Sample::default();
-    let mut decoded = Vec::new(); // body bytes
-    let mut events = SseTimes::default();
-    let mut eof = false;
-    loop {
-        if chunked {
-            while let Some((len, hdr)) = chunk_header(&raw) {
-                if raw.len() < hdr + len + 2 {
-                    break;
-                }
-                decoded.extend_from_slice(&raw[hdr..hdr + len]);
-                raw.drain(..hdr + len + 2);
-                if len == 0 {
-                    eof = true;
-                }
-            }
-        } else {
-            decoded.append(&mut raw);
-        }
-        events.take(&mut decoded, start, &mut sample);
-        if eof || events.done {
-            break;
-        }
-        if decoded.len() + raw.len() > 16 * 1024 * 1024 {
-            bail!("a response over 16 MiB");
-        }
-        let n = sock.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        raw.extend_from_slice(&buf[..n]);
+    let mut req = client
+        .post(url.clone())
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body(body.to_string());
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
     }
-    if status != 200 {
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("sending to {url}"))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
         bail!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&decoded)
-                .chars()
-                .take(300)
-                .collect::<String>()
+            "HTTP {}: {}",
+            status.as_u16(),
+            text.chars().take(300).collect::<String>()
         );
     }
-    if let Some(e) = events.error.take() {
+    let mut read = 0usize;
+    let mut events = resp
+        .bytes_stream()
+        .map(move |chunk| {
+            read += chunk.as_ref().map_or(0, |c| c.len());
+            if read > MAX_RESPONSE {
+                return Err(anyhow::anyhow!("a response over 16 MiB"));
+            }
+            chunk.map_err(anyhow::Error::from)
+        })
+        .eventsource();
+    let mut times = SseTimes::default();
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|e| anyhow::anyhow!("{e}"))?;
+        times.take(&event.data, start);
+        if times.done {
+            break;
+        }
+    }
+    if let Some(e) = times.error.take() {
         bail!("the stream reported an error: {e}");
     }
-    let tokens = events.usage.unwrap_or(events.content);
-    sample.tokens = tokens;
-    sample.ok = events.done && tokens > 0;
-    if let (Some(first), Some(last)) = (events.first, events.last) {
+    if !times.done {
+        bail!("the stream ended without [DONE]");
+    }
+    let tokens = times.usage.unwrap_or(times.content);
+    let mut sample = Sample {
+        tokens,
+        ok: tokens > 0,
+        ..Sample::default()
+    };
+    if let (Some(first), Some(last)) = (times.first, times.last) {
         sample.ttft_s = first;
         if tokens > 1 {
             sample.itl_s = Some((last - first) / (tokens - 1) as f64);
         }
-    }
-    if !events.done {
-        bail!("the stream ended without [DONE]");
     }
     Ok(sample)
 }
@@ -383,72 +356,52 @@ struct SseTimes {
 }
 
 impl SseTimes {
-    fn take(&mut self, body: &mut Vec<u8>, start: Instant, _s: &mut Sample) {
-        while let Some(end) = find(body, b"\n") {
-            let line = String::from_utf8_lossy(&body[..end]).trim_end().to_string();
-            body.drain(..end + 1);
-            let Some(data) = line.strip_prefix("data:") else {
-                continue;
-            };
-            let data = data.trim();
-            if data == "[DONE]" {
-                self.done = true;
-                continue;
-            }
-            let Ok(v) = serde_json::from_str::<Value>(data) else {
-                continue;
-            };
-            if let Some(e) = v.get("error") {
-                self.error = Some(e.to_string());
-            }
-            if let Some(n) = v
-                .pointer("/usage/completion_tokens")
-                .and_then(Value::as_u64)
-            {
-                self.usage = Some(n as usize);
-            }
-            let text = v
-                .pointer("/choices/0/text")
-                .or_else(|| v.pointer("/choices/0/delta/content"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if !text.is_empty() {
-                let t = start.elapsed().as_secs_f64();
-                self.first.get_or_insert(t);
-                self.last = Some(t);
-                self.content += 1;
-            }
+    /// One event's data.
+    fn take(&mut self, data: &str, start: Instant) {
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        if let Some(e) = v.get("error") {
+            self.error = Some(e.to_string());
+        }
+        if let Some(n) = v
+            .pointer("/usage/completion_tokens")
+            .and_then(Value::as_u64)
+        {
+            self.usage = Some(n as usize);
+        }
+        let text = v
+            .pointer("/choices/0/text")
+            .or_else(|| v.pointer("/choices/0/delta/content"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !text.is_empty() {
+            let t = start.elapsed().as_secs_f64();
+            self.first.get_or_insert(t);
+            self.last = Some(t);
+            self.content += 1;
         }
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// A complete chunk-size line at the start of `raw`: (chunk length, header length).
-fn chunk_header(raw: &[u8]) -> Option<(usize, usize)> {
-    let end = find(raw, b"\r\n")?;
-    let line = std::str::from_utf8(&raw[..end]).ok()?;
-    let hex = line.split(';').next()?.trim();
-    let len = usize::from_str_radix(hex, 16).ok()?;
-    (len <= 16 * 1024 * 1024).then_some((len, end + 2))
-}
-
-/// The p-th percentile (nearest rank) of sorted `v`.
-fn pct(v: &[f64], p: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
+/// p50/p90/p99/max of `v` (seconds) in ms, from a histogram of microseconds (3
+/// significant digits).
+fn dist(v: Vec<f64>) -> Value {
+    let Ok(mut h) = hdrhistogram::Histogram::<u64>::new(3) else {
+        return json!({});
+    };
+    for x in &v {
+        // saturating: a NaN or negative time counts as 0
+        h.saturating_record((x * 1e6).max(0.0) as u64);
     }
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    Some(v[rank.clamp(1, v.len()) - 1])
-}
-
-fn dist(mut v: Vec<f64>) -> Value {
-    v.sort_by(f64::total_cmp);
-    let ms = |x: Option<f64>| x.map(|s| (s * 1e4).round() / 10.0);
-    json!({"p50_ms": ms(pct(&v, 50.0)), "p90_ms": ms(pct(&v, 90.0)),
-           "p99_ms": ms(pct(&v, 99.0)), "max_ms": ms(v.last().copied())})
+    let ms = |us: u64| (!v.is_empty()).then(|| (us as f64 / 100.0).round() / 10.0);
+    json!({"p50_ms": ms(h.value_at_quantile(0.50)), "p90_ms": ms(h.value_at_quantile(0.90)),
+           "p99_ms": ms(h.value_at_quantile(0.99)), "max_ms": ms(h.max())})
 }
 
 fn summarize(a: &ServeBenchArgs, samples: &[Sample], wall: f64) -> Value {
