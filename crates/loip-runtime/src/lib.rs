@@ -20,6 +20,7 @@ pub mod memory;
 pub mod net;
 pub mod resident;
 pub mod shape;
+mod slice_file;
 pub mod wire;
 pub mod worker;
 

@@ -373,7 +373,7 @@ fn load_direct(
                 path.display()
             )));
         }
-        let file = crate::resident::open_slice(path, entry, true)?;
+        let file = crate::slice_file::open_slice(path, entry, true)?;
         // SAFETY: [off, off+size) lies inside the slot (checked above), and the owner holds no
         // view of the slot while a load is in flight (module protocol).
         let dst = unsafe { std::slice::from_raw_parts_mut(slot.0.add(*off), size) };
@@ -537,7 +537,7 @@ impl RawReader {
             )));
         }
         let t = Instant::now();
-        let file = crate::resident::open_slice(&path, entry, true)?;
+        let file = crate::slice_file::open_slice(&path, entry, true)?;
         let dst = &mut self.buf.as_mut_slice()[..size];
         read_uring_chunks(&mut self.ring, &file, dst, &path, &mut |_, _| {})?;
         Ok(LoadStats {
@@ -610,18 +610,4 @@ fn load_conventional(layout: &Layout) -> Result<(Owned, u64), RuntimeError> {
     Ok((owned, total))
 }
 
-/// Asks the kernel to drop an open file's pages from the page cache (advice: a file system
-/// without it keeps them).
-pub fn drop_cached(f: &File) {
-    // SAFETY: plain syscall on an open descriptor.
-    unsafe {
-        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-    }
-}
-
-/// Drops a file's pages from the page cache, so a benchmark reads from the device.
-pub fn drop_cache(path: &Path) {
-    if let Ok(f) = File::open(path) {
-        drop_cached(&f);
-    }
-}
+pub use crate::slice_file::{drop_cache, drop_cached};

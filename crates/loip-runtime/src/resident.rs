@@ -35,10 +35,10 @@ impl Resident {
         // O_DIRECT (slices are padded for it): reading a resident block leaves nothing in the
         // page cache to be charged to this process; a file system without it is read through
         // the cache, which is then dropped
-        let (file, direct) = match open_slice(&path, s, true) {
+        let (file, direct) = match crate::slice_file::open_slice(&path, s, true) {
             Ok(f) => (f, true),
             Err(RuntimeError::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
-                (open_slice(&path, s, false)?, false)
+                (crate::slice_file::open_slice(&path, s, false)?, false)
             }
             Err(e) => return Err(e),
         };
@@ -49,7 +49,7 @@ impl Resident {
                 source: e,
             })?;
         if !direct {
-            crate::loader::drop_cached(&file);
+            crate::slice_file::drop_cached(&file);
         }
         check_crc(&path, s, crc32fast::hash(buf.as_slice()))?;
         let idx = self.bufs.len();
@@ -74,35 +74,6 @@ impl Resident {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
-}
-
-/// Opens a slice file (never through a symbolic link; with `O_DIRECT` when `direct`) and
-/// checks its size against the
-/// manifest, so a truncated or grown slice is named before anything is read.
-pub(crate) fn open_slice(
-    path: &Path,
-    s: &SliceEntry,
-    direct: bool,
-) -> Result<std::fs::File, RuntimeError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let io = |e| RuntimeError::Io {
-        path: path.to_path_buf(),
-        source: e,
-    };
-    let mut opts = std::fs::OpenOptions::new();
-    opts.read(true);
-    // a link in the store is never followed out of it
-    let flags = libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 };
-    opts.custom_flags(flags);
-    let file = opts.open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    if len != s.size {
-        return Err(RuntimeError::Model(loip_model::ModelError::Truncated {
-            path: path.to_path_buf(),
-            what: format!("slice is {len} bytes, manifest says {}", s.size),
-        }));
-    }
-    Ok(file)
 }
 
 impl TensorSource for Resident {

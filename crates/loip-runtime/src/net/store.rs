@@ -137,7 +137,7 @@ fn file_crc(path: &Path) -> Result<u32, RuntimeError> {
         let n = f.read(&mut buf).map_err(io(path))?;
         if n == 0 {
             // checking the store leaves nothing in the page cache charged to this process
-            crate::loader::drop_cached(&f);
+            crate::slice_file::drop_cached(&f);
             return Ok(h.finalize());
         }
         h.update(&buf[..n]);
