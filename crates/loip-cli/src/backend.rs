@@ -59,6 +59,10 @@ pub struct ClusterArgs {
     /// Write the plan as JSON to this file.
     #[arg(long)]
     pub plan_out: Option<PathBuf>,
+    /// At start, try a worker that refuses or does not answer again for this long (backoff
+    /// from 0.25 s to 4 s, each try logged), then leave it out or fail naming its address.
+    #[arg(long, default_value = "30s", value_parser = crate::cluster_ux::parse_retry)]
+    pub connect_retry: std::time::Duration,
 }
 
 /// A cluster file's workers: devices with a profile keep it, the others are measured.
@@ -183,6 +187,7 @@ pub fn start(
         greedy,
         relay: c.relay,
         lending: c.lend,
+        connect_retry: c.connect_retry,
         ..Default::default()
     };
     opts.connect.token =

@@ -19,7 +19,8 @@ use crate::model_load;
 #[derive(Args, Debug)]
 #[command(after_long_help = "\
 Endpoints:
-  GET  /health               ok and the model (with --cluster: each device's state; 503 when one is gone)
+  GET  /health               ok and the model (with --cluster: each device's state; 503 when one is gone,
+                             \"replanning\" while a device is left out or taken back)
   GET  /v1/models[/ID]       the served model (or an --alias); another id is 404
   POST /v1/completions       prompt: text or token ids; max_tokens, temperature, top_p, top_k,
                              seed, stop, stream, logprobs, frequency_penalty, presence_penalty,
@@ -68,7 +69,8 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_limit: usize,
     /// With --cluster: do not re-plan over the remaining devices when one fails (requests
-    /// then fail with 503 until a restart).
+    /// then fail with 503 until a restart). Without it, a worker that is missing (gone, or
+    /// unreachable at start) and answers again is taken back with a re-plan, logged.
     #[arg(long)]
     pub no_replan: bool,
     #[command(flatten)]
@@ -190,6 +192,9 @@ pub fn run(a: ApiArgs) -> Result<()> {
         eprintln!();
     }
     let backend = opened.backend;
+    if !a.no_replan {
+        crate::cluster_ux::watch_rejoin(&backend);
+    }
     // In memory, a request's context is the model's own limit.
     let context = if in_memory {
         info.config.max_position_embeddings

@@ -82,6 +82,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     };
     let opened = backend::open(backend::Source::Cluster(dir.clone()), &how)?;
     let be = opened.backend;
+    if !a.no_replan {
+        crate::cluster_ux::watch_rejoin(&be);
+    }
     eprintln!("ready: one prompt per line on stdin");
     let served = serve_lines(&be, &dir, &a);
     be.shutdown();

@@ -1,6 +1,7 @@
 //! `loip`: lossless LLM inference over a few memory-constrained edge devices.
 
 mod backend;
+mod cluster_ux;
 mod cmd_api;
 mod cmd_bench;
 mod cmd_bench_serve;

@@ -44,6 +44,7 @@ use crate::RuntimeError;
 
 mod peers;
 mod process;
+mod rejoin;
 mod setup;
 mod stats;
 
@@ -51,6 +52,7 @@ use setup::setup;
 
 pub use peers::{direct_link, PeerLinkStats};
 pub use process::{kill_pid, on_interrupt, uniform_plan, WorkerProcess};
+pub use rejoin::watch_rejoin;
 pub use stats::{DeviceAdaptStats, DeviceStats};
 
 /// One worker of the cluster.
@@ -147,6 +149,10 @@ pub struct SessionOptions {
     pub evict_only: bool,
     /// told as slices go out to each device (a progress bar)
     pub on_ship: Option<crate::coordinator::OnShip>,
+    /// at start, a worker nobody answers for (refused, reset, no answer in time) is tried
+    /// again with backoff for this long (one window for all workers), each try logged;
+    /// zero: once. Re-plans try once.
+    pub connect_retry: Duration,
 }
 
 impl Default for SessionOptions {
@@ -176,6 +182,7 @@ impl Default for SessionOptions {
             adapt: Default::default(),
             evict_only: false,
             on_ship: None,
+            connect_retry: Duration::ZERO,
         }
     }
 }
@@ -344,7 +351,10 @@ pub struct Session {
     /// seconds setup took  // seconds
     pub setup_s: f64,
     model_dir: PathBuf,
+    /// every worker the session was started with (profiles remembered once measured)
     workers: Vec<WorkerSpec>,
+    /// the workers out of the running pipeline: unreachable at the last setup, or gone
+    missing: Vec<String>,
     opts: SessionOptions,
     adapt: Option<std::sync::Arc<std::sync::Mutex<crate::adapt::AdaptReport>>>,
 }
@@ -382,6 +392,7 @@ impl Session {
             setup_s: t.elapsed().as_secs_f64(),
             model_dir: model_dir.to_path_buf(),
             workers,
+            missing: s.unreachable,
             opts,
             adapt: s.adapt,
         })
@@ -477,15 +488,69 @@ impl Session {
     /// the devices left out.
     pub fn replan(&mut self) -> Result<Vec<String>, ClusterError> {
         let gone = self.gone();
-        self.rt.block_on(self.pipeline.shutdown());
-        let workers: Vec<WorkerSpec> = self
-            .workers
+        self.note_gone();
+        let missing = self.missing.clone();
+        self.rebuild(|w| !missing.contains(&w.endpoint.name))?;
+        Ok(gone)
+    }
+
+    /// The workers out of the running pipeline (unreachable at the last setup, or gone),
+    /// with their addresses: the ones [`Session::rejoin`] may take back.
+    pub fn missing(&self) -> Vec<Endpoint> {
+        self.workers
             .iter()
-            .filter(|w| !gone.contains(&w.endpoint.name))
+            .filter(|w| self.missing.contains(&w.endpoint.name))
+            .map(|w| w.endpoint.clone())
+            .collect()
+    }
+
+    /// Whether the running pipeline is idle: no sequence holds KV on it.
+    pub fn idle(&self) -> bool {
+        self.pipeline.held_tokens() == 0
+    }
+
+    /// Takes back the missing workers named in `back` (they answer again: restarted):
+    /// re-plans over the workers in the pipeline and those, leaving out any that fails to
+    /// connect again. Returns the names of the workers the new plan runs on. When that fails
+    /// (a worker answers but refuses), re-plans without them and returns the error.
+    pub fn rejoin(&mut self, back: &[String]) -> Result<Vec<String>, ClusterError> {
+        self.note_gone();
+        let out: Vec<String> = self
+            .missing
+            .iter()
+            .filter(|m| !back.contains(m))
             .cloned()
             .collect();
+        if let Err(e) = self.rebuild(|w| !out.contains(&w.endpoint.name)) {
+            // back on the workers that ran before, so that a bad newcomer breaks nothing
+            let missing = self.missing.clone();
+            return Err(
+                match self.rebuild(|w| !missing.contains(&w.endpoint.name)) {
+                    Ok(()) => e,
+                    Err(e2) => ClusterError::Invalid(format!("{e}; and without them: {e2}")),
+                },
+            );
+        }
+        Ok(self.plan.devices.iter().map(|d| d.name.clone()).collect())
+    }
+
+    /// Counts the gone devices among the missing ones.
+    fn note_gone(&mut self) {
+        for g in self.gone() {
+            if !self.missing.contains(&g) {
+                self.missing.push(g);
+            }
+        }
+    }
+
+    /// Stops the pipeline and sets the cluster up again over the workers `keep` keeps, with
+    /// the planner, trying each worker once; the workers left out are the missing ones.
+    fn rebuild(&mut self, keep: impl Fn(&WorkerSpec) -> bool) -> Result<(), ClusterError> {
+        self.rt.block_on(self.pipeline.shutdown());
+        let workers: Vec<WorkerSpec> = self.workers.iter().filter(|w| keep(w)).cloned().collect();
         let mut opts = self.opts.clone();
         opts.plan = None;
+        opts.connect_retry = Duration::ZERO;
         let t = Instant::now();
         let s = self
             .rt
@@ -498,9 +563,14 @@ impl Session {
         self.reports = s.reports;
         self.adapt = s.adapt;
         self.setup_s = t.elapsed().as_secs_f64();
-        self.workers = workers;
+        self.missing = self
+            .workers
+            .iter()
+            .filter(|w| !keep(w) || s.unreachable.contains(&w.endpoint.name))
+            .map(|w| w.endpoint.name.clone())
+            .collect();
         remember_profiles(&mut self.workers, &s.profiles);
-        Ok(gone)
+        Ok(())
     }
 
     /// Says goodbye to every worker.

@@ -5,6 +5,7 @@
 //! ([`ship_and_open`]), then start the pipeline over the hops' links ([`hop_links`]).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use loip_model::slice::{Manifest, SliceKind};
 use loip_plan::{Cluster, DeviceProfile, LinkProfile, ModelShape, Plan, PlanRequest};
@@ -31,6 +32,8 @@ pub(super) struct Setup {
     pub reports: Vec<DeviceReport>,
     pub profiles: Vec<(String, DeviceProfile)>,
     pub adapt: Option<std::sync::Arc<std::sync::Mutex<AdaptReport>>>,
+    /// the workers nobody answered for, left out of the plan
+    pub unreachable: Vec<String>,
 }
 
 /// Brings the cluster of `workers` up for the model in `model_dir`.
@@ -102,6 +105,7 @@ pub(super) async fn setup(
         reports,
         profiles,
         adapt,
+        unreachable: unreachable.into_iter().map(|(ep, _)| ep.name).collect(),
     })
 }
 
@@ -139,8 +143,10 @@ async fn connect_workers(
     let mut reachable = Vec::new();
     let mut unreachable: Vec<(Endpoint, NetError)> = Vec::new();
     let may_leave_out = opts.plan.is_none() && opts.allow_drop;
+    // one window for all workers: a cluster of dead workers waits `connect_retry` once
+    let until = Instant::now() + opts.connect_retry;
     for w in workers {
-        match Conn::connect(&w.endpoint, &opts.connect).await {
+        match connect_retrying(w, opts, until).await {
             Ok(c) => {
                 conns.push(c);
                 reachable.push(w.clone());
@@ -160,6 +166,45 @@ async fn connect_workers(
         workers: reachable,
         unreachable,
     })
+}
+
+/// First pause between two tries of a worker nobody answers for; it doubles up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+/// Longest pause between two tries.
+const RETRY_MAX: Duration = Duration::from_secs(4);
+
+/// Connects to `w`, trying again with backoff while nobody answers (refused, reset, no
+/// answer in time) until `until`, each failure logged; then its last error, which names the
+/// worker and its address. A worker that answers but refuses is not tried again.
+async fn connect_retrying(
+    w: &WorkerSpec,
+    opts: &SessionOptions,
+    until: Instant,
+) -> Result<Conn, NetError> {
+    let mut pause = RETRY_FIRST;
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let e = match Conn::connect(&w.endpoint, &opts.connect).await {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        };
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || !is_unreachable(&e.source) {
+            if tries > 1 {
+                tracing::warn!("gave up on {} after {tries} tries", w.endpoint.addr);
+            }
+            return Err(e);
+        }
+        tracing::warn!(
+            "{e}; trying again in {:.1} s ({:.0} s left)",
+            pause.min(left).as_secs_f64(),
+            left.as_secs_f64()
+        );
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(RETRY_MAX);
+    }
 }
 
 /// `e` naming the unreachable workers the plan was made without.
