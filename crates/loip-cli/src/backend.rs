@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use loip_model::Checkpoint;
 use loip_plan::cluster::RawCluster;
-use loip_plan::{render, Cluster, Pattern};
+use loip_plan::{Cluster, Pattern};
 use loip_runtime::cluster_run::{Breakdown, Session, SessionOptions, WorkerSpec};
 use loip_runtime::coordinator::Endpoint;
 use loip_runtime::{LoaderKind, MemoryReport};
@@ -112,42 +112,7 @@ pub fn read_workers(path: &Path) -> Result<(Vec<WorkerSpec>, Cluster)> {
 
 /// Prints what setup found and decided (stderr).
 pub fn print_setup(s: &Session) {
-    for r in &s.reports {
-        let link = r
-            .link
-            .map(|l| {
-                format!(
-                    "latency {:.3} ms, up {}, down {}",
-                    l.latency_s * 1e3,
-                    loip_plan::units::format_bandwidth(l.up_bps),
-                    loip_plan::units::format_bandwidth(l.down_bps)
-                )
-            })
-            .unwrap_or_default();
-        let probe = r
-            .probe
-            .as_ref()
-            .map(|p| {
-                format!(
-                    "; t^A(1,{}) {:.3} ms, t^P {:.3} ms, load {}",
-                    p.attn.first().map_or(0, |a| a.0),
-                    p.attn.first().map_or(0.0, |a| a.1) * 1e3,
-                    p.mlp_s * 1e3,
-                    loip_plan::units::format_bandwidth(p.direct.bandwidth)
-                )
-            })
-            .unwrap_or_default();
-        eprintln!(
-            "device {} ({}): budget {}, {link}{probe}; slices sent {} ({}), reused {}",
-            r.endpoint.name,
-            r.endpoint.addr,
-            loip_plan::units::format_bytes(r.mem_budget),
-            r.shipped.sent.len(),
-            loip_plan::units::format_bytes(r.shipped.sent_bytes),
-            r.shipped.reused
-        );
-    }
-    eprint!("{}", render::plan_table(&s.plan));
+    crate::cluster_ux::print_plan(&s.reports, &s.plan);
     eprintln!("setup took {:.2} s", s.setup_s);
 }
 
@@ -173,6 +138,35 @@ pub fn start(
     max_step_tokens: usize,
     greedy: bool,
 ) -> Result<Session> {
+    let (workers, opts) = session_options(
+        model,
+        c,
+        loader,
+        pattern,
+        micro_batches,
+        context,
+        max_step_tokens,
+        greedy,
+    )?;
+    let s = Session::start(dir, workers, opts)?;
+    if let Some(p) = &c.plan_out {
+        std::fs::write(p, s.plan.to_json()).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(s)
+}
+
+/// The cluster file's workers and how [`start`] brings them up.
+#[allow(clippy::too_many_arguments)]
+pub fn session_options(
+    model: &str,
+    c: &ClusterArgs,
+    loader: LoaderKind,
+    pattern: Pattern,
+    micro_batches: Option<u32>,
+    context: u64,
+    max_step_tokens: usize,
+    greedy: bool,
+) -> Result<(Vec<WorkerSpec>, SessionOptions)> {
     let file = c.cluster.as_deref().context("--cluster FILE is required")?;
     let (workers, cluster) = read_workers(file)?;
     let mut opts = SessionOptions {
@@ -197,11 +191,7 @@ pub fn start(
         loip_runtime::net::known::KnownDevices::new(known, c.accept_new_key.clone()),
     ));
     opts.on_ship = ship_bars(false);
-    let s = Session::start(dir, workers, opts)?;
-    if let Some(p) = &c.plan_out {
-        std::fs::write(p, s.plan.to_json()).with_context(|| format!("writing {}", p.display()))?;
-    }
-    Ok(s)
+    Ok((workers, opts))
 }
 
 /// Memory budget and offloading options of a single device.

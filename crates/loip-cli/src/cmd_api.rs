@@ -73,6 +73,11 @@ pub struct ApiArgs {
     /// unreachable at start) and answers again is taken back with a re-plan, logged.
     #[arg(long)]
     pub no_replan: bool,
+    /// With --cluster: connect, measure, profile and plan as a start does, print the plan
+    /// (per device: stages, resident/offloaded blocks, memory, predicted ms/token and its
+    /// breakdown) and stop before shipping or loading anything.
+    #[arg(long)]
+    pub preview: bool,
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// Require `Authorization: Bearer KEY` on /v1/*. Visible in `ps`: prefer --api-key-file
@@ -185,6 +190,12 @@ pub fn run(a: ApiArgs) -> Result<()> {
         no_replan: a.no_replan,
         quiet: false,
     };
+    if a.preview {
+        return match &src {
+            backend::Source::Cluster(dir) => crate::cluster_ux::preview(dir, &how),
+            _ => bail!("--preview previews a cluster's plan: give --cluster FILE"),
+        };
+    }
     let in_memory = matches!(src, backend::Source::Memory(_));
     let opened = backend::open(src, &how)?;
     if let Some(m) = &opened.memory {

@@ -8,31 +8,9 @@ mod common;
 use common::api::*;
 use common::*;
 
-use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-
-/// `loip worker NAME` on `addr` with its store under `dir`.
-fn worker(dir: &Path, name: &str, addr: &str) -> Guard {
-    let mut w = Guard(
-        loip()
-            .args(["worker", "--listen", addr, "--mem", "256MiB", "--token"])
-            .arg(TEST_TOKEN)
-            .arg("--name")
-            .arg(name)
-            .arg("--store")
-            .arg(dir.join(name))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let out = w.0.stdout.take().unwrap();
-    wait_for_line(out, "listening on ");
-    w
-}
 
 /// A loopback address nobody listens on now.
 fn free_addr() -> String {
@@ -64,7 +42,7 @@ fn a_late_worker_is_waited_for_and_a_restarted_one_rejoins() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let (a1, a2) = (free_addr(), free_addr());
-    let w1 = worker(&dir, "w1", &a1);
+    let (w1, _) = worker(&dir, "w1", &a1);
     let cluster = dir.join("cluster.toml");
     std::fs::write(
         &cluster,
@@ -79,7 +57,7 @@ fn a_late_worker_is_waited_for_and_a_restarted_one_rejoins() {
         let (dir, a2) = (dir.clone(), a2.clone());
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(1500));
-            worker(&dir, "w2", &a2)
+            worker(&dir, "w2", &a2).0
         })
     };
     let s = Server::start(&[

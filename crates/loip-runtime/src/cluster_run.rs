@@ -333,6 +333,19 @@ pub fn star_link(links: &[LinkStats]) -> LinkProfile {
     }
 }
 
+/// A cluster planned but not brought up ([`Session::preview`]).
+#[derive(Debug, Clone)]
+pub struct Preview {
+    /// the plan it would run
+    pub plan: Plan,
+    /// the model's shape as planned
+    pub shape: loip_plan::ModelShape,
+    /// the cluster as planned (profiles, measured link)
+    pub cluster: Cluster,
+    /// what setup found per worker (links, probes)
+    pub reports: Vec<DeviceReport>,
+}
+
 /// A cluster that is up: plan made, slices shipped, devices open, pipeline running.
 pub struct Session {
     rt: tokio::runtime::Runtime,
@@ -395,6 +408,36 @@ impl Session {
             missing: s.unreachable,
             opts,
             adapt: s.adapt,
+        })
+    }
+
+    /// Connects, measures, profiles and plans as [`Session::start`] does, then says goodbye
+    /// to the workers: the plan without shipping a slice (beyond a profiled device's layer 0)
+    /// or loading anything (`--preview`).
+    pub fn preview(
+        model_dir: &Path,
+        workers: &[WorkerSpec],
+        opts: &SessionOptions,
+    ) -> Result<Preview, ClusterError> {
+        let manifest = Manifest::load(model_dir).map_err(RuntimeError::from)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| RuntimeError::Io {
+                path: PathBuf::from("<tokio runtime>"),
+                source: e,
+            })?;
+        rt.block_on(async {
+            let p = setup::plan_cluster(model_dir, &manifest, workers, opts).await?;
+            for c in p.conns {
+                c.bye().await;
+            }
+            Ok(Preview {
+                plan: p.plan,
+                shape: p.shape,
+                cluster: p.cluster,
+                reports: p.reports,
+            })
         })
     }
 

@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -323,4 +324,25 @@ pub fn generate_one(model: &str, ids: &[u32], n: usize, extra: &[&str]) -> Value
     ];
     args.extend_from_slice(extra);
     generate(&args)["new_ids"].clone()
+}
+
+/// `loip worker NAME` on `addr` (port 0: a free one) with its store under `dir/NAME`, the
+/// cluster tests' token and 256 MiB; and the address it listens on.
+pub fn worker(dir: &Path, name: &str, addr: &str) -> (Guard, String) {
+    let mut w = Guard(
+        loip()
+            .args(["worker", "--listen", addr, "--mem", "256MiB", "--token"])
+            .arg(TEST_TOKEN)
+            .arg("--name")
+            .arg(name)
+            .arg("--store")
+            .arg(dir.join(name))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = w.0.stdout.take().unwrap();
+    let (addr, _) = wait_for_line(out, "listening on ");
+    (w, addr)
 }

@@ -43,39 +43,23 @@ pub(super) async fn setup(
     workers: &[WorkerSpec],
     opts: &SessionOptions,
 ) -> Result<Setup, ClusterError> {
-    let Connected {
-        mut conns,
+    let Planned {
+        conns,
         workers,
+        mut reports,
+        reach,
+        shape,
+        cluster,
+        profiles,
+        plan,
         unreachable,
-    } = connect_workers(workers, opts).await?;
-    let workers = &workers[..];
-    let mut reports: Vec<DeviceReport> = conns.iter().map(new_report).collect();
-    let links = measure_links(&mut conns, &mut reports, opts).await?;
-    let reach = if opts.relay || conns.len() < 2 {
-        Vec::new()
-    } else {
-        connect_peers(&mut conns, opts, &mut reports).await?
-    };
-    let shape = planning_shape(manifest, opts);
-    let probes =
-        probe_devices(model_dir, manifest, workers, &mut conns, &mut reports, opts).await?;
-    let (cluster, profiles) = describe_cluster(
-        workers,
-        &conns,
-        &mut reports,
-        probes,
-        &shape,
-        &links,
-        !reach.is_empty(),
-        opts,
-    )?;
-    let plan = make_plan(&shape, &cluster, &unreachable, opts)?;
+    } = plan_cluster(model_dir, manifest, workers, opts).await?;
     let route = Route::from_plan(&plan)?;
     let opened = ship_and_open(
         model_dir,
         manifest,
         &plan,
-        workers,
+        &workers,
         conns,
         &mut reports,
         opts,
@@ -105,6 +89,77 @@ pub(super) async fn setup(
         reports,
         profiles,
         adapt,
+        unreachable,
+    })
+}
+
+/// What setup knows once it has planned, before shipping and loading.
+pub(super) struct Planned {
+    /// one connection per reachable worker
+    pub conns: Vec<Conn>,
+    /// the reachable workers, in the order of `conns`
+    pub workers: Vec<WorkerSpec>,
+    pub reports: Vec<DeviceReport>,
+    /// which worker reaches which (`reach[from][to]`; empty: every hop relayed)
+    pub reach: Vec<Vec<bool>>,
+    pub shape: ModelShape,
+    pub cluster: Cluster,
+    pub profiles: Vec<(String, DeviceProfile)>,
+    pub plan: Plan,
+    /// the workers nobody answered for, left out of the plan
+    pub unreachable: Vec<String>,
+}
+
+/// Connects, authenticates, measures the links, profiles and plans: everything before the
+/// slices go out ([`crate::cluster_run::Session::preview`] stops here).
+pub(super) async fn plan_cluster(
+    model_dir: &Path,
+    manifest: &Manifest,
+    workers: &[WorkerSpec],
+    opts: &SessionOptions,
+) -> Result<Planned, ClusterError> {
+    let Connected {
+        mut conns,
+        workers,
+        unreachable,
+    } = connect_workers(workers, opts).await?;
+    let mut reports: Vec<DeviceReport> = conns.iter().map(new_report).collect();
+    let links = measure_links(&mut conns, &mut reports, opts).await?;
+    let reach = if opts.relay || conns.len() < 2 {
+        Vec::new()
+    } else {
+        connect_peers(&mut conns, opts, &mut reports).await?
+    };
+    let shape = planning_shape(manifest, opts);
+    let probes = probe_devices(
+        model_dir,
+        manifest,
+        &workers,
+        &mut conns,
+        &mut reports,
+        opts,
+    )
+    .await?;
+    let (cluster, profiles) = describe_cluster(
+        &workers,
+        &conns,
+        &mut reports,
+        probes,
+        &shape,
+        &links,
+        !reach.is_empty(),
+        opts,
+    )?;
+    let plan = make_plan(&shape, &cluster, &unreachable, opts)?;
+    Ok(Planned {
+        conns,
+        workers,
+        reports,
+        reach,
+        shape,
+        cluster,
+        profiles,
+        plan,
         unreachable: unreachable.into_iter().map(|(ep, _)| ep.name).collect(),
     })
 }
