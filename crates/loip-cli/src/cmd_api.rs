@@ -30,6 +30,8 @@ Endpoints:
                              the same sampling fields, logprobs: true with top_logprobs
   POST /tokenize, /detokenize  text to ids and back (llama-server's shapes)
   GET  /metrics              Prometheus text
+  GET  /                     the dashboard: devices, memory, blocks, live compute/network/stall,
+                             KV, queue and throughput (a page polling /dashboard.json and /metrics)
 
 A field the server does not implement is refused with 400 naming it. Without a seed each
 request draws a fresh one; responses report it.
@@ -37,7 +39,8 @@ request draws a fresh one; responses report it.
 Greedy requests (temperature 0) give exactly the tokens of `loip generate`. Bad requests get
 HTTP 400 with {\"error\": {\"message\", \"type\"}}, bodies over 1 MiB 413, unknown paths 404.
 With an API key (--api-key, --api-key-file or LOIP_API_KEY), /v1/* and /metrics need
-`Authorization: Bearer KEY` (401 otherwise); /health stays open but names devices,
+`Authorization: Bearer KEY` (401 otherwise), and so does /dashboard.json (the page asks for
+the key and keeps it in the browser); /health stays open but names devices,
 addresses and failure reasons only with the key.
 
 Example:

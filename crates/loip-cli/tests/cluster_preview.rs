@@ -12,20 +12,7 @@ use std::process::Stdio;
 #[test]
 fn preview_prints_the_plan_and_loads_nothing() {
     let model = fixture("tiny-qwen3");
-    let dir = std::env::temp_dir().join(format!("loip-preview-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut workers = Vec::new();
-    let mut toml = String::new();
-    for i in 1..=2 {
-        let (w, addr) = worker(&dir, &format!("w{i}"), "127.0.0.1:0");
-        toml.push_str(&format!(
-            "[[device]]\nname = \"w{i}\"\naddr = \"{addr}\"\n\n"
-        ));
-        workers.push(w);
-    }
-    let cluster = dir.join("cluster.toml");
-    std::fs::write(&cluster, toml).unwrap();
+    let (dir, workers, cluster) = workers_and_cluster("preview", 2);
     let plan_json = dir.join("plan.json");
     for cmd in ["api", "serve"] {
         let out = loip()
