@@ -6,6 +6,7 @@ mod cmd_api;
 mod cmd_bench;
 mod cmd_bench_serve;
 mod cmd_bench_spec;
+mod cmd_cache;
 mod cmd_generate;
 mod cmd_local;
 mod cmd_local_plot;
@@ -68,6 +69,10 @@ enum Command {
     Profile(cmd_profile::ProfileArgs),
     /// Plan stages, layers and offloaded blocks for a cluster, and predict ms/token.
     Plan(cmd_plan::PlanArgs),
+    /// List the cache: fetched models and slice directories, with their sizes.
+    List(cmd_cache::ListArgs),
+    /// Remove cache entries by the names `loip list` prints.
+    Rm(cmd_cache::RmArgs),
 }
 
 fn main() {
@@ -156,5 +161,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => cmd_bench::run(a),
         Command::Profile(a) => cmd_profile::run(a),
         Command::Simulate(a) => cmd_simulate::run(a),
+        Command::List(a) => cmd_cache::list(a),
+        Command::Rm(a) => cmd_cache::rm(a),
     }
 }
