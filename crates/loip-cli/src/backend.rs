@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use loip::backend::{ClusterOptions, OffloadOptions, Placement};
-use loip_plan::{render, Pattern};
+use loip_plan::Pattern;
 use loip_runtime::cluster_run::{Breakdown, Session};
 use loip_runtime::{LoaderKind, MemoryReport};
 
@@ -52,46 +52,15 @@ pub struct ClusterArgs {
     /// Write the plan as JSON to this file.
     #[arg(long)]
     pub plan_out: Option<PathBuf>,
+    /// At start, try a worker that refuses or does not answer again for this long (backoff
+    /// from 0.25 s to 4 s, each try logged), then leave it out or fail naming its address.
+    #[arg(long, default_value = "30s", value_parser = crate::cluster_ux::parse_retry)]
+    pub connect_retry: std::time::Duration,
 }
 
 /// Prints what setup found and decided (stderr).
 pub fn print_setup(s: &Session) {
-    for r in &s.reports {
-        let link = r
-            .link
-            .map(|l| {
-                format!(
-                    "latency {:.3} ms, up {}, down {}",
-                    l.latency_s * 1e3,
-                    loip_plan::units::format_bandwidth(l.up_bps),
-                    loip_plan::units::format_bandwidth(l.down_bps)
-                )
-            })
-            .unwrap_or_default();
-        let probe = r
-            .probe
-            .as_ref()
-            .map(|p| {
-                format!(
-                    "; t^A(1,{}) {:.3} ms, t^P {:.3} ms, load {}",
-                    p.attn.first().map_or(0, |a| a.0),
-                    p.attn.first().map_or(0.0, |a| a.1) * 1e3,
-                    p.mlp_s * 1e3,
-                    loip_plan::units::format_bandwidth(p.direct.bandwidth)
-                )
-            })
-            .unwrap_or_default();
-        eprintln!(
-            "device {} ({}): budget {}, {link}{probe}; slices sent {} ({}), reused {}",
-            r.endpoint.name,
-            r.endpoint.addr,
-            loip_plan::units::format_bytes(r.mem_budget),
-            r.shipped.sent.len(),
-            loip_plan::units::format_bytes(r.shipped.sent_bytes),
-            r.shipped.reused
-        );
-    }
-    eprint!("{}", render::plan_table(&s.plan));
+    crate::cluster_ux::print_plan(&s.reports, &s.plan);
     eprintln!("setup took {:.2} s", s.setup_s);
 }
 
@@ -157,6 +126,7 @@ pub fn placement(offload: &OffloadArgs, cluster: &ClusterArgs, quiet: bool) -> R
             relay: cluster.relay,
             lend: cluster.lend,
             plan_out: cluster.plan_out.clone(),
+            connect_retry: cluster.connect_retry,
             on_ship: crate::progress::ship_bars(quiet),
         }));
     }
@@ -236,6 +206,19 @@ pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
         }
     }
     Ok(opened)
+}
+
+/// What [`loip::backend::start_cluster`] needs besides the cluster's options, from `how`.
+pub fn cluster_start<'a>(how: &How<'a>) -> loip::backend::ClusterStart<'a> {
+    loip::backend::ClusterStart {
+        model: how.model,
+        loader: how.loader,
+        pattern: how.pattern,
+        micro_batches: how.micro_batches,
+        context: how.planned_context,
+        max_step_tokens: how.max_step_tokens,
+        greedy: how.greedy,
+    }
 }
 
 /// The memory line of a device run from slice files (stderr).

@@ -18,7 +18,8 @@ use crate::backend::{self, ClusterArgs, OffloadArgs};
 #[derive(Args, Debug)]
 #[command(after_long_help = "\
 Endpoints:
-  GET  /health               ok and the model (with --cluster: each device's state; 503 when one is gone)
+  GET  /health               ok and the model (with --cluster: each device's state; 503 when one is gone,
+                             \"replanning\" while a device is left out or taken back)
   GET  /v1/models[/ID]       the served model (or an --alias); another id is 404
   POST /v1/completions       prompt: text or token ids; max_tokens, temperature, top_p, top_k,
                              seed, stop, stream, logprobs, frequency_penalty, presence_penalty,
@@ -28,6 +29,8 @@ Endpoints:
                              the same sampling fields, logprobs: true with top_logprobs
   POST /tokenize, /detokenize  text to ids and back (llama-server's shapes)
   GET  /metrics              Prometheus text
+  GET  /                     the dashboard: devices, memory, blocks, live compute/network/stall,
+                             KV, queue and throughput (a page polling /dashboard.json and /metrics)
 
 A field the server does not implement is refused with 400 naming it. Without a seed each
 request draws a fresh one; responses report it.
@@ -35,7 +38,8 @@ request draws a fresh one; responses report it.
 Greedy requests (temperature 0) give exactly the tokens of `loip generate`. Bad requests get
 HTTP 400 with {\"error\": {\"message\", \"type\"}}, bodies over 1 MiB 413, unknown paths 404.
 With an API key (--api-key, --api-key-file or LOIP_API_KEY), /v1/* and /metrics need
-`Authorization: Bearer KEY` (401 otherwise); /health stays open but names devices,
+`Authorization: Bearer KEY` (401 otherwise), and so does /dashboard.json (the page asks for
+the key and keeps it in the browser); /health stays open but names devices,
 addresses and failure reasons only with the key.
 
 Example:
@@ -67,9 +71,15 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_limit: usize,
     /// With --cluster: do not re-plan over the remaining devices when one fails (requests
-    /// then fail with 503 until a restart).
+    /// then fail with 503 until a restart). Without it, a worker that is missing (gone, or
+    /// unreachable at start) and answers again is taken back with a re-plan, logged.
     #[arg(long)]
     pub no_replan: bool,
+    /// With --cluster: connect, measure, profile and plan as a start does, print the plan
+    /// (per device: stages, resident/offloaded blocks, memory, predicted ms/token and its
+    /// breakdown) and stop before shipping or loading anything.
+    #[arg(long)]
+    pub preview: bool,
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// Require `Authorization: Bearer KEY` on /v1/*. Visible in `ps`: prefer --api-key-file
@@ -182,6 +192,12 @@ pub fn run(a: ApiArgs) -> Result<()> {
         no_replan: a.no_replan,
         quiet: false,
     };
+    if a.preview {
+        return match &src {
+            backend::Source::Cluster(dir) => crate::cluster_ux::preview(dir, &how),
+            _ => bail!("--preview previews a cluster's plan: give --cluster FILE"),
+        };
+    }
     let in_memory = matches!(src, backend::Source::Memory(_));
     let opened = backend::open(src, &how)?;
     if let Some(m) = &opened.memory {
@@ -189,6 +205,9 @@ pub fn run(a: ApiArgs) -> Result<()> {
         eprintln!();
     }
     let backend = opened.backend;
+    if !a.no_replan {
+        crate::cluster_ux::watch_rejoin(&backend);
+    }
     // In memory, a request's context is the model's own limit.
     let context = if in_memory {
         info.config.max_position_embeddings

@@ -44,6 +44,11 @@ pub struct ServeArgs {
     /// Do not re-plan over the remaining devices when one fails.
     #[arg(long)]
     pub no_replan: bool,
+    /// Connect, measure, profile and plan as a start does, print the plan
+    /// (per device: stages, resident/offloaded blocks, memory, predicted ms/token and its
+    /// breakdown) and stop before shipping or loading anything.
+    #[arg(long)]
+    pub preview: bool,
     /// Print one JSON object per request instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -80,8 +85,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         no_replan: a.no_replan,
         quiet: false,
     };
+    if a.preview {
+        return crate::cluster_ux::preview(&dir, &how);
+    }
     let opened = backend::open(backend::Source::Cluster(dir.clone()), &how)?;
     let be = opened.backend;
+    if !a.no_replan {
+        crate::cluster_ux::watch_rejoin(&be);
+    }
     eprintln!("ready: one prompt per line on stdin");
     let served = serve_lines(&be, &dir, &a);
     be.shutdown();

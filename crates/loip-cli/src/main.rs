@@ -1,10 +1,13 @@
 //! `loip`: lossless LLM inference over a few memory-constrained edge devices.
 
 mod backend;
+mod cluster_ux;
 mod cmd_api;
 mod cmd_bench;
 mod cmd_bench_serve;
 mod cmd_bench_spec;
+mod cmd_cache;
+mod cmd_chat;
 mod cmd_generate;
 mod cmd_local;
 mod cmd_local_plot;
@@ -67,6 +70,13 @@ enum Command {
     Profile(cmd_profile::ProfileArgs),
     /// Plan stages, layers and offloaded blocks for a cluster, and predict ms/token.
     Plan(cmd_plan::PlanArgs),
+    /// Chat with a model: one turn per line of stdin, the history kept, on this machine or a
+    /// cluster.
+    Chat(cmd_chat::ChatArgs),
+    /// List the cache: fetched models and slice directories, with their sizes.
+    List(cmd_cache::ListArgs),
+    /// Remove cache entries by the names `loip list` prints.
+    Rm(cmd_cache::RmArgs),
 }
 
 fn main() {
@@ -155,5 +165,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => cmd_bench::run(a),
         Command::Profile(a) => cmd_profile::run(a),
         Command::Simulate(a) => cmd_simulate::run(a),
+        Command::Chat(a) => cmd_chat::run(a),
+        Command::List(a) => cmd_cache::list(a),
+        Command::Rm(a) => cmd_cache::rm(a),
     }
 }

@@ -203,6 +203,8 @@ fn serve_runs_stdin_prompts_on_workers_refuses_a_wrong_token_and_leaves_out_an_u
         .args([
             "--token",
             TEST_TOKEN,
+            "--connect-retry",
+            "1s",
             "--json",
             "-n",
             "5",
@@ -224,6 +226,8 @@ fn serve_runs_stdin_prompts_on_workers_refuses_a_wrong_token_and_leaves_out_an_u
         err.contains("w3") && err.contains("unreachable") && err.contains(&dead),
         "{err}"
     );
+    // tried again for the --connect-retry window first, each try logged
+    assert!(err.contains("trying again"), "{err}");
     let line = String::from_utf8_lossy(&out.stdout)
         .lines()
         .find(|l| l.starts_with('{'))

@@ -30,25 +30,29 @@ use std::time::{Duration, Instant};
 use loip_engine::generate::{generate, Flow};
 use loip_engine::{GenerateOptions, GenerateOutput};
 use loip_model::slice::{Manifest, SliceKind};
-use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan, PlanRequest};
+use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan};
 use serde::Serialize;
 
 use crate::coordinator::{
-    next_seq_id, ClusterError, Conn, ConnectOptions, DeviceHealth, Endpoint, HopLinks, LinkBytes,
-    LinkStats, Pipeline, PipelineOptions, Route, ShipStats, StepStats, Totals,
+    next_seq_id, ClusterError, ConnectOptions, DeviceHealth, Endpoint, HopLinks, LinkBytes,
+    LinkStats, Pipeline, ShipStats, StepStats, Totals,
 };
 use crate::executor::DeviceSpec;
 use crate::loader::LoaderKind;
-use crate::wire::{DeviceMemory, NetError, ProbeResult, WireError};
+use crate::wire::{DeviceMemory, ProbeResult};
 use crate::RuntimeError;
 
 mod peers;
 mod process;
+mod rejoin;
+mod setup;
 mod stats;
 
-use peers::connect_peers;
+use setup::setup;
+
 pub use peers::{direct_link, PeerLinkStats};
 pub use process::{kill_pid, on_interrupt, uniform_plan, WorkerProcess};
+pub use rejoin::watch_rejoin;
 pub use stats::{DeviceAdaptStats, DeviceStats};
 
 /// One worker of the cluster.
@@ -145,6 +149,10 @@ pub struct SessionOptions {
     pub evict_only: bool,
     /// told as slices go out to each device (a progress bar)
     pub on_ship: Option<crate::coordinator::OnShip>,
+    /// at start, a worker nobody answers for (refused, reset, no answer in time) is tried
+    /// again with backoff for this long (one window for all workers), each try logged;
+    /// zero: once. Re-plans try once.
+    pub connect_retry: Duration,
 }
 
 impl Default for SessionOptions {
@@ -174,6 +182,7 @@ impl Default for SessionOptions {
             adapt: Default::default(),
             evict_only: false,
             on_ship: None,
+            connect_retry: Duration::ZERO,
         }
     }
 }
@@ -324,329 +333,17 @@ pub fn star_link(links: &[LinkStats]) -> LinkProfile {
     }
 }
 
-/// Whether `e` (from connecting) means nobody answered at the address: refused, reset,
-/// unreachable, or no answer in time.
-fn is_unreachable(e: &WireError) -> bool {
-    matches!(
-        e,
-        WireError::Io(_) | WireError::Timeout(..) | WireError::Closed
-    )
-}
-
-struct Setup {
-    pipeline: Pipeline,
-    hop_links: HopLinks,
-    plan: Plan,
-    cluster: Cluster,
-    shape: loip_plan::ModelShape,
-    reports: Vec<DeviceReport>,
-    profiles: Vec<(String, DeviceProfile)>,
-    adapt: Option<std::sync::Arc<std::sync::Mutex<crate::adapt::AdaptReport>>>,
-}
-
-async fn setup(
-    model_dir: &Path,
-    manifest: &Manifest,
-    workers: &[WorkerSpec],
-    opts: &SessionOptions,
-) -> Result<Setup, ClusterError> {
-    if workers.is_empty() {
-        return Err(ClusterError::Invalid("no worker to run on".into()));
-    }
-    // A worker that cannot be reached is left out when the planner may choose the devices
-    // (no fixed plan, dropping allowed): the model may still fit on the others. A worker
-    // that answers but refuses (wrong token, other version) is an error.
-    let mut conns = Vec::new();
-    let mut reachable = Vec::new();
-    let mut unreachable: Vec<(Endpoint, NetError)> = Vec::new();
-    let may_leave_out = opts.plan.is_none() && opts.allow_drop;
-    for w in workers {
-        match Conn::connect(&w.endpoint, &opts.connect).await {
-            Ok(c) => {
-                conns.push(c);
-                reachable.push(w.clone());
-            }
-            Err(e) if may_leave_out && is_unreachable(&e.source) => {
-                tracing::warn!("leaving out {e}");
-                unreachable.push((w.endpoint.clone(), e));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    if conns.is_empty() && !unreachable.is_empty() {
-        return Err(unreachable.remove(0).1.into());
-    }
-    let workers = &reachable[..];
-    let left_out = |e: ClusterError| -> ClusterError {
-        if unreachable.is_empty() {
-            return e;
-        }
-        let names: Vec<String> = unreachable
-            .iter()
-            .map(|(ep, _)| format!("{} ({})", ep.name, ep.addr))
-            .collect();
-        ClusterError::Invalid(format!(
-            "{e} (planned without the unreachable {})",
-            names.join(", ")
-        ))
-    };
-    let mut reports: Vec<DeviceReport> = conns
-        .iter()
-        .map(|c| DeviceReport {
-            endpoint: c.endpoint.clone(),
-            mem_budget: c.info.mem_budget,
-            link: None,
-            probe: None,
-            shipped: ShipStats::default(),
-            memory: None,
-            peers: Vec::new(),
-        })
-        .collect();
-    let mut links = Vec::new();
-    if opts.measure_links {
-        for (c, r) in conns.iter_mut().zip(&mut reports) {
-            let l = c.measure().await?;
-            r.link = Some(l);
-            links.push(l);
-        }
-    }
-    let reach = if opts.relay || conns.len() < 2 {
-        Vec::new()
-    } else {
-        connect_peers(&mut conns, opts, &mut reports).await?
-    };
-    // The token's return trip on the wire: the last device sends the coordinator the argmax
-    // (greedy) or the last position's full logits, and the coordinator samples.
-    let shape = crate::shape::shape_from_manifest(&opts.shape_name, manifest);
-    let shape = {
-        let r = if opts.greedy {
-            ARGMAX_RETURN_BYTES
-        } else {
-            shape.logits_return_bytes()
-        };
-        let mut shape = shape.with_return_bytes(r);
-        // the longest step (a prompt) sizes every device's working buffers
-        shape.step_tokens = Some(opts.max_step_tokens.max(1) as u64);
-        shape
-    };
-    // Probe the devices without a profile: blocks one at a time; loads with the blocks, or
-    // all together.
-    let together = opts.probe_loads_together;
-    let mut probes: Vec<Option<ProbeResult>> = vec![None; workers.len()];
-    for (i, (w, c)) in workers.iter().zip(&mut conns).enumerate() {
-        if w.profile.is_none() {
-            let s = c
-                .ship(
-                    model_dir,
-                    manifest,
-                    &[SliceKind::Attn(0), SliceKind::Mlp(0)],
-                    opts.on_ship.as_ref(),
-                )
-                .await?;
-            reports[i].shipped.sent.extend(s.sent);
-            reports[i].shipped.sent_bytes += s.sent_bytes;
-            probes[i] = Some(c.probe(manifest, true, !together).await?);
-        }
-    }
-    if together {
-        let mut tasks = Vec::new();
-        for (i, c) in std::mem::take(&mut conns).into_iter().enumerate() {
-            let m = manifest.clone();
-            let probe = probes[i].is_some();
-            tasks.push(tokio::spawn(async move {
-                let mut c = c;
-                let r = if probe {
-                    Some(c.probe(&m, false, true).await)
-                } else {
-                    None
-                };
-                (c, r)
-            }));
-        }
-        for (i, t) in tasks.into_iter().enumerate() {
-            let (c, r) = t
-                .await
-                .map_err(|e| ClusterError::Invalid(format!("probe task: {e}")))?;
-            conns.push(c);
-            if let (Some(r), Some(p)) = (r, probes[i].as_mut()) {
-                let r = r?;
-                p.direct = r.direct;
-                p.conventional = r.conventional;
-                p.took_s += r.took_s;
-            }
-        }
-    }
-    let mut devices = Vec::new();
-    let mut profiles = Vec::new();
-    for ((w, c), (r, p)) in workers
-        .iter()
-        .zip(&conns)
-        .zip(reports.iter_mut().zip(probes))
-    {
-        let mem = w.mem.unwrap_or(c.info.mem_budget);
-        let mut profile = match (&w.profile, p) {
-            (Some(prof), _) => prof.clone(),
-            (None, Some(p)) => {
-                let prof = profile_from_probe(&w.endpoint.name, mem, &shape, &p)?;
-                r.probe = Some(p);
-                prof
-            }
-            (None, None) => {
-                return Err(ClusterError::Invalid(format!(
-                    "device {} was not profiled",
-                    w.endpoint.name
-                )))
-            }
-        };
-        profile.mem_budget = mem;
-        profiles.push((w.endpoint.name.clone(), profile.clone()));
-        devices.push(loip_plan::Device {
-            name: w.endpoint.name.clone(),
-            profile,
-            reserve: w.reserve,
-            addr: Some(w.endpoint.addr.clone()),
-        });
-    }
-    let link = opts.link.unwrap_or_else(|| {
-        let star = star_link(&links);
-        if reach.is_empty() {
-            star
-        } else {
-            direct_link(star, &reports)
-        }
-    });
-    let disks = if opts.shared_disk && devices.len() > 1 {
-        vec![devices.iter().map(|d| d.name.clone()).collect()]
-    } else {
-        Vec::new()
-    };
-    let cluster = Cluster {
-        devices,
-        link,
-        defaults: Default::default(),
-        disks,
-    };
-    let plan = match &opts.plan {
-        Some(p) => {
-            p.validate(&shape, &cluster)?;
-            p.clone()
-        }
-        None => {
-            let req = PlanRequest {
-                context: opts.context,
-                pattern: opts.pattern,
-                micro_batches: opts.micro_batches,
-                loader: plan_loader(opts.loader),
-                allow_drop: opts.allow_drop,
-            };
-            match opts.admitted {
-                Some(n) => {
-                    loip_plan::adapt::plan_for_admission(&opts.planner, &shape, &cluster, &req, n)
-                }
-                None => loip_plan::plan(&opts.planner, &shape, &cluster, &req),
-            }
-            .map_err(|e| left_out(e.into()))?
-        }
-    };
-    let mut plan = plan;
-    for (ep, e) in &unreachable {
-        plan.dropped.push(loip_plan::plan::DroppedDevice {
-            name: ep.name.clone(),
-            reason: format!("unreachable at start ({}): {}", ep.addr, e.source),
-        });
-    }
-    let route = Route::from_plan(&plan)?;
-    let mut peer_ids = Vec::new();
-    let mut slots: Vec<Option<Conn>> = conns.into_iter().map(Some).collect();
-    let mut plan_conns = Vec::new();
-    let mut opened = Vec::new(); // (spec, memory) per plan device
-    for (i, d) in plan.devices.iter().enumerate() {
-        let idx = workers
-            .iter()
-            .position(|w| w.endpoint.name == d.name)
-            .ok_or_else(|| {
-                ClusterError::Invalid(format!(
-                    "the plan names device `{}`, which is not in the cluster",
-                    d.name
-                ))
-            })?;
-        peer_ids.push(idx as u16);
-        let mut c = slots[idx].take().ok_or_else(|| {
-            ClusterError::Invalid(format!("device `{}` appears twice in the plan", d.name))
-        })?;
-        let kinds = device_slices(&plan, i, manifest.config.tie_word_embeddings);
-        let s = c
-            .ship(model_dir, manifest, &kinds, opts.on_ship.as_ref())
-            .await?;
-        let r = &mut reports[idx];
-        r.shipped.reused = s.reused;
-        r.shipped.sent_bytes += s.sent_bytes;
-        r.shipped.sent.extend(s.sent);
-        let context = (opts.context as usize).min(manifest.config.max_position_embeddings);
-        let spec = device_spec(
-            &plan,
-            i,
-            opts.loader,
-            opts.max_step_tokens,
-            context,
-            Some(c.info.mem_budget),
-        );
-        let spec = DeviceSpec {
-            max_step_seqs: opts.max_step_seqs.max(1),
-            ..spec
-        };
-        let memory = c.load(manifest, &spec).await?;
-        r.memory = Some(memory);
-        opened.push((spec, memory));
-        plan_conns.push(c);
-    }
-    for c in slots.into_iter().flatten() {
-        c.bye().await;
-    }
-    let popts = PipelineOptions {
-        step_timeout: opts.step_timeout,
-        hidden: manifest.config.hidden_size,
-        vocab: manifest.config.vocab_size,
-    };
-    let reaches = |a: usize, b: usize| {
-        let (a, b) = (peer_ids[a] as usize, peer_ids[b] as usize);
-        reach
-            .get(a)
-            .and_then(|r| r.get(b))
-            .copied()
-            .unwrap_or(false)
-    };
-    let direct: Vec<bool> = (0..route.hops.len())
-        .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))
-        .collect();
-    let n = plan_conns.len();
-    let reach = (0..n)
-        .map(|a| (0..n).map(|b| a != b && reaches(a, b)).collect())
-        .collect();
-    let hop_links = HopLinks {
-        direct,
-        peer_ids,
-        reach,
-    };
-    let adapter = opts.admitted.map(|_| {
-        let mut a = crate::adapt::Adapter::for_session(&plan, manifest, &shape, &cluster, &opened);
-        a.set_lending(opts.lending);
-        a.set_config(opts.adapt);
-        a.set_evict_only(opts.evict_only);
-        a
-    });
-    let adapt = adapter.as_ref().map(|a| a.report());
-    let pipeline = Pipeline::start_with(plan_conns, route, popts, hop_links.clone(), adapter);
-    Ok(Setup {
-        pipeline,
-        hop_links,
-        plan,
-        cluster,
-        shape,
-        reports,
-        profiles,
-        adapt,
-    })
+/// A cluster planned but not brought up ([`Session::preview`]).
+#[derive(Debug, Clone)]
+pub struct Preview {
+    /// the plan it would run
+    pub plan: Plan,
+    /// the model's shape as planned
+    pub shape: loip_plan::ModelShape,
+    /// the cluster as planned (profiles, measured link)
+    pub cluster: Cluster,
+    /// what setup found per worker (links, probes)
+    pub reports: Vec<DeviceReport>,
 }
 
 /// A cluster that is up: plan made, slices shipped, devices open, pipeline running.
@@ -667,7 +364,10 @@ pub struct Session {
     /// seconds setup took  // seconds
     pub setup_s: f64,
     model_dir: PathBuf,
+    /// every worker the session was started with (profiles remembered once measured)
     workers: Vec<WorkerSpec>,
+    /// the workers out of the running pipeline: unreachable at the last setup, or gone
+    missing: Vec<String>,
     opts: SessionOptions,
     adapt: Option<std::sync::Arc<std::sync::Mutex<crate::adapt::AdaptReport>>>,
 }
@@ -705,8 +405,39 @@ impl Session {
             setup_s: t.elapsed().as_secs_f64(),
             model_dir: model_dir.to_path_buf(),
             workers,
+            missing: s.unreachable,
             opts,
             adapt: s.adapt,
+        })
+    }
+
+    /// Connects, measures, profiles and plans as [`Session::start`] does, then says goodbye
+    /// to the workers: the plan without shipping a slice (beyond a profiled device's layer 0)
+    /// or loading anything (`--preview`).
+    pub fn preview(
+        model_dir: &Path,
+        workers: &[WorkerSpec],
+        opts: &SessionOptions,
+    ) -> Result<Preview, ClusterError> {
+        let manifest = Manifest::load(model_dir).map_err(RuntimeError::from)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| RuntimeError::Io {
+                path: PathBuf::from("<tokio runtime>"),
+                source: e,
+            })?;
+        rt.block_on(async {
+            let p = setup::plan_cluster(model_dir, &manifest, workers, opts).await?;
+            for c in p.conns {
+                c.bye().await;
+            }
+            Ok(Preview {
+                plan: p.plan,
+                shape: p.shape,
+                cluster: p.cluster,
+                reports: p.reports,
+            })
         })
     }
 
@@ -800,15 +531,69 @@ impl Session {
     /// the devices left out.
     pub fn replan(&mut self) -> Result<Vec<String>, ClusterError> {
         let gone = self.gone();
-        self.rt.block_on(self.pipeline.shutdown());
-        let workers: Vec<WorkerSpec> = self
-            .workers
+        self.note_gone();
+        let missing = self.missing.clone();
+        self.rebuild(|w| !missing.contains(&w.endpoint.name))?;
+        Ok(gone)
+    }
+
+    /// The workers out of the running pipeline (unreachable at the last setup, or gone),
+    /// with their addresses: the ones [`Session::rejoin`] may take back.
+    pub fn missing(&self) -> Vec<Endpoint> {
+        self.workers
             .iter()
-            .filter(|w| !gone.contains(&w.endpoint.name))
+            .filter(|w| self.missing.contains(&w.endpoint.name))
+            .map(|w| w.endpoint.clone())
+            .collect()
+    }
+
+    /// Whether the running pipeline is idle: no sequence holds KV on it.
+    pub fn idle(&self) -> bool {
+        self.pipeline.held_tokens() == 0
+    }
+
+    /// Takes back the missing workers named in `back` (they answer again: restarted):
+    /// re-plans over the workers in the pipeline and those, leaving out any that fails to
+    /// connect again. Returns the names of the workers the new plan runs on. When that fails
+    /// (a worker answers but refuses), re-plans without them and returns the error.
+    pub fn rejoin(&mut self, back: &[String]) -> Result<Vec<String>, ClusterError> {
+        self.note_gone();
+        let out: Vec<String> = self
+            .missing
+            .iter()
+            .filter(|m| !back.contains(m))
             .cloned()
             .collect();
+        if let Err(e) = self.rebuild(|w| !out.contains(&w.endpoint.name)) {
+            // back on the workers that ran before, so that a bad newcomer breaks nothing
+            let missing = self.missing.clone();
+            return Err(
+                match self.rebuild(|w| !missing.contains(&w.endpoint.name)) {
+                    Ok(()) => e,
+                    Err(e2) => ClusterError::Invalid(format!("{e}; and without them: {e2}")),
+                },
+            );
+        }
+        Ok(self.plan.devices.iter().map(|d| d.name.clone()).collect())
+    }
+
+    /// Counts the gone devices among the missing ones.
+    fn note_gone(&mut self) {
+        for g in self.gone() {
+            if !self.missing.contains(&g) {
+                self.missing.push(g);
+            }
+        }
+    }
+
+    /// Stops the pipeline and sets the cluster up again over the workers `keep` keeps, with
+    /// the planner, trying each worker once; the workers left out are the missing ones.
+    fn rebuild(&mut self, keep: impl Fn(&WorkerSpec) -> bool) -> Result<(), ClusterError> {
+        self.rt.block_on(self.pipeline.shutdown());
+        let workers: Vec<WorkerSpec> = self.workers.iter().filter(|w| keep(w)).cloned().collect();
         let mut opts = self.opts.clone();
         opts.plan = None;
+        opts.connect_retry = Duration::ZERO;
         let t = Instant::now();
         let s = self
             .rt
@@ -821,9 +606,14 @@ impl Session {
         self.reports = s.reports;
         self.adapt = s.adapt;
         self.setup_s = t.elapsed().as_secs_f64();
-        self.workers = workers;
+        self.missing = self
+            .workers
+            .iter()
+            .filter(|w| !keep(w) || s.unreachable.contains(&w.endpoint.name))
+            .map(|w| w.endpoint.name.clone())
+            .collect();
         remember_profiles(&mut self.workers, &s.profiles);
-        Ok(gone)
+        Ok(())
     }
 
     /// Says goodbye to every worker.

@@ -74,6 +74,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         ));
     Router::new()
         .route("/health", get(health))
+        .merge(crate::dashboard::routes(app.clone()))
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 mod app;
+mod dashboard;
 pub mod backend;
 pub mod http;
 mod logprobs;

@@ -76,6 +76,8 @@ pub struct ClusterOptions {
     pub lend: bool,
     /// write the plan as JSON here
     pub plan_out: Option<PathBuf>,
+    /// at start, try a worker that refuses or does not answer again for this long
+    pub connect_retry: std::time::Duration,
     /// told of the slices going out to each device
     pub on_ship: Option<OnShip>,
 }
@@ -168,6 +170,20 @@ pub struct ClusterStart<'a> {
 /// Brings a cluster up for the slice files in `dir`: connect, authenticate, measure, plan,
 /// ship slices, load.
 pub fn start_cluster(dir: &Path, c: &ClusterOptions, s: &ClusterStart<'_>) -> Result<Session> {
+    let (workers, opts) = session_options(c, s)?;
+    let session = Session::start(dir, workers, opts)?;
+    if let Some(p) = &c.plan_out {
+        std::fs::write(p, session.plan.to_json())
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(session)
+}
+
+/// The cluster file's workers and how [`start_cluster`] (or a preview) brings them up.
+pub fn session_options(
+    c: &ClusterOptions,
+    s: &ClusterStart<'_>,
+) -> Result<(Vec<WorkerSpec>, SessionOptions)> {
     let (workers, cluster) = read_workers(&c.file)?;
     let mut opts = SessionOptions {
         planner: c.planner.clone(),
@@ -181,6 +197,7 @@ pub fn start_cluster(dir: &Path, c: &ClusterOptions, s: &ClusterStart<'_>) -> Re
         greedy: s.greedy,
         relay: c.relay,
         lending: c.lend,
+        connect_retry: c.connect_retry,
         ..Default::default()
     };
     opts.connect.token =
@@ -190,12 +207,7 @@ pub fn start_cluster(dir: &Path, c: &ClusterOptions, s: &ClusterStart<'_>) -> Re
         loip_runtime::net::known::KnownDevices::new(known, c.accept_new_key.clone()),
     ));
     opts.on_ship = c.on_ship.clone();
-    let session = Session::start(dir, workers, opts)?;
-    if let Some(p) = &c.plan_out {
-        std::fs::write(p, session.plan.to_json())
-            .with_context(|| format!("writing {}", p.display()))?;
-    }
-    Ok(session)
+    Ok((workers, opts))
 }
 
 /// Peak resident set size of this process (`VmHWM`), bytes.

@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -137,12 +138,17 @@ impl Reply {
 /// One HTTP/1.1 request on a new connection (`Connection: close`); the body is written from
 /// another thread so that a server refusing a large body early cannot block us.
 pub fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> Reply {
+    http_with(addr, method, path, "", body)
+}
+
+/// [`http`] with more header lines (`extra`: each ending in `\r\n`).
+pub fn http_with(addr: &str, method: &str, path: &str, extra: &str, body: &[u8]) -> Reply {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
     s.set_write_timeout(Some(WAIT)).unwrap();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
+         {extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).unwrap();
@@ -323,4 +329,48 @@ pub fn generate_one(model: &str, ids: &[u32], n: usize, extra: &[&str]) -> Value
     ];
     args.extend_from_slice(extra);
     generate(&args)["new_ids"].clone()
+}
+
+/// `loip worker NAME` on `addr` (port 0: a free one) with its store under `dir/NAME`, the
+/// cluster tests' token and 256 MiB; and the address it listens on.
+pub fn worker(dir: &Path, name: &str, addr: &str) -> (Guard, String) {
+    let mut w = Guard(
+        loip()
+            .args(["worker", "--listen", addr, "--mem", "256MiB", "--token"])
+            .arg(TEST_TOKEN)
+            .arg("--name")
+            .arg(name)
+            .arg("--store")
+            .arg(dir.join(name))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = w.0.stdout.take().unwrap();
+    let (addr, _) = wait_for_line(out, "listening on ");
+    (w, addr)
+}
+
+/// `n` workers `w1`… on loopback, in a fresh directory `loip-TAG-PID` under the temp
+/// directory, and a cluster file listing them: (the directory, the workers, the file).
+pub fn workers_and_cluster(
+    tag: &str,
+    n: usize,
+) -> (std::path::PathBuf, Vec<Guard>, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("loip-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut workers = Vec::new();
+    let mut toml = String::new();
+    for i in 1..=n {
+        let (w, addr) = worker(&dir, &format!("w{i}"), "127.0.0.1:0");
+        toml.push_str(&format!(
+            "[[device]]\nname = \"w{i}\"\naddr = \"{addr}\"\n\n"
+        ));
+        workers.push(w);
+    }
+    let cluster = dir.join("cluster.toml");
+    std::fs::write(&cluster, toml).unwrap();
+    (dir, workers, cluster)
 }

@@ -1,0 +1,605 @@
+//! Bringing a cluster up, one function per job: connect and authenticate the workers
+//! ([`connect_workers`]), measure the links ([`measure_links`]) and the peer sessions,
+//! profile the devices without a profile ([`probe_devices`]), describe the cluster
+//! ([`describe_cluster`]), plan ([`make_plan`]), ship each plan device its slices and open it
+//! ([`ship_and_open`]), then start the pipeline over the hops' links ([`hop_links`]).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use loip_model::slice::{Manifest, SliceKind};
+use loip_plan::{Cluster, DeviceProfile, LinkProfile, ModelShape, Plan, PlanRequest};
+
+use super::peers::connect_peers;
+use super::{
+    device_slices, device_spec, direct_link, plan_loader, profile_from_probe, star_link,
+    DeviceReport, SessionOptions, WorkerSpec, ARGMAX_RETURN_BYTES,
+};
+use crate::adapt::{AdaptReport, Adapter};
+use crate::coordinator::{
+    ClusterError, Conn, Endpoint, HopLinks, LinkStats, Pipeline, PipelineOptions, Route, ShipStats,
+};
+use crate::executor::DeviceSpec;
+use crate::wire::{DeviceMemory, NetError, ProbeResult, WireError};
+
+/// What setup hands the session.
+pub(super) struct Setup {
+    pub pipeline: Pipeline,
+    pub hop_links: HopLinks,
+    pub plan: Plan,
+    pub cluster: Cluster,
+    pub shape: ModelShape,
+    pub reports: Vec<DeviceReport>,
+    pub profiles: Vec<(String, DeviceProfile)>,
+    pub adapt: Option<std::sync::Arc<std::sync::Mutex<AdaptReport>>>,
+    /// the workers nobody answered for, left out of the plan
+    pub unreachable: Vec<String>,
+}
+
+/// Brings the cluster of `workers` up for the model in `model_dir`.
+pub(super) async fn setup(
+    model_dir: &Path,
+    manifest: &Manifest,
+    workers: &[WorkerSpec],
+    opts: &SessionOptions,
+) -> Result<Setup, ClusterError> {
+    let Planned {
+        conns,
+        workers,
+        mut reports,
+        reach,
+        shape,
+        cluster,
+        profiles,
+        plan,
+        unreachable,
+    } = plan_cluster(model_dir, manifest, workers, opts).await?;
+    let route = Route::from_plan(&plan)?;
+    let opened = ship_and_open(
+        model_dir,
+        manifest,
+        &plan,
+        &workers,
+        conns,
+        &mut reports,
+        opts,
+    )
+    .await?;
+    let hop_links = hop_links(&route, opened.peer_ids, &reach);
+    let popts = PipelineOptions {
+        step_timeout: opts.step_timeout,
+        hidden: manifest.config.hidden_size,
+        vocab: manifest.config.vocab_size,
+    };
+    let adapter = opts.admitted.map(|_| {
+        let mut a = Adapter::for_session(&plan, manifest, &shape, &cluster, &opened.devices);
+        a.set_lending(opts.lending);
+        a.set_config(opts.adapt);
+        a.set_evict_only(opts.evict_only);
+        a
+    });
+    let adapt = adapter.as_ref().map(|a| a.report());
+    let pipeline = Pipeline::start_with(opened.conns, route, popts, hop_links.clone(), adapter);
+    Ok(Setup {
+        pipeline,
+        hop_links,
+        plan,
+        cluster,
+        shape,
+        reports,
+        profiles,
+        adapt,
+        unreachable,
+    })
+}
+
+/// What setup knows once it has planned, before shipping and loading.
+pub(super) struct Planned {
+    /// one connection per reachable worker
+    pub conns: Vec<Conn>,
+    /// the reachable workers, in the order of `conns`
+    pub workers: Vec<WorkerSpec>,
+    pub reports: Vec<DeviceReport>,
+    /// which worker reaches which (`reach[from][to]`; empty: every hop relayed)
+    pub reach: Vec<Vec<bool>>,
+    pub shape: ModelShape,
+    pub cluster: Cluster,
+    pub profiles: Vec<(String, DeviceProfile)>,
+    pub plan: Plan,
+    /// the workers nobody answered for, left out of the plan
+    pub unreachable: Vec<String>,
+}
+
+/// Connects, authenticates, measures the links, profiles and plans: everything before the
+/// slices go out ([`crate::cluster_run::Session::preview`] stops here).
+pub(super) async fn plan_cluster(
+    model_dir: &Path,
+    manifest: &Manifest,
+    workers: &[WorkerSpec],
+    opts: &SessionOptions,
+) -> Result<Planned, ClusterError> {
+    let Connected {
+        mut conns,
+        workers,
+        unreachable,
+    } = connect_workers(workers, opts).await?;
+    let mut reports: Vec<DeviceReport> = conns.iter().map(new_report).collect();
+    let links = measure_links(&mut conns, &mut reports, opts).await?;
+    let reach = if opts.relay || conns.len() < 2 {
+        Vec::new()
+    } else {
+        connect_peers(&mut conns, opts, &mut reports).await?
+    };
+    let shape = planning_shape(manifest, opts);
+    let probes = probe_devices(
+        model_dir,
+        manifest,
+        &workers,
+        &mut conns,
+        &mut reports,
+        opts,
+    )
+    .await?;
+    let (cluster, profiles) = describe_cluster(
+        &workers,
+        &conns,
+        &mut reports,
+        probes,
+        &shape,
+        &links,
+        !reach.is_empty(),
+        opts,
+    )?;
+    let plan = make_plan(&shape, &cluster, &unreachable, opts)?;
+    Ok(Planned {
+        conns,
+        workers,
+        reports,
+        reach,
+        shape,
+        cluster,
+        profiles,
+        plan,
+        unreachable: unreachable.into_iter().map(|(ep, _)| ep.name).collect(),
+    })
+}
+
+/// The workers that answered, and those nobody answered for.
+struct Connected {
+    /// one connection per reachable worker
+    conns: Vec<Conn>,
+    /// the reachable workers, in the order of `conns`
+    workers: Vec<WorkerSpec>,
+    /// the workers left out, and why
+    unreachable: Vec<(Endpoint, NetError)>,
+}
+
+/// Whether `e` (from connecting) means nobody answered at the address: refused, reset,
+/// unreachable, or no answer in time.
+fn is_unreachable(e: &WireError) -> bool {
+    matches!(
+        e,
+        WireError::Io(_) | WireError::Timeout(..) | WireError::Closed
+    )
+}
+
+/// Connects to and authenticates every worker. A worker that cannot be reached is left out
+/// when the planner may choose the devices (no fixed plan, dropping allowed): the model may
+/// still fit on the others. A worker that answers but refuses (wrong token, other version)
+/// is an error, and so is a cluster where nobody answered.
+async fn connect_workers(
+    workers: &[WorkerSpec],
+    opts: &SessionOptions,
+) -> Result<Connected, ClusterError> {
+    if workers.is_empty() {
+        return Err(ClusterError::Invalid("no worker to run on".into()));
+    }
+    let mut conns = Vec::new();
+    let mut reachable = Vec::new();
+    let mut unreachable: Vec<(Endpoint, NetError)> = Vec::new();
+    let may_leave_out = opts.plan.is_none() && opts.allow_drop;
+    // one window for all workers: a cluster of dead workers waits `connect_retry` once
+    let until = Instant::now() + opts.connect_retry;
+    for w in workers {
+        match connect_retrying(w, opts, until).await {
+            Ok(c) => {
+                conns.push(c);
+                reachable.push(w.clone());
+            }
+            Err(e) if may_leave_out && is_unreachable(&e.source) => {
+                tracing::warn!("leaving out {e}");
+                unreachable.push((w.endpoint.clone(), e));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if conns.is_empty() && !unreachable.is_empty() {
+        return Err(unreachable.remove(0).1.into());
+    }
+    Ok(Connected {
+        conns,
+        workers: reachable,
+        unreachable,
+    })
+}
+
+/// First pause between two tries of a worker nobody answers for; it doubles up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+/// Longest pause between two tries.
+const RETRY_MAX: Duration = Duration::from_secs(4);
+
+/// Connects to `w`, trying again with backoff while nobody answers (refused, reset, no
+/// answer in time) until `until`, each failure logged; then its last error, which names the
+/// worker and its address. A worker that answers but refuses is not tried again.
+async fn connect_retrying(
+    w: &WorkerSpec,
+    opts: &SessionOptions,
+    until: Instant,
+) -> Result<Conn, NetError> {
+    let mut pause = RETRY_FIRST;
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let e = match Conn::connect(&w.endpoint, &opts.connect).await {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        };
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || !is_unreachable(&e.source) {
+            if tries > 1 {
+                tracing::warn!("gave up on {} after {tries} tries", w.endpoint.addr);
+            }
+            return Err(e);
+        }
+        tracing::warn!(
+            "{e}; trying again in {:.1} s ({:.0} s left)",
+            pause.min(left).as_secs_f64(),
+            left.as_secs_f64()
+        );
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(RETRY_MAX);
+    }
+}
+
+/// `e` naming the unreachable workers the plan was made without.
+fn left_out(unreachable: &[(Endpoint, NetError)], e: ClusterError) -> ClusterError {
+    if unreachable.is_empty() {
+        return e;
+    }
+    let names: Vec<String> = unreachable
+        .iter()
+        .map(|(ep, _)| format!("{} ({})", ep.name, ep.addr))
+        .collect();
+    ClusterError::Invalid(format!(
+        "{e} (planned without the unreachable {})",
+        names.join(", ")
+    ))
+}
+
+/// An empty report for the worker behind `c`.
+fn new_report(c: &Conn) -> DeviceReport {
+    DeviceReport {
+        endpoint: c.endpoint.clone(),
+        mem_budget: c.info.mem_budget,
+        link: None,
+        probe: None,
+        shipped: ShipStats::default(),
+        memory: None,
+        peers: Vec::new(),
+    }
+}
+
+/// Measures every coordinator ↔ worker link (with `opts.measure_links`; else none).
+async fn measure_links(
+    conns: &mut [Conn],
+    reports: &mut [DeviceReport],
+    opts: &SessionOptions,
+) -> Result<Vec<LinkStats>, ClusterError> {
+    let mut links = Vec::new();
+    if opts.measure_links {
+        for (c, r) in conns.iter_mut().zip(reports) {
+            let l = c.measure().await?;
+            r.link = Some(l);
+            links.push(l);
+        }
+    }
+    Ok(links)
+}
+
+/// The model's shape as the planner sees it: the token's return trip on the wire (the last
+/// device sends the coordinator the argmax when greedy, else the last position's full
+/// logits, and the coordinator samples), and the longest step (a prompt), which sizes every
+/// device's working buffers.
+fn planning_shape(manifest: &Manifest, opts: &SessionOptions) -> ModelShape {
+    let shape = crate::shape::shape_from_manifest(&opts.shape_name, manifest);
+    let r = if opts.greedy {
+        ARGMAX_RETURN_BYTES
+    } else {
+        shape.logits_return_bytes()
+    };
+    let mut shape = shape.with_return_bytes(r);
+    shape.step_tokens = Some(opts.max_step_tokens.max(1) as u64);
+    shape
+}
+
+/// Probes the devices without a profile on layer 0 (shipped first): blocks one at a time;
+/// loads with the blocks, or all devices together (`opts.probe_loads_together`).
+async fn probe_devices(
+    model_dir: &Path,
+    manifest: &Manifest,
+    workers: &[WorkerSpec],
+    conns: &mut Vec<Conn>,
+    reports: &mut [DeviceReport],
+    opts: &SessionOptions,
+) -> Result<Vec<Option<ProbeResult>>, ClusterError> {
+    let together = opts.probe_loads_together;
+    let mut probes: Vec<Option<ProbeResult>> = vec![None; workers.len()];
+    for (i, (w, c)) in workers.iter().zip(conns.iter_mut()).enumerate() {
+        if w.profile.is_none() {
+            let s = c
+                .ship(
+                    model_dir,
+                    manifest,
+                    &[SliceKind::Attn(0), SliceKind::Mlp(0)],
+                    opts.on_ship.as_ref(),
+                )
+                .await?;
+            reports[i].shipped.sent.extend(s.sent);
+            reports[i].shipped.sent_bytes += s.sent_bytes;
+            probes[i] = Some(c.probe(manifest, true, !together).await?);
+        }
+    }
+    if together {
+        probe_loads_together(manifest, conns, &mut probes).await?;
+    }
+    Ok(probes)
+}
+
+/// Measures the loaders of the probed devices at the same time (devices emulated on one
+/// machine share its SSD); `conns` keeps its order.
+async fn probe_loads_together(
+    manifest: &Manifest,
+    conns: &mut Vec<Conn>,
+    probes: &mut [Option<ProbeResult>],
+) -> Result<(), ClusterError> {
+    let mut tasks = Vec::new();
+    for (i, c) in std::mem::take(conns).into_iter().enumerate() {
+        let m = manifest.clone();
+        let probe = probes[i].is_some();
+        tasks.push(tokio::spawn(async move {
+            let mut c = c;
+            let r = if probe {
+                Some(c.probe(&m, false, true).await)
+            } else {
+                None
+            };
+            (c, r)
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (c, r) = t
+            .await
+            .map_err(|e| ClusterError::Invalid(format!("probe task: {e}")))?;
+        conns.push(c);
+        if let (Some(r), Some(p)) = (r, probes[i].as_mut()) {
+            let r = r?;
+            p.direct = r.direct;
+            p.conventional = r.conventional;
+            p.took_s += r.took_s;
+        }
+    }
+    Ok(())
+}
+
+/// The cluster the planner plans over: each worker's profile (given, or from its probe) with
+/// the budget it may use, the cost model's link (given, or from the measured links: the
+/// peer links when `direct`, else the star's), and the shared disk. Returns the profiles too.
+#[allow(clippy::too_many_arguments)]
+fn describe_cluster(
+    workers: &[WorkerSpec],
+    conns: &[Conn],
+    reports: &mut [DeviceReport],
+    probes: Vec<Option<ProbeResult>>,
+    shape: &ModelShape,
+    links: &[LinkStats],
+    direct: bool,
+    opts: &SessionOptions,
+) -> Result<(Cluster, Vec<(String, DeviceProfile)>), ClusterError> {
+    let mut devices = Vec::new();
+    let mut profiles = Vec::new();
+    for ((w, c), (r, p)) in workers
+        .iter()
+        .zip(conns)
+        .zip(reports.iter_mut().zip(probes))
+    {
+        let mem = w.mem.unwrap_or(c.info.mem_budget);
+        let mut profile = match (&w.profile, p) {
+            (Some(prof), _) => prof.clone(),
+            (None, Some(p)) => {
+                let prof = profile_from_probe(&w.endpoint.name, mem, shape, &p)?;
+                r.probe = Some(p);
+                prof
+            }
+            (None, None) => {
+                return Err(ClusterError::Invalid(format!(
+                    "device {} was not profiled",
+                    w.endpoint.name
+                )))
+            }
+        };
+        profile.mem_budget = mem;
+        profiles.push((w.endpoint.name.clone(), profile.clone()));
+        devices.push(loip_plan::Device {
+            name: w.endpoint.name.clone(),
+            profile,
+            reserve: w.reserve,
+            addr: Some(w.endpoint.addr.clone()),
+        });
+    }
+    let link = opts
+        .link
+        .unwrap_or_else(|| cost_link(links, direct, reports));
+    let disks = if opts.shared_disk && devices.len() > 1 {
+        vec![devices.iter().map(|d| d.name.clone()).collect()]
+    } else {
+        Vec::new()
+    };
+    let cluster = Cluster {
+        devices,
+        link,
+        defaults: Default::default(),
+        disks,
+    };
+    Ok((cluster, profiles))
+}
+
+/// The cost model's link from the measured links: the star's, or with peer sessions
+/// (`direct`) the slowest peer link.
+fn cost_link(links: &[LinkStats], direct: bool, reports: &[DeviceReport]) -> LinkProfile {
+    let star = star_link(links);
+    if direct {
+        direct_link(star, reports)
+    } else {
+        star
+    }
+}
+
+/// The plan: the fixed one checked against the model and the cluster, or the planner's
+/// (for admission when adapting online); the unreachable workers are listed as dropped.
+fn make_plan(
+    shape: &ModelShape,
+    cluster: &Cluster,
+    unreachable: &[(Endpoint, NetError)],
+    opts: &SessionOptions,
+) -> Result<Plan, ClusterError> {
+    let mut plan = match &opts.plan {
+        Some(p) => {
+            p.validate(shape, cluster)?;
+            p.clone()
+        }
+        None => {
+            let req = PlanRequest {
+                context: opts.context,
+                pattern: opts.pattern,
+                micro_batches: opts.micro_batches,
+                loader: plan_loader(opts.loader),
+                allow_drop: opts.allow_drop,
+            };
+            match opts.admitted {
+                Some(n) => {
+                    loip_plan::adapt::plan_for_admission(&opts.planner, shape, cluster, &req, n)
+                }
+                None => loip_plan::plan(&opts.planner, shape, cluster, &req),
+            }
+            .map_err(|e| left_out(unreachable, e.into()))?
+        }
+    };
+    for (ep, e) in unreachable {
+        plan.dropped.push(loip_plan::plan::DroppedDevice {
+            name: ep.name.clone(),
+            reason: format!("unreachable at start ({}): {}", ep.addr, e.source),
+        });
+    }
+    Ok(plan)
+}
+
+/// The plan devices, opened.
+struct Opened {
+    /// one connection per plan device, in plan order
+    conns: Vec<Conn>,
+    /// each plan device's peer id (its index among the connected workers)
+    peer_ids: Vec<u16>,
+    /// each plan device's spec and how it spends its budget
+    devices: Vec<(DeviceSpec, DeviceMemory)>,
+}
+
+/// Ships each plan device the slices it lacks and opens it with its spec; says goodbye to
+/// the connected workers the plan does not use.
+async fn ship_and_open(
+    model_dir: &Path,
+    manifest: &Manifest,
+    plan: &Plan,
+    workers: &[WorkerSpec],
+    conns: Vec<Conn>,
+    reports: &mut [DeviceReport],
+    opts: &SessionOptions,
+) -> Result<Opened, ClusterError> {
+    let mut peer_ids = Vec::new();
+    let mut slots: Vec<Option<Conn>> = conns.into_iter().map(Some).collect();
+    let mut plan_conns = Vec::new();
+    let mut devices = Vec::new();
+    for (i, d) in plan.devices.iter().enumerate() {
+        let idx = workers
+            .iter()
+            .position(|w| w.endpoint.name == d.name)
+            .ok_or_else(|| {
+                ClusterError::Invalid(format!(
+                    "the plan names device `{}`, which is not in the cluster",
+                    d.name
+                ))
+            })?;
+        peer_ids.push(idx as u16);
+        let mut c = slots[idx].take().ok_or_else(|| {
+            ClusterError::Invalid(format!("device `{}` appears twice in the plan", d.name))
+        })?;
+        let kinds = device_slices(plan, i, manifest.config.tie_word_embeddings);
+        let s = c
+            .ship(model_dir, manifest, &kinds, opts.on_ship.as_ref())
+            .await?;
+        let r = &mut reports[idx];
+        r.shipped.reused = s.reused;
+        r.shipped.sent_bytes += s.sent_bytes;
+        r.shipped.sent.extend(s.sent);
+        let context = (opts.context as usize).min(manifest.config.max_position_embeddings);
+        let spec = device_spec(
+            plan,
+            i,
+            opts.loader,
+            opts.max_step_tokens,
+            context,
+            Some(c.info.mem_budget),
+        );
+        let spec = DeviceSpec {
+            max_step_seqs: opts.max_step_seqs.max(1),
+            ..spec
+        };
+        let memory = c.load(manifest, &spec).await?;
+        r.memory = Some(memory);
+        devices.push((spec, memory));
+        plan_conns.push(c);
+    }
+    for c in slots.into_iter().flatten() {
+        c.bye().await;
+    }
+    Ok(Opened {
+        conns: plan_conns,
+        peer_ids,
+        devices,
+    })
+}
+
+/// Which hops of `route` go device to device, given which connected worker reaches which
+/// (`reach`, by peer id; empty: every hop relayed).
+fn hop_links(route: &Route, peer_ids: Vec<u16>, reach: &[Vec<bool>]) -> HopLinks {
+    let reaches = |a: usize, b: usize| {
+        let (a, b) = (peer_ids[a] as usize, peer_ids[b] as usize);
+        reach
+            .get(a)
+            .and_then(|r| r.get(b))
+            .copied()
+            .unwrap_or(false)
+    };
+    let direct: Vec<bool> = (0..route.hops.len())
+        .map(|h| h > 0 && reaches(route.hops[h - 1].device, route.hops[h].device))
+        .collect();
+    let n = peer_ids.len();
+    let reach = (0..n)
+        .map(|a| (0..n).map(|b| a != b && reaches(a, b)).collect())
+        .collect();
+    HopLinks {
+        direct,
+        peer_ids,
+        reach,
+    }
+}
