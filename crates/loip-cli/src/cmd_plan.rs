@@ -2,7 +2,9 @@
 //!
 //! Reads the cluster file (and any profile files it names, relative to the cluster file),
 //! resolves the model shape, runs a planner from `loip-plan` and prints a table, the plan as
-//! JSON (`--json`), or every planner side by side (`--compare`).
+//! JSON (`--json`), or every planner side by side (`--compare`); `--acceptance A` adds the
+//! price of speculative decoding for each number of drafts per step
+//! ([`loip_plan::speculate`]).
 
 use anyhow::{bail, Context, Result};
 use loip_plan::planners::{plan_all, PlanRequest};
@@ -48,6 +50,15 @@ pub struct PlanArgs {
     /// Print every planner's prediction side by side.
     #[arg(long)]
     pub compare: bool,
+    /// Also price speculative decoding at this acceptance rate (0–1: the chance that a draft
+    /// equals the model's own token, given the drafts before it did): for k = 0..=--max-k
+    /// drafts per step, the time of a step of k + 1 positions (the profiles' batch grid on
+    /// each device), the expected tokens per step and ms/token, and the best k.
+    #[arg(long)]
+    pub acceptance: Option<f64>,
+    /// Most drafts per step priced with --acceptance.
+    #[arg(long, default_value_t = 8, requires = "acceptance")]
+    pub max_k: u32,
     /// Also write the plan JSON to this file.
     #[arg(long, short)]
     pub out: Option<PathBuf>,
@@ -132,10 +143,28 @@ pub fn run(args: PlanArgs) -> Result<()> {
         std::fs::write(out, plan.to_json())
             .with_context(|| format!("writing {}", out.display()))?;
     }
-    if args.json {
-        println!("{}", plan.to_json());
-    } else {
-        print!("{}", render::plan_table(&plan));
+    let speculation = match args.acceptance {
+        Some(a) if !(0.0..=1.0).contains(&a) => {
+            bail!("--acceptance {a}: must be between 0 and 1")
+        }
+        Some(a) => Some(loip_plan::speculate::price_ks(
+            &plan, &shape, &cluster, 1, a, args.max_k,
+        )?),
+        None => None,
+    };
+    match (args.json, &speculation) {
+        (true, None) => println!("{}", plan.to_json()),
+        (true, Some((ks, best))) => {
+            let v = serde_json::json!({ "plan": plan, "speculation": ks, "best_k": ks.get(*best).map(|c| c.k) });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        (false, _) => {
+            print!("{}", render::plan_table(&plan));
+            if let Some((ks, best)) = &speculation {
+                println!();
+                print!("{}", render::speculation_table(ks, *best));
+            }
+        }
     }
     Ok(())
 }

@@ -3,6 +3,11 @@
 //! Attention and MLP block times are taken for micro-batches of b = 1, 2, 4 and 8
 //! sequences (the profile's `b` grid, design §11); the cost model interpolates between
 //! them. Profiles written before the grid hold b = 1 only and mean a time flat in `b`.
+//!
+//! The probe runs `--repeat` times (default 5) and each figure is the median of the runs
+//! ([`loip_runtime::profile::median_probe`]), so a burst of other work does not end up in
+//! the plan; `--cpus 2,3` (or `quiet:2`, the two least busy cores) pins the measurement to
+//! a core set, e.g. the cores `taskset` will give the worker.
 
 use std::path::PathBuf;
 
@@ -26,6 +31,14 @@ pub struct ProfileArgs {
     /// picks it: the cgroup limit or MemAvailable, less a margin).
     #[arg(long)]
     pub mem: Option<String>,
+    /// Times to run the probe; every figure of the profile is the median of the runs.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub repeat: u32,
+    /// Pin the measurement to these cores: a list as `taskset -c` takes it (`2,3`, `0-3`), or
+    /// `quiet:N` for the N cores least busy over half a second. Default: no pinning (every
+    /// core this process may use, as the worker will).
+    #[arg(long)]
+    pub cpus: Option<String>,
 }
 
 /// `loip profile`.
@@ -41,22 +54,47 @@ pub fn run(a: ProfileArgs) -> Result<()> {
                 .bytes
         }
     };
-    let bar = indicatif::ProgressBar::new_spinner();
+    if let Some(c) = &a.cpus {
+        let cpus = match c.strip_prefix("quiet:") {
+            Some(n) => {
+                let n: usize = n
+                    .parse()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .with_context(|| format!("--cpus {c}: quiet:N takes a core count >= 1"))?;
+                loip_runtime::profile::quiet_cpus(n, std::time::Duration::from_millis(500))?
+            }
+            None => loip_runtime::profile::parse_cpu_list(c)?,
+        };
+        loip_runtime::profile::pin_to_cpus(&cpus).with_context(|| format!("--cpus {c}"))?;
+        eprintln!("measuring on cores {cpus:?}");
+    }
+    let bar = indicatif::ProgressBar::new(a.repeat as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} runs")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     bar.set_message("timing attention and MLP blocks, then both loaders");
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    let probe = loip_runtime::net::probe::probe(
-        &dir,
-        &manifest,
-        true,
-        true,
-        loip_runtime::net::probe::ProbeBudget { bytes: 0 },
-    )?;
+    let mut runs = Vec::new();
+    for _ in 0..a.repeat {
+        runs.push(loip_runtime::net::probe::probe(
+            &dir,
+            &manifest,
+            true,
+            true,
+            loip_runtime::net::probe::ProbeBudget { bytes: 0 },
+        )?);
+        bar.inc(1);
+    }
     bar.finish_and_clear();
+    let probe = loip_runtime::profile::median_probe(&runs).context("no probe ran")?;
     let profile = loip_runtime::cluster_run::profile_from_probe(&a.name, mem, &shape, &probe)?;
     std::fs::write(&a.out, profile.to_json())
         .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!(
-        "measured in {:.1} s: direct {:.2} GB/s, conventional {:.2} GB/s",
+        "measured {} time(s) in {:.1} s (medians): direct {:.2} GB/s, conventional {:.2} GB/s",
+        a.repeat,
         probe.took_s,
         probe.direct.bandwidth / 1e9,
         probe.conventional.bandwidth / 1e9

@@ -181,12 +181,33 @@ pub fn block_times_batched(
     seqs: u32,
     loader: crate::profile::LoaderKind,
 ) -> BlockTimes {
+    block_times_rows(device, shape, context, micro_batches, seqs, 1, loader)
+}
+
+/// Block times of `device` for one micro-batch of `seqs` sequences feeding `positions`
+/// positions each (a speculative step verifies `k + 1`): the profile's `t(b)` at
+/// `b = seqs · positions` rows. Attention is taken at `⌈n / positions⌉` cached tokens per
+/// row, `n = ⌈context / (micro_batches · seqs)⌉` the per-sequence context: the positions of
+/// one sequence read its KV once (the profile's grid is for `b` sequences, each reading its
+/// own), at the cost of undercounting the context part of their FLOPs, which is small
+/// beside the projections while decoding. `positions = 1` is [`block_times_batched`].
+pub fn block_times_rows(
+    device: &Device,
+    shape: &ModelShape,
+    context: u64,
+    micro_batches: u32,
+    seqs: u32,
+    positions: u32,
+    loader: crate::profile::LoaderKind,
+) -> BlockTimes {
     let q = seqs.max(1);
+    let rows = q.saturating_mul(positions.max(1));
     let n = per_sequence_context(context, micro_batches.max(1).saturating_mul(q));
+    let n_row = n.div_ceil(positions.max(1) as u64);
     BlockTimes {
-        attn: device.profile.attn_time(shape, q, n),
-        mlp: device.profile.mlp_time(shape, q),
-        head: device.profile.head_time(shape, q),
+        attn: device.profile.attn_time(shape, rows, n_row),
+        mlp: device.profile.mlp_time(shape, rows),
+        head: device.profile.head_time(shape, rows),
         loader: *device.profile.loader(loader),
     }
 }
@@ -446,7 +467,27 @@ pub fn evaluate_batched(
     cluster: &Cluster,
     seqs: u32,
 ) -> Result<Cost, PlanError> {
+    evaluate_rows(plan, shape, cluster, seqs, 1)
+}
+
+/// [`evaluate_batched`] with each sequence feeding `positions` positions per step (a
+/// speculative step verifies the pending token and `positions − 1` drafts): every block runs
+/// for `seqs · positions` rows ([`block_times_rows`]), a hop carries that many activations
+/// and the return trip that many results, and memory counts the `positions − 1` extra KV
+/// rows per sequence written before the rejected ones are dropped. Figures are per
+/// *sequence step* (one verification of each sequence), not per accepted token: divide by
+/// the expected tokens per step (`crate::speculate`). `positions = 1` is
+/// [`evaluate_batched`].
+pub fn evaluate_rows(
+    plan: &Plan,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    seqs: u32,
+    positions: u32,
+) -> Result<Cost, PlanError> {
     let q = seqs.max(1);
+    let pos = positions.max(1);
+    let rows = q.saturating_mul(pos);
     let b = plan.micro_batches.max(1);
     let devs: Vec<&Device> = plan
         .devices
@@ -459,16 +500,17 @@ pub fn evaluate_batched(
         .collect::<Result<_, _>>()?;
     let times: Vec<BlockTimes> = devs
         .iter()
-        .map(|d| block_times_batched(d, shape, plan.context, b, q, plan.loader))
+        .map(|d| block_times_rows(d, shape, plan.context, b, q, pos, plan.loader))
         .collect();
     let nd = devs.len();
-    // Transfers of one micro-batch: `seqs` activations per hop, `seqs` results returned.
+    // Transfers of one micro-batch: one activation per row per hop, one result per row
+    // returned.
     let batched_shape = ModelShape {
-        act_bytes_per_token: shape.act_bytes_per_token.saturating_mul(q as u64),
-        return_bytes: Some(shape.return_bytes_per_token().saturating_mul(q as u64)),
+        act_bytes_per_token: shape.act_bytes_per_token.saturating_mul(rows as u64),
+        return_bytes: Some(shape.return_bytes_per_token().saturating_mul(rows as u64)),
         ..shape.clone()
     };
-    let shape_io = if q == 1 { shape } else { &batched_shape };
+    let shape_io = if rows == 1 { shape } else { &batched_shape };
     let c = round_comm(shape_io, cluster, nd);
     let e = per_hop_comm(shape_io, cluster, nd);
     let link = link_time(shape_io, cluster, nd);
@@ -574,16 +616,19 @@ pub fn evaluate_batched(
         .iter()
         .enumerate()
         .map(|(i, d)| {
+            // A speculative step writes `positions − 1` more rows per sequence before the
+            // rejected ones are dropped.
+            let context = plan.context + b as u64 * (rows - q) as u64;
             let mem = device_memory(
                 shape,
                 plan.mode,
                 &d.stages,
                 d.holds_embedding,
                 d.holds_head,
-                plan.context,
-                b.saturating_mul(q),
+                context,
+                b.saturating_mul(rows),
             );
-            let kv = shape.kv_bytes_of(stage_layers(&d.stages), plan.context);
+            let kv = shape.kv_bytes_of(stage_layers(&d.stages), context);
             DeviceCost {
                 name: d.name.clone(),
                 memory_bytes: mem,

@@ -8,7 +8,8 @@
 //! Modules: [`adapt`] (the online memory adaptation policy, shared by the simulator and the
 //! runtime), [`units`] (byte/bandwidth/duration strings), [`shape`], [`profile`] (device and
 //! link profiles, shipped presets), [`cluster`] (cluster files), [`mod@plan`], [`cost`],
-//! [`planners`], [`render`] (tables), [`sched`] (the continuous-batching step scheduler), [`error`].
+//! [`planners`], [`render`] (tables), [`sched`] (the continuous-batching step scheduler),
+//! [`speculate`] (the price of a speculative step and the choice of `k`), [`error`].
 #![deny(missing_docs)]
 // `x % d == 0` instead of `is_multiple_of`: the workspace's rust-version is 1.85.
 #![allow(clippy::manual_is_multiple_of)]
@@ -24,6 +25,7 @@ pub mod profile;
 pub mod render;
 pub mod sched;
 pub mod shape;
+pub mod speculate;
 pub mod units;
 
 pub use cluster::{Cluster, Device, RawCluster};

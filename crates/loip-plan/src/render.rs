@@ -171,3 +171,33 @@ pub fn compare_table(results: &[(String, Result<Plan, PlanError>)]) -> String {
     }
     out
 }
+
+/// The price of speculative decoding for `k = 0, 1, …` drafts per step (rows of
+/// [`crate::speculate::price_ks`]), the cheapest marked.
+pub fn speculation_table(ks: &[crate::speculate::SpecCost], best: usize) -> String {
+    let mut s = String::new();
+    let alpha = ks.first().map_or(0.0, |c| c.acceptance);
+    let _ = writeln!(
+        s,
+        "speculative decoding at acceptance {alpha:.2} (k drafts, k + 1 positions per step):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| k | step ms (k + 1 positions) | tokens per step | ms/token | vs k = 0 |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|");
+    let plain = ks.first().map_or(f64::NAN, |c| c.cost.ms_per_token);
+    for (i, c) in ks.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "| {}{} | {:.2} | {:.2} | {:.2} | {:.2}× |",
+            c.k,
+            if i == best { " (best)" } else { "" },
+            c.step_ms,
+            c.expected_tokens,
+            c.cost.ms_per_token,
+            c.cost.ms_per_token / plain
+        );
+    }
+    s
+}

@@ -18,6 +18,7 @@ pub mod local;
 pub mod local_cluster;
 pub mod memory;
 pub mod net;
+pub mod profile;
 pub mod resident;
 pub mod shape;
 mod slice_file;

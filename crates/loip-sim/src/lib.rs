@@ -17,6 +17,7 @@
 //! [`experiments`], [`report`], [`plot`], [`plot_lines`], [`plot_style`],
 //! [`shapes`]
 //! (built-in model shapes), [`replay`] (a run of the runtime replayed), [`serving`] (the runtime's step scheduler on the virtual clock),
+//! [`speculate`] (a plan served with speculative decoding at given acceptance rates),
 //! [`testkit`] (seeded random clusters for checks), [`sim`]
 //! (configuration and report types), [`error`]. The three plot modules (plotters and the
 //! embedded font) are the default feature `plot`.
@@ -47,6 +48,7 @@ pub mod serving;
 pub mod setups;
 pub mod shapes;
 pub mod sim;
+pub mod speculate;
 pub mod testkit;
 pub mod tp;
 

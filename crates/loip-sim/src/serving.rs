@@ -9,17 +9,25 @@
 //! the same trace and the same step times give the same steps, item for item (tested in
 //! `loip-server`'s `replay` test against the runtime with a recording backend).
 //!
+//! Speculative decoding ([`simulate_serving_speculative`]): before each round the driver
+//! offers `k` drafts for every sequence that speculates ([`Scheduler::set_drafts`]); a
+//! decode item of `1 + d` positions keeps `1 + a` tokens, `a` the leading drafts accepted,
+//! each with the request's acceptance rate (a seeded ChaCha stream: the same trace and seed
+//! give the same run), and reports it ([`Outcome::Kept`]).
+//!
 //! Invariants: time never goes back; every sampled row of a step continues (a trace
-//! request produces exactly its output length: the scheduler ends it at `max_new_tokens`);
-//! the loop is bounded by the trace's tokens.
+//! request produces exactly its output length: the scheduler ends it at `max_new_tokens`,
+//! and caps drafts at the last wanted token); the loop is bounded by the trace's tokens.
 
 use loip_plan::sched::{Action, Limits, Outcome, Request, Scheduler, SeqResult, Step, StepItem};
-use serde::Serialize;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 
 use crate::SimError;
 
 /// One request of a trace.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct TraceRequest {
     /// when it arrives  // seconds
     pub arrival: f64,
@@ -38,6 +46,8 @@ pub struct StepRecord {
     pub end: f64,
     /// its sequences (the trace index is the sequence id)
     pub items: Vec<StepItem>,
+    /// new tokens it produced (accepted drafts included)  // tokens
+    pub kept: usize,
 }
 
 /// What happened to the trace.
@@ -51,6 +61,28 @@ pub struct ServingRun {
     pub finished: Vec<Option<f64>>,
     /// requests the scheduler refused at arrival, with the reason
     pub refused: Vec<(usize, String)>,
+    /// drafts verified (speculative decode items' positions beyond the first)
+    pub drafted: u64,
+    /// drafts accepted
+    pub accepted: u64,
+}
+
+/// How one request speculates.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SpecRequest {
+    /// drafts offered before each step (0: plain decoding)
+    pub k: usize,
+    /// chance that a draft is accepted, given the drafts before it were (0–1)
+    pub acceptance: f64,
+}
+
+/// Speculative decoding for a trace: one entry per request (missing entries: plain).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Speculation {
+    /// per trace request
+    pub per_request: Vec<SpecRequest>,
+    /// seed of the acceptance draws
+    pub seed: u64,
 }
 
 /// Replays `trace` (sorted by arrival or not) through a scheduler under `limits`; a step
@@ -60,6 +92,25 @@ pub fn simulate_serving(
     trace: &[TraceRequest],
     step_time: &dyn Fn(&Step) -> f64,
 ) -> Result<ServingRun, SimError> {
+    simulate_serving_speculative(limits, trace, None, step_time)
+}
+
+/// [`simulate_serving`] with the requests that `spec` names speculating (module docs).
+pub fn simulate_serving_speculative(
+    limits: Limits,
+    trace: &[TraceRequest],
+    spec: Option<&Speculation>,
+    step_time: &dyn Fn(&Step) -> f64,
+) -> Result<ServingRun, SimError> {
+    let spec_of = |k: usize| -> SpecRequest {
+        spec.and_then(|s| s.per_request.get(k))
+            .copied()
+            .unwrap_or(SpecRequest {
+                k: 0,
+                acceptance: 0.0,
+            })
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(spec.map_or(0, |s| s.seed));
     let mut sched = Scheduler::new(limits).map_err(|e| SimError::Invalid {
         field: "limits",
         reason: e.to_string(),
@@ -73,6 +124,8 @@ pub fn simulate_serving(
         ttft: vec![None; trace.len()],
         finished: vec![None; trace.len()],
         refused: Vec::new(),
+        drafted: 0,
+        accepted: 0,
     };
     let mut produced = vec![0usize; trace.len()];
     // Each round feeds at least one token or admits nothing new: bounded by the tokens.
@@ -105,29 +158,53 @@ pub fn simulate_serving(
                 None => return Ok(run),
             }
         }
+        if spec.is_some() {
+            for &i in &order[..next] {
+                let d = spec_of(i).k;
+                if d > 0 && run.finished[i].is_none() {
+                    sched.set_drafts(i as u64, d);
+                }
+            }
+        }
         let mut ran = false;
         for action in sched.poll(now) {
             let Action::Run(step) = action else { continue };
             ran = true;
             let start = now;
             now += step_time(&step).max(0.0);
-            let results: Vec<SeqResult> = step
-                .items
-                .iter()
-                .filter(|i| i.sample)
-                .map(|i| SeqResult {
-                    seq: i.seq,
-                    outcome: Outcome::Continue,
-                })
-                .collect();
+            let mut results = Vec::new();
             for item in step.items.iter().filter(|i| i.sample) {
                 let k = item.seq as usize;
-                if let (Some(p), Some(r)) = (produced.get_mut(k), trace.get(k)) {
-                    *p += 1;
-                    if *p == 1 {
+                let Some(r) = trace.get(k) else { continue };
+                // a decode item of 1 + d positions keeps 1 + (leading drafts accepted)
+                let drafts = if item.start >= r.prompt_len {
+                    item.len.saturating_sub(1)
+                } else {
+                    0
+                };
+                let alpha = match spec_of(k).acceptance {
+                    a if a.is_finite() => a.clamp(0.0, 1.0),
+                    _ => 0.0,
+                };
+                let accepted = (0..drafts).take_while(|_| rng.gen_bool(alpha)).count();
+                run.drafted += drafts as u64;
+                run.accepted += accepted as u64;
+                let kept = 1 + accepted;
+                results.push(SeqResult {
+                    seq: item.seq,
+                    outcome: if kept == 1 {
+                        Outcome::Continue
+                    } else {
+                        Outcome::Kept(kept)
+                    },
+                });
+                if let Some(p) = produced.get_mut(k) {
+                    let before = *p;
+                    *p += kept;
+                    if before == 0 {
                         run.ttft[k] = Some(now - r.arrival);
                     }
-                    if *p == r.output_len {
+                    if before < r.output_len && *p >= r.output_len {
                         run.finished[k] = Some(now);
                     }
                 }
@@ -138,10 +215,18 @@ pub fn simulate_serving(
                     field: "trace",
                     reason: e.to_string(),
                 })?;
+            let kept = results
+                .iter()
+                .map(|r| match r.outcome {
+                    Outcome::Kept(n) => n,
+                    _ => 1,
+                })
+                .sum();
             run.steps.push(StepRecord {
                 start,
                 end: now,
                 items: step.items,
+                kept,
             });
         }
         sched.poll_releases();

@@ -1,0 +1,234 @@
+//! `loip profile` on a quiet machine (issue 36): the probe ([`crate::net::probe`]) repeated and
+//! reduced to its element-wise median, optionally on a pinned set of cores chosen by the
+//! user or as the least busy ones.
+//!
+//! A single probe on a shared machine measures whatever else ran at that moment: profiles
+//! taken under load planned 25 ms of compute against 11 measured for `loip local` with three
+//! workers. The median of several probes drops the outliers a burst of other work causes,
+//! and pinning keeps the probe off cores that are busy (and its threads from migrating).
+//!
+//! [`median_probe`] and [`busy_fractions`] are pure; [`pin_to_cpus`] and [`quiet_cpus`] are
+//! the edges (a syscall, `/proc/stat`).
+
+use std::time::Duration;
+
+use crate::wire::{BatchProbe, ProbeResult};
+use crate::RuntimeError;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        0.5 * (v[m - 1] + v[m])
+    }
+}
+
+/// Median of `(context, seconds)` rows: for each context of `template`, the median of the
+/// runs' times at that context (runs lacking it are skipped).
+fn median_rows(template: &[(u64, f64)], runs: &[&[(u64, f64)]]) -> Vec<(u64, f64)> {
+    template
+        .iter()
+        .map(|&(n, _)| {
+            let at: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.iter().find(|x| x.0 == n).map(|x| x.1))
+                .collect();
+            (n, median(at))
+        })
+        .collect()
+}
+
+/// Element-wise median of repeated probes of one machine: every block time, each loader's
+/// bandwidth and per-read overhead; `took_s` is their sum. The grid (contexts, micro-batch
+/// sizes) is the first run's. `None` for no runs.
+pub fn median_probe(runs: &[ProbeResult]) -> Option<ProbeResult> {
+    let first = runs.first()?;
+    let attn_runs: Vec<&[(u64, f64)]> = runs.iter().map(|r| r.attn.as_slice()).collect();
+    let loader = |pick: fn(&ProbeResult) -> loip_plan::LoaderProfile| loip_plan::LoaderProfile {
+        bandwidth: median(runs.iter().map(|r| pick(r).bandwidth).collect()),
+        per_read_overhead: median(runs.iter().map(|r| pick(r).per_read_overhead).collect()),
+    };
+    let batched = first
+        .batched
+        .iter()
+        .map(|g| {
+            let same_b: Vec<&BatchProbe> = runs
+                .iter()
+                .filter_map(|r| r.batched.iter().find(|x| x.b == g.b))
+                .collect();
+            let rows: Vec<&[(u64, f64)]> = same_b.iter().map(|x| x.attn.as_slice()).collect();
+            BatchProbe {
+                b: g.b,
+                attn: median_rows(&g.attn, &rows),
+                mlp_s: median(same_b.iter().map(|x| x.mlp_s).collect()),
+            }
+        })
+        .collect();
+    Some(ProbeResult {
+        attn: median_rows(&first.attn, &attn_runs),
+        mlp_s: median(runs.iter().map(|r| r.mlp_s).collect()),
+        direct: loader(|r| r.direct),
+        conventional: loader(|r| r.conventional),
+        took_s: runs.iter().map(|r| r.took_s).sum(),
+        batched,
+    })
+}
+
+/// Parses a core list as `taskset -c` takes it: `0,2-3`.
+pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, RuntimeError> {
+    let bad = || RuntimeError::Invalid(format!("core list `{s}`: expected e.g. `2,3` or `0-3`"));
+    let mut cpus = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (part, part),
+        };
+        let (a, b): (usize, usize) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+        if a > b || b >= libc::CPU_SETSIZE as usize {
+            return Err(bad());
+        }
+        cpus.extend(a..=b);
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    if cpus.is_empty() {
+        return Err(bad());
+    }
+    Ok(cpus)
+}
+
+/// Pins the calling thread, and every thread it starts afterwards (they inherit the mask,
+/// and `std::thread::available_parallelism` then counts these cores), to `cpus`.
+pub fn pin_to_cpus(cpus: &[usize]) -> Result<(), RuntimeError> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set, CPU_SET writes within it for
+    // indices below CPU_SETSIZE (checked), and sched_setaffinity reads `size_of` bytes of it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        if c >= libc::CPU_SETSIZE as usize {
+            return Err(RuntimeError::Invalid(format!("core {c} is out of range")));
+        }
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        return Err(RuntimeError::Invalid(format!(
+            "cannot pin to cores {cpus:?}: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// Per-core busy fraction between two readings of `/proc/stat`: `(core, busy)` for every
+/// `cpuN` line in both, busy = 1 − (idle + iowait) / total over the interval.
+pub fn busy_fractions(before: &str, after: &str) -> Vec<(usize, f64)> {
+    let parse = |text: &str| -> Vec<(usize, u64, u64)> {
+        text.lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let cpu: usize = it.next()?.strip_prefix("cpu")?.parse().ok()?;
+                let v: Vec<u64> = it.filter_map(|x| x.parse().ok()).collect();
+                let total: u64 = v.iter().sum();
+                let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+                Some((cpu, total, idle))
+            })
+            .collect()
+    };
+    let a = parse(before);
+    parse(after)
+        .into_iter()
+        .filter_map(|(cpu, total, idle)| {
+            let &(_, t0, i0) = a.iter().find(|x| x.0 == cpu)?;
+            let dt = total.saturating_sub(t0);
+            let di = idle.saturating_sub(i0).min(dt);
+            Some((
+                cpu,
+                if dt == 0 {
+                    0.0
+                } else {
+                    1.0 - di as f64 / dt as f64
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The `n` least busy cores over `sample` (read from `/proc/stat`), in core order.
+pub fn quiet_cpus(n: usize, sample: Duration) -> Result<Vec<usize>, RuntimeError> {
+    let read = || {
+        std::fs::read_to_string("/proc/stat").map_err(|source| RuntimeError::Io {
+            path: "/proc/stat".into(),
+            source,
+        })
+    };
+    let before = read()?;
+    std::thread::sleep(sample);
+    let after = read()?;
+    let mut busy = busy_fractions(&before, &after);
+    if busy.is_empty() {
+        return Err(RuntimeError::Invalid("no cpuN lines in /proc/stat".into()));
+    }
+    busy.sort_by(|x, y| x.1.total_cmp(&y.1).then(x.0.cmp(&y.0)));
+    let mut cpus: Vec<usize> = busy.into_iter().take(n.max(1)).map(|x| x.0).collect();
+    cpus.sort_unstable();
+    Ok(cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(attn: &[(u64, f64)], mlp: f64, bw: f64) -> ProbeResult {
+        let l = loip_plan::LoaderProfile {
+            bandwidth: bw,
+            per_read_overhead: 1e-4,
+        };
+        ProbeResult {
+            attn: attn.to_vec(),
+            mlp_s: mlp,
+            direct: l,
+            conventional: l,
+            took_s: 1.0,
+            batched: vec![BatchProbe {
+                b: 2,
+                attn: attn.iter().map(|&(n, s)| (n, 2.0 * s)).collect(),
+                mlp_s: 2.0 * mlp,
+            }],
+        }
+    }
+
+    #[test]
+    fn the_median_drops_a_run_slowed_by_other_work() {
+        let runs = [
+            run(&[(1, 1.0), (256, 2.0)], 3.0, 1e9),
+            run(&[(1, 9.0), (256, 9.0)], 9.0, 1e8), // a burst of other work
+            run(&[(1, 1.2), (256, 2.2)], 3.2, 1.1e9),
+        ];
+        let m = median_probe(&runs).unwrap();
+        assert_eq!(m.attn, vec![(1, 1.2), (256, 2.2)]);
+        assert_eq!(m.mlp_s, 3.2);
+        assert_eq!(m.direct.bandwidth, 1e9);
+        assert_eq!(m.batched[0].attn, vec![(1, 2.4), (256, 4.4)]);
+        assert_eq!(m.took_s, 3.0);
+        assert!(median_probe(&[]).is_none());
+    }
+
+    #[test]
+    fn core_lists_and_busy_cores() {
+        assert_eq!(parse_cpu_list("0,2-3").unwrap(), vec![0, 2, 3]);
+        assert_eq!(parse_cpu_list("3, 1").unwrap(), vec![1, 3]);
+        for bad in ["", "a", "3-1", "99999", "-"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad}");
+        }
+        let before = "cpu  10 0 10 80 0 0 0\ncpu0 5 0 5 40 0\ncpu1 5 0 5 40 0\n";
+        let after = "cpu  60 0 10 130 0 0 0\ncpu0 55 0 5 40 0\ncpu1 5 0 5 90 0\n";
+        let b = busy_fractions(before, after);
+        assert_eq!(b, vec![(0, 1.0), (1, 0.0)]);
+    }
+}
