@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p loip-kernels --example prefill_bench [-- --tokens N] [--model M] [--rounds R]
+//! cargo run --release -p loip-kernels --example prefill_bench -- --shape 1024x1024:Q6_K [--shape ..]
 //! ```
 //! For each matrix of one layer of SmolLM2-135M Q4_1, Gemma 3 270M Q4_K_M and Qwen2.5-0.5B
 //! Q4_K_M (their shapes and stored types; `--model smollm2`, `gemma3` or `qwen2.5` for one), GFLOP/s of `matmul` with `N`
@@ -11,6 +12,10 @@
 //! for Gemma 3, SiLU for the others) in µs per token. The peak is that of one core,
 //! measured by a loop of 12 independent fma chains at the level the kernels run
 //! (multiply-adds per second × 2; `LOIP_SIMD=avx2` gives the AVX2 figures).
+//!
+//! `--shape ROWSxCOLS:TYPE` (repeatable; a GGUF type name such as `Q5_0`, any case): only these
+//! matrices instead of the models' layers, e.g. one shape per stored type for the per-type
+//! rates of `docs/benchmarks.md`, or a model's matrix in another type.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -58,6 +63,14 @@ const QWEN25: [Shape; 7] = [
     ("ffn_up", 4864, 896, DType::Q5_0),
     ("ffn_down", 896, 4864, DType::Q6K),
 ];
+
+/// `ROWSxCOLS:TYPE` (a GGUF type name, any case) as a shape named "shape".
+fn parse_shape(s: &str) -> Option<Shape> {
+    let (dims, ty) = s.split_once(':')?;
+    let (r, c) = dims.split_once('x')?;
+    let dtype = DType::from_name(&ty.to_ascii_uppercase())?;
+    Some(("shape", r.parse().ok()?, c.parse().ok()?, dtype))
+}
 
 /// CPU time of the calling thread, ns (the scheduler's figure).
 fn thread_cpu_ns() -> u64 {
@@ -141,11 +154,12 @@ fn fma_peak() -> f64 {
 fn main() {
     let mut tokens = 256usize;
     let mut rounds = 3usize;
-    let mut models: Vec<(&str, &[Shape])> = vec![
-        ("smollm2", &SMOLLM2),
-        ("gemma3", &GEMMA3),
-        ("qwen2.5", &QWEN25),
+    let mut models: Vec<(&str, Vec<Shape>)> = vec![
+        ("smollm2", SMOLLM2.to_vec()),
+        ("gemma3", GEMMA3.to_vec()),
+        ("qwen2.5", QWEN25.to_vec()),
     ];
+    let mut custom: Vec<Shape> = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let num = |v: Option<String>| v.and_then(|v| v.parse().ok());
@@ -156,13 +170,24 @@ fn main() {
                 let m = it.next().unwrap_or_default();
                 models.retain(|(name, _)| *name == m);
             }
+            "--shape" => match it.next().as_deref().and_then(parse_shape) {
+                Some(shape) => custom.push(shape),
+                None => {
+                    eprintln!("--shape takes ROWSxCOLS:TYPE, e.g. 640x2048:q6_k");
+                    std::process::exit(2);
+                }
+            },
             _ => {
                 eprintln!(
-                    "usage: prefill_bench [--tokens N] [--model gemma3|qwen2.5] [--rounds R]"
+                    "usage: prefill_bench [--tokens N] [--model smollm2|gemma3|qwen2.5] [--rounds R] [--shape ROWSxCOLS:TYPE ...]"
                 );
                 std::process::exit(2);
             }
         }
+    }
+    if !custom.is_empty() {
+        // only the given matrices (and the activation of the first one's rows)
+        models = vec![("shapes", custom)];
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build();
     let Ok(pool) = pool else {
@@ -178,7 +203,7 @@ fn main() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(33);
         for (name, shapes) in models {
             let mut layer = 0f64; // CPU ns per call of the whole layer
-            for &(m, rows, cols, dtype) in shapes {
+            for &(m, rows, cols, dtype) in &shapes {
                 let data = common::random_matrix(dtype, rows, cols, &mut rng);
                 let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
                 let x = common::random_f32(tokens * cols, &mut rng);
@@ -200,7 +225,7 @@ fn main() {
             );
             // the gated activation between the up/gate and down projections, on the gate's
             // (tokens, intermediate) output: Gemma 3's tanh GELU, SiLU for the others
-            let inter = shapes[4].1;
+            let inter = shapes[shapes.len().min(5) - 1].1;
             let (act_name, act): (&str, Act) = if name == "gemma3" {
                 ("gelu_tanh_mul", gelu_tanh_mul)
             } else {
