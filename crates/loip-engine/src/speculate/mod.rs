@@ -52,6 +52,11 @@ use crate::EngineError;
 use adapt::AdaptiveK;
 use lookup::Lookup;
 
+/// Most positions a backend that serves many requests (a cluster's workers) lets one step
+/// rewind: its sliding-window layers keep this many positions more than their window. A
+/// request speculates at most this many drafts a step there.
+pub const MAX_REWIND: usize = 16;
+
 /// Where draft tokens come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Speculate {
