@@ -87,6 +87,9 @@ pub struct LocalArgs {
     pub lend: bool,
     #[command(flatten)]
     pub prompt: PromptArgs,
+    /// Speculative decoding of the one sequence (`--concurrent 1`) through the pipeline.
+    #[command(flatten)]
+    pub spec: crate::speculate::SpecArgs,
     /// Measure the devices' loaders all at the same time (they share this machine's disk)
     /// instead of one after another.
     #[arg(long)]
@@ -396,15 +399,17 @@ pub fn run(a: LocalArgs) -> Result<()> {
     } else {
         Pattern::Sporadic
     };
+    if a.spec.on() && n > 1 {
+        bail!("--speculate runs one sequence (--concurrent 1)");
+    }
+    // a verify step carries k + 1 positions
+    let max_step = prep.prompt_ids.len().max(a.spec.speculate_k + 1);
     let mut opts = session_options(
-        &a,
-        &a.planner,
-        pattern,
-        bandwidth,
-        context,
-        prep.prompt_ids.len(),
-        &token,
+        &a, &a.planner, pattern, bandwidth, context, max_step, &token,
     );
+    if a.spec.on() {
+        opts.max_step_seqs = a.spec.speculate_k + 1; // as many head rows (planned for)
+    }
     // Plan for the prompts' KV and adapt online as it grows (design §6).
     if !a.whole_context {
         opts.admitted = Some((prep.prompt_ids.len() * n) as u64);
@@ -426,7 +431,30 @@ pub fn run(a: LocalArgs) -> Result<()> {
     extra.insert("devices".into(), serde_json::to_value(&s.reports)?);
     let (out, text, measured) = if n == 1 {
         let mut printer = Printer::new(prep.tokenizer.as_ref(), a.prompt.stop.clone(), a.json);
-        let out = s.generate(&prep.prompt_ids, &prep.opts, &mut |id| printer.on_token(id))?;
+        let mut on_token = |id| printer.on_token(id);
+        let out = if a.spec.on() {
+            let target = (&manifest.config, prep.tokenizer.as_ref());
+            let (ids, opts) = (&prep.prompt_ids, &prep.opts);
+            let run = crate::speculate::on_pipeline(
+                s.pipeline(),
+                target,
+                ids,
+                opts,
+                &a.spec,
+                &mut on_token,
+            )?;
+            let st = run.stats;
+            if !a.json {
+                eprintln!(
+                    "speculation: {} steps, {} of {} drafts kept",
+                    st.steps, st.accepted, st.drafted
+                );
+            }
+            extra.insert("speculation".into(), serde_json::to_value(st)?);
+            run.out
+        } else {
+            s.generate(&prep.prompt_ids, &prep.opts, &mut on_token)?
+        };
         let ms = out.decode_ms_per_token;
         (out, printer.finish(), ms)
     } else {
@@ -720,6 +748,7 @@ fn clone_args(a: &LocalArgs) -> LocalArgs {
         relay: a.relay,
         lend: a.lend,
         prompt: a.prompt.clone(),
+        spec: a.spec.clone(),
         probe_loads_together: a.probe_loads_together,
         shared_disk: a.shared_disk,
         micro_batch_seqs: a.micro_batch_seqs.clone(),

@@ -172,9 +172,52 @@ fn matrix(fixture_name: &str, devices: usize, stages: u32, offload: u32) {
     let what = format!("{fixture_name}, {devices} devices x {stages} stages, offload {offload}");
     let hits = spec_common::check_matrix(&model, &what, || s.pipeline().backend(), |_, _, _| {});
     assert!(hits > 0, "{what}: prompt lookup never hit");
+    argmax_steps(&what, &s, &model);
     s.pipeline().release(&[7]); // the matrix's sequence
     released(&s, &what);
     s.shutdown();
+}
+
+/// Greedy requests through the pipeline itself: each verify step's rows picked on the last
+/// device under each row's own EOS mask; the tokens of the engine alone.
+fn argmax_steps(what: &str, s: &Session, model: &Model<'_>) {
+    let vocab = model.tf.cfg.vocab_size as u32;
+    for (i, c) in spec_common::cases(vocab, &[2]).iter().enumerate() {
+        if c.opts.sampling.temperature > 0.0 {
+            continue;
+        }
+        let (want, _) = spec_common::reference(model, c);
+        let mut oracle = Oracle {
+            prompt_len: c.prompt.len(),
+            want: want.clone(),
+            wrong_every: 3,
+            vocab,
+        };
+        let spec = SpecOptions {
+            k_max: 4,
+            adaptive: false,
+            ..Default::default()
+        };
+        let seq = next_seq_id();
+        let mut be = s.pipeline().backend();
+        let out = generate_speculative(
+            &mut be,
+            seq,
+            &c.prompt,
+            &c.opts,
+            &mut oracle,
+            &spec,
+            &mut |_| Flow::Continue,
+        )
+        .unwrap_or_else(|e| panic!("{what} argmax case {i}: {e}"));
+        s.pipeline().release(&[seq]);
+        assert_eq!(out.out.new_ids, want, "{what} argmax case {i}: tokens");
+        assert!(
+            out.stats.accepted > 0,
+            "{what} argmax case {i}: {:?}",
+            out.stats
+        );
+    }
 }
 
 /// The coordinator's ledger holds nothing once every sequence is released (releases are
