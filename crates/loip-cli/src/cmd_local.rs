@@ -363,7 +363,9 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let manifest = Manifest::load(&dir)?;
     let prep = prepare(model_load::info(&dir.to_string_lossy())?, &a.prompt)?;
     let n = a.concurrent.max(1);
-    let context = ((prep.prompt_ids.len() + prep.opts.max_tokens) * n) as u64;
+    // a verify step holds its k rejected positions until the next step drops them
+    let slack = if a.spec.on() { a.spec.speculate_k } else { 0 };
+    let context = ((prep.prompt_ids.len() + prep.opts.max_tokens) * n + slack) as u64;
     install_interrupt_cleanup();
     if a.bench.is_some() {
         let budgets = match &a.mem {
@@ -407,9 +409,6 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let mut opts = session_options(
         &a, &a.planner, pattern, bandwidth, context, max_step, &token,
     );
-    if a.spec.on() {
-        opts.max_step_seqs = a.spec.speculate_k + 1; // as many head rows (planned for)
-    }
     // Plan for the prompts' KV and adapt online as it grows (design §6).
     if !a.whole_context {
         opts.admitted = Some((prep.prompt_ids.len() * n) as u64);

@@ -208,8 +208,9 @@ fn run_step(
             "a step of {n} tokens; this device was opened for at most {max_tokens}"
         )));
     }
-    if h.head && h.rows.len() > max_rows {
-        // Logits beyond the accounted rows must fit in what the KV cache leaves free.
+    if h.head && h.argmax.is_none() && h.rows.len() > max_rows {
+        // Logits beyond the accounted rows must fit in what the KV cache leaves free (an
+        // argmax step computes them `max_rows` rows at a time).
         let extra = (h.rows.len() - max_rows) as u64 * d.tf.cfg.vocab_size as u64 * 4;
         let free = d.memory().kv_budget.saturating_sub(d.kv.used_bytes());
         let unlimited = d.memory().budget == 0;
@@ -304,9 +305,9 @@ fn run_step(
     }
     if h.head {
         let rows: Vec<usize> = h.rows.iter().map(|&r| r as usize).collect();
-        let mut logits = d.head(&x, &rows)?;
         let vocab = d.tf.cfg.vocab_size;
         let Some(masked) = &h.argmax else {
+            let logits = d.head(&x, &rows)?;
             let bytes = wire::f32_bytes(&logits);
             return Ok((OutputKind::Logits, vocab as u32, rows.len() as u32, bytes));
         };
@@ -318,19 +319,20 @@ fn run_step(
             )));
         }
         // the coordinator's greedy sampler, here: mask (the common list, then the row's
-        // own), then the same argmax
-        let picks: Vec<(u32, f32)> = logits
-            .chunks_exact_mut(vocab.max(1))
-            .enumerate()
-            .map(|(i, row)| {
+        // own), then the same argmax; the logits of at most the rows the device was opened
+        // for at a time (a speculative verify step has more)
+        let mut picks: Vec<(u32, f32)> = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(max_rows) {
+            let mut logits = d.head(&x, chunk)?;
+            for row in logits.chunks_exact_mut(vocab.max(1)) {
                 loip_engine::sampling::mask(row, masked);
-                if let Some(own) = h.row_masks.get(i) {
+                if let Some(own) = h.row_masks.get(picks.len()) {
                     loip_engine::sampling::mask(row, own);
                 }
                 let id = loip_engine::sampling::argmax(row);
-                (id, row[id as usize])
-            })
-            .collect();
+                picks.push((id, row[id as usize]));
+            }
+        }
         let bytes = wire::argmax_bytes(&picks);
         return Ok((OutputKind::Argmax, 2, rows.len() as u32, bytes));
     }
