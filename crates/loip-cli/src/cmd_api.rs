@@ -164,10 +164,6 @@ pub fn run(a: ApiArgs) -> Result<()> {
             "loip api speculates with prompt lookup (--speculate lookup); a draft model is not \
              served in batches"
         ),
-        loip_engine::Speculate::Lookup if a.cluster.cluster.is_some() => bail!(
-            "--speculate runs on this machine; speculation through a cluster's pipeline is not \
-             implemented yet"
-        ),
         _ => {}
     }
     let api_key = api_key(a.api_key.as_deref(), a.api_key_file.as_deref())?;

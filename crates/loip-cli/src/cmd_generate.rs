@@ -1,6 +1,6 @@
 //! `loip generate`, `loip logits`, `loip fetch`.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
 use loip_engine::{Model, Speculate};
 use loip_model::Checkpoint;
@@ -56,7 +56,16 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let on_cluster = matches!(src, backend::Source::Cluster(_));
     let config = info.config.clone();
     let prep = prepare(info, &a.prompt)?;
-    if a.spec.on() {
+    if a.spec.on() && on_cluster {
+        // the cluster's serving loop speculates (prompt lookup), as `loip api` on it
+        if a.spec.speculate == Speculate::Draft {
+            bail!("on a cluster --speculate is lookup (a draft model is not served there)");
+        }
+        let max = loip_engine::speculate::MAX_REWIND;
+        if a.spec.speculate_k > max {
+            bail!("--speculate-k is at most {max} on a cluster");
+        }
+    } else if a.spec.on() {
         let draft = (a.spec.speculate == Speculate::Draft)
             .then(|| speculate::open_draft(&a.spec, &config, prep.tokenizer.as_ref()))
             .transpose()?;
@@ -69,7 +78,8 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         cluster: &a.cluster,
         loader: a.offload.loader,
         parallel: 1,
-        max_step_tokens: prep.prompt_ids.len(),
+        // a verify step carries k + 1 positions
+        max_step_tokens: prep.prompt_ids.len().max(a.spec.speculate_k + 1),
         context,
         pattern: Pattern::Sporadic,
         micro_batches: None,
@@ -80,9 +90,18 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     };
     let opened = backend::open(src, &how)?;
     let mut printer = Printer::new(prep.tokenizer.as_ref(), a.prompt.stop.clone(), a.json);
-    let out = opened
-        .backend
-        .generate(&prep.prompt_ids, &prep.opts, &mut |id| printer.on_token(id));
+    let spec = loip_server::serving::Speculation {
+        source: a.spec.speculate,
+        opts: a.spec.options(true),
+    };
+    let out = opened.backend.generate_shaped(
+        &prep.prompt_ids,
+        &prep.opts,
+        &loip_engine::Shaping::default(),
+        &spec,
+        &mut |id, _| printer.on_token(id),
+        &mut || true,
+    );
     let out = match out {
         Ok(out) => out,
         Err(e) => {

@@ -85,6 +85,9 @@ pub struct LocalArgs {
     pub lend: bool,
     #[command(flatten)]
     pub prompt: PromptArgs,
+    /// Speculative decoding of the one sequence (`--concurrent 1`) through the pipeline.
+    #[command(flatten)]
+    pub spec: crate::speculate::SpecArgs,
     /// Measure the devices' loaders all at the same time (they share this machine's disk)
     /// instead of one after another.
     #[arg(long)]
@@ -183,6 +186,13 @@ impl LocalArgs {
             evict_only: self.evict_only,
             evict_when_cheaper: self.evict_when_cheaper,
             greedy: self.prompt.greedy(),
+            // a verify step carries k + 1 positions and holds its k rejected ones until the
+            // next step drops them
+            step_slack: if self.spec.on() {
+                self.spec.speculate_k
+            } else {
+                0
+            },
             on_ship: crate::progress::ship_bars(self.json),
         })
     }
@@ -204,6 +214,9 @@ fn fixed_profile(path: Option<&Path>) -> Result<Option<DeviceProfile>> {
 pub fn run(a: LocalArgs) -> Result<()> {
     if a.devices == 0 {
         bail!("--devices must be at least 1");
+    }
+    if a.spec.on() && a.concurrent > 1 {
+        bail!("--speculate runs one sequence (--concurrent 1)");
     }
     let o = a.options()?;
     let dir = crate::progress::slices_for(&a.model)?;
@@ -262,7 +275,28 @@ pub fn run(a: LocalArgs) -> Result<()> {
         },
         a.json,
     );
-    let burst = if n == 1 {
+    let burst = if n == 1 && a.spec.on() {
+        let config = Manifest::load(&dir)?.config;
+        let target = (&config, prep.tokenizer.as_ref());
+        let (ids, opts) = (&prep.prompt_ids, &prep.opts);
+        let mut on_token = |id| printer.on_token(id);
+        let run =
+            crate::speculate::on_pipeline(s.pipeline(), target, ids, opts, &a.spec, &mut on_token)?;
+        let st = run.stats;
+        if !a.json {
+            eprintln!(
+                "speculation: {} steps, {} of {} drafts kept",
+                st.steps, st.accepted, st.drafted
+            );
+        }
+        extra.insert("speculation".into(), serde_json::to_value(st)?);
+        loip::local::Burst {
+            ms_per_token: run.out.decode_ms_per_token,
+            first: run.out,
+            sequences: None,
+            wall_ms_per_token: None,
+        }
+    } else if n == 1 {
         cluster.generate(&prep.prompt_ids, &prep.opts, 1, &mut |id| {
             printer.on_token(id)
         })?

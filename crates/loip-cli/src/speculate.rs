@@ -1,6 +1,7 @@
 //! `--speculate`: lossless speculative decoding of one request on this machine, in memory
 //! or from slice files under `--mem` (each offloaded block is read once per verify step of
-//! up to `k + 1` positions). Shared by `loip generate` and `loip bench speculate`.
+//! up to `k + 1` positions), or through a cluster's pipeline (`loip local`). Shared by `loip
+//! generate`, `loip local` and `loip bench speculate`.
 //!
 //! Invariant: the tokens are those of the same request without speculation (see
 //! `loip_engine::speculate`); only the number of forward steps changes.
@@ -110,6 +111,74 @@ pub fn open_draft(
     Ok(ckpt)
 }
 
+/// The draft model of `--speculate draft` bound from `draft` ([`open_draft`]), if any.
+fn draft_model<'a>(spec: &SpecArgs, draft: Option<&'a Checkpoint>) -> Result<Option<Model<'a>>> {
+    Ok(match (spec.speculate, draft) {
+        (Speculate::Draft, Some(d)) => Some(Model::from_checkpoint(d)?),
+        (Speculate::Draft, None) => bail!("--speculate draft needs --draft MODEL"),
+        _ => None,
+    })
+}
+
+/// Runs `run` with the drafter `spec` asks for: the draft model (in memory here) or prompt
+/// lookup.
+fn with_drafter<T>(
+    draft_model: Option<&Model<'_>>,
+    opts: &GenerateOptions,
+    run: impl FnOnce(&mut dyn Drafter) -> Result<T>,
+) -> Result<T> {
+    let mut lookup = Lookup::default();
+    // under a sampled request the draft samples too (its drafts checked by the speculative
+    // sampling rule: the target's distribution, other tokens than without speculation)
+    let mut by_model = draft_model
+        .map(|m| ModelDrafter::new(Generator::new(m, None), 0).sampling(&opts.sampling))
+        .transpose()?;
+    match by_model.as_mut() {
+        Some(d) => run(d),
+        None => run(&mut lookup),
+    }
+}
+
+/// Runs `prompt` with `opts` and speculation `spec` through a cluster's `pipeline` (`loip
+/// local --speculate`): each verify step is one micro-batch of `k + 1` positions, the
+/// rejected positions' KV dropped on every device with the next step; drafts come from
+/// prompt lookup or a draft model in memory here.
+/// `config` and `tokenizer`: the target's, to check the draft model against.
+pub fn on_pipeline(
+    pipeline: &loip_runtime::coordinator::Pipeline,
+    (config, tokenizer): (&ModelConfig, Option<&Tokenizer>),
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    spec: &SpecArgs,
+    on_token: &mut dyn FnMut(u32) -> Flow,
+) -> Result<SpecOutput> {
+    let max = loip_engine::speculate::MAX_REWIND;
+    if spec.speculate_k > max {
+        bail!("--speculate-k is at most {max} on a cluster");
+    }
+    let draft = (spec.speculate == Speculate::Draft)
+        .then(|| open_draft(spec, config, tokenizer))
+        .transpose()?;
+    let model = draft_model(spec, draft.as_ref())?;
+    let seq = loip_runtime::coordinator::next_seq_id();
+    let mut backend = pipeline.backend();
+    // a pipeline step is load- and round-bound: a position more costs little
+    let o = spec.options(true);
+    let out = with_drafter(model.as_ref(), opts, |d| {
+        Ok(generate_speculative(
+            &mut backend,
+            seq,
+            prompt,
+            opts,
+            d,
+            &o,
+            on_token,
+        )?)
+    });
+    pipeline.release(&[seq]);
+    out
+}
+
 /// Runs `prompt` with `opts` and speculation `spec` on `src` (memory or slice files);
 /// `draft`: the draft model of `--speculate draft` ([`open_draft`]).
 pub fn run(
@@ -121,22 +190,21 @@ pub fn run(
     draft: Option<&Checkpoint>,
     on_token: &mut dyn FnMut(u32) -> Flow,
 ) -> Result<SpecRun> {
-    let draft_model = match (spec.speculate, draft) {
-        (Speculate::Draft, Some(d)) => Some(Model::from_checkpoint(d)?),
-        (Speculate::Draft, None) => bail!("--speculate draft needs --draft MODEL"),
-        _ => None,
-    };
-    let mut lookup = Lookup::default();
-    // under a sampled request the draft samples too (its drafts checked by the speculative
-    // sampling rule: the target's distribution, other tokens than without speculation)
-    let mut by_model = draft_model
-        .as_ref()
-        .map(|m| ModelDrafter::new(Generator::new(m, None), 0).sampling(&opts.sampling))
-        .transpose()?;
-    let drafter: &mut dyn Drafter = match by_model.as_mut() {
-        Some(d) => d,
-        None => &mut lookup,
-    };
+    let model = draft_model(spec, draft)?;
+    with_drafter(model.as_ref(), opts, |drafter| {
+        run_with(src, offload, prompt, opts, spec, drafter, on_token)
+    })
+}
+
+fn run_with(
+    src: Source,
+    offload: &OffloadArgs,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    spec: &SpecArgs,
+    drafter: &mut dyn Drafter,
+    on_token: &mut dyn FnMut(u32) -> Flow,
+) -> Result<SpecRun> {
     let context = prompt.len() + opts.max_tokens;
     match src {
         Source::Memory(ckpt) => {
@@ -181,9 +249,8 @@ pub fn run(
                 times: Some(model.device.take_times()),
             })
         }
-        Source::Cluster(_) => bail!(
-            "--speculate runs on this machine (in memory or from slice files with --mem); \
-             speculation over a cluster's pipeline is not implemented yet"
-        ),
+        Source::Cluster(_) => {
+            bail!("--speculate on a cluster runs in its serving loop (prompt lookup), not here")
+        }
     }
 }

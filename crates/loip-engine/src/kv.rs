@@ -470,21 +470,34 @@ impl KvCache {
     /// a step longer than one token rolled back there leaves the window short, and reading it
     /// is then a typed error rather than a different answer.
     pub fn truncate(&mut self, seq: SeqId, n: usize) {
-        let kv_dim = self.kv_dim;
-        if let Some(layers) = self.seqs.get_mut(&seq) {
-            let mut freed = 0usize;
-            for (i, l) in layers.iter_mut().enumerate() {
-                let out = self.lent.get(&(seq, i)).copied().unwrap_or(0);
-                let keep = (n.saturating_sub(l.lo + out) * kv_dim).min(l.k.len());
-                freed += (l.k.len() - keep) * 2;
-                l.k.truncate(keep);
-                l.v.truncate(keep);
-                if out == 0 && n < l.lo {
-                    l.lo = n;
-                }
-            }
-            self.used -= freed as u64 * 4;
+        for slot in 0..self.layers.len() {
+            self.truncate_slot(seq, slot, n);
         }
+    }
+
+    /// [`KvCache::truncate`] on global layer `layer` alone (a device truncates each stage's
+    /// layers when that stage runs: speculative decoding's rejected positions). Nothing
+    /// happens for a layer not held here.
+    pub fn truncate_layer(&mut self, seq: SeqId, layer: usize, n: usize) {
+        if let Ok(slot) = self.slot(layer) {
+            self.truncate_slot(seq, slot, n);
+        }
+    }
+
+    fn truncate_slot(&mut self, seq: SeqId, slot: usize, n: usize) {
+        let kv_dim = self.kv_dim;
+        let out = self.lent_at(seq, slot);
+        let Some(l) = self.seqs.get_mut(&seq).and_then(|l| l.get_mut(slot)) else {
+            return;
+        };
+        let keep = (n.saturating_sub(l.lo + out) * kv_dim).min(l.k.len());
+        let freed = (l.k.len() - keep) * 2;
+        l.k.truncate(keep);
+        l.v.truncate(keep);
+        if out == 0 && n < l.lo {
+            l.lo = n;
+        }
+        self.used -= freed as u64 * 4;
     }
 }
 

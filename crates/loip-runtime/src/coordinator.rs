@@ -235,9 +235,13 @@ enum Cmd {
         rows: Vec<u32>,
         argmax: Option<Vec<u32>>,
         row_masks: Vec<Vec<u32>>,
+        /// sequences rewound (a split step's part carries its own)
+        rewind: Vec<u64>,
         reply: oneshot::Sender<Result<StepOutput, ClusterError>>,
     },
     Release(Vec<u64>),
+    /// a sequence keeps its first `len` positions (speculative decoding)
+    Rewind(u64, usize),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -468,6 +472,7 @@ impl Pipeline {
             rows: rows.to_vec(),
             argmax,
             row_masks,
+            rewind: Vec::new(),
             reply,
         };
         self.tx.send(cmd).map_err(|_| ClusterError::Stopped)?;
@@ -477,6 +482,14 @@ impl Pipeline {
     /// Drops the KV cache of finished sequences on every device.
     pub fn release(&self, seqs: &[u64]) {
         let _ = self.tx.send(Cmd::Release(seqs.to_vec()));
+    }
+
+    /// Sequence `seq` keeps only its first `len` positions (a speculative step's rejected
+    /// drafts): the ledger and the adapter at once; each device when the sequence's next
+    /// step (which starts at `len`) reaches it, per stage, in order with that step whatever
+    /// the route. Nothing to send before: a sequence released meanwhile has nothing to drop.
+    pub fn rewind(&self, seq: u64, len: usize) {
+        let _ = self.tx.send(Cmd::Rewind(seq, len));
     }
 
     /// Vocabulary size.
@@ -531,6 +544,8 @@ enum Event {
 
 struct InFlight {
     seqs: Vec<u64>, // the step's distinct sequences
+    /// sequences that drop their positions from the step's first on, on each device
+    rewind: Vec<u64>,
     batch: Vec<TokenPos>,
     rows: Vec<u32>,
     argmax: Option<Vec<u32>>,
@@ -558,6 +573,8 @@ struct Sched {
     adapt: Option<adapt_hook::AdaptState>,
     /// the next step's id (steps the adapter adds to re-prefill evicted sequences included)
     next_step: u64,
+    /// sequences rewound since their last step: their next step carries the rewind
+    rewound: std::collections::BTreeSet<u64>,
 }
 
 impl Sched {
@@ -599,6 +616,19 @@ impl Sched {
         }
         lock(&self.shared.devices).release(seqs);
         self.waves.released(seqs);
+        for s in seqs {
+            self.rewound.remove(s);
+        }
+    }
+
+    /// `seq` keeps its first `len` positions: at once in the ledger and the adapter, on the
+    /// devices with its next step.
+    fn rewind(&mut self, seq: u64, len: usize) {
+        lock(&self.shared.devices).rewind(seq, len);
+        if let Some(a) = self.adapt.as_mut() {
+            a.adapter.rewind(seq, len);
+        }
+        self.rewound.insert(seq);
     }
 
     fn mark_gone(&mut self, d: usize, reason: String) {
@@ -768,13 +798,14 @@ async fn scheduler(
         shared,
         adapt,
         next_step: 1,
+        rewound: Default::default(),
     };
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut done: Option<oneshot::Sender<()>> = None;
     loop {
         tokio::select! {
             cmd = rx.recv() => match cmd {
-                Some(Cmd::Step { batch, ids, rows, argmax, row_masks, reply }) => {
+                Some(Cmd::Step { batch, ids, rows, argmax, row_masks, rewind, reply }) => {
                     if let Some(d) = s.alive.iter().position(|a| a.is_some()) {
                         let _ = reply.send(Err(s.gone_error(d)));
                         continue;
@@ -788,9 +819,14 @@ async fn scheduler(
                         }
                     }
                     lock(&s.shared.devices).step(&batch);
+                    let rewind: Vec<u64> = seqs
+                        .iter()
+                        .copied()
+                        .filter(|q| s.rewound.remove(q) | rewind.contains(q))
+                        .collect();
                     let now = Instant::now();
                     let f = InFlight {
-                        seqs, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0, progress: Default::default(),
+                        seqs, rewind, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0, progress: Default::default(),
                     };
                     s.waves.back(&f.seqs);
                     s.enter(step, f, wire::u32_bytes(&ids));
@@ -799,6 +835,7 @@ async fn scheduler(
                     s.release(&seqs);
                     s.admit_parked();
                 }
+                Some(Cmd::Rewind(seq, len)) => s.rewind(seq, len),
                 Some(Cmd::Shutdown(ack)) => { done = Some(ack); break; }
                 None => break,
             },

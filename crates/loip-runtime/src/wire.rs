@@ -43,7 +43,7 @@ use crate::net::throttle::Throttle;
 /// Magic of the `Hello` frame.
 pub const MAGIC: [u8; 4] = *b"LOIP";
 /// Version of this protocol; peers must match exactly.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// Largest payload of one frame, bytes.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest `SliceData` chunk, bytes.

@@ -18,6 +18,7 @@ fn random_bytes_never_panic_a_decoder() {
             rows: vec![0],
             argmax: Some(vec![2]),
             row_masks: vec![vec![3]],
+            rewind: vec![1],
         },
         &[0; 4],
     );
@@ -59,6 +60,7 @@ fn step_round_trips_and_rejects_truncation() {
         rows: vec![1],
         argmax: None,
         row_masks: vec![],
+        rewind: vec![],
     };
     let data = f32_bytes(&[1.5, -0.0, f32::MIN_POSITIVE, 3.0]);
     let p = encode_step(&h, &data);
@@ -104,6 +106,7 @@ fn per_row_masks_round_trip_and_are_bounded() {
         rows: vec![0, 1, 2],
         argmax: Some(vec![]),
         row_masks: vec![vec![2], vec![], vec![2, 7]],
+        rewind: vec![],
     };
     let data = u32_bytes(&[1, 2, 3]);
     let p = encode_step(&h, &data);
@@ -138,6 +141,7 @@ fn argmax_step_round_trips_and_needs_the_head() {
         rows: vec![0],
         argmax: Some(vec![2, 49_152]),
         row_masks: vec![],
+        rewind: vec![],
     };
     let data = u32_bytes(&[17]);
     let p = encode_step(&h, &data);
@@ -174,4 +178,41 @@ fn argmax_step_round_trips_and_needs_the_head() {
     let mut bad = p.clone();
     bad[8] = 3; // unknown kind
     assert!(decode_output(&bad).is_err());
+}
+
+#[test]
+fn rewound_sequences_round_trip_and_are_checked() {
+    let tp = |seq, pos| TokenPos { seq, pos };
+    let mut h = StepHeader {
+        step: 5,
+        embed: true,
+        head: true,
+        keep: false,
+        stages: vec![0],
+        batch: vec![tp(4, 10), tp(4, 11), tp(4, 12), tp(9, 3)],
+        rows: vec![0, 1, 2, 3],
+        argmax: Some(vec![2]),
+        row_masks: vec![],
+        rewind: vec![4],
+    };
+    let data = u32_bytes(&[1, 2, 3, 4]);
+    let p = encode_step(&h, &data);
+    let (h2, d2) = decode_step(&p).unwrap();
+    assert_eq!(h2, h);
+    assert_eq!(d2, &data[..]);
+    for cut in 0..p.len() - data.len() {
+        assert!(decode_step(&p[..cut]).is_err(), "cut at {cut}");
+    }
+    // a sequence not in the step, or listed twice, is refused
+    for bad in [vec![5], vec![4, 4], vec![4, 9, 4]] {
+        h.rewind = bad.clone();
+        let e = decode_step(&encode_step(&h, &data)).unwrap_err();
+        assert!(e.to_string().contains("rewound"), "{bad:?}: {e}");
+    }
+    // more sequences than the step has: refused from the count, before reading them
+    h.rewind = vec![4];
+    let mut p = encode_step(&h, &[]);
+    let at = p.len() - 12;
+    p[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(decode_step(&p).is_err());
 }

@@ -207,7 +207,7 @@ fn garbage_oversized_truncated_and_malformed_frames_close_only_that_connection()
         assert!(msg.contains("refusing slice file name"), "{msg}");
         // A step before any device is loaded fails that step only.
         let mut s = authed_raw(&addr, Some("t")).await;
-        let h = wire::StepHeader { step: 5, embed: true, head: false, keep: false, stages: vec![0], batch: vec![loip_engine::TokenPos { seq: 1, pos: 0 }], rows: vec![], argmax: None, row_masks: vec![] };
+        let h = wire::StepHeader { step: 5, embed: true, head: false, keep: false, stages: vec![0], batch: vec![loip_engine::TokenPos { seq: 1, pos: 0 }], rows: vec![], argmax: None, row_masks: vec![], rewind: vec![] };
         s.send(FrameKind::Step, &wire::encode_step(&h, &wire::u32_bytes(&[1]))).await;
         match s.recv_control().await {
             ToCoordinator::Failed { step: Some(5), message } => assert!(message.contains("no device"), "{message}"),

@@ -183,6 +183,7 @@ fn step(n: usize, head: bool) -> (StepHeader, Vec<u8>) {
         rows: if head { vec![0] } else { vec![] },
         argmax: None,
         row_masks: vec![],
+        rewind: vec![],
     };
     (h, wire::u32_bytes(&vec![1u32; n]))
 }
@@ -379,6 +380,7 @@ fn finding_6_unread_outputs_keep_the_worker_within_its_budget() {
             rows: vec![],
             argmax: None,
             row_masks: vec![],
+            rewind: vec![],
         };
         let frame = wire::encode_step(&h, &vec![0u8; tokens * hidden * 4]);
         // 48 steps, never reading an output; the worker must slow us down, not grow

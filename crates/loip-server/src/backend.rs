@@ -226,7 +226,7 @@ impl Backend {
     }
 
     /// [`Backend::generate`] with the tokens shaped as `shaping` asks (penalties, bias),
-    /// speculating as `spec` says (refused on a cluster), `on_token` also getting each
+    /// speculating as `spec` says, `on_token` also getting each
     /// token's log-probabilities when asked for; the request is cancelled once `alive` says
     /// its client is gone, also before its first token (see [`Batcher::generate_shaped`]).
     pub fn generate_shaped(
@@ -399,6 +399,16 @@ impl BatchBackend for ClusterLane {
 
     fn release(&mut self, seq: SeqId) {
         self.be.release(seq)
+    }
+
+    /// Speculating requests' rejected positions, dropped on every device with the
+    /// sequence's next step.
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        self.be.rewind(seq, len)
+    }
+
+    fn can_rewind(&self) -> bool {
+        self.be.can_rewind()
     }
 
     fn vocab_size(&self) -> usize {

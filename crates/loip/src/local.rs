@@ -65,6 +65,9 @@ pub struct LocalOptions {
     pub evict_when_cheaper: bool,
     /// every request is greedy (the last device returns token ids)
     pub greedy: bool,
+    /// positions a step may carry beyond one (a speculative verify step's k drafts), planned
+    /// for in the context and the step size
+    pub step_slack: usize,
     /// told of the slices going out to each device
     pub on_ship: Option<OnShip>,
 }
@@ -181,7 +184,7 @@ impl LocalCluster {
         }
         let n = o.sequences();
         let manifest = Manifest::load(dir)?;
-        let context = ((prompt_len + max_tokens) * n) as u64;
+        let context = ((prompt_len + max_tokens) * n + o.step_slack) as u64;
         let budgets = o.budgets(&manifest, context)?;
         let token = loip_runtime::net::token::generate();
         let workers = LocalWorkers::spawn(&LocalWorkerOptions {
@@ -198,14 +201,9 @@ impl LocalCluster {
         } else {
             Pattern::Sporadic
         };
-        let mut opts = o.session_options(
-            &o.planner,
-            pattern,
-            o.bandwidth,
-            context,
-            prompt_len,
-            &token,
-        );
+        let max_step = prompt_len.max(o.step_slack + 1);
+        let mut opts =
+            o.session_options(&o.planner, pattern, o.bandwidth, context, max_step, &token);
         // Plan for the prompts' KV and adapt online as it grows (design §6).
         if !o.whole_context {
             opts.admitted = Some((prompt_len * n) as u64);

@@ -52,6 +52,11 @@ use crate::EngineError;
 use adapt::AdaptiveK;
 use lookup::Lookup;
 
+/// Most positions a backend that serves many requests (a cluster's workers) lets one step
+/// rewind: its sliding-window layers keep this many positions more than their window. A
+/// request speculates at most this many drafts a step there.
+pub const MAX_REWIND: usize = 16;
+
 /// Where draft tokens come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Speculate {
@@ -242,27 +247,36 @@ pub fn generate_speculative<B: Rewind + ?Sized>(
         let mut ids = Vec::with_capacity(draft.len() + 1);
         ids.push(last);
         ids.extend_from_slice(&draft);
-        let logits = match verify(backend, seq, &ids, fed, ids.len()) {
+        // greedy with point-mass drafts: each row's token is picked where the logits are
+        // (the last device of a pipeline: 8 bytes a row back), under the row's own EOS mask
+        let pick = dec.greedy() && q.is_none();
+        let rows = match verify_rows(backend, seq, &ids, fed, &dec, pick) {
             // the KV budget refused the longer step (nothing was written): verify none
             Err(EngineError::KvBudget { .. }) if !draft.is_empty() => {
                 draft.clear();
                 ids.truncate(1);
-                verify(backend, seq, &ids, fed, 1)?
+                verify_rows(backend, seq, &ids, fed, &dec, pick)?
             }
             r => r?,
         };
         let secs = ts.elapsed().as_secs_f64();
         // use rows in order while each picks the draft that the next row assumed
-        let vocab = logits.len() / ids.len();
+        let vocab = rows.logits.len() / ids.len();
         let mut kept = 0; // fed tokens kept: the pending one, then accepted drafts
         pending = None;
         for j in 0..ids.len() {
             kept = j + 1;
-            let row = &logits[j * vocab..(j + 1) * vocab];
+            let row = rows.logits.get(j * vocab..(j + 1) * vocab).unwrap_or(&[]);
             let drawn = q.as_ref().and_then(|q| Some((*draft.get(j)?, &q[j])));
-            let (next, hit) = match drawn {
-                Some((x, qj)) => take_drawn(&mut dec, row, x, qj, on_token, &mut context),
-                None => {
+            let (next, hit) = match (rows.picked.get(j), drawn) {
+                (Some(&id), _) => {
+                    let held = dec.new_ids().len();
+                    let next = dec.accept(&Next::Id(id), on_token);
+                    extend_context(&dec, held, &mut context);
+                    (next, next.is_some() && next == draft.get(j).copied())
+                }
+                (None, Some((x, qj))) => take_drawn(&mut dec, row, x, qj, on_token, &mut context),
+                (None, None) => {
                     let next = take(&mut dec, row, on_token, &mut context);
                     (next, next.is_some() && next == draft.get(j).copied())
                 }
@@ -321,6 +335,64 @@ fn verify<B: Rewind + ?Sized>(
         .collect();
     let rows: Vec<usize> = (ids.len() - rows..ids.len()).collect();
     backend.forward_rows(ids, &batch, &rows)
+}
+
+/// A verify step's rows: each row's logits `(rows, vocab)`, or (picked where the logits are)
+/// each row's greedy token.
+struct Rows {
+    logits: Vec<f32>,
+    picked: Vec<u32>,
+}
+
+/// One forward of `ids` at positions `start..` of `seq`, every position a row: with `pick`,
+/// each row's argmax under the EOS mask the row is used with ([`Decoding::masked_after`]),
+/// the picks made by the backend; else the logits.
+fn verify_rows<B: Rewind + ?Sized>(
+    backend: &mut B,
+    seq: SeqId,
+    ids: &[u32],
+    start: usize,
+    dec: &Decoding,
+    pick: bool,
+) -> Result<Rows, EngineError> {
+    if !pick {
+        let logits = verify(backend, seq, ids, start, ids.len())?;
+        return Ok(Rows {
+            logits,
+            picked: Vec::new(),
+        });
+    }
+    let batch: Vec<TokenPos> = (start..start + ids.len())
+        .map(|pos| TokenPos { seq, pos })
+        .collect();
+    let picks: Vec<RowPick<'_>> = (0..ids.len())
+        .map(|j| RowPick {
+            row: j,
+            greedy: true,
+            masked: dec.masked_after(j),
+        })
+        .collect();
+    let picked = backend
+        .forward_pick(ids, &batch, &picks)?
+        .into_iter()
+        .map(|n| match n {
+            Next::Id(id) => Ok(id),
+            Next::Logits(_) => Err(EngineError::Backend(
+                "a greedy row came back as logits".into(),
+            )),
+        })
+        .collect::<Result<Vec<u32>, _>>()?;
+    if picked.len() != ids.len() {
+        return Err(EngineError::Backend(format!(
+            "{} picks for a step of {} rows",
+            picked.len(),
+            ids.len()
+        )));
+    }
+    Ok(Rows {
+        logits: Vec::new(),
+        picked,
+    })
 }
 
 /// Picks the next token from one row `(vocab,)` as the sequence's decoding state says (EOS

@@ -48,6 +48,20 @@ impl Recompute {
 }
 
 impl Adapter {
+    /// Sequence `seq` keeps its first `len` positions (a speculative step's rejected drafts):
+    /// the KV it holds, or held when evicted, and the ids that would re-prefill it.
+    pub fn rewind(&mut self, seq: u64, len: usize) {
+        if let Some(e) = self.held.get_mut(&seq) {
+            *e = (*e).min(len as u64);
+        }
+        if let Some(e) = self.recomp.evicted.get_mut(&seq) {
+            *e = (*e).min(len as u64);
+        }
+        if let Some(v) = self.recomp.ids.get_mut(&seq) {
+            v.truncate(len);
+        }
+    }
+
     /// The tokens of a step that entered: the ids at their positions (kept to recompute the
     /// sequence if it is evicted). A step that rolls a sequence back truncates its ids.
     pub fn record(&mut self, batch: &[TokenPos], ids: &[u32]) {

@@ -231,6 +231,7 @@ impl Sched {
             let now = std::time::Instant::now();
             let fl = InFlight {
                 seqs,
+                rewind: Vec::new(),
                 batch,
                 rows: Vec::new(),
                 argmax: None,

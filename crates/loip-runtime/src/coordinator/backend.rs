@@ -10,7 +10,8 @@
 use loip_engine::batch::pick_rows;
 use loip_engine::generate::Next;
 use loip_engine::kv::SeqId;
-use loip_engine::{BatchBackend, EngineError, RowPick, StepBackend, TokenPos};
+use loip_engine::speculate::MAX_REWIND;
+use loip_engine::{BatchBackend, EngineError, Rewind, RowPick, StepBackend, TokenPos};
 
 use super::{ClusterError, Pipeline, RowsOut, StepOutput, StepStats};
 
@@ -165,7 +166,33 @@ impl BatchBackend for PipelineBackend {
         self.pipeline.release(&[seq]);
     }
 
+    /// The sequence's next step drops the rejected positions on every device (per stage,
+    /// lent rows included); the coordinator's ledger follows at once.
+    fn rewind(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        self.pipeline.rewind(seq, len);
+        Ok(())
+    }
+
+    fn can_rewind(&self) -> bool {
+        true
+    }
+
     fn vocab_size(&self) -> usize {
         self.pipeline.vocab()
+    }
+}
+
+/// One sequence's speculative loop over the pipeline (`loip local --speculate`). The workers
+/// keep [`MAX_REWIND`] positions more than each sliding window, so drafts beyond that are
+/// not verified here.
+impl Rewind for PipelineBackend {
+    fn allow_rewind(&mut self, k: usize) {
+        if k > MAX_REWIND {
+            tracing::warn!("the cluster rewinds at most {MAX_REWIND} positions a step, not {k}");
+        }
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        None
     }
 }

@@ -62,7 +62,14 @@ impl DeviceLedger {
     pub(super) fn step(&mut self, batch: &[TokenPos]) {
         for t in batch {
             let e = self.held.entry(t.seq).or_insert(0);
-            *e = (*e).max(t.pos as u64).saturating_add(1);
+            *e = (*e).max((t.pos as u64).saturating_add(1));
+        }
+    }
+
+    /// Sequence `seq` keeps its first `len` positions (speculative decoding).
+    pub(super) fn rewind(&mut self, seq: u64, len: usize) {
+        if let Some(e) = self.held.get_mut(&seq) {
+            *e = (*e).min(len as u64);
         }
     }
 
@@ -114,6 +121,10 @@ mod tests {
         l.step(&[tp(1, 0), tp(1, 1), tp(1, 2), tp(2, 0)]);
         l.step(&[tp(1, 3), tp(2, 1)]);
         assert_eq!(l.held_tokens(), 6);
+        l.rewind(1, 2); // two rejected drafts dropped
+        assert_eq!(l.held_tokens(), 4);
+        l.step(&[tp(1, 2), tp(1, 3), tp(1, 4)]);
+        assert_eq!(l.held_tokens(), 7);
         l.release(&[1]);
         assert_eq!(l.held_tokens(), 2);
     }

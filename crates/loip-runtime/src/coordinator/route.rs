@@ -129,6 +129,7 @@ impl Sched {
                 } else {
                     Vec::new()
                 },
+                rewind: f.rewind.clone(),
             };
             let input = if k == h {
                 data.take().unwrap_or_default()

@@ -20,6 +20,7 @@ struct Part {
     rows: Vec<u32>,
     row_masks: Vec<Vec<u32>>,
     slots: Vec<usize>,
+    rewind: Vec<u64>,
 }
 
 /// The parts of a step of `f` (input `ids`) for `groups` of its sequences.
@@ -33,6 +34,7 @@ fn parts(f: &InFlight, ids: &[u32], groups: &[Vec<u64>]) -> Vec<Part> {
                 rows: Vec::new(),
                 row_masks: Vec::new(),
                 slots: Vec::new(),
+                rewind: f.rewind.iter().copied().filter(|s| g.contains(s)).collect(),
             };
             let mut index = vec![None; f.batch.len()]; // whole-step token → part token
             for (t, tp) in f.batch.iter().enumerate() {
@@ -97,6 +99,7 @@ async fn run_parts(
             rows: p.rows,
             argmax: argmax.clone(),
             row_masks: p.row_masks,
+            rewind: p.rewind,
             reply,
         })
         .map_err(|_| ClusterError::Stopped)?;

@@ -31,6 +31,11 @@ pub struct StepHeader {
     /// sequence of a micro-batch holds back its own EOS ids until its own minimum length);
     /// row `i` masks `argmax` and `row_masks[i]`. At most [`MAX_MASKED`] ids in all.
     pub row_masks: Vec<Vec<u32>>,
+    /// sequences of the step whose KV this device drops from the step's first position of
+    /// the sequence on, before each stage of the hop runs (speculative decoding: the
+    /// positions a verify step wrote whose drafts were rejected). Each is a sequence of the
+    /// step, listed once. A sequence not listed must start at its cached length.
+    pub rewind: Vec<u64>,
 }
 
 /// Bounds on a step header (far above any real step).
@@ -42,6 +47,7 @@ const FLAG_HEAD: u8 = 2;
 const FLAG_KEEP: u8 = 4;
 pub(super) const FLAG_ARGMAX: u8 = 8;
 const FLAG_ROW_MASKS: u8 = 16;
+const FLAG_REWIND: u8 = 32;
 /// Bound on the masked ids of an argmax step, common and per-row lists together (far above
 /// any real list of EOS ids).
 pub const MAX_MASKED: usize = 1 << 16;
@@ -104,7 +110,8 @@ pub fn encode_step(h: &StepHeader, data: &[u8]) -> Vec<u8> {
         | (h.head as u8 * FLAG_HEAD)
         | (h.keep as u8 * FLAG_KEEP)
         | (h.argmax.is_some() as u8 * FLAG_ARGMAX)
-        | ((h.argmax.is_some() && !h.row_masks.is_empty()) as u8 * FLAG_ROW_MASKS);
+        | ((h.argmax.is_some() && !h.row_masks.is_empty()) as u8 * FLAG_ROW_MASKS)
+        | (!h.rewind.is_empty() as u8 * FLAG_REWIND);
     p.push(flags);
     p.extend_from_slice(&(h.stages.len() as u32).to_le_bytes());
     for &s in &h.stages {
@@ -134,6 +141,12 @@ pub fn encode_step(h: &StepHeader, data: &[u8]) -> Vec<u8> {
             }
         }
     }
+    if !h.rewind.is_empty() {
+        p.extend_from_slice(&(h.rewind.len() as u32).to_le_bytes());
+        for &s in &h.rewind {
+            p.extend_from_slice(&s.to_le_bytes());
+        }
+    }
     p.extend_from_slice(data);
     p
 }
@@ -147,7 +160,8 @@ pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
     };
     let step = c.u64()?;
     let flags = c.u8()?;
-    if flags & !(FLAG_EMBED | FLAG_HEAD | FLAG_KEEP | FLAG_ARGMAX | FLAG_ROW_MASKS) != 0 {
+    let known = FLAG_EMBED | FLAG_HEAD | FLAG_KEEP | FLAG_ARGMAX | FLAG_ROW_MASKS | FLAG_REWIND;
+    if flags & !known != 0 {
         return Err(WireError::Protocol(format!(
             "unknown step flags {flags:#x}"
         )));
@@ -192,6 +206,21 @@ pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
             row_masks.push((0..n).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?);
         }
     }
+    let mut rewind: Vec<u64> = Vec::new();
+    if flags & FLAG_REWIND != 0 {
+        // sets, not scans: a hostile header may list a million sequences
+        let mut left: std::collections::BTreeSet<u64> = batch.iter().map(|t| t.seq).collect();
+        let n = c.count(left.len(), "rewound sequences")?;
+        for _ in 0..n {
+            let s = c.u64()?;
+            if !left.remove(&s) {
+                return Err(WireError::Protocol(format!(
+                    "sequence {s} rewound twice or not in the step"
+                )));
+            }
+            rewind.push(s);
+        }
+    }
     let h = StepHeader {
         step,
         embed: flags & FLAG_EMBED != 0,
@@ -202,6 +231,7 @@ pub fn decode_step(payload: &[u8]) -> Result<(StepHeader, &[u8]), WireError> {
         rows,
         argmax,
         row_masks,
+        rewind,
     };
     Ok((h, c.rest()))
 }

@@ -96,7 +96,9 @@ pub(super) fn compute_thread(
                 spec.mem_budget = Some(ctx.budget);
                 let limit = step_frame_limit(&spec, m.config.hidden_size);
                 match Device::open(&ctx.dir, &m, spec) {
-                    Ok(d) => {
+                    Ok(mut d) => {
+                        // a speculating sequence may rewind this many positions
+                        d.kv.widen_windows(loip_engine::speculate::MAX_REWIND);
                         let memory = d.memory().into();
                         device = Some(d);
                         ctx.frame_limit.store(limit, Ordering::Relaxed);
@@ -206,8 +208,9 @@ fn run_step(
             "a step of {n} tokens; this device was opened for at most {max_tokens}"
         )));
     }
-    if h.head && h.rows.len() > max_rows {
-        // Logits beyond the accounted rows must fit in what the KV cache leaves free.
+    if h.head && h.argmax.is_none() && h.rows.len() > max_rows {
+        // Logits beyond the accounted rows must fit in what the KV cache leaves free (an
+        // argmax step computes them `max_rows` rows at a time).
         let extra = (h.rows.len() - max_rows) as u64 * d.tf.cfg.vocab_size as u64 * 4;
         let free = d.memory().kv_budget.saturating_sub(d.kv.used_bytes());
         let unlimited = d.memory().budget == 0;
@@ -257,10 +260,24 @@ fn run_step(
             None => starts.push(*t),
         }
     }
+    // Speculative decoding: the listed sequences drop their positions from the step's first
+    // on (rejected drafts), each stage's layers before the stage runs, once its lent rows
+    // are back (the cut may fall among them: every row but a sequence's newest may be out).
+    // Per stage, not per hop: a device's later hop of this step keeps what its earlier hop
+    // wrote.
+    let rewind: Vec<TokenPos> = starts
+        .iter()
+        .filter(|s| h.rewind.contains(&s.seq))
+        .copied()
+        .collect();
     if h.stages.first() == Some(&0) {
         // A sequence starting over at position 0 drops what it had cached.
         for s in starts.iter().filter(|s| s.pos == 0) {
             d.kv.remove(s.seq);
+        }
+        // the rejected rows not lent out go before the step's KV is reserved
+        for k in 0..d.stages() {
+            rewind_stage(d, k, &rewind);
         }
         // a lend grown since the last step frees its room before the reservation counts it
         lend.top_up(d, ctx, 0)?;
@@ -270,6 +287,7 @@ fn run_step(
     let mut run = |d: &mut Device, x: &mut Vec<f32>| -> Result<(), RuntimeError> {
         for (i, &k) in h.stages.iter().enumerate() {
             lend.before_stage(d, ctx, k as usize)?;
+            rewind_stage(d, k as usize, &rewind);
             if h.keep && i == last {
                 d.run_stage_keep(k as usize, x, &h.batch)?;
             } else {
@@ -287,9 +305,9 @@ fn run_step(
     }
     if h.head {
         let rows: Vec<usize> = h.rows.iter().map(|&r| r as usize).collect();
-        let mut logits = d.head(&x, &rows)?;
         let vocab = d.tf.cfg.vocab_size;
         let Some(masked) = &h.argmax else {
+            let logits = d.head(&x, &rows)?;
             let bytes = wire::f32_bytes(&logits);
             return Ok((OutputKind::Logits, vocab as u32, rows.len() as u32, bytes));
         };
@@ -301,19 +319,20 @@ fn run_step(
             )));
         }
         // the coordinator's greedy sampler, here: mask (the common list, then the row's
-        // own), then the same argmax
-        let picks: Vec<(u32, f32)> = logits
-            .chunks_exact_mut(vocab.max(1))
-            .enumerate()
-            .map(|(i, row)| {
+        // own), then the same argmax; the logits of at most the rows the device was opened
+        // for at a time (a speculative verify step has more)
+        let mut picks: Vec<(u32, f32)> = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(max_rows) {
+            let mut logits = d.head(&x, chunk)?;
+            for row in logits.chunks_exact_mut(vocab.max(1)) {
                 loip_engine::sampling::mask(row, masked);
-                if let Some(own) = h.row_masks.get(i) {
+                if let Some(own) = h.row_masks.get(picks.len()) {
                     loip_engine::sampling::mask(row, own);
                 }
                 let id = loip_engine::sampling::argmax(row);
-                (id, row[id as usize])
-            })
-            .collect();
+                picks.push((id, row[id as usize]));
+            }
+        }
         let bytes = wire::argmax_bytes(&picks);
         return Ok((OutputKind::Argmax, 2, rows.len() as u32, bytes));
     }
@@ -323,4 +342,26 @@ fn run_step(
         n as u32,
         wire::f32_bytes(&x),
     ))
+}
+
+/// Drops the positions of each `rewind` sequence from its start on at stage `k`'s layers,
+/// except at a layer with rows lent out (they come back before the stage runs, and the cut
+/// is made then). Only ever frees memory: a cut below what a sliding layer holds leaves it
+/// short, and the read that needs the missing rows is then a typed error, never a different
+/// answer.
+fn rewind_stage(d: &mut Device, k: usize, rewind: &[TokenPos]) {
+    if rewind.is_empty() {
+        return;
+    }
+    let Some(stage) = d.spec().stages.get(k) else {
+        return;
+    };
+    let layers: Vec<usize> = stage.layers.iter().map(|l| l.layer).collect();
+    for s in rewind {
+        for &l in &layers {
+            if d.kv.lent(s.seq, l) == 0 {
+                d.kv.truncate_layer(s.seq, l, s.pos);
+            }
+        }
+    }
 }
