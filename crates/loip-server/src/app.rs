@@ -116,11 +116,14 @@ pub(crate) struct App {
     /// how requests speculate: the source of those without a `speculate` field, and the
     /// draft length of all
     speculation: Speculation,
+    /// `response_format` and `grammar`: compiled grammars over the tokenizer's vocabulary
+    grammars: crate::grammar::Grammars,
 }
 
 impl App {
     pub(crate) fn new(cfg: &ServerConfig, model: ServedModel, backend: Arc<Backend>) -> App {
         crate::metrics::init();
+        let vocab = model.config.vocab_size;
         let tokenizer = model
             .tokenizer
             .ok_or_else(|| "the model has no tokenizer".to_string());
@@ -156,6 +159,7 @@ impl App {
                     ..SpecOptions::default()
                 },
             },
+            grammars: crate::grammar::Grammars::new(vocab),
             api_key: cfg.api_key.as_deref().map(http::key_digest),
             cors: cfg.cors.as_deref().and_then(|o| o.parse().ok()),
             body_timeout: cfg.limits.body_timeout,
@@ -502,8 +506,16 @@ impl App {
             )));
         }
         let stops = stop_strings(r.stop.take())?;
-        let shaping = r.shaping(kind, self.config.vocab_size)?;
-        let speculate = r.speculation(self.speculation.source)?;
+        let mut shaping = r.shaping(kind, self.config.vocab_size)?;
+        let mut speculate = r.speculation(self.speculation.source)?;
+        if let Some((ask, field)) = r.grammar_ask()? {
+            let tok = self.tokenizer.as_ref().map_err(|e| {
+                ApiError::bad(format!("`{field}` needs the model's tokenizer: {e}"))
+            })?;
+            shaping.constraint = Some(self.grammars.constraint(tok, &ask, field)?);
+            // a constrained step samples from the masked logits: no drafts to check
+            speculate = loip_engine::Speculate::Off;
+        }
         let prompt_ids = match kind {
             Kind::Completion => self.completion_ids(r.prompt)?,
             Kind::Chat => self.chat_ids(r.messages)?,

@@ -18,6 +18,7 @@
 
 mod app;
 pub mod backend;
+mod grammar;
 pub mod http;
 mod logprobs;
 mod metrics;

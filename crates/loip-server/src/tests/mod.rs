@@ -5,6 +5,7 @@
 mod fields;
 mod security;
 mod speculate;
+mod structured;
 
 use std::sync::Arc;
 use std::time::Duration;
