@@ -41,6 +41,8 @@ use loip_engine::speculate::SpecOptions;
 use loip_engine::{Flow, StopReason, TokenLogprob};
 use loip_model::chat::{ChatError, ChatMessage, ChatTemplate};
 use loip_model::tokenizer::Tokenizer;
+
+use crate::tools::{self, Tools};
 use loip_model::ModelConfig;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -432,7 +434,8 @@ fn stream(app: Arc<App>, job: Job, meta: Arc<Meta>, permit: Arc<OwnedSemaphorePe
                 let _ = tx.send(meta.role_chunk(i).to_string());
             }
             let done = app.run(&job.choice(i), &mut |piece, logprobs| {
-                if piece.is_empty() && logprobs.is_null() {
+                // with tools, the answer is sent whole at its end: text or calls
+                if (piece.is_empty() && logprobs.is_null()) || job.tools.is_some() {
                     return !tx.is_closed();
                 }
                 tx.send(meta.chunk(i, piece, None, logprobs).to_string())
@@ -442,6 +445,12 @@ fn stream(app: Arc<App>, job: Job, meta: Arc<Meta>, permit: Arc<OwnedSemaphorePe
                 Ok(f) if tx.is_closed() => log_gone(&meta.id, &f),
                 Ok(f) => {
                     completion.fetch_add(f.new_ids.len(), Ordering::Relaxed);
+                    if job.tools.is_some() && !f.text.is_empty() {
+                        let _ = tx.send(meta.chunk(i, &f.text, None, Value::Null).to_string());
+                    }
+                    if let Some(calls) = &f.tool_calls {
+                        let _ = tx.send(meta.calls_chunk(i, calls).to_string());
+                    }
                     let last = meta.chunk(i, "", Some(f.finish_reason), Value::Null);
                     let _ = tx.send(last.to_string());
                 }
@@ -508,7 +517,37 @@ impl App {
         let stops = stop_strings(r.stop.take())?;
         let mut shaping = r.shaping(kind, self.config.vocab_size)?;
         let mut speculate = r.speculation(self.speculation.source)?;
-        if let Some((ask, field)) = r.grammar_ask()? {
+        let tools = match kind {
+            Kind::Chat => Tools::from_request(r.tools.as_ref(), r.tool_choice.as_ref())?,
+            Kind::Completion => {
+                let asks = |v: &Option<Value>| v.as_ref().is_some_and(|v| !is_neutral_tool(v));
+                if asks(&r.tools) || asks(&r.tool_choice) {
+                    return Err(ApiError::bad(
+                        "`tools` and `tool_choice` are chat fields (/v1/chat/completions)",
+                    ));
+                }
+                None
+            }
+        };
+        let mut ask = r.grammar_ask()?;
+        if let Some(t) = &tools {
+            let template = self.chat.as_ref().map_err(|e| ApiError::bad(e.clone()))?;
+            if !template.supports_tools() {
+                return Err(ApiError::bad(
+                    "`tools`: this model's chat template does not describe tools",
+                ));
+            }
+            if let Some(forced) = t.forced(template.tool_call_tags()) {
+                if ask.is_some() {
+                    return Err(ApiError::bad(
+                        "a forced `tool_choice` cannot be combined with `response_format` or \
+                         `grammar`",
+                    ));
+                }
+                ask = Some((forced, "tools"));
+            }
+        }
+        if let Some((ask, field)) = ask {
             let tok = self.tokenizer.as_ref().map_err(|e| {
                 ApiError::bad(format!("`{field}` needs the model's tokenizer: {e}"))
             })?;
@@ -518,7 +557,7 @@ impl App {
         }
         let prompt_ids = match kind {
             Kind::Completion => self.completion_ids(r.prompt)?,
-            Kind::Chat => self.chat_ids(r.messages)?,
+            Kind::Chat => self.chat_ids(r.messages, tools.as_ref())?,
         };
         let n = prompt_ids.len();
         if n > self.max_prompt {
@@ -569,6 +608,7 @@ impl App {
             seed,
             shaping,
             speculate,
+            tools: tools.map(Arc::new),
             opts,
             stops,
             stream: r.stream.unwrap_or(false),
@@ -597,7 +637,11 @@ impl App {
     }
 
     /// `messages` rendered with the chat template (with the generation prompt), tokenized.
-    fn chat_ids(&self, messages: Option<Vec<InMessage>>) -> Result<Vec<u32>, ApiError> {
+    fn chat_ids(
+        &self,
+        messages: Option<Vec<InMessage>>,
+        tools: Option<&Tools>,
+    ) -> Result<Vec<u32>, ApiError> {
         let messages = messages.ok_or_else(|| ApiError::bad("`messages` is required"))?;
         if messages.is_empty() {
             return Err(ApiError::bad("`messages` is empty"));
@@ -612,36 +656,54 @@ impl App {
                         ROLES.join(", ")
                     )));
                 }
-                for (field, v) in [
-                    ("name", &m.name),
-                    ("tool_calls", &m.tool_calls),
-                    ("tool_call_id", &m.tool_call_id),
-                ] {
-                    if v.as_ref().is_some_and(|v| !v.is_null()) {
+                let text = |field: &str, v: Option<Value>| match v {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(Value::String(s)) => Ok(Some(s)),
+                    Some(_) => Err(ApiError::bad(format!(
+                        "messages[{i}].{field} must be a string"
+                    ))),
+                };
+                let tool_calls = match m.tool_calls {
+                    None | Some(Value::Null) => None,
+                    Some(Value::Array(a)) if a.is_empty() => None,
+                    Some(c) if m.role == "assistant" => Some(tools::calls_for_template(&c, i)?),
+                    Some(_) => {
                         return Err(ApiError::bad(format!(
-                            "messages[{i}].{field} is not supported by this server"
-                        )));
+                            "messages[{i}].tool_calls: only assistant messages have tool calls"
+                        )))
                     }
-                }
+                };
                 Ok(ChatMessage {
                     role: m.role,
                     content: content_text(m.content)
                         .map_err(|e| ApiError::bad(format!("messages[{i}].content: {e}")))?,
+                    tool_calls,
+                    tool_call_id: text("tool_call_id", m.tool_call_id)?,
+                    name: text("name", m.name)?,
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         let template = self.chat.as_ref().map_err(|e| ApiError::bad(e.clone()))?;
+        let described = tools.map_or(0, |t| t.list.to_string().len());
         self.check_text(
             messages
                 .iter()
-                .map(|m| m.content.len() + m.role.len())
-                .sum(),
+                .map(|m| {
+                    m.content.len()
+                        + m.role.len()
+                        + m.tool_calls.as_ref().map_or(0, |c| c.to_string().len())
+                })
+                .sum::<usize>()
+                + described,
         )?;
         let tok = self.tokenizer()?;
-        template.encode(tok, &messages, true).map_err(|e| match e {
-            ChatError::Tokenize(e) => ApiError::bad(format!("tokenizing the prompt: {e}")),
-            e => ApiError::bad(format!("the chat template refused the messages: {e}")),
-        })
+        let list = tools.map(|t| &t.list);
+        template
+            .encode_tools(tok, &messages, list, true)
+            .map_err(|e| match e {
+                ChatError::Tokenize(e) => ApiError::bad(format!("tokenizing the prompt: {e}")),
+                e => ApiError::bad(format!("the chat template refused the messages: {e}")),
+            })
     }
 
     pub(crate) fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
@@ -747,17 +809,37 @@ impl App {
             chunk_logprobs.object(&pending)
         };
         (*emit.borrow_mut())(&rest, lps);
+        let found = job
+            .tools
+            .as_ref()
+            .and_then(|t| t.parse(&text, &format!("{:x}", fresh_seed() >> 16)));
+        let (text, tool_calls) = match found {
+            Some((before, calls)) => (before.unwrap_or_default(), Some(calls)),
+            None => (text, None),
+        };
         Ok(Finished {
             text,
             new_ids: out.new_ids,
             finish_reason: match out.stop {
+                _ if tool_calls.is_some() => "tool_calls",
                 StopReason::Length => "length",
                 _ => "stop",
             },
+            tool_calls,
             logprobs: job
                 .shaping
                 .logprobs
                 .map(|_| Logprobs::new(job.kind, tok).object(&all)),
         })
+    }
+}
+
+/// A `tools` or `tool_choice` value that asks for nothing (`[]`, `"none"`, `null`).
+fn is_neutral_tool(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::String(s) => s == "none",
+        _ => false,
     }
 }

@@ -26,6 +26,7 @@ pub mod options;
 pub mod serving;
 mod text;
 mod tokens;
+mod tools;
 mod wire;
 
 #[cfg(test)]

@@ -228,15 +228,20 @@ pub(crate) struct ApiRequest {
     pub(crate) response_format: Option<Value>,
     /// extension: a Lark grammar (`llguidance`'s dialect) the output follows
     pub(crate) grammar: Option<Value>,
+    /// chat: functions the model may call, described to it by its chat template
+    pub(crate) tools: Option<Value>,
+    /// chat: `"none"`, `"auto"`, `"required"` or one named function
+    pub(crate) tool_choice: Option<Value>,
+    /// accepted and ignored on purpose: a model may write several calls in one answer, a
+    /// forced call is always one
+    #[allow(dead_code)]
+    pub(crate) parallel_tool_calls: Option<Value>,
     // OpenAI fields known but not implemented: each is refused with a 400 naming it unless
     // it has its neutral value (absent, `null`, or the value that asks for nothing: `false`,
     // `0`, `{}`, `[]`, `"none"`, `{"type": "text"}`), see `refuse_unsupported`
     echo: Option<Value>,
     best_of: Option<Value>,
     suffix: Option<Value>,
-    tools: Option<Value>,
-    tool_choice: Option<Value>,
-    parallel_tool_calls: Option<Value>,
     functions: Option<Value>,
     function_call: Option<Value>,
 }
@@ -246,13 +251,10 @@ impl ApiRequest {
     /// something.
     pub(crate) fn refuse_unsupported(&self) -> Result<(), ApiError> {
         let u = self;
-        let fields: [(&str, &Option<Value>); 8] = [
+        let fields: [(&str, &Option<Value>); 5] = [
             ("echo", &u.echo),
             ("best_of", &u.best_of),
             ("suffix", &u.suffix),
-            ("tools", &u.tools),
-            ("tool_choice", &u.tool_choice),
-            ("parallel_tool_calls", &u.parallel_tool_calls),
             ("functions", &u.functions),
             ("function_call", &u.function_call),
         ];
@@ -442,6 +444,8 @@ pub(crate) struct Job {
     pub(crate) shaping: loip_engine::Shaping,
     /// speculative decoding (prompt lookup, or off)
     pub(crate) speculate: Speculate,
+    /// chat: the tools the model may call (its answer is parsed for calls)
+    pub(crate) tools: Option<std::sync::Arc<crate::tools::Tools>>,
     pub(crate) include_usage: bool,
     pub(crate) return_token_ids: bool,
 }
@@ -453,6 +457,8 @@ pub(crate) struct Finished {
     pub(crate) finish_reason: &'static str,
     /// the tokens' log-probabilities in the endpoint's shape, when asked for
     pub(crate) logprobs: Option<Value>,
+    /// the calls found in the answer (then `text` is what came before them)
+    pub(crate) tool_calls: Option<Value>,
 }
 
 /// The request body: a JSON object; a field of the wrong type is named.
@@ -620,6 +626,18 @@ pub(crate) fn usage(prompt: usize, completion: usize) -> Value {
            "total_tokens": prompt + completion})
 }
 
+/// A chat answer's message: its text, or the text before its tool calls (`null` when none)
+/// and the calls.
+fn message(f: &Finished) -> Value {
+    match &f.tool_calls {
+        None => json!({"role": "assistant", "content": f.text}),
+        Some(calls) => {
+            let content = (!f.text.is_empty()).then_some(f.text.as_str());
+            json!({"role": "assistant", "content": content, "tool_calls": calls})
+        }
+    }
+}
+
 /// A response's identity, and the OpenAI shapes built from it.
 pub(crate) struct Meta {
     pub(crate) kind: Kind,
@@ -671,6 +689,24 @@ impl Meta {
         self.envelope(true, json!([choice]))
     }
 
+    /// A chat stream's tool calls, all in one delta (each call whole, with its index).
+    pub(crate) fn calls_chunk(&self, index: usize, calls: &Value) -> Value {
+        let calls: Vec<Value> = calls
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut c = c.clone();
+                c["index"] = json!(i);
+                c
+            })
+            .collect();
+        let choice = json!({"index": index, "delta": {"tool_calls": calls},
+                            "logprobs": null, "finish_reason": null});
+        self.envelope(true, json!([choice]))
+    }
+
     /// A chat stream's first chunk: the assistant role.
     pub(crate) fn role_chunk(&self, index: usize) -> Value {
         let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""},
@@ -695,8 +731,7 @@ impl Meta {
                     Kind::Completion => json!({"index": index, "text": f.text,
                                                "logprobs": logprobs,
                                                "finish_reason": f.finish_reason}),
-                    Kind::Chat => json!({"index": index,
-                                         "message": {"role": "assistant", "content": f.text},
+                    Kind::Chat => json!({"index": index, "message": message(f),
                                          "logprobs": logprobs,
                                          "finish_reason": f.finish_reason}),
                 };
