@@ -9,20 +9,7 @@ use super::*;
 
 /// Qwen2.5's tool template, cut down to fit the fixture's 256-token context (one token a
 /// byte): the same tags and turns, tools by name only.
-const QWEN_LIKE: &str = r#"{%- if tools %}<|im_start|>system
-<tools>{% for tool in tools %}{{ tool.function.name }} {% endfor %}</tools><|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
-{%- for tool_call in message.tool_calls %}<tool_call>{{ tool_call.function.arguments | tojson }}</tool_call>
-{%- endfor %}<|im_end|>
-{% elif message.role == "tool" %}<tool_response>{{ message.content }}</tool_response>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"#;
+const QWEN_LIKE: &str = include_str!("qwen_like.jinja");
 
 fn tools() -> Value {
     json!([
