@@ -196,6 +196,12 @@ fn parse(text: &str) -> Option<(&str, Vec<(String, Value)>)> {
         let calls = v.as_array()?.iter().filter_map(named).collect();
         return Some(("", calls));
     }
+    // small models often fence the JSON as markdown (```json ... ```)
+    let t = t
+        .strip_prefix("```")
+        .map(|f| f.trim_start_matches(|c: char| c.is_ascii_alphanumeric()))
+        .and_then(|f| f.trim_end().strip_suffix("```"))
+        .unwrap_or(t);
     let c = call(t)?;
     Some(("", vec![c]))
 }
@@ -262,6 +268,7 @@ mod tests {
             "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
             "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
             "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
             "<tool_call>{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}",
         ] {
             let (content, calls) = t.parse(text, "x").unwrap_or_else(|| panic!("{text}"));
