@@ -70,6 +70,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/metrics", get(metrics_text))
+        .route("/slots", get(crate::slots::slots))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             http::require_key,
@@ -120,6 +121,8 @@ pub(crate) struct App {
     speculation: Speculation,
     /// `response_format` and `grammar`: compiled grammars over the tokenizer's vocabulary
     grammars: crate::grammar::Grammars,
+    /// `/slots`: what each generation place is doing
+    pub(crate) slots: crate::slots::Slots,
 }
 
 impl App {
@@ -162,6 +165,7 @@ impl App {
                 },
             },
             grammars: crate::grammar::Grammars::new(vocab),
+            slots: crate::slots::Slots::new(cfg.parallel, cfg.context),
             api_key: cfg.api_key.as_deref().map(http::key_digest),
             cors: cfg.cors.as_deref().and_then(|o| o.parse().ok()),
             body_timeout: cfg.limits.body_timeout,
@@ -756,7 +760,16 @@ impl App {
         // `emit("", null)` asks whether anybody listens: also while the request waits for
         // its first token, so that a client gone from the queue frees its place.
         let emit = std::cell::RefCell::new(emit);
+        let slot = self.slots.take(crate::slots::Task {
+            id: job.opts.sampling.seed,
+            prompt_tokens: job.prompt_ids.len(),
+            max_tokens: job.opts.max_tokens,
+            temperature: job.opts.sampling.temperature,
+            constrained: job.shaping.constraint.is_some(),
+            tools: job.tools.is_some(),
+        });
         let mut on_token = |id: u32, lp: Option<&TokenLogprob>| {
+            slot.decoded();
             let now = std::time::Instant::now();
             match last {
                 None => crate::metrics::first_token((now - t0).as_secs_f64()),

@@ -24,6 +24,7 @@ mod logprobs;
 mod metrics;
 pub mod options;
 pub mod serving;
+mod slots;
 mod text;
 mod tokens;
 mod tools;

@@ -177,3 +177,27 @@ async fn issue_34_tool_answers_are_taken_back_and_bad_tools_refused() {
         .unwrap_or_default()
         .contains("does not describe tools"));
 }
+
+/// Issue 34: `/slots` lists one place per `--parallel`, idle between requests.
+#[tokio::test]
+async fn issue_34_slots_list_the_places() {
+    let app = tiny_app();
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        br#"{"prompt": [1], "max_tokens": 2}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = call(&app, "GET", "/slots", vec![]).await;
+    assert_eq!(s, 200, "{v}");
+    let places = v.as_array().cloned().unwrap_or_default();
+    assert_eq!(places.len(), 2, "{v}");
+    assert!(
+        places
+            .iter()
+            .all(|p| p["is_processing"] == false && p["n_ctx"].as_u64() > Some(0)),
+        "{v}"
+    );
+}
