@@ -10,6 +10,7 @@ use crate::forward::{Model, TokenPos};
 use crate::kv::{KvCache, SeqId};
 use std::collections::BTreeMap;
 
+use crate::constraint::Running;
 use crate::sampling::{
     argmax, logprob_of, mask, Dist, Sampler, SamplingParams, Shaping, TokenLogprob,
 };
@@ -63,6 +64,8 @@ pub struct Decoding {
     prompt_ids: Vec<u32>,
     /// log-probabilities of kept tokens not yet taken ([`Decoding::take_logprobs`])
     logprobs: Vec<TokenLogprob>,
+    /// the grammar's state, with a constraint asked for
+    constraint: Option<Running>,
 }
 
 impl Decoding {
@@ -94,6 +97,7 @@ impl Decoding {
             counts: BTreeMap::new(),
             prompt_ids,
             logprobs: Vec::new(),
+            constraint: shaping.constraint.as_ref().map(Running::start),
         })
     }
 
@@ -134,7 +138,11 @@ impl Decoding {
             Next::Id(id) => *id,
             Next::Logits(logits) if self.shaping.is_off() => self.sampler.sample(logits),
             Next::Logits(logits) => {
-                let shaped = self.shaped_logits(logits);
+                let Some(shaped) = self.shaped_logits(logits) else {
+                    // the grammar allows nothing more: it is complete
+                    self.stop = Some(StopReason::Eos);
+                    return None;
+                };
                 let id = self.sampler.sample(&shaped);
                 logprob = self.shaping.logprobs.map(|n| logprob_of(logits, id, n));
                 id
@@ -161,7 +169,13 @@ impl Decoding {
         let p = if self.shaping.is_off() {
             self.sampler.distribution(logits)
         } else {
-            self.sampler.distribution(&self.shaped_logits(logits))
+            match self.shaped_logits(logits) {
+                Some(shaped) => self.sampler.distribution(&shaped),
+                None => {
+                    self.stop = Some(StopReason::Eos);
+                    return (None, false);
+                }
+            }
         };
         let (id, drafted) = if p.ids.is_empty() {
             (argmax(logits), false)
@@ -172,12 +186,17 @@ impl Decoding {
         (self.keep(id, logprob, on_token), drafted)
     }
 
-    /// A copy of `logits` with the request's penalties and bias applied.
-    fn shaped_logits(&self, logits: &[f32]) -> Vec<f32> {
+    /// A copy of `logits` with the request's penalties and bias applied and what its
+    /// grammar forbids masked; `None` when the grammar allows no token.
+    fn shaped_logits(&mut self, logits: &[f32]) -> Option<Vec<f32>> {
         let mut shaped = logits.to_vec();
         self.shaping
             .apply(&mut shaped, &self.counts, &self.prompt_ids);
-        shaped
+        let allowed = match &mut self.constraint {
+            Some(c) => c.mask(&mut shaped, &self.opts.eos_ids),
+            None => true,
+        };
+        allowed.then_some(shaped)
     }
 
     /// Keeps the chosen `id` (or stops on EOS); the rest of [`Decoding::accept`].
@@ -196,7 +215,10 @@ impl Decoding {
             *self.counts.entry(id).or_insert(0) += 1;
         }
         self.logprobs.extend(logprob);
-        if on_token(id) == Flow::Stop {
+        // a token the grammar refuses cannot be sampled (it was masked); were it fed anyway,
+        // the grammar could not go on
+        let allowed = self.constraint.as_mut().is_none_or(|c| c.advance(id));
+        if on_token(id) == Flow::Stop || !allowed {
             self.stop = Some(StopReason::Stop);
         } else if self.new_ids.len() >= self.opts.max_tokens {
             self.stop = Some(StopReason::Length);

@@ -17,6 +17,7 @@
 
 pub mod batch;
 pub mod batch_drive;
+pub mod constraint;
 mod error;
 pub mod forward;
 pub mod generate;
@@ -28,6 +29,7 @@ pub mod weights;
 
 pub use batch::{BatchBackend, BatchRunner, Feed, RowPick, SeqEvent};
 pub use batch_drive::{one_device_limits, ServeError, Serving};
+pub use constraint::{Constrained, Constraint, ConstraintState};
 pub use error::EngineError;
 pub use forward::{Batch, Model, TokenPos};
 pub use generate::{

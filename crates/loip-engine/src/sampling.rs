@@ -6,6 +6,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::constraint::Constrained;
 use crate::EngineError;
 
 /// How to pick the next token from logits.
@@ -245,6 +246,9 @@ pub struct Shaping {
     pub logit_bias: Vec<(u32, f32)>,
     /// report the chosen token's log-probability and this many most likely alternatives
     pub logprobs: Option<usize>,
+    /// a grammar the output must follow: it masks what may be sampled, never the
+    /// log-probabilities ([`crate::constraint`])
+    pub constraint: Option<Constrained>,
 }
 
 /// Most alternatives [`Shaping::logprobs`] may ask for.
@@ -506,6 +510,7 @@ mod shaping_tests {
             repetition_penalty: Some(2.0),
             logit_bias: vec![(3, -100.0)],
             logprobs: None,
+            constraint: None,
         };
         s.apply(&mut l, &counts, &[2]);
         // 2 - 1 - 0.25 = 0.75, then / 2; -1 - 0.5 - 0.25 = -1.75, then * 2; 0 * 2; 1 - 100

@@ -89,6 +89,16 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant turn's tool calls, `[{"id", "type": "function", "function": {"name",
+    /// "arguments": {..}}}]` (arguments as an object, as templates expect them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` turn's answer to this call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The participant's (or the tool's) name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -97,6 +107,9 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -123,6 +136,10 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// the template reads `tools`
+    tools: bool,
+    /// the template asks for `<tool_call>` tags
+    tool_call_tags: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -158,12 +175,16 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson_clamped);
         env.add_filter("indent", indent_clamped);
+        let tools = template_source.contains("tools");
+        let tool_call_tags = template_source.contains("<tool_call>");
         env.add_template_owned(TEMPLATE_NAME, template_source)
             .map_err(ChatError::Syntax)?;
         Ok(Self {
             env,
             bos_token,
             eos_token,
+            tools,
+            tool_call_tags,
         })
     }
 
@@ -235,17 +256,43 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the `tools` variable set (OpenAI's `tools` array, as
+    /// Hugging Face passes it): templates that support tools describe them to the model.
+    pub fn render_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
                 let mut map = BTreeMap::new();
                 map.insert("role".to_string(), Value::from(m.role.as_str()));
                 map.insert("content".to_string(), Value::from(m.content.as_str()));
+                if let Some(calls) = &m.tool_calls {
+                    map.insert(
+                        "tool_calls".into(),
+                        Value::from(minijinja::value::Serde(calls)),
+                    );
+                }
+                if let Some(id) = &m.tool_call_id {
+                    map.insert("tool_call_id".into(), Value::from(id.as_str()));
+                }
+                if let Some(name) = &m.name {
+                    map.insert("name".into(), Value::from(name.as_str()));
+                }
                 Value::from(map)
             })
             .collect();
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         ctx.insert("messages".into(), Value::from(messages));
+        if let Some(t) = tools {
+            ctx.insert("tools".into(), Value::from(minijinja::value::Serde(t)));
+        }
         ctx.insert(
             "add_generation_prompt".into(),
             Value::from(add_generation_prompt),
@@ -292,7 +339,18 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, ChatError> {
-        let text = self.render(messages, add_generation_prompt)?;
+        self.encode_tools(tok, messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::encode`] with the `tools` variable set ([`ChatTemplate::render_tools`]).
+    pub fn encode_tools(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, ChatError> {
+        let text = self.render_tools(messages, tools, add_generation_prompt)?;
         let mut spelled = None;
         for (i, m) in messages.iter().enumerate() {
             if tok.encode(&m.content, false)? != tok.encode_plain(&m.content)? {
@@ -315,9 +373,12 @@ impl ChatTemplate {
         let marked: Vec<ChatMessage> = messages
             .iter()
             .enumerate()
-            .map(|(i, m)| ChatMessage::new(m.role.clone(), format!("{prefix}{i}\u{E001}")))
+            .map(|(i, m)| ChatMessage {
+                content: format!("{prefix}{i}\u{E001}"),
+                ..m.clone()
+            })
             .collect();
-        let marked_text = self.render(&marked, add_generation_prompt)?;
+        let marked_text = self.render_tools(&marked, tools, add_generation_prompt)?;
         // (template text, content index) pieces in order; the contents must come back intact
         let mut pieces: Vec<(&str, Option<usize>)> = Vec::new();
         let mut rest = marked_text.as_str();
@@ -354,6 +415,17 @@ impl ChatTemplate {
             }
         }
         Ok(ids)
+    }
+
+    /// Whether the template reads a `tools` variable (renders tool descriptions).
+    pub fn supports_tools(&self) -> bool {
+        self.tools
+    }
+
+    /// Whether the template asks for tool calls as `<tool_call>{json}</tool_call>` (Qwen2.5,
+    /// Qwen3, Hermes) rather than a bare JSON object (Llama 3.x) or `[TOOL_CALLS]` (Mistral).
+    pub fn tool_call_tags(&self) -> bool {
+        self.tool_call_tags
     }
 
     /// The bos string given at construction.

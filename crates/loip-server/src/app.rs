@@ -41,6 +41,8 @@ use loip_engine::speculate::SpecOptions;
 use loip_engine::{Flow, StopReason, TokenLogprob};
 use loip_model::chat::{ChatError, ChatMessage, ChatTemplate};
 use loip_model::tokenizer::Tokenizer;
+
+use crate::tools::{self, Tools};
 use loip_model::ModelConfig;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -68,6 +70,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/metrics", get(metrics_text))
+        .route("/slots", get(crate::slots::slots))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             http::require_key,
@@ -117,11 +120,16 @@ pub(crate) struct App {
     /// how requests speculate: the source of those without a `speculate` field, and the
     /// draft length of all
     speculation: Speculation,
+    /// `response_format` and `grammar`: compiled grammars over the tokenizer's vocabulary
+    grammars: crate::grammar::Grammars,
+    /// `/slots`: what each generation place is doing
+    pub(crate) slots: crate::slots::Slots,
 }
 
 impl App {
     pub(crate) fn new(cfg: &ServerConfig, model: ServedModel, backend: Arc<Backend>) -> App {
         crate::metrics::init();
+        let vocab = model.config.vocab_size;
         let tokenizer = model
             .tokenizer
             .ok_or_else(|| "the model has no tokenizer".to_string());
@@ -157,6 +165,8 @@ impl App {
                     ..SpecOptions::default()
                 },
             },
+            grammars: crate::grammar::Grammars::new(vocab),
+            slots: crate::slots::Slots::new(cfg.parallel, cfg.context),
             api_key: cfg.api_key.as_deref().map(http::key_digest),
             cors: cfg.cors.as_deref().and_then(|o| o.parse().ok()),
             body_timeout: cfg.limits.body_timeout,
@@ -429,7 +439,8 @@ fn stream(app: Arc<App>, job: Job, meta: Arc<Meta>, permit: Arc<OwnedSemaphorePe
                 let _ = tx.send(meta.role_chunk(i).to_string());
             }
             let done = app.run(&job.choice(i), &mut |piece, logprobs| {
-                if piece.is_empty() && logprobs.is_null() {
+                // with tools, the answer is sent whole at its end: text or calls
+                if (piece.is_empty() && logprobs.is_null()) || job.tools.is_some() {
                     return !tx.is_closed();
                 }
                 tx.send(meta.chunk(i, piece, None, logprobs).to_string())
@@ -439,6 +450,12 @@ fn stream(app: Arc<App>, job: Job, meta: Arc<Meta>, permit: Arc<OwnedSemaphorePe
                 Ok(f) if tx.is_closed() => log_gone(&meta.id, &f),
                 Ok(f) => {
                     completion.fetch_add(f.new_ids.len(), Ordering::Relaxed);
+                    if job.tools.is_some() && !f.text.is_empty() {
+                        let _ = tx.send(meta.chunk(i, &f.text, None, Value::Null).to_string());
+                    }
+                    if let Some(calls) = &f.tool_calls {
+                        let _ = tx.send(meta.calls_chunk(i, calls).to_string());
+                    }
                     let last = meta.chunk(i, "", Some(f.finish_reason), Value::Null);
                     let _ = tx.send(last.to_string());
                 }
@@ -503,11 +520,49 @@ impl App {
             )));
         }
         let stops = stop_strings(r.stop.take())?;
-        let shaping = r.shaping(kind, self.config.vocab_size)?;
-        let speculate = r.speculation(self.speculation.source)?;
+        let mut shaping = r.shaping(kind, self.config.vocab_size)?;
+        let mut speculate = r.speculation(self.speculation.source)?;
+        let tools = match kind {
+            Kind::Chat => Tools::from_request(r.tools.as_ref(), r.tool_choice.as_ref())?,
+            Kind::Completion => {
+                let asks = |v: &Option<Value>| v.as_ref().is_some_and(|v| !is_neutral_tool(v));
+                if asks(&r.tools) || asks(&r.tool_choice) {
+                    return Err(ApiError::bad(
+                        "`tools` and `tool_choice` are chat fields (/v1/chat/completions)",
+                    ));
+                }
+                None
+            }
+        };
+        let mut ask = r.grammar_ask()?;
+        if let Some(t) = &tools {
+            let template = self.chat.as_ref().map_err(|e| ApiError::bad(e.clone()))?;
+            if !template.supports_tools() {
+                return Err(ApiError::bad(
+                    "`tools`: this model's chat template does not describe tools",
+                ));
+            }
+            if let Some(forced) = t.forced(template.tool_call_tags()) {
+                if ask.is_some() {
+                    return Err(ApiError::bad(
+                        "a forced `tool_choice` cannot be combined with `response_format` or \
+                         `grammar`",
+                    ));
+                }
+                ask = Some((forced, "tools"));
+            }
+        }
+        if let Some((ask, field)) = ask {
+            let tok = self.tokenizer.as_ref().map_err(|e| {
+                ApiError::bad(format!("`{field}` needs the model's tokenizer: {e}"))
+            })?;
+            shaping.constraint = Some(self.grammars.constraint(tok, &ask, field)?);
+            // a constrained step samples from the masked logits: no drafts to check
+            speculate = loip_engine::Speculate::Off;
+        }
         let prompt_ids = match kind {
             Kind::Completion => self.completion_ids(r.prompt)?,
-            Kind::Chat => self.chat_ids(r.messages)?,
+            Kind::Chat => self.chat_ids(r.messages, tools.as_ref())?,
         };
         let n = prompt_ids.len();
         if n > self.max_prompt {
@@ -558,6 +613,7 @@ impl App {
             seed,
             shaping,
             speculate,
+            tools: tools.map(Arc::new),
             opts,
             stops,
             stream: r.stream.unwrap_or(false),
@@ -586,7 +642,11 @@ impl App {
     }
 
     /// `messages` rendered with the chat template (with the generation prompt), tokenized.
-    fn chat_ids(&self, messages: Option<Vec<InMessage>>) -> Result<Vec<u32>, ApiError> {
+    fn chat_ids(
+        &self,
+        messages: Option<Vec<InMessage>>,
+        tools: Option<&Tools>,
+    ) -> Result<Vec<u32>, ApiError> {
         let messages = messages.ok_or_else(|| ApiError::bad("`messages` is required"))?;
         if messages.is_empty() {
             return Err(ApiError::bad("`messages` is empty"));
@@ -601,36 +661,54 @@ impl App {
                         ROLES.join(", ")
                     )));
                 }
-                for (field, v) in [
-                    ("name", &m.name),
-                    ("tool_calls", &m.tool_calls),
-                    ("tool_call_id", &m.tool_call_id),
-                ] {
-                    if v.as_ref().is_some_and(|v| !v.is_null()) {
+                let text = |field: &str, v: Option<Value>| match v {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(Value::String(s)) => Ok(Some(s)),
+                    Some(_) => Err(ApiError::bad(format!(
+                        "messages[{i}].{field} must be a string"
+                    ))),
+                };
+                let tool_calls = match m.tool_calls {
+                    None | Some(Value::Null) => None,
+                    Some(Value::Array(a)) if a.is_empty() => None,
+                    Some(c) if m.role == "assistant" => Some(tools::calls_for_template(&c, i)?),
+                    Some(_) => {
                         return Err(ApiError::bad(format!(
-                            "messages[{i}].{field} is not supported by this server"
-                        )));
+                            "messages[{i}].tool_calls: only assistant messages have tool calls"
+                        )))
                     }
-                }
+                };
                 Ok(ChatMessage {
                     role: m.role,
                     content: content_text(m.content)
                         .map_err(|e| ApiError::bad(format!("messages[{i}].content: {e}")))?,
+                    tool_calls,
+                    tool_call_id: text("tool_call_id", m.tool_call_id)?,
+                    name: text("name", m.name)?,
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         let template = self.chat.as_ref().map_err(|e| ApiError::bad(e.clone()))?;
+        let described = tools.map_or(0, |t| t.list.to_string().len());
         self.check_text(
             messages
                 .iter()
-                .map(|m| m.content.len() + m.role.len())
-                .sum(),
+                .map(|m| {
+                    m.content.len()
+                        + m.role.len()
+                        + m.tool_calls.as_ref().map_or(0, |c| c.to_string().len())
+                })
+                .sum::<usize>()
+                + described,
         )?;
         let tok = self.tokenizer()?;
-        template.encode(tok, &messages, true).map_err(|e| match e {
-            ChatError::Tokenize(e) => ApiError::bad(format!("tokenizing the prompt: {e}")),
-            e => ApiError::bad(format!("the chat template refused the messages: {e}")),
-        })
+        let list = tools.map(|t| &t.list);
+        template
+            .encode_tools(tok, &messages, list, true)
+            .map_err(|e| match e {
+                ChatError::Tokenize(e) => ApiError::bad(format!("tokenizing the prompt: {e}")),
+                e => ApiError::bad(format!("the chat template refused the messages: {e}")),
+            })
     }
 
     pub(crate) fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
@@ -683,7 +761,16 @@ impl App {
         // `emit("", null)` asks whether anybody listens: also while the request waits for
         // its first token, so that a client gone from the queue frees its place.
         let emit = std::cell::RefCell::new(emit);
+        let slot = self.slots.take(crate::slots::Task {
+            id: job.opts.sampling.seed,
+            prompt_tokens: job.prompt_ids.len(),
+            max_tokens: job.opts.max_tokens,
+            temperature: job.opts.sampling.temperature,
+            constrained: job.shaping.constraint.is_some(),
+            tools: job.tools.is_some(),
+        });
         let mut on_token = |id: u32, lp: Option<&TokenLogprob>| {
+            slot.decoded();
             let now = std::time::Instant::now();
             match last {
                 None => crate::metrics::first_token((now - t0).as_secs_f64()),
@@ -736,17 +823,37 @@ impl App {
             chunk_logprobs.object(&pending)
         };
         (*emit.borrow_mut())(&rest, lps);
+        let found = job
+            .tools
+            .as_ref()
+            .and_then(|t| t.parse(&text, &format!("{:x}", fresh_seed() >> 16)));
+        let (text, tool_calls) = match found {
+            Some((before, calls)) => (before.unwrap_or_default(), Some(calls)),
+            None => (text, None),
+        };
         Ok(Finished {
             text,
             new_ids: out.new_ids,
             finish_reason: match out.stop {
+                _ if tool_calls.is_some() => "tool_calls",
                 StopReason::Length => "length",
                 _ => "stop",
             },
+            tool_calls,
             logprobs: job
                 .shaping
                 .logprobs
                 .map(|_| Logprobs::new(job.kind, tok).object(&all)),
         })
+    }
+}
+
+/// A `tools` or `tool_choice` value that asks for nothing (`[]`, `"none"`, `null`).
+fn is_neutral_tool(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::String(s) => s == "none",
+        _ => false,
     }
 }

@@ -19,13 +19,16 @@
 mod app;
 mod dashboard;
 pub mod backend;
+mod grammar;
 pub mod http;
 mod logprobs;
 mod metrics;
 pub mod options;
 pub mod serving;
+mod slots;
 mod text;
 mod tokens;
+mod tools;
 mod wire;
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ use loip_runtime::coordinator::ClusterError;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::grammar::Ask;
+
 /// Largest request body accepted; larger ones get 413.  // bytes
 pub(crate) const MAX_BODY: usize = 1 << 20;
 /// Most stop strings in one request.
@@ -222,16 +224,24 @@ pub(crate) struct ApiRequest {
     /// accepted and ignored on purpose: it changes no output (OpenAI's end-user id)
     #[allow(dead_code)]
     pub(crate) user: Option<Value>,
+    /// `{"type": "text" | "json_object" | "json_schema", ...}`: the output follows it
+    pub(crate) response_format: Option<Value>,
+    /// extension: a Lark grammar (`llguidance`'s dialect) the output follows
+    pub(crate) grammar: Option<Value>,
+    /// chat: functions the model may call, described to it by its chat template
+    pub(crate) tools: Option<Value>,
+    /// chat: `"none"`, `"auto"`, `"required"` or one named function
+    pub(crate) tool_choice: Option<Value>,
+    /// accepted and ignored on purpose: a model may write several calls in one answer, a
+    /// forced call is always one
+    #[allow(dead_code)]
+    pub(crate) parallel_tool_calls: Option<Value>,
     // OpenAI fields known but not implemented: each is refused with a 400 naming it unless
     // it has its neutral value (absent, `null`, or the value that asks for nothing: `false`,
     // `0`, `{}`, `[]`, `"none"`, `{"type": "text"}`), see `refuse_unsupported`
     echo: Option<Value>,
     best_of: Option<Value>,
     suffix: Option<Value>,
-    response_format: Option<Value>,
-    tools: Option<Value>,
-    tool_choice: Option<Value>,
-    parallel_tool_calls: Option<Value>,
     functions: Option<Value>,
     function_call: Option<Value>,
 }
@@ -241,14 +251,10 @@ impl ApiRequest {
     /// something.
     pub(crate) fn refuse_unsupported(&self) -> Result<(), ApiError> {
         let u = self;
-        let fields: [(&str, &Option<Value>); 9] = [
+        let fields: [(&str, &Option<Value>); 5] = [
             ("echo", &u.echo),
             ("best_of", &u.best_of),
             ("suffix", &u.suffix),
-            ("response_format", &u.response_format),
-            ("tools", &u.tools),
-            ("tool_choice", &u.tool_choice),
-            ("parallel_tool_calls", &u.parallel_tool_calls),
             ("functions", &u.functions),
             ("function_call", &u.function_call),
         ];
@@ -364,6 +370,7 @@ impl ApiRequest {
                 .map(|p| p as f32),
             logit_bias,
             logprobs,
+            constraint: None,
         };
         shaping.validate(vocab).map_err(|e| match e {
             EngineError::Invalid(m) => ApiError::bad(m),
@@ -386,9 +393,6 @@ fn neutral(name: &str, v: &Value) -> bool {
             "suffix" => s.is_empty(),
             _ => false,
         },
-        Value::Object(o) => {
-            name == "response_format" && o.len() == 1 && o.get("type") == Some(&json!("text"))
-        }
         _ => false,
     }
 }
@@ -440,6 +444,8 @@ pub(crate) struct Job {
     pub(crate) shaping: loip_engine::Shaping,
     /// speculative decoding (prompt lookup, or off)
     pub(crate) speculate: Speculate,
+    /// chat: the tools the model may call (its answer is parsed for calls)
+    pub(crate) tools: Option<std::sync::Arc<crate::tools::Tools>>,
     pub(crate) include_usage: bool,
     pub(crate) return_token_ids: bool,
 }
@@ -451,6 +457,8 @@ pub(crate) struct Finished {
     pub(crate) finish_reason: &'static str,
     /// the tokens' log-probabilities in the endpoint's shape, when asked for
     pub(crate) logprobs: Option<Value>,
+    /// the calls found in the answer (then `text` is what came before them)
+    pub(crate) tool_calls: Option<Value>,
 }
 
 /// The request body: a JSON object; a field of the wrong type is named.
@@ -618,6 +626,18 @@ pub(crate) fn usage(prompt: usize, completion: usize) -> Value {
            "total_tokens": prompt + completion})
 }
 
+/// A chat answer's message: its text, or the text before its tool calls (`null` when none)
+/// and the calls.
+fn message(f: &Finished) -> Value {
+    match &f.tool_calls {
+        None => json!({"role": "assistant", "content": f.text}),
+        Some(calls) => {
+            let content = (!f.text.is_empty()).then_some(f.text.as_str());
+            json!({"role": "assistant", "content": content, "tool_calls": calls})
+        }
+    }
+}
+
 /// A response's identity, and the OpenAI shapes built from it.
 pub(crate) struct Meta {
     pub(crate) kind: Kind,
@@ -669,6 +689,24 @@ impl Meta {
         self.envelope(true, json!([choice]))
     }
 
+    /// A chat stream's tool calls, all in one delta (each call whole, with its index).
+    pub(crate) fn calls_chunk(&self, index: usize, calls: &Value) -> Value {
+        let calls: Vec<Value> = calls
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut c = c.clone();
+                c["index"] = json!(i);
+                c
+            })
+            .collect();
+        let choice = json!({"index": index, "delta": {"tool_calls": calls},
+                            "logprobs": null, "finish_reason": null});
+        self.envelope(true, json!([choice]))
+    }
+
     /// A chat stream's first chunk: the assistant role.
     pub(crate) fn role_chunk(&self, index: usize) -> Value {
         let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""},
@@ -693,8 +731,7 @@ impl Meta {
                     Kind::Completion => json!({"index": index, "text": f.text,
                                                "logprobs": logprobs,
                                                "finish_reason": f.finish_reason}),
-                    Kind::Chat => json!({"index": index,
-                                         "message": {"role": "assistant", "content": f.text},
+                    Kind::Chat => json!({"index": index, "message": message(f),
                                          "logprobs": logprobs,
                                          "finish_reason": f.finish_reason}),
                 };
@@ -736,5 +773,74 @@ mod tests {
             Ok("ab".into())
         );
         assert!(content_text(Some(json!([{"type": "image_url"}]))).is_err());
+    }
+}
+
+impl ApiRequest {
+    /// The grammar the output must follow, and the field that asked for it: `grammar` (a
+    /// Lark grammar), or `response_format` `json_object` (any JSON object) or `json_schema`
+    /// (`{"json_schema": {"name": .., "schema": {..}, "strict": ..}}`); `text` asks for none.
+    pub(crate) fn grammar_ask(&self) -> Result<Option<(Ask, &'static str)>, ApiError> {
+        let format = match &self.response_format {
+            None | Some(Value::Null) => None,
+            Some(v) => response_format(v)?,
+        };
+        let grammar = match &self.grammar {
+            None | Some(Value::Null) => None,
+            Some(Value::String(g)) if g.trim().is_empty() => None,
+            Some(Value::String(g)) => Some(Ask::Lark(g.clone())),
+            Some(_) => return Err(ApiError::bad("`grammar` must be a string (a Lark grammar)")),
+        };
+        match (format, grammar) {
+            (Some(_), Some(_)) => Err(ApiError::bad(
+                "send either `response_format` or `grammar`, not both",
+            )),
+            (Some(f), None) => Ok(Some((f, "response_format"))),
+            (None, Some(g)) => Ok(Some((g, "grammar"))),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// `response_format`'s grammar: none for `text`.
+fn response_format(v: &Value) -> Result<Option<Ask>, ApiError> {
+    let bad = |m: &str| Err(ApiError::bad(format!("`response_format`: {m}")));
+    let Some(o) = v.as_object() else {
+        return bad("must be an object with a `type`");
+    };
+    let kind = o.get("type").and_then(Value::as_str);
+    let allowed: &[&str] = match kind {
+        Some("text") => &["type"],
+        Some("json_object") => &["type", "schema"],
+        Some("json_schema") => &["type", "json_schema"],
+        _ => return bad("`type` must be \"text\", \"json_object\" or \"json_schema\""),
+    };
+    if let Some(k) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
+        let k = k.chars().take(32).collect::<String>();
+        return bad(&format!("unknown field `{k}` for this type"));
+    }
+    match kind {
+        Some("json_object") => Ok(Some(Ask::Json(match o.get("schema") {
+            // llama-server's form: a schema beside the type
+            Some(s @ Value::Object(_)) => s.clone(),
+            None | Some(Value::Null) => json!({"type": "object"}),
+            Some(_) => return bad("`schema` must be an object"),
+        }))),
+        Some("json_schema") => {
+            let Some(js) = o.get("json_schema").and_then(Value::as_object) else {
+                return bad("`json_schema` must be an object with a `schema`");
+            };
+            const KNOWN: [&str; 4] = ["name", "schema", "strict", "description"];
+            if let Some(k) = js.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+                let k = k.chars().take(32).collect::<String>();
+                return bad(&format!("unknown field `json_schema.{k}`"));
+            }
+            match js.get("schema") {
+                Some(s @ (Value::Object(_) | Value::Bool(true))) => Ok(Some(Ask::Json(s.clone()))),
+                None | Some(Value::Null) => Ok(Some(Ask::Json(json!({})))),
+                Some(_) => bad("`json_schema.schema` must be a JSON Schema object"),
+            }
+        }
+        _ => Ok(None),
     }
 }

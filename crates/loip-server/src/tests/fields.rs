@@ -45,7 +45,7 @@ async fn issue_34_no_field_is_silently_ignored() {
         ),
         (r#"{"prompt": [1], "stream_options": {"x": 1}}"#, "`x`"),
         (
-            r#"{"messages": [{"role": "tool", "content": "1", "tool_call_id": "a"}]}"#,
+            r#"{"messages": [{"role": "tool", "content": "1", "tool_call_id": 5}]}"#,
             "tool_call_id",
         ),
         (
@@ -211,7 +211,7 @@ fn tiny_logits(prompt: &[u32]) -> Vec<f32> {
 }
 
 /// The `data:` payloads of a server-sent event stream.
-async fn events(app: &Arc<App>, path: &str, body: Value) -> Vec<Value> {
+pub(super) async fn events(app: &Arc<App>, path: &str, body: Value) -> Vec<Value> {
     let req = Request::builder()
         .method("POST")
         .uri(path)

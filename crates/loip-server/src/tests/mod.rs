@@ -5,6 +5,8 @@
 mod fields;
 mod security;
 mod speculate;
+mod structured;
+mod tool_calls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,13 +32,21 @@ pub(super) fn keyed_app(key: Option<&str>) -> Arc<App> {
 
 /// The tiny fixture with `parallel` generations at once and `max_queue` waiting.
 pub(super) fn app_with(key: Option<&str>, parallel: usize, max_queue: usize) -> Arc<App> {
-    build_app(key, parallel, max_queue, false)
+    build_app(key, parallel, max_queue, false, "")
 }
 
 /// The tiny fixture with a byte-level tokenizer of its 256 ids (one token per byte) and
 /// SmolLM2's chat template (its control tokens spelled as bytes); `--max-prompt 200`.
 pub(super) fn tokenized_app() -> Arc<App> {
-    build_app(None, 2, 64, true)
+    build_app(None, 2, 64, true, SMOLLM2_TEMPLATE)
+}
+
+const SMOLLM2_TEMPLATE: &str =
+    include_str!("../../../../tests/fixtures/smollm2/chat_template.jinja");
+
+/// [`tokenized_app`] with another chat template.
+pub(super) fn templated_app(template: &str) -> Arc<App> {
+    build_app(None, 2, 64, true, template)
 }
 
 fn byte_tokenizer() -> loip_model::tokenizer::Tokenizer {
@@ -58,7 +68,13 @@ fn byte_tokenizer() -> loip_model::tokenizer::Tokenizer {
     loip_model::tokenizer::Tokenizer::from_gguf_vocab(vocab).unwrap()
 }
 
-fn build_app(key: Option<&str>, parallel: usize, max_queue: usize, text: bool) -> Arc<App> {
+fn build_app(
+    key: Option<&str>,
+    parallel: usize,
+    max_queue: usize,
+    text: bool,
+    template: &str,
+) -> Arc<App> {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/fixtures/tiny-llama"
@@ -86,10 +102,8 @@ fn build_app(key: Option<&str>, parallel: usize, max_queue: usize, text: bool) -
     let model = ServedModel {
         config: ckpt.config.clone(),
         tokenizer: text.then(byte_tokenizer),
-        chat: text.then(|| {
-            let src = include_str!("../../../../tests/fixtures/smollm2/chat_template.jinja");
-            loip_model::chat::ChatTemplate::new(src.into(), None, None).unwrap()
-        }),
+        chat: text
+            .then(|| loip_model::chat::ChatTemplate::new(template.into(), None, None).unwrap()),
     };
     let backend = Backend::local(ckpt, parallel).unwrap();
     Arc::new(App::new(&cfg, model, Arc::new(backend)))
