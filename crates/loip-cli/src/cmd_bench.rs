@@ -8,7 +8,10 @@
 //!   and conventional loaders (interleaved rounds, medians), and load + compute of that block.
 //! - `offload`: decode ms/token of one device with half its layers offloaded, with and
 //!   without overlap and with the conventional loader, next to the ideal max(compute, load).
-//! - `speculate`: decode with and without speculative decoding (`cmd_bench_spec`).
+//! - `speculate`: decode with and without speculative decoding (`cmd_bench/spec.rs`).
+
+mod serve;
+mod spec;
 
 use std::time::Instant;
 
@@ -67,9 +70,9 @@ enum BenchWhat {
         tokens: usize,
     },
     /// Load an OpenAI-compatible server: throughput, TTFT and inter-token percentiles.
-    Serve(crate::cmd_bench_serve::ServeBenchArgs),
+    Serve(serve::ServeBenchArgs),
     /// Decode with and without speculative decoding (prompt lookup): ms/token, acceptance.
-    Speculate(crate::cmd_bench_spec::SpecBenchArgs),
+    Speculate(spec::SpecBenchArgs),
 }
 
 /// `loip bench`.
@@ -88,8 +91,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         BenchWhat::Loader { model, repeats } => loader(&model, repeats)?,
         BenchWhat::Offload { model, tokens } => offload(&model, tokens)?,
-        BenchWhat::Serve(s) => crate::cmd_bench_serve::run(s)?,
-        BenchWhat::Speculate(s) => crate::cmd_bench_spec::run(s)?,
+        BenchWhat::Serve(s) => serve::run(s)?,
+        BenchWhat::Speculate(s) => spec::run(s)?,
     };
     if let Some(path) = a.out {
         std::fs::write(&path, serde_json::to_string_pretty(&result)?)

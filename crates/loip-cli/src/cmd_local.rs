@@ -18,6 +18,7 @@
 //! (`/tmp/loip-local-PID`) before exiting with status 130.
 
 mod bench;
+mod plot;
 
 use std::path::{Path, PathBuf};
 
@@ -332,7 +333,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
             bail!("--plot: this run has no adaptation report");
         };
         let title = format!("loip local {} ({} new tokens)", a.model, out.new_ids.len());
-        crate::cmd_local_plot::write(path, ad, &title)?;
+        plot::write(path, ad, &title)?;
     }
     extra.insert("ms_per_token".into(), measured.into());
     extra.insert(

@@ -8,8 +8,8 @@
 
 use anyhow::{bail, Context, Result};
 use loip_plan::planners::{plan_all, PlanRequest};
-use loip_plan::{render, Cluster, LoaderKind, Pattern};
-use std::path::{Path, PathBuf};
+use loip_plan::{render, LoaderKind, Pattern};
+use std::path::PathBuf;
 
 /// Arguments of `loip plan`.
 #[derive(clap::Args, Debug)]
@@ -64,22 +64,12 @@ pub struct PlanArgs {
     pub out: Option<PathBuf>,
 }
 
-/// Reads and validates a cluster file; profile paths in it are relative to the file.
-pub(crate) fn read_cluster(path: &Path) -> Result<Cluster> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading cluster file {}", path.display()))?;
-    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut load = |p: &str| std::fs::read_to_string(base.join(p)).map_err(|e| e.to_string());
-    Cluster::from_toml_str(&text, &mut load)
-        .with_context(|| format!("in cluster file {}", path.display()))
-}
-
 /// Runs `loip plan`.
 pub fn run(args: PlanArgs) -> Result<()> {
     if args.model.is_none() && args.shape.is_none() {
         bail!("give --model PATH|NAME or --shape NAME");
     }
-    let mut cluster = read_cluster(&args.cluster)?;
+    let mut cluster = loip::backend::read_cluster(&args.cluster)?;
     if let Some(bw) = &args.bandwidth {
         cluster.link.bandwidth =
             loip_plan::parse_bandwidth(bw).with_context(|| format!("--bandwidth {bw}"))?;

@@ -104,6 +104,16 @@ impl Placement {
     }
 }
 
+/// Reads and validates a cluster file; profile paths in it are relative to the file.
+pub fn read_cluster(path: &Path) -> Result<Cluster> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading cluster file {}", path.display()))?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut load = |p: &str| std::fs::read_to_string(base.join(p)).map_err(|e| e.to_string());
+    Cluster::from_toml_str(&text, &mut load)
+        .with_context(|| format!("in cluster file {}", path.display()))
+}
+
 /// A cluster file's workers: devices with a profile keep it, the others are measured.
 pub fn read_workers(path: &Path) -> Result<(Vec<WorkerSpec>, Cluster)> {
     let text = std::fs::read_to_string(path)

@@ -26,9 +26,9 @@ use serde_json::json;
 const PROMPTS: [(&str, &str); 2] = [
     (
         "code edit",
-        include_str!("../../../bench/prompts/code_edit.txt"),
+        include_str!("../../../../bench/prompts/code_edit.txt"),
     ),
-    ("story", include_str!("../../../bench/prompts/story.txt")),
+    ("story", include_str!("../../../../bench/prompts/story.txt")),
 ];
 
 /// Arguments of `loip bench speculate`.
