@@ -3,12 +3,13 @@
 //! is [`loip::backend::open`]'s. Also what the commands print of a setup.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
 use loip::backend::{ClusterOptions, OffloadOptions, Placement};
-use loip_plan::Pattern;
-use loip_runtime::cluster_run::{Breakdown, Session};
+use loip_plan::{units, Pattern, Plan};
+use loip_runtime::cluster_run::{Breakdown, DeviceReport, Session};
 use loip_runtime::{LoaderKind, MemoryReport};
 
 pub use loip::backend::{cluster_report, engine_share, peak_rss, Opened, Source};
@@ -54,13 +55,60 @@ pub struct ClusterArgs {
     pub plan_out: Option<PathBuf>,
     /// At start, try a worker that refuses or does not answer again for this long (backoff
     /// from 0.25 s to 4 s, each try logged), then leave it out or fail naming its address.
-    #[arg(long, default_value = "30s", value_parser = crate::cluster_ux::parse_retry)]
+    #[arg(long, default_value = "30s", value_parser = parse_retry)]
     pub connect_retry: std::time::Duration,
+}
+
+/// `--connect-retry`: a duration such as `30s`, `500ms` or `0` (seconds).
+pub fn parse_retry(s: &str) -> Result<Duration, String> {
+    let secs = loip_plan::parse_duration(s).map_err(|e| e.to_string())?;
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s}: {e}"))
+}
+
+/// Prints what setup found per device (budget, link, probe, slices) and the plan table
+/// (stderr).
+pub fn print_plan(reports: &[DeviceReport], plan: &Plan) {
+    for r in reports {
+        let link = r
+            .link
+            .map(|l| {
+                format!(
+                    "latency {:.3} ms, up {}, down {}",
+                    l.latency_s * 1e3,
+                    units::format_bandwidth(l.up_bps),
+                    units::format_bandwidth(l.down_bps)
+                )
+            })
+            .unwrap_or_default();
+        let probe = r
+            .probe
+            .as_ref()
+            .map(|p| {
+                format!(
+                    "; t^A(1,{}) {:.3} ms, t^P {:.3} ms, load {}",
+                    p.attn.first().map_or(0, |a| a.0),
+                    p.attn.first().map_or(0.0, |a| a.1) * 1e3,
+                    p.mlp_s * 1e3,
+                    units::format_bandwidth(p.direct.bandwidth)
+                )
+            })
+            .unwrap_or_default();
+        eprintln!(
+            "device {} ({}): budget {}, {link}{probe}; slices sent {} ({}), reused {}",
+            r.endpoint.name,
+            r.endpoint.addr,
+            units::format_bytes(r.mem_budget),
+            r.shipped.sent.len(),
+            units::format_bytes(r.shipped.sent_bytes),
+            r.shipped.reused
+        );
+    }
+    eprint!("{}", loip_plan::render::plan_table(plan));
 }
 
 /// Prints what setup found and decided (stderr).
 pub fn print_setup(s: &Session) {
-    crate::cluster_ux::print_plan(&s.reports, &s.plan);
+    print_plan(&s.reports, &s.plan);
     eprintln!("setup took {:.2} s", s.setup_s);
 }
 

@@ -27,7 +27,7 @@ use crate::sampling::{argmax, mask};
 use crate::sampling::{Shaping, TokenLogprob};
 use crate::speculate::adapt::StepCost;
 use crate::speculate::batched::SeqSpec;
-use crate::speculate::{SpecOptions, SpecStats, Speculate};
+use crate::speculate::options::{SpecOptions, SpecStats, Speculate};
 use crate::EngineError;
 
 /// A row of a step whose logits pick the next token of its sequence.

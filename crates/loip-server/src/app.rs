@@ -52,6 +52,7 @@ use crate::http;
 use crate::logprobs::Logprobs;
 use crate::options::{generate_options, Sampling};
 use crate::serving::Speculation;
+pub(crate) use crate::state::App;
 use crate::text::TextStream;
 use crate::wire::{
     content_text, fresh_seed, parse_request, request_id, stop_strings, token_ids, usage, ApiError,
@@ -70,7 +71,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/metrics", get(metrics_text))
-        .route("/slots", get(crate::slots::slots))
+        .route("/slots", get(slots))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             http::require_key,
@@ -88,100 +89,6 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         ))
         .layer(axum::middleware::from_fn(http::log_request))
         .with_state(app)
-}
-
-/// The server's state: the model, its tokenizer and template, limits, and the queue.
-pub(crate) struct App {
-    pub(crate) name: String,
-    /// other ids a request's `model` may name
-    aliases: Vec<String>,
-    created: u64, // unix seconds
-    config: ModelConfig,
-    tokenizer: Result<Tokenizer, String>,
-    chat: Result<ChatTemplate, String>,
-    pub(crate) backend: Arc<Backend>,
-    permits: Arc<Semaphore>,
-    pub(crate) parallel: usize,
-    /// requests past parsing that have no generation place yet
-    waiting: AtomicUsize,
-    /// most requests `waiting` at once; one more is 429
-    max_queue: usize,
-    max_prompt: usize,       // tokens
-    max_tokens_limit: usize, // tokens
-    context: usize,          // tokens: one request's prompt + max_tokens
-    /// SHA-256 of the API key `/v1/*` requires, if any
-    pub(crate) api_key: Option<[u8; 32]>,
-    /// the origin `--cors` allows, if any
-    pub(crate) cors: Option<axum::http::HeaderValue>,
-    pub(crate) body_timeout: Duration,
-    /// most text one prompt may have before tokenizing: `--max-prompt` tokens of the longest
-    /// spelling in the vocabulary, doubled (a normalizer may shorten text)  // bytes
-    max_prompt_bytes: usize,
-    /// how requests speculate: the source of those without a `speculate` field, and the
-    /// draft length of all
-    speculation: Speculation,
-    /// `response_format` and `grammar`: compiled grammars over the tokenizer's vocabulary
-    grammars: crate::grammar::Grammars,
-    /// `/slots`: what each generation place is doing
-    pub(crate) slots: crate::slots::Slots,
-}
-
-impl App {
-    pub(crate) fn new(cfg: &ServerConfig, model: ServedModel, backend: Arc<Backend>) -> App {
-        crate::metrics::init();
-        let vocab = model.config.vocab_size;
-        let tokenizer = model
-            .tokenizer
-            .ok_or_else(|| "the model has no tokenizer".to_string());
-        let chat = model
-            .chat
-            .ok_or_else(|| "the model has no chat template".to_string());
-        let longest = tokenizer.as_ref().map_or(1, |t| {
-            (0..u32::try_from(t.vocab_size()).unwrap_or(u32::MAX))
-                .filter_map(|id| t.id_to_token(id))
-                .map(|s| s.len())
-                .max()
-                .unwrap_or(1)
-        });
-        App {
-            name: cfg.name.clone(),
-            aliases: cfg.aliases.clone(),
-            created: unix_now(),
-            config: model.config,
-            tokenizer,
-            chat,
-            backend,
-            permits: Arc::new(Semaphore::new(cfg.parallel)),
-            parallel: cfg.parallel,
-            waiting: AtomicUsize::new(0),
-            max_queue: cfg.max_queue,
-            max_prompt: cfg.max_prompt,
-            max_tokens_limit: cfg.max_tokens_limit,
-            context: cfg.context,
-            speculation: Speculation {
-                source: cfg.speculate,
-                opts: SpecOptions {
-                    k_max: cfg.speculate_k,
-                    ..SpecOptions::default()
-                },
-            },
-            grammars: crate::grammar::Grammars::new(vocab),
-            slots: crate::slots::Slots::new(cfg.parallel, cfg.context),
-            api_key: cfg.api_key.as_deref().map(http::key_digest),
-            cors: cfg.cors.as_deref().and_then(|o| o.parse().ok()),
-            body_timeout: cfg.limits.body_timeout,
-            max_prompt_bytes: cfg
-                .max_prompt
-                .saturating_mul(longest.max(1))
-                .saturating_mul(2),
-        }
-    }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
@@ -278,28 +185,13 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Response {
         .into_response()
 }
 
-async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [app.model_entry(&app.name)]}))
+/// `GET /slots`: what each generation place is doing ([`crate::slots`]).
+async fn slots(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(app.slots.json())
 }
 
-impl App {
-    /// Whether `id` names the served model (its name or an alias).
-    pub(crate) fn serves(&self, id: &str) -> bool {
-        id == self.name || self.aliases.iter().any(|a| a == id)
-    }
-
-    /// The served model as `/v1/models` lists it, under `id`.
-    pub(crate) fn model_entry(&self, id: &str) -> Value {
-        json!({"id": id, "object": "model", "created": self.created, "owned_by": "loip",
-               "context_length": self.context, "max_prompt_tokens": self.max_prompt,
-               "max_completion_tokens": self.max_tokens_limit,
-               "placement": self.backend.describe()})
-    }
-
-    /// The model's vocabulary.
-    pub(crate) fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
+async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [app.model_entry(&app.name)]}))
 }
 
 async fn completions(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
@@ -709,23 +601,6 @@ impl App {
                 ChatError::Tokenize(e) => ApiError::bad(format!("tokenizing the prompt: {e}")),
                 e => ApiError::bad(format!("the chat template refused the messages: {e}")),
             })
-    }
-
-    pub(crate) fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
-        self.tokenizer
-            .as_ref()
-            .map_err(|e| ApiError::bad(format!("{e}; send the prompt as token ids")))
-    }
-
-    /// Refuses text too long for `--max-prompt` tokens without tokenizing it.
-    pub(crate) fn check_text(&self, bytes: usize) -> Result<(), ApiError> {
-        if bytes > self.max_prompt_bytes {
-            return Err(ApiError::bad(format!(
-                "the prompt has {bytes} bytes of text, more than {} tokens (--max-prompt) can hold",
-                self.max_prompt
-            )));
-        }
-        Ok(())
     }
 
     fn too_long(&self, n: usize) -> ApiError {

@@ -96,11 +96,7 @@ pub enum Health {
     Devices(Vec<DeviceHealth>),
 }
 
-/// The session (or device), also after a thread panicked while holding it (its state stays
-/// usable: every change to it is one call).
-pub fn lock<T>(s: &Mutex<T>) -> MutexGuard<'_, T> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub use crate::serving::lock;
 
 impl Backend {
     /// A batched in-memory backend over `ckpt` for up to `parallel` sequences at once,

@@ -17,8 +17,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
-use crate::app::App;
 use crate::backend::Backend;
+use crate::state::App;
 
 const PAGE: &str = include_str!("../assets/dashboard.html");
 const SCRIPT: &str = include_str!("../assets/dashboard.js");

@@ -23,7 +23,7 @@ use loip_engine::{Constrained, Constraint, ConstraintState};
 use loip_model::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-use crate::wire::ApiError;
+use crate::error::ApiError;
 
 /// Compiled grammars kept for reuse.
 const CACHE: usize = 32;

@@ -35,7 +35,7 @@ use hyper_util::service::TowerToHyperService;
 use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::app::App;
+use crate::state::App;
 use crate::wire::{ApiError, MAX_BODY};
 
 /// Connection limits of the server.
@@ -276,10 +276,7 @@ pub(crate) async fn cors(State(app): State<Arc<App>>, req: Request, next: Next) 
     resp
 }
 
-/// What the server keeps of an API key: its SHA-256 digest.
-pub fn key_digest(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
-}
+pub use crate::state::key_digest;
 
 /// Whether `given` is the key of `digest`, in time independent of where they differ.
 fn key_matches(digest: &[u8; 32], given: &str) -> bool {

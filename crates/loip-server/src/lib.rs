@@ -17,8 +17,9 @@
 #![deny(missing_docs)]
 
 mod app;
-mod dashboard;
 pub mod backend;
+mod dashboard;
+mod error;
 mod grammar;
 pub mod http;
 mod logprobs;
@@ -26,6 +27,8 @@ mod metrics;
 pub mod options;
 pub mod serving;
 mod slots;
+mod state;
+mod stats;
 mod text;
 mod tokens;
 mod tools;

@@ -126,7 +126,7 @@ pub(crate) fn inter_token(s: f64) {
 }
 
 /// The serving loop after a step.
-pub(crate) fn step(st: &crate::serving::LoopStats, step_s: Option<f64>) {
+pub(crate) fn step(st: &crate::stats::LoopStats, step_s: Option<f64>) {
     metrics::gauge!("loip_queue_depth").set(st.queued as f64);
     metrics::gauge!("loip_running_sequences").set(st.running as f64);
     metrics::gauge!("loip_batch_size").set(st.last_batch as f64);
@@ -135,7 +135,7 @@ pub(crate) fn step(st: &crate::serving::LoopStats, step_s: Option<f64>) {
     if st.kv_budget != u64::MAX {
         metrics::gauge!("loip_kv_budget_bytes").set(st.kv_budget as f64);
     }
-    if st.device != crate::serving::DeviceTotals::default() {
+    if st.device != crate::stats::DeviceTotals::default() {
         device("this", &st.device);
     }
     for (source, s) in &st.spec {
@@ -156,7 +156,7 @@ pub(crate) fn step(st: &crate::serving::LoopStats, step_s: Option<f64>) {
 }
 
 /// A device's totals since the start.
-pub(crate) fn device(name: &str, d: &crate::serving::DeviceTotals) {
+pub(crate) fn device(name: &str, d: &crate::stats::DeviceTotals) {
     let n = name.to_string();
     metrics::gauge!("loip_device_compute_seconds", "device" => n.clone()).set(d.compute_s);
     metrics::gauge!("loip_device_load_stall_seconds", "device" => n.clone()).set(d.load_stall_s);
@@ -167,7 +167,7 @@ pub(crate) fn device(name: &str, d: &crate::serving::DeviceTotals) {
 pub(crate) fn cluster_devices(devices: &[loip_runtime::cluster_run::DeviceStats]) {
     for d in devices {
         let t = &d.steps;
-        let totals = crate::serving::DeviceTotals {
+        let totals = crate::stats::DeviceTotals {
             compute_s: t.compute_s,
             load_stall_s: t.stall_s,
             loaded_bytes: t.loaded_bytes,

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,14 @@ use loip_engine::{
     Serving, Shaping, StopReason, TokenLogprob,
 };
 use loip_plan::sched::{Limits, RejectReason};
+
+pub use crate::stats::{DeviceTotals, LoopStats};
+
+/// The session (or device), also after a thread panicked while holding it (its state stays
+/// usable: every change to it is one call).
+pub fn lock<T>(s: &Mutex<T>) -> MutexGuard<'_, T> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// How often a request waiting for its next token asks whether its client is still there.
 pub const WATCH: Duration = Duration::from_millis(50);
@@ -93,42 +101,6 @@ enum Cmd {
         reply: Sender<Reply>,
     },
     Cancel(SeqId),
-}
-
-/// What `/health` and `/metrics` read of the loop, updated after each step.
-#[derive(Debug, Clone, Default)]
-pub struct LoopStats {
-    /// requests waiting for admission
-    pub queued: usize,
-    /// admitted sequences
-    pub running: usize,
-    /// KV bytes written by the running sequences  // bytes
-    pub kv_used: u64,
-    /// KV bytes promised to the running sequences (their worst case)  // bytes
-    pub kv_reserved: u64,
-    /// sequences in the last step
-    pub last_batch: usize,
-    /// steps run
-    pub steps: u64,
-    /// seconds spent in steps, all together  // s
-    pub step_s: f64,
-    /// the KV budget of the device  // bytes (u64::MAX: unlimited)
-    pub kv_budget: u64,
-    /// what the device did in all steps so far (a device run from slice files)
-    pub device: DeviceTotals,
-    /// what speculation drafted and kept so far, per source
-    pub spec: Vec<(Speculate, SpecStats)>,
-}
-
-/// Time and bytes of a device over the steps run so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct DeviceTotals {
-    /// computing blocks  // s
-    pub compute_s: f64,
-    /// waiting for offloaded blocks to load (not hidden behind compute)  // s
-    pub load_stall_s: f64,
-    /// read from slice files  // bytes
-    pub loaded_bytes: u64,
 }
 
 impl DeviceTotals {
@@ -202,7 +174,7 @@ impl Batcher {
     /// once nothing is running), so that what the backend holds is dropped.
     pub fn finish(self) {
         let last = Arc::strong_count(&self.thread) == 1;
-        let thread = crate::backend::lock(&self.thread).take();
+        let thread = lock(&self.thread).take();
         drop(self);
         if let (true, Some(t)) = (last, thread) {
             let _ = t.join();
@@ -211,7 +183,7 @@ impl Batcher {
 
     /// The loop's numbers after its last step.
     pub fn stats(&self) -> LoopStats {
-        crate::backend::lock(&self.stats).clone()
+        lock(&self.stats).clone()
     }
 
     /// Runs `prompt` to its end with `opts` as one sequence of the batch (blocking), calling
@@ -502,7 +474,7 @@ fn run_loop<B: BatchBackend>(
             .collect();
         let unavailable = {
             let mut side = side.borrow_mut();
-            let mut s = crate::backend::lock(stats);
+            let mut s = lock(stats);
             let st = serving.stats();
             s.queued = st.queued;
             s.running = st.running;

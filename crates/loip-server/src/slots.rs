@@ -3,13 +3,9 @@
 //! Never the prompt's text: only counts and sampling settings.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use axum::extract::State;
-use axum::Json;
 use serde_json::{json, Value};
-
-use crate::app::App;
 
 /// What a busy place runs.
 #[derive(Debug, Clone)]
@@ -86,7 +82,7 @@ impl Slots {
         Held { place: None }
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         let places: Vec<Value> = self
             .places
             .iter()
@@ -111,9 +107,4 @@ impl Slots {
             .collect();
         Value::Array(places)
     }
-}
-
-/// `GET /slots`.
-pub(crate) async fn slots(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(app.slots.json())
 }

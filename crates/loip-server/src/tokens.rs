@@ -14,8 +14,8 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::app::App;
 use crate::http;
+use crate::state::App;
 use crate::wire::{parse_body, ApiError};
 
 /// The body of `POST /tokenize`.

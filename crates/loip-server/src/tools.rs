@@ -10,8 +10,8 @@
 
 use serde_json::{json, Value};
 
+use crate::error::ApiError;
 use crate::grammar::Ask;
-use crate::wire::ApiError;
 
 /// Most tools one request may declare.
 const MAX_TOOLS: usize = 128;

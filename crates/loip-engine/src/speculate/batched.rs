@@ -14,7 +14,7 @@
 
 use super::adapt::{AdaptiveK, StepCost};
 use super::lookup::Lookup;
-use super::{SpecOptions, SpecStats, Speculate};
+use super::options::{SpecOptions, SpecStats, Speculate};
 
 /// A speculating sequence's state in the batch runner.
 #[derive(Debug, Clone)]

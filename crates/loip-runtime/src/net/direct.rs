@@ -32,7 +32,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{JobTimes, WireError};
+use crate::wire::error::WireError;
+use crate::wire::step::JobTimes;
 
 /// How long rows from a peer may wait for the coordinator's announcement of their hop.
 pub const ANNOUNCE_WAIT: Duration = Duration::from_secs(10);
@@ -64,7 +65,10 @@ pub struct PeerRef {
 impl PeerRef {
     /// Whether `proved` (a static key a peer session proved) is this device's.
     pub fn proves(&self, proved: &[u8; 32]) -> bool {
-        same_secret(&self.key.to_ascii_lowercase(), &crate::wire::hex(proved))
+        same_secret(
+            &self.key.to_ascii_lowercase(),
+            &crate::wire::step::hex(proved),
+        )
     }
 }
 

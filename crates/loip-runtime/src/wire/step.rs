@@ -3,7 +3,7 @@
 use loip_engine::TokenPos;
 use serde::{Deserialize, Serialize};
 
-use super::WireError;
+use super::error::WireError;
 
 /// Header of a `Step` frame: what a worker runs on the rows that follow.
 #[derive(Debug, Clone, PartialEq, Eq)]
