@@ -29,7 +29,6 @@
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
@@ -37,28 +36,24 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use loip_engine::speculate::SpecOptions;
 use loip_engine::{Flow, StopReason, TokenLogprob};
-use loip_model::chat::{ChatError, ChatMessage, ChatTemplate};
-use loip_model::tokenizer::Tokenizer;
+use loip_model::chat::{ChatError, ChatMessage};
 
 use crate::tools::{self, Tools};
-use loip_model::ModelConfig;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use crate::backend::{Backend, BackendError, Health};
+use crate::backend::{BackendError, Health};
 use crate::http;
 use crate::logprobs::Logprobs;
 use crate::options::{generate_options, Sampling};
 use crate::serving::Speculation;
-pub(crate) use crate::state::App;
+pub(crate) use crate::state::{unix_now, App};
 use crate::text::TextStream;
 use crate::wire::{
     content_text, fresh_seed, parse_request, request_id, stop_strings, token_ids, usage, ApiError,
     ApiRequest, Finished, InMessage, Job, Kind, Meta, MAX_BODY,
 };
-use crate::{ServedModel, ServerConfig};
 use loip_runtime::coordinator::DeviceHealth;
 
 /// The routes over a shared [`App`].

@@ -20,7 +20,7 @@
 //!   re-planned over the others (unless `no_replan`) before the failed requests hear of it,
 //!   and each loop moves to the new pipeline after its next failed step.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use loip_engine::speculate::Rewind;
 use loip_engine::{

@@ -32,7 +32,6 @@ use futures_util::StreamExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::state::App;

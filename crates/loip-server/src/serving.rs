@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use loip_engine::speculate::{SpecOptions, SpecStats, Speculate};
+use loip_engine::speculate::{SpecOptions, Speculate};
 use loip_engine::{
     BatchBackend, EngineError, Flow, GenerateOptions, GenerateOutput, SeqEvent, SeqId, ServeError,
     Serving, Shaping, StopReason, TokenLogprob,

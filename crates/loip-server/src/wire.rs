@@ -9,12 +9,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use loip_engine::sampling::MAX_TOP_LOGPROBS;
 use loip_engine::{EngineError, GenerateOptions, Shaping, Speculate};
-use loip_runtime::coordinator::ClusterError;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
