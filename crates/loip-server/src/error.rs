@@ -16,12 +16,12 @@ use serde_json::{json, Value};
 /// An HTTP error: a status and a message for the client, as OpenAI's error object.
 #[derive(Debug)]
 pub(crate) struct ApiError {
-    status: StatusCode,
-    message: String,
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
     /// OpenAI's machine-readable `code` (e.g. `invalid_api_key`)
-    code: Option<&'static str>,
+    pub(crate) code: Option<&'static str>,
     /// seconds after which a retry may succeed (the `Retry-After` header of a 429 or 503)
-    retry_after: Option<u64>,
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl ApiError {
