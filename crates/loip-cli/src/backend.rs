@@ -192,6 +192,12 @@ pub fn source(
     cluster: &ClusterArgs,
 ) -> Result<(Source, loip::model::ModelInfo)> {
     let placement = placement(offload, cluster, true)?;
+    if loip::backend::needs_slices(model, &placement) {
+        loip::backend::check_budget(&placement)?;
+        // split in a child process: what a split leaves in this process's heap would count
+        // against its budget
+        crate::progress::slices_for(model)?;
+    }
     crate::progress::splitting(|on_split| loip::backend::source(model, &placement, on_split))
 }
 

@@ -39,7 +39,7 @@ pub fn run(a: SplitArgs) -> Result<()> {
             split_into(&a.model, &out)?;
             out
         }
-        None => crate::progress::slices_for(&a.model)?,
+        None => crate::progress::in_process(&a.model)?,
     };
     println!("{}", out.display());
     Ok(())

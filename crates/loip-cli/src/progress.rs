@@ -26,8 +26,32 @@ pub fn splitting<T>(f: impl FnOnce(OnSplit<'_>) -> T) -> T {
     r
 }
 
-/// [`loip::slices::slices_for`] with a progress bar while it splits.
+/// [`loip::slices::slices_for`], splitting in a child process (`loip split MODEL`, with its
+/// own progress bar) when the cache has no current split: a split leaves a few MiB of the
+/// splitting process's heap resident (about 7 MiB for SmolLM2), which a process under
+/// `--mem` would otherwise carry for its whole run.
 pub fn slices_for(model: &str) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    let at = loip::slices::locate(model)?;
+    if !at.current {
+        let exe = std::env::current_exe().context("finding this program to split in a child")?;
+        let status = std::process::Command::new(&exe)
+            .arg("split")
+            .arg(model)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .with_context(|| format!("starting `{} split {model}`", exe.display()))?;
+        anyhow::ensure!(
+            status.success(),
+            "splitting {model} into {} failed ({status}; its error is above)",
+            at.dir.display()
+        );
+    }
+    in_process(model)
+}
+
+/// [`loip::slices::slices_for`] in this process, with a progress bar while it splits.
+pub fn in_process(model: &str) -> anyhow::Result<std::path::PathBuf> {
     splitting(|on_split| loip::slices::slices_for(model, on_split))
 }
 

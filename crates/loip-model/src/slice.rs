@@ -229,6 +229,19 @@ pub fn slice_of(name: &str) -> Option<SliceKind> {
     }
 }
 
+/// Whether `out` holds a complete split of the checkpoint stamped `stamp`: its manifest names
+/// that source and every slice file it lists has its recorded size.
+pub fn is_current(out: &Path, stamp: &SourceStamp) -> bool {
+    Manifest::load(out).is_ok_and(|old| {
+        old.source == *stamp
+            && old.slices.iter().all(|s| {
+                fs::metadata(out.join(&s.file))
+                    .map(|m| m.len() == s.size)
+                    .unwrap_or(false)
+            })
+    })
+}
+
 /// The identity of a checkpoint's files: path, total bytes, newest mtime.
 pub fn source_stamp(ckpt: &Checkpoint) -> Result<SourceStamp, ModelError> {
     let (mut bytes, mut mtime) = (0u64, 0u64);
@@ -277,15 +290,8 @@ pub fn split(
     progress: SplitProgress,
 ) -> Result<SplitOutcome, ModelError> {
     let stamp = source_stamp(ckpt)?;
-    if let Ok(old) = Manifest::load(out) {
-        let complete = old.slices.iter().all(|s| {
-            fs::metadata(out.join(&s.file))
-                .map(|m| m.len() == s.size)
-                .unwrap_or(false)
-        });
-        if old.source == stamp && complete {
-            return Ok(SplitOutcome::UpToDate);
-        }
+    if is_current(out, &stamp) {
+        return Ok(SplitOutcome::UpToDate);
     }
     fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
     let mut groups: std::collections::BTreeMap<SliceKind, Vec<&str>> = Default::default();

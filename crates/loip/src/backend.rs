@@ -238,6 +238,22 @@ pub enum Source {
     Cluster(PathBuf),
 }
 
+/// Whether `model` under `placement` runs from slice files (a cluster, a budget or an
+/// offloading rule, or a slice directory given as the model).
+pub fn needs_slices(model: &str, placement: &Placement) -> bool {
+    matches!(placement, Placement::Cluster(_))
+        || placement.offload().sliced()
+        || Path::new(model).join(loip_model::slice::MANIFEST).is_file()
+}
+
+/// Refuses a `--mem` too small for this process before anything is split or loaded.
+pub fn check_budget(placement: &Placement) -> Result<()> {
+    if let Placement::Offload(OffloadOptions { mem: Some(m), .. }) = placement {
+        budget_split(*m, 1)?;
+    }
+    Ok(())
+}
+
 /// The source for `model` (a known name, a checkpoint path or a slice directory) under
 /// `placement`, and what requests need of the model. Splitting into the slice cache, when
 /// the placement needs slice files, tells `on_split`.
@@ -246,14 +262,9 @@ pub fn source(
     placement: &Placement,
     on_split: OnSplit<'_>,
 ) -> Result<(Source, ModelInfo)> {
-    let is_slice_dir = Path::new(model).join(loip_model::slice::MANIFEST).is_file();
     let cluster = matches!(placement, Placement::Cluster(_));
-    let sliced = placement.offload().sliced() || is_slice_dir;
-    if cluster || sliced {
-        if let Placement::Offload(OffloadOptions { mem: Some(m), .. }) = placement {
-            // a budget too small for this process is refused before a slice is written
-            budget_split(*m, 1)?;
-        }
+    if needs_slices(model, placement) {
+        check_budget(placement)?;
         let dir = slices::slices_for(model, on_split)?;
         // The slice directory carries the config and tokenizer; the checkpoint is not opened.
         let info = model::info(&dir.to_string_lossy())?;

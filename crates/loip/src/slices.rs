@@ -21,13 +21,27 @@ pub fn split_into(model: &str, out: &Path, on_split: OnSplit<'_>) -> Result<()> 
     Ok(())
 }
 
-/// A slice directory for `model`: the directory itself when it already is one, else a split
-/// in the cache keyed by the checkpoint's path, size and mtime (made on first use, telling
-/// `on_split` the bytes written).
-pub fn slices_for(model: &str, on_split: OnSplit<'_>) -> Result<PathBuf> {
+/// Where `model`'s slice files are: the directory itself when it already is one, else its
+/// place in the cache, keyed by the checkpoint's path, size and mtime.
+pub struct Location {
+    /// the slice directory
+    pub dir: PathBuf,
+    /// `dir` holds a complete split of the checkpoint as it is now (always for a slice
+    /// directory given as the model)
+    pub current: bool,
+    /// the checkpoint's resolved path (`None` for a slice directory given as the model)
+    source: Option<(PathBuf, String)>,
+}
+
+/// [`Location`] of `model`'s slices, without splitting: whether [`slices_for`] would split.
+pub fn locate(model: &str) -> Result<Location> {
     let p = Path::new(model);
     if p.join(MANIFEST).is_file() {
-        return Ok(p.to_path_buf());
+        return Ok(Location {
+            dir: p.to_path_buf(),
+            current: true,
+            source: None,
+        });
     }
     let path = loip_model::fetch::resolve_model(model)?;
     let ckpt = loip_model::Checkpoint::open(&path)?;
@@ -40,15 +54,31 @@ pub fn slices_for(model: &str, on_split: OnSplit<'_>) -> Result<PathBuf> {
     let dir = loip_model::fetch::cache_dir()
         .join("slices")
         .join(format!("{stem}-{}", slice::crc32_hex(key.as_bytes())));
-    drop(ckpt);
+    Ok(Location {
+        current: slice::is_current(&dir, &stamp),
+        dir,
+        source: Some((path, stamp.path)),
+    })
+}
+
+/// A slice directory for `model`: the directory itself when it already is one, else a split
+/// in the cache keyed by the checkpoint's path, size and mtime (made on first use, telling
+/// `on_split` the bytes written). Splitting leaves a few MiB of this process's heap
+/// fragmented; a process that then measures itself for a budget can split in a child process
+/// first (the CLI runs `loip split`), after which this finds the split current.
+pub fn slices_for(model: &str, on_split: OnSplit<'_>) -> Result<PathBuf> {
+    let Location { dir, source, .. } = locate(model)?;
+    let Some((path, source)) = source else {
+        return Ok(dir);
+    };
     split_into(&path.to_string_lossy(), &dir, on_split)?;
     if let Some(cache) = dir.parent() {
-        for (old, bytes) in prune_stale_splits(cache, &dir, &stamp.path) {
+        for (old, bytes) in prune_stale_splits(cache, &dir, &source) {
             tracing::warn!(
                 "removed the stale slice cache {} ({:.1} MiB) of an earlier version of {}",
                 old.display(),
                 bytes as f64 / (1 << 20) as f64,
-                stamp.path
+                source
             );
         }
     }
