@@ -24,17 +24,16 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use loip::local::{bench_budgets, CgroupReport, LocalCluster, LocalOptions, MicroBatchRow};
-use loip_engine::generate::Flow;
+use loip::local::{BenchMatrix, Burst, Event, Generated, Job, LocalOptions, Outcome};
+use loip::request::Printer;
 use loip_model::slice::Manifest;
+use loip_plan::units::format_bytes;
 use loip_plan::DeviceProfile;
-use loip_runtime::cluster_run::Breakdown;
 use loip_runtime::local_cluster::install_interrupt_cleanup;
 use loip_runtime::LoaderKind;
 
 use crate::backend::{print_breakdown, print_setup};
-
-use crate::request::{prepare, report, Printer, PromptArgs};
+use crate::request::{report, PromptArgs};
 
 /// Arguments of `loip local`.
 #[derive(Args, Debug)]
@@ -220,168 +219,70 @@ pub fn run(a: LocalArgs) -> Result<()> {
         bail!("--speculate runs one sequence (--concurrent 1)");
     }
     let o = a.options()?;
-    let dir = crate::progress::slices_for(&a.model)?;
-    let prep = prepare(loip::model::info(&dir.to_string_lossy())?, &a.prompt)?;
-    let n = o.sequences();
+    let req = a.prompt.request();
+    let job = a.job();
+    // split in a child process (see `progress::slices_for`) before the library looks
+    crate::progress::slices_for(&a.model)?;
     install_interrupt_cleanup();
-    if let Some(out) = &a.bench {
-        let manifest = Manifest::load(&dir)?;
-        let context = ((prep.prompt_ids.len() + prep.opts.max_tokens) * n) as u64;
-        let budgets = match &o.mem {
-            None => bench_budgets(&manifest, a.devices),
-            Some(_) => o.budgets(&manifest, context)?,
-        };
-        return bench::bench(&a, &o, &dir, out, &budgets, &prep.prompt_ids, &prep.opts);
-    }
     let json = a.json;
-    let cluster = LocalCluster::start(
-        &dir,
-        &o,
-        prep.prompt_ids.len(),
-        prep.opts.max_tokens,
-        &mut |budgets| {
-            if !json {
-                let b: Vec<String> = budgets
-                    .iter()
-                    .map(|&b| loip_plan::units::format_bytes(b))
-                    .collect();
-                eprintln!("{} workers on loopback, budgets {}", b.len(), b.join(", "));
-            }
-        },
-    )?;
-    let s = &cluster.session;
-    if !a.json {
-        print_setup(s);
-    }
-    if !a.micro_batch_seqs.is_empty() {
-        print_micro_batches(
-            &cluster,
-            &prep.prompt_ids,
-            &prep.opts,
-            n,
-            &a.micro_batch_seqs,
-        )?;
-        cluster.shutdown();
-        return Ok(());
-    }
-    let mut extra = serde_json::Map::new();
-    extra.insert("plan".into(), serde_json::to_value(&s.plan)?);
-    extra.insert("devices".into(), serde_json::to_value(&s.reports)?);
-    let mut printer = Printer::new(
-        prep.tokenizer.as_ref(),
-        if n == 1 {
-            a.prompt.stop.clone()
-        } else {
-            vec![]
-        },
-        a.json,
-    );
-    let burst = if n == 1 && a.spec.on() {
-        let config = Manifest::load(&dir)?.config;
-        let target = (&config, prep.tokenizer.as_ref());
-        let (ids, opts) = (&prep.prompt_ids, &prep.opts);
-        let mut on_token = |id| printer.on_token(id);
-        let run =
-            crate::speculate::on_pipeline(s.pipeline(), target, ids, opts, &a.spec, &mut on_token)?;
-        let st = run.stats;
-        if !a.json {
-            eprintln!(
-                "speculation: {} steps, {} of {} drafts kept",
-                st.steps, st.accepted, st.drafted
-            );
-        }
-        extra.insert("speculation".into(), serde_json::to_value(st)?);
-        loip::local::Burst {
-            ms_per_token: run.out.decode_ms_per_token,
-            first: run.out,
-            sequences: None,
-            wall_ms_per_token: None,
-        }
-    } else if n == 1 {
-        cluster.generate(&prep.prompt_ids, &prep.opts, 1, &mut |id| {
-            printer.on_token(id)
-        })?
+    let on_event = &mut |e: Event<'_>| show(&e, json);
+    let outcome = if a.spec.on() {
+        speculate(&a, &o, &req, on_event)?
     } else {
-        let burst = cluster.generate(&prep.prompt_ids, &prep.opts, n, &mut |_| Flow::Continue)?;
-        for &id in &burst.first.new_ids {
-            if printer.on_token(id) == Flow::Stop {
-                break;
-            }
-        }
-        burst
+        loip::local::run(&o, &req, job, on_event)?
     };
-    let text = printer.finish();
-    if let Some(seqs) = &burst.sequences {
-        extra.insert("sequences".into(), seqs.clone().into());
-    }
-    if let Some(wall) = burst.wall_ms_per_token {
-        extra.insert("bursty_wall_ms_per_token".into(), wall.into());
-    }
-    let (out, measured) = (burst.first, burst.ms_per_token);
-    let b = Breakdown::of(&s.take_totals());
-    extra.insert("breakdown".into(), serde_json::to_value(b)?);
-    extra.insert("links".into(), serde_json::to_value(s.link_bytes())?);
-    let adaptation = s.adaptation();
-    if let Some(ad) = &adaptation {
-        extra.insert("adaptation".into(), serde_json::to_value(ad)?);
-    }
-    // What the simulator needs to replay the run (`loip simulate --from-local`).
-    extra.insert("shape".into(), serde_json::to_value(&s.shape)?);
-    extra.insert("cluster".into(), serde_json::to_value(&s.cluster)?);
-    if let Some(path) = &a.plot {
-        let Some(ad) = &adaptation else {
-            bail!("--plot: this run has no adaptation report");
-        };
-        let title = format!("loip local {} ({} new tokens)", a.model, out.new_ids.len());
-        plot::write(path, ad, &title)?;
-    }
-    extra.insert("ms_per_token".into(), measured.into());
-    extra.insert(
-        "predicted_ms_per_token".into(),
-        s.plan.predicted_ms_per_token.into(),
-    );
-    let charged = cluster.workers.cgroup_reports();
-    if a.cgroup {
-        extra.insert("cgroups".into(), serde_json::to_value(&charged)?);
-    }
-    report(&prep.prompt_ids, &out, text, a.json, Some(extra))?;
-    if !a.json {
-        print_breakdown(&b, measured, s.plan.predicted_ms_per_token);
-        print_cgroups(&charged);
-    }
-    cluster.shutdown();
-    let killed: u64 = charged.iter().map(|c| c.oom_kills).sum();
-    if killed > 0 {
-        bail!("the kernel killed {killed} worker(s) for going over their memory cgroup's limit");
-    }
-    Ok(())
-}
-
-fn print_cgroups(c: &[CgroupReport]) {
-    for r in c {
-        eprintln!("{r}");
+    match outcome {
+        Outcome::Generated(g) => report_generation(&a, *g),
+        Outcome::MicroBatches(_) => Ok(()),
+        Outcome::Bench { rows, store_root } => bench::finish(&a, &rows, &store_root),
     }
 }
 
-/// `--micro-batch-seqs`: each size on the same session, side by side, as a table.
-fn print_micro_batches(
-    c: &LocalCluster,
-    prompt: &[u32],
-    opts: &loip_engine::GenerateOptions,
-    n: usize,
-    sizes: &[usize],
-) -> Result<()> {
-    if let Some((q, ms)) = loip::local::micro_batch_choice(&c.session, n) {
-        println!(
-            "cost model's choice: {q} sequences per micro-batch, {} in flight ({ms:.1} ms/token)",
-            n.div_ceil(q as usize)
-        );
+impl LocalArgs {
+    /// What the flags ask to run.
+    fn job(&self) -> Job {
+        if let Some(_out) = &self.bench {
+            Job::Bench(BenchMatrix {
+                bandwidths: self.bench_bandwidths.clone(),
+                patterns: self.bench_patterns.clone(),
+                planners: self.bench_planners.clone(),
+            })
+        } else if !self.micro_batch_seqs.is_empty() {
+            Job::MicroBatches(self.micro_batch_seqs.clone())
+        } else {
+            Job::Generate { quiet: self.json }
+        }
     }
-    println!("| sequences | sequences per step | steps in flight | tokens | wall s | tokens/s | ms/token | predicted ms/token | stage loads per round |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let mut print = |r: &MicroBatchRow| {
-        println!(
-            "| {n} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |",
+}
+
+/// Shows what happens while the run runs (stderr, and the tables' rows on stdout).
+fn show(e: &Event<'_>, json: bool) {
+    match e {
+        Event::Spawned(budgets) if !json => {
+            let b: Vec<String> = budgets.iter().map(|&b| format_bytes(b)).collect();
+            eprintln!("{} workers on loopback, budgets {}", b.len(), b.join(", "));
+        }
+        Event::Planned(s) if !json => print_setup(s),
+        Event::BenchBudgets {
+            budgets,
+            model_bytes,
+        } => bench::show_budgets(budgets, *model_bytes),
+        Event::BenchRow(row) => bench::show_row(row),
+        Event::MicroBatchChoice {
+            sequences,
+            per_step,
+            ms,
+        } => {
+            println!(
+                "cost model's choice: {per_step} sequences per micro-batch, {} in flight ({ms:.1} ms/token)",
+                sequences.div_ceil(*per_step as usize)
+            );
+            println!("| sequences | sequences per step | steps in flight | tokens | wall s | tokens/s | ms/token | predicted ms/token | stage loads per round |");
+            println!("|---|---|---|---|---|---|---|---|---|");
+        }
+        Event::MicroBatchRow(r) => println!(
+            "| {} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            r.sequences,
             r.seqs_per_step,
             r.in_flight,
             r.tokens,
@@ -390,8 +291,73 @@ fn print_micro_batches(
             r.wall_s * 1e3 / r.tokens.max(1) as f64,
             r.predicted_ms,
             r.stage_loads_per_round
+        ),
+        _ => {}
+    }
+}
+
+/// `--speculate`: one sequence through the pipeline with drafts verified k + 1 positions a
+/// step.
+fn speculate(
+    a: &LocalArgs,
+    o: &LocalOptions,
+    req: &loip::request::Request,
+    on_event: &mut dyn FnMut(Event<'_>),
+) -> Result<Outcome> {
+    let (dir, prep) = loip::local::prepared(o, req)?;
+    let cluster = loip::local::start(&dir, o, &prep, on_event)?;
+    let config = Manifest::load(&dir)?.config;
+    let target = (&config, prep.tokenizer.as_ref());
+    let mut printer = Printer::new(prep.tokenizer.as_ref(), req.stop.clone(), a.json);
+    let mut on_token = |id| printer.on_token(id);
+    let (ids, opts) = (&prep.prompt_ids, &prep.opts);
+    let pipeline = cluster.session.pipeline();
+    let run = crate::speculate::on_pipeline(pipeline, target, ids, opts, &a.spec, &mut on_token)?;
+    let text = printer.finish();
+    let st = run.stats;
+    if !a.json {
+        eprintln!(
+            "speculation: {} steps, {} of {} drafts kept",
+            st.steps, st.accepted, st.drafted
         );
+    }
+    let burst = Burst {
+        ms_per_token: run.out.decode_ms_per_token,
+        first: run.out,
+        sequences: None,
+        wall_ms_per_token: None,
     };
-    loip::local::compare_micro_batches(&c.session, prompt, opts, n, sizes, &mut print)?;
+    let mut g = cluster.generated(prep.prompt_ids.clone(), burst, text)?;
+    g.fields
+        .insert("speculation".into(), serde_json::to_value(st)?);
+    cluster.shutdown();
+    Ok(Outcome::Generated(Box::new(g)))
+}
+
+/// The report of a generation: JSON or the text's timing lines, the breakdown, the cgroups'
+/// charges and `--plot`.
+fn report_generation(a: &LocalArgs, g: Generated) -> Result<()> {
+    if let Some(path) = &a.plot {
+        let Some(ad) = &g.adaptation else {
+            bail!("--plot: this run has no adaptation report");
+        };
+        let title = format!(
+            "loip local {} ({} new tokens)",
+            a.model,
+            g.out.new_ids.len()
+        );
+        plot::write(path, ad, &title)?;
+    }
+    report(&g.prompt_ids, &g.out, g.text, a.json, Some(g.fields))?;
+    if !a.json {
+        print_breakdown(&g.breakdown, g.ms_per_token, g.predicted_ms_per_token);
+        for r in &g.cgroups {
+            eprintln!("{r}");
+        }
+    }
+    let killed: u64 = g.cgroups.iter().map(|c| c.oom_kills).sum();
+    if killed > 0 {
+        bail!("the kernel killed {killed} worker(s) for going over their memory cgroup's limit");
+    }
     Ok(())
 }

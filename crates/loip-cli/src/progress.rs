@@ -27,7 +27,7 @@ pub fn splitting<T>(f: impl FnOnce(OnSplit<'_>) -> T) -> T {
 }
 
 /// [`loip::slices::slices_for`], splitting in a child process (`loip split MODEL`, with its
-/// own progress bar) when the cache has no current split: a split leaves a few MiB of the
+/// own progress bar, pruning stale splits) when the cache has no current split: a split leaves a few MiB of the
 /// splitting process's heap resident (about 7 MiB for SmolLM2), which a process under
 /// `--mem` would otherwise carry for its whole run.
 pub fn slices_for(model: &str) -> anyhow::Result<std::path::PathBuf> {
@@ -47,7 +47,7 @@ pub fn slices_for(model: &str) -> anyhow::Result<std::path::PathBuf> {
             at.dir.display()
         );
     }
-    in_process(model)
+    Ok(at.dir)
 }
 
 /// [`loip::slices::slices_for`] in this process, with a progress bar while it splits.

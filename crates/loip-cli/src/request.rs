@@ -3,14 +3,9 @@
 //! report. Shared by `loip generate`, `loip serve` and `loip local`, so that every command
 //! runs the same request the same way (and none of them imports another).
 
-use std::io::Write;
-
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::Args;
-use loip_engine::generate::Flow;
 use loip_engine::GenerateOptions;
-use loip_model::chat::ChatMessage;
-use loip_model::tokenizer::StreamDecoder;
 
 /// Prompt and sampling options shared by `generate`, `local` and the server.
 #[derive(Args, Debug, Clone)]
@@ -70,51 +65,26 @@ impl PromptArgs {
 
     /// Greedy sampling (temperature 0 or top-k 1): the last device can pick the token.
     pub fn greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
+        self.request().greedy()
+    }
+
+    /// The library's request for these flags.
+    pub fn request(&self) -> loip::request::Request {
+        loip::request::Request {
+            prompt: self.prompt.clone(),
+            prompt_ids: self.prompt_ids.clone(),
+            chat: self.chat,
+            sampling: self.sampling(),
+            stop: self.stop.clone(),
+        }
     }
 }
 
-/// A tokenized request: prompt ids, how to decode, and options.
-pub struct Prepared {
-    /// prompt token ids
-    pub prompt_ids: Vec<u32>,
-    /// tokenizer (absent only when the model has none and ids were given)
-    pub tokenizer: Option<loip_model::tokenizer::Tokenizer>,
-    /// generation options
-    pub opts: GenerateOptions,
-}
+pub use loip::request::{Prepared, Printer};
 
 /// Tokenizes the prompt (or takes its ids) and builds the generation options.
 pub fn prepare(info: loip::model::ModelInfo, p: &PromptArgs) -> Result<Prepared> {
-    let loip::model::ModelInfo {
-        config,
-        tokenizer,
-        chat,
-    } = info;
-    let tokenizer = match tokenizer {
-        Ok(t) => Some(t),
-        Err(e) if p.prompt_ids.is_some() => {
-            tracing::warn!("no tokenizer ({e:#}); output is ids only");
-            None
-        }
-        Err(e) => return Err(e),
-    };
-    let prompt_ids = match (&p.prompt_ids, &tokenizer) {
-        (Some(ids), _) => ids.clone(),
-        (None, Some(tok)) if p.chat => {
-            let tpl = chat?.context("the model has no chat template")?;
-            // the prompt is the message's plain text, as `loip api` tokenizes it
-            tpl.encode(tok, &[ChatMessage::new("user", p.prompt.clone())], true)?
-        }
-        (None, Some(tok)) => tok.encode(&p.prompt, true)?,
-        (None, None) => bail!("no tokenizer"),
-    };
-    let opts = options(&config, &prompt_ids, p)?;
-    Ok(Prepared {
-        prompt_ids,
-        tokenizer,
-        opts,
-    })
+    loip::request::prepare(info, &p.request())
 }
 
 /// Checks `prompt_ids` against the vocabulary and builds `p`'s generation options (shared
@@ -124,78 +94,7 @@ pub fn options(
     prompt_ids: &[u32],
     p: &PromptArgs,
 ) -> Result<GenerateOptions> {
-    Ok(loip_server::options::generate_options(
-        config,
-        prompt_ids,
-        &p.sampling(),
-    )?)
-}
-
-/// Streams text to stdout (unless `quiet`) and stops on a stop string.
-pub struct Printer<'t> {
-    decoder: Option<StreamDecoder<'t>>,
-    stops: Vec<String>,
-    text: String,
-    quiet: bool,
-}
-
-impl<'t> Printer<'t> {
-    /// A printer for `tok`'s tokens.
-    pub fn new(
-        tok: Option<&'t loip_model::tokenizer::Tokenizer>,
-        stops: Vec<String>,
-        quiet: bool,
-    ) -> Self {
-        Printer {
-            decoder: tok.map(StreamDecoder::new),
-            stops,
-            text: String::new(),
-            quiet,
-        }
-    }
-
-    /// Handles one new token.
-    pub fn on_token(&mut self, id: u32) -> Flow {
-        let piece = match &mut self.decoder {
-            Some(d) => d.push(id).ok().flatten().unwrap_or_default(),
-            None => format!("[{id}]"),
-        };
-        self.text.push_str(&piece);
-        if !self.quiet {
-            print!("{piece}");
-            let _ = std::io::stdout().flush();
-        }
-        if self
-            .stops
-            .iter()
-            .any(|s| !s.is_empty() && self.text.contains(s.as_str()))
-        {
-            Flow::Stop
-        } else {
-            Flow::Continue
-        }
-    }
-
-    /// The text so far, cut before the first stop string.
-    pub fn finish(mut self) -> String {
-        if let Some(d) = self.decoder.take() {
-            if let Ok(rest) = d.finish() {
-                self.text.push_str(&rest);
-                if !self.quiet {
-                    print!("{rest}");
-                }
-            }
-        }
-        if let Some(cut) = self
-            .stops
-            .iter()
-            .filter_map(|s| self.text.find(s.as_str()))
-            .min()
-        {
-            self.text.truncate(cut);
-        }
-        self.text
-    }
+    loip::request::options(config, prompt_ids, &p.sampling())
 }
 
 /// Prints the JSON object or the timing lines of a finished generation; `extra` adds fields.

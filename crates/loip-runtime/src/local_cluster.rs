@@ -53,10 +53,12 @@ pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
         .collect()
 }
 
-/// The benchmark's budgets: together 60 % of the model's bytes (all slices), split 2:1:2:1…
-/// so that the devices differ; rounded down to MiB. On llama-1b (2.1 GB) and 3 devices:
-/// 503, 251, 503 MiB. No single-stage pipeline fits (`pp`, `edgeshard` report OOM); the
-/// interleaved plans offload.  // bytes
+/// The benchmark's budgets: engines that together get 60 % of the model's bytes (all
+/// slices), split 2:1:2:1… so that the devices differ and rounded down to MiB, each plus a
+/// worker process's own share ([`WORKER_PROCESS_ESTIMATE`](crate::memory::WORKER_PROCESS_ESTIMATE),
+/// since `--mem` is the whole process's budget). On llama-1b (2.1 GB) and 3 devices: 531, 279,
+/// 531 MiB. No single-stage pipeline fits (`pp`, `edgeshard` report OOM); the interleaved
+/// plans offload.  // bytes
 pub fn bench_budgets(m: &Manifest, devices: usize) -> Vec<u64> {
     let total: u64 = m.slices.iter().map(|s| s.size).sum();
     let w: Vec<u64> = (0..devices)
@@ -64,7 +66,10 @@ pub fn bench_budgets(m: &Manifest, devices: usize) -> Vec<u64> {
         .collect();
     let sum: u64 = w.iter().sum();
     w.iter()
-        .map(|&wi| (total * 6 / 10 * wi / sum) >> 20 << 20)
+        .map(|&wi| {
+            let engine = (total * 6 / 10 * wi / sum) >> 20 << 20;
+            engine + crate::memory::WORKER_PROCESS_ESTIMATE
+        })
         .collect()
 }
 

@@ -25,6 +25,7 @@
 pub mod backend;
 pub mod local;
 pub mod model;
+pub mod request;
 pub mod slices;
 
 use anyhow::{Context, Result};

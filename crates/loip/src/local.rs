@@ -5,9 +5,11 @@
 
 mod batches;
 mod bench;
+mod run;
 
 pub use batches::{compare_micro_batches, micro_batch_choice, MicroBatchRow};
 pub use bench::{bench, bench_store_root, BenchMatrix, BenchRow};
+pub use run::{prepared, run, start, Event, Generated, Job, Outcome};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -165,6 +167,8 @@ pub struct LocalCluster {
     pub session: Session,
     /// each worker's budget, bytes
     pub budgets: Vec<u64>,
+    /// each worker runs in a memory cgroup of its budget
+    pub cgroup: bool,
 }
 
 impl LocalCluster {
@@ -215,6 +219,7 @@ impl LocalCluster {
             workers,
             session,
             budgets,
+            cgroup: o.cgroup,
         })
     }
 

@@ -3,64 +3,57 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use loip::local::{bench_store_root, scratch_size, BenchMatrix, BenchRow, LocalOptions};
-use loip_model::slice::Manifest;
+use loip::local::{scratch_size, BenchRow};
+use loip_plan::units::format_bytes;
 
 use super::LocalArgs;
 
-/// `--bench`: the matrix, a line per row as it ends, the rows to `out` as JSON, and a table.
-pub(super) fn bench(
-    a: &LocalArgs,
-    o: &LocalOptions,
-    dir: &Path,
-    out: &Path,
-    budgets: &[u64],
-    prompt: &[u32],
-    gen: &loip_engine::GenerateOptions,
-) -> Result<()> {
+/// `--bench`'s budgets against the model's size (stderr).
+pub(super) fn show_budgets(budgets: &[u64], model: u64) {
     let total: u64 = budgets.iter().sum();
-    let model: u64 = Manifest::load(dir)?.slices.iter().map(|s| s.size).sum();
     eprintln!(
         "budgets: {} (together {}, {:.0}% of the model's {})",
         budgets
             .iter()
-            .map(|&b| loip_plan::units::format_bytes(b))
+            .map(|&b| format_bytes(b))
             .collect::<Vec<_>>()
             .join(", "),
-        loip_plan::units::format_bytes(total),
+        format_bytes(total),
         100.0 * total as f64 / model.max(1) as f64,
-        loip_plan::units::format_bytes(model)
+        format_bytes(model)
     );
-    let matrix = BenchMatrix {
-        bandwidths: a.bench_bandwidths.clone(),
-        patterns: a.bench_patterns.clone(),
-        planners: a.bench_planners.clone(),
-    };
-    let rows = loip::local::bench(dir, o, budgets, &matrix, prompt, gen, &mut |row| {
-        eprintln!(
-            "{:>9} {:>10} {:>11}: measured {:>9} predicted {:>9} {}",
-            row.pattern,
-            row.bandwidth,
-            row.planner,
-            row.measured_ms.map_or("-".into(), |v| format!("{v:.1} ms")),
-            row.predicted_ms
-                .map_or("-".into(), |v| format!("{v:.1} ms")),
-            row.error
-                .as_deref()
-                .map(|e| format!("({e})"))
-                .unwrap_or_default()
-        );
-    })?;
-    std::fs::write(out, serde_json::to_string_pretty(&rows)?)
-        .with_context(|| format!("writing {}", out.display()))?;
-    let store_root = bench_store_root(o);
+}
+
+/// A line per row as it ends (stderr).
+pub(super) fn show_row(row: &BenchRow) {
+    eprintln!(
+        "{:>9} {:>10} {:>11}: measured {:>9} predicted {:>9} {}",
+        row.pattern,
+        row.bandwidth,
+        row.planner,
+        row.measured_ms.map_or("-".into(), |v| format!("{v:.1} ms")),
+        row.predicted_ms
+            .map_or("-".into(), |v| format!("{v:.1} ms")),
+        row.error
+            .as_deref()
+            .map(|e| format!("({e})"))
+            .unwrap_or_default()
+    );
+}
+
+/// The rows to `--bench FILE` as JSON, where the stores were kept, and a table.
+pub(super) fn finish(a: &LocalArgs, rows: &[BenchRow], store_root: &Path) -> Result<()> {
+    if let Some(out) = &a.bench {
+        std::fs::write(out, serde_json::to_string_pretty(rows)?)
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
     eprintln!(
         "worker stores kept for later runs in {} ({}); remove it with `rm -rf {}`",
         store_root.display(),
-        scratch_size(&store_root),
+        scratch_size(store_root),
         store_root.display()
     );
-    print_bench_table(&rows);
+    print_bench_table(rows);
     Ok(())
 }
 

@@ -107,13 +107,20 @@ impl WorkerProcess {
                 addr,
                 pid,
             }),
-            Err(_) => {
+            Err(e) => {
                 let _ = child.kill();
-                let status = child.wait().ok();
-                Err(ClusterError::Invalid(format!(
-                    "worker process {pid} did not report its address within {} s (exit status {status:?})",
-                    timeout.as_secs_f64()
-                )))
+                let status = child
+                    .wait()
+                    .map_or_else(|e| format!("status unknown: {e}"), |s| s.to_string());
+                Err(ClusterError::Invalid(match e {
+                    std::sync::mpsc::RecvTimeoutError::Disconnected => format!(
+                        "worker process {pid} ended before it listened ({status}; its error is above)"
+                    ),
+                    std::sync::mpsc::RecvTimeoutError::Timeout => format!(
+                        "worker process {pid} did not report its address within {} s ({status})",
+                        timeout.as_secs_f64()
+                    ),
+                }))
             }
         }
     }

@@ -10,6 +10,8 @@ use loip_runtime::cluster_run::Session;
 /// One size's run.
 #[derive(Debug, Clone)]
 pub struct MicroBatchRow {
+    /// sequences in all
+    pub sequences: usize,
     /// sequences per step (0 ran one sequence a step)
     pub seqs_per_step: usize,
     /// steps in flight
@@ -137,6 +139,7 @@ pub fn compare_micro_batches(
         let rounds = t.decode_steps as f64 / n.div_ceil(per) as f64;
         let loads = t.decode.loaded_bytes as f64 / (rounds * per_round as f64).max(1.0);
         let row = MicroBatchRow {
+            sequences: n,
             seqs_per_step: per,
             in_flight: n.div_ceil(per),
             tokens,

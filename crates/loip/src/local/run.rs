@@ -1,0 +1,238 @@
+//! `loip local` from start to end: the slices, the request, the workers and the session,
+//! then one job on them (a generation, micro-batch sizes side by side, or the benchmark
+//! matrix), told to the caller as [`Event`]s while it runs and returned as an [`Outcome`].
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use loip_engine::generate::Flow;
+use loip_engine::GenerateOutput;
+use loip_model::slice::Manifest;
+use loip_runtime::adapt::AdaptReport;
+use loip_runtime::cluster_run::{Breakdown, Session};
+use loip_runtime::local_cluster::{bench_budgets, CgroupReport};
+
+use super::{
+    bench, bench_store_root, compare_micro_batches, micro_batch_choice, BenchMatrix, BenchRow,
+    Burst, LocalCluster, LocalOptions, MicroBatchRow,
+};
+use crate::request::{prepare, Prepared, Printer, Request};
+
+/// What to run once the workers are up.
+pub enum Job {
+    /// one generation ([`LocalOptions::concurrent`] sequences at once when above one), its
+    /// text streamed to stdout unless `quiet`
+    Generate {
+        /// print nothing while generating
+        quiet: bool,
+    },
+    /// the sequences with each micro-batch size (`0`: one sequence a step) on one session
+    MicroBatches(Vec<usize>),
+    /// the benchmark matrix, each row on a session of its own
+    Bench(BenchMatrix),
+}
+
+/// What happens while [`run`] runs, for a caller that shows it.
+pub enum Event<'a> {
+    /// the worker processes started with these budgets, bytes
+    Spawned(&'a [u64]),
+    /// the session is planned and loaded
+    Planned(&'a Session),
+    /// the benchmark's budgets, bytes, against the model's bytes
+    BenchBudgets {
+        /// each device's budget, bytes
+        budgets: &'a [u64],
+        /// the model's slice bytes
+        model_bytes: u64,
+    },
+    /// a benchmark row ended
+    BenchRow(&'a BenchRow),
+    /// the cost model's micro-batch size for these sequences, and its ms/token
+    MicroBatchChoice {
+        /// sequences at once
+        sequences: usize,
+        /// sequences per micro-batch
+        per_step: u32,
+        /// predicted ms per token
+        ms: f64,
+    },
+    /// a micro-batch size's run ended
+    MicroBatchRow(&'a MicroBatchRow),
+}
+
+/// What [`run`] made.
+pub enum Outcome {
+    /// one generation
+    Generated(Box<Generated>),
+    /// each micro-batch size's run
+    MicroBatches(Vec<MicroBatchRow>),
+    /// the benchmark's rows, and where the worker stores were kept
+    Bench {
+        /// one per (pattern, link, planner)
+        rows: Vec<BenchRow>,
+        /// the kept worker stores
+        store_root: PathBuf,
+    },
+}
+
+/// One generation on the local cluster, with what its report needs.
+pub struct Generated {
+    /// the prompt's ids
+    pub prompt_ids: Vec<u32>,
+    /// the first sequence
+    pub out: GenerateOutput,
+    /// its text, cut before a stop string
+    pub text: String,
+    /// measured decode ms per token of one sequence
+    pub ms_per_token: f64,
+    /// the plan's prediction, ms per token
+    pub predicted_ms_per_token: f64,
+    /// where the decode steps' time went
+    pub breakdown: Breakdown,
+    /// online adaptation's report (thresholds crossed, switches, lending)
+    pub adaptation: Option<AdaptReport>,
+    /// each worker's cgroup charge (empty without cgroups)
+    pub cgroups: Vec<CgroupReport>,
+    /// the run as JSON fields beside `loip generate --json`'s: plan, devices, breakdown,
+    /// links, adaptation, shape, cluster, sequences, ms/token measured and predicted
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Runs `job` for `req` on local workers made as `o` says (the model is `o.model`, split
+/// into the slice cache first when needed), telling `on_event` what happens.
+pub fn run(
+    o: &LocalOptions,
+    req: &Request,
+    job: Job,
+    on_event: &mut dyn FnMut(Event<'_>),
+) -> Result<Outcome> {
+    let (dir, prep) = prepared(o, req)?;
+    let n = o.sequences();
+    let (ids, opts) = (&prep.prompt_ids, &prep.opts);
+    match job {
+        Job::Bench(matrix) => {
+            let manifest = Manifest::load(&dir)?;
+            let context = ((ids.len() + opts.max_tokens) * n) as u64;
+            let budgets = match &o.mem {
+                None => bench_budgets(&manifest, o.devices),
+                Some(_) => o.budgets(&manifest, context)?,
+            };
+            let model_bytes = manifest.slices.iter().map(|s| s.size).sum();
+            on_event(Event::BenchBudgets {
+                budgets: &budgets,
+                model_bytes,
+            });
+            let on_row = &mut |r: &BenchRow| on_event(Event::BenchRow(r));
+            let rows = bench(&dir, o, &budgets, &matrix, ids, opts, on_row)?;
+            Ok(Outcome::Bench {
+                rows,
+                store_root: bench_store_root(o),
+            })
+        }
+        Job::MicroBatches(sizes) => {
+            let cluster = start(&dir, o, &prep, on_event)?;
+            let s = &cluster.session;
+            if let Some((per_step, ms)) = micro_batch_choice(s, n) {
+                on_event(Event::MicroBatchChoice {
+                    sequences: n,
+                    per_step,
+                    ms,
+                });
+            }
+            let on_row = &mut |r: &MicroBatchRow| on_event(Event::MicroBatchRow(r));
+            let rows = compare_micro_batches(s, ids, opts, n, &sizes, on_row);
+            cluster.shutdown();
+            Ok(Outcome::MicroBatches(rows?))
+        }
+        Job::Generate { quiet } => {
+            let cluster = start(&dir, o, &prep, on_event)?;
+            let single = n == 1;
+            let stops = if single { req.stop.clone() } else { vec![] };
+            let mut printer = Printer::new(prep.tokenizer.as_ref(), stops, quiet);
+            let burst = if single {
+                cluster.generate(ids, opts, 1, &mut |id| printer.on_token(id))
+            } else {
+                cluster
+                    .generate(ids, opts, n, &mut |_| Flow::Continue)
+                    .map(|burst| {
+                        for &id in &burst.first.new_ids {
+                            if printer.on_token(id) == Flow::Stop {
+                                break;
+                            }
+                        }
+                        burst
+                    })
+            };
+            let text = printer.finish();
+            let generated = burst.and_then(|b| cluster.generated(prep.prompt_ids.clone(), b, text));
+            cluster.shutdown();
+            Ok(Outcome::Generated(Box::new(generated?)))
+        }
+    }
+}
+
+/// The slice directory of `o.model` (split into the cache when needed) and `req` tokenized
+/// for it.
+pub fn prepared(o: &LocalOptions, req: &Request) -> Result<(PathBuf, Prepared)> {
+    let dir = crate::slices::slices_for(&o.model, &|_, _| {})?;
+    let prep = prepare(crate::model::info(&dir.to_string_lossy())?, req)?;
+    Ok((dir, prep))
+}
+
+/// Spawns the workers for `prep` and starts the session, telling `on_event`.
+pub fn start(
+    dir: &std::path::Path,
+    o: &LocalOptions,
+    prep: &Prepared,
+    on_event: &mut dyn FnMut(Event<'_>),
+) -> Result<LocalCluster> {
+    let (len, max) = (prep.prompt_ids.len(), prep.opts.max_tokens);
+    let cluster = LocalCluster::start(dir, o, len, max, &mut |b| on_event(Event::Spawned(b)))?;
+    on_event(Event::Planned(&cluster.session));
+    Ok(cluster)
+}
+
+impl LocalCluster {
+    /// The report of a finished generation: `burst` of `prompt_ids`, its `text`, and what
+    /// the session measured and planned.
+    pub fn generated(&self, prompt_ids: Vec<u32>, burst: Burst, text: String) -> Result<Generated> {
+        let s = &self.session;
+        let mut f = serde_json::Map::new();
+        f.insert("plan".into(), serde_json::to_value(&s.plan)?);
+        f.insert("devices".into(), serde_json::to_value(&s.reports)?);
+        if let Some(seqs) = &burst.sequences {
+            f.insert("sequences".into(), seqs.clone().into());
+        }
+        if let Some(wall) = burst.wall_ms_per_token {
+            f.insert("bursty_wall_ms_per_token".into(), wall.into());
+        }
+        let breakdown = Breakdown::of(&s.take_totals());
+        f.insert("breakdown".into(), serde_json::to_value(breakdown)?);
+        f.insert("links".into(), serde_json::to_value(s.link_bytes())?);
+        let adaptation = s.adaptation();
+        if let Some(ad) = &adaptation {
+            f.insert("adaptation".into(), serde_json::to_value(ad)?);
+        }
+        // What the simulator needs to replay the run (`loip simulate --from-local`).
+        f.insert("shape".into(), serde_json::to_value(&s.shape)?);
+        f.insert("cluster".into(), serde_json::to_value(&s.cluster)?);
+        let predicted = s.plan.predicted_ms_per_token;
+        f.insert("ms_per_token".into(), burst.ms_per_token.into());
+        f.insert("predicted_ms_per_token".into(), predicted.into());
+        let cgroups = self.workers.cgroup_reports();
+        if self.cgroup {
+            f.insert("cgroups".into(), serde_json::to_value(&cgroups)?);
+        }
+        Ok(Generated {
+            prompt_ids,
+            out: burst.first,
+            text,
+            ms_per_token: burst.ms_per_token,
+            predicted_ms_per_token: predicted,
+            breakdown,
+            adaptation,
+            cgroups,
+            fields: f,
+        })
+    }
+}
