@@ -15,7 +15,8 @@
 //! `Serving` over the pipeline), and prints aggregate tokens/s side by side.
 //!
 //! Ctrl-C (SIGINT) or SIGTERM kills the worker children and removes the temp stores
-//! (`/tmp/loip-local-PID`) before exiting with status 130.
+//! (`/tmp/loip-local-PID`) before exiting with status 130; those of a run killed outright
+//! (SIGKILL) are removed by the next `loip local`.
 
 mod bench;
 mod plot;
