@@ -8,6 +8,10 @@
 //! ([`loip_runtime::profile::median_probe`]), so a burst of other work does not end up in
 //! the plan; `--cpus 2,3` (or `quiet:2`, the two least busy cores) pins the measurement to
 //! a core set, e.g. the cores `taskset` will give the worker.
+//!
+//! The profile's `collective_latency` is measured too: half the median round trip of a
+//! 4 KiB message over TCP on loopback ([`loip_runtime::profile::loopback_latency`]), the
+//! software cost of one message that the simulator charges per tensor-parallel collective.
 
 use std::path::PathBuf;
 
@@ -89,15 +93,24 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     let probe = loip_runtime::profile::median_probe(&runs).context("no probe ran")?;
-    let profile = loip_runtime::cluster_run::profile_from_probe(&a.name, mem, &shape, &probe)?;
+    let mut profile = loip_runtime::cluster_run::profile_from_probe(&a.name, mem, &shape, &probe)?;
+    profile.collective_latency = loip_runtime::profile::loopback_latency(2000, 4096)
+        .context("measuring the loopback message latency")?;
+    profile.sources.push(format!(
+        "collective_latency {:.1} us: half the median round trip of a 4 KiB message over TCP on \
+         loopback, 2000 rounds (`loip profile`)",
+        profile.collective_latency * 1e6
+    ));
     std::fs::write(&a.out, profile.to_json())
         .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!(
-        "measured {} time(s) in {:.1} s (medians): direct {:.2} GB/s, conventional {:.2} GB/s",
+        "measured {} time(s) in {:.1} s (medians): direct {:.2} GB/s, conventional {:.2} GB/s, \
+         loopback message {:.1} us",
         a.repeat,
         probe.took_s,
         probe.direct.bandwidth / 1e9,
-        probe.conventional.bandwidth / 1e9
+        probe.conventional.bandwidth / 1e9,
+        profile.collective_latency * 1e6
     );
     let one = loip_runtime::wire::BatchProbe {
         b: 1,

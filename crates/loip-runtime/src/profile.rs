@@ -7,8 +7,12 @@
 //! workers. The median of several probes drops the outliers a burst of other work causes,
 //! and pinning keeps the probe off cores that are busy (and its threads from migrating).
 //!
-//! [`median_probe`] and [`busy_fractions`] are pure; [`pin_to_cpus`] and [`quiet_cpus`] are
-//! the edges (a syscall, `/proc/stat`).
+//! [`loopback_latency`] measures the software cost of one small message on this machine
+//! (TCP over loopback, so no wire): the profile's `collective_latency`, which the simulator
+//! charges per tensor-parallel collective call besides the link's own latency.
+//!
+//! [`median_probe`] and [`busy_fractions`] are pure; [`pin_to_cpus`], [`quiet_cpus`] and
+//! [`loopback_latency`] are the edges (a syscall, `/proc/stat`, a socket pair).
 
 use std::time::Duration;
 
@@ -180,6 +184,60 @@ pub fn quiet_cpus(n: usize, sample: Duration) -> Result<Vec<usize>, RuntimeError
     Ok(cpus)
 }
 
+/// One-way software latency of a `bytes`-byte message over TCP on loopback: half the median
+/// round trip of `rounds` ping-pongs (`TCP_NODELAY`, one echo thread), after `rounds / 10`
+/// warm-up rounds. Both ends run on this machine, so it is the cost of the system calls, the
+/// kernel's TCP path and a thread wake-up per message, the part of a collective call that
+/// does not depend on the link.  // seconds
+pub fn loopback_latency(rounds: u32, bytes: usize) -> Result<f64, RuntimeError> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let io = |source: std::io::Error| RuntimeError::Io {
+        path: "127.0.0.1 (loopback latency)".into(),
+        source,
+    };
+    let rounds = rounds.clamp(1, 100_000);
+    let bytes = bytes.clamp(1, 1 << 20);
+    let warm = rounds / 10;
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io)?;
+    let addr = listener.local_addr().map_err(io)?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; bytes];
+        for _ in 0..warm + rounds {
+            s.read_exact(&mut buf)?;
+            s.write_all(&buf)?;
+        }
+        Ok(())
+    });
+    let mut s = TcpStream::connect(addr).map_err(io)?;
+    s.set_nodelay(true).map_err(io)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(io)?;
+    let msg = vec![7u8; bytes];
+    let mut back = vec![0u8; bytes];
+    let mut rtt = Vec::with_capacity(rounds as usize);
+    for i in 0..warm + rounds {
+        let t = std::time::Instant::now();
+        s.write_all(&msg).map_err(io)?;
+        s.read_exact(&mut back).map_err(io)?;
+        if i >= warm {
+            rtt.push(t.elapsed().as_secs_f64());
+        }
+    }
+    drop(s);
+    match echo.join() {
+        Ok(r) => r.map_err(io)?,
+        Err(_) => {
+            return Err(RuntimeError::Invalid(
+                "loopback echo thread panicked".into(),
+            ))
+        }
+    }
+    Ok(median(rtt) / 2.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +275,12 @@ mod tests {
         assert_eq!(m.batched[0].attn, vec![(1, 2.4), (256, 4.4)]);
         assert_eq!(m.took_s, 3.0);
         assert!(median_probe(&[]).is_none());
+    }
+
+    #[test]
+    fn loopback_latency_is_a_small_positive_time() {
+        let s = loopback_latency(50, 4096).unwrap();
+        assert!(s > 0.0 && s < 0.1, "{s}");
     }
 
     #[test]
