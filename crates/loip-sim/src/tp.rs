@@ -83,26 +83,6 @@ fn tp_mem(shape: &ModelShape, i: usize, f: f64, r: u32, window: u32, tokens: u64
     (layer * held as f64 + kv) as u64 + fixed + shape.working_bytes(b)
 }
 
-/// Most resident layer shards that fit at `tokens` (`None`: not even the window fits).
-fn max_resident(
-    shape: &ModelShape,
-    i: usize,
-    f: f64,
-    window: u32,
-    tokens: u64,
-    b: u32,
-    budget: u64,
-) -> Option<u32> {
-    let l = shape.layers;
-    if tp_mem(shape, i, f, l, window, tokens, b) <= budget {
-        return Some(l);
-    }
-    let r = (0..l)
-        .rev()
-        .find(|&r| tp_mem(shape, i, f, r, window, tokens, b) <= budget)?;
-    Some(if r + window >= l { l } else { r })
-}
-
 /// TPI-LLM's window on device `i` at `tokens` KV tokens: `(resident, slots)`, the shards that
 /// stay and the sliding slots the others stream through — `slots` = `window` when that fits,
 /// else 1; `(L, 0)` when the whole slice fits. `None`: not even a one-layer window fits
@@ -117,10 +97,15 @@ pub fn tpi_window(
     budget: u64,
 ) -> Option<(u32, u32)> {
     let l = shape.layers;
-    [window.max(1), 1].into_iter().find_map(|w| {
-        max_resident(shape, i, f, w, tokens, b, budget)
-            .map(|r| if r >= l { (l, 0) } else { (r, w) })
-    })
+    let fits = |r: u32, w: u32| tp_mem(shape, i, f, r, w, tokens, b) <= budget;
+    if fits(l, 0) {
+        return Some((l, 0));
+    }
+    // The most resident shards beside `w` sliding slots (resident + slots < L here, since
+    // the whole slice does not fit).
+    [window.max(1), 1]
+        .into_iter()
+        .find_map(|w| (0..l).rev().find(|&r| fits(r, w)).map(|r| (r, w)))
 }
 
 /// Largest fraction of every layer each device can hold resident with `tokens` KV tokens
@@ -662,6 +647,35 @@ mod tests {
             "{}",
             got.devices[0].load_s
         );
+    }
+
+    #[test]
+    fn tpi_llm_is_oom_only_without_a_one_layer_window() {
+        let (sh, mut c, mut cfg) = third_of_slice(64, 4);
+        let fixed = tp_mem(&sh, 0, 1.0, 0, 0, 64 + 5, 1);
+        c.devices[0].reserve = c.devices[0].profile.mem_budget - fixed - sh.layer_bytes();
+        let p = place_tp(TpKind::TpiLlm, &sh, &c, 1, 64, 64, 2).unwrap();
+        assert_eq!((p.resident[0], p.slots[0]), (0, 1));
+        // One slot: every layer loads after the previous one computed, nothing overlaps.
+        let m = DeviceModel::new(&c.devices[0].profile, &sh);
+        let layer = m.attn(1, 1, 66, 1.0) + m.mlp(1, 1.0);
+        let load = c.devices[0]
+            .profile
+            .loader(LoaderKind::Conventional)
+            .load_time(sh.layer_bytes(), 2);
+        let want = (sh.layers as f64 * (layer + load) + m.head(1)) * 1e3;
+        cfg.stop_when_oot = false;
+        let got = simulate_tp(&p, &sh, &c, &cfg).unwrap();
+        assert!(got.events.is_empty(), "{:?}", got.events);
+        assert!(
+            (got.ms_per_token / want - 1.0).abs() < 0.03,
+            "{} vs {want}",
+            got.ms_per_token
+        );
+        // A byte less than one shard beside the prompt's KV: OOM.
+        let prompt_only = tp_mem(&sh, 0, 1.0, 0, 0, 64, 1) + sh.layer_bytes() - 1;
+        c.devices[0].reserve = c.devices[0].profile.mem_budget - prompt_only;
+        assert!(place_tp(TpKind::TpiLlm, &sh, &c, 1, 64, 64, 2).is_err());
     }
 
     #[test]
