@@ -12,8 +12,8 @@
 //! | `pp-offload` | planner `pp-offload` (conventional loader) | sequential loads | evict + recompute |
 //! | `edgeshard` | planner `edgeshard` | no offloading | evict + recompute |
 //! | `galaxy` | [`TpKind::Galaxy`] | TP, ring syncs | evict + recompute |
-//! | `tpi-llm` | [`TpKind::TpiLlm`] | TP, star syncs, window from disk | evict + recompute |
-//! | `tpi-llm-offload` | [`TpKind::TpiLlmOffload`] | as `tpi-llm` | stream more layers |
+//! | `tpi-llm` | [`TpKind::TpiLlm`] | TP, star syncs, sliding window from disk | window shrinks (evict + recompute past a one-layer window) |
+//! | `tpi-llm-offload` | [`TpKind::TpiLlmOffload`] | as `tpi-llm` | as `tpi-llm` (same model, kept for the tables) |
 //!
 //! **Planned context** (design §4). The LOIP family, which adapts online (§6: thresholds
 //! count from the placement), is placed for the KV the whole run holds, `b · (prompt +
@@ -23,8 +23,10 @@
 //! the fastest that finishes (ties: the larger context), and [`MethodRun::planned_for`] says
 //! which it was. The baselines run as their papers do: placed for the weights and the
 //! prompt, and when the KV cache then overflows a device they evict the oldest overflowed KV
-//! and recompute it in every forward pass (`tpi-llm-offload` streams more layers instead).
-//! A method is OOM only when its weights (or TP slices) and the prompt's KV cannot be placed.
+//! and recompute it in every forward pass — except TPI-LLM, whose sliding window of layer
+//! shards shrinks instead (more shards stream from disk; [`crate::tp`]). A method is OOM only
+//! when its weights (or TP slices, for TPI-LLM a one-layer window) and the prompt's KV cannot
+//! be placed.
 //! Baselines that read from disk (`pp-offload`, TPI-LLM) use the conventional loader: the
 //! O_DIRECT slot path is LOIP's own (design §5).
 //!

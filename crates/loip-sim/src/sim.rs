@@ -39,7 +39,8 @@ pub struct SimConfig {
     pub stop_after_s: Option<f64>,
     /// Record memory per device at every step.
     pub record_memory: bool,
-    /// Sliding window of TPI-LLM, in layers streamed ahead.
+    /// TPI-LLM's sliding slots, the layer shards streamed through (the rest of its window,
+    /// sized from memory by `tp::tpi_window`, stays resident).
     pub tpi_window_layers: u32,
     /// Fixed cost a framework adds to every pass of a micro-batch through a stage (pipeline
     /// methods) or of a token through a device (tensor parallelism): see

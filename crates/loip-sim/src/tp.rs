@@ -15,12 +15,20 @@
 //! with `T` the tokens in the batch (`b` sequences × (1 + recomputed)). A sync starts when the
 //! slowest shard is done. Galaxy's overlap of communication with compute is not modelled.
 //!
-//! **Memory.** Galaxy needs every shard resident (fractions capped by memory, water-filled);
-//! TPI-LLM keeps as many of its layer shards resident as fit and streams the rest from SSD
-//! through a sliding window of `w` layer shards (conventional loader: TPI-LLM has no
-//! O_DIRECT slot path), the load of a streamed layer waiting for the window slot of the layer
-//! `w` before it. KV overflow: Galaxy and `tpi-llm` evict and recompute (every device runs the
-//! evicted tokens again, from the embedding); `tpi-llm-offload` streams more layers instead.
+//! **Memory.** Galaxy needs every shard resident (fractions capped by memory, water-filled).
+//! TPI-LLM runs its paper's sliding-window scheduler: each device keeps a window of `W` layer
+//! shards in memory, `W` = what its budget holds after the KV cache, the embedding/head and
+//! the working buffers ([`tpi_window`]). `W − s` shards stay resident and the other `L − W +
+//! s` stream from SSD through `s` sliding slots (`s` = the configured window, 2: the next
+//! layer loads while the current one computes; 1 when only one fits, and then loads do not
+//! overlap compute), with the conventional loader (TPI-LLM has no O_DIRECT slot path): the
+//! load of a streamed layer waits for the slot of the layer `s` before it, so a token takes
+//! about `max(compute, load of the streamed shards)`. As the KV cache grows the window shrinks
+//! (more shards stream) instead of evicting KV; only when not even a one-layer window fits
+//! beside the KV does TPI-LLM evict and recompute (every device runs the evicted tokens again,
+//! from the embedding), and it is OOM when that holds for the prompt's KV. `tpi-llm-offload`
+//! is now the same model (kept so that tables keep their columns). Galaxy evicts and
+//! recomputes on KV overflow.
 
 use crate::compute::DeviceModel;
 use crate::engine::{Engine, TaskId, Work};
@@ -35,9 +43,11 @@ use serde::{Deserialize, Serialize};
 pub enum TpKind {
     /// Galaxy: all shards resident, ring collectives.
     Galaxy,
-    /// TPI-LLM: sliding window from disk, star all-reduce, recompute on KV overflow.
+    /// TPI-LLM: sliding window from disk that shrinks as the KV cache grows, star
+    /// all-reduce.
     TpiLlm,
-    /// TPI-LLM streaming more layers instead of recomputing.
+    /// The same model as [`TpKind::TpiLlm`] (the window already streams more layers instead
+    /// of recomputing); kept for the tables' columns.
     TpiLlmOffload,
 }
 
@@ -50,7 +60,10 @@ pub struct TpPlacement {
     pub frac: Vec<f64>,
     /// Layer shards kept resident on each device (the rest are streamed).
     pub resident: Vec<u32>,
-    /// Sliding window of streamed layer shards.
+    /// Sliding slots of streamed layer shards on each device (0: nothing streams); the
+    /// device's window is `resident + slots`.
+    pub slots: Vec<u32>,
+    /// Sliding slots asked for (TPI-LLM's prefetch depth).
     pub window: u32,
     /// KV tokens (all sequences) the placement was sized for.  // tokens
     pub planned_tokens: u64,
@@ -70,8 +83,11 @@ fn tp_mem(shape: &ModelShape, i: usize, f: f64, r: u32, window: u32, tokens: u64
     (layer * held as f64 + kv) as u64 + fixed + shape.working_bytes(b)
 }
 
-/// Most resident layer shards that fit at `tokens` (`None`: not even the window fits).
-fn max_resident(
+/// TPI-LLM's window on device `i` at `tokens` KV tokens: `(resident, slots)`, the shards that
+/// stay and the sliding slots the others stream through — `slots` = `window` when that fits,
+/// else 1; `(L, 0)` when the whole slice fits. `None`: not even a one-layer window fits
+/// beside the KV.
+pub fn tpi_window(
     shape: &ModelShape,
     i: usize,
     f: f64,
@@ -79,15 +95,17 @@ fn max_resident(
     tokens: u64,
     b: u32,
     budget: u64,
-) -> Option<u32> {
+) -> Option<(u32, u32)> {
     let l = shape.layers;
-    if tp_mem(shape, i, f, l, window, tokens, b) <= budget {
-        return Some(l);
+    let fits = |r: u32, w: u32| tp_mem(shape, i, f, r, w, tokens, b) <= budget;
+    if fits(l, 0) {
+        return Some((l, 0));
     }
-    let r = (0..l)
-        .rev()
-        .find(|&r| tp_mem(shape, i, f, r, window, tokens, b) <= budget)?;
-    Some(if r + window >= l { l } else { r })
+    // The most resident shards beside `w` sliding slots (resident + slots < L here, since
+    // the whole slice does not fit).
+    [window.max(1), 1]
+        .into_iter()
+        .find_map(|w| (0..l).rev().find(|&r| fits(r, w)).map(|r| (r, w)))
 }
 
 /// Largest fraction of every layer each device can hold resident with `tokens` KV tokens
@@ -160,6 +178,7 @@ pub fn place_tp(
                         kind,
                         frac,
                         resident: vec![shape.layers; nd],
+                        slots: vec![0; nd],
                         window: 0,
                         planned_tokens: tokens,
                     });
@@ -190,12 +209,16 @@ pub fn place_tp(
                 prompt_tokens
             };
             let mut resident = Vec::with_capacity(nd);
+            let mut slots = Vec::with_capacity(nd);
             for i in 0..nd {
-                match max_resident(shape, i, frac[i], window, tokens, b, budgets[i]) {
-                    Some(r) => resident.push(r),
+                match tpi_window(shape, i, frac[i], window, tokens, b, budgets[i]) {
+                    Some((r, s)) => {
+                        resident.push(r);
+                        slots.push(s);
+                    }
                     None => {
                         return Err(format!(
-                            "device `{}` cannot hold a window of {window} layer shards (+ embedding/head on the first)",
+                            "device `{}` cannot hold a one-layer window beside the prompt's KV (+ embedding/head on the first)",
                             cluster.devices[i].name
                         ))
                     }
@@ -205,6 +228,7 @@ pub fn place_tp(
                 kind,
                 frac,
                 resident,
+                slots,
                 window,
                 planned_tokens: tokens,
             })
@@ -220,7 +244,7 @@ pub fn simulate_tp(
     cfg: &SimConfig,
 ) -> Result<SimReport, SimError> {
     let nd = cluster.devices.len();
-    if place.frac.len() != nd || place.resident.len() != nd {
+    if place.frac.len() != nd || place.resident.len() != nd || place.slots.len() != nd {
         return Err(SimError::Invalid {
             field: "placement",
             reason: "one fraction per cluster device".into(),
@@ -246,6 +270,7 @@ pub fn simulate_tp(
     let comp: Vec<_> = (0..nd).map(|_| eng.resource()).collect();
     let loaders: Vec<_> = (0..nd).map(|_| eng.resource()).collect();
     let mut resident = place.resident.clone();
+    let mut slots = place.slots.clone();
     let mut evict = 0u32;
     let mut events = Vec::new();
     let mut peak = vec![0u64; nd];
@@ -262,36 +287,36 @@ pub fn simulate_tp(
     let mut emit = |t: u32,
                     eng: &mut Engine,
                     resident: &mut Vec<u32>,
+                    slots: &mut Vec<u32>,
                     evict: &mut u32,
                     input: &mut Option<TaskId>|
      -> TaskId {
         let tokens = b as u64 * (cfg.prompt_tokens as u64 + t as u64 + 1);
-        // KV overflow: stream more (tpi-llm-offload), then evict and recompute.
-        if place.kind == TpKind::TpiLlmOffload {
+        // KV growth: TPI-LLM's window shrinks (more shards stream); evict and recompute
+        // only when not even a one-layer window fits (Galaxy: always).
+        if place.kind != TpKind::Galaxy {
             for i in 0..nd {
                 let tok_held = tokens.saturating_sub(b as u64 * *evict as u64);
-                if let Some(r) = max_resident(
+                let (r, s) = tpi_window(
                     shape,
                     i,
                     place.frac[i],
-                    place.window.max(1),
+                    place.window,
                     tok_held,
                     b,
                     budgets[i],
-                ) {
-                    resident[i] = resident[i].min(r);
-                } else {
-                    resident[i] = 0;
+                )
+                .unwrap_or((0, 1));
+                // The window only shrinks: it never takes back memory the KV was given.
+                if r < resident[i] || (r == resident[i] && s < slots[i]) {
+                    resident[i] = r;
+                    slots[i] = s;
                 }
             }
         }
         let mut e = *evict;
         for i in 0..nd {
-            let w = if resident[i] >= l {
-                0
-            } else {
-                place.window.max(1)
-            };
+            let w = slots[i];
             let m = tp_mem(
                 shape,
                 i,
@@ -314,11 +339,7 @@ pub fn simulate_tp(
             events.push(AdaptEvent::Evict { step: t, tokens: e });
         }
         for i in 0..nd {
-            let w = if resident[i] >= l {
-                0
-            } else {
-                place.window.max(1)
-            };
+            let w = slots[i];
             let m = tp_mem(
                 shape,
                 i,
@@ -367,7 +388,7 @@ pub fn simulate_tp(
             for i in 0..nd {
                 if layer >= resident[i] {
                     let q = released[i].len();
-                    let w = place.window.max(1) as usize;
+                    let w = slots[i].max(1) as usize;
                     let deps: Vec<TaskId> = if q >= w {
                         vec![released[i][q - w]]
                     } else {
@@ -429,7 +450,14 @@ pub fn simulate_tp(
         bcast
     };
     for t in 0..steps.min(2) {
-        ends.push(emit(t, &mut eng, &mut resident, &mut evict, &mut input));
+        ends.push(emit(
+            t,
+            &mut eng,
+            &mut resident,
+            &mut slots,
+            &mut evict,
+            &mut input,
+        ));
         emitted += 1;
     }
     for t in 0..steps {
@@ -445,6 +473,7 @@ pub fn simulate_tp(
                 emitted,
                 &mut eng,
                 &mut resident,
+                &mut slots,
                 &mut evict,
                 &mut input,
             ));
@@ -521,6 +550,132 @@ mod tests {
         )
         .unwrap();
         assert!(tpi.resident.iter().all(|&r| r < sh.layers));
+    }
+
+    /// One device whose budget holds a third of its slice (plus the KV of `tokens`, the
+    /// embedding/head and the working buffers), and a config of `steps` tokens.
+    fn third_of_slice(tokens: u64, steps: u32) -> (ModelShape, Cluster, SimConfig) {
+        let sh = crate::shapes::shape("llama2-13b").unwrap();
+        let mut c = cluster(&["orin32"]);
+        let l = sh.layers as u64;
+        let budget = tp_mem(&sh, 0, 1.0, 0, 0, tokens, 1) + l / 3 * sh.layer_bytes();
+        c.devices[0].reserve = c.devices[0].profile.mem_budget - budget;
+        let mut cfg = SimConfig::new(Pattern::Sporadic, 1, BandwidthTrace::constant(12.5e6), 2e-3);
+        cfg.prompt_tokens = 64;
+        cfg.output_tokens = steps;
+        (sh, c, cfg)
+    }
+
+    #[test]
+    fn tpi_window_overlaps_loads_with_compute() {
+        let (sh, c, cfg) = third_of_slice(64 + 9, 8);
+        let l = sh.layers;
+        let p = place_tp(TpKind::TpiLlm, &sh, &c, 1, 64, 64, 2).unwrap();
+        // The window is the third of the slice: L/3 − 2 resident, 2 sliding slots.
+        assert_eq!((p.resident[0], p.slots[0]), (l / 3 - 2, 2));
+        // Per layer: a resident shard costs its compute, a streamed one the larger of its
+        // compute and its load (the next slot loads while the current layer computes).
+        let per_token = |c: &Cluster| {
+            let m = DeviceModel::new(&c.devices[0].profile, &sh);
+            let n = cfg.prompt_tokens as u64 + cfg.output_tokens as u64 / 2;
+            let layer = m.attn(1, 1, n, 1.0) + m.mlp(1, 1.0);
+            let load = c.devices[0]
+                .profile
+                .loader(LoaderKind::Conventional)
+                .load_time(sh.layer_bytes(), 2);
+            let r = p.resident[0] as f64;
+            let secs = r * layer + (l as f64 - r) * layer.max(load) + m.head(1);
+            (secs, load > layer)
+        };
+        // Disk-bound (the preset's SSD), then compute-bound (a 100× faster disk).
+        let mut fast = c.clone();
+        let conv = &mut fast.devices[0].profile.loader.conventional;
+        conv.bandwidth *= 100.0;
+        conv.per_read_overhead /= 100.0;
+        for (c, disk_bound) in [(&c, true), (&fast, false)] {
+            let (want, got_disk_bound) = per_token(c);
+            assert_eq!(got_disk_bound, disk_bound);
+            let got = simulate_tp(&p, &sh, c, &cfg).unwrap();
+            assert!(got.events.is_empty(), "{:?}", got.events);
+            let want = want * 1e3;
+            assert!(
+                (got.ms_per_token / want - 1.0).abs() < 0.03,
+                "{} ms vs {want} ms",
+                got.ms_per_token
+            );
+        }
+    }
+
+    #[test]
+    fn tpi_window_shrinks_as_the_kv_cache_grows() {
+        let (sh, c, mut cfg) = third_of_slice(64, 0);
+        let budget = c.devices[0].budget();
+        let (r0, s0) = tpi_window(&sh, 0, 1.0, 2, 64, 1, budget).unwrap();
+        // A layer's worth of KV more: one shard fewer in the window.
+        let per_layer = sh.layer_bytes() / sh.kv_bytes(sh.layers as u64, 1);
+        let (r1, s1) = tpi_window(&sh, 0, 1.0, 2, 64 + per_layer, 1, budget).unwrap();
+        assert_eq!((r1, s1), (r0 - 1, s0));
+        // Only two shards' room left: both slide, then one, then nothing fits.
+        let kv_for = |shards: u64| {
+            let free = budget - tp_mem(&sh, 0, 1.0, 0, 0, 0, 1) - shards * sh.layer_bytes();
+            free / sh.kv_bytes(sh.layers as u64, 1)
+        };
+        assert_eq!(
+            tpi_window(&sh, 0, 1.0, 2, kv_for(2), 1, budget),
+            Some((0, 2))
+        );
+        assert_eq!(
+            tpi_window(&sh, 0, 1.0, 2, kv_for(1), 1, budget),
+            Some((0, 1))
+        );
+        assert_eq!(tpi_window(&sh, 0, 1.0, 2, kv_for(0) + 1, 1, budget), None);
+        // In a run the KV grows by three layers' worth: the window shrinks, nothing is
+        // evicted, memory stays within the budget and more is loaded per token.
+        cfg.output_tokens = (3 * per_layer + 8) as u32;
+        cfg.stop_when_oot = false;
+        let p = place_tp(TpKind::TpiLlm, &sh, &c, 1, 64, 64, 2).unwrap();
+        let got = simulate_tp(&p, &sh, &c, &cfg).unwrap();
+        assert!(got.events.is_empty(), "{:?}", got.events);
+        assert!(got.devices[0].peak_memory <= budget);
+        let ld = c.devices[0]
+            .profile
+            .loader(LoaderKind::Conventional)
+            .load_time(sh.layer_bytes(), 2);
+        let at_start = (sh.layers - p.resident[0]) as f64 * ld * cfg.output_tokens as f64;
+        assert!(
+            got.devices[0].load_s > at_start + 2.0 * ld,
+            "{}",
+            got.devices[0].load_s
+        );
+    }
+
+    #[test]
+    fn tpi_llm_is_oom_only_without_a_one_layer_window() {
+        let (sh, mut c, mut cfg) = third_of_slice(64, 4);
+        let fixed = tp_mem(&sh, 0, 1.0, 0, 0, 64 + 5, 1);
+        c.devices[0].reserve = c.devices[0].profile.mem_budget - fixed - sh.layer_bytes();
+        let p = place_tp(TpKind::TpiLlm, &sh, &c, 1, 64, 64, 2).unwrap();
+        assert_eq!((p.resident[0], p.slots[0]), (0, 1));
+        // One slot: every layer loads after the previous one computed, nothing overlaps.
+        let m = DeviceModel::new(&c.devices[0].profile, &sh);
+        let layer = m.attn(1, 1, 66, 1.0) + m.mlp(1, 1.0);
+        let load = c.devices[0]
+            .profile
+            .loader(LoaderKind::Conventional)
+            .load_time(sh.layer_bytes(), 2);
+        let want = (sh.layers as f64 * (layer + load) + m.head(1)) * 1e3;
+        cfg.stop_when_oot = false;
+        let got = simulate_tp(&p, &sh, &c, &cfg).unwrap();
+        assert!(got.events.is_empty(), "{:?}", got.events);
+        assert!(
+            (got.ms_per_token / want - 1.0).abs() < 0.03,
+            "{} vs {want}",
+            got.ms_per_token
+        );
+        // A byte less than one shard beside the prompt's KV: OOM.
+        let prompt_only = tp_mem(&sh, 0, 1.0, 0, 0, 64, 1) + sh.layer_bytes() - 1;
+        c.devices[0].reserve = c.devices[0].profile.mem_budget - prompt_only;
+        assert!(place_tp(TpKind::TpiLlm, &sh, &c, 1, 64, 64, 2).is_err());
     }
 
     #[test]
