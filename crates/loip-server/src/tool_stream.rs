@@ -16,7 +16,8 @@
 //!   back until it does or cannot.
 //! - An answer in which no call of a declared tool is found is all content (given out at
 //!   [`ToolStream::finish`] where it was held back).
-//! - Work per character is O(1) amortized; nothing held grows beyond the answer's text.
+//! - Work per character is O(1) but for the whitespace held back (a run of it is re-read at
+//!   each character while it lasts); nothing held grows beyond the answer's text.
 
 use serde_json::{json, Value};
 
