@@ -656,7 +656,7 @@ mod tests {
     use crate::tokenizer::{GgufVocab, TOKEN_TYPE_CONTROL};
 
     /// `tojson` writes what Python's `json.dumps` writes for templates: spaced separators,
-    /// key order kept, no HTML escaping; `indent` one item a line.
+    /// no HTML escaping; `indent` one item a line.
     #[test]
     fn tojson_is_pythons() {
         let t = ChatTemplate::new(
@@ -665,11 +665,13 @@ mod tests {
             None,
         )
         .unwrap();
-        let tools = serde_json::json!([{"name": "f", "a<b": [1, "x&'y"], "z": {}}]);
+        // (keys in sorted order: this crate alone may build serde_json without
+        // `preserve_order`)
+        let tools = serde_json::json!([{"a<b": [1, "x&'y"], "name": "f", "z": {}}]);
         let out = t.render_tools(&[], Some(&tools), false).unwrap();
         assert_eq!(
             out,
-            "[{\"name\": \"f\", \"a<b\": [1, \"x&'y\"], \"z\": {}}]|{\n  \"name\": \"f\",\n  \"a<b\": [\n    1,\n    \"x&'y\"\n  ],\n  \"z\": {}\n}"
+            "[{\"a<b\": [1, \"x&'y\"], \"name\": \"f\", \"z\": {}}]|{\n  \"a<b\": [\n    1,\n    \"x&'y\"\n  ],\n  \"name\": \"f\",\n  \"z\": {}\n}"
         );
     }
 
