@@ -84,6 +84,22 @@ pub trait BatchBackend {
         false
     }
 
+    /// Gives sequence `to` (not cached yet) a copy of `from`'s first `len` positions of KV, as
+    /// if it had been fed the same tokens (a prompt shared by several sequences is computed
+    /// once), counted against the cache's budget. A backend that cannot says so in
+    /// [`BatchBackend::can_fork`] and is never asked: its sequences prefill on their own.
+    fn fork(&mut self, from: SeqId, to: SeqId, len: usize) -> Result<(), EngineError> {
+        let _ = (from, to, len);
+        Err(EngineError::Backend(
+            "this backend cannot share KV between sequences".into(),
+        ))
+    }
+
+    /// Whether [`BatchBackend::fork`] works here.
+    fn can_fork(&self) -> bool {
+        false
+    }
+
     /// Token ids must be below this.
     fn vocab_size(&self) -> usize;
 }
@@ -131,6 +147,14 @@ impl BatchBackend for Generator<'_, '_> {
     }
 
     fn can_rewind(&self) -> bool {
+        true
+    }
+
+    fn fork(&mut self, from: SeqId, to: SeqId, len: usize) -> Result<(), EngineError> {
+        self.kv.fork(from, to, len)
+    }
+
+    fn can_fork(&self) -> bool {
         true
     }
 
@@ -201,6 +225,9 @@ pub struct BatchRunner<B> {
     ended: BTreeMap<SeqId, Vec<TokenLogprob>>,
     /// what speculation drafted and kept, per source, over all sequences so far
     spec_totals: Vec<(Speculate, SpecStats)>,
+    /// the tokens in the KV of ended sequences not released yet (a fork may still copy
+    /// them), kept only where the backend can fork
+    ended_kv: BTreeMap<SeqId, Vec<u32>>,
 }
 
 impl<B: BatchBackend> BatchRunner<B> {
@@ -212,6 +239,7 @@ impl<B: BatchBackend> BatchRunner<B> {
             logprobs: BTreeMap::new(),
             ended: BTreeMap::new(),
             spec_totals: Vec::new(),
+            ended_kv: BTreeMap::new(),
         }
     }
 
@@ -346,8 +374,53 @@ impl<B: BatchBackend> BatchRunner<B> {
             .unwrap_or_default()
     }
 
+    /// The tokens in `seq`'s KV (running, or ended and not released yet); `None` when
+    /// unknown, or ended on a backend that cannot fork.
+    pub fn cached_tokens(&self, seq: SeqId) -> Option<&[u32]> {
+        match self.seqs.get(&seq) {
+            Some(run) => Some(&run.tokens[..run.fed.min(run.tokens.len())]),
+            None => self.ended_kv.get(&seq).map(|t| &t[..]),
+        }
+    }
+
+    /// Whether `seq` was added and not released.
+    pub fn knows(&self, seq: SeqId) -> bool {
+        self.seqs.contains_key(&seq) || self.ended_kv.contains_key(&seq)
+    }
+
+    /// Whether the backend can share KV between sequences ([`BatchBackend::can_fork`]).
+    pub fn can_fork(&self) -> bool {
+        self.backend.can_fork()
+    }
+
+    /// Gives added sequence `to`, not fed yet, `from`'s KV of all of `to`'s prompt but its
+    /// last token (which `to` then feeds itself, so that it samples its first token from
+    /// its own row): a shared prompt is computed once. Returns the positions shared. Refused
+    /// (nothing changes) when the backend cannot fork, `from` does not hold those tokens, or
+    /// the copy does not fit.
+    pub fn fork(&mut self, from: SeqId, to: SeqId) -> Result<usize, EngineError> {
+        let target = self
+            .seqs
+            .get(&to)
+            .filter(|r| r.fed == 0)
+            .ok_or_else(|| EngineError::Invalid(format!("sequence {to} cannot take a fork")))?;
+        let n = target.tokens.len() - 1; // prompts are never empty
+        let held = self.cached_tokens(from).unwrap_or_default();
+        if n == 0 || held.len() < n || held[..n] != target.tokens[..n] {
+            return Err(EngineError::Invalid(format!(
+                "sequence {from} does not hold the prompt of {to}"
+            )));
+        }
+        self.backend.fork(from, to, n)?;
+        if let Some(run) = self.seqs.get_mut(&to) {
+            run.fed = n;
+        }
+        Ok(n)
+    }
+
     /// Drops `seq`'s state and frees its KV (a finished, cancelled or failed sequence).
     pub fn release(&mut self, seq: SeqId) {
+        self.ended_kv.remove(&seq);
         self.seqs.remove(&seq);
         if let Some(lps) = self.logprobs.remove(&seq) {
             self.ended.insert(seq, lps);
@@ -360,6 +433,7 @@ impl<B: BatchBackend> BatchRunner<B> {
     pub fn stop(&mut self, seq: SeqId) -> Option<SeqEvent> {
         let mut run = self.seqs.remove(&seq)?;
         run.dec.stop();
+        self.keep_kv(seq, &run);
         Some(done(seq, run))
     }
 
@@ -481,12 +555,23 @@ impl<B: BatchBackend> BatchRunner<B> {
                 Some(id) => run.tokens.push(id),
                 None => {
                     if let Some(run) = self.seqs.remove(&seq) {
+                        self.keep_kv(seq, &run);
                         events.push(done(seq, run));
                     }
                 }
             }
         }
         Ok(events)
+    }
+}
+
+impl<B: BatchBackend> BatchRunner<B> {
+    /// Notes the tokens in an ending sequence's KV, for a fork until it is released.
+    fn keep_kv(&mut self, seq: SeqId, run: &SeqRun) {
+        if self.backend.can_fork() {
+            self.ended_kv
+                .insert(seq, run.tokens[..run.fed.min(run.tokens.len())].to_vec());
+        }
     }
 }
 

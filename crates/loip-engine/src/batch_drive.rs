@@ -11,9 +11,23 @@
 //! a decode item the pending token plus those drafts, within the step's token limit; the
 //! kept tokens are reported back and the rejected positions' KV dropped.
 //!
+//! Sequences with the same prompt share its KV where the backend can fork
+//! ([`BatchBackend::can_fork`]): a request whose prompt another held sequence has (the `n`
+//! choices of one API request) waits until that one has prefilled it, then joins the
+//! scheduler; at its first step it takes a copy of that KV for every prompt token but the
+//! last and feeds that one itself, so it samples from its own row: the prompt is computed
+//! once, and each sequence's tokens and logits stay those of `generate` alone (a token's K
+//! and V depend only on the tokens before it). The scheduler counts the whole prompt for it:
+//! the copy is made once it is admitted, within its reservation; the prefill tokens the
+//! scheduler gives it that the copy holds are not fed. Where the backend cannot fork, or the
+//! other sequence is gone by then, it prefills its own prompt.
+//!
 //! Invariant: the scheduler's KV reservation (worst case per sequence) is within the same
 //! budget as the backend's cache, so an admitted sequence never fails for KV mid-way; and a
 //! sequence's tokens are those of [`generate`](crate::generate()) alone (see [`crate::batch`]).
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 
 use loip_plan::sched::{
     Action, EndReason, KvDevice, Limits, Outcome, RejectReason, Request, SchedError, SchedStats,
@@ -61,6 +75,31 @@ pub struct Serving<B> {
     runner: BatchRunner<B>,
     /// the times of its steps by number of positions (speculating sequences' draft lengths)
     cost: StepCost,
+    /// a hash of each held sequence's prompt (where the backend can fork)
+    prompts: HashMap<SeqId, u64>,
+    /// sequences waiting for the one whose prompt they share to prefill it, in arrival order
+    waiting: Vec<Waiting>,
+    /// sequences to fork from another at their first step: (sequence, from)
+    fork_from: HashMap<SeqId, SeqId>,
+    /// per forked sequence: prefill tokens the scheduler will still schedule that its KV
+    /// already holds // tokens
+    shared: HashMap<SeqId, usize>,
+    /// waiting sequences cancelled, reported at the next step
+    cancelled: Vec<SeqId>,
+    /// prompt positions copied rather than computed, in all // tokens
+    shared_total: u64,
+}
+
+/// A sequence waiting for `parent` to have prefilled the prompt they share.
+struct Waiting {
+    parent: SeqId,
+    req: Request,
+}
+
+fn prompt_key(prompt: &[u32]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    prompt.hash(&mut h);
+    h.finish()
 }
 
 impl<B: BatchBackend> Serving<B> {
@@ -74,6 +113,12 @@ impl<B: BatchBackend> Serving<B> {
             sched: Scheduler::new(limits)?,
             runner: BatchRunner::new(backend),
             cost,
+            prompts: HashMap::new(),
+            waiting: Vec::new(),
+            fork_from: HashMap::new(),
+            shared: HashMap::new(),
+            cancelled: Vec::new(),
+            shared_total: 0,
         })
     }
 
@@ -129,11 +174,91 @@ impl<B: BatchBackend> Serving<B> {
             prompt_len: prompt.len(),
             max_new_tokens: opts.max_tokens,
         };
+        if !self.runner.can_fork() || prompt.len() < 2 {
+            return self.enqueue(now, req, None);
+        }
+        let key = prompt_key(prompt);
+        let parent = self
+            .prompts
+            .iter()
+            .filter(|&(&p, &k)| k == key && self.runner.knows(p))
+            .map(|(&p, _)| p)
+            .min();
+        self.prompts.insert(seq, key);
+        match parent {
+            Some(parent) if self.prefilling(parent, prompt.len() - 1) => {
+                self.waiting.push(Waiting { parent, req });
+                Ok(())
+            }
+            parent => self.enqueue(now, req, parent),
+        }
+    }
+
+    /// Whether `parent` (queued, running or itself waiting) is still to cache its first `n`
+    /// tokens.
+    fn prefilling(&self, parent: SeqId, n: usize) -> bool {
+        let held = self.sched.seq_info(parent).is_some()
+            || self.waiting.iter().any(|w| w.req.seq == parent);
+        held && self
+            .runner
+            .cached_tokens(parent)
+            .is_some_and(|t| t.len() < n)
+    }
+
+    /// Hands `req` to the scheduler, to fork from `from` at its first step.
+    fn enqueue(&mut self, now: Time, req: Request, from: Option<SeqId>) -> Result<(), ServeError> {
+        let seq = req.seq;
         if let Err(e) = self.sched.submit(now, req) {
             self.runner.release(seq);
+            self.prompts.remove(&seq);
             return Err(e.into());
         }
+        if let Some(from) = from {
+            self.fork_from.insert(seq, from);
+        }
         Ok(())
+    }
+
+    /// The tokens of a step item to feed: none of those a forked sequence's KV holds. A
+    /// sequence to fork forks now (it is admitted: the copy is within its reservation).
+    fn to_feed(&mut self, seq: SeqId, len: usize) -> usize {
+        if let Some(from) = self.fork_from.remove(&seq) {
+            if let Ok(n) = self.runner.fork(from, seq) {
+                self.shared.insert(seq, n);
+                self.shared_total += n as u64;
+            }
+        }
+        let skip = self.shared.get_mut(&seq).map_or(0, |held| {
+            let skip = (*held).min(len);
+            *held -= skip;
+            skip
+        });
+        len - skip
+    }
+
+    /// Hands each waiting sequence whose parent has prefilled their prompt (or is gone) to
+    /// the scheduler: with a fork of the parent's KV where it holds the prompt, else alone.
+    fn start_waiting(&mut self, now: Time, events: &mut Vec<SeqEvent>) {
+        let waiting = std::mem::take(&mut self.waiting);
+        for w in waiting {
+            let n = w.req.prompt_len - 1;
+            if self.prefilling(w.parent, n) {
+                self.waiting.push(w);
+                continue;
+            }
+            let seq = w.req.seq;
+            if let Err(e) = self.enqueue(now, w.req, Some(w.parent)) {
+                events.push(SeqEvent::Failed {
+                    seq,
+                    error: e.to_string(),
+                });
+            }
+        }
+    }
+
+    /// Prompt positions copied from another sequence's KV rather than computed, so far.
+    pub fn shared_tokens(&self) -> u64 {
+        self.shared_total
     }
 
     /// The log-probabilities of `seq`'s tokens kept since the last call.
@@ -144,13 +269,24 @@ impl<B: BatchBackend> Serving<B> {
     /// Cancels `seq` (queued or running): its KV is freed at the next step, a
     /// [`SeqEvent::Cancelled`] follows. Returns whether it was known.
     pub fn cancel(&mut self, now: Time, seq: SeqId) -> bool {
+        if let Some(i) = self.waiting.iter().position(|w| w.req.seq == seq) {
+            self.waiting.remove(i);
+            self.runner.release(seq);
+            self.prompts.remove(&seq);
+            self.cancelled.push(seq);
+            return true;
+        }
         self.sched.cancel(now, seq)
     }
 
     /// One round: applies releases, admits, and runs the steps due (one on one device).
     /// `clock` gives the time at the start and at the end of each step.
     pub fn step(&mut self, clock: &mut dyn FnMut() -> Time) -> Result<Vec<SeqEvent>, ServeError> {
-        let mut events = Vec::new();
+        let mut events: Vec<SeqEvent> = self
+            .cancelled
+            .drain(..)
+            .map(|seq| SeqEvent::Cancelled { seq })
+            .collect();
         for (seq, drafts) in self.runner.drafts_ready(&self.cost) {
             self.sched.set_drafts(seq, drafts);
         }
@@ -160,19 +296,21 @@ impl<B: BatchBackend> Serving<B> {
             match action {
                 Action::Release { seq, reason, .. } => self.release(seq, reason, &mut events),
                 Action::Run(step) => {
+                    // a forked sequence's prompt tokens its KV holds are not fed
                     let feeds: Vec<Feed> = step
                         .items
                         .iter()
-                        .map(|i| Feed {
-                            seq: i.seq,
-                            len: i.len,
+                        .filter_map(|i| {
+                            let len = self.to_feed(i.seq, i.len);
+                            (len > 0).then_some(Feed { seq: i.seq, len })
                         })
                         .collect();
                     let ran = self.runner.run_step(&feeds);
                     let t1 = clock();
                     let results = match ran {
                         Ok(evs) => {
-                            self.cost.observe(step.tokens(), t1 - t0);
+                            let fed = feeds.iter().map(|f| f.len).sum();
+                            self.cost.observe(fed, t1 - t0);
                             let results = outcomes(&step.items, &evs);
                             events.extend(evs);
                             results
@@ -194,6 +332,7 @@ impl<B: BatchBackend> Serving<B> {
                             .collect(),
                     };
                     self.sched.on_step_done(t1, step.id, &results)?;
+                    self.start_waiting(t1, &mut events);
                     t0 = t1;
                 }
             }
@@ -204,10 +343,18 @@ impl<B: BatchBackend> Serving<B> {
                 self.release(seq, reason, &mut events);
             }
         }
+        if !self.waiting.is_empty() {
+            // parents released before their prompt was cached: their waiters prefill alone
+            let now = clock();
+            self.start_waiting(now, &mut events);
+        }
         Ok(events)
     }
 
     fn release(&mut self, seq: SeqId, reason: EndReason, events: &mut Vec<SeqEvent>) {
+        self.prompts.remove(&seq);
+        self.shared.remove(&seq);
+        self.fork_from.remove(&seq);
         self.runner.release(seq);
         if reason == EndReason::Cancelled {
             events.push(SeqEvent::Cancelled { seq });
@@ -216,12 +363,15 @@ impl<B: BatchBackend> Serving<B> {
 
     /// Whether nothing is queued or running.
     pub fn is_idle(&self) -> bool {
-        self.sched.is_idle()
+        self.sched.is_idle() && self.waiting.is_empty() && self.cancelled.is_empty()
     }
 
-    /// The scheduler's numbers: queue, running, KV bytes per device.
+    /// The scheduler's numbers: queue (sequences waiting for a shared prompt included),
+    /// running, KV bytes per device.
     pub fn stats(&self) -> SchedStats {
-        self.sched.stats()
+        let mut st = self.sched.stats();
+        st.queued += self.waiting.len();
+        st
     }
 
     /// What speculation drafted and kept so far, per source.

@@ -456,6 +456,58 @@ impl KvCache {
         })
     }
 
+    /// Gives `to` (not cached yet) a copy of `from`'s first `n` positions on every held layer,
+    /// as if `to` had been fed the same `n` tokens (a prompt shared by several sequences is
+    /// computed once; a token's K and V depend only on the tokens before it). A sliding layer
+    /// copies its last window before `n`. Refused (nothing changes) when `to` is cached, rows
+    /// of `from` are lent out, `from` does not hold all of those positions (fewer cached, or
+    /// dropped from a window), or the copy does not fit the budget.
+    pub fn fork(&mut self, from: SeqId, to: SeqId, n: usize) -> Result<(), EngineError> {
+        let refuse = |why: &str| Err(EngineError::Invalid(format!("KV fork {from}→{to}: {why}")));
+        if self.seqs.contains_key(&to) {
+            return refuse("the target is cached already");
+        }
+        let Some(src) = self.seqs.get(&from) else {
+            return refuse("the source is not cached");
+        };
+        let d = self.kv_dim;
+        let mut layers = Vec::with_capacity(src.len());
+        for (slot, l) in src.iter().enumerate() {
+            let held = self.held_rows(l);
+            // the oldest position a read at `n` needs (its window), and where the copy
+            // starts: the whole window before `n` where it is still held
+            let need = self.windows[slot].map_or(0, |w| n.saturating_sub(w - 1));
+            let lo = self.windows[slot].map_or(0, |w| n.saturating_sub(w).max(l.lo));
+            if self.lent_at(from, slot) > 0 || l.lo > need || l.lo + held < n {
+                return refuse("the source does not hold those positions");
+            }
+            let (a, b) = ((lo - l.lo) * d, (n - l.lo) * d);
+            let rows = |r: &Rows| Rows {
+                buf: r.as_slice()[a..b].to_vec(),
+                start: 0,
+            };
+            layers.push(LayerKv {
+                k: rows(&l.k),
+                v: rows(&l.v),
+                lo,
+            });
+        }
+        let floats: usize = layers.iter().map(|l| l.k.len() + l.v.len()).sum();
+        let bytes = floats as u64 * 4;
+        if let Some(budget) = self.budget {
+            let available = budget.saturating_sub(self.used + self.for_peers);
+            if bytes > available {
+                return Err(EngineError::KvBudget {
+                    needed: bytes,
+                    available,
+                });
+            }
+        }
+        self.seqs.insert(to, layers);
+        self.used += bytes;
+        Ok(())
+    }
+
     /// Drops a sequence's cache.
     pub fn remove(&mut self, seq: SeqId) {
         if let Some(l) = self.seqs.remove(&seq) {
@@ -550,6 +602,40 @@ mod tests {
         let (k, _) = c.rows(1, 0, 1992, 1999).unwrap();
         let want: Vec<f32> = (1992..=1998).flat_map(|p| row(p, 1.0)).collect();
         assert_eq!(k, &want[..]);
+    }
+
+    #[test]
+    fn a_fork_copies_the_first_positions_and_counts_them() {
+        // layer 0 full, layer 1 a window of 3; kv_dim 2; 6 positions of sequence 1
+        let mut c = KvCache::new([0, 1], 2, Some(1 << 20)).with_windows(|l| (l == 1).then_some(3));
+        for pos in 0..6 {
+            for layer in [0, 1] {
+                let k = [pos as f32, layer as f32];
+                c.append(1, layer, pos, &k, &[-(pos as f32), 0.5]).unwrap();
+                c.settle(1, layer);
+            }
+        }
+        let used = c.used_bytes();
+        c.fork(1, 2, 5).unwrap();
+        assert_eq!(c.next_pos(2, 0), 5);
+        assert_eq!(c.next_pos(2, 1), 5);
+        assert_eq!(c.get(2, 0, 5).unwrap(), c.get(1, 0, 5).unwrap());
+        assert_eq!(c.rows(2, 1, 3, 5).unwrap(), c.rows(1, 1, 3, 5).unwrap());
+        assert!(
+            c.rows(2, 1, 1, 5).is_err(),
+            "only the window before the fork"
+        );
+        assert_eq!(c.used_bytes(), used + (5 + 2) * 2 * 2 * 4);
+        // a known target, an unknown source, dropped or missing positions, the budget
+        assert!(c.fork(1, 2, 3).is_err());
+        assert!(c.fork(9, 3, 3).is_err());
+        assert!(c.fork(1, 3, 7).is_err(), "past the end");
+        assert!(c.fork(1, 3, 2).is_err(), "dropped from the window");
+        c.set_budget(Some(c.used_bytes() + 8));
+        assert!(matches!(c.fork(1, 3, 5), Err(EngineError::KvBudget { .. })));
+        assert_eq!(c.seq_ids(), vec![1, 2]);
+        c.remove(2);
+        assert_eq!(c.used_bytes(), used);
     }
 
     #[test]

@@ -2,6 +2,14 @@
 //! gets the tokens AND the bit-identical logits of running it alone through `generate`,
 //! whatever the batch around it: 1–8 sequences, staggered arrivals, different lengths, chunk
 //! sizes from 1 token up, seeded sampling, a cancellation in the middle.
+//!
+//! A prompt shared by several sequences (the `n` choices of one request) is computed once:
+//! the others take a copy of its KV ([`BatchBackend::fork`]) and feed only its last token,
+//! and each still gets what `generate` gives it alone with its own seed, on a full-attention
+//! model and on one with sliding windows, whether it arrives with the first one, while it
+//! prefills, while it decodes or after it ended; a backend that cannot fork gives the same
+//! answers with one prefill each; the cache never holds more than the scheduler reserved; a
+//! waiting sequence cancels cleanly.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,12 +45,28 @@ impl StepBackend for RecStep<'_, '_> {
     }
 }
 
-/// The batch backend, recording each sampled row's logits under its sequence.
+/// The batch backend, recording each sampled row's logits under its sequence and counting
+/// the positions fed; `fork: false` hides the engine's fork (a backend that cannot share KV).
 struct RecBatch<'m, 'a> {
     gen: Generator<'m, 'a>,
     rows: Rows,
     forwards: usize,
     max_seqs_in_forward: usize,
+    fed: usize,
+    fork: bool,
+}
+
+impl<'m, 'a> RecBatch<'m, 'a> {
+    fn new(model: &'m Model<'a>, fork: bool) -> Self {
+        RecBatch {
+            gen: Generator::new(model, None),
+            rows: Rows::new(),
+            forwards: 0,
+            max_seqs_in_forward: 0,
+            fed: 0,
+            fork,
+        }
+    }
 }
 
 impl BatchBackend for RecBatch<'_, '_> {
@@ -58,6 +82,7 @@ impl BatchBackend for RecBatch<'_, '_> {
             self.rows.entry(batch[*r].seq).or_default().push(l.to_vec());
         }
         self.forwards += 1;
+        self.fed += ids.len();
         let mut seqs: Vec<SeqId> = batch.iter().map(|t| t.seq).collect();
         seqs.dedup();
         self.max_seqs_in_forward = self.max_seqs_in_forward.max(seqs.len());
@@ -66,6 +91,14 @@ impl BatchBackend for RecBatch<'_, '_> {
 
     fn release(&mut self, seq: SeqId) {
         self.gen.release(seq)
+    }
+
+    fn fork(&mut self, from: SeqId, to: SeqId, len: usize) -> Result<(), EngineError> {
+        self.gen.fork(from, to, len)
+    }
+
+    fn can_fork(&self) -> bool {
+        self.fork
     }
 
     fn vocab_size(&self) -> usize {
@@ -127,39 +160,33 @@ fn alone(model: &Model<'_>, c: &Case) -> (Vec<u32>, Vec<Vec<f32>>) {
     (out.new_ids, rec.rows.remove(&c.seq).unwrap_or_default())
 }
 
+#[derive(Default)]
 struct Served {
     tokens: BTreeMap<SeqId, Vec<u32>>, // from Token events
     done: BTreeMap<SeqId, Vec<u32>>,   // from Done events
     cancelled: Vec<SeqId>,
     rows: Rows,
     max_seqs_in_forward: usize,
+    fed: usize,  // positions fed in all
+    shared: u64, // prompt positions copied by forks
 }
 
-/// Serves `cases` through the scheduler, cancelling `cancel = (seq, round)`.
+/// Serves `cases` through the scheduler, cancelling `cancel = (seq, round)`, forking
+/// shared prompts where `fork`; checks each round that the cache holds no more than the
+/// scheduler reserved.
 fn serve(
     model: &Model<'_>,
     cases: &[Case],
-    chunk: usize,
-    batch_tokens: usize,
+    (chunk, batch_tokens): (usize, usize),
+    fork: bool,
     cancel: Option<(SeqId, usize)>,
 ) -> Served {
     let mut limits = one_device_limits(model, None);
     limits.prefill_chunk = chunk;
     limits.max_batch_tokens = batch_tokens;
-    let backend = RecBatch {
-        gen: Generator::new(model, None),
-        rows: Rows::new(),
-        forwards: 0,
-        max_seqs_in_forward: 0,
-    };
+    let backend = RecBatch::new(model, fork);
     let mut serving = Serving::new(limits, backend).unwrap();
-    let mut served = Served {
-        tokens: BTreeMap::new(),
-        done: BTreeMap::new(),
-        cancelled: Vec::new(),
-        rows: Rows::new(),
-        max_seqs_in_forward: 0,
-    };
+    let mut served = Served::default();
     let mut t = 0.0;
     let last_arrival = cases.iter().map(|c| c.at_round).max().unwrap_or(0);
     for round in 0..1000 {
@@ -185,6 +212,12 @@ fn serve(
                 SeqEvent::Failed { seq, error } => panic!("{seq} failed: {error}"),
             }
         }
+        let reserved: u64 = serving.stats().kv.iter().map(|k| k.reserved).sum();
+        let used = serving.runner().backend().gen.kv.used_bytes();
+        assert!(
+            used <= reserved,
+            "round {round}: {used} B cached, {reserved} B reserved"
+        );
         if round >= last_arrival && serving.is_idle() {
             let stats = serving.stats();
             assert!(stats.kv.iter().all(|k| k.used == 0 && k.reserved == 0));
@@ -193,6 +226,8 @@ fn serve(
             let backend = serving.runner().backend();
             served.rows = backend.rows.clone();
             served.max_seqs_in_forward = backend.max_seqs_in_forward;
+            served.fed = backend.fed;
+            served.shared = serving.shared_tokens();
             return served;
         }
     }
@@ -223,7 +258,7 @@ fn check_matrix(name: &str, runs: &[(usize, usize, usize)], cancel: bool) {
     let all = cases(vocab, &ckpt.config.eos_token_ids, n_max);
     let refs: BTreeMap<SeqId, _> = all.iter().map(|c| (c.seq, alone(&model, c))).collect();
     for &(n, chunk, batch_tokens) in runs {
-        let s = serve(&model, &all[..n], chunk, batch_tokens, None);
+        let s = serve(&model, &all[..n], (chunk, batch_tokens), false, None);
         for c in &all[..n] {
             let (want, want_rows) = &refs[&c.seq];
             let ctx = format!("{name}: n={n} chunk={chunk} seq={}", c.seq);
@@ -245,7 +280,7 @@ fn check_matrix(name: &str, runs: &[(usize, usize, usize)], cancel: bool) {
     }
     // A cancellation in the middle: the others are untouched, the cancelled one got a prefix.
     let victim = all[5].seq;
-    let s = serve(&model, &all, 4, 16, Some((victim, 3)));
+    let s = serve(&model, &all, (4, 16), false, Some((victim, 3)));
     assert_eq!(s.cancelled, vec![victim]);
     assert!(!s.done.contains_key(&victim));
     for c in &all {
@@ -331,4 +366,92 @@ fn bad_requests_and_bad_feeds_are_refused_without_changing_state() {
     assert!(runner.backend().kv.is_empty());
     let ev = runner.run_step(&[Feed { seq: 7, len: 3 }]).unwrap();
     assert!(matches!(ev[..], [SeqEvent::Token { seq: 7, .. }]));
+}
+
+/// Sequence `100 + i` of `prompt`: sampled with its own seed (the first greedy), arriving
+/// before round `at[i]`.
+fn choices(prompt: &[u32], at: &[usize], eos: &[u32]) -> Vec<Case> {
+    at.iter()
+        .enumerate()
+        .map(|(i, &at_round)| {
+            let sampling = if i == 0 {
+                SamplingParams::default()
+            } else {
+                SamplingParams {
+                    temperature: 0.9,
+                    top_k: 0,
+                    top_p: 0.95,
+                    seed: 7 + i as u64,
+                }
+            };
+            let opts = GenerateOptions {
+                max_tokens: 6,
+                sampling,
+                eos_ids: eos.to_vec(),
+                min_tokens: 6,
+            };
+            Case {
+                seq: 100 + i as SeqId,
+                at_round,
+                prompt: prompt.to_vec(),
+                opts,
+            }
+        })
+        .collect()
+}
+
+fn check_forks(name: &str) {
+    let ckpt = Checkpoint::open(&fixture(name)).unwrap();
+    let model = Model::from_checkpoint(&ckpt).unwrap();
+    let vocab = ckpt.config.vocab_size;
+    let eos = &ckpt.config.eos_token_ids;
+    // longer than a tiny model's sliding window, so a fork copies only the window
+    let prompt: Vec<u32> = (0..23).map(|i| ((i * 37 + 5) % vocab) as u32).collect();
+    // with the first, while it prefills (chunks of 4), while it decodes, after it ended
+    let cs = choices(&prompt, &[0, 0, 0, 2, 4, 40], eos);
+    let alone: BTreeMap<SeqId, _> = cs.iter().map(|c| (c.seq, alone(&model, c))).collect();
+    for chunk in [4, 64] {
+        let forked = serve(&model, &cs, (chunk, 512), true, None);
+        let alone_fed = serve(&model, &cs, (chunk, 512), false, None);
+        for (seq, (want, want_rows)) in &alone {
+            let ctx = format!("{name} chunk {chunk} seq {seq}");
+            assert_eq!(&forked.done[seq], want, "{ctx}: tokens");
+            assert_eq!(bits(&forked.rows[seq]), bits(want_rows), "{ctx}: logits");
+            assert_eq!(&alone_fed.done[seq], want, "{ctx}: tokens, no fork");
+            assert_eq!(bits(&alone_fed.rows[seq]), bits(want_rows), "{ctx}");
+        }
+        // The four that came while the first held the prompt shared all of it but one
+        // token; on a sliding-window model only those that came before it decoded past the
+        // window (it no longer holds the window before the prompt's last token).
+        let n = prompt.len() as u64 - 1;
+        let sliding = ckpt.config.sliding_window.is_some();
+        let forks = if sliding && chunk == 64 { 2 } else { 4 };
+        assert_eq!(forked.shared, forks * n, "{name} chunk {chunk}");
+        assert_eq!(alone_fed.shared, 0);
+        assert_eq!(alone_fed.fed - forked.fed, forked.shared as usize);
+    }
+    // A sequence waiting for the prompt is cancelled before it starts: the others are whole.
+    let cs = choices(&prompt, &[0, 0, 0], eos);
+    let s = serve(&model, &cs, (4, 512), true, Some((101, 1)));
+    assert_eq!(s.cancelled, vec![101]);
+    assert!(!s.done.contains_key(&101));
+    for seq in [100, 102] {
+        assert_eq!(s.done[&seq], alone[&seq].0, "{name}: seq {seq}");
+    }
+    assert_eq!(s.shared, prompt.len() as u64 - 1);
+}
+
+#[test]
+fn forked_prompts_are_bit_identical_to_generate_alone_tiny_qwen3() {
+    check_forks("tiny-qwen3");
+}
+
+#[test]
+fn forked_prompts_are_bit_identical_to_generate_alone_tiny_gemma3_sliding() {
+    check_forks("tiny-gemma3");
+}
+
+#[test]
+fn forked_prompts_are_bit_identical_to_generate_alone_tiny_llama() {
+    check_forks("tiny-llama");
 }

@@ -464,7 +464,10 @@ impl std::io::Write for Bounded {
     }
 }
 
-/// `tojson`, with `indent` clamped to [`MAX_INDENT`] (`true` is 2, as in minijinja).
+/// `tojson` as Hugging Face defines it for chat templates (Python's `json.dumps(x,
+/// ensure_ascii=False, indent=indent)`): `", "` and `": "` between items, or one item a line
+/// under `indent` (clamped to [`MAX_INDENT`]; `true` is 2), no HTML escaping — the text the
+/// models were trained on (minijinja's own `tojson` is compact and escapes `<`, `>`, `&`, `'`).
 fn tojson_clamped(
     value: &Value,
     indent: Option<Value>,
@@ -475,15 +478,82 @@ fn tojson_clamped(
         None => kwargs.get::<Option<Value>>("indent")?,
     };
     kwargs.assert_all_used()?;
-    let indent = indent.map(|i| match bool::try_from(i.clone()) {
-        Ok(true) => Value::from(2),
-        Ok(false) => i,
-        Err(_) => match usize::try_from(i.clone()) {
-            Ok(n) => Value::from(n.min(MAX_INDENT)),
-            Err(_) => i, // minijinja names the bad value
+    let width = match indent {
+        None => None,
+        Some(i) => match bool::try_from(i.clone()) {
+            Ok(true) => Some(2),
+            Ok(false) => None,
+            Err(_) => match usize::try_from(i.clone()) {
+                Ok(n) => Some(n.min(MAX_INDENT)),
+                Err(_) => {
+                    return Err(minijinja::Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson's indent must be a number or a boolean",
+                    ))
+                }
+            },
         },
-    });
-    minijinja::filters::tojson(value, indent, no_kwargs())
+    };
+    let mut out = Vec::new();
+    let written = match width {
+        Some(w) => {
+            let pad = vec![b' '; w];
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            serde::Serialize::serialize(
+                value,
+                &mut serde_json::Serializer::with_formatter(&mut out, fmt),
+            )
+        }
+        None => serde::Serialize::serialize(
+            value,
+            &mut serde_json::Serializer::with_formatter(&mut out, Spaced),
+        ),
+    };
+    written.map_err(|e| {
+        minijinja::Error::new(ErrorKind::InvalidOperation, "cannot serialize to JSON")
+            .with_source(e)
+    })?;
+    // serde_json writes UTF-8
+    Ok(Value::from_safe_string(
+        String::from_utf8_lossy(&out).into_owned(),
+    ))
+}
+
+/// JSON on one line with Python's separators: `", "` between items, `": "` after keys.
+struct Spaced;
+
+/// `", "` before every item but the first.
+fn item_separator<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
+    }
+}
+
+impl serde_json::ser::Formatter for Spaced {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        item_separator(writer, first)
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        item_separator(writer, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
 }
 
 /// `indent`, with its width clamped to [`MAX_INDENT`] and the output's size checked against
@@ -584,6 +654,26 @@ fn template_entry(path: &Path, v: Option<&serde_json::Value>) -> Result<Option<S
 mod tests {
     use super::*;
     use crate::tokenizer::{GgufVocab, TOKEN_TYPE_CONTROL};
+
+    /// `tojson` writes what Python's `json.dumps` writes for templates: spaced separators,
+    /// no HTML escaping; `indent` one item a line.
+    #[test]
+    fn tojson_is_pythons() {
+        let t = ChatTemplate::new(
+            "{{ tools | tojson }}|{{ tools[0] | tojson(indent=2) }}".into(),
+            None,
+            None,
+        )
+        .unwrap();
+        // (keys in sorted order: this crate alone may build serde_json without
+        // `preserve_order`)
+        let tools = serde_json::json!([{"a<b": [1, "x&'y"], "name": "f", "z": {}}]);
+        let out = t.render_tools(&[], Some(&tools), false).unwrap();
+        assert_eq!(
+            out,
+            "[{\"a<b\": [1, \"x&'y\"], \"name\": \"f\", \"z\": {}}]|{\n  \"a<b\": [\n    1,\n    \"x&'y\"\n  ],\n  \"name\": \"f\",\n  \"z\": {}\n}"
+        );
+    }
 
     /// A byte-level BPE over the 256 byte symbols (no merges) plus SmolLM2's two control tokens
     /// (ids 0 and 1), with SmolLM2's real template.

@@ -39,6 +39,7 @@ use axum::{Json, Router};
 use loip_engine::{Flow, StopReason, TokenLogprob};
 use loip_model::chat::{ChatError, ChatMessage};
 
+use crate::tool_stream::{delta_json, Delta};
 use crate::tools::{self, Tools};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
@@ -325,23 +326,40 @@ fn stream(app: Arc<App>, job: Job, meta: Arc<Meta>, permit: Arc<OwnedSemaphorePe
             if meta.kind == Kind::Chat {
                 let _ = tx.send(meta.role_chunk(i).to_string());
             }
+            // with tools, the answer's text goes through the calls' reader: content, then
+            // each call's name and its arguments as they come
+            let mut calls = job.tools.as_ref().map(|t| t.stream(&call_ids()));
+            let send_calls = |deltas: Vec<Delta>, mut logprobs: Value| {
+                for d in deltas {
+                    let lps = std::mem::take(&mut logprobs);
+                    let chunk = meta.delta_chunk(i, delta_json(&d), lps);
+                    if tx.send(chunk.to_string()).is_err() {
+                        return false;
+                    }
+                }
+                // log-probabilities of tokens whose text is held back go out alone
+                logprobs.is_null()
+                    || tx
+                        .send(meta.chunk(i, "", None, logprobs).to_string())
+                        .is_ok()
+            };
             let done = app.run(&job.choice(i), &mut |piece, logprobs| {
-                // with tools, the answer is sent whole at its end: text or calls
-                if (piece.is_empty() && logprobs.is_null()) || job.tools.is_some() {
+                if piece.is_empty() && logprobs.is_null() {
                     return !tx.is_closed();
                 }
-                tx.send(meta.chunk(i, piece, None, logprobs).to_string())
-                    .is_ok()
+                match calls.as_mut() {
+                    Some(c) => send_calls(c.push(piece), logprobs),
+                    None => tx
+                        .send(meta.chunk(i, piece, None, logprobs).to_string())
+                        .is_ok(),
+                }
             });
             match done {
                 Ok(f) if tx.is_closed() => log_gone(&meta.id, &f),
                 Ok(f) => {
                     completion.fetch_add(f.new_ids.len(), Ordering::Relaxed);
-                    if job.tools.is_some() && !f.text.is_empty() {
-                        let _ = tx.send(meta.chunk(i, &f.text, None, Value::Null).to_string());
-                    }
-                    if let Some(calls) = &f.tool_calls {
-                        let _ = tx.send(meta.calls_chunk(i, calls).to_string());
+                    if let Some(c) = calls.as_mut() {
+                        send_calls(c.finish(), Value::Null);
                     }
                     let last = meta.chunk(i, "", Some(f.finish_reason), Value::Null);
                     let _ = tx.send(last.to_string());
@@ -693,10 +711,7 @@ impl App {
             chunk_logprobs.object(&pending)
         };
         (*emit.borrow_mut())(&rest, lps);
-        let found = job
-            .tools
-            .as_ref()
-            .and_then(|t| t.parse(&text, &format!("{:x}", fresh_seed() >> 16)));
+        let found = job.tools.as_ref().and_then(|t| t.parse(&text, &call_ids()));
         let (text, tool_calls) = match found {
             Some((before, calls)) => (before.unwrap_or_default(), Some(calls)),
             None => (text, None),
@@ -716,6 +731,11 @@ impl App {
                 .map(|_| Logprobs::new(job.kind, tok).object(&all)),
         })
     }
+}
+
+/// A request's part of its call ids ([`crate::tool_stream::call_id`]): fresh each time.
+fn call_ids() -> String {
+    crate::tool_stream::request_part(fresh_seed())
 }
 
 /// A `tools` or `tool_choice` value that asks for nothing (`[]`, `"none"`, `null`).

@@ -31,6 +31,7 @@ mod state;
 mod stats;
 mod text;
 mod tokens;
+mod tool_stream;
 mod tools;
 mod wire;
 

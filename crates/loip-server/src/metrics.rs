@@ -28,6 +28,9 @@
 //!   `loip_adapt_borrowed_bytes` (reserved for peers' lent KV now),
 //!   `loip_adapt_evictions_total` (sequences evicted, the last resort; the same on every
 //!   device) and `loip_adapt_evicted_bytes_total` (KV evicted there, to be recomputed);
+//! - `loip_prompt_tokens_shared_total` (counter: prompt positions a sequence copied from
+//!   another's KV rather than computed, e.g. the `n` choices of a request; one-device
+//!   serving loop, listed at zero from the start);
 //! - `loip_speculate_drafted_total`, `loip_speculate_accepted_total` (counters) and
 //!   `loip_speculate_acceptance` (accepted over drafted, a gauge), `source` label `lookup`
 //!   (the one-device serving loop, after each step; listed at zero from the start);
@@ -62,6 +65,7 @@ fn register() {
         "loip_requests_total",
         "loip_prompt_tokens_total",
         "loip_completion_tokens_total",
+        "loip_prompt_tokens_shared_total",
     ] {
         metrics::counter!(c).increment(0);
     }
@@ -137,6 +141,9 @@ pub(crate) fn step(st: &crate::stats::LoopStats, step_s: Option<f64>) {
     }
     if st.device != crate::stats::DeviceTotals::default() {
         device("this", &st.device);
+    }
+    if st.shared_tokens > 0 {
+        metrics::counter!("loip_prompt_tokens_shared_total").absolute(st.shared_tokens);
     }
     for (source, s) in &st.spec {
         let source = match source {

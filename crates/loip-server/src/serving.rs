@@ -13,6 +13,10 @@
 //!   as typed errors, and the loop keeps serving the others.
 //! - The loop ends when every [`Batcher`] handle is dropped and nothing is running.
 //! - Sequence ids are unique in the process (loops sharing a pipeline never collide).
+//! - Requests with the same prompt (the `n` choices of one API request) share its KV where
+//!   the backend can fork (the in-memory engine; not yet a device run from slice files or a
+//!   cluster): the prompt is computed once, each sequence's tokens are unchanged (see
+//!   [`Serving`]).
 //! - A request may speculate (prompt lookup, [`Speculation`]): its decode steps carry its
 //!   drafts beside the other sequences' tokens, within the step-token limit; its tokens are
 //!   still those of `generate` alone without speculation (the engine's batched speculation
@@ -370,6 +374,12 @@ impl BatchBackend for DynBackend<'_> {
     fn can_rewind(&self) -> bool {
         self.inner.can_rewind()
     }
+    fn fork(&mut self, from: SeqId, to: SeqId, len: usize) -> Result<(), EngineError> {
+        self.inner.fork(from, to, len) // a refused fork only means a prefill of its own
+    }
+    fn can_fork(&self) -> bool {
+        self.inner.can_fork()
+    }
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
@@ -488,6 +498,7 @@ fn run_loop<B: BatchBackend>(
             s.kv_budget = kv_budget;
             s.device = side.device;
             s.spec = serving.spec_totals().to_vec();
+            s.shared_tokens = serving.shared_tokens();
             crate::metrics::step(&s, (!batch.is_empty()).then_some(step_s));
             side.unavailable.take()
         };

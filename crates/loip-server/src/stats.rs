@@ -26,6 +26,9 @@ pub struct LoopStats {
     pub device: DeviceTotals,
     /// what speculation drafted and kept so far, per source
     pub spec: Vec<(Speculate, SpecStats)>,
+    /// prompt positions copied from another sequence's KV rather than computed, so far
+    /// (sequences with the same prompt: the `n` choices of a request) // tokens
+    pub shared_tokens: u64,
 }
 
 /// Time and bytes of a device over the steps run so far.

@@ -4,7 +4,7 @@
 //! What the model writes depends on its template: Qwen2.5 / Qwen3 / Hermes templates ask for
 //! `<tool_call>{"name": .., "arguments": {..}}</tool_call>` (one block per call), Llama 3.x
 //! for a bare `{"name": .., "parameters": {..}}`, Mistral for `[TOOL_CALLS] [{..}, ..]`;
-//! [`parse`] reads all three. When `tool_choice` forces a call (`"required"` or a named
+//! [`crate::tool_stream`] reads all three as they stream, [`Tools::parse`] a whole answer. When `tool_choice` forces a call (`"required"` or a named
 //! function), decoding is constrained to the template's form with the tools' parameter
 //! schemas, so the call always parses.
 
@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::grammar::Ask;
+use crate::tool_stream::{assemble, ToolStream};
 
 /// Most tools one request may declare.
 const MAX_TOOLS: usize = 128;
@@ -141,28 +142,23 @@ impl Tools {
         }))
     }
 
-    /// The calls in the model's `text` (see the module's doc), as OpenAI's `tool_calls`, and
-    /// the text before them (the message's content); `None` when `text` holds no call of a
-    /// declared tool. `id` makes the call ids (`call_{id}_{n}`).
+    /// A reader of the answer's calls as it streams (call ids from `id`, see
+    /// [`crate::tool_stream::call_id`]).
+    pub(crate) fn stream(&self, id: &str) -> ToolStream {
+        ToolStream::new(self.functions.iter().map(|f| f.0.clone()).collect(), id)
+    }
+
+    /// The calls in the model's whole `text` (see the module's doc), as OpenAI's
+    /// `tool_calls`, and the text before them (the message's content); `None` when `text`
+    /// holds no call of a declared tool. The same as the deltas of [`Tools::stream`].
     pub(crate) fn parse(&self, text: &str, id: &str) -> Option<(Option<String>, Value)> {
-        let (before, found) = parse(text)?;
-        let calls: Vec<Value> = found
-            .into_iter()
-            .filter(|(n, _)| self.functions.iter().any(|f| f.0 == *n))
-            .enumerate()
-            .map(|(i, (name, args))| {
-                json!({"id": format!("call_{id}_{i}"), "type": "function",
-                       "function": {"name": name, "arguments": args.to_string()}})
-            })
-            .collect();
-        if calls.is_empty() {
-            return None;
+        let mut s = self.stream(id);
+        let mut deltas = s.push(text);
+        deltas.extend(s.finish());
+        match assemble(&deltas) {
+            (content, Some(calls)) => Some((content, calls)),
+            (_, None) => None,
         }
-        let before = before.trim();
-        Some((
-            (!before.is_empty()).then(|| before.to_string()),
-            Value::Array(calls),
-        ))
     }
 }
 
@@ -173,54 +169,6 @@ fn check_choice_without_tools(choice: Option<&Value>) -> Result<Option<Tools>, A
         Some(Value::String(s)) if s == "none" || s == "auto" => Ok(None),
         Some(_) => Err(ApiError::bad("`tool_choice` needs `tools`")),
     }
-}
-
-/// The text before the calls, and each call's name and arguments, in any of the three forms.
-fn parse(text: &str) -> Option<(&str, Vec<(String, Value)>)> {
-    const OPEN: &str = "<tool_call>";
-    const CLOSE: &str = "</tool_call>";
-    if let Some(at) = text.find(OPEN) {
-        let mut calls = Vec::new();
-        let mut rest = &text[at..];
-        while let Some(start) = rest.find(OPEN) {
-            let body = &rest[start + OPEN.len()..];
-            let end = body.find(CLOSE).unwrap_or(body.len());
-            calls.extend(call(&body[..end]));
-            rest = body.get(end + CLOSE.len()..).unwrap_or("");
-        }
-        return Some((&text[..at], calls));
-    }
-    let t = text.trim_start();
-    if let Some(list) = t.strip_prefix("[TOOL_CALLS]") {
-        let v: Value = serde_json::from_str(list.trim()).ok()?;
-        let calls = v.as_array()?.iter().filter_map(named).collect();
-        return Some(("", calls));
-    }
-    // small models often fence the JSON as markdown (```json ... ```)
-    let t = t
-        .strip_prefix("```")
-        .map(|f| f.trim_start_matches(|c: char| c.is_ascii_alphanumeric()))
-        .and_then(|f| f.trim_end().strip_suffix("```"))
-        .unwrap_or(t);
-    let c = call(t)?;
-    Some(("", vec![c]))
-}
-
-/// One call's JSON: `{"name", "arguments" | "parameters"}`.
-fn call(json: &str) -> Option<(String, Value)> {
-    named(&serde_json::from_str::<Value>(json.trim()).ok()?)
-}
-
-fn named(v: &Value) -> Option<(String, Value)> {
-    let name = v["name"].as_str()?.to_string();
-    let args = match (&v["arguments"], &v["parameters"]) {
-        (a @ Value::Object(_), _) | (Value::Null, a @ Value::Object(_)) => a.clone(),
-        // some models write the arguments as a JSON string
-        (Value::String(s), _) => serde_json::from_str(s).ok().filter(Value::is_object)?,
-        (Value::Null, Value::Null) => json!({}),
-        _ => return None,
-    };
-    Some((name, args))
 }
 
 /// An assistant message's `tool_calls` as a chat template takes them: `arguments` an object
@@ -277,7 +225,7 @@ mod tests {
             let args: Value =
                 serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
             assert_eq!(args, json!({"city": "Paris"}));
-            assert_eq!(calls[0]["id"], "call_x_0");
+            assert_eq!(calls[0]["id"], "x00000000");
         }
         let (content, calls) = t
             .parse("Let me look.\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>", "y")

@@ -536,21 +536,12 @@ impl Meta {
         self.envelope(true, json!([choice]))
     }
 
-    /// A chat stream's tool calls, all in one delta (each call whole, with its index).
-    pub(crate) fn calls_chunk(&self, index: usize, calls: &Value) -> Value {
-        let calls: Vec<Value> = calls
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .map(|(i, c)| {
-                let mut c = c.clone();
-                c["index"] = json!(i);
-                c
-            })
-            .collect();
-        let choice = json!({"index": index, "delta": {"tool_calls": calls},
-                            "logprobs": null, "finish_reason": null});
+    /// A chat stream's chunk of a tool-call answer: `delta` (content, or a call's name or
+    /// arguments, see [`crate::tool_stream::delta_json`]) with the log-probabilities of the
+    /// tokens it ends.
+    pub(crate) fn delta_chunk(&self, index: usize, delta: Value, logprobs: Value) -> Value {
+        let choice = json!({"index": index, "delta": delta, "logprobs": logprobs,
+                            "finish_reason": null});
         self.envelope(true, json!([choice]))
     }
 

@@ -1,14 +1,12 @@
 //! Issue 34: request fields (none silently ignored), seeds, models, tokenize, log-probabilities, penalties and bias.
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::http::Request;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use super::*;
-use crate::app::{router, App};
+use crate::app::router;
 
 /// Issue 34: no field is silently ignored. An unknown field, or a known one this server does
 /// not implement with a value that asks for something, is a 400 naming it; the neutral
@@ -145,13 +143,7 @@ async fn issue_34_tokenize_and_detokenize_round_trip() {
     assert_eq!(s, 200, "{v}");
     let ids = v["tokens"].clone();
     assert_eq!(ids.as_array().map(Vec::len), Some(8), "{v}");
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/detokenize",
-        json!({"tokens": ids}).to_string().into(),
-    )
-    .await;
+    let (s, v) = post(&app, "/detokenize", &json!({"tokens": ids})).await;
     assert_eq!((s, v["content"].as_str()), (200, Some("hi there")), "{v}");
     let (s, v) = call(
         &app,
@@ -210,26 +202,6 @@ fn tiny_logits(prompt: &[u32]) -> Vec<f32> {
     gen.step(0, prompt, 0).unwrap()
 }
 
-/// The `data:` payloads of a server-sent event stream.
-pub(super) async fn events(app: &Arc<App>, path: &str, body: Value) -> Vec<Value> {
-    let req = Request::builder()
-        .method("POST")
-        .uri(path)
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let resp = router(app.clone()).oneshot(req).await.unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&bytes)
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
-}
-
 /// Issue 34: `logprobs` are the log-softmax of the model's own logits (the engine's, bit
 /// for bit), do not change the tokens, and come streamed too, one entry per token.
 #[tokio::test]
@@ -238,11 +210,11 @@ async fn issue_34_logprobs_are_the_log_softmax_of_the_model_logits() {
     let prompt = [1u32, 5, 9];
     let plain = json!({"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true,
                        "return_token_ids": true});
-    let (s, want) = call(&app, "POST", "/v1/completions", plain.to_string().into()).await;
+    let (s, want) = post(&app, "/v1/completions", &plain).await;
     assert_eq!(s, 200, "{want}");
     let mut asked = plain.clone();
     asked["logprobs"] = json!(3);
-    let (s, v) = call(&app, "POST", "/v1/completions", asked.to_string().into()).await;
+    let (s, v) = post(&app, "/v1/completions", &asked).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(
         v["choices"][0]["token_ids"],
@@ -290,13 +262,7 @@ async fn issue_34_chat_logprobs_whole_and_streamed() {
                                    {"role": "user", "content": "hi"}],
                       "max_tokens": 4, "temperature": 0, "ignore_eos": true,
                       "logprobs": true, "top_logprobs": 2});
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/v1/chat/completions",
-        body.to_string().into(),
-    )
-    .await;
+    let (s, v) = post(&app, "/v1/chat/completions", &body).await;
     assert_eq!(s, 200, "{v}");
     let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
     assert_eq!(content.len(), 4, "{v}");
@@ -328,7 +294,7 @@ async fn issue_34_logit_bias_and_penalties_shape_the_sampling() {
             for (k, v) in extra.as_object().unwrap() {
                 body[k] = v.clone();
             }
-            let (s, v) = call(&app, "POST", "/v1/completions", body.to_string().into()).await;
+            let (s, v) = post(&app, "/v1/completions", &body).await;
             assert_eq!(s, 200, "{v}");
             v["choices"][0]["token_ids"].clone()
         }
@@ -437,9 +403,9 @@ async fn issue_34_cors_preflight_and_metrics_from_the_start() {
     assert!(resp.headers().get("access-control-allow-origin").is_none());
 }
 
-/// Issue 34: `n` choices (up to `--parallel`), each its own sequence seeded `seed + index`:
-/// choice 1 of seed 7 is choice 0 of seed 8; streamed, every chunk names its choice and the
-/// usage counts all of them.
+/// Issue 34: `n` choices (up to `--parallel`), each its own sequence seeded `seed + index`
+/// sharing the prompt's KV: choice 1 of seed 7 is choice 0 of seed 8, choice 0 that of seed
+/// 7 alone; streamed, every chunk names its choice and the usage counts all of them.
 #[tokio::test]
 async fn issue_34_n_choices_are_served() {
     let app = tiny_app(); // --parallel 2
@@ -447,28 +413,33 @@ async fn issue_34_n_choices_are_served() {
         json!({"prompt": [1, 5, 9], "max_tokens": 4, "temperature": 1, "seed": seed, "n": n,
                "ignore_eos": true, "return_token_ids": true})
     };
-    let (s, two) = call(
-        &app,
-        "POST",
-        "/v1/completions",
-        body(7, 2).to_string().into(),
-    )
-    .await;
+    let (s, two) = post(&app, "/v1/completions", &body(7, 2)).await;
     assert_eq!(s, 200, "{two}");
     assert_eq!(two["choices"].as_array().map(Vec::len), Some(2));
     assert_eq!(two["choices"][1]["index"], 1);
     assert_eq!(two["usage"]["completion_tokens"], 8);
-    let (_, next) = call(
-        &app,
-        "POST",
-        "/v1/completions",
-        body(8, 1).to_string().into(),
-    )
-    .await;
+    let (_, next) = post(&app, "/v1/completions", &body(8, 1)).await;
     assert_eq!(
         two["choices"][1]["token_ids"],
         next["choices"][0]["token_ids"]
     );
+    let (_, one) = post(&app, "/v1/completions", &body(7, 1)).await;
+    assert_eq!(
+        two["choices"][0]["token_ids"],
+        one["choices"][0]["token_ids"]
+    );
+    // The second choice copied the prompt's KV (all of it but its last token) unless the
+    // first was gone before it came; long choices leave it time.
+    let mut long = body(7, 2);
+    long["max_tokens"] = json!(100);
+    for _ in 0..5 {
+        if app.backend.stats().shared_tokens > 0 {
+            break;
+        }
+        let (s, v) = post(&app, "/v1/completions", &long).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    assert!(app.backend.stats().shared_tokens >= 2);
     let mut streamed = body(7, 2);
     streamed["stream"] = json!(true);
     streamed["stream_options"] = json!({"include_usage": true});

@@ -1,11 +1,14 @@
 //! Handler tests through `tower::ServiceExt::oneshot`: no socket, the tiny fixture.
 //! [`security`]: issue 37's findings on the API; [`fields`]: issue 34's request fields;
-//! [`speculate`]: issue 31's `speculate` field.
+//! [`speculate`]: issue 31's `speculate` field; [`structured`], [`tool_calls`] and
+//! [`templates`]: issue 34's structured output, tool calls and tool chat formats. The
+//! request helpers ([`call`], [`post`], [`events`]) are shared here.
 
 mod fields;
 mod security;
 mod speculate;
 mod structured;
+mod templates;
 mod tool_calls;
 
 use std::sync::Arc;
@@ -116,6 +119,31 @@ pub(super) async fn call(app: &Arc<App>, method: &str, path: &str, body: Vec<u8>
         .body(Body::from(body))
         .unwrap();
     send(app, req).await
+}
+
+/// `POST path` with a JSON body: the status and the JSON answer.
+pub(super) async fn post(app: &Arc<App>, path: &str, body: &Value) -> (u16, Value) {
+    call(app, "POST", path, body.to_string().into_bytes()).await
+}
+
+/// The `data:` payloads of the server-sent event stream `POST path` answers (a 200).
+pub(super) async fn events(app: &Arc<App>, path: &str, body: Value) -> Vec<Value> {
+    let req = Request::builder()
+        .method("POST")
+        .uri(path)
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = router(app.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
 }
 
 #[tokio::test]

@@ -24,13 +24,7 @@ async fn finding_7_chat_roles_are_known_roles_only() {
         "User",
     ] {
         let body = serde_json::json!({"messages": [{"role": role, "content": "hi"}]});
-        let (s, v) = call(
-            &app,
-            "POST",
-            "/v1/chat/completions",
-            body.to_string().into(),
-        )
-        .await;
+        let (s, v) = post(&app, "/v1/chat/completions", &body).await;
         let msg = v["error"]["message"].as_str().unwrap_or_default();
         assert_eq!(s, 400, "{v}");
         assert!(msg.contains("messages[0].role must be one of"), "{msg}");

@@ -13,13 +13,7 @@ async fn complete(app: &Arc<crate::app::App>, extra: Value) -> (u16, Value) {
     if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
         b.extend(e.clone());
     }
-    call(
-        app,
-        "POST",
-        "/v1/completions",
-        body.to_string().into_bytes(),
-    )
-    .await
+    post(app, "/v1/completions", &body).await
 }
 
 /// The schemas tried, each with a check of a value that must follow it (written out here,
@@ -138,13 +132,7 @@ async fn issue_34_json_object_on_completions_and_chat() {
     let body = json!({"messages": [{"role": "user", "content": "JSON please"}],
                       "max_tokens": 60, "temperature": 1, "seed": 5,
                       "response_format": format});
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/v1/chat/completions",
-        body.to_string().into(),
-    )
-    .await;
+    let (s, v) = post(&app, "/v1/chat/completions", &body).await;
     assert_eq!(s, 200, "{v}");
     let text = v["choices"][0]["message"]["content"]
         .as_str()

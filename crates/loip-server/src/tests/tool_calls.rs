@@ -4,14 +4,13 @@
 
 use serde_json::{json, Value};
 
-use super::fields::events;
 use super::*;
 
 /// Qwen2.5's tool template, cut down to fit the fixture's 256-token context (one token a
 /// byte): the same tags and turns, tools by name only.
 const QWEN_LIKE: &str = include_str!("qwen_like.jinja");
 
-fn tools() -> Value {
+pub(super) fn tools() -> Value {
     json!([
         {"type": "function", "function": {"name": "get_weather",
             "description": "Weather in a city",
@@ -38,7 +37,7 @@ fn check_call(call: &Value) -> String {
     assert!(
         call["id"]
             .as_str()
-            .is_some_and(|id| id.starts_with("call_")),
+            .is_some_and(|id| id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric())),
         "{call}"
     );
     let name = call["function"]["name"]
@@ -72,13 +71,7 @@ async fn issue_34_forced_tool_calls_parse_and_follow_the_schema() {
     let named = json!({"type": "function", "function": {"name": "add"}});
     for seed in 0..3 {
         for (choice, want) in [(named.clone(), Some("add")), (json!("required"), None)] {
-            let (s, v) = call(
-                &app,
-                "POST",
-                "/v1/chat/completions",
-                ask(choice, seed).to_string().into(),
-            )
-            .await;
+            let (s, v) = post(&app, "/v1/chat/completions", &ask(choice, seed)).await;
             assert_eq!(s, 200, "{v}");
             let c = &v["choices"][0];
             assert_eq!(c["finish_reason"], "tool_calls", "{v}");
@@ -89,25 +82,62 @@ async fn issue_34_forced_tool_calls_parse_and_follow_the_schema() {
             }
         }
     }
-    // streamed: the role, one delta with the calls (each with its index), the finish
+    // Streamed: the role, then per call its id and name, then its arguments in fragments as
+    // they are written; accumulated as the OpenAI client does, the same answer as whole.
+    let body = ask(named, 7);
+    let (_, whole) = post(&app, "/v1/chat/completions", &body).await;
     let chunks = events(&app, "/v1/chat/completions", {
-        let mut b = ask(named, 7);
+        let mut b = body.clone();
         b["stream"] = json!(true);
         b
     })
     .await;
-    let calls: Vec<&Value> = chunks
+    let deltas: Vec<&Value> = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
         .flatten()
         .collect();
+    assert!(deltas.len() > 2, "arguments come in fragments: {chunks:?}");
+    assert!(deltas[0]["id"].is_string() && deltas[0]["function"]["name"] == "add");
+    assert!(deltas[1..]
+        .iter()
+        .all(|d| d["id"].is_null() && d["index"] == 0));
+    let calls = accumulate(&chunks);
+    let want = &whole["choices"][0]["message"]["tool_calls"];
     assert_eq!(calls.len(), 1, "{chunks:?}");
-    assert_eq!(calls[0]["index"], 0);
-    assert_eq!(check_call(calls[0]), "add");
+    assert_eq!(check_call(&calls[0]), "add");
+    assert_eq!(
+        calls[0]["function"]["arguments"], want[0]["function"]["arguments"],
+        "{chunks:?}"
+    );
     let last = chunks
         .last()
         .map(|c| c["choices"][0]["finish_reason"].clone());
     assert_eq!(last, Some(json!("tool_calls")), "{chunks:?}");
+}
+
+/// The tool calls of a chat stream's chunks, accumulated as OpenAI's clients do: a delta
+/// with a new `index` begins a call (its id and name), the next ones append to its
+/// `arguments`.
+fn accumulate(chunks: &[Value]) -> Vec<Value> {
+    let mut calls: Vec<Value> = Vec::new();
+    let deltas = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten();
+    for d in deltas {
+        let i = d["index"].as_u64().unwrap() as usize;
+        if i == calls.len() {
+            calls.push(json!({"id": d["id"], "type": "function",
+                              "function": {"name": d["function"]["name"], "arguments": ""}}));
+        }
+        let args = d["function"]["arguments"].as_str().unwrap_or_default();
+        let have = calls[i]["function"]["arguments"]
+            .as_str()
+            .unwrap_or_default();
+        calls[i]["function"]["arguments"] = json!(format!("{have}{args}"));
+    }
+    calls
 }
 
 #[tokio::test]
@@ -120,13 +150,7 @@ async fn issue_34_tool_answers_are_taken_back_and_bad_tools_refused() {
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
         "max_tokens": 4, "temperature": 0});
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/v1/chat/completions",
-        back.to_string().into(),
-    )
-    .await;
+    let (s, v) = post(&app, "/v1/chat/completions", &back).await;
     assert_eq!(s, 200, "{v}");
     for (body, needle) in [
         (
@@ -151,26 +175,14 @@ async fn issue_34_tool_answers_are_taken_back_and_bad_tools_refused() {
             "forced",
         ),
     ] {
-        let (s, v) = call(
-            &app,
-            "POST",
-            "/v1/chat/completions",
-            body.to_string().into(),
-        )
-        .await;
+        let (s, v) = post(&app, "/v1/chat/completions", &body).await;
         assert_eq!(s, 400, "{body}: {v}");
         let msg = v["error"]["message"].as_str().unwrap_or_default();
         assert!(msg.contains(needle), "{body}: {msg}");
     }
     // SmolLM2's template has no tools: refused rather than silently dropped
     let body = json!({"messages": [{"role": "user", "content": "x"}], "tools": tools()});
-    let (s, v) = call(
-        &tokenized_app(),
-        "POST",
-        "/v1/chat/completions",
-        body.to_string().into(),
-    )
-    .await;
+    let (s, v) = post(&tokenized_app(), "/v1/chat/completions", &body).await;
     assert_eq!(s, 400, "{v}");
     assert!(v["error"]["message"]
         .as_str()
