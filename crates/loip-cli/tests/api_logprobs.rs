@@ -30,7 +30,12 @@ fn logits(model: &str, ids: &[u32]) -> Vec<Vec<f32>> {
 
 /// Checks a completion of `prompt` (token ids and `logprobs`) against `loip logits`.
 fn check(model: &str, prompt: &[u32], v: &Value, path: &str) {
-    let c = &v["choices"][0];
+    check_choice(model, prompt, &v["choices"][0], path);
+}
+
+/// [`check`] of one choice `c`.
+fn check_choice(model: &str, prompt: &[u32], c: &Value, path: &str) {
+    let v = c;
     let ids: Vec<u32> = c["token_ids"]
         .as_array()
         .unwrap_or_else(|| panic!("{path}: {v}"))
@@ -81,6 +86,17 @@ fn serve_and_check(s: &Server, model: &str, path: &str) {
     }
     let v = s.post("/v1/completions", &body(prompts[0], 9)).json();
     check(model, prompts[0], &v, &format!("{path}, alone"));
+    // three choices of one prompt: where the backend can, they share its KV (computed once)
+    let mut b = body(prompts[1], 11);
+    b["n"] = json!(3);
+    let v = s.post("/v1/completions", &b).json();
+    let choices = v["choices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{path}: {v}"));
+    assert_eq!(choices.len(), 3, "{path}: {v}");
+    for c in choices {
+        check_choice(model, prompts[1], c, &format!("{path}, n = 3"));
+    }
 }
 
 #[test]

@@ -326,6 +326,16 @@ impl BatchBackend for LocalModel {
         true
     }
 
+    /// A prompt shared by several sequences is computed once: its KV rows are copied within
+    /// the device's cache (and its budget).
+    fn fork(&mut self, from: u64, to: u64, len: usize) -> Result<(), EngineError> {
+        self.device.kv.fork(from, to, len)
+    }
+
+    fn can_fork(&self) -> bool {
+        true
+    }
+
     fn vocab_size(&self) -> usize {
         self.device.tf.cfg.vocab_size
     }
