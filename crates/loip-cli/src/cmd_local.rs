@@ -281,8 +281,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
         let target = (&config, prep.tokenizer.as_ref());
         let (ids, opts) = (&prep.prompt_ids, &prep.opts);
         let mut on_token = |id| printer.on_token(id);
-        let run =
-            crate::speculate::on_pipeline(s.pipeline(), target, ids, opts, &a.spec, &mut on_token)?;
+        let run = loip::speculate::on_session(s, target, ids, opts, &a.spec.spec(), &mut on_token)?;
         let st = run.stats;
         if !a.json {
             eprintln!(
