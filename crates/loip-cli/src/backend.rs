@@ -12,7 +12,7 @@ use loip_plan::{units, Pattern, Plan};
 use loip_runtime::cluster_run::{Breakdown, DeviceReport, Session};
 use loip_runtime::{LoaderKind, MemoryReport};
 
-pub use loip::backend::{cluster_report, engine_share, peak_rss, Opened, Source};
+pub use loip::backend::{cluster_report, peak_rss, Opened, Source};
 
 /// Cluster options shared by `loip serve` and `loip generate --cluster`.
 #[derive(Args, Debug, Clone)]
@@ -227,6 +227,8 @@ pub struct How<'a> {
     pub greedy: bool,
     /// a cluster: keep a failed cluster as it is instead of re-planning
     pub no_replan: bool,
+    /// a cluster: most drafts a speculating sequence's step verifies (0: none speculates)
+    pub speculate_k: usize,
     /// print nothing of the setup
     pub quiet: bool,
 }
@@ -249,6 +251,7 @@ pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
             planned_context: how.planned_context,
             greedy: how.greedy,
             no_replan: how.no_replan,
+            speculate_k: how.speculate_k,
         },
     )?;
     if !how.quiet {
@@ -272,6 +275,8 @@ pub fn cluster_start<'a>(how: &How<'a>) -> loip::backend::ClusterStart<'a> {
         context: how.planned_context,
         max_step_tokens: how.max_step_tokens,
         greedy: how.greedy,
+        parallel: how.parallel,
+        speculate_k: how.speculate_k,
     }
 }
 

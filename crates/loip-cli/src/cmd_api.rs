@@ -186,6 +186,8 @@ pub fn run(a: ApiArgs) -> Result<()> {
         planned_context: a.context,
         greedy: false,
         no_replan: a.no_replan,
+        // any request may speculate (its `speculate` field)
+        speculate_k: a.speculate_k,
         quiet: false,
     };
     if a.preview {

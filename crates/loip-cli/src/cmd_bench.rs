@@ -12,6 +12,7 @@
 
 mod serve;
 mod spec;
+mod spec_local;
 
 use std::time::Instant;
 

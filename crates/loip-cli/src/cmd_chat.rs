@@ -71,6 +71,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         planned_context: context as u64,
         greedy: a.sampling.greedy(),
         no_replan: false,
+        speculate_k: 0,
         quiet: a.json,
     };
     let be = backend::open(src, &how)?.backend;

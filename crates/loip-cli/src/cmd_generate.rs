@@ -9,7 +9,7 @@ use loip_plan::Pattern;
 use crate::backend::{self, ClusterArgs, OffloadArgs};
 
 use crate::request::{prepare, report, Prepared, Printer, PromptArgs};
-use crate::speculate::{self, SpecArgs};
+use crate::speculate::SpecArgs;
 
 /// Arguments of `loip generate`.
 #[derive(Args, Debug)]
@@ -67,7 +67,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         }
     } else if a.spec.on() {
         let draft = (a.spec.speculate == Speculate::Draft)
-            .then(|| speculate::open_draft(&a.spec, &config, prep.tokenizer.as_ref()))
+            .then(|| loip::speculate::open_draft(&a.spec.spec(), &config, prep.tokenizer.as_ref()))
             .transpose()?;
         return generate_speculative(a, src, prep, draft.as_ref());
     }
@@ -86,6 +86,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         planned_context: context as u64,
         greedy: a.prompt.greedy(),
         no_replan: true,
+        speculate_k: if a.spec.on() { a.spec.speculate_k } else { 0 },
         quiet: a.json,
     };
     let opened = backend::open(src, &how)?;
@@ -178,12 +179,12 @@ fn generate_speculative(
     draft: Option<&Checkpoint>,
 ) -> Result<()> {
     let mut printer = Printer::new(prep.tokenizer.as_ref(), a.prompt.stop.clone(), a.json);
-    let run = speculate::run(
+    let run = loip::speculate::run(
         src,
-        &a.offload,
+        &a.offload.options()?,
         &prep.prompt_ids,
         &prep.opts,
-        &a.spec,
+        &a.spec.spec(),
         draft,
         &mut |id| printer.on_token(id),
     )?;

@@ -25,9 +25,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use loip::local::{BenchMatrix, Burst, Event, Generated, Job, LocalOptions, Outcome};
-use loip::request::Printer;
-use loip_model::slice::Manifest;
+use loip::local::{BenchMatrix, Event, Generated, Job, LocalOptions, Outcome};
 use loip_plan::units::format_bytes;
 use loip_plan::DeviceProfile;
 use loip_runtime::local_cluster::install_interrupt_cleanup;
@@ -227,11 +225,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
     install_interrupt_cleanup();
     let json = a.json;
     let on_event = &mut |e: Event<'_>| show(&e, json);
-    let outcome = if a.spec.on() {
-        speculate(&a, &o, &req, on_event)?
-    } else {
-        loip::local::run(&o, &req, job, on_event)?
-    };
+    let outcome = loip::local::run(&o, &req, job, on_event)?;
     match outcome {
         Outcome::Generated(g) => report_generation(&a, *g),
         Outcome::MicroBatches(_) => Ok(()),
@@ -251,7 +245,10 @@ impl LocalArgs {
         } else if !self.micro_batch_seqs.is_empty() {
             Job::MicroBatches(self.micro_batch_seqs.clone())
         } else {
-            Job::Generate { quiet: self.json }
+            Job::Generate {
+                quiet: self.json,
+                speculate: self.spec.on().then(|| self.spec.spec()),
+            }
         }
     }
 }
@@ -297,44 +294,6 @@ fn show(e: &Event<'_>, json: bool) {
     }
 }
 
-/// `--speculate`: one sequence through the pipeline with drafts verified k + 1 positions a
-/// step.
-fn speculate(
-    a: &LocalArgs,
-    o: &LocalOptions,
-    req: &loip::request::Request,
-    on_event: &mut dyn FnMut(Event<'_>),
-) -> Result<Outcome> {
-    let (dir, prep) = loip::local::prepared(o, req)?;
-    let cluster = loip::local::start(&dir, o, &prep, on_event)?;
-    let config = Manifest::load(&dir)?.config;
-    let target = (&config, prep.tokenizer.as_ref());
-    let mut printer = Printer::new(prep.tokenizer.as_ref(), req.stop.clone(), a.json);
-    let mut on_token = |id| printer.on_token(id);
-    let (ids, opts) = (&prep.prompt_ids, &prep.opts);
-    let pipeline = cluster.session.pipeline();
-    let run = crate::speculate::on_pipeline(pipeline, target, ids, opts, &a.spec, &mut on_token)?;
-    let text = printer.finish();
-    let st = run.stats;
-    if !a.json {
-        eprintln!(
-            "speculation: {} steps, {} of {} drafts kept",
-            st.steps, st.accepted, st.drafted
-        );
-    }
-    let burst = Burst {
-        ms_per_token: run.out.decode_ms_per_token,
-        first: run.out,
-        sequences: None,
-        wall_ms_per_token: None,
-    };
-    let mut g = cluster.generated(prep.prompt_ids.clone(), burst, text)?;
-    g.fields
-        .insert("speculation".into(), serde_json::to_value(st)?);
-    cluster.shutdown();
-    Ok(Outcome::Generated(Box::new(g)))
-}
-
 /// The report of a generation: JSON or the text's timing lines, the breakdown, the cgroups'
 /// charges and `--plot`.
 fn report_generation(a: &LocalArgs, g: Generated) -> Result<()> {
@@ -348,6 +307,12 @@ fn report_generation(a: &LocalArgs, g: Generated) -> Result<()> {
             g.out.new_ids.len()
         );
         plot::write(path, ad, &title)?;
+    }
+    if let (Some(st), false) = (&g.speculation, a.json) {
+        eprintln!(
+            "speculation: {} steps, {} of {} drafts kept",
+            st.steps, st.accepted, st.drafted
+        );
     }
     report(&g.prompt_ids, &g.out, g.text, a.json, Some(g.fields))?;
     if !a.json {

@@ -83,6 +83,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         planned_context: a.context,
         greedy: a.sampling.greedy(),
         no_replan: a.no_replan,
+        speculate_k: 0,
         quiet: false,
     };
     if a.preview {

@@ -270,6 +270,7 @@ pub struct Pipeline {
     tx: mpsc::UnboundedSender<Cmd>,
     shared: Arc<Shared>,
     vocab: usize,
+    max_positions: Option<usize>,
 }
 
 /// Pipeline limits.
@@ -281,6 +282,9 @@ pub struct PipelineOptions {
     pub hidden: usize,
     /// vocabulary size (checks every logits output)
     pub vocab: usize,
+    /// the model's position limit (`max_position_embeddings`), if any: a speculative step
+    /// drafts no further // positions
+    pub max_positions: Option<usize>,
 }
 
 impl Pipeline {
@@ -331,6 +335,7 @@ impl Pipeline {
             tx,
             shared,
             vocab: opts.vocab,
+            max_positions: opts.max_positions,
         }
     }
 
@@ -495,6 +500,11 @@ impl Pipeline {
     /// Vocabulary size.
     pub fn vocab(&self) -> usize {
         self.vocab
+    }
+
+    /// The model's position limit, if the pipeline was given one.
+    pub fn max_positions(&self) -> Option<usize> {
+        self.max_positions
     }
 
     /// Each device's state.

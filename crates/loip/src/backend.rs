@@ -175,6 +175,10 @@ pub struct ClusterStart<'a> {
     pub max_step_tokens: usize,
     /// every request is greedy (the last device returns token ids)
     pub greedy: bool,
+    /// sequences in one step (`loip api --parallel`)
+    pub parallel: usize,
+    /// most drafts a speculating sequence's step verifies (0: none speculates)  // tokens
+    pub speculate_k: usize,
 }
 
 /// Brings a cluster up for the slice files in `dir`: connect, authenticate, measure, plan,
@@ -195,12 +199,22 @@ pub fn session_options(
     s: &ClusterStart<'_>,
 ) -> Result<(Vec<WorkerSpec>, SessionOptions)> {
     let (workers, cluster) = read_workers(&c.file)?;
+    let (seqs, k) = (s.parallel.max(1), s.speculate_k);
     let mut opts = SessionOptions {
         planner: c.planner.clone(),
         pattern: s.pattern,
         micro_batches: s.micro_batches,
-        context: s.context,
+        // a speculating sequence holds its rejected drafts' KV until its next step drops
+        // them, and the workers' sliding windows keep as many positions more
+        context: s.context.saturating_add(seqs.saturating_mul(k) as u64),
         max_step_tokens: s.max_step_tokens,
+        // a sampled verify step returns the logits of its k + 1 rows (a greedy one, each
+        // row's argmax)
+        max_step_seqs: if k > 0 && !s.greedy {
+            seqs.saturating_mul(k + 1)
+        } else {
+            1
+        },
         loader: s.loader,
         link: c.file_link.then_some(cluster.link),
         shape_name: s.model.to_string(),
@@ -308,6 +322,8 @@ pub struct How<'a> {
     pub greedy: bool,
     /// a cluster: keep a failed cluster as it is instead of re-planning
     pub no_replan: bool,
+    /// a cluster: most drafts a speculating sequence's step verifies (0: none speculates)
+    pub speculate_k: usize,
 }
 
 /// An opened backend.
@@ -386,6 +402,8 @@ pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
                 context: how.planned_context,
                 max_step_tokens: how.max_step_tokens,
                 greedy: how.greedy,
+                parallel: how.parallel,
+                speculate_k: how.speculate_k,
             };
             let session = start_cluster(&dir, c, &start)?;
             let micro_batches = how

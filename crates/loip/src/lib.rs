@@ -6,6 +6,8 @@
 //! - [`slices`]: slice files for offloading, and the slice cache keyed by checkpoint version;
 //! - [`backend`]: a model and a [`Placement`] (this machine in memory, from slice files under
 //!   a budget, a cluster of workers) to a [`loip_server::Backend`];
+//! - [`speculate`]: one request with lossless speculative decoding, on this machine or
+//!   through a cluster's pipeline;
 //! - [`Loip`]: the three together, for a program that wants text.
 //!
 //! ```no_run
@@ -27,6 +29,7 @@ pub mod local;
 pub mod model;
 pub mod request;
 pub mod slices;
+pub mod speculate;
 
 use anyhow::{Context, Result};
 use loip_engine::Flow;
@@ -66,6 +69,7 @@ impl Loip {
             planned_context: DEFAULT_CONTEXT as u64,
             greedy: false,
             no_replan: false,
+            speculate_k: 0,
         };
         let opened = backend::open(src, &how)?;
         Ok(Loip {

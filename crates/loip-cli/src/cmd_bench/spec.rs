@@ -70,6 +70,11 @@ pub struct SpecBenchArgs {
     /// loop (continuous batching, as `loip api`), all speculating or none.
     #[arg(long)]
     batch: Option<usize>,
+    /// Also run through the pipeline of this many worker processes on loopback, as `loip
+    /// local --devices N` (default budgets; one plan for every round, so plain and lookup
+    /// runs compare on the same plan).
+    #[arg(long)]
+    local: Option<usize>,
 }
 
 /// `n` copies of `prompt` served at once in memory by the serving loop, speculating with
@@ -130,9 +135,9 @@ fn run_batch(
 
 /// Prompt lookup's drafts made wrong (each id + 1): the cost of speculation when every
 /// draft is rejected, i.e. of the adaptive fallback to k = 0.
-struct Wrong {
-    lookup: Lookup,
-    vocab: u32,
+pub(super) struct Wrong {
+    pub(super) lookup: Lookup,
+    pub(super) vocab: u32,
 }
 
 impl Drafter for Wrong {
@@ -143,10 +148,10 @@ impl Drafter for Wrong {
 }
 
 /// One timed run.
-struct Run {
-    ids: Vec<u32>,
-    ms_per_token: f64,
-    stats: SpecStats,
+pub(super) struct Run {
+    pub(super) ids: Vec<u32>,
+    pub(super) ms_per_token: f64,
+    pub(super) stats: SpecStats,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -263,10 +268,18 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
         };
         Some(LocalModel::open_batched(&dir, &lopts, 1)?)
     };
-    let spec = |offloaded: bool| SpecOptions {
-        k_max: a.k,
-        adaptive: !a.fixed,
-        prior_per_row: if offloaded { 0.03 } else { 0.25 },
+    let how = loip::speculate::Spec {
+        source: loip_engine::Speculate::Lookup,
+        draft: None,
+        k: a.k,
+        fixed: a.fixed,
+    };
+    let spec = |offloaded: bool| how.options(offloaded);
+    let local = match a.local {
+        Some(n) => Some(super::spec_local::start(
+            &a.model, n, longest, a.tokens, a.k,
+        )?),
+        None => None,
     };
     // (prompt, backend) → per round: (plain, speculative)
     type Pairs = Vec<(Run, Run)>;
@@ -310,8 +323,18 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
                     run_pair(lm, ids, &opts, &spec(true), spec_first, *wrong)?,
                 );
             }
+            if let Some(cluster) = &local {
+                let pair = super::spec_local::pair(cluster, ids, &opts, &how, spec_first, *wrong)?;
+                push(
+                    format!("loip local, {} devices", cluster.budgets.len()),
+                    pair,
+                );
+            }
             eprintln!("round {} of {}: {name} done", round + 1, a.rounds.max(1));
         }
+    }
+    if let Some(cluster) = local {
+        cluster.shutdown();
     }
     println!(
         "| prompt | prompt tokens | backend | plain ms/token | lookup ms/token | ratio | ratio per round (median) | acceptance | tokens per step | identical |\n|---|---|---|---|---|---|---|---|---|---|"

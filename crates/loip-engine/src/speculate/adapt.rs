@@ -8,13 +8,17 @@
 //! - `a` is the ratio of accepted drafts to drafts that were tested (a step that accepts `j`
 //!   of `k` drafts tested `j + 1` of them when `j < k`, else `k`), both counts decaying so a
 //!   change of regime (copying starts or stops) shows within a few steps.
-//! - `c(k)` starts from a prior slope (`StepCost::prior_per_row`) and follows the measured
-//!   times of steps of each size (drafting included: a draft model's `k` steps count) once
-//!   both a one-position step and that size were seen.
+//! - `c(k)` starts from a prior: a table of step times by size when the caller has one (the
+//!   cost model's `loip_plan::speculate::step_times` for a cluster's plan, or times measured
+//!   before), else a slope (`StepCost::prior_per_row`); it follows the measured times of
+//!   steps of each size (drafting included: a draft model's `k` steps count) once both a
+//!   one-position step and that size were seen.
 //! - A draft must promise 2 % more tokens per unit time than none, and an extra position is
 //!   taken to cost at least 1 % of a step (so timing noise never makes drafting look free).
 //! - At `a` near 0 the best `k` is 0; a step at `k = 0` teaches nothing, so after
-//!   `probe_every` such steps with a draft available one step verifies a single draft.
+//!   `probe_every` such steps one step verifies a single draft; each probe whose draft is
+//!   rejected doubles the gap to the next (up to `MAX_PROBE_GAP`), an accepted one resets it,
+//!   so a sequence whose drafts never hit pays for fewer and fewer probes.
 //!
 //! Invariant: the choice never changes which tokens are produced (verification is exact),
 //! only how many positions a step carries.
@@ -22,8 +26,9 @@
 /// The relative cost of a step of `n` positions of one sequence.
 #[derive(Debug, Clone)]
 pub struct StepCost {
-    /// the prior `c(n) = 1 + prior_per_row × (n − 1)`
+    /// the prior `c(n) = 1 + prior_per_row × (n − 1)` (where `table` has no entry)
     pub prior_per_row: f64,
+    table: Vec<f64>, // [n - 1]: prior seconds of a step of n positions (may be empty)
     seconds: Vec<Option<f64>>, // [n - 1]: decayed mean seconds of a step of n positions
 }
 
@@ -32,8 +37,21 @@ impl StepCost {
     pub fn new(max_rows: usize, prior_per_row: f64) -> StepCost {
         StepCost {
             prior_per_row,
+            table: Vec::new(),
             seconds: vec![None; max_rows.max(1)],
         }
+    }
+
+    /// Takes `table[n - 1]`, the time of a step of `n` positions (any unit: only ratios are
+    /// used), as the prior where both sizes of a ratio are in it; non-finite or non-positive
+    /// entries end the table.
+    pub fn with_table(mut self, table: &[f64]) -> StepCost {
+        self.table = table
+            .iter()
+            .copied()
+            .take_while(|t| t.is_finite() && *t > 0.0)
+            .collect();
+        self
     }
 
     /// Records a step of `rows` positions that took `seconds`.
@@ -61,8 +79,10 @@ impl StepCost {
         }
         let least = floor(to - from + 1);
         let seen = |n: usize| self.seconds.get(n - 1).copied().flatten();
-        match (seen(from), seen(to)) {
-            (Some(a), Some(b)) if a > 0.0 => (b / a).max(least),
+        let tabled = |n: usize| self.table.get(n - 1).copied();
+        match (seen(from), seen(to), tabled(from), tabled(to)) {
+            (Some(a), Some(b), ..) if a > 0.0 => (b / a).max(least),
+            (_, _, Some(a), Some(b)) => (b / a).max(least),
             _ => {
                 let prior = |n: usize| 1.0 + self.prior_per_row * (n - 1) as f64;
                 (prior(to) / prior(from)).max(least)
@@ -80,6 +100,9 @@ fn floor(rows: usize) -> f64 {
 /// than a step without drafts.
 const MIN_GAIN: f64 = 1.02;
 
+/// The longest gap between probes of a sequence whose probes keep failing. // steps
+pub const MAX_PROBE_GAP: usize = 256;
+
 /// The per-sequence draft-length controller.
 #[derive(Debug, Clone)]
 pub struct AdaptiveK {
@@ -88,6 +111,8 @@ pub struct AdaptiveK {
     tested: f64,   // decayed count of drafts tested (accepted + first rejected)
     idle: usize,   // steps at k = 0 since the last probe
     probe_every: usize,
+    probe_gap: usize, // idle steps before the next probe (probe_every, doubled per failure)
+    probing: bool,    // the last k asked for was a probe
     /// the step cost model
     pub cost: StepCost,
 }
@@ -105,8 +130,17 @@ impl AdaptiveK {
             tested: 2.0,
             idle: 0,
             probe_every: 16,
+            probe_gap: 16,
+            probing: false,
             cost: StepCost::new(k_max + 1, prior_per_row),
         }
+    }
+
+    /// [`AdaptiveK::new`] with a prior table of step times by size ([`StepCost::with_table`]).
+    pub fn with_table(k_max: usize, prior_per_row: f64, table: &[f64]) -> AdaptiveK {
+        let mut a = AdaptiveK::new(k_max, prior_per_row);
+        a.cost = a.cost.with_table(table);
+        a
     }
 
     /// A controller that always asks for `k` (no adaptation).
@@ -153,10 +187,12 @@ impl AdaptiveK {
                 best = (k, rate);
             }
         }
+        self.probing = false;
         if best.0 == 0 && self.k_max > 0 {
             self.idle += 1;
-            if self.idle >= self.probe_every {
+            if self.idle >= self.probe_gap {
                 self.idle = 0;
+                self.probing = true;
                 return 1;
             }
         }
@@ -171,6 +207,13 @@ impl AdaptiveK {
         }
         if drafted == 0 {
             return;
+        }
+        if std::mem::take(&mut self.probing) {
+            self.probe_gap = if accepted > 0 {
+                self.probe_every
+            } else {
+                (self.probe_gap * 2).min(MAX_PROBE_GAP)
+            };
         }
         let tested = if accepted < drafted {
             accepted + 1
@@ -201,9 +244,44 @@ mod tests {
         a.cost.observe(1, 0.010);
         a.cost.observe(2, 0.009);
         assert_eq!(a.next_k(), 0);
-        // a probe of one draft comes every `probe_every` idle steps
-        let probes = (0..32).filter(|_| a.next_k() == 1).count();
-        assert_eq!(probes, 2);
+        // a probe of one draft comes after `probe_every` idle steps (two were above); each
+        // rejected one doubles the gap: 16, 32, 64, …
+        let mut probes = Vec::new();
+        for step in 1..=400 {
+            if a.next_k() == 1 {
+                probes.push(step);
+                a.observe(1, 0, None);
+            }
+        }
+        assert_eq!(probes, vec![14, 46, 110, 238]);
+        // an accepted probe brings the gap back to `probe_every`
+        assert_eq!(a.probe_gap, 256);
+        assert!((0..=MAX_PROBE_GAP).any(|_| a.next_k() == 1));
+        a.observe(1, 1, None);
+        assert_eq!(a.probe_gap, 16);
+    }
+
+    #[test]
+    fn a_prior_table_prices_steps_until_they_are_measured() {
+        // acceptance about 0.6; the table says a position more costs 40 % of a step
+        let table: Vec<f64> = (1..=9)
+            .map(|n| 0.010 * (1.0 + 0.4 * (n - 1) as f64))
+            .collect();
+        let mut a = AdaptiveK::with_table(8, 0.02, &table);
+        for _ in 0..40 {
+            a.observe(4, 2, None);
+        }
+        assert!(a.next_k() <= 1, "{}", a.next_k());
+        assert!((a.cost.relative(3) - 1.8).abs() < 1e-9);
+        // measured times replace it where both sizes were seen
+        for n in 1..=9 {
+            a.cost.observe(n, 0.010 + 0.0001 * (n - 1) as f64);
+        }
+        assert!(a.next_k() >= 6, "{}", a.next_k());
+        // a broken table ends at its first bad entry
+        let c = StepCost::new(4, 0.5).with_table(&[1.0, 1.1, f64::NAN, 9.0]);
+        assert!((c.relative(2) - 1.1).abs() < 1e-9);
+        assert!((c.relative(4) - 2.5).abs() < 1e-9);
     }
 
     #[test]

@@ -31,15 +31,10 @@ impl SeqSpec {
     /// Speculation from `source` (prompt lookup; a draft model is not served in batches)
     /// with `opts`.
     pub fn new(source: Speculate, opts: &SpecOptions) -> SeqSpec {
-        let adapt = if opts.adaptive {
-            AdaptiveK::new(opts.k_max, opts.prior_per_row)
-        } else {
-            AdaptiveK::fixed(opts.k_max)
-        };
         SeqSpec {
             source,
             lookup: Lookup::default(),
-            adapt,
+            adapt: opts.controller(),
             drafts: Vec::new(),
             stats: SpecStats::default(),
         }

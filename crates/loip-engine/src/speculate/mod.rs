@@ -50,7 +50,6 @@ use crate::kv::SeqId;
 use crate::sampling::Dist;
 use crate::EngineError;
 
-use adapt::AdaptiveK;
 use lookup::Lookup;
 pub use options::{SpecOptions, SpecStats, Speculate};
 
@@ -142,11 +141,7 @@ pub fn generate_speculative<B: Rewind + ?Sized>(
         return Err(EngineError::Invalid("the prompt has no tokens".into()));
     }
     let mut dec = Decoding::new(opts)?;
-    let mut adapt = if spec.adaptive {
-        AdaptiveK::new(spec.k_max, spec.prior_per_row)
-    } else {
-        AdaptiveK::fixed(spec.k_max)
-    };
+    let mut adapt = spec.controller();
     let mut stats = SpecStats::default();
     backend.allow_rewind(spec.k_max);
     let mut context = prompt.to_vec(); // prompt, then each kept token

@@ -1,6 +1,8 @@
 //! What a request asks of speculative decoding and what it did: the draft source, the
 //! options, the counts. Below both the speculative loop and the batched backends.
 
+use super::adapt::AdaptiveK;
+
 /// Where draft tokens come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Speculate {
@@ -38,6 +40,23 @@ pub struct SpecOptions {
     /// the adaptive controller's prior cost of one more position in a step, relative to a
     /// step of one (replaced by measured step times as they come)
     pub prior_per_row: f64,
+    /// the adaptive controller's prior step times by size when the caller knows them:
+    /// `step_prior[n - 1]` for a step of `n` positions of one sequence (the cost model's
+    /// `loip_plan::speculate::step_times` of a cluster's plan, shifted by one); empty: the
+    /// slope `prior_per_row`  // seconds
+    pub step_prior: Vec<f64>,
+}
+
+impl SpecOptions {
+    /// The draft-length controller these options ask for: adaptive from the priors, or
+    /// always `k_max`.
+    pub fn controller(&self) -> AdaptiveK {
+        if self.adaptive {
+            AdaptiveK::with_table(self.k_max, self.prior_per_row, &self.step_prior)
+        } else {
+            AdaptiveK::fixed(self.k_max)
+        }
+    }
 }
 
 impl Default for SpecOptions {
@@ -46,6 +65,7 @@ impl Default for SpecOptions {
             k_max: 8,
             adaptive: true,
             prior_per_row: 0.15,
+            step_prior: Vec::new(),
         }
     }
 }

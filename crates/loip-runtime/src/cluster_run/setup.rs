@@ -70,6 +70,7 @@ pub(super) async fn setup(
         step_timeout: opts.step_timeout,
         hidden: manifest.config.hidden_size,
         vocab: manifest.config.vocab_size,
+        max_positions: Some(manifest.config.max_position_embeddings),
     };
     let adapter = opts.admitted.map(|_| {
         let mut a = Adapter::for_session(&plan, manifest, &shape, &cluster, &opened.devices);

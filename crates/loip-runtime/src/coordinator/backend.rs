@@ -193,6 +193,6 @@ impl Rewind for PipelineBackend {
     }
 
     fn max_positions(&self) -> Option<usize> {
-        None
+        self.pipeline.max_positions()
     }
 }

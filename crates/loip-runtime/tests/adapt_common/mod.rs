@@ -106,11 +106,18 @@ pub fn session_options(
     }
 }
 
-/// Starts a worker in this process (its own runtime on a thread); its address.
+/// The store quota of an in-process worker: explicit, so a test does not depend on the
+/// disk's free space (the default, free space less 5 %, is 0 B on a nearly full disk).
+/// Tests ship a few tiny models. // bytes
+pub const STORE_QUOTA: u64 = 4 << 30;
+
+/// Starts a worker in this process (its own runtime on a thread, its store's quota
+/// [`STORE_QUOTA`]); its address.
 pub fn in_process_worker(name: &str, mem: u64, store: std::path::PathBuf, refuse: u32) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     let mut o = WorkerOptions::new("127.0.0.1:0", mem, store);
     o.name = Some(name.to_string());
+    o.store_quota = Some(STORE_QUOTA);
     o.refuse_switches = refuse;
     std::thread::spawn(move || {
         let _ = run_blocking(o, |a| {

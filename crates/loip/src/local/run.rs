@@ -4,8 +4,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use loip_engine::generate::Flow;
+use loip_engine::speculate::SpecStats;
 use loip_engine::GenerateOutput;
 use loip_model::slice::Manifest;
 use loip_runtime::adapt::AdaptReport;
@@ -17,6 +18,7 @@ use super::{
     Burst, LocalCluster, LocalOptions, MicroBatchRow,
 };
 use crate::request::{prepare, Prepared, Printer, Request};
+use crate::speculate::{on_session, Spec};
 
 /// What to run once the workers are up.
 pub enum Job {
@@ -25,6 +27,9 @@ pub enum Job {
     Generate {
         /// print nothing while generating
         quiet: bool,
+        /// speculative decoding of the one sequence through the pipeline (drafts verified
+        /// k + 1 positions a step; the same tokens)
+        speculate: Option<Spec>,
     },
     /// the sequences with each micro-batch size (`0`: one sequence a step) on one session
     MicroBatches(Vec<usize>),
@@ -93,6 +98,8 @@ pub struct Generated {
     pub adaptation: Option<AdaptReport>,
     /// each worker's cgroup charge (empty without cgroups)
     pub cgroups: Vec<CgroupReport>,
+    /// what speculative decoding did, when it ran
+    pub speculation: Option<SpecStats>,
     /// the run as JSON fields beside `loip generate --json`'s: plan, devices, breakdown,
     /// links, adaptation, shape, cluster, sequences, ms/token measured and predicted
     pub fields: serde_json::Map<String, serde_json::Value>,
@@ -144,12 +151,29 @@ pub fn run(
             cluster.shutdown();
             Ok(Outcome::MicroBatches(rows?))
         }
-        Job::Generate { quiet } => {
+        Job::Generate { quiet, speculate } => {
+            if speculate.is_some() && n > 1 {
+                bail!("speculative decoding runs one sequence (--concurrent 1)");
+            }
             let cluster = start(&dir, o, &prep, on_event)?;
             let single = n == 1;
             let stops = if single { req.stop.clone() } else { vec![] };
             let mut printer = Printer::new(prep.tokenizer.as_ref(), stops, quiet);
-            let burst = if single {
+            let mut speculation = None;
+            let burst = if let Some(spec) = &speculate {
+                let config = Manifest::load(&dir)?.config;
+                let target = (&config, prep.tokenizer.as_ref());
+                let on_token = &mut |id| printer.on_token(id);
+                on_session(&cluster.session, target, ids, opts, spec, on_token).map(|run| {
+                    speculation = Some(run.stats);
+                    Burst {
+                        ms_per_token: run.out.decode_ms_per_token,
+                        first: run.out,
+                        sequences: None,
+                        wall_ms_per_token: None,
+                    }
+                })
+            } else if single {
                 cluster.generate(ids, opts, 1, &mut |id| printer.on_token(id))
             } else {
                 cluster
@@ -164,7 +188,15 @@ pub fn run(
                     })
             };
             let text = printer.finish();
-            let generated = burst.and_then(|b| cluster.generated(prep.prompt_ids.clone(), b, text));
+            let generated = burst.and_then(|b| {
+                let mut g = cluster.generated(prep.prompt_ids.clone(), b, text)?;
+                if let Some(st) = speculation {
+                    g.fields
+                        .insert("speculation".into(), serde_json::to_value(st)?);
+                    g.speculation = Some(st);
+                }
+                Ok(g)
+            });
             cluster.shutdown();
             Ok(Outcome::Generated(Box::new(generated?)))
         }
@@ -232,6 +264,7 @@ impl LocalCluster {
             breakdown,
             adaptation,
             cgroups,
+            speculation: None,
             fields: f,
         })
     }
