@@ -50,9 +50,7 @@ pub fn check_manifest(m: &Manifest) -> Result<(), String> {
         }
         if let SliceKind::Attn(l) | SliceKind::Mlp(l) = s.kind {
             if l >= layers {
-                return Err(format!(
-                    "slice {id}: layer {l} of a model with {layers} layers"
-                ));
+                return Err(format!("slice {id}: layer {l} of a model with {layers} layers"));
             }
         }
         if s.size > MAX_SLICE_BYTES {
