@@ -185,7 +185,9 @@ impl Announcer {
         })
     }
 
-    /// Announces `a` on every interface, replacing what was announced.
+    /// Announces `a` on every interface, replacing what was announced (registering the same
+    /// instance again updates it: withdrawing it first would make the responder see its own
+    /// name as taken and announce `NAME (2)`).
     pub fn announce(&mut self, a: &Announcement) -> Result<(), RuntimeError> {
         if !valid_name(&a.name) {
             return Err(RuntimeError::Invalid(format!(
@@ -194,7 +196,6 @@ impl Announcer {
                 a.name
             )));
         }
-        self.withdraw();
         let props: Vec<(String, String)> = txt(a);
         let props: Vec<(&str, &str)> = props.iter().map(|(k, v)| (&**k, &**v)).collect();
         let host = format!("{}.local.", a.name);
@@ -202,6 +203,9 @@ impl Announcer {
             .map_err(|e| mdns_err("the announcement", e))?
             .enable_addr_auto();
         let fullname = info.get_fullname().to_string();
+        if self.fullname.as_ref() != Some(&fullname) {
+            self.withdraw();
+        }
         self.daemon
             .register(info)
             .map_err(|e| mdns_err("announcing", e))?;
