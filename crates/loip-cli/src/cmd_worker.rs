@@ -155,7 +155,8 @@ pub fn run(mut a: WorkerArgs) -> Result<()> {
         name: announced_name(opts.name.as_deref()),
         key: id.public(),
         pairing: (own_token && (a.pair || !store.join(PAIRED).exists())).then_some(a.pair_window),
-        announce: !a.no_announce,
+        // a worker on loopback cannot be reached from the LAN: not announced
+        announce: !a.no_announce && !token::is_loopback(&a.listen),
         store,
     };
     serve(opts, lan)
@@ -282,18 +283,19 @@ fn serve(mut opts: WorkerOptions, lan: Lan) -> Result<()> {
             }
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut pair_port = match (&lan.pairing, &opts.token) {
-            (Some(_), Some(t)) => Some(start_pairing(&opts.listen, t, &lan, tx)?),
-            _ => None,
-        };
+        let mut pair_port = None;
         let mut first = true;
         loop {
             let w = Worker::bind(opts.clone()).await?;
             let addr = w.local_addr();
             if first {
+                // the first stdout line says where it listens; the pairing code comes after
                 println!("listening on {addr}");
                 let _ = std::io::stdout().flush();
                 first = false;
+                if let (Some(_), Some(t)) = (&lan.pairing, &opts.token) {
+                    pair_port = Some(start_pairing(&opts.listen, t, &lan, tx.clone())?);
+                }
             }
             let announce = |a: &mut discovery::Announcer, pair_port| {
                 let ann = discovery::Announcement {
