@@ -61,20 +61,11 @@ fn a_late_worker_is_waited_for_and_a_restarted_one_rejoins() {
             worker(&dir, "w2", &a2).0
         })
     };
-    let s = Server::start(&[
-        "--model",
+    let s = cluster_server(
         &model,
-        "--cluster",
-        cluster.to_str().unwrap(),
-        "--token",
-        TEST_TOKEN,
-        "--planner",
-        "loip-uniform",
-        "--parallel",
-        "2",
-        "--connect-retry",
-        "20s",
-    ]);
+        &cluster,
+        &["--parallel", "2", "--connect-retry", "20s"],
+    );
     let w2 = late.join().unwrap();
     assert!(s.log().contains("trying again"), "{}", s.log());
     assert_eq!(wait_devices(&s, 2, Duration::ZERO), 2, "{}", s.log());

@@ -25,18 +25,7 @@ fn metric(text: &str, series: &str, device: &str) -> f64 {
 fn the_dashboard_shows_the_plan_and_the_metrics_numbers() {
     let model = fixture("tiny-qwen3");
     let (dir, workers, cluster) = workers_and_cluster("dashboard", 2);
-    let s = Server::start(&[
-        "--model",
-        &model,
-        "--cluster",
-        cluster.to_str().unwrap(),
-        "--token",
-        TEST_TOKEN,
-        "--planner",
-        "loip-uniform",
-        "--api-key",
-        KEY,
-    ]);
+    let s = cluster_server(&model, &cluster, &["--api-key", KEY]);
     let auth = format!("Authorization: Bearer {KEY}\r\n");
     let get = |path: &str| http_with(&s.addr, "GET", path, &auth, b"");
 
