@@ -82,6 +82,10 @@ pub struct ApiArgs {
     pub preview: bool,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    /// Find the workers on the LAN for a few seconds, show them, and run on the paired ones
+    /// that answer (`loip pair CODE` pairs a worker); a --cluster file given wins.
+    #[arg(long)]
+    pub discover: bool,
     /// Require `Authorization: Bearer KEY` on /v1/*. Visible in `ps`: prefer --api-key-file
     /// or the LOIP_API_KEY environment variable.
     #[arg(long)]
@@ -138,7 +142,8 @@ pub struct ApiArgs {
 }
 
 /// `loip api`: load the model (or bring the cluster up), then serve until Ctrl-C or SIGTERM.
-pub fn run(a: ApiArgs) -> Result<()> {
+pub fn run(mut a: ApiArgs) -> Result<()> {
+    crate::cluster_ux::discover(a.discover, &mut a.cluster)?;
     if a.parallel == 0 || a.max_prompt == 0 || a.max_tokens_limit == 0 {
         bail!("--parallel, --max-prompt and --max-tokens-limit must be at least 1");
     }

@@ -6,8 +6,10 @@ mod cmd_api;
 mod cmd_bench;
 mod cmd_cache;
 mod cmd_chat;
+mod cmd_devices;
 mod cmd_generate;
 mod cmd_local;
+mod cmd_pair;
 mod cmd_plan;
 mod cmd_profile;
 mod cmd_serve;
@@ -74,6 +76,10 @@ enum Command {
     List(cmd_cache::ListArgs),
     /// Remove cache entries by the names `loip list` prints.
     Rm(cmd_cache::RmArgs),
+    /// List the workers that answer on the LAN, paired or not.
+    Devices(cmd_devices::DevicesArgs),
+    /// Pair this coordinator with a worker, from the code the worker printed.
+    Pair(cmd_pair::PairArgs),
 }
 
 fn main() {
@@ -165,5 +171,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Chat(a) => cmd_chat::run(a),
         Command::List(a) => cmd_cache::list(a),
         Command::Rm(a) => cmd_cache::rm(a),
+        Command::Devices(a) => cmd_devices::run(a),
+        Command::Pair(a) => cmd_pair::run(a),
     }
 }

@@ -48,20 +48,11 @@ fn a_cluster_serves_the_same_tokens_and_replans_after_a_lost_device() {
     }
     let cluster = dir.join("cluster.toml");
     std::fs::write(&cluster, toml).unwrap();
-    let s = Server::start(&[
-        "--model",
+    let s = cluster_server(
         &model,
-        "--cluster",
-        cluster.to_str().unwrap(),
-        "--token",
-        TEST_TOKEN,
-        "--planner",
-        "loip-uniform",
-        "--parallel",
-        "6",
-        "--micro-batches",
-        "2",
-    ]);
+        &cluster,
+        &["--parallel", "6", "--micro-batches", "2"],
+    );
     let health = http(&s.addr, "GET", "/health", b"").json();
     assert_eq!(health["status"], "ok", "{health}");
     assert_eq!(

@@ -25,18 +25,7 @@ fn metric(text: &str, series: &str, device: &str) -> f64 {
 fn the_dashboard_shows_the_plan_and_the_metrics_numbers() {
     let model = fixture("tiny-qwen3");
     let (dir, workers, cluster) = workers_and_cluster("dashboard", 2);
-    let s = Server::start(&[
-        "--model",
-        &model,
-        "--cluster",
-        cluster.to_str().unwrap(),
-        "--token",
-        TEST_TOKEN,
-        "--planner",
-        "loip-uniform",
-        "--api-key",
-        KEY,
-    ]);
+    let s = cluster_server(&model, &cluster, &["--api-key", KEY]);
     let auth = format!("Authorization: Bearer {KEY}\r\n");
     let get = |path: &str| http_with(&s.addr, "GET", path, &auth, b"");
 
@@ -112,14 +101,28 @@ fn the_dashboard_shows_the_plan_and_the_metrics_numbers() {
     }
     assert!(layers > 0, "{plan}");
     assert_eq!(d["scheduler"]["queued"], 0, "{d}");
-    screenshot(&s, &dir);
+    // the page rendered during a generation
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let body = json!({"prompt": [3, 1, 4, 1, 5], "max_tokens": 48, "temperature": 0,
+                              "ignore_eos": true});
+            http_with(
+                &s.addr,
+                "POST",
+                "/v1/completions",
+                &auth,
+                body.to_string().as_bytes(),
+            )
+        });
+        screenshot(&s, &dir);
+    });
     drop(s);
     drop(workers);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// With `chromium` on the PATH: the page rendered headless, saved as a PNG under the
-/// target directory. (The page's key prompt shows: headless Chromium cannot set the key.)
+/// With `chromium` on the PATH: the page rendered headless (the key given in the link's
+/// fragment, as a person may bookmark it), saved as a PNG under the target directory.
 fn screenshot(s: &Server, dir: &std::path::Path) {
     let Some(chromium) = ["chromium", "chromium-browser"].into_iter().find(|c| {
         std::process::Command::new(c)
@@ -140,7 +143,7 @@ fn screenshot(s: &Server, dir: &std::path::Path) {
             "--window-size=1200,900",
         ])
         .arg(format!("--screenshot={}", png.display()))
-        .arg(format!("http://{}/", s.addr))
+        .arg(format!("http://{}/#key={KEY}", s.addr))
         .output()
         .unwrap();
     assert!(

@@ -18,6 +18,7 @@ fn finding_9_a_generated_token_is_written_to_its_file_only() {
             "0.0.0.0:0",
             "--mem",
             "256MiB",
+            "--no-announce",
             "--store",
         ])
         .arg(&store)

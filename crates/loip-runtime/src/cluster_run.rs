@@ -370,6 +370,8 @@ pub struct Session {
     missing: Vec<String>,
     opts: SessionOptions,
     adapt: Option<std::sync::Arc<std::sync::Mutex<crate::adapt::AdaptReport>>>,
+    /// bumped when a re-plan starts to replace the pipeline (see [`Session::generation`])
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Session {
@@ -396,6 +398,7 @@ impl Session {
         Ok(Session {
             rt,
             pipeline: s.pipeline,
+            generation: Default::default(),
             hop_links: s.hop_links,
             plan: s.plan,
             shape: s.shape,
@@ -452,6 +455,14 @@ impl Session {
     /// The running pipeline (clone it to submit from several threads).
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline
+    }
+
+    /// The pipeline's generation: a counter bumped when a re-plan starts replacing the
+    /// pipeline. A serving loop that sees it change while it holds no sequence takes the
+    /// session's pipeline (under its lock, so after the re-plan) before its next step,
+    /// instead of failing a step on the old one.
+    pub fn generation(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.generation.clone()
     }
 
     /// The tokio runtime the connections live on (for async callers).
@@ -589,6 +600,7 @@ impl Session {
     /// Stops the pipeline and sets the cluster up again over the workers `keep` keeps, with
     /// the planner, trying each worker once; the workers left out are the missing ones.
     fn rebuild(&mut self, keep: impl Fn(&WorkerSpec) -> bool) -> Result<(), ClusterError> {
+        (self.generation).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.rt.block_on(self.pipeline.shutdown());
         let workers: Vec<WorkerSpec> = self.workers.iter().filter(|w| keep(w)).cloned().collect();
         let mut opts = self.opts.clone();

@@ -1,7 +1,16 @@
 // loip's dashboard: polls /dashboard.json and /metrics once a second (with the API key
-// from local storage when the server asks for one) and draws the devices.
+// from local storage when the server asks for one) and draws the devices. A link may carry
+// the key as `/#key=KEY` (a fragment never reaches the server): it is stored and taken off
+// the address bar.
 "use strict";
 const $ = (id) => document.getElementById(id);
+{
+  const m = /^#key=(.+)$/.exec(location.hash);
+  if (m) {
+    localStorage.setItem("loip-key", decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname);
+  }
+}
 let last = null; // {t, tokens, devices: {name: steps}}
 
 function mib(b) {

@@ -18,7 +18,9 @@
 //!   loop's thread (binding only records views into the mapped file), so nothing is leaked.
 //! - A cluster failure leaves the session usable: when a device is gone the session is
 //!   re-planned over the others (unless `no_replan`) before the failed requests hear of it,
-//!   and each loop moves to the new pipeline after its next failed step.
+//!   and each loop moves to the new pipeline after its next failed step. A re-plan that takes
+//!   a device back bumps the session's pipeline generation: a loop holding no sequence moves
+//!   to the new pipeline before its next step, so the request after a re-admission runs.
 
 use std::sync::{Arc, Mutex};
 
@@ -157,6 +159,7 @@ impl Backend {
         let lanes_n = how.micro_batches.clamp(1, how.parallel.max(1));
         let per_lane = how.parallel.max(1).div_ceil(lanes_n);
         let pipeline = session.pipeline().clone();
+        let generation = session.generation();
         let session = Arc::new(Mutex::new(session));
         let mut lanes = Vec::with_capacity(lanes_n);
         for i in 0..lanes_n {
@@ -167,6 +170,9 @@ impl Backend {
             let mut lane = Some(ClusterLane {
                 be: pipeline.backend(),
                 pipe: pipeline.clone(),
+                gen: generation.load(std::sync::atomic::Ordering::SeqCst),
+                generation: generation.clone(),
+                live: Default::default(),
                 session: session.clone(),
                 no_replan: how.no_replan,
                 failed: None,
@@ -344,11 +350,18 @@ fn replan_if_gone(session: &Mutex<Session>) {
 }
 
 /// One serving loop's backend on a cluster: the pipeline, moved to the session's current
-/// pipeline after a failed step (a re-plan builds a new one).
+/// pipeline (a re-plan builds a new one) before a step when the pipeline's generation changed
+/// and the loop holds no sequence on the old one, or after a failed step.
 struct ClusterLane {
     be: PipelineBackend,
     /// the pipeline `be` runs on
     pipe: Pipeline,
+    /// the session's pipeline generation `pipe` belongs to
+    gen: u64,
+    /// the session's generation counter
+    generation: Arc<std::sync::atomic::AtomicU64>,
+    /// sequences that ran a step on `pipe` and were not released (they hold KV there)
+    live: std::collections::HashSet<SeqId>,
     session: Arc<Mutex<Session>>,
     no_replan: bool,
     /// the last failed step's error
@@ -356,6 +369,19 @@ struct ClusterLane {
 }
 
 impl ClusterLane {
+    /// Before a step: a re-plan replaced the pipeline and no sequence holds KV on the old
+    /// one: take the session's (its lock waits for a re-plan in progress).
+    fn before(&mut self, batch: &[TokenPos]) {
+        use std::sync::atomic::Ordering;
+        if self.generation.load(Ordering::SeqCst) != self.gen && self.live.is_empty() {
+            let s = lock(&self.session);
+            self.gen = self.generation.load(Ordering::SeqCst);
+            self.pipe = s.pipeline().clone();
+            self.be = self.pipe.backend();
+        }
+        self.live.extend(batch.iter().map(|t| t.seq));
+    }
+
     /// After a step: a failure re-plans when a device is gone (before the failed requests
     /// hear of it) and takes the session's current pipeline. (The devices' times reach
     /// `/metrics` from the session, per device, see [`Backend::device_stats`].)
@@ -365,8 +391,11 @@ impl ClusterLane {
             if !self.no_replan {
                 replan_if_gone(&self.session);
             }
-            self.pipe = lock(&self.session).pipeline().clone();
+            let s = lock(&self.session);
+            self.gen = self.generation.load(std::sync::atomic::Ordering::SeqCst);
+            self.pipe = s.pipeline().clone();
             self.be = self.pipe.backend();
+            self.live.clear();
         }
         r
     }
@@ -379,6 +408,7 @@ impl BatchBackend for ClusterLane {
         batch: &[TokenPos],
         rows: &[usize],
     ) -> Result<Vec<f32>, EngineError> {
+        self.before(batch);
         let r = self.be.forward_rows(ids, batch, rows);
         self.after(r)
     }
@@ -389,11 +419,13 @@ impl BatchBackend for ClusterLane {
         batch: &[TokenPos],
         picks: &[RowPick<'_>],
     ) -> Result<Vec<Next>, EngineError> {
+        self.before(batch);
         let r = self.be.forward_pick(ids, batch, picks);
         self.after(r)
     }
 
     fn release(&mut self, seq: SeqId) {
+        self.live.remove(&seq);
         self.be.release(seq)
     }
 

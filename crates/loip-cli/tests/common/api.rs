@@ -374,3 +374,21 @@ pub fn workers_and_cluster(
     std::fs::write(&cluster, toml).unwrap();
     (dir, workers, cluster)
 }
+
+/// `loip api` on the cluster file `cluster` with the test token and the uniform planner,
+/// plus `extra` flags.
+pub fn cluster_server(model: &str, cluster: &Path, extra: &[&str]) -> Server {
+    let cluster = cluster.to_string_lossy();
+    let mut args = vec![
+        "--model",
+        model,
+        "--cluster",
+        &cluster,
+        "--token",
+        TEST_TOKEN,
+        "--planner",
+        "loip-uniform",
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}

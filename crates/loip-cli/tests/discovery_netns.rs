@@ -1,0 +1,279 @@
+//! One command per device, as a person sets a cluster up on a LAN: three network namespaces
+//! the test makes on a bridge with multicast (two workers, one coordinator). Each worker is
+//! `loip worker --name wN` (no token, no address list) and prints a pairing code; on the
+//! coordinator `loip devices` lists both as not paired, a wrong code is refused, `loip pair
+//! CODE --device wN` pairs each, and `loip serve --discover` finds them, uses only the paired
+//! ones and generates the tokens of `loip generate` on one device.
+//!
+//! Needs root and `ip` (iproute2): skipped with a printed reason otherwise.
+
+mod common;
+use common::api::{generate_ids, Guard};
+use common::*;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Namespaces and their bridge, deleted when dropped.
+struct Net {
+    names: Vec<String>,
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A bridge namespace and one namespace per entry of `hosts` on it (`10.77.0.i/24`).
+fn make_net(hosts: &[&str]) -> Result<(Net, Vec<String>), String> {
+    let pid = std::process::id() % 100_000;
+    let br = format!("lxbr{pid}");
+    let mut net = Net {
+        names: vec![br.clone()],
+    };
+    ip(&["netns", "add", &br])?;
+    ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])?;
+    // multicast reaches every port: no snooping
+    let _ = ip(&[
+        "-n",
+        &br,
+        "link",
+        "set",
+        "br0",
+        "type",
+        "bridge",
+        "mcast_snooping",
+        "0",
+    ]);
+    ip(&["-n", &br, "link", "set", "br0", "up"])?;
+    let mut spaces = Vec::new();
+    for (i, h) in hosts.iter().enumerate() {
+        let ns = format!("lx{h}{pid}");
+        ip(&["netns", "add", &ns])?;
+        net.names.push(ns.clone());
+        let (a, b) = (format!("ux{pid}{i}a"), format!("ux{pid}{i}b"));
+        ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])?;
+        ip(&["link", "set", &a, "netns", &ns])?;
+        ip(&["link", "set", &b, "netns", &br])?;
+        ip(&["-n", &ns, "link", "set", &a, "name", "eth0"])?;
+        let addr = format!("10.77.0.{}/24", i + 1);
+        ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
+        ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        ip(&["-n", &br, "link", "set", &b, "master", "br0"])?;
+        ip(&["-n", &br, "link", "set", &b, "up"])?;
+        spaces.push(ns);
+    }
+    Ok((net, spaces))
+}
+
+/// Why this test cannot run here, if it cannot.
+fn unavailable() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let root = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0");
+    if !root {
+        return Some("not root (network namespaces need it)".into());
+    }
+    match Command::new("ip").arg("-V").output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("no `ip` command (iproute2)".into()),
+    }
+}
+
+/// `loip ARGS` inside namespace `ns`, with the coordinator's directory `config`.
+fn in_ns(ns: &str, config: &Path) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns])
+        .arg(env!("CARGO_BIN_EXE_loip"))
+        .env("LOIP_CONFIG_DIR", config);
+    c
+}
+
+/// A worker in `ns`, named `name`, its store under `dir`: (the process, its pairing code).
+fn worker(ns: &str, dir: &Path, name: &str) -> (Guard, String) {
+    let mut w = Guard(
+        in_ns(ns, &dir.join("unused"))
+            .args(["worker", "--listen", "0.0.0.0:7001", "--mem", "256MiB"])
+            .args(["--name", name, "--store"])
+            .arg(dir.join(name))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = w.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(c) = line.strip_prefix("pairing code ") {
+                let _ = tx.send(c.trim().to_string());
+            }
+        }
+    });
+    let code = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("worker {name} printed no pairing code"));
+    (w, code)
+}
+
+fn run_ok(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{c:?}: {text}");
+    text
+}
+
+#[test]
+fn workers_found_on_the_lan_are_paired_by_code_and_serve_losslessly() {
+    if let Some(why) = unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let (_net, ns) = match make_net(&["c", "a", "b"]) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("skipped: could not make the namespaces: {e}");
+            return;
+        }
+    };
+    let dir: PathBuf = std::env::temp_dir().join(format!("loip-netns-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("coordinator");
+    let model = fixture("tiny-qwen3");
+    let want = generate_ids(&model, &[vec![3, 1, 4, 1, 5]], 8);
+
+    let (_w1, code1) = worker(&ns[1], &dir, "w1");
+    let (_w2, code2) = worker(&ns[2], &dir, "w2");
+
+    // both answer, neither is paired: listed as such
+    let listed = run_ok(in_ns(&ns[0], &config).args(["devices", "--wait", "3s"]));
+    for w in ["w1", "w2"] {
+        let line = listed.lines().find(|l| l.starts_with(w));
+        let line = line.unwrap_or_else(|| panic!("{w} not listed: {listed}"));
+        assert!(line.contains("not paired"), "{listed}");
+    }
+    // with nothing paired, --discover refuses and says how to pair
+    let out = in_ns(&ns[0], &config)
+        .args(["serve", "--discover", "--model", &model])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("loip pair"), "{err}");
+
+    // a wrong code is refused; the right ones pair
+    let wrong = if code1.starts_with('A') {
+        "BBBB-BBBB"
+    } else {
+        "AAAA-AAAA"
+    };
+    let out = in_ns(&ns[0], &config)
+        .args(["pair", wrong, "--device", "w1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not the one"),
+        "{err}"
+    );
+    for (w, code) in [("w1", &code1), ("w2", &code2)] {
+        let said = run_ok(in_ns(&ns[0], &config).args(["pair", code, "--device", w]));
+        assert!(said.contains(&format!("paired {w}")), "{said}");
+    }
+    let token = config.join("token");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&token).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    let listed = run_ok(in_ns(&ns[0], &config).args(["devices", "--wait", "3s"]));
+    for w in ["w1", "w2"] {
+        let line = listed.lines().find(|l| l.starts_with(w)).unwrap_or_default();
+        assert!(line.trim_end().ends_with(" paired"), "{listed}");
+    }
+
+    // the coordinator finds and uses them: the tokens of one device
+    let mut serve = Guard(
+        in_ns(&ns[0], &config)
+            .args([
+                "serve",
+                "--discover",
+                "--model",
+                &model,
+                "--planner",
+                "loip-uniform",
+            ])
+            .args([
+                "--json",
+                "-n",
+                "8",
+                "--ignore-eos",
+                "--connect-retry",
+                "20s",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = serve.0.stdin.take().unwrap();
+    writeln!(stdin, "[3, 1, 4, 1, 5]").unwrap();
+    drop(stdin);
+    let (tx, rx) = mpsc::channel();
+    let out = serve.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(out), &mut s);
+        let _ = tx.send(s);
+    });
+    let log = serve.0.stderr.take().unwrap();
+    let (ltx, lrx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(log), &mut s);
+        let _ = ltx.send(s);
+    });
+    let text = rx
+        .recv_timeout(Duration::from_secs(300))
+        .unwrap_or_default();
+    let log = lrx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_default();
+    let line = text.lines().rev().find(|l| l.starts_with('{'));
+    let line = line.unwrap_or_else(|| panic!("no JSON from serve: {text}\n{log}"));
+    let got: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(got["new_ids"], want[0], "{log}");
+    assert!(log.contains("w1") && log.contains("w2"), "{log}");
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,323 @@
+//! Workers on the LAN: a worker announces itself with DNS-SD over multicast DNS (service
+//! [`SERVICE`], the `mdns-sd` crate), and a coordinator browses for a few seconds.
+//!
+//! An announcement's TXT record holds the device's name (`name`), the wire protocol version
+//! (`v`), its memory budget (`mem`, bytes), its static public key (`key`, 64 hex characters:
+//! the fingerprint a coordinator pins) and, while it takes a pairing code, the TCP port of its
+//! pairing exchange (`pair`, see [`crate::net::pairing`]). Never the token, nor anything
+//! derived from it.
+//!
+//! Everything in an answer is hostile input: [`parse`] takes only the keys above, bounds every
+//! value, accepts only `[A-Za-z0-9._-]` names of at most [`MAX_NAME`] characters and a key of
+//! exactly 64 hex digits; [`browse`] keeps at most `max` devices. An announcement only says
+//! where a device claims to be: a coordinator uses a device only when its key is pinned
+//! (paired), and the Noise handshake proves that key before anything else is said.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use crate::net::identity::KEY_BYTES;
+use crate::RuntimeError;
+
+/// The DNS-SD service type of loip workers.
+pub const SERVICE: &str = "_loip._tcp.local.";
+/// Longest device name taken from an announcement, characters.
+pub const MAX_NAME: usize = 63;
+/// Most addresses kept per device.
+const MAX_ADDRS: usize = 8;
+
+/// What a worker announces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announcement {
+    /// device name (also the DNS-SD instance name)
+    pub name: String,
+    /// port of its sessions
+    pub port: u16,
+    /// memory budget  // bytes
+    pub mem: u64,
+    /// static public key
+    pub key: [u8; KEY_BYTES],
+    /// port of its pairing exchange, while it takes a pairing code
+    pub pair_port: Option<u16>,
+}
+
+/// A device that answered a browse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// device name (checked: `[A-Za-z0-9._-]`, at most [`MAX_NAME`] characters)
+    pub name: String,
+    /// its addresses, IPv4 first
+    pub addrs: Vec<IpAddr>,
+    /// port of its sessions
+    pub port: u16,
+    /// wire protocol version it speaks
+    pub version: u32,
+    /// memory budget it announced  // bytes
+    pub mem: Option<u64>,
+    /// static public key it announced (proved only by a handshake)
+    pub key: [u8; KEY_BYTES],
+    /// port of its pairing exchange, while it takes a pairing code
+    pub pair_port: Option<u16>,
+}
+
+impl Found {
+    /// `host:port` of its sessions on its first address (IPv6 in brackets).
+    pub fn session_addr(&self) -> Option<String> {
+        self.addr_with(self.port)
+    }
+
+    /// `host:port` of its pairing exchange, while it takes a code.
+    pub fn pair_addr(&self) -> Option<String> {
+        self.pair_port.and_then(|p| self.addr_with(p))
+    }
+
+    fn addr_with(&self, port: u16) -> Option<String> {
+        let ip = self.addrs.first()?;
+        Some(std::net::SocketAddr::new(*ip, port).to_string())
+    }
+
+    /// Its key's short form, for people.
+    pub fn short_key(&self) -> String {
+        crate::wire::hex(&self.key[..8])
+    }
+}
+
+/// Whether `name` is a device name an announcement may carry.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The TXT properties of an announcement.
+pub fn txt(a: &Announcement) -> Vec<(String, String)> {
+    let mut p = vec![
+        ("name".to_string(), a.name.clone()),
+        ("v".to_string(), crate::wire::PROTOCOL_VERSION.to_string()),
+        ("mem".to_string(), a.mem.to_string()),
+        ("key".to_string(), crate::wire::hex(&a.key)),
+    ];
+    if let Some(port) = a.pair_port {
+        p.push(("pair".to_string(), port.to_string()));
+    }
+    p
+}
+
+/// A device from an answer's TXT properties (`(key, value)`), port and addresses. Err: why
+/// the answer is not a loip worker's (for a log line, bounded).
+pub fn parse<'a>(
+    props: impl IntoIterator<Item = (&'a str, &'a str)>,
+    port: u16,
+    addrs: impl IntoIterator<Item = IpAddr>,
+) -> Result<Found, String> {
+    let (mut name, mut version, mut mem, mut key, mut pair) = (None, None, None, None, None);
+    for (k, v) in props {
+        let v = (v.len() <= 255).then_some(v);
+        match k {
+            "name" => name = v.map(str::to_string),
+            "v" => version = v.and_then(|v| v.parse::<u32>().ok()),
+            "mem" => mem = v.and_then(|v| v.parse::<u64>().ok()),
+            "key" => key = v.and_then(crate::net::session::unhex::<KEY_BYTES>),
+            "pair" => pair = v.and_then(|v| v.parse::<u16>().ok()).filter(|&p| p != 0),
+            _ => {}
+        }
+    }
+    let name = name.ok_or("no device name")?;
+    if !valid_name(&name) {
+        return Err(format!(
+            "device name {:?} is not [A-Za-z0-9._-], at most {MAX_NAME} characters",
+            name.chars().take(MAX_NAME + 1).collect::<String>()
+        ));
+    }
+    let version = version.ok_or("no protocol version")?;
+    let key = key.ok_or("no device key (64 hex digits)")?;
+    if port == 0 {
+        return Err("port 0".into());
+    }
+    let mut addrs: Vec<IpAddr> = addrs
+        .into_iter()
+        .filter(|ip| !ip.is_unspecified() && !ip.is_multicast())
+        .filter(|ip| match ip {
+            // link-local IPv6 needs a scope a socket address string cannot carry here
+            IpAddr::V6(v) => (v.segments()[0] & 0xffc0) != 0xfe80,
+            IpAddr::V4(_) => true,
+        })
+        .take(64)
+        .collect();
+    addrs.sort_by_key(|ip| (ip.is_ipv6(), *ip));
+    addrs.dedup();
+    addrs.truncate(MAX_ADDRS);
+    if addrs.is_empty() {
+        return Err("no usable address".into());
+    }
+    Ok(Found {
+        name,
+        addrs,
+        port,
+        version,
+        mem,
+        key,
+        pair_port: pair,
+    })
+}
+
+fn mdns_err(what: &str, e: mdns_sd::Error) -> RuntimeError {
+    RuntimeError::Invalid(format!("multicast DNS: {what}: {e}"))
+}
+
+/// A worker's announcement, withdrawn when dropped.
+pub struct Announcer {
+    daemon: mdns_sd::ServiceDaemon,
+    fullname: Option<String>,
+}
+
+impl Announcer {
+    /// Starts the responder (nothing announced yet).
+    pub fn new() -> Result<Announcer, RuntimeError> {
+        let daemon = mdns_sd::ServiceDaemon::new().map_err(|e| mdns_err("starting", e))?;
+        Ok(Announcer {
+            daemon,
+            fullname: None,
+        })
+    }
+
+    /// Announces `a` on every interface, replacing what was announced (registering the same
+    /// instance again updates it: withdrawing it first would make the responder see its own
+    /// name as taken and announce `NAME (2)`).
+    pub fn announce(&mut self, a: &Announcement) -> Result<(), RuntimeError> {
+        if !valid_name(&a.name) {
+            return Err(RuntimeError::Invalid(format!(
+                "device name {:?} cannot be announced: use [A-Za-z0-9._-], at most {MAX_NAME} \
+                 characters (--name)",
+                a.name
+            )));
+        }
+        let props: Vec<(String, String)> = txt(a);
+        let props: Vec<(&str, &str)> = props.iter().map(|(k, v)| (&**k, &**v)).collect();
+        let host = format!("{}.local.", a.name);
+        let info = mdns_sd::ServiceInfo::new(SERVICE, &a.name, &host, "", a.port, &props[..])
+            .map_err(|e| mdns_err("the announcement", e))?
+            .enable_addr_auto();
+        let fullname = info.get_fullname().to_string();
+        if self.fullname.as_ref() != Some(&fullname) {
+            self.withdraw();
+        }
+        self.daemon
+            .register(info)
+            .map_err(|e| mdns_err("announcing", e))?;
+        self.fullname = Some(fullname);
+        Ok(())
+    }
+
+    fn withdraw(&mut self) {
+        if let Some(f) = self.fullname.take() {
+            if let Ok(rx) = self.daemon.unregister(&f) {
+                let _ = rx.recv_timeout(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+impl Drop for Announcer {
+    fn drop(&mut self) {
+        self.withdraw();
+        let _ = self.daemon.shutdown();
+    }
+}
+
+/// The devices that answer within `wait`, at most `max`, by name; answers that are not a
+/// loip worker's are passed to `skipped` with why.
+pub fn browse(
+    wait: Duration,
+    max: usize,
+    mut skipped: impl FnMut(&str, &str),
+) -> Result<Vec<Found>, RuntimeError> {
+    let daemon = mdns_sd::ServiceDaemon::new().map_err(|e| mdns_err("starting", e))?;
+    let rx = daemon
+        .browse(SERVICE)
+        .map_err(|e| mdns_err("browsing", e))?;
+    let end = Instant::now() + wait;
+    let mut found: BTreeMap<String, Found> = BTreeMap::new();
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        let Ok(ev) = rx.recv_timeout(left) else { break };
+        let mdns_sd::ServiceEvent::ServiceResolved(s) = ev else {
+            continue;
+        };
+        let props = s
+            .txt_properties
+            .iter()
+            .map(|p| (p.key(), p.val_str()))
+            .take(32);
+        let addrs = s.addresses.iter().map(|a| a.to_ip_addr());
+        match parse(props, s.port, addrs) {
+            Ok(f) if found.contains_key(&f.name) || found.len() < max => {
+                found.insert(f.name.clone(), f);
+            }
+            Ok(f) => skipped(&f.name, "more devices than this browse keeps"),
+            Err(why) => skipped(&s.fullname.chars().take(80).collect::<String>(), &why),
+        }
+    }
+    let _ = daemon.shutdown();
+    Ok(found.into_values().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(a: &Announcement) -> Vec<(String, String)> {
+        txt(a)
+    }
+
+    #[test]
+    fn an_announcement_round_trips_and_never_holds_a_token() {
+        let a = Announcement {
+            name: "w1".into(),
+            port: 7001,
+            mem: 1 << 30,
+            key: [7; 32],
+            pair_port: Some(40000),
+        };
+        let p = props(&a);
+        assert!(p
+            .iter()
+            .all(|(k, _)| ["name", "v", "mem", "key", "pair"].contains(&&**k)));
+        let ip: IpAddr = "10.0.0.2".parse().unwrap();
+        let f = parse(p.iter().map(|(k, v)| (&**k, &**v)), 7001, [ip]).unwrap();
+        assert_eq!(f.name, "w1");
+        assert_eq!(f.key, [7; 32]);
+        assert_eq!(f.mem, Some(1 << 30));
+        assert_eq!(f.session_addr().as_deref(), Some("10.0.0.2:7001"));
+        assert_eq!(f.pair_addr().as_deref(), Some("10.0.0.2:40000"));
+    }
+
+    #[test]
+    fn hostile_answers_are_refused_or_bounded() {
+        let ip: IpAddr = "10.0.0.2".parse().unwrap();
+        let key = crate::wire::hex(&[1; 32]);
+        let ok = |name: &str| parse([("name", name), ("v", "7"), ("key", &*key)], 7001, [ip]);
+        assert!(ok("w-1.a_b").is_ok());
+        for bad in ["", "../x", ".hidden", "a b", "ä", &"x".repeat(64), "a\0b"] {
+            assert!(ok(bad).is_err(), "{bad:?}");
+        }
+        let long = "f".repeat(10_000);
+        for (k, v) in [("key", "00"), ("key", &*long), ("v", "-1"), ("v", &*long)] {
+            let mut p = vec![("name", "w1"), ("v", "7"), ("key", &*key)];
+            p.retain(|(pk, _)| *pk != k);
+            p.push((k, v));
+            assert!(parse(p, 7001, [ip]).is_err(), "{k}={v:.20}");
+        }
+        let p = [("name", "w1"), ("v", "7"), ("key", &*key), ("pair", "0")];
+        assert_eq!(parse(p, 7001, [ip]).unwrap().pair_port, None);
+        assert!(parse([("name", "w1"), ("v", "7"), ("key", &*key)], 0, [ip]).is_err());
+        let many = (0..1000u32).map(|i| IpAddr::from(std::net::Ipv4Addr::from(i + 1)));
+        let f = parse([("name", "w1"), ("v", "7"), ("key", &*key)], 1, many).unwrap();
+        assert!(f.addrs.len() <= MAX_ADDRS);
+        let ll: IpAddr = "fe80::1".parse().unwrap();
+        assert!(parse([("name", "w1"), ("v", "7"), ("key", &*key)], 1, [ll]).is_err());
+    }
+}
