@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Instructions executed by one 64x1536 matmul on aarch64 (under qemu-user), portable path
-# against NEON, per 32 weights and token (docs/benchmarks.md, "ARM (NEON)"). Needs the aarch64 target,
+# against NEON, per 32 weights and token (docs/benchmarks.md, "ARM (NEON)"). DTYPES (default
+# "Q4_1 Q4_0 Q8_0 F16 BF16 F32") picks the stored types. Needs the aarch64 target,
 # gcc-aarch64-linux-gnu and qemu-user (as .ci/run). Counts, not times: an emulator says
 # nothing about a real core's speed.
 set -euo pipefail
@@ -26,7 +27,7 @@ blocks=$((64 * 1536 / 32))
 printf '%-5s %3s %10s %10s\n' dtype n portable neon
 # one matmul: two runs minus one (the setup and the thread pool's start cancel)
 one() { echo $(( $(count "$@" 2) - $(count "$@" 1) )); }
-for dtype in Q4_1 Q4_0 Q8_0 F16 BF16 F32; do
+for dtype in ${DTYPES:-Q4_1 Q4_0 Q8_0 F16 BF16 F32}; do
   for n in 1 8; do
     s=$(one "$dtype" "$n" scalar)
     v=$(one "$dtype" "$n" simd)

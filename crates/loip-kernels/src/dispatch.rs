@@ -93,10 +93,8 @@ pub(crate) fn rows(
         // SAFETY: AVX2/FMA/F16C detected; lengths checked above.
         Level::Avx2 => unsafe { crate::x86::route::avx2_rows(dtype, data, cols, x, n, out) },
         #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
-        // SAFETY: NEON is baseline on aarch64; a handled type; lengths checked above.
-        Level::Neon if crate::arm::neon::handles(dtype) => unsafe {
-            crate::arm::neon::rows(dtype, data, cols, x, n, out)
-        },
+        // SAFETY: NEON is baseline on aarch64; lengths checked above.
+        Level::Neon => unsafe { crate::arm::neon::rows(dtype, data, cols, x, n, out) },
         _ => {
             for (r, o) in out.chunks_exact_mut(n).enumerate() {
                 row_dots_scalar(dtype, &data[r * rb..(r + 1) * rb], cols, x, o);

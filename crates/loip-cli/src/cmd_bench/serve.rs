@@ -252,7 +252,8 @@ fn arrivals(a: &ServeBenchArgs, rng: &mut Rng) -> Vec<Duration> {
 /// p50/p90/p99/max of `v` (seconds) in ms, from a histogram of microseconds (3
 /// significant digits).
 fn dist(v: Vec<f64>) -> Value {
-    let Ok(mut h) = hdrhistogram::Histogram::<u64>::new(3) else {
+    // bounded: `saturating_record` never grows an auto-resizing histogram (`new` tracks 1..2 µs)
+    let Ok(mut h) = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 1 << 40, 3) else {
         return json!({});
     };
     for x in &v {

@@ -1,6 +1,9 @@
 //! NEON kernels (128-bit registers; one canonical 16-lane group is four `float32x4_t`:
 //! lanes 0..4, 4..8, 8..12, 12..16) for the types edge devices use most: F32, F16, BF16, Q8_0,
-//! Q4_0, Q4_1. Other types take the portable path.
+//! Q4_0, Q4_1. The other GGUF types (Q5_0, Q5_1, the K types, IQ4) are dequantized a row at a
+//! time to their exact values by the portable decoder, then take the F32 kernels
+//! ([`rows_decoded`]): the values and order of the portable path, each row decoded once for
+//! all the tokens.
 //!
 //! The canonical order ([`crate::canon`]): group `g` of 16 weights goes to accumulator `g % 4`
 //! through `vfmaq_f32` (one rounding, as `f32::mul_add`), the four accumulators are combined
@@ -51,7 +54,8 @@ type Group = [float32x4_t; 4];
 /// Tokens per tile of the batched kernel.
 const TILE: usize = 4;
 
-/// Whether [`rows`] has a kernel for `dtype`.
+/// Whether [`rows`] has a kernel of its own for `dtype` (the others go through
+/// [`rows_decoded`]).
 pub(crate) fn handles(dtype: DType) -> bool {
     matches!(
         dtype,
@@ -405,7 +409,30 @@ pub(crate) unsafe fn rows(
         DType::Q8_0 => rows_of::<Q80>(data, rb, cols, x, n, out),
         DType::Q4_0 => rows_of::<Q40>(data, rb, cols, x, n, out),
         DType::Q4_1 => rows_of::<Q41>(data, rb, cols, x, n, out),
-        _ => unreachable!("no NEON kernel for {dtype}"),
+        _ => rows_decoded(dtype, data, rb, cols, x, n, out),
+    }
+}
+
+/// [`rows`] of a type without a kernel of its own: each row dequantized once (the portable
+/// decoder's exact values) into a buffer, then the F32 kernels over the `n` tokens.
+///
+/// # Safety
+/// As [`rows`], `rb == prefix_bytes(dtype, cols)`.
+unsafe fn rows_decoded(
+    dtype: DType,
+    data: &[u8],
+    rb: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let mut w = vec![0f32; cols]; // one decoded row
+    for (r, o) in out.chunks_exact_mut(n).enumerate() {
+        crate::dequant::dequant_into(dtype, &data[r * rb..(r + 1) * rb], &mut w);
+        // SAFETY (of the view): `w` holds `cols` f32, `4 * cols` bytes, alive for the call
+        let bytes = std::slice::from_raw_parts(w.as_ptr() as *const u8, 4 * cols);
+        rows_of::<F32>(bytes, 4 * cols, cols, x, n, o);
     }
 }
 

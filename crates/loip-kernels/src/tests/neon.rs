@@ -1,10 +1,11 @@
 //! aarch64: the NEON kernels against the portable path, bit for bit, for every type they take
 //! (F32, F16, BF16, Q8_0, Q4_0, Q4_1): rows whose length is not a multiple of 64 or 16 (odd
 //! group counts, float tails), 1 to 9 tokens (one-token kernel, tiles of 2, 3, 4 and their
-//! remainders), 1 to 3 threads, and extreme values (f16 subnormals, infinities, NaN).
+//! remainders), 1 to 3 threads, and extreme values (f16 subnormals, infinities, NaN); and the
+//! other GGUF types, which decode a row at a time for the F32 kernels, on the same cases.
 
 use super::single_token::scale;
-use super::{bits, col_cases, random_f32, random_matrix};
+use super::{bits, col_cases, random_f32, random_matrix, ALL, EXT};
 use crate::dequant::{prefix_bytes, row_dots_scalar};
 use crate::dtype::{DType, Matrix};
 use crate::matmul::matmul_at;
@@ -50,10 +51,30 @@ fn neon_is_detected() {
     }
 }
 
+/// The types without a NEON kernel of their own (decoded rows, then the F32 kernels).
+fn decoded_types() -> Vec<DType> {
+    ALL.iter()
+        .chain(&EXT)
+        .copied()
+        .filter(|&d| !NEON_TYPES.contains(&d))
+        .collect()
+}
+
 #[test]
 fn neon_rows_match_portable() {
-    let mut rng = ChaCha8Rng::seed_from_u64(40);
-    for dtype in NEON_TYPES {
+    rows_match_portable(&NEON_TYPES, 40);
+}
+
+#[test]
+fn neon_decoded_rows_match_portable() {
+    let types = decoded_types();
+    assert!(types.iter().all(|&d| !crate::arm::neon::handles(d)));
+    rows_match_portable(&types, 43);
+}
+
+fn rows_match_portable(types: &[DType], seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    for &dtype in types {
         for cols in col_cases(dtype) {
             for rows in [1, 3] {
                 let data = random_matrix(dtype, rows, cols, &mut rng);
@@ -68,8 +89,17 @@ fn neon_rows_match_portable() {
 
 #[test]
 fn neon_matmul_matches_portable_on_threads() {
-    let mut rng = ChaCha8Rng::seed_from_u64(41);
-    for dtype in NEON_TYPES {
+    matmul_matches_portable_on_threads(&NEON_TYPES, 41);
+}
+
+#[test]
+fn neon_decoded_matmul_matches_portable_on_threads() {
+    matmul_matches_portable_on_threads(&decoded_types(), 44);
+}
+
+fn matmul_matches_portable_on_threads(types: &[DType], seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    for &dtype in types {
         let cases = col_cases(dtype);
         // a length with a tail (floats) or an odd number of 64-element chunks, and the longest
         for cols in [cases[cases.len() / 2], cases[cases.len() - 1]] {
