@@ -31,7 +31,7 @@ use loip_plan::DeviceProfile;
 use loip_runtime::local_cluster::install_interrupt_cleanup;
 use loip_runtime::LoaderKind;
 
-use crate::backend::{print_breakdown, print_setup};
+use crate::backend::{print_breakdown, print_plan, print_setup};
 use crate::request::{report, PromptArgs};
 
 /// Arguments of `loip local`.
@@ -125,6 +125,11 @@ pub struct LocalArgs {
     /// is the last resort, since the price leaves out the evicted sequences' wait.
     #[arg(long, conflicts_with_all = ["whole_context", "evict_only"])]
     pub evict_when_cheaper: bool,
+    /// Measure the workers and plan as a run would, print the plan (per device: stages,
+    /// resident and offloaded blocks, memory against budget, predicted ms/token and its
+    /// breakdown) and stop: nothing is shipped (but a profiled device's layer 0) or loaded.
+    #[arg(long, conflicts_with_all = ["bench", "micro_batch_seqs"])]
+    pub preview: bool,
     /// Run the benchmark matrix instead and write its rows to this JSON file.
     #[arg(long)]
     pub bench: Option<PathBuf>,
@@ -229,6 +234,11 @@ pub fn run(a: LocalArgs) -> Result<()> {
     match outcome {
         Outcome::Generated(g) => report_generation(&a, *g),
         Outcome::MicroBatches(_) => Ok(()),
+        Outcome::Preview(p) => {
+            print_plan(&p.reports, &p.plan);
+            eprintln!("preview only: nothing loaded (drop --preview to run this plan)");
+            Ok(())
+        }
         Outcome::Bench { rows, store_root } => bench::finish(&a, &rows, &store_root),
     }
 }
@@ -242,6 +252,8 @@ impl LocalArgs {
                 patterns: self.bench_patterns.clone(),
                 planners: self.bench_planners.clone(),
             })
+        } else if self.preview {
+            Job::Preview
         } else if !self.micro_batch_seqs.is_empty() {
             Job::MicroBatches(self.micro_batch_seqs.clone())
         } else {

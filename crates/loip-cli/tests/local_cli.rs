@@ -85,6 +85,30 @@ fn local_matches_one_device_and_reports_plan_and_breakdown() {
     }
 }
 
+/// `loip local --preview`: the workers measured and planned on, the plan printed, nothing
+/// generated; the workers and their temp stores gone afterwards.
+#[test]
+fn local_preview_prints_the_plan_and_generates_nothing() {
+    if !has_commands() {
+        return;
+    }
+    let model = fixture("tiny-llama");
+    let out = loip()
+        .args(["local", "--model", &model, "--mem", "64MiB", "--preview"])
+        .args(["--prompt-ids", "1,5,9,23", "-n", "8"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("preview only: nothing loaded"), "{stderr}");
+    assert!(stderr.contains("predicted"), "the plan: {stderr}");
+    assert!(!stderr.contains("decode:"), "nothing generated: {stderr}");
+    assert!(stdout.trim().is_empty(), "no text: {stdout}");
+}
+
 #[test]
 fn serve_runs_stdin_prompts_on_workers_refuses_a_wrong_token_and_leaves_out_an_unreachable_one() {
     if !has_commands() {

@@ -19,7 +19,7 @@ use loip_engine::generate::Flow;
 use loip_engine::{GenerateOptions, GenerateOutput};
 use loip_model::slice::Manifest;
 use loip_plan::{DeviceProfile, Pattern};
-use loip_runtime::cluster_run::{Session, SessionOptions};
+use loip_runtime::cluster_run::{Preview, Session, SessionOptions};
 use loip_runtime::coordinator::OnShip;
 pub use loip_runtime::local_cluster::{bench_budgets, scratch_size, CgroupReport};
 use loip_runtime::local_cluster::{default_budgets, LocalWorkerOptions, LocalWorkers};
@@ -183,36 +183,7 @@ impl LocalCluster {
         max_tokens: usize,
         on_spawned: &mut dyn FnMut(&[u64]),
     ) -> Result<LocalCluster> {
-        if o.devices == 0 {
-            bail!("--devices must be at least 1");
-        }
-        let n = o.sequences();
-        let manifest = Manifest::load(dir)?;
-        let context = ((prompt_len + max_tokens) * n + o.step_slack) as u64;
-        let budgets = o.budgets(&manifest, context)?;
-        let token = loip_runtime::net::token::generate();
-        let workers = LocalWorkers::spawn(&LocalWorkerOptions {
-            exe: std::env::current_exe().context("locating the loip binary")?,
-            budgets: budgets.clone(),
-            bandwidth: o.bandwidth,
-            token: token.clone(),
-            store_root: o.store_root.clone(),
-            cgroup: o.cgroup,
-        })?;
-        on_spawned(&budgets);
-        let pattern = if n > 1 {
-            Pattern::Bursty
-        } else {
-            Pattern::Sporadic
-        };
-        let max_step = prompt_len.max(o.step_slack + 1);
-        let mut opts =
-            o.session_options(&o.planner, pattern, o.bandwidth, context, max_step, &token);
-        // Plan for the prompts' KV and adapt online as it grows (design §6).
-        if !o.whole_context {
-            opts.admitted = Some((prompt_len * n) as u64);
-        }
-        opts.on_ship = o.on_ship.clone();
+        let (workers, budgets, opts) = spawn(dir, o, prompt_len, max_tokens, on_spawned)?;
         let fixed = o.profiles(workers.procs.len());
         let session = Session::start(dir, workers.specs(fixed.as_deref()), opts)?;
         Ok(LocalCluster {
@@ -221,6 +192,24 @@ impl LocalCluster {
             budgets,
             cgroup: o.cgroup,
         })
+    }
+
+    /// Spawns the workers as [`LocalCluster::start`] does and plans on them as it would,
+    /// then stops them: the plan without loading anything (`loip local --preview`).
+    pub fn preview(
+        dir: &Path,
+        o: &LocalOptions,
+        prompt_len: usize,
+        max_tokens: usize,
+        on_spawned: &mut dyn FnMut(&[u64]),
+    ) -> Result<Preview> {
+        let (workers, _, opts) = spawn(dir, o, prompt_len, max_tokens, on_spawned)?;
+        let fixed = o.profiles(workers.procs.len());
+        Ok(Session::preview(
+            dir,
+            &workers.specs(fixed.as_deref()),
+            &opts,
+        )?)
     }
 
     /// Generates `n` sequences of `prompt` (one: streamed to `on_token`; several: at once,
@@ -265,6 +254,48 @@ impl LocalCluster {
         self.session.shutdown();
         drop(self.workers);
     }
+}
+
+/// The workers of a local cluster for `prompt_len` + `max_tokens` tokens per sequence, their
+/// budgets and the session's options (the prompts' KV only, adapting online, unless
+/// `whole_context`). `on_spawned` sees the budgets.
+fn spawn(
+    dir: &Path,
+    o: &LocalOptions,
+    prompt_len: usize,
+    max_tokens: usize,
+    on_spawned: &mut dyn FnMut(&[u64]),
+) -> Result<(LocalWorkers, Vec<u64>, SessionOptions)> {
+    if o.devices == 0 {
+        bail!("--devices must be at least 1");
+    }
+    let n = o.sequences();
+    let manifest = Manifest::load(dir)?;
+    let context = ((prompt_len + max_tokens) * n + o.step_slack) as u64;
+    let budgets = o.budgets(&manifest, context)?;
+    let token = loip_runtime::net::token::generate();
+    let workers = LocalWorkers::spawn(&LocalWorkerOptions {
+        exe: std::env::current_exe().context("locating the loip binary")?,
+        budgets: budgets.clone(),
+        bandwidth: o.bandwidth,
+        token: token.clone(),
+        store_root: o.store_root.clone(),
+        cgroup: o.cgroup,
+    })?;
+    on_spawned(&budgets);
+    let pattern = if n > 1 {
+        Pattern::Bursty
+    } else {
+        Pattern::Sporadic
+    };
+    let max_step = prompt_len.max(o.step_slack + 1);
+    let mut opts = o.session_options(&o.planner, pattern, o.bandwidth, context, max_step, &token);
+    // Plan for the prompts' KV and adapt online as it grows (design §6).
+    if !o.whole_context {
+        opts.admitted = Some((prompt_len * n) as u64);
+    }
+    opts.on_ship = o.on_ship.clone();
+    Ok((workers, budgets, opts))
 }
 
 /// What [`LocalCluster::generate`] made.

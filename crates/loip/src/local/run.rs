@@ -10,7 +10,7 @@ use loip_engine::speculate::SpecStats;
 use loip_engine::GenerateOutput;
 use loip_model::slice::Manifest;
 use loip_runtime::adapt::AdaptReport;
-use loip_runtime::cluster_run::{Breakdown, Session};
+use loip_runtime::cluster_run::{Breakdown, Preview, Session};
 use loip_runtime::local_cluster::{bench_budgets, CgroupReport};
 
 use super::{
@@ -35,6 +35,8 @@ pub enum Job {
     MicroBatches(Vec<usize>),
     /// the benchmark matrix, each row on a session of its own
     Bench(BenchMatrix),
+    /// the plan only: the workers measured and planned on, nothing loaded
+    Preview,
 }
 
 /// What happens while [`run`] runs, for a caller that shows it.
@@ -71,6 +73,8 @@ pub enum Outcome {
     Generated(Box<Generated>),
     /// each micro-batch size's run
     MicroBatches(Vec<MicroBatchRow>),
+    /// the plan [`Job::Preview`] found
+    Preview(Box<Preview>),
     /// the benchmark's rows, and where the worker stores were kept
     Bench {
         /// one per (pattern, link, planner)
@@ -135,6 +139,12 @@ pub fn run(
                 rows,
                 store_root: bench_store_root(o),
             })
+        }
+        Job::Preview => {
+            let (len, max) = (ids.len(), opts.max_tokens);
+            let on_spawned = &mut |b: &[u64]| on_event(Event::Spawned(b));
+            let p = LocalCluster::preview(&dir, o, len, max, on_spawned)?;
+            Ok(Outcome::Preview(Box::new(p)))
         }
         Job::MicroBatches(sizes) => {
             let cluster = start(&dir, o, &prep, on_event)?;
