@@ -300,15 +300,7 @@ impl KvCache {
             });
         }
         let bytes = (k.len() + v.len()) as u64 * 4;
-        if let Some(budget) = self.budget {
-            let available = budget.saturating_sub(self.used + self.for_peers);
-            if bytes > available {
-                return Err(EngineError::KvBudget {
-                    needed: bytes,
-                    available,
-                });
-            }
-        }
+        self.room_for(bytes)?;
         if let Some(l) = self.seqs.get_mut(&seq).map(|l| &mut l[slot]) {
             l.push_front(k, v);
         }
@@ -352,8 +344,13 @@ impl KvCache {
     /// Checks that `tokens` more tokens fit the budget on every held layer (a sliding layer
     /// holds a step's rows too until [`KvCache::settle`], so it is counted like the others).
     pub fn reserve(&self, tokens: usize) -> Result<(), EngineError> {
+        self.room_for(tokens as u64 * self.layers.len() as u64 * self.bytes_per_token_layer())
+    }
+
+    /// Checks that `needed` more bytes fit the budget beside what is held and what peers'
+    /// lent rows take.
+    fn room_for(&self, needed: u64) -> Result<(), EngineError> {
         if let Some(budget) = self.budget {
-            let needed = tokens as u64 * self.layers.len() as u64 * self.bytes_per_token_layer();
             let available = budget.saturating_sub(self.used + self.for_peers);
             if needed > available {
                 return Err(EngineError::KvBudget { needed, available });
@@ -494,15 +491,7 @@ impl KvCache {
         }
         let floats: usize = layers.iter().map(|l| l.k.len() + l.v.len()).sum();
         let bytes = floats as u64 * 4;
-        if let Some(budget) = self.budget {
-            let available = budget.saturating_sub(self.used + self.for_peers);
-            if bytes > available {
-                return Err(EngineError::KvBudget {
-                    needed: bytes,
-                    available,
-                });
-            }
-        }
+        self.room_for(bytes)?;
         self.seqs.insert(to, layers);
         self.used += bytes;
         Ok(())
