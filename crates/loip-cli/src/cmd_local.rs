@@ -197,7 +197,7 @@ impl LocalArgs {
             } else {
                 0
             },
-            on_ship: crate::progress::ship_bars(self.json),
+            on_ship: None,
         })
     }
 }
@@ -222,14 +222,15 @@ pub fn run(a: LocalArgs) -> Result<()> {
     if a.spec.on() && a.concurrent > 1 {
         bail!("--speculate runs one sequence (--concurrent 1)");
     }
-    let o = a.options()?;
-    let req = a.prompt.request();
     let job = a.job();
+    let json = a.json;
+    let on_event = &mut |e: Event<'_>| show(&e, json);
+    let mut o = a.options()?;
+    let req = a.prompt.request();
+    o.on_ship = crate::progress::ship_bars(json);
     // split in a child process (see `progress::slices_for`) before the library looks
     crate::progress::slices_for(&a.model)?;
     install_interrupt_cleanup();
-    let json = a.json;
-    let on_event = &mut |e: Event<'_>| show(&e, json);
     let outcome = loip::local::run(&o, &req, job, on_event)?;
     match outcome {
         Outcome::Generated(g) => report_generation(&a, *g),

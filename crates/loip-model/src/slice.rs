@@ -187,6 +187,26 @@ impl Manifest {
     }
 }
 
+/// A slice directory opened once: its path and its validated manifest, passed down to
+/// whatever plans, ships or loads from it instead of each reading the manifest again.
+#[derive(Debug, Clone)]
+pub struct Slices {
+    /// the directory of the slice files
+    pub dir: PathBuf,
+    /// its manifest
+    pub manifest: Manifest,
+}
+
+impl Slices {
+    /// Opens `dir` (reads and validates its manifest).
+    pub fn open(dir: &Path) -> Result<Slices, ModelError> {
+        Ok(Slices {
+            dir: dir.to_path_buf(),
+            manifest: Manifest::load(dir)?,
+        })
+    }
+}
+
 /// The slice a tensor of a model with config `cfg` belongs to: its block in
 /// [`crate::names::layer_tensors`] (where Gemma 3's `post_attention_layernorm` is part of the
 /// attention block), else [`slice_of`].

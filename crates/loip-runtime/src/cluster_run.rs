@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use loip_engine::generate::{generate, Flow};
 use loip_engine::{GenerateOptions, GenerateOutput};
-use loip_model::slice::{Manifest, SliceKind};
+use loip_model::slice::{Manifest, SliceKind, Slices};
 use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan};
 use serde::Serialize;
 
@@ -381,7 +381,16 @@ impl Session {
         workers: Vec<WorkerSpec>,
         opts: SessionOptions,
     ) -> Result<Session, ClusterError> {
-        let manifest = Manifest::load(model_dir).map_err(RuntimeError::from)?;
+        let slices = Slices::open(model_dir).map_err(RuntimeError::from)?;
+        Session::start_opened(slices, workers, opts)
+    }
+
+    /// [`Session::start`] for a slice directory already opened.
+    pub fn start_opened(
+        slices: Slices,
+        workers: Vec<WorkerSpec>,
+        opts: SessionOptions,
+    ) -> Result<Session, ClusterError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -392,8 +401,9 @@ impl Session {
                 source: e,
             })?;
         let t = Instant::now();
-        let s = rt.block_on(setup(model_dir, &manifest, &workers, &opts))?;
+        let s = rt.block_on(setup(&slices, &workers, &opts))?;
         let mut workers = workers;
+        let Slices { dir, manifest } = slices;
         remember_profiles(&mut workers, &s.profiles);
         Ok(Session {
             rt,
@@ -406,7 +416,7 @@ impl Session {
             manifest,
             reports: s.reports,
             setup_s: t.elapsed().as_secs_f64(),
-            model_dir: model_dir.to_path_buf(),
+            model_dir: dir,
             workers,
             missing: s.unreachable,
             opts,
@@ -422,7 +432,16 @@ impl Session {
         workers: &[WorkerSpec],
         opts: &SessionOptions,
     ) -> Result<Preview, ClusterError> {
-        let manifest = Manifest::load(model_dir).map_err(RuntimeError::from)?;
+        let slices = Slices::open(model_dir).map_err(RuntimeError::from)?;
+        Session::preview_opened(&slices, workers, opts)
+    }
+
+    /// [`Session::preview`] for a slice directory already opened.
+    pub fn preview_opened(
+        slices: &Slices,
+        workers: &[WorkerSpec],
+        opts: &SessionOptions,
+    ) -> Result<Preview, ClusterError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -431,7 +450,7 @@ impl Session {
                 source: e,
             })?;
         rt.block_on(async {
-            let p = setup::plan_cluster(model_dir, &manifest, workers, opts).await?;
+            let p = setup::plan_cluster(slices, workers, opts).await?;
             for c in p.conns {
                 c.bye().await;
             }
@@ -607,9 +626,11 @@ impl Session {
         opts.plan = None;
         opts.connect_retry = Duration::ZERO;
         let t = Instant::now();
-        let s = self
-            .rt
-            .block_on(setup(&self.model_dir, &self.manifest, &workers, &opts))?;
+        let slices = Slices {
+            dir: self.model_dir.clone(),
+            manifest: self.manifest.clone(),
+        };
+        let s = self.rt.block_on(setup(&slices, &workers, &opts))?;
         self.pipeline = s.pipeline;
         self.hop_links = s.hop_links;
         self.plan = s.plan;

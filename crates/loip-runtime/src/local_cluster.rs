@@ -3,19 +3,25 @@
 //! to, and cleaning up — killed with their temporary stores on drop, and on Ctrl-C.
 //!
 //! The remote cluster is [`crate::cluster_run`]; this is the same cluster with the workers
-//! started here, so the CLI only maps flags onto it.
+//! started here ([`LocalCluster`]: spawned for a request, planned and started over one opened
+//! slice directory), so the CLI only maps flags onto it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use loip_model::slice::{Manifest, SliceKind};
-use loip_plan::DeviceProfile;
+use loip_engine::generate::Flow;
+use loip_engine::{GenerateOptions, GenerateOutput};
+use loip_model::slice::{Manifest, SliceKind, Slices};
+use loip_plan::{DeviceProfile, Pattern};
 use serde::Serialize;
 
-use crate::cluster_run::{kill_pid, on_interrupt, WorkerProcess, WorkerSpec};
-use crate::coordinator::ClusterError;
+use crate::cluster_run::{
+    kill_pid, on_interrupt, Preview, Session, SessionOptions, WorkerProcess, WorkerSpec,
+};
+use crate::coordinator::{ClusterError, OnShip};
+use crate::loader::LoaderKind;
 use crate::memory::Cgroup;
 use crate::RuntimeError;
 
@@ -341,4 +347,288 @@ mod tests {
         assert!(alive.exists() && other.exists());
         std::fs::remove_dir_all(&root).unwrap();
     }
+}
+
+/// How a local cluster is made and planned.
+#[derive(Clone)]
+pub struct LocalOptions {
+    /// the model as given (the plan's shape name)
+    pub model: String,
+    /// worker processes (devices)
+    pub devices: usize,
+    /// each device's budget, bytes (one value: every device); `None`: budgets that force
+    /// offloading ([`default_budgets`]; with the benchmark, [`bench_budgets`])
+    pub mem: Option<Vec<u64>>,
+    /// emulated link limit between the coordinator and each device, bytes/s
+    pub bandwidth: Option<f64>,
+    /// planner name
+    pub planner: String,
+    /// loading path on the workers
+    pub loader: LoaderKind,
+    /// sequences generated at once from the same prompt (bursty traffic)
+    pub concurrent: usize,
+    /// each worker in a memory cgroup of exactly its budget
+    pub cgroup: bool,
+    /// keep the workers' stores here instead of a temp dir
+    pub store_root: Option<PathBuf>,
+    /// relay every hop through the coordinator
+    pub relay: bool,
+    /// online adaptation may lend KV
+    pub lend: bool,
+    /// measure the devices' loaders at the same time
+    pub probe_loads_together: bool,
+    /// price the devices' loads as sharing one disk
+    pub shared_disk: bool,
+    /// micro-batch sizes to compare (the largest sizes the steps)
+    pub micro_batch_seqs: Vec<usize>,
+    /// one profile for every device instead of measuring them
+    pub profile: Option<DeviceProfile>,
+    /// plan for the whole context up front instead of adapting online
+    pub whole_context: bool,
+    /// adapt by evicting only
+    pub evict_only: bool,
+    /// evict where the cost model prices it lower than a switch
+    pub evict_when_cheaper: bool,
+    /// every request is greedy (the last device returns token ids)
+    pub greedy: bool,
+    /// positions a step may carry beyond one (a speculative verify step's k drafts), planned
+    /// for in the context and the step size
+    pub step_slack: usize,
+    /// told of the slices going out to each device
+    pub on_ship: Option<OnShip>,
+}
+
+impl LocalOptions {
+    /// Sequences at once (at least one).
+    pub fn sequences(&self) -> usize {
+        self.concurrent.max(1)
+    }
+
+    /// One budget per device: the given ones, or budgets that force offloading for
+    /// `context` tokens.
+    pub fn budgets(&self, m: &Manifest, context: u64) -> Result<Vec<u64>, ClusterError> {
+        match &self.mem {
+            None => Ok(default_budgets(m, self.devices, context)),
+            Some(v) if v.len() == 1 || v.len() == self.devices => {
+                Ok((0..self.devices).map(|i| v[i.min(v.len() - 1)]).collect())
+            }
+            Some(v) => Err(ClusterError::Invalid(format!(
+                "--mem has {} values for {} devices",
+                v.len(),
+                self.devices
+            ))),
+        }
+    }
+
+    /// The session's options for one plan: `planner` and `pattern` over links of
+    /// `bandwidth`, `context` tokens, prompts of up to `max_step` tokens a step.
+    pub fn session_options(
+        &self,
+        planner: &str,
+        pattern: Pattern,
+        bandwidth: Option<f64>,
+        context: u64,
+        max_step: usize,
+        token: &str,
+    ) -> SessionOptions {
+        let mut o = SessionOptions {
+            planner: planner.to_string(),
+            pattern,
+            micro_batches: (pattern == Pattern::Bursty).then_some(self.sequences() as u32),
+            context,
+            max_step_tokens: max_step,
+            loader: self.loader,
+            shape_name: self.model.clone(),
+            // The emulated devices share this machine's one disk. Probing their loaders all
+            // at once (each device's direct and conventional loader against the others')
+            // measured 0.43 GB/s per device on llama-1b where the run then moved 1.0 GB/s
+            // per device: in the pipeline the devices' loads are staggered by their stages,
+            // and only the planned devices load. One at a time is what the run sees.
+            probe_loads_together: self.probe_loads_together,
+            // ... and with `shared_disk` the cost model shares its rate among their loads of
+            // a round (off by default: this VM's disk serves concurrent readers at ~1.6 GB/s
+            // in all against ~0.9 for one, so fair sharing of one reader's rate is too
+            // pessimistic).
+            shared_disk: self.shared_disk,
+            greedy: self.greedy,
+            relay: self.relay,
+            lending: self.lend,
+            evict_only: self.evict_only,
+            adapt: loip_plan::adapt::AdaptConfig {
+                evict_over_switch: self.evict_when_cheaper,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        o.connect.token = Some(token.to_string());
+        o.connect.bandwidth = bandwidth;
+        let q = self
+            .micro_batch_seqs
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        o.max_step_seqs = q;
+        o.max_step_tokens = max_step * q;
+        o
+    }
+
+    /// `n` copies of the fixed profile, when one is given.
+    pub fn profiles(&self, n: usize) -> Option<Vec<DeviceProfile>> {
+        self.profile.clone().map(|p| vec![p; n])
+    }
+}
+
+/// Local workers and the coordinator's session over them, planned for a prompt.
+pub struct LocalCluster {
+    /// the worker processes (killed, stores removed, on drop)
+    pub workers: LocalWorkers,
+    /// the session: plan, devices, pipeline
+    pub session: Session,
+    /// each worker's budget, bytes
+    pub budgets: Vec<u64>,
+    /// each worker runs in a memory cgroup of its budget
+    pub cgroup: bool,
+}
+
+impl LocalCluster {
+    /// Spawns the workers and starts a session for `slices`, planned for
+    /// [`LocalOptions::sequences`] sequences of `prompt_len` + `max_tokens` tokens (the
+    /// prompts' KV only, adapting online, unless `whole_context`). `on_spawned` sees the
+    /// budgets before the session starts.
+    pub fn start(
+        slices: &Slices,
+        o: &LocalOptions,
+        prompt_len: usize,
+        max_tokens: usize,
+        on_spawned: &mut dyn FnMut(&[u64]),
+    ) -> Result<LocalCluster, ClusterError> {
+        let (workers, budgets, opts) = spawn(&slices.manifest, o, prompt_len, max_tokens)?;
+        on_spawned(&budgets);
+        let fixed = o.profiles(workers.procs.len());
+        let session = Session::start_opened(slices.clone(), workers.specs(fixed.as_deref()), opts)?;
+        Ok(LocalCluster {
+            workers,
+            session,
+            budgets,
+            cgroup: o.cgroup,
+        })
+    }
+
+    /// Spawns the workers as [`LocalCluster::start`] does and plans on them as it would,
+    /// then stops them: the plan without loading anything (`loip local --preview`).
+    pub fn preview(
+        slices: &Slices,
+        o: &LocalOptions,
+        prompt_len: usize,
+        max_tokens: usize,
+        on_spawned: &mut dyn FnMut(&[u64]),
+    ) -> Result<Preview, ClusterError> {
+        let (workers, budgets, opts) = spawn(&slices.manifest, o, prompt_len, max_tokens)?;
+        on_spawned(&budgets);
+        let fixed = o.profiles(workers.procs.len());
+        Session::preview_opened(slices, &workers.specs(fixed.as_deref()), &opts)
+    }
+
+    /// Generates `n` sequences of `prompt` (one: streamed to `on_token`; several: at once,
+    /// as a burst). Returns the first sequence, every sequence's ids when several, the mean
+    /// decode ms/token per sequence and the burst's wall ms/token.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        n: usize,
+        on_token: &mut dyn FnMut(u32) -> Flow,
+    ) -> Result<Burst, ClusterError> {
+        let s = &self.session;
+        if n <= 1 {
+            let out = s.generate(prompt, opts, on_token)?;
+            return Ok(Burst {
+                ms_per_token: out.decode_ms_per_token,
+                first: out,
+                sequences: None,
+                wall_ms_per_token: None,
+            });
+        }
+        let prompts = vec![prompt.to_vec(); n];
+        let t = Instant::now();
+        let outs = s.generate_many(&prompts, opts);
+        let wall = t.elapsed().as_secs_f64();
+        let outs = outs.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let tokens: usize = outs.iter().map(|o| o.new_ids.len()).sum();
+        let ms = outs.iter().map(|o| o.decode_ms_per_token).sum::<f64>() / (n * n) as f64;
+        let sequences = outs.iter().map(|o| o.new_ids.clone()).collect();
+        let first = outs
+            .into_iter()
+            .next()
+            .ok_or_else(|| ClusterError::Invalid("no sequence".into()))?;
+        Ok(Burst {
+            first,
+            sequences: Some(sequences),
+            ms_per_token: ms,
+            wall_ms_per_token: Some(wall * 1e3 / tokens.max(1) as f64),
+        })
+    }
+
+    /// Stops the session and the workers.
+    pub fn shutdown(self) {
+        self.session.shutdown();
+        drop(self.workers);
+    }
+}
+
+/// The workers of a local cluster for `prompt_len` + `max_tokens` tokens per sequence, their
+/// budgets and the session's options (the prompts' KV only, adapting online, unless
+/// `whole_context`).
+fn spawn(
+    manifest: &Manifest,
+    o: &LocalOptions,
+    prompt_len: usize,
+    max_tokens: usize,
+) -> Result<(LocalWorkers, Vec<u64>, SessionOptions), ClusterError> {
+    if o.devices == 0 {
+        return Err(ClusterError::Invalid("--devices must be at least 1".into()));
+    }
+    let n = o.sequences();
+    let context = ((prompt_len + max_tokens) * n + o.step_slack) as u64;
+    let budgets = o.budgets(manifest, context)?;
+    let token = crate::net::token::generate();
+    let exe = std::env::current_exe().map_err(|e| RuntimeError::Io {
+        path: PathBuf::from("<the loip binary>"),
+        source: e,
+    })?;
+    let workers = LocalWorkers::spawn(&LocalWorkerOptions {
+        exe,
+        budgets: budgets.clone(),
+        bandwidth: o.bandwidth,
+        token: token.clone(),
+        store_root: o.store_root.clone(),
+        cgroup: o.cgroup,
+    })?;
+    let pattern = if n > 1 {
+        Pattern::Bursty
+    } else {
+        Pattern::Sporadic
+    };
+    let max_step = prompt_len.max(o.step_slack + 1);
+    let mut opts = o.session_options(&o.planner, pattern, o.bandwidth, context, max_step, &token);
+    // Plan for the prompts' KV and adapt online as it grows (design §6).
+    if !o.whole_context {
+        opts.admitted = Some((prompt_len * n) as u64);
+    }
+    opts.on_ship = o.on_ship.clone();
+    Ok((workers, budgets, opts))
+}
+
+/// What [`LocalCluster::generate`] made.
+pub struct Burst {
+    /// the first sequence
+    pub first: GenerateOutput,
+    /// every sequence's new ids, when there were several
+    pub sequences: Option<Vec<Vec<u32>>>,
+    /// decode ms per token of one sequence
+    pub ms_per_token: f64,
+    /// a burst's wall time per generated token, ms
+    pub wall_ms_per_token: Option<f64>,
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use loip_model::chat::ChatTemplate;
-use loip_model::slice::{Manifest, MANIFEST};
+use loip_model::slice::{Slices, MANIFEST};
 use loip_model::tokenizer::Tokenizer;
 use loip_model::{Checkpoint, ModelConfig};
 
@@ -29,14 +29,7 @@ pub struct ModelInfo {
 pub fn info(model: &str) -> Result<ModelInfo> {
     let p = Path::new(model);
     if p.join(MANIFEST).is_file() {
-        let m = Manifest::load(p)?;
-        let tok = p.join("tokenizer.json");
-        return Ok(ModelInfo {
-            config: m.config,
-            tokenizer: Tokenizer::from_file(&tok)
-                .with_context(|| format!("loading tokenizer {}", tok.display())),
-            chat: ChatTemplate::from_hf_dir(p).map_err(Into::into),
-        });
+        return Ok(slice_info(&Slices::open(p)?));
     }
     let ckpt = open(model)?;
     Ok(ModelInfo {
@@ -61,6 +54,18 @@ pub fn chat_template(ckpt: &Checkpoint) -> Result<Option<ChatTemplate>> {
         return Ok(ChatTemplate::from_gguf_metadata(meta)?);
     }
     Ok(ChatTemplate::from_hf_dir(&dir_of(&ckpt.dir_or_file))?)
+}
+
+/// Config, tokenizer and chat template of an opened slice directory (its manifest read
+/// once, by whoever opened it).
+pub fn slice_info(slices: &Slices) -> ModelInfo {
+    let tok = slices.dir.join("tokenizer.json");
+    ModelInfo {
+        config: slices.manifest.config.clone(),
+        tokenizer: Tokenizer::from_file(&tok)
+            .with_context(|| format!("loading tokenizer {}", tok.display())),
+        chat: ChatTemplate::from_hf_dir(&slices.dir).map_err(Into::into),
+    }
 }
 
 fn dir_of(p: &Path) -> PathBuf {

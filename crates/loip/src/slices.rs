@@ -43,8 +43,8 @@ pub fn locate(model: &str) -> Result<Location> {
             source: None,
         });
     }
-    let path = loip_model::fetch::resolve_model(model)?;
-    let ckpt = loip_model::Checkpoint::open(&path)?;
+    let ckpt = crate::model::open(model)?;
+    let path = ckpt.dir_or_file.clone();
     let stamp = slice::source_stamp(&ckpt)?;
     let key = format!("{}|{}|{}", stamp.path, stamp.bytes, stamp.mtime);
     let stem = path

@@ -46,13 +46,15 @@ pub(super) fn start(
         step_slack: k,
         on_ship: None,
     };
-    LocalCluster::start(&dir, &o, prompt_len, tokens, &mut |budgets| {
+    let slices = loip_model::slice::Slices::open(&dir)?;
+    LocalCluster::start(&slices, &o, prompt_len, tokens, &mut |budgets| {
         let b: Vec<String> = budgets
             .iter()
             .map(|&b| loip_plan::units::format_bytes(b))
             .collect();
         eprintln!("{} workers on loopback, budgets {}", b.len(), b.join(", "));
     })
+    .map_err(Into::into)
 }
 
 /// A plain run (the engine's loop over the pipeline, as `loip local`) and a speculative one

@@ -4,10 +4,9 @@
 //! ([`describe_cluster`]), plan ([`make_plan`]), ship each plan device its slices and open it
 //! ([`ship_and_open`]), then start the pipeline over the hops' links ([`hop_links`]).
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use loip_model::slice::{Manifest, SliceKind};
+use loip_model::slice::{Manifest, SliceKind, Slices};
 use loip_plan::{Cluster, DeviceProfile, LinkProfile, ModelShape, Plan, PlanRequest};
 
 use super::peers::connect_peers;
@@ -36,10 +35,9 @@ pub(super) struct Setup {
     pub unreachable: Vec<String>,
 }
 
-/// Brings the cluster of `workers` up for the model in `model_dir`.
+/// Brings the cluster of `workers` up for the model in `slices`.
 pub(super) async fn setup(
-    model_dir: &Path,
-    manifest: &Manifest,
+    slices: &Slices,
     workers: &[WorkerSpec],
     opts: &SessionOptions,
 ) -> Result<Setup, ClusterError> {
@@ -53,18 +51,10 @@ pub(super) async fn setup(
         profiles,
         plan,
         unreachable,
-    } = plan_cluster(model_dir, manifest, workers, opts).await?;
+    } = plan_cluster(slices, workers, opts).await?;
+    let manifest = &slices.manifest;
     let route = Route::from_plan(&plan)?;
-    let opened = ship_and_open(
-        model_dir,
-        manifest,
-        &plan,
-        &workers,
-        conns,
-        &mut reports,
-        opts,
-    )
-    .await?;
+    let opened = ship_and_open(slices, &plan, &workers, conns, &mut reports, opts).await?;
     let hop_links = hop_links(&route, opened.peer_ids, &reach);
     let popts = PipelineOptions {
         step_timeout: opts.step_timeout,
@@ -114,8 +104,7 @@ pub(super) struct Planned {
 /// Connects, authenticates, measures the links, profiles and plans: everything before the
 /// slices go out ([`crate::cluster_run::Session::preview`] stops here).
 pub(super) async fn plan_cluster(
-    model_dir: &Path,
-    manifest: &Manifest,
+    slices: &Slices,
     workers: &[WorkerSpec],
     opts: &SessionOptions,
 ) -> Result<Planned, ClusterError> {
@@ -131,16 +120,9 @@ pub(super) async fn plan_cluster(
     } else {
         connect_peers(&mut conns, opts, &mut reports).await?
     };
+    let manifest = &slices.manifest;
     let shape = planning_shape(manifest, opts);
-    let probes = probe_devices(
-        model_dir,
-        manifest,
-        &workers,
-        &mut conns,
-        &mut reports,
-        opts,
-    )
-    .await?;
+    let probes = probe_devices(slices, &workers, &mut conns, &mut reports, opts).await?;
     let (cluster, profiles) = describe_cluster(
         &workers,
         &conns,
@@ -327,13 +309,13 @@ fn planning_shape(manifest: &Manifest, opts: &SessionOptions) -> ModelShape {
 /// Probes the devices without a profile on layer 0 (shipped first): blocks one at a time;
 /// loads with the blocks, or all devices together (`opts.probe_loads_together`).
 async fn probe_devices(
-    model_dir: &Path,
-    manifest: &Manifest,
+    slices: &Slices,
     workers: &[WorkerSpec],
     conns: &mut Vec<Conn>,
     reports: &mut [DeviceReport],
     opts: &SessionOptions,
 ) -> Result<Vec<Option<ProbeResult>>, ClusterError> {
+    let (model_dir, manifest) = (&slices.dir, &slices.manifest);
     let together = opts.probe_loads_together;
     let mut probes: Vec<Option<ProbeResult>> = vec![None; workers.len()];
     for (i, (w, c)) in workers.iter().zip(conns.iter_mut()).enumerate() {
@@ -518,14 +500,14 @@ struct Opened {
 /// Ships each plan device the slices it lacks and opens it with its spec; says goodbye to
 /// the connected workers the plan does not use.
 async fn ship_and_open(
-    model_dir: &Path,
-    manifest: &Manifest,
+    slices: &Slices,
     plan: &Plan,
     workers: &[WorkerSpec],
     conns: Vec<Conn>,
     reports: &mut [DeviceReport],
     opts: &SessionOptions,
 ) -> Result<Opened, ClusterError> {
+    let (model_dir, manifest) = (&slices.dir, &slices.manifest);
     let mut peer_ids = Vec::new();
     let mut slots: Vec<Option<Conn>> = conns.into_iter().map(Some).collect();
     let mut plan_conns = Vec::new();

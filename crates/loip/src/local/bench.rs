@@ -1,11 +1,12 @@
 //! The end-to-end benchmark matrix on local workers: link limits × patterns × planners,
 //! measured ms/token against the cost model's prediction.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use loip_engine::generate::Flow;
 use loip_engine::GenerateOptions;
+use loip_model::slice::Slices;
 use loip_plan::{DeviceProfile, Pattern};
 use loip_runtime::cluster_run::{Breakdown, Session};
 use loip_runtime::local_cluster::{keep_scratch, LocalWorkerOptions, LocalWorkers};
@@ -82,7 +83,7 @@ pub fn bench_store_root(o: &LocalOptions) -> PathBuf {
 /// session per row on the workers of its link limit; devices are measured once (by the
 /// first session) unless `o.profile` is given. `on_row` is told of each row as it ends.
 pub fn bench(
-    dir: &Path,
+    slices: &Slices,
     o: &LocalOptions,
     budgets: &[u64],
     matrix: &BenchMatrix,
@@ -117,7 +118,11 @@ pub fn bench(
                     ..o.clone()
                 };
                 let opts = lo.session_options(planner, pattern, bw, context, prompt.len(), &token);
-                match Session::start(dir, workers.specs(profiles.as_deref()), opts) {
+                match Session::start_opened(
+                    slices.clone(),
+                    workers.specs(profiles.as_deref()),
+                    opts,
+                ) {
                     Err(e) => row.error = Some(e.to_string()),
                     Ok(s) => {
                         if profiles.is_none() {

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use loip_engine::generate::Flow;
 use loip_engine::speculate::SpecStats;
 use loip_engine::GenerateOutput;
-use loip_model::slice::Manifest;
+use loip_model::slice::Slices;
 use loip_runtime::adapt::AdaptReport;
 use loip_runtime::cluster_run::{Breakdown, Preview, Session};
 use loip_runtime::local_cluster::{bench_budgets, CgroupReport};
@@ -117,16 +117,16 @@ pub fn run(
     job: Job,
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<Outcome> {
-    let (dir, prep) = prepared(o, req)?;
+    let (slices, prep) = prepared(o, req)?;
     let n = o.sequences();
     let (ids, opts) = (&prep.prompt_ids, &prep.opts);
     match job {
         Job::Bench(matrix) => {
-            let manifest = Manifest::load(&dir)?;
+            let manifest = &slices.manifest;
             let context = ((ids.len() + opts.max_tokens) * n) as u64;
             let budgets = match &o.mem {
-                None => bench_budgets(&manifest, o.devices),
-                Some(_) => o.budgets(&manifest, context)?,
+                None => bench_budgets(manifest, o.devices),
+                Some(_) => o.budgets(manifest, context)?,
             };
             let model_bytes = manifest.slices.iter().map(|s| s.size).sum();
             on_event(Event::BenchBudgets {
@@ -134,7 +134,7 @@ pub fn run(
                 model_bytes,
             });
             let on_row = &mut |r: &BenchRow| on_event(Event::BenchRow(r));
-            let rows = bench(&dir, o, &budgets, &matrix, ids, opts, on_row)?;
+            let rows = bench(&slices, o, &budgets, &matrix, ids, opts, on_row)?;
             Ok(Outcome::Bench {
                 rows,
                 store_root: bench_store_root(o),
@@ -143,11 +143,11 @@ pub fn run(
         Job::Preview => {
             let (len, max) = (ids.len(), opts.max_tokens);
             let on_spawned = &mut |b: &[u64]| on_event(Event::Spawned(b));
-            let p = LocalCluster::preview(&dir, o, len, max, on_spawned)?;
+            let p = LocalCluster::preview(&slices, o, len, max, on_spawned)?;
             Ok(Outcome::Preview(Box::new(p)))
         }
         Job::MicroBatches(sizes) => {
-            let cluster = start(&dir, o, &prep, on_event)?;
+            let cluster = start(&slices, o, &prep, on_event)?;
             let s = &cluster.session;
             if let Some((per_step, ms)) = micro_batch_choice(s, n) {
                 on_event(Event::MicroBatchChoice {
@@ -165,14 +165,13 @@ pub fn run(
             if speculate.is_some() && n > 1 {
                 bail!("speculative decoding runs one sequence (--concurrent 1)");
             }
-            let cluster = start(&dir, o, &prep, on_event)?;
+            let cluster = start(&slices, o, &prep, on_event)?;
             let single = n == 1;
             let stops = if single { req.stop.clone() } else { vec![] };
             let mut printer = Printer::new(prep.tokenizer.as_ref(), stops, quiet);
             let mut speculation = None;
             let burst = if let Some(spec) = &speculate {
-                let config = Manifest::load(&dir)?.config;
-                let target = (&config, prep.tokenizer.as_ref());
+                let target = (&slices.manifest.config, prep.tokenizer.as_ref());
                 let on_token = &mut |id| printer.on_token(id);
                 on_session(&cluster.session, target, ids, opts, spec, on_token).map(|run| {
                     speculation = Some(run.stats);
@@ -184,7 +183,9 @@ pub fn run(
                     }
                 })
             } else if single {
-                cluster.generate(ids, opts, 1, &mut |id| printer.on_token(id))
+                cluster
+                    .generate(ids, opts, 1, &mut |id| printer.on_token(id))
+                    .map_err(Into::into)
             } else {
                 cluster
                     .generate(ids, opts, n, &mut |_| Flow::Continue)
@@ -196,10 +197,11 @@ pub fn run(
                         }
                         burst
                     })
+                    .map_err(Into::into)
             };
             let text = printer.finish();
             let generated = burst.and_then(|b| {
-                let mut g = cluster.generated(prep.prompt_ids.clone(), b, text)?;
+                let mut g = generated(&cluster, prep.prompt_ids.clone(), b, text)?;
                 if let Some(st) = speculation {
                     g.fields
                         .insert("speculation".into(), serde_json::to_value(st)?);
@@ -213,69 +215,74 @@ pub fn run(
     }
 }
 
-/// The slice directory of `o.model` (split into the cache when needed) and `req` tokenized
-/// for it.
-pub fn prepared(o: &LocalOptions, req: &Request) -> Result<(PathBuf, Prepared)> {
+/// The slice directory of `o.model` (split into the cache when needed), opened, and `req`
+/// tokenized for it.
+pub fn prepared(o: &LocalOptions, req: &Request) -> Result<(Slices, Prepared)> {
     let dir = crate::slices::slices_for(&o.model, &|_, _| {})?;
-    let prep = prepare(crate::model::info(&dir.to_string_lossy())?, req)?;
-    Ok((dir, prep))
+    let slices = Slices::open(&dir)?;
+    let prep = prepare(crate::model::slice_info(&slices), req)?;
+    Ok((slices, prep))
 }
 
 /// Spawns the workers for `prep` and starts the session, telling `on_event`.
 pub fn start(
-    dir: &std::path::Path,
+    slices: &Slices,
     o: &LocalOptions,
     prep: &Prepared,
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<LocalCluster> {
     let (len, max) = (prep.prompt_ids.len(), prep.opts.max_tokens);
-    let cluster = LocalCluster::start(dir, o, len, max, &mut |b| on_event(Event::Spawned(b)))?;
+    let on_spawned = &mut |b: &[u64]| on_event(Event::Spawned(b));
+    let cluster = LocalCluster::start(slices, o, len, max, on_spawned)?;
     on_event(Event::Planned(&cluster.session));
     Ok(cluster)
 }
 
-impl LocalCluster {
-    /// The report of a finished generation: `burst` of `prompt_ids`, its `text`, and what
-    /// the session measured and planned.
-    pub fn generated(&self, prompt_ids: Vec<u32>, burst: Burst, text: String) -> Result<Generated> {
-        let s = &self.session;
-        let mut f = serde_json::Map::new();
-        f.insert("plan".into(), serde_json::to_value(&s.plan)?);
-        f.insert("devices".into(), serde_json::to_value(&s.reports)?);
-        if let Some(seqs) = &burst.sequences {
-            f.insert("sequences".into(), seqs.clone().into());
-        }
-        if let Some(wall) = burst.wall_ms_per_token {
-            f.insert("bursty_wall_ms_per_token".into(), wall.into());
-        }
-        let breakdown = Breakdown::of(&s.take_totals());
-        f.insert("breakdown".into(), serde_json::to_value(breakdown)?);
-        f.insert("links".into(), serde_json::to_value(s.link_bytes())?);
-        let adaptation = s.adaptation();
-        if let Some(ad) = &adaptation {
-            f.insert("adaptation".into(), serde_json::to_value(ad)?);
-        }
-        // What the simulator needs to replay the run (`loip simulate --from-local`).
-        f.insert("shape".into(), serde_json::to_value(&s.shape)?);
-        f.insert("cluster".into(), serde_json::to_value(&s.cluster)?);
-        let predicted = s.plan.predicted_ms_per_token;
-        f.insert("ms_per_token".into(), burst.ms_per_token.into());
-        f.insert("predicted_ms_per_token".into(), predicted.into());
-        let cgroups = self.workers.cgroup_reports();
-        if self.cgroup {
-            f.insert("cgroups".into(), serde_json::to_value(&cgroups)?);
-        }
-        Ok(Generated {
-            prompt_ids,
-            out: burst.first,
-            text,
-            ms_per_token: burst.ms_per_token,
-            predicted_ms_per_token: predicted,
-            breakdown,
-            adaptation,
-            cgroups,
-            speculation: None,
-            fields: f,
-        })
+/// The report of a generation finished on `cluster`: `burst` of `prompt_ids`, its `text`,
+/// and what the session measured and planned.
+pub fn generated(
+    cluster: &LocalCluster,
+    prompt_ids: Vec<u32>,
+    burst: Burst,
+    text: String,
+) -> Result<Generated> {
+    let s = &cluster.session;
+    let mut f = serde_json::Map::new();
+    f.insert("plan".into(), serde_json::to_value(&s.plan)?);
+    f.insert("devices".into(), serde_json::to_value(&s.reports)?);
+    if let Some(seqs) = &burst.sequences {
+        f.insert("sequences".into(), seqs.clone().into());
     }
+    if let Some(wall) = burst.wall_ms_per_token {
+        f.insert("bursty_wall_ms_per_token".into(), wall.into());
+    }
+    let breakdown = Breakdown::of(&s.take_totals());
+    f.insert("breakdown".into(), serde_json::to_value(breakdown)?);
+    f.insert("links".into(), serde_json::to_value(s.link_bytes())?);
+    let adaptation = s.adaptation();
+    if let Some(ad) = &adaptation {
+        f.insert("adaptation".into(), serde_json::to_value(ad)?);
+    }
+    // What the simulator needs to replay the run (`loip simulate --from-local`).
+    f.insert("shape".into(), serde_json::to_value(&s.shape)?);
+    f.insert("cluster".into(), serde_json::to_value(&s.cluster)?);
+    let predicted = s.plan.predicted_ms_per_token;
+    f.insert("ms_per_token".into(), burst.ms_per_token.into());
+    f.insert("predicted_ms_per_token".into(), predicted.into());
+    let cgroups = cluster.workers.cgroup_reports();
+    if cluster.cgroup {
+        f.insert("cgroups".into(), serde_json::to_value(&cgroups)?);
+    }
+    Ok(Generated {
+        prompt_ids,
+        out: burst.first,
+        text,
+        ms_per_token: burst.ms_per_token,
+        predicted_ms_per_token: predicted,
+        breakdown,
+        adaptation,
+        cgroups,
+        speculation: None,
+        fields: f,
+    })
 }
