@@ -123,11 +123,9 @@ pub fn run(a: PullArgs) -> Result<()> {
     Ok(())
 }
 
-/// The HTTP client: https through rustls with the web's root certificates and a pure-Rust
-/// crypto provider (installed as the process's default once), bounded waits.
+/// The HTTP client: https through rustls with the web's root certificates and the crypto
+/// provider `main` installs, bounded waits.
 fn client(read_timeout: Duration) -> Result<reqwest::Client> {
-    // a provider installed before (by this or another caller) is kept
-    let _ = rustls_rustcrypto::provider().install_default();
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(30))
         .read_timeout(read_timeout)
@@ -445,6 +443,7 @@ mod tests {
 
     #[test]
     fn the_client_speaks_https_without_a_c_crypto_library() {
+        let _ = rustls_rustcrypto::provider().install_default();
         let c = client(Duration::from_secs(5)).unwrap();
         // building a request for https needs the TLS stack compiled in
         assert!(c.get("https://127.0.0.1:9/").build().is_ok());

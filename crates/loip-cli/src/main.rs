@@ -96,6 +96,8 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     quiet_on_broken_pipe();
+    // https (`loip pull`, `loip bench serve`): rustls with a pure-Rust crypto provider
+    let _ = rustls_rustcrypto::provider().install_default();
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         if is_broken_pipe(&e) {
