@@ -102,6 +102,10 @@ pub fn run(a: PullArgs) -> Result<()> {
             let got = pull_file(&client, &url, &dir, &file, want.as_deref()).await?;
             Ok(vec![got])
         }
+    });
+    let files = files.inspect_err(|_| {
+        // nothing came (no `.part` kept): no empty entry is left in the cache
+        let _ = std::fs::remove_dir(&dir);
     })?;
     let record = serde_json::json!({
         "url": url.as_str(),

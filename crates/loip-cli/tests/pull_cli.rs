@@ -223,6 +223,7 @@ fn a_sha256_mismatch_installs_nothing_and_a_404_is_said() {
     let err = stderr(&out);
     assert!(err.contains("404 Not Found"), "{err}");
     assert_eq!(err.matches("404").count(), 1, "said once: {err}");
+    assert!(!c.join("missing").exists(), "no empty entry left");
     let _ = std::fs::remove_dir_all(&c);
 }
 
