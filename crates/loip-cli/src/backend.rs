@@ -21,6 +21,11 @@ pub struct ClusterArgs {
     /// `preset`/`profile`/inline profile and `mem` (devices without one are measured).
     #[arg(long)]
     pub cluster: Option<PathBuf>,
+    /// Find the workers on the LAN for a few seconds (trying each of a device's addresses,
+    /// IPv4 then IPv6), show them, and run on the paired ones that answer (`loip pair CODE`
+    /// pairs a worker); a --cluster file given wins.
+    #[arg(long)]
+    pub discover: bool,
     /// File holding the workers' shared secret (first line; default: `$LOIP_TOKEN`).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
@@ -163,6 +168,10 @@ impl OffloadArgs {
 /// from slice files when an offloading flag is set, else in memory.
 pub fn placement(offload: &OffloadArgs, cluster: &ClusterArgs, quiet: bool) -> Result<Placement> {
     if let Some(file) = &cluster.cluster {
+        // a paired coordinator connects with the key its workers pinned
+        if let Err(e) = crate::cluster_ux::use_paired_identity(false) {
+            eprintln!("warning: this coordinator's paired key is not used: {e:#}");
+        }
         return Ok(Placement::Cluster(ClusterOptions {
             file: file.clone(),
             token_file: cluster.token_file.clone(),

@@ -19,6 +19,8 @@ pub const KNOWN: &str = "known_devices";
 const DISCOVERED: &str = "discovered.toml";
 /// How long `--discover` listens for workers.
 const DISCOVER_WAIT: Duration = Duration::from_secs(3);
+/// How long `--discover` waits for each of a device's addresses to accept a connection.
+const ADDR_WAIT: Duration = Duration::from_millis(1500);
 /// Most devices a browse keeps.
 const MAX_DEVICES: usize = 64;
 
@@ -89,8 +91,8 @@ impl Lan {
 /// `--discover` (without `--cluster`): listens for workers, prints them, and makes the
 /// paired ones that answer the cluster (a cluster file in the coordinator's directory, with
 /// its token unless one is given). A cluster file given wins.
-pub fn discover(on: bool, c: &mut ClusterArgs) -> Result<()> {
-    if !on {
+pub fn discover(c: &mut ClusterArgs) -> Result<()> {
+    if !c.discover {
         return Ok(());
     }
     if let Some(f) = &c.cluster {
@@ -107,7 +109,18 @@ pub fn discover(on: bool, c: &mut ClusterArgs) -> Result<()> {
     let mut file =
         String::from("# written by `loip --discover`: the paired workers that answered\n");
     for f in lan.found.iter().filter(|f| lan.usable(f)) {
-        let (Some(addr), Some(name)) = (f.session_addr(), lan.pins.get(&f.key)) else {
+        let Some(name) = lan.pins.get(&f.key) else {
+            continue;
+        };
+        let Some(addr) = f.answering_session_addr(ADDR_WAIT) else {
+            eprintln!(
+                "--discover: {name} answers on none of its addresses ({}); left out",
+                f.addrs
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             continue;
         };
         file += &format!("\n[[device]]\nname = \"{name}\"\naddr = \"{addr}\"\n");
@@ -129,6 +142,26 @@ pub fn discover(on: bool, c: &mut ClusterArgs) -> Result<()> {
         c.token_file = Some(dir.join(loip_runtime::net::token::STORE_TOKEN));
     }
     Ok(())
+}
+
+/// This coordinator's static key pair, kept in its directory (`device_key`, made by the
+/// first `loip pair` when `create`), made this process's: the workers paired with it pin
+/// its public key, which is returned. `None` when there is none and `create` is false.
+pub fn use_paired_identity(create: bool) -> Result<Option<[u8; 32]>> {
+    use loip_runtime::net::identity::{store_key_path, Identity};
+    let dir = pairing::config_dir()?;
+    if !create && !store_key_path(&dir).is_file() {
+        return Ok(None);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (id, _) = Identity::load_or_create(&dir)?;
+    let key = id.public();
+    if !loip_runtime::coordinator::use_coordinator_identity(id)
+        && loip_runtime::coordinator::coordinator_identity().public() != key
+    {
+        anyhow::bail!("this process already uses another coordinator key");
+    }
+    Ok(Some(key))
 }
 
 /// How often the rejoin watcher looks for missing workers.

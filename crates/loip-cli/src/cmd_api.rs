@@ -61,12 +61,14 @@ pub struct ApiArgs {
     /// `model_not_found`. A request without `model` gets the served model.
     #[arg(long = "alias")]
     pub aliases: Vec<String>,
-    /// Generations run at once; further requests wait in a queue.
-    #[arg(long, default_value_t = 4)]
-    pub parallel: usize,
-    /// Longest prompt accepted, tokens (with --cluster it also sizes the working buffers).
-    #[arg(long, default_value_t = 2048)]
-    pub max_prompt: usize,
+    /// Generations run at once; further requests wait in a queue (default 4; with --mem
+    /// and no --parallel, the most up to 4 that fit beside the context).
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// Longest prompt accepted, tokens; it also sizes the working buffers (default 2048;
+    /// with --mem and no --max-prompt, at most half the context chosen).
+    #[arg(long)]
+    pub max_prompt: Option<usize>,
     /// Largest `max_tokens` a request may ask for; also the most a request without one gets.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_limit: usize,
@@ -82,10 +84,6 @@ pub struct ApiArgs {
     pub preview: bool,
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Find the workers on the LAN for a few seconds, show them, and run on the paired ones
-    /// that answer (`loip pair CODE` pairs a worker); a --cluster file given wins.
-    #[arg(long)]
-    pub discover: bool,
     /// Require `Authorization: Bearer KEY` on /v1/*. Visible in `ps`: prefer --api-key-file
     /// or the LOIP_API_KEY environment variable.
     #[arg(long)]
@@ -116,9 +114,10 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = 30)]
     pub body_timeout: u64,
     /// With --cluster or --mem: planned context, KV tokens held summed over the sequences in
-    /// flight; it also bounds one request's prompt + max_tokens.
-    #[arg(long, default_value_t = 4096)]
-    pub context: u64,
+    /// flight; it also bounds one request's prompt + max_tokens (default 4096, at most the
+    /// model's limit; with --mem and no --context, the largest down to 256 that fits).
+    #[arg(long)]
+    pub context: Option<u64>,
     /// On this machine: a memory budget (`--mem`), which blocks to offload and how they are
     /// loaded (on the workers with --cluster), as for `loip generate`; --mem or any
     /// --offload-blocks but auto serves from slice files, and the KV cache of all requests in
@@ -143,8 +142,8 @@ pub struct ApiArgs {
 
 /// `loip api`: load the model (or bring the cluster up), then serve until Ctrl-C or SIGTERM.
 pub fn run(mut a: ApiArgs) -> Result<()> {
-    crate::cluster_ux::discover(a.discover, &mut a.cluster)?;
-    if a.parallel == 0 || a.max_prompt == 0 || a.max_tokens_limit == 0 {
+    crate::cluster_ux::discover(&mut a.cluster)?;
+    if a.parallel == Some(0) || a.max_prompt == Some(0) || a.max_tokens_limit == 0 {
         bail!("--parallel, --max-prompt and --max-tokens-limit must be at least 1");
     }
     if a.max_connections == 0
@@ -174,21 +173,38 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
     let api_key = api_key(a.api_key.as_deref(), a.api_key_file.as_deref())?;
     let name = a.name.clone().unwrap_or_else(|| default_name(&a.model));
     let (src, info) = backend::source(&a.model, &a.offload, &a.cluster)?;
-    let context = info
-        .config
-        .max_position_embeddings
-        .min(usize::try_from(a.context).unwrap_or(usize::MAX));
+    let limit = info.config.max_position_embeddings;
+    let sizes = match (&src, a.offload.options()?.mem) {
+        (backend::Source::Slices(dir), Some(mem)) => {
+            let asked = Asked {
+                context: a.context.map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
+                parallel: a.parallel,
+                max_prompt: a.max_prompt,
+            };
+            let s = fit(dir, &a.offload, mem, limit, asked)?;
+            eprintln!("{}", s.why);
+            s.sizes
+        }
+        _ => Sizes {
+            context: limit.min(a.context.map_or(DEFAULT_CONTEXT, |c| {
+                usize::try_from(c).unwrap_or(usize::MAX)
+            })),
+            parallel: a.parallel.unwrap_or(DEFAULT_PARALLEL),
+            max_prompt: a.max_prompt.unwrap_or(DEFAULT_MAX_PROMPT),
+        },
+    };
+    let (context, parallel, max_prompt) = (sizes.context, sizes.parallel, sizes.max_prompt);
     let how = backend::How {
         model: &a.model,
         offload: &a.offload,
         cluster: &a.cluster,
         loader: a.offload.loader,
-        parallel: a.parallel,
-        max_step_tokens: a.max_prompt,
+        parallel,
+        max_step_tokens: max_prompt,
         context,
         pattern: a.pattern,
         micro_batches: a.micro_batches,
-        planned_context: a.context,
+        planned_context: a.context.unwrap_or(DEFAULT_CONTEXT as u64),
         greedy: false,
         no_replan: a.no_replan,
         // any request may speculate (its `speculate` field)
@@ -220,9 +236,9 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
     let cfg = ServerConfig {
         name,
         aliases: a.aliases.clone(),
-        parallel: a.parallel,
-        max_queue: a.max_queue.unwrap_or(a.parallel.saturating_mul(16)),
-        max_prompt: a.max_prompt,
+        parallel,
+        max_queue: a.max_queue.unwrap_or(parallel.saturating_mul(16)),
+        max_prompt,
         max_tokens_limit: a.max_tokens_limit,
         context,
         api_key,
@@ -238,6 +254,169 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
     };
     loip_server::serve(&a.listen, cfg, served(info), backend)?;
     Ok(())
+}
+
+/// `--context` when not given (at most the model's limit).  // tokens
+const DEFAULT_CONTEXT: usize = 4096;
+/// `--parallel` when not given.
+const DEFAULT_PARALLEL: usize = 4;
+/// `--max-prompt` when not given.  // tokens
+const DEFAULT_MAX_PROMPT: usize = 2048;
+/// The smallest context the fit tries.  // tokens
+const MIN_CONTEXT: usize = 256;
+
+/// The sizes the user set (`None`: the fit chooses).
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    context: Option<usize>,
+    parallel: Option<usize>,
+    max_prompt: Option<usize>,
+}
+
+/// The sizes served with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sizes {
+    /// one sequence's prompt + new tokens at most  // tokens
+    context: usize,
+    /// sequences at once
+    parallel: usize,
+    /// longest prompt, one step's tokens  // tokens
+    max_prompt: usize,
+}
+
+impl std::fmt::Display for Sizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "--context {} --max-prompt {} --parallel {}",
+            self.context, self.max_prompt, self.parallel
+        )
+    }
+}
+
+/// The sizes to try, best first: the largest context (the one asked, else the default
+/// within the model's `limit`, halved down to [`MIN_CONTEXT`]), then at each the most
+/// sequences (the ones asked, else [`DEFAULT_PARALLEL`] down to 1). A prompt not asked for
+/// takes at most half the context.
+fn candidates(asked: Asked, limit: usize) -> Vec<Sizes> {
+    let limit = limit.max(1);
+    let contexts: Vec<usize> = match asked.context {
+        Some(c) => vec![c.min(limit).max(1)],
+        None => {
+            let mut c = DEFAULT_CONTEXT.min(limit);
+            let mut v = vec![c];
+            while c / 2 >= MIN_CONTEXT {
+                c /= 2;
+                v.push(c);
+            }
+            v
+        }
+    };
+    let parallels: Vec<usize> = match asked.parallel {
+        Some(p) => vec![p],
+        None => (1..=DEFAULT_PARALLEL).rev().collect(),
+    };
+    let mut out = Vec::with_capacity(contexts.len() * parallels.len());
+    for &context in &contexts {
+        for &parallel in &parallels {
+            let max_prompt = asked
+                .max_prompt
+                .unwrap_or_else(|| DEFAULT_MAX_PROMPT.min((context / 2).max(1)));
+            out.push(Sizes {
+                context,
+                parallel,
+                max_prompt,
+            });
+        }
+    }
+    out
+}
+
+/// What [`fit`] chose and the line that says why.
+struct Fitted {
+    sizes: Sizes,
+    why: String,
+}
+
+/// The first of [`candidates`] whose KV cache and working buffers fit `mem` (the whole
+/// process's budget) on the model's slice files in `dir`, checked without loading anything;
+/// when none does, an error naming the flags and the numbers of the smallest.
+fn fit(dir: &Path, offload: &OffloadArgs, mem: u64, limit: usize, asked: Asked) -> Result<Fitted> {
+    use loip_runtime::local::{local_spec_for, LocalOptions};
+    use loip_runtime::RuntimeError;
+    let manifest = loip_model::slice::Manifest::load(dir)?;
+    let all = candidates(asked, limit);
+    let b = loip_plan::units::format_bytes;
+    // why the first (the defaults) and the last tried were refused
+    let (mut first, mut refused): (Option<String>, Option<String>) = (None, None);
+    for (i, sizes) in all.iter().enumerate() {
+        if i == 1 {
+            first.clone_from(&refused);
+        }
+        let budget = match loip::backend::budget_split(mem, sizes.parallel) {
+            Ok(budget) => budget,
+            Err(e) if e.downcast_ref::<loip_runtime::memory::TooSmall>().is_some() => {
+                refused = Some(format!("{e}"));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let opts = LocalOptions {
+            mem_budget: Some(budget.engine),
+            rule: offload.offload_blocks,
+            loader: offload.loader,
+            overlap: !offload.no_overlap,
+            context: sizes.context,
+            max_step_tokens: sizes.max_prompt,
+        };
+        match local_spec_for(&manifest, &opts, sizes.parallel) {
+            Ok(_) => {
+                let chose = asked.context.is_none()
+                    || asked.parallel.is_none()
+                    || asked.max_prompt.is_none();
+                let why = if i == 0 {
+                    format!("serving with {sizes}: they fit --mem {}", b(mem))
+                } else if chose {
+                    format!(
+                        "serving with {sizes}: the largest that fit --mem {} ({} refused: {})",
+                        b(mem),
+                        all[0],
+                        first.as_deref().unwrap_or("too large")
+                    )
+                } else {
+                    format!("serving with {sizes}")
+                };
+                return Ok(Fitted { sizes: *sizes, why });
+            }
+            Err(RuntimeError::KvDoesNotFit {
+                budget: engine,
+                needed,
+                kv,
+                working,
+                ..
+            }) => {
+                refused = Some(format!(
+                    "the device needs {} (KV {}, working buffers {}) of the engine's {}",
+                    b(needed),
+                    b(kv),
+                    b(working),
+                    b(engine)
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let smallest = all.last().copied().unwrap_or(Sizes {
+        context: MIN_CONTEXT,
+        parallel: 1,
+        max_prompt: MIN_CONTEXT / 2,
+    });
+    bail!(
+        "--mem {} does not serve this model even at {smallest} ({}); give a larger --mem, \
+         or a smaller --context, --max-prompt or --parallel",
+        b(mem),
+        refused.as_deref().unwrap_or("does not fit")
+    )
 }
 
 /// The server's view of the model; why a tokenizer or template is missing is logged here
@@ -293,6 +472,48 @@ fn default_name(model: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fit_tries_the_largest_context_first_then_parallelism() {
+        let none = Asked {
+            context: None,
+            parallel: None,
+            max_prompt: None,
+        };
+        let c = candidates(none, 8192);
+        assert_eq!(
+            c[0],
+            Sizes {
+                context: 4096,
+                parallel: 4,
+                max_prompt: 2048
+            }
+        );
+        assert_eq!(c[1].parallel, 3);
+        assert_eq!(
+            (c[4].context, c[4].parallel, c[4].max_prompt),
+            (2048, 4, 1024)
+        );
+        let last = c[c.len() - 1];
+        assert_eq!(
+            (last.context, last.parallel, last.max_prompt),
+            (256, 1, 128)
+        );
+        // what the user set is kept; the model's limit caps the context
+        let set = Asked {
+            context: Some(9000),
+            parallel: Some(2),
+            max_prompt: None,
+        };
+        assert_eq!(
+            candidates(set, 2048),
+            vec![Sizes {
+                context: 2048,
+                parallel: 2,
+                max_prompt: 1024
+            }]
+        );
+    }
 
     #[test]
     fn api_keys_are_trimmed_and_never_empty() {

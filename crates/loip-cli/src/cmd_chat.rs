@@ -48,7 +48,8 @@ pub struct ChatArgs {
 }
 
 /// `loip chat`.
-pub fn run(a: ChatArgs) -> Result<()> {
+pub fn run(mut a: ChatArgs) -> Result<()> {
+    crate::cluster_ux::discover(&mut a.cluster)?;
     let (src, info) = backend::source(&a.model, &a.offload, &a.cluster)?;
     let tok = info
         .tokenizer

@@ -51,7 +51,8 @@ pub struct FetchArgs {
 
 /// `loip generate`: one request on the same batched backend as `loip api` (in memory, from
 /// slice files, or a cluster), printed as it is produced.
-pub fn generate(a: GenerateArgs) -> Result<()> {
+pub fn generate(mut a: GenerateArgs) -> Result<()> {
+    crate::cluster_ux::discover(&mut a.cluster)?;
     let (src, info) = backend::source(&a.model, &a.offload, &a.cluster)?;
     let on_cluster = matches!(src, backend::Source::Cluster(_));
     let config = info.config.clone();

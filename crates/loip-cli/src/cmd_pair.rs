@@ -92,14 +92,16 @@ pub fn run(a: PairArgs) -> Result<()> {
             dir.join(loip_runtime::net::token::STORE_TOKEN).display()
         );
     }
-    let card = pairing::pair_with(addr, &code, &token, expect.as_ref())?;
+    let me = cluster_ux::use_paired_identity(true)?
+        .context("this coordinator has no key to pair with")?;
+    let card = pairing::pair_with(addr, &code, &token, &me, expect.as_ref())?;
     let key = loip_runtime::net::session::unhex::<32>(&card.key)
         .context("the worker's key is not 64 hex digits")?;
     let known = KnownDevices::new(dir.join(cluster_ux::KNOWN), [card.name.clone()]);
     known.check(&card.name, &key).map_err(anyhow::Error::msg)?;
     println!(
-        "paired {} (key {}…, pinned in {}); it now holds this coordinator's token. \
-         `loip api --discover` uses it",
+        "paired {} (key {}…, pinned in {}); it now holds this coordinator's token and pins \
+         its key. `loip api --discover` uses it",
         card.name,
         &card.key[..16],
         known.path().display()

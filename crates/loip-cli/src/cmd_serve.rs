@@ -26,10 +26,6 @@ pub struct ServeArgs {
     pub model: String,
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Find the workers on the LAN for a few seconds, show them, and run on the paired ones
-    /// that answer (`loip pair CODE` pairs a worker); a --cluster file given wins.
-    #[arg(long)]
-    pub discover: bool,
     /// Loading path on the workers: direct or conventional.
     #[arg(long, default_value = "direct")]
     pub loader: LoaderKind,
@@ -64,7 +60,7 @@ pub struct ServeArgs {
 /// `loip serve`: set the cluster up, then generate for every line of stdin, on the same
 /// batched cluster backend as `loip api`.
 pub fn serve(mut a: ServeArgs) -> Result<()> {
-    crate::cluster_ux::discover(a.discover, &mut a.cluster)?;
+    crate::cluster_ux::discover(&mut a.cluster)?;
     let dir = crate::progress::slices_for(&a.model)?;
     let offload = OffloadArgs {
         mem: None,

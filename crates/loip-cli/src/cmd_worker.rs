@@ -134,6 +134,16 @@ pub fn run(mut a: WorkerArgs) -> Result<()> {
     opts.peer_allow = peer_allow;
     eprintln!("{}", opts.budget());
     opts.token = tok;
+    // paired: on the store's token, only the coordinator it was paired with is served
+    if own_token {
+        opts.coordinator_key = pairing::pinned_coordinator(&store)?;
+        if let Some(k) = &opts.coordinator_key {
+            eprintln!(
+                "serving the coordinator paired with (key {}…) alone; `--pair` pairs again",
+                loip_runtime::wire::hex(&k[..8])
+            );
+        }
+    }
     opts.idle_timeout = std::time::Duration::from_secs(a.idle_timeout.max(1));
     opts.name = a.name.take();
     opts.store_quota = a
@@ -201,8 +211,8 @@ fn announced_name(name: Option<&str>) -> String {
 
 /// What the pairing thread tells the serving loop.
 enum PairEvent {
-    /// paired: serve with this token from now on
-    Paired(String),
+    /// paired: serve with this token, for this coordinator alone, from now on
+    Paired(pairing::Paired),
     /// no more codes taken (why)
     Closed(String),
 }
@@ -241,8 +251,10 @@ fn start_pairing(
     std::thread::Builder::new()
         .name("loip-pairing".into())
         .spawn(move || {
-            let keep = |t: &str| {
+            let keep = |p: &pairing::Paired| {
+                let t = &p.token;
                 pairing::write_private(&store.join(token::STORE_TOKEN), &format!("{t}\n"))
+                    .and_then(|()| pairing::pin_coordinator(&store, &p.coordinator))
                     .and_then(|()| {
                         pairing::write_private(
                             &store.join(PAIRED),
@@ -319,9 +331,10 @@ fn serve(mut opts: WorkerOptions, lan: Lan) -> Result<()> {
                 tokio::select! {
                     r = &mut serving => return r.map_err(anyhow::Error::from),
                     ev = rx.recv(), if pair_port.is_some() => match ev {
-                        Some(PairEvent::Paired(t)) => {
-                            eprintln!("paired: serving with the coordinator's token (kept in the store)");
-                            opts.token = Some(t);
+                        Some(PairEvent::Paired(p)) => {
+                            eprintln!("paired: serving with the coordinator's token (kept in the store), for its key alone");
+                            opts.token = Some(p.token);
+                            opts.coordinator_key = Some(p.coordinator);
                             pair_port = None;
                             break;
                         }

@@ -12,6 +12,7 @@ mod cmd_local;
 mod cmd_pair;
 mod cmd_plan;
 mod cmd_profile;
+mod cmd_pull;
 mod cmd_serve;
 mod cmd_simulate;
 mod cmd_split;
@@ -72,6 +73,9 @@ enum Command {
     /// Chat with a model: one turn per line of stdin, the history kept, on this machine or a
     /// cluster.
     Chat(cmd_chat::ChatArgs),
+    /// Download a model (a GGUF file or an HF file set) into the cache: resumable, sha256
+    /// checked when given, a progress bar.
+    Pull(cmd_pull::PullArgs),
     /// List the cache: fetched models and slice directories, with their sizes.
     List(cmd_cache::ListArgs),
     /// Remove cache entries by the names `loip list` prints.
@@ -92,6 +96,8 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     quiet_on_broken_pipe();
+    // https (`loip pull`, `loip bench serve`): rustls with a pure-Rust crypto provider
+    let _ = rustls_rustcrypto::provider().install_default();
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         if is_broken_pipe(&e) {
@@ -169,6 +175,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Profile(a) => cmd_profile::run(a),
         Command::Simulate(a) => cmd_simulate::run(a),
         Command::Chat(a) => cmd_chat::run(a),
+        Command::Pull(a) => cmd_pull::run(a),
         Command::List(a) => cmd_cache::list(a),
         Command::Rm(a) => cmd_cache::rm(a),
         Command::Devices(a) => cmd_devices::run(a),

@@ -3,7 +3,9 @@
 //! `loip worker --name wN` (no token, no address list) and prints a pairing code; on the
 //! coordinator `loip devices` lists both as not paired, a wrong code is refused, `loip pair
 //! CODE --device wN` pairs each, and `loip serve --discover` finds them, uses only the paired
-//! ones and generates the tokens of `loip generate` on one device.
+//! ones and generates the tokens of `loip generate` on one device (and so does
+//! `loip generate --discover`); the workers pin the coordinator that paired them, so another
+//! coordinator holding the same token is refused.
 //!
 //! Needs root and `ip` (iproute2): skipped with a printed reason otherwise.
 
@@ -217,7 +219,10 @@ fn workers_found_on_the_lan_are_paired_by_code_and_serve_losslessly() {
     assert_eq!(mode & 0o777, 0o600);
     let listed = run_ok(in_ns(&ns[0], &config).args(["devices", "--wait", "3s"]));
     for w in ["w1", "w2"] {
-        let line = listed.lines().find(|l| l.starts_with(w)).unwrap_or_default();
+        let line = listed
+            .lines()
+            .find(|l| l.starts_with(w))
+            .unwrap_or_default();
         assert!(line.trim_end().ends_with(" paired"), "{listed}");
     }
 
@@ -275,5 +280,53 @@ fn workers_found_on_the_lan_are_paired_by_code_and_serve_losslessly() {
     assert_eq!(got["new_ids"], want[0], "{log}");
     assert!(log.contains("w1") && log.contains("w2"), "{log}");
     drop(serve);
+
+    // `loip generate --discover` too (the shared flag group), on the same paired workers
+    let out = run_ok(
+        in_ns(&ns[0], &config)
+            .args(["generate", "--discover", "--model", &model])
+            .args(["--planner", "loip-uniform", "--prompt-ids", "3,1,4,1,5"])
+            .args([
+                "-n",
+                "8",
+                "--ignore-eos",
+                "--json",
+                "--connect-retry",
+                "20s",
+            ]),
+    );
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or("{}");
+    let got: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(got["new_ids"], want[0], "{out}");
+
+    // the workers pin the coordinator that paired them: another one holding the same token
+    // (but not its key) is refused, naming why
+    let other = dir.join("other-coordinator");
+    std::fs::create_dir_all(&other).unwrap();
+    let out = in_ns(&ns[0], &other)
+        .args(["generate", "--model", &model, "--planner", "loip-uniform"])
+        .arg("--cluster")
+        .arg(config.join("discovered.toml"))
+        .arg("--token-file")
+        .arg(&token)
+        .args([
+            "--prompt-ids",
+            "3,1,4,1,5",
+            "-n",
+            "2",
+            "--connect-retry",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("paired with the coordinator"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

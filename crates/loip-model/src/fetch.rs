@@ -213,8 +213,29 @@ pub fn resolve_model(name_or_path: &str) -> Result<PathBuf, FetchError> {
     if path.exists() {
         Ok(path)
     } else {
-        Err(FetchError::ModelNotFound { path })
+        pulled(name_or_path).ok_or(FetchError::ModelNotFound { path })
     }
+}
+
+/// A model `loip pull` finished in the cache under the plain `name` (its `pulled.json`
+/// written): the directory when it holds an HF set (`config.json`), else its one GGUF file.
+fn pulled(name: &str) -> Option<PathBuf> {
+    if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\']) {
+        return None;
+    }
+    let dir = cache_dir().join(name);
+    if !dir.join("pulled.json").is_file() {
+        return None;
+    }
+    if dir.join("config.json").is_file() {
+        return Some(dir);
+    }
+    let mut ggufs = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"));
+    let first = ggufs.next()?;
+    ggufs.next().is_none().then_some(first)
 }
 
 /// Hex sha256 of a file's contents.

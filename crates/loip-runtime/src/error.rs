@@ -30,6 +30,31 @@ pub enum RuntimeError {
         /// what needs how much
         detail: String,
     },
+    /// The KV cache and working buffers for the context and sequences asked do not fit the
+    /// budget even with every block offloaded that the rule allows: a smaller context, fewer
+    /// sequences or a larger budget would.
+    #[error(
+        "memory budget of {} exceeded: even with these blocks offloaded the device needs {} \
+         ({} of them KV cache for {seqs} × {context} tokens, {} working buffers)",
+        loip_plan::units::format_bytes(*budget),
+        loip_plan::units::format_bytes(*needed),
+        loip_plan::units::format_bytes(*kv),
+        loip_plan::units::format_bytes(*working)
+    )]
+    KvDoesNotFit {
+        /// the engine's budget, bytes
+        budget: u64,
+        /// what the placement needs in all, bytes
+        needed: u64,
+        /// of it, the KV cache, bytes
+        kv: u64,
+        /// of it, the working buffers, bytes
+        working: u64,
+        /// tokens of context per sequence
+        context: usize,
+        /// sequences at once
+        seqs: usize,
+    },
     /// An allocation failed.
     #[error("could not allocate {bytes} bytes for {what}")]
     OutOfMemory {

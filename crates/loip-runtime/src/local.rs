@@ -174,13 +174,13 @@ pub fn local_spec_for(
     if let Some(budget) = opts.mem_budget {
         let total = need(&layers)?;
         if total > budget {
-            return Err(RuntimeError::OverBudget {
+            return Err(RuntimeError::KvDoesNotFit {
                 budget,
-                detail: format!(
-                    "even with these blocks offloaded the device needs {total} bytes \
-                     ({kv_bytes} of them KV cache for {} tokens, {working} working buffers)",
-                    opts.context
-                ),
+                needed: total,
+                kv: kv_bytes,
+                working,
+                context: opts.context,
+                seqs: max_seqs,
             });
         }
     }

@@ -95,6 +95,9 @@ pub struct WorkerOptions {
     /// accept connections (coordinators and peers) only from these networks; empty: from
     /// anywhere (`--peer-allow`)
     pub peer_allow: Vec<crate::net::allow::Cidr>,
+    /// the coordinator this worker was paired with: a coordinator session proving another
+    /// static key is refused (`None`: any holder of the token)
+    pub coordinator_key: Option<[u8; 32]>,
 }
 
 impl WorkerOptions {
@@ -118,6 +121,7 @@ impl WorkerOptions {
             max_unauthenticated: 16,
             refuse_switches: 0,
             peer_allow: Vec::new(),
+            coordinator_key: None,
         }
     }
 }
@@ -312,8 +316,19 @@ async fn connection(
     if role == Role::Peer {
         return peer::serve_peer(hs, rd, wr, shared).await;
     }
+    let remote = hs.remote;
     let (mut rd, mut wr) = hs.keys.seal(Role::Worker, rd, wr, shared.throttle.clone());
     rd.set_idle_timeout(Some(shared.opts.idle_timeout));
+    if let Some(pinned) = shared.opts.coordinator_key.filter(|k| *k != remote) {
+        let why = format!(
+            "refused a coordinator with key {}…: this worker is paired with the coordinator \
+             {}… (pair again with `loip worker --pair` and `loip pair CODE` to change it)",
+            wire::hex(&remote[..8]),
+            wire::hex(&pinned[..8])
+        );
+        let _ = wr.write(FrameKind::Error, why.as_bytes()).await;
+        return Err(WireError::Protocol(why));
+    }
     if shared.busy.swap(true, Ordering::SeqCst) {
         let _ = wr
             .write(

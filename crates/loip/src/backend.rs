@@ -347,7 +347,7 @@ pub fn engine_share(total: u64, parallel: usize) -> Result<Budget> {
 
 /// `total` split between this process as it is now, with `parallel` requests in flight, and
 /// an engine of at least 4 MiB.
-fn budget_split(total: u64, parallel: usize) -> Result<Budget> {
+pub fn budget_split(total: u64, parallel: usize) -> Result<Budget> {
     let threads = 4 + std::thread::available_parallelism().map_or(1, |n| n.get());
     // per request in flight: its prompt, logits and a response, bounded by the server
     let requests = parallel.max(1) as u64 * (1 << 20);

@@ -214,10 +214,17 @@ async fn handshake(
     })
 }
 
-/// The coordinator's static key pair: one per process (workers do not pin coordinators).
+static COORDINATOR_ID: std::sync::OnceLock<Identity> = std::sync::OnceLock::new();
+
+/// The coordinator's static key pair: the one [`use_coordinator_identity`] set (a paired
+/// coordinator's, which its workers pin), else one made for this process.
 pub fn coordinator_identity() -> &'static Identity {
-    static ID: std::sync::OnceLock<Identity> = std::sync::OnceLock::new();
-    ID.get_or_init(Identity::generate)
+    COORDINATOR_ID.get_or_init(Identity::generate)
+}
+
+/// Makes `id` this process's coordinator key pair; false when one was already in use.
+pub fn use_coordinator_identity(id: Identity) -> bool {
+    COORDINATOR_ID.set(id).is_ok()
 }
 
 impl Conn {

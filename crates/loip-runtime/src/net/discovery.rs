@@ -72,6 +72,24 @@ impl Found {
         self.pair_port.and_then(|p| self.addr_with(p))
     }
 
+    /// `host:port` of its sessions on the first of its announced addresses (IPv4 first, then
+    /// IPv6) that accepts a TCP connection within `wait`; with one address, that one
+    /// untried. `None` when none answers.
+    pub fn answering_session_addr(&self, wait: std::time::Duration) -> Option<String> {
+        let addrs: Vec<std::net::SocketAddr> = self
+            .addrs
+            .iter()
+            .map(|ip| std::net::SocketAddr::new(*ip, self.port))
+            .collect();
+        if addrs.len() == 1 {
+            return addrs.first().map(|a| a.to_string());
+        }
+        addrs
+            .into_iter()
+            .find(|a| std::net::TcpStream::connect_timeout(a, wait).is_ok())
+            .map(|a| a.to_string())
+    }
+
     fn addr_with(&self, port: u16) -> Option<String> {
         let ip = self.addrs.first()?;
         Some(std::net::SocketAddr::new(*ip, port).to_string())

@@ -11,7 +11,7 @@
 //! ```text
 //! C → W  "LOIPPAR1" ‖ SPAKE2 message A                       (33 bytes)
 //! W → C  SPAKE2 message B ‖ sealed_w(name, public key)       the worker shows it holds the code
-//! C → W  sealed_c(cluster token)                             the coordinator shows it too
+//! C → W  sealed_c(cluster token, coordinator's public key)   the coordinator shows it too
 //! W → C  sealed_w("ok")                                      the worker saved the token
 //! ```
 //!
@@ -19,8 +19,9 @@
 //! one per direction, counter nonces, the two SPAKE2 messages as associated data; every sealed
 //! message is at most [`MAX_SEALED`] bytes and every read has a deadline ([`IO_WAIT`]). The
 //! worker then takes the coordinator's token (the coordinator's sessions and its peers'
-//! handshakes use it) and the coordinator pins the worker's key
-//! ([`crate::net::known`]), so only a paired device is ever used. A worker stops taking codes
+//! handshakes use it) and pins the coordinator's static key (sessions from another
+//! coordinator are refused until it is paired again), and the coordinator pins the worker's
+//! key ([`crate::net::known`]), so only a paired device is ever used. A worker stops taking codes
 //! after one pairing, after [`MAX_TRIES`] exchanges that did not end in one, or when its
 //! pairing window ends. The threat model is in docs/cluster.md.
 //!
@@ -303,12 +304,56 @@ fn deadlines(s: &TcpStream) -> Result<(), RuntimeError> {
         .map_err(net("setting deadlines"))
 }
 
-/// Coordinator side: pairs with the worker taking codes at `addr`, giving it `token`.
-/// `expect_key`: the key its announcement showed (refused if the worker proves another).
+/// The file in a worker's store holding the static public key of the coordinator it was
+/// paired with (64 hex digits).
+pub const COORDINATOR_PIN: &str = "coordinator_key";
+
+/// The coordinator key a worker's `store` pins, if it was paired.
+pub fn pinned_coordinator(store: &Path) -> Result<Option<[u8; KEY_BYTES]>, RuntimeError> {
+    let path = store.join(COORDINATOR_PIN);
+    match std::fs::read_to_string(&path) {
+        Ok(t) => crate::net::session::unhex::<KEY_BYTES>(t.trim())
+            .map(Some)
+            .ok_or_else(|| invalid(format!("{}: not a key (64 hex digits)", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(RuntimeError::Io { path, source }),
+    }
+}
+
+/// Pins `key` as the coordinator of the worker whose store is `store` (mode 0600).
+pub fn pin_coordinator(store: &Path, key: &[u8; KEY_BYTES]) -> Result<(), RuntimeError> {
+    write_private(
+        &store.join(COORDINATOR_PIN),
+        &format!("{}\n", crate::wire::hex(key)),
+    )
+}
+
+/// What the coordinator hands a worker it pairs with.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Handover {
+    /// the cluster token
+    token: String,
+    /// the coordinator's static public key (hex), which the worker pins
+    key: String,
+}
+
+/// What a worker keeps from a pairing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paired {
+    /// the cluster token
+    pub token: String,
+    /// the coordinator's static public key: sessions from another key are refused
+    pub coordinator: [u8; KEY_BYTES],
+}
+
+/// Coordinator side: pairs with the worker taking codes at `addr`, giving it `token` and
+/// this coordinator's static public key `me`. `expect_key`: the key its announcement
+/// showed (refused if the worker proves another).
 pub fn pair_with(
     addr: SocketAddr,
     code: &str,
     token: &str,
+    me: &[u8; KEY_BYTES],
     expect_key: Option<&[u8; KEY_BYTES]>,
 ) -> Result<Card, RuntimeError> {
     let code = normalize(code)?;
@@ -355,7 +400,12 @@ pub fn pair_with(
             crate::wire::hex(&k[..8])
         )));
     }
-    let sealed = sealer.seal(false, token.as_bytes())?;
+    let handover = Handover {
+        token: token.to_string(),
+        key: crate::wire::hex(me),
+    };
+    let handover = serde_json::to_vec(&handover).map_err(|e| invalid(e.to_string()))?;
+    let sealed = sealer.seal(false, &handover)?;
     write_sealed(&mut s, &sealed)?;
     let ok = sealer.open(false, &read_sealed(&mut s)?)?;
     if ok != b"ok" {
@@ -370,14 +420,14 @@ pub fn pair_with(
     Ok(card)
 }
 
-/// One exchange on the worker's side. Ok(Some(token)): paired (the token was handed to
+/// One exchange on the worker's side. Ok(Some(paired)): paired (what it got was handed to
 /// `keep`, and confirmed); Ok(None): not a pairing exchange (no guess was made).
 fn answer(
     s: &mut TcpStream,
     code: &str,
     card: &Card,
-    keep: &mut dyn FnMut(&str) -> Result<(), String>,
-) -> Result<Option<String>, RuntimeError> {
+    keep: &mut dyn FnMut(&Paired) -> Result<(), String>,
+) -> Result<Option<Paired>, RuntimeError> {
     deadlines(s)?;
     let mut first = [0u8; 8 + SPAKE_MSG];
     if s.read_exact(&mut first).is_err() || &first[..8] != MAGIC {
@@ -398,23 +448,30 @@ fn answer(
     let sealed = sealer.seal(true, &card)?;
     s.write_all(&msg_b).map_err(net("sending"))?;
     write_sealed(s, &sealed)?;
-    let token = sealer.open(true, &read_sealed(s)?)?;
-    let token = String::from_utf8(token).map_err(|_| invalid("pairing: a token not UTF-8"))?;
-    crate::net::token::check(&token, "the coordinator")?;
-    let reply = match keep(&token) {
+    let handover = sealer.open(true, &read_sealed(s)?)?;
+    let handover: Handover = serde_json::from_slice(&handover)
+        .map_err(|e| invalid(format!("pairing: the coordinator's handover: {e}")))?;
+    crate::net::token::check(&handover.token, "the coordinator")?;
+    let coordinator = crate::net::session::unhex::<KEY_BYTES>(&handover.key)
+        .ok_or_else(|| invalid("pairing: the coordinator's key is not 64 hex digits"))?;
+    let paired = Paired {
+        token: handover.token,
+        coordinator,
+    };
+    let reply = match keep(&paired) {
         Ok(()) => b"ok".to_vec(),
         Err(e) => e.into_bytes(),
     };
     let sealed = sealer.seal(true, &reply)?;
     write_sealed(s, &sealed)?;
-    Ok((reply == b"ok").then_some(token))
+    Ok((reply == b"ok").then_some(paired))
 }
 
 /// How a worker's pairing ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ended {
-    /// paired: the token it keeps now
-    Paired(String),
+    /// paired: the token it keeps now and the coordinator it pins
+    Paired(Paired),
     /// [`MAX_TRIES`] exchanges did not pair
     TooManyTries,
     /// the window ended
@@ -429,7 +486,7 @@ pub fn serve(
     code: &str,
     card: &Card,
     window: Duration,
-    mut keep: impl FnMut(&str) -> Result<(), String>,
+    mut keep: impl FnMut(&Paired) -> Result<(), String>,
     mut log: impl FnMut(&str),
 ) -> Result<Ended, RuntimeError> {
     listener
@@ -452,9 +509,13 @@ pub fn serve(
         };
         let _ = s.set_nonblocking(false);
         match answer(&mut s, code, card, &mut keep) {
-            Ok(Some(token)) => {
-                log(&format!("paired with the coordinator at {peer}"));
-                return Ok(Ended::Paired(token));
+            Ok(Some(paired)) => {
+                log(&format!(
+                    "paired with the coordinator at {peer} (key {}…, pinned: sessions from \
+                     another coordinator are refused until `loip worker --pair` pairs again)",
+                    crate::wire::hex(&paired.coordinator[..8])
+                ));
+                return Ok(Ended::Paired(paired));
             }
             Ok(None) => log(&format!(
                 "pairing: {peer} did not speak the pairing exchange"
@@ -512,7 +573,7 @@ mod tests {
         } else {
             "AAAAAAAA"
         };
-        let e = pair_with(addr, wrong, &token, None)
+        let e = pair_with(addr, wrong, &token, &[5; 32], None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("not the one the worker"), "{e}");
@@ -520,9 +581,15 @@ mod tests {
         let mut s = TcpStream::connect(addr).unwrap();
         s.write_all(&[0xff; 41]).unwrap();
         drop(s);
-        let card = pair_with(addr, &code, &token, Some(&[9; 32])).unwrap();
+        let card = pair_with(addr, &code, &token, &[5; 32], Some(&[9; 32])).unwrap();
         assert_eq!(card.name, "w1");
-        assert_eq!(h.join().unwrap(), Ended::Paired(token));
+        assert_eq!(
+            h.join().unwrap(),
+            Ended::Paired(Paired {
+                token,
+                coordinator: [5; 32]
+            })
+        );
     }
 
     #[test]
@@ -535,9 +602,9 @@ mod tests {
             "AAAAAAAA"
         };
         for _ in 0..MAX_TRIES {
-            assert!(pair_with(addr, wrong, &"c".repeat(64), None).is_err());
+            assert!(pair_with(addr, wrong, &"c".repeat(64), &[5; 32], None).is_err());
         }
         assert_eq!(h.join().unwrap(), Ended::TooManyTries);
-        assert!(pair_with(addr, &code, &"c".repeat(64), None).is_err());
+        assert!(pair_with(addr, &code, &"c".repeat(64), &[5; 32], None).is_err());
     }
 }
