@@ -9,6 +9,10 @@
 //! the plan; `--cpus 2,3` (or `quiet:2`, the two least busy cores) pins the measurement to
 //! a core set, e.g. the cores `taskset` will give the worker.
 //!
+//! The final norm + LM head is timed the same way for the profile's `head` grid
+//! ([`loip_runtime::profile::time_head`]); without it the cost model scales the MLP's time
+//! by the head's bytes.
+//!
 //! The profile's `collective_latency` is measured too: half the median round trip of a
 //! 4 KiB message over TCP on loopback ([`loip_runtime::profile::loopback_latency`]), the
 //! software cost of one message that the simulator charges per tensor-parallel collective.
@@ -93,7 +97,14 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     let probe = loip_runtime::profile::median_probe(&runs).context("no probe ran")?;
-    let mut profile = loip_runtime::cluster_run::profile_from_probe(&a.name, mem, &shape, &probe)?;
+    let head = loip_runtime::profile::time_head(&dir, &manifest).context("timing the LM head")?;
+    let head_ms: Vec<String> = head
+        .seconds
+        .iter()
+        .map(|s| format!("{:.3}", s * 1e3))
+        .collect();
+    let mut profile = loip_runtime::cluster_run::profile_from_probe(&a.name, mem, &shape, &probe)?
+        .with_head(head)?;
     profile.collective_latency = loip_runtime::profile::loopback_latency(2000, 4096)
         .context("measuring the loopback message latency")?;
     profile.sources.push(format!(
@@ -132,6 +143,10 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             (first + g.mlp_s) * 1e3 / g.b.max(1) as f64
         );
     }
+    eprintln!(
+        "final norm + LM head, b = 1, 2, 4, 8: {} ms",
+        head_ms.join(", ")
+    );
     println!("{}", a.out.display());
     Ok(())
 }

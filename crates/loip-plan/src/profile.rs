@@ -373,6 +373,19 @@ impl DeviceProfile {
         Ok(profile)
     }
 
+    /// The same profile with a measured final norm + LM head grid: `head_time` then reads it
+    /// (scaled by head bytes) instead of scaling the MLP time by `H / P`. A head's matrix is
+    /// `vocab` rows long and often of another weight type than the blocks' (SmolLM2: a Q8_0
+    /// head, Q4_1 blocks), so its time per byte differs from the MLP's. Roofline profiles
+    /// are returned unchanged.
+    pub fn with_head(mut self, head: HeadGrid) -> Result<DeviceProfile, ConfigError> {
+        if let ComputeModel::Measured(m) = &mut self.compute {
+            m.head = Some(head);
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
     /// Checks grids, bandwidths and efficiencies; errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |field: &str, reason: &str| ConfigError::Invalid {
@@ -667,16 +680,23 @@ mod tests {
         // No head measurement: the MLP time scaled by H / P.
         let ratio = s.head_bytes as f64 / s.mlp_bytes as f64;
         assert!((p.head_time(&s, 1) - 0.5 * ratio).abs() < 1e-12);
-        let mut q = p.clone();
-        if let ComputeModel::Measured(m) = &mut q.compute {
-            m.head = Some(HeadGrid {
+        // A measured head (`loip profile` times it): read from its grid, not the MLP's.
+        let q = p
+            .clone()
+            .with_head(HeadGrid {
                 bytes: s.head_bytes,
                 b: vec![1, 2],
                 seconds: vec![0.25, 0.5],
-            });
-        }
-        q.validate().unwrap();
+            })
+            .unwrap();
+        assert!((q.head_time(&s, 1) - 0.25).abs() < 1e-12);
         assert!((q.head_time(&s, 2) - 0.5).abs() < 1e-12);
+        let empty = HeadGrid {
+            bytes: s.head_bytes,
+            b: vec![],
+            seconds: vec![],
+        };
+        assert!(p.clone().with_head(empty).is_err());
         assert_eq!(DeviceProfile::from_json(&q.to_json()).unwrap(), q);
         let err = DeviceProfile::from_measurements(
             "m",

@@ -11,8 +11,13 @@
 //! (TCP over loopback, so no wire): the profile's `collective_latency`, which the simulator
 //! charges per tensor-parallel collective call besides the link's own latency.
 //!
-//! [`median_probe`] and [`busy_fractions`] are pure; [`pin_to_cpus`], [`quiet_cpus`] and
-//! [`loopback_latency`] are the edges (a syscall, `/proc/stat`, a socket pair).
+//! [`time_head`] times the final norm + LM head as the probe times a block (caches flushed,
+//! inside a team of compute threads, the median), for the profile's `head` grid: scaling the
+//! MLP's time by `H / P` priced SmolLM2's Q8_0 head from its Q4_1 MLP blocks.
+//!
+//! [`median_probe`] and [`busy_fractions`] are pure; [`pin_to_cpus`], [`quiet_cpus`],
+//! [`loopback_latency`] and [`time_head`] are the edges (a syscall, `/proc/stat`, a socket
+//! pair, the slice files).
 
 use std::time::Duration;
 
@@ -81,6 +86,42 @@ pub fn median_probe(runs: &[ProbeResult]) -> Option<ProbeResult> {
         conventional: loader(|r| r.conventional),
         took_s: runs.iter().map(|r| r.took_s).sum(),
         batched,
+    })
+}
+
+/// Times the final norm + LM head of the model in `dir` for each micro-batch of
+/// [`crate::net::probe::BATCH_GRID`] (one token per sequence): the median of
+/// [`crate::net::probe::REPS`] runs, the caches flushed before each, as the probe times a
+/// block. Loads the head's slices (for a tied head, the embedding: 30 MB for SmolLM2).
+pub fn time_head(
+    dir: &std::path::Path,
+    m: &loip_model::slice::Manifest,
+) -> Result<loip_plan::profile::HeadGrid, RuntimeError> {
+    use crate::net::probe::{entry, time_median, BATCH_GRID, FLUSH_BYTES, REPS};
+    use loip_model::slice::SliceKind;
+    let cfg = &m.config;
+    let mut slices = vec![entry(m, SliceKind::Head)?];
+    if cfg.tie_word_embeddings {
+        slices.push(entry(m, SliceKind::Embed)?);
+    }
+    let bytes = slices.iter().map(|s| s.size).sum();
+    let resident = crate::resident::Resident::load(dir, &slices)?;
+    let tf = crate::executor::transformer_of(m)?;
+    let w = loip_engine::HeadWeights::bind(&resident, cfg)?;
+    let h = cfg.hidden_size;
+    let x0: Vec<f32> = (0..h).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+    let mut cold = vec![0u8; FLUSH_BYTES];
+    let mut seconds = Vec::new();
+    for &b in &BATCH_GRID {
+        let mut logits = vec![0f32; b as usize * cfg.vocab_size];
+        seconds.push(time_median(&x0.repeat(b as usize), &mut cold, REPS, |x| {
+            Ok(tf.head(&w, x, &mut logits)?)
+        })?);
+    }
+    Ok(loip_plan::profile::HeadGrid {
+        bytes,
+        b: BATCH_GRID.to_vec(),
+        seconds,
     })
 }
 

@@ -33,7 +33,7 @@ use crate::wire::{BatchProbe, ProbeResult};
 use crate::RuntimeError;
 
 /// Timed repetitions per point (the median is kept).
-const REPS: usize = 9;
+pub(crate) const REPS: usize = 9;
 /// Timed repetitions per point for micro-batches of more than one sequence.
 const REPS_BATCHED: usize = 5;
 /// Micro-batch sizes (sequences, one token each) at which the blocks are timed.
@@ -42,7 +42,7 @@ pub const BATCH_GRID: [u32; 4] = [1, 2, 4, 8];
 /// of the grid are completed by [`complete_row`] (the b = 1 row's largest context).  // tokens
 const MAX_PROBE_ROWS: u64 = 4096;
 /// Bytes written between repetitions to evict the weights from the CPU caches.
-const FLUSH_BYTES: usize = 96 << 20;
+pub(crate) const FLUSH_BYTES: usize = 96 << 20;
 
 /// What a probe may allocate: the engine's share of the worker's budget.
 #[derive(Debug, Clone, Copy)]
@@ -83,14 +83,14 @@ fn refuse(what: &str, need: u64, budget: ProbeBudget) -> RuntimeError {
 }
 
 /// Evicts the caches by writing every line of `buf`.
-fn flush(buf: &mut [u8], round: u8) {
+pub(crate) fn flush(buf: &mut [u8], round: u8) {
     for i in (0..buf.len()).step_by(64) {
         buf[i] = buf[i].wrapping_add(round);
     }
     std::hint::black_box(&buf);
 }
 
-fn entry(m: &Manifest, k: SliceKind) -> Result<SliceEntry, RuntimeError> {
+pub(crate) fn entry(m: &Manifest, k: SliceKind) -> Result<SliceEntry, RuntimeError> {
     m.slice(k)
         .cloned()
         .ok_or_else(|| RuntimeError::Invalid(format!("slice {} is not in the manifest", k.id())))
@@ -197,23 +197,39 @@ fn time_attn(
 /// The median time of `reps` runs of `run` on a fresh copy of `x` (after a warm-up run),
 /// the caches flushed before each. Everything `run` does is timed (for attention that
 /// includes dropping the one KV row per sequence it appended).  // seconds
-fn time_median(
+pub(crate) fn time_median(
     x: &[f32],
     cold: &mut [u8],
     reps: usize,
-    mut run: impl FnMut(&mut [f32]) -> Result<(), RuntimeError>,
+    mut run: impl FnMut(&mut [f32]) -> Result<(), RuntimeError> + Send,
 ) -> Result<f64, RuntimeError> {
     let mut times = Vec::new();
     for rep in 0..=reps {
         let mut xr = x.to_vec();
         flush(cold, rep as u8);
-        let t = Instant::now();
-        run(&mut xr)?;
+        // As the runtime runs a block: inside a stage's team of compute threads
+        // (`on_pool`), the helpers already awake. Outside it every matmul would hand its
+        // rows to the pool and wait to be woken, which the run does not pay.
+        let dt = loip_kernels::on_pool(|| {
+            wake_team();
+            let t = Instant::now();
+            run(&mut xr).map(|()| t.elapsed().as_secs_f64())
+        })?;
         if rep > 0 {
-            times.push(t.elapsed().as_secs_f64());
+            times.push(dt);
         }
     }
     Ok(median(times))
+}
+
+/// One empty parallel region: wakes the team's helpers (parked during the cache flush), so
+/// the timed block starts with them polling, as a block that follows another in a stage does.
+fn wake_team() {
+    let mut w = [0u8; 64];
+    let _ = loip_kernels::try_par_chunks_mut(&mut w, 1, |_, c| {
+        std::hint::black_box(c);
+        Ok::<(), ()>(())
+    });
 }
 
 /// Times one MLP block for `b` tokens (median of `reps` runs after a warm-up).  // seconds
