@@ -8,11 +8,11 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 use loip::backend::{ClusterOptions, OffloadOptions, Placement};
-use loip_plan::{units, Pattern, Plan};
+use loip_plan::{units, Plan};
 use loip_runtime::cluster_run::{Breakdown, DeviceReport, Session};
-use loip_runtime::{LoaderKind, MemoryReport};
+use loip_runtime::MemoryReport;
 
-pub use loip::backend::{cluster_report, peak_rss, Opened, Source};
+pub use loip::backend::{cluster_report, peak_rss, Opened, Sizes, Source};
 
 /// Cluster options shared by `loip serve` and `loip generate --cluster`.
 #[derive(Args, Debug, Clone)]
@@ -210,34 +210,14 @@ pub fn source(
     crate::progress::splitting(|on_split| loip::backend::source(model, &placement, on_split))
 }
 
-/// How a command serves: sizes, and how a cluster is planned.
+/// How a command serves: its placement flags and the sizes the library plans for.
 pub struct How<'a> {
-    /// the model as given (a cluster plan's shape name)
-    pub model: &'a str,
     /// offloading options on this machine
     pub offload: &'a OffloadArgs,
     /// the cluster's flags
     pub cluster: &'a ClusterArgs,
-    /// loading path of offloaded blocks (on the workers for a cluster)
-    pub loader: LoaderKind,
-    /// sequences at once
-    pub parallel: usize,
-    /// most tokens in one step (sizes the working buffers)  // tokens
-    pub max_step_tokens: usize,
-    /// one sequence's prompt + new tokens at most  // tokens
-    pub context: usize,
-    /// a cluster: plan for this pattern
-    pub pattern: Pattern,
-    /// a cluster: micro-batches in flight (default: one per plan device)
-    pub micro_batches: Option<u32>,
-    /// a cluster: planned KV tokens, summed over the sequences in flight  // tokens
-    pub planned_context: u64,
-    /// a cluster: every request is greedy (the last device returns token ids)
-    pub greedy: bool,
-    /// a cluster: keep a failed cluster as it is instead of re-planning
-    pub no_replan: bool,
-    /// a cluster: most drafts a speculating sequence's step verifies (0: none speculates)
-    pub speculate_k: usize,
+    /// what the backend is sized and planned for
+    pub sizes: Sizes<'a>,
     /// print nothing of the setup
     pub quiet: bool,
 }
@@ -246,23 +226,7 @@ pub struct How<'a> {
 /// unless `how.quiet`.
 pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
     let placement = placement(how.offload, how.cluster, how.quiet)?;
-    let opened = loip::backend::open(
-        src,
-        &loip::backend::How {
-            model: how.model,
-            placement: &placement,
-            parallel: how.parallel,
-            max_step_tokens: how.max_step_tokens,
-            context: how.context,
-            loader: how.loader,
-            pattern: how.pattern,
-            micro_batches: how.micro_batches,
-            planned_context: how.planned_context,
-            greedy: how.greedy,
-            no_replan: how.no_replan,
-            speculate_k: how.speculate_k,
-        },
-    )?;
+    let opened = loip::backend::open(src, &placement, &how.sizes)?;
     if !how.quiet {
         if let Some(b) = &opened.budget {
             eprintln!("{b}");
@@ -272,21 +236,6 @@ pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
         }
     }
     Ok(opened)
-}
-
-/// What [`loip::backend::start_cluster`] needs besides the cluster's options, from `how`.
-pub fn cluster_start<'a>(how: &How<'a>) -> loip::backend::ClusterStart<'a> {
-    loip::backend::ClusterStart {
-        model: how.model,
-        loader: how.loader,
-        pattern: how.pattern,
-        micro_batches: how.micro_batches,
-        context: how.planned_context,
-        max_step_tokens: how.max_step_tokens,
-        greedy: how.greedy,
-        parallel: how.parallel,
-        speculate_k: how.speculate_k,
-    }
 }
 
 /// The memory line of a device run from slice files (stderr).

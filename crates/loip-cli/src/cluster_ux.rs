@@ -192,7 +192,7 @@ pub fn preview(dir: &Path, how: &backend::How<'_>) -> Result<()> {
     let loip::backend::Placement::Cluster(c) = &placement else {
         anyhow::bail!("--preview needs --cluster FILE");
     };
-    let (workers, opts) = loip::backend::session_options(c, &backend::cluster_start(how))?;
+    let (workers, opts) = loip::backend::session_options(c, &how.sizes)?;
     let p = Session::preview(dir, &workers, &opts)?;
     backend::print_plan(&p.reports, &p.plan);
     if let Some(out) = &how.cluster.plan_out {

@@ -195,20 +195,22 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
     };
     let (context, parallel, max_prompt) = (sizes.context, sizes.parallel, sizes.max_prompt);
     let how = backend::How {
-        model: &a.model,
         offload: &a.offload,
         cluster: &a.cluster,
-        loader: a.offload.loader,
-        parallel,
-        max_step_tokens: max_prompt,
-        context,
-        pattern: a.pattern,
-        micro_batches: a.micro_batches,
-        planned_context: a.context.unwrap_or(DEFAULT_CONTEXT as u64),
-        greedy: false,
-        no_replan: a.no_replan,
-        // any request may speculate (its `speculate` field)
-        speculate_k: a.speculate_k,
+        sizes: backend::Sizes {
+            model: &a.model,
+            loader: a.offload.loader,
+            parallel,
+            max_step_tokens: max_prompt,
+            context,
+            pattern: a.pattern,
+            micro_batches: a.micro_batches,
+            planned_context: a.context.unwrap_or(DEFAULT_CONTEXT as u64),
+            greedy: false,
+            no_replan: a.no_replan,
+            // any request may speculate (its `speculate` field)
+            speculate_k: a.speculate_k,
+        },
         quiet: false,
     };
     if a.preview {

@@ -59,20 +59,22 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         .with_context(|| format!("{} has no chat template", a.model))?;
     let context = info.config.max_position_embeddings.min(a.context.max(1));
     let how = backend::How {
-        model: &a.model,
         offload: &a.offload,
         cluster: &a.cluster,
-        loader: a.offload.loader,
-        parallel: 1,
-        // longer prompts run in steps of this many tokens
-        max_step_tokens: context.min(512),
-        context,
-        pattern: loip_plan::Pattern::Sporadic,
-        micro_batches: None,
-        planned_context: context as u64,
-        greedy: a.sampling.greedy(),
-        no_replan: false,
-        speculate_k: 0,
+        sizes: backend::Sizes {
+            model: &a.model,
+            loader: a.offload.loader,
+            parallel: 1,
+            // longer prompts run in steps of this many tokens
+            max_step_tokens: context.min(512),
+            context,
+            pattern: loip_plan::Pattern::Sporadic,
+            micro_batches: None,
+            planned_context: context as u64,
+            greedy: a.sampling.greedy(),
+            no_replan: false,
+            speculate_k: 0,
+        },
         quiet: a.json,
     };
     let be = backend::open(src, &how)?.backend;

@@ -74,20 +74,22 @@ pub fn generate(mut a: GenerateArgs) -> Result<()> {
     }
     let context = prep.prompt_ids.len() + prep.opts.max_tokens;
     let how = backend::How {
-        model: &a.model,
         offload: &a.offload,
         cluster: &a.cluster,
-        loader: a.offload.loader,
-        parallel: 1,
-        // a verify step carries k + 1 positions
-        max_step_tokens: prep.prompt_ids.len().max(a.spec.speculate_k + 1),
-        context,
-        pattern: Pattern::Sporadic,
-        micro_batches: None,
-        planned_context: context as u64,
-        greedy: a.prompt.greedy(),
-        no_replan: true,
-        speculate_k: if a.spec.on() { a.spec.speculate_k } else { 0 },
+        sizes: backend::Sizes {
+            model: &a.model,
+            loader: a.offload.loader,
+            parallel: 1,
+            // a verify step carries k + 1 positions
+            max_step_tokens: prep.prompt_ids.len().max(a.spec.speculate_k + 1),
+            context,
+            pattern: Pattern::Sporadic,
+            micro_batches: None,
+            planned_context: context as u64,
+            greedy: a.prompt.greedy(),
+            no_replan: true,
+            speculate_k: if a.spec.on() { a.spec.speculate_k } else { 0 },
+        },
         quiet: a.json,
     };
     let opened = backend::open(src, &how)?;

@@ -72,19 +72,21 @@ pub fn serve(mut a: ServeArgs) -> Result<()> {
         .config
         .max_position_embeddings;
     let how = backend::How {
-        model: &a.model,
         offload: &offload,
         cluster: &a.cluster,
-        loader: a.loader,
-        parallel: 1,
-        max_step_tokens: a.max_prompt,
-        context: max_position.min(usize::try_from(a.context).unwrap_or(usize::MAX)),
-        pattern: a.pattern,
-        micro_batches: a.micro_batches,
-        planned_context: a.context,
-        greedy: a.sampling.greedy(),
-        no_replan: a.no_replan,
-        speculate_k: 0,
+        sizes: backend::Sizes {
+            model: &a.model,
+            loader: a.loader,
+            parallel: 1,
+            max_step_tokens: a.max_prompt,
+            context: max_position.min(usize::try_from(a.context).unwrap_or(usize::MAX)),
+            pattern: a.pattern,
+            micro_batches: a.micro_batches,
+            planned_context: a.context,
+            greedy: a.sampling.greedy(),
+            no_replan: a.no_replan,
+            speculate_k: 0,
+        },
         quiet: false,
     };
     if a.preview {

@@ -159,31 +159,56 @@ pub fn read_workers(path: &Path) -> Result<(Vec<WorkerSpec>, Cluster)> {
     Ok((workers, cluster))
 }
 
-/// What brings a cluster up besides its options.
-pub struct ClusterStart<'a> {
-    /// the model as given (the plan's shape name)
+/// What a backend is sized and planned for, wherever it runs.
+#[derive(Debug, Clone)]
+pub struct Sizes<'a> {
+    /// the model as given (a cluster plan's shape name)
     pub model: &'a str,
-    /// loading path of offloaded blocks on the workers
-    pub loader: LoaderKind,
-    /// plan for this pattern
-    pub pattern: Pattern,
-    /// micro-batches in flight (default: one per plan device)
-    pub micro_batches: Option<u32>,
-    /// planned KV tokens, summed over the sequences in flight
-    pub context: u64,
-    /// most tokens in one step
-    pub max_step_tokens: usize,
-    /// every request is greedy (the last device returns token ids)
-    pub greedy: bool,
-    /// sequences in one step (`loip api --parallel`)
+    /// sequences at once (`loip api --parallel`)
     pub parallel: usize,
+    /// most tokens in one step (sizes the working buffers)  // tokens
+    pub max_step_tokens: usize,
+    /// one sequence's prompt + new tokens at most  // tokens
+    pub context: usize,
+    /// loading path of offloaded blocks (on the workers for a cluster)
+    pub loader: LoaderKind,
+    /// a cluster: plan for this pattern
+    pub pattern: Pattern,
+    /// a cluster: micro-batches in flight (default: one per plan device)
+    pub micro_batches: Option<u32>,
+    /// a cluster: planned KV tokens, summed over the sequences in flight  // tokens
+    pub planned_context: u64,
+    /// a cluster: every request is greedy (the last device returns token ids)
+    pub greedy: bool,
+    /// a cluster: keep a failed cluster as it is instead of re-planning
+    pub no_replan: bool,
     /// most drafts a speculating sequence's step verifies (0: none speculates)  // tokens
     pub speculate_k: usize,
 }
 
+impl<'a> Sizes<'a> {
+    /// One sequence at a time of up to `context` tokens, sampled, steps of up to `context`
+    /// tokens, no speculation.
+    pub fn one_sequence(model: &'a str, context: usize, loader: LoaderKind) -> Sizes<'a> {
+        Sizes {
+            model,
+            parallel: 1,
+            max_step_tokens: context,
+            context,
+            loader,
+            pattern: Pattern::Sporadic,
+            micro_batches: None,
+            planned_context: context as u64,
+            greedy: false,
+            no_replan: false,
+            speculate_k: 0,
+        }
+    }
+}
+
 /// Brings a cluster up for the slice files in `dir`: connect, authenticate, measure, plan,
 /// ship slices, load.
-pub fn start_cluster(dir: &Path, c: &ClusterOptions, s: &ClusterStart<'_>) -> Result<Session> {
+pub fn start_cluster(dir: &Path, c: &ClusterOptions, s: &Sizes<'_>) -> Result<Session> {
     let (workers, opts) = session_options(c, s)?;
     let session = Session::start(dir, workers, opts)?;
     if let Some(p) = &c.plan_out {
@@ -196,7 +221,7 @@ pub fn start_cluster(dir: &Path, c: &ClusterOptions, s: &ClusterStart<'_>) -> Re
 /// The cluster file's workers and how [`start_cluster`] (or a preview) brings them up.
 pub fn session_options(
     c: &ClusterOptions,
-    s: &ClusterStart<'_>,
+    s: &Sizes<'_>,
 ) -> Result<(Vec<WorkerSpec>, SessionOptions)> {
     let (workers, cluster) = read_workers(&c.file)?;
     let (seqs, k) = (s.parallel.max(1), s.speculate_k);
@@ -206,7 +231,9 @@ pub fn session_options(
         micro_batches: s.micro_batches,
         // a speculating sequence holds its rejected drafts' KV until its next step drops
         // them, and the workers' sliding windows keep as many positions more
-        context: s.context.saturating_add(seqs.saturating_mul(k) as u64),
+        context: s
+            .planned_context
+            .saturating_add(seqs.saturating_mul(k) as u64),
         max_step_tokens: s.max_step_tokens,
         // a sampled verify step returns the logits of its k + 1 rows (a greedy one, each
         // row's argmax)
@@ -298,34 +325,6 @@ pub fn source(
     Ok((Source::Memory(ckpt), info))
 }
 
-/// How a caller serves: sizes, and how a cluster is planned.
-pub struct How<'a> {
-    /// the model as given (a cluster plan's shape name)
-    pub model: &'a str,
-    /// where it runs
-    pub placement: &'a Placement,
-    /// sequences at once
-    pub parallel: usize,
-    /// most tokens in one step (sizes the working buffers)  // tokens
-    pub max_step_tokens: usize,
-    /// one sequence's prompt + new tokens at most  // tokens
-    pub context: usize,
-    /// a cluster: loading path of offloaded blocks on the workers
-    pub loader: LoaderKind,
-    /// a cluster: plan for this pattern
-    pub pattern: Pattern,
-    /// a cluster: micro-batches in flight (default: one per plan device)
-    pub micro_batches: Option<u32>,
-    /// a cluster: planned KV tokens, summed over the sequences in flight  // tokens
-    pub planned_context: u64,
-    /// a cluster: every request is greedy (the last device returns token ids)
-    pub greedy: bool,
-    /// a cluster: keep a failed cluster as it is instead of re-planning
-    pub no_replan: bool,
-    /// a cluster: most drafts a speculating sequence's step verifies (0: none speculates)
-    pub speculate_k: usize,
-}
-
 /// An opened backend.
 pub struct Opened {
     /// the backend
@@ -359,8 +358,8 @@ pub fn budget_split(total: u64, parallel: usize) -> Result<Budget> {
     )?)
 }
 
-/// Opens `src` as a batched backend.
-pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
+/// Opens `src` on `placement` as a batched backend sized as `how` says.
+pub fn open(src: Source, placement: &Placement, how: &Sizes<'_>) -> Result<Opened> {
     match src {
         Source::Memory(ckpt) => Ok(Opened {
             backend: Backend::local(ckpt, how.parallel)?,
@@ -369,7 +368,7 @@ pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
         }),
         Source::Slices(dir) => {
             use loip_runtime::local::{LocalModel, LocalOptions};
-            let offload = how.placement.offload();
+            let offload = placement.offload();
             let budget = offload
                 .mem
                 .map(|m| engine_share(m, how.parallel))
@@ -391,21 +390,10 @@ pub fn open(src: Source, how: &How<'_>) -> Result<Opened> {
             })
         }
         Source::Cluster(dir) => {
-            let Placement::Cluster(c) = how.placement else {
+            let Placement::Cluster(c) = placement else {
                 anyhow::bail!("a cluster source needs a cluster placement");
             };
-            let start = ClusterStart {
-                model: how.model,
-                loader: how.loader,
-                pattern: how.pattern,
-                micro_batches: how.micro_batches,
-                context: how.planned_context,
-                max_step_tokens: how.max_step_tokens,
-                greedy: how.greedy,
-                parallel: how.parallel,
-                speculate_k: how.speculate_k,
-            };
-            let session = start_cluster(&dir, c, &start)?;
+            let session = start_cluster(&dir, c, how)?;
             let micro_batches = how
                 .micro_batches
                 .map_or(session.plan.devices.len(), |m| m as usize);

@@ -35,7 +35,6 @@ use anyhow::{Context, Result};
 use loip_engine::Flow;
 use loip_model::tokenizer::Tokenizer;
 use loip_model::ModelConfig;
-use loip_plan::Pattern;
 use loip_server::options::{generate_options, Sampling};
 use loip_server::Backend;
 
@@ -57,21 +56,9 @@ impl Loip {
     pub fn open(model: &str, placement: Placement) -> Result<Loip> {
         let (src, info) = backend::source(model, &placement, &|_, _| {})?;
         let tokenizer = info.tokenizer.context("the model has no tokenizer")?;
-        let how = backend::How {
-            model,
-            placement: &placement,
-            parallel: 1,
-            max_step_tokens: DEFAULT_CONTEXT,
-            context: DEFAULT_CONTEXT,
-            loader: placement.offload().loader,
-            pattern: Pattern::Sporadic,
-            micro_batches: None,
-            planned_context: DEFAULT_CONTEXT as u64,
-            greedy: false,
-            no_replan: false,
-            speculate_k: 0,
-        };
-        let opened = backend::open(src, &how)?;
+        let sizes =
+            backend::Sizes::one_sequence(model, DEFAULT_CONTEXT, placement.offload().loader);
+        let opened = backend::open(src, &placement, &sizes)?;
         Ok(Loip {
             backend: opened.backend,
             config: info.config,
