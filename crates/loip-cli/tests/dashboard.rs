@@ -102,12 +102,7 @@ fn the_dashboard_shows_the_plan_and_the_metrics_numbers() {
 /// With `chromium` on the PATH: the page rendered headless (the key given in the link's
 /// fragment, as a person may bookmark it), saved as a PNG under the target directory.
 fn screenshot(s: &Server, dir: &std::path::Path) {
-    let Some(chromium) = ["chromium", "chromium-browser"].into_iter().find(|c| {
-        std::process::Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    }) else {
+    let Some(chromium) = chromium() else {
         eprintln!("skipping the dashboard screenshot: no chromium on the PATH");
         return;
     };

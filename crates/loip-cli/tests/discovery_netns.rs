@@ -4,13 +4,19 @@
 //! coordinator `loip devices` lists both as not paired, a wrong code is refused, `loip pair
 //! CODE --device wN` pairs each, and `loip serve --discover` finds them, uses only the paired
 //! ones and generates the tokens of `loip generate` on one device (and so does
-//! `loip generate --discover`); the workers pin the coordinator that paired them, so another
-//! coordinator holding the same token is refused.
+//! `loip generate --discover`). Then `loip api --discover` in the coordinator's namespace,
+//! reached over the bridge, answers a greedy completion with the same tokens, and its
+//! dashboard (`/dashboard.json`, and the page rendered by headless Chromium where installed)
+//! shows each paired worker's resident/streamed blocks and compute / load-stall figures equal
+//! to `/metrics`: issue 35's "How we will know" in one test. The workers pin the coordinator
+//! that paired them, so another coordinator holding the same token is refused.
 //!
 //! Needs root and `ip` (iproute2): skipped with a printed reason otherwise.
 
 mod common;
-use common::api::{generate_ids, http, http_with, steps_match_metrics, Guard, Server};
+use common::api::{
+    generate_ids, http, http_with, metric, rendered_dom, steps_match_metrics, Guard, Server,
+};
 use common::*;
 
 use std::io::{BufRead, BufReader, Write};
@@ -391,6 +397,7 @@ fn api_on_the_lan(ns: &str, config: &Path, model: &str, want: &serde_json::Value
     let devices = d["devices"].as_array().expect("devices");
     let planned = d["plan"]["devices"].as_array().expect("plan devices");
     let mut layers = Vec::new();
+    let mut shown = Vec::new();
     for name in ["w1", "w2"] {
         let dev = devices.iter().find(|x| x["name"] == name);
         let dev = dev.unwrap_or_else(|| panic!("{name} not on the dashboard: {d}"));
@@ -412,6 +419,14 @@ fn api_on_the_lan(ns: &str, config: &Path, model: &str, want: &serde_json::Value
             }
         }
         assert!(resident + streamed > 0, "{name} holds no block: {plan}");
+        let compute = metric(&metrics, "loip_device_compute_seconds", name);
+        let stall = metric(&metrics, "loip_device_load_stall_seconds", name);
+        shown.push((
+            name,
+            format!("{resident} resident, {streamed} streamed blocks"),
+            format!("compute {compute:.3} s"),
+            format!("load stall {stall:.3} s"),
+        ));
         eprintln!(
             "{name}: {resident} blocks resident, {streamed} streamed; compute {} s, \
              load stall {} s",
@@ -421,4 +436,24 @@ fn api_on_the_lan(ns: &str, config: &Path, model: &str, want: &serde_json::Value
     layers.sort_unstable();
     let all: Vec<u64> = (0..layers.len() as u64).collect();
     assert_eq!(layers, all, "the model's layers, each once: {d}");
+
+    // the page as a browser on the LAN renders it (the key in the link): each device's card
+    // shows its blocks and the same figures
+    let url = format!("http://{}/#key={KEY}", s.addr);
+    let Some(dom) = rendered_dom(&url, &config.with_file_name("chromium")) else {
+        return;
+    };
+    for (name, blocks, compute, stall) in shown {
+        let at = format!("data-device=\"{name}\"");
+        let card = dom.split(&at).nth(1);
+        let card = card.unwrap_or_else(|| panic!("no card for {name}: {dom}"));
+        let card = card.split("data-device=").next().unwrap_or_default();
+        for text in [&blocks, &compute, &stall] {
+            assert!(
+                card.contains(text.as_str()),
+                "{name}: no {text:?} in {card}"
+            );
+        }
+    }
+    eprintln!("the dashboard rendered in chromium shows both devices' blocks and figures");
 }

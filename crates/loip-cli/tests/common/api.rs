@@ -434,3 +434,46 @@ pub fn steps_match_metrics(dev: &Value, metrics: &str) {
         );
     }
 }
+
+/// Debian's `chromium` (or `chromium-browser`) if it is on the PATH.
+pub fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser"].into_iter().find(|c| {
+        std::process::Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// The DOM of `url` as headless Chromium renders it after 3 s of virtual time (its scripts
+/// and their polls run), its profile under `profile`; within [`WAIT`] (killed after).
+/// `None`, with the reason printed, where Chromium is not installed.
+pub fn rendered_dom(url: &str, profile: &Path) -> Option<String> {
+    let Some(chromium) = chromium() else {
+        eprintln!("skipping the rendered dashboard: no chromium on the PATH");
+        return None;
+    };
+    let mut child = Guard(
+        Command::new(chromium)
+            .args(["--headless", "--no-sandbox", "--disable-gpu"])
+            .args(["--virtual-time-budget=3000", "--dump-dom"])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = child.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        let _ = tx.send(s);
+    });
+    let dom = rx
+        .recv_timeout(WAIT)
+        .unwrap_or_else(|_| panic!("chromium rendered nothing within {WAIT:?}"));
+    Some(dom)
+}
