@@ -4,13 +4,19 @@
 //! coordinator `loip devices` lists both as not paired, a wrong code is refused, `loip pair
 //! CODE --device wN` pairs each, and `loip serve --discover` finds them, uses only the paired
 //! ones and generates the tokens of `loip generate` on one device (and so does
-//! `loip generate --discover`); the workers pin the coordinator that paired them, so another
-//! coordinator holding the same token is refused.
+//! `loip generate --discover`). Then `loip api --discover` in the coordinator's namespace,
+//! reached over the bridge, answers a greedy completion with the same tokens, and its
+//! dashboard (`/dashboard.json`, and the page rendered by headless Chromium where installed)
+//! shows each paired worker's resident/streamed blocks and compute / load-stall figures equal
+//! to `/metrics`: issue 35's "How we will know" in one test. The workers pin the coordinator
+//! that paired them, so another coordinator holding the same token is refused.
 //!
 //! Needs root and `ip` (iproute2): skipped with a printed reason otherwise.
 
 mod common;
-use common::api::{generate_ids, Guard};
+use common::api::{
+    generate_ids, http, http_with, metric, rendered_dom, steps_match_metrics, Guard, Server,
+};
 use common::*;
 
 use std::io::{BufRead, BufReader, Write};
@@ -48,9 +54,13 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// A bridge namespace and one namespace per entry of `hosts` on it (`10.77.0.i/24`).
+/// A bridge namespace and one namespace per entry of `hosts` on it (`SUBNET.i/24`, the
+/// subnet `10.77.X` of [`subnet`]); this (the root) namespace is on the bridge too, as
+/// `SUBNET.254`, so that the test reaches the namespaces' servers. Everything goes with the
+/// bridge namespace (deleting it deletes the veth pairs).
 fn make_net(hosts: &[&str]) -> Result<(Net, Vec<String>), String> {
     let pid = std::process::id() % 100_000;
+    let sub = subnet();
     let br = format!("lxbr{pid}");
     let mut net = Net {
         names: vec![br.clone()],
@@ -80,7 +90,7 @@ fn make_net(hosts: &[&str]) -> Result<(Net, Vec<String>), String> {
         ip(&["link", "set", &a, "netns", &ns])?;
         ip(&["link", "set", &b, "netns", &br])?;
         ip(&["-n", &ns, "link", "set", &a, "name", "eth0"])?;
-        let addr = format!("10.77.0.{}/24", i + 1);
+        let addr = format!("{sub}.{}/24", i + 1);
         ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
         ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
         ip(&["-n", &ns, "link", "set", "lo", "up"])?;
@@ -88,7 +98,20 @@ fn make_net(hosts: &[&str]) -> Result<(Net, Vec<String>), String> {
         ip(&["-n", &br, "link", "set", &b, "up"])?;
         spaces.push(ns);
     }
+    let (a, b) = (format!("ux{pid}ha"), format!("ux{pid}hb"));
+    ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])?;
+    ip(&["link", "set", &b, "netns", &br])?;
+    ip(&["addr", "add", &format!("{sub}.254/24"), "dev", &a])?;
+    ip(&["link", "set", &a, "up"])?;
+    ip(&["-n", &br, "link", "set", &b, "master", "br0"])?;
+    ip(&["-n", &br, "link", "set", &b, "up"])?;
     Ok((net, spaces))
+}
+
+/// This run's subnet `10.77.X` (X from the process id, so that runs side by side do not
+/// share the root namespace's route).
+fn subnet() -> String {
+    format!("10.77.{}", std::process::id() % 250)
 }
 
 /// Why this test cannot run here, if it cannot.
@@ -303,6 +326,9 @@ fn workers_found_on_the_lan_are_paired_by_code_and_serve_losslessly() {
     let got: serde_json::Value = serde_json::from_str(line).unwrap();
     assert_eq!(got["new_ids"], want[0], "{out}");
 
+    // `loip api --discover` on the coordinator: the API's tokens and its dashboard
+    api_on_the_lan(&ns[0], &config, &model, &want[0]);
+
     // the workers pin the coordinator that paired them: another one holding the same token
     // (but not its key) is refused, naming why
     let other = dir.join("other-coordinator");
@@ -329,4 +355,105 @@ fn workers_found_on_the_lan_are_paired_by_code_and_serve_losslessly() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The API key of the coordinator's `loip api`.
+const KEY: &str = "netns-api-key";
+
+/// `loip api --discover` in the coordinator's namespace `ns` (reached over the bridge): a
+/// greedy completion gives `want` (one device's tokens); `/dashboard.json` lists both paired
+/// workers, alive, with their blocks (every layer's attention and MLP block retained or
+/// offloaded, the layers of the model covered once) and step sums equal to `/metrics`.
+fn api_on_the_lan(ns: &str, config: &Path, model: &str, want: &serde_json::Value) {
+    let listen = format!("{}.1:0", subnet());
+    let s = Server::spawn(
+        in_ns(ns, config)
+            .args(["api", "--discover", "--listen", &listen, "--model", model])
+            .args(["--planner", "loip-uniform", "--api-key", KEY])
+            .args(["--connect-retry", "20s"]),
+    );
+    let auth = format!("Authorization: Bearer {KEY}\r\n");
+    let get = |path: &str| http_with(&s.addr, "GET", path, &auth, b"");
+    assert_eq!(http(&s.addr, "GET", "/dashboard.json", b"").status, 401);
+
+    let body = serde_json::json!({"prompt": [3, 1, 4, 1, 5], "max_tokens": 8,
+        "temperature": 0, "ignore_eos": true, "return_token_ids": true});
+    let r = s.post_with("/v1/completions", &auth, &body);
+    assert_eq!(
+        r.status,
+        200,
+        "{}\n{}",
+        String::from_utf8_lossy(&r.body),
+        s.log()
+    );
+    assert_eq!(&r.json()["choices"][0]["token_ids"], want, "{}", s.log());
+
+    let d = get("/dashboard.json");
+    assert_eq!(d.status, 200);
+    let d = d.json();
+    let m = get("/metrics");
+    assert_eq!(m.status, 200);
+    let metrics = String::from_utf8_lossy(&m.body).to_string();
+    let devices = d["devices"].as_array().expect("devices");
+    let planned = d["plan"]["devices"].as_array().expect("plan devices");
+    let mut layers = Vec::new();
+    let mut shown = Vec::new();
+    for name in ["w1", "w2"] {
+        let dev = devices.iter().find(|x| x["name"] == name);
+        let dev = dev.unwrap_or_else(|| panic!("{name} not on the dashboard: {d}"));
+        assert_eq!(dev["alive"], true, "{d}");
+        steps_match_metrics(dev, &metrics);
+        assert!(dev["steps"]["hops"].as_f64().unwrap_or(0.0) > 0.0, "{d}");
+        let plan = planned.iter().find(|x| x["name"] == name).expect("planned");
+        let (mut resident, mut streamed) = (0, 0);
+        for st in plan["stages"].as_array().expect("stages") {
+            for l in st["layers"].as_array().expect("layers") {
+                layers.push(l["layer"].as_u64().expect("layer"));
+                for block in [&l["attn"], &l["mlp"]] {
+                    match block.as_str() {
+                        Some("retained") => resident += 1,
+                        Some("offloaded") => streamed += 1,
+                        _ => panic!("{name}: block {block} in {plan}"),
+                    }
+                }
+            }
+        }
+        assert!(resident + streamed > 0, "{name} holds no block: {plan}");
+        let compute = metric(&metrics, "loip_device_compute_seconds", name);
+        let stall = metric(&metrics, "loip_device_load_stall_seconds", name);
+        shown.push((
+            name,
+            format!("{resident} resident, {streamed} streamed blocks"),
+            format!("compute {compute:.3} s"),
+            format!("load stall {stall:.3} s"),
+        ));
+        eprintln!(
+            "{name}: {resident} blocks resident, {streamed} streamed; compute {} s, \
+             load stall {} s",
+            dev["steps"]["compute_s"], dev["steps"]["stall_s"]
+        );
+    }
+    layers.sort_unstable();
+    let all: Vec<u64> = (0..layers.len() as u64).collect();
+    assert_eq!(layers, all, "the model's layers, each once: {d}");
+
+    // the page as a browser on the LAN renders it (the key in the link): each device's card
+    // shows its blocks and the same figures
+    let url = format!("http://{}/#key={KEY}", s.addr);
+    let Some(dom) = rendered_dom(&url, &config.with_file_name("chromium")) else {
+        return;
+    };
+    for (name, blocks, compute, stall) in shown {
+        let at = format!("data-device=\"{name}\"");
+        let card = dom.split(&at).nth(1);
+        let card = card.unwrap_or_else(|| panic!("no card for {name}: {dom}"));
+        let card = card.split("data-device=").next().unwrap_or_default();
+        for text in [&blocks, &compute, &stall] {
+            assert!(
+                card.contains(text.as_str()),
+                "{name}: no {text:?} in {card}"
+            );
+        }
+    }
+    eprintln!("the dashboard rendered in chromium shows both devices' blocks and figures");
 }

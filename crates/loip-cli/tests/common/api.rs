@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -71,11 +71,18 @@ impl Server {
     }
 
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = loip();
+        cmd.args(["api", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .envs(env.iter().copied());
+        Server::spawn(&mut cmd)
+    }
+
+    /// Starts `cmd` (a `loip api` command line, e.g. inside a network namespace) and waits
+    /// (within [`WAIT`]) for the address it prints.
+    pub fn spawn(cmd: &mut Command) -> Server {
         let mut child = Guard(
-            loip()
-                .args(["api", "--listen", "127.0.0.1:0"])
-                .args(args)
-                .envs(env.iter().copied())
+            cmd.stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -92,6 +99,11 @@ impl Server {
 
     pub fn post(&self, path: &str, body: &Value) -> Reply {
         http(&self.addr, "POST", path, body.to_string().as_bytes())
+    }
+
+    /// [`Server::post`] with more header lines (`extra`, e.g. the API key's).
+    pub fn post_with(&self, path: &str, extra: &str, body: &Value) -> Reply {
+        http_with(&self.addr, "POST", path, extra, body.to_string().as_bytes())
     }
 
     pub fn log(&self) -> String {
@@ -391,4 +403,77 @@ pub fn cluster_server(model: &str, cluster: &Path, extra: &[&str]) -> Server {
     ];
     args.extend_from_slice(extra);
     Server::start(&args)
+}
+
+/// `series{device="…"}`'s value in Prometheus text.
+pub fn metric(text: &str, series: &str, device: &str) -> f64 {
+    let p = format!("{series}{{device=\"{device}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&p))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {p} in\n{text}"))
+}
+
+/// Checks that a `/dashboard.json` device entry's step sums (compute, network, load stall,
+/// queueing, hops) equal the `loip_device_*` series of `/metrics` (`metrics`) for that device.
+pub fn steps_match_metrics(dev: &Value, metrics: &str) {
+    let name = dev["name"].as_str().expect("device name");
+    let steps = &dev["steps"];
+    for (field, series) in [
+        ("compute_s", "loip_device_compute_seconds"),
+        ("network_s", "loip_device_network_seconds"),
+        ("stall_s", "loip_device_load_stall_seconds"),
+        ("queued_s", "loip_device_queued_seconds"),
+        ("hops", "loip_device_hops_total"),
+    ] {
+        let a = steps[field].as_f64().unwrap_or(-1.0);
+        let b = metric(metrics, series, name);
+        assert!(
+            (a - b).abs() <= 1e-9 * b.abs().max(1.0),
+            "{name} {field}: {a} vs {b}"
+        );
+    }
+}
+
+/// Debian's `chromium` (or `chromium-browser`) if it is on the PATH.
+pub fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser"].into_iter().find(|c| {
+        std::process::Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// The DOM of `url` as headless Chromium renders it after 3 s of virtual time (its scripts
+/// and their polls run), its profile under `profile`; within [`WAIT`] (killed after).
+/// `None`, with the reason printed, where Chromium is not installed.
+pub fn rendered_dom(url: &str, profile: &Path) -> Option<String> {
+    let Some(chromium) = chromium() else {
+        eprintln!("skipping the rendered dashboard: no chromium on the PATH");
+        return None;
+    };
+    let mut child = Guard(
+        Command::new(chromium)
+            .args(["--headless", "--no-sandbox", "--disable-gpu"])
+            .args(["--virtual-time-budget=3000", "--dump-dom"])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = child.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        let _ = tx.send(s);
+    });
+    let dom = rx
+        .recv_timeout(WAIT)
+        .unwrap_or_else(|_| panic!("chromium rendered nothing within {WAIT:?}"));
+    Some(dom)
 }
