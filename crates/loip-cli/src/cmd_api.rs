@@ -13,6 +13,7 @@ use loip_plan::Pattern;
 use loip_server::{Limits, ServedModel, ServerConfig};
 
 use crate::backend::{self, ClusterArgs, OffloadArgs};
+use loip::fit;
 
 /// Arguments of `loip api`.
 #[derive(Args, Debug)]
@@ -176,21 +177,21 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
     let limit = info.config.max_position_embeddings;
     let sizes = match (&src, a.offload.options()?.mem) {
         (backend::Source::Slices(dir), Some(mem)) => {
-            let asked = Asked {
+            let asked = fit::Asked {
                 context: a.context.map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
                 parallel: a.parallel,
                 max_prompt: a.max_prompt,
             };
-            let s = fit(dir, &a.offload, mem, limit, asked)?;
+            let s = fit::fit(dir, &a.offload.options()?, mem, limit, asked)?;
             eprintln!("{}", s.why);
             s.sizes
         }
-        _ => Sizes {
-            context: limit.min(a.context.map_or(DEFAULT_CONTEXT, |c| {
+        _ => fit::Limits {
+            context: limit.min(a.context.map_or(fit::DEFAULT_CONTEXT, |c| {
                 usize::try_from(c).unwrap_or(usize::MAX)
             })),
-            parallel: a.parallel.unwrap_or(DEFAULT_PARALLEL),
-            max_prompt: a.max_prompt.unwrap_or(DEFAULT_MAX_PROMPT),
+            parallel: a.parallel.unwrap_or(fit::DEFAULT_PARALLEL),
+            max_prompt: a.max_prompt.unwrap_or(fit::DEFAULT_MAX_PROMPT),
         },
     };
     let (context, parallel, max_prompt) = (sizes.context, sizes.parallel, sizes.max_prompt);
@@ -205,7 +206,7 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
             context,
             pattern: a.pattern,
             micro_batches: a.micro_batches,
-            planned_context: a.context.unwrap_or(DEFAULT_CONTEXT as u64),
+            planned_context: a.context.unwrap_or(fit::DEFAULT_CONTEXT as u64),
             greedy: false,
             no_replan: a.no_replan,
             // any request may speculate (its `speculate` field)
@@ -256,169 +257,6 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
     };
     loip_server::serve(&a.listen, cfg, served(info), backend)?;
     Ok(())
-}
-
-/// `--context` when not given (at most the model's limit).  // tokens
-const DEFAULT_CONTEXT: usize = 4096;
-/// `--parallel` when not given.
-const DEFAULT_PARALLEL: usize = 4;
-/// `--max-prompt` when not given.  // tokens
-const DEFAULT_MAX_PROMPT: usize = 2048;
-/// The smallest context the fit tries.  // tokens
-const MIN_CONTEXT: usize = 256;
-
-/// The sizes the user set (`None`: the fit chooses).
-#[derive(Debug, Clone, Copy)]
-struct Asked {
-    context: Option<usize>,
-    parallel: Option<usize>,
-    max_prompt: Option<usize>,
-}
-
-/// The sizes served with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Sizes {
-    /// one sequence's prompt + new tokens at most  // tokens
-    context: usize,
-    /// sequences at once
-    parallel: usize,
-    /// longest prompt, one step's tokens  // tokens
-    max_prompt: usize,
-}
-
-impl std::fmt::Display for Sizes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "--context {} --max-prompt {} --parallel {}",
-            self.context, self.max_prompt, self.parallel
-        )
-    }
-}
-
-/// The sizes to try, best first: the largest context (the one asked, else the default
-/// within the model's `limit`, halved down to [`MIN_CONTEXT`]), then at each the most
-/// sequences (the ones asked, else [`DEFAULT_PARALLEL`] down to 1). A prompt not asked for
-/// takes at most half the context.
-fn candidates(asked: Asked, limit: usize) -> Vec<Sizes> {
-    let limit = limit.max(1);
-    let contexts: Vec<usize> = match asked.context {
-        Some(c) => vec![c.min(limit).max(1)],
-        None => {
-            let mut c = DEFAULT_CONTEXT.min(limit);
-            let mut v = vec![c];
-            while c / 2 >= MIN_CONTEXT {
-                c /= 2;
-                v.push(c);
-            }
-            v
-        }
-    };
-    let parallels: Vec<usize> = match asked.parallel {
-        Some(p) => vec![p],
-        None => (1..=DEFAULT_PARALLEL).rev().collect(),
-    };
-    let mut out = Vec::with_capacity(contexts.len() * parallels.len());
-    for &context in &contexts {
-        for &parallel in &parallels {
-            let max_prompt = asked
-                .max_prompt
-                .unwrap_or_else(|| DEFAULT_MAX_PROMPT.min((context / 2).max(1)));
-            out.push(Sizes {
-                context,
-                parallel,
-                max_prompt,
-            });
-        }
-    }
-    out
-}
-
-/// What [`fit`] chose and the line that says why.
-struct Fitted {
-    sizes: Sizes,
-    why: String,
-}
-
-/// The first of [`candidates`] whose KV cache and working buffers fit `mem` (the whole
-/// process's budget) on the model's slice files in `dir`, checked without loading anything;
-/// when none does, an error naming the flags and the numbers of the smallest.
-fn fit(dir: &Path, offload: &OffloadArgs, mem: u64, limit: usize, asked: Asked) -> Result<Fitted> {
-    use loip_runtime::local::{local_spec_for, LocalOptions};
-    use loip_runtime::RuntimeError;
-    let manifest = loip_model::slice::Manifest::load(dir)?;
-    let all = candidates(asked, limit);
-    let b = loip_plan::units::format_bytes;
-    // why the first (the defaults) and the last tried were refused
-    let (mut first, mut refused): (Option<String>, Option<String>) = (None, None);
-    for (i, sizes) in all.iter().enumerate() {
-        if i == 1 {
-            first.clone_from(&refused);
-        }
-        let budget = match loip::backend::budget_split(mem, sizes.parallel) {
-            Ok(budget) => budget,
-            Err(e) if e.downcast_ref::<loip_runtime::memory::TooSmall>().is_some() => {
-                refused = Some(format!("{e}"));
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let opts = LocalOptions {
-            mem_budget: Some(budget.engine),
-            rule: offload.offload_blocks,
-            loader: offload.loader,
-            overlap: !offload.no_overlap,
-            context: sizes.context,
-            max_step_tokens: sizes.max_prompt,
-        };
-        match local_spec_for(&manifest, &opts, sizes.parallel) {
-            Ok(_) => {
-                let chose = asked.context.is_none()
-                    || asked.parallel.is_none()
-                    || asked.max_prompt.is_none();
-                let why = if i == 0 {
-                    format!("serving with {sizes}: they fit --mem {}", b(mem))
-                } else if chose {
-                    format!(
-                        "serving with {sizes}: the largest that fit --mem {} ({} refused: {})",
-                        b(mem),
-                        all[0],
-                        first.as_deref().unwrap_or("too large")
-                    )
-                } else {
-                    format!("serving with {sizes}")
-                };
-                return Ok(Fitted { sizes: *sizes, why });
-            }
-            Err(RuntimeError::KvDoesNotFit {
-                budget: engine,
-                needed,
-                kv,
-                working,
-                ..
-            }) => {
-                refused = Some(format!(
-                    "the device needs {} (KV {}, working buffers {}) of the engine's {}",
-                    b(needed),
-                    b(kv),
-                    b(working),
-                    b(engine)
-                ));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let smallest = all.last().copied().unwrap_or(Sizes {
-        context: MIN_CONTEXT,
-        parallel: 1,
-        max_prompt: MIN_CONTEXT / 2,
-    });
-    bail!(
-        "--mem {} does not serve this model even at {smallest} ({}); give a larger --mem, \
-         or a smaller --context, --max-prompt or --parallel",
-        b(mem),
-        refused.as_deref().unwrap_or("does not fit")
-    )
 }
 
 /// The server's view of the model; why a tokenizer or template is missing is logged here
@@ -474,48 +312,6 @@ fn default_name(model: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_fit_tries_the_largest_context_first_then_parallelism() {
-        let none = Asked {
-            context: None,
-            parallel: None,
-            max_prompt: None,
-        };
-        let c = candidates(none, 8192);
-        assert_eq!(
-            c[0],
-            Sizes {
-                context: 4096,
-                parallel: 4,
-                max_prompt: 2048
-            }
-        );
-        assert_eq!(c[1].parallel, 3);
-        assert_eq!(
-            (c[4].context, c[4].parallel, c[4].max_prompt),
-            (2048, 4, 1024)
-        );
-        let last = c[c.len() - 1];
-        assert_eq!(
-            (last.context, last.parallel, last.max_prompt),
-            (256, 1, 128)
-        );
-        // what the user set is kept; the model's limit caps the context
-        let set = Asked {
-            context: Some(9000),
-            parallel: Some(2),
-            max_prompt: None,
-        };
-        assert_eq!(
-            candidates(set, 2048),
-            vec![Sizes {
-                context: 2048,
-                parallel: 2,
-                max_prompt: 1024
-            }]
-        );
-    }
 
     #[test]
     fn api_keys_are_trimmed_and_never_empty() {

@@ -25,6 +25,7 @@
 //! ```
 
 pub mod backend;
+pub mod fit;
 pub mod local;
 pub mod model;
 pub mod request;
