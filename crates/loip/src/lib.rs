@@ -28,6 +28,7 @@ pub mod backend;
 pub mod fit;
 pub mod local;
 pub mod model;
+pub mod pull;
 pub mod request;
 pub mod slices;
 pub mod speculate;
