@@ -1,0 +1,67 @@
+//! `loip local --speculate`: through the pipeline of worker processes on loopback, the
+//! tokens of `loip generate` without speculation, greedy and seeded sampled (prompt lookup's
+//! drafts are point masses: the same seeded tokens); a sampled verify step gets the logits
+//! of its k + 1 rows from the last device.
+
+mod common;
+use common::api::generate;
+use common::*;
+
+use serde_json::Value;
+
+/// A prompt that repeats itself, so lookup finds drafts.
+const PROMPT: &str = "5,9,14,5,9,14,5,9,14,5,9";
+
+fn local(model: &str, extra: &[&str]) -> Value {
+    let mut cmd = loip();
+    cmd.args([
+        "local",
+        "--model",
+        model,
+        "--devices",
+        "2",
+        "--mem",
+        "64MiB",
+        "--prompt-ids",
+        PROMPT,
+        "-n",
+        "16",
+        "--ignore-eos",
+        "--json",
+    ]);
+    cmd.args(extra);
+    json_run(&mut cmd)
+}
+
+#[test]
+fn local_speculation_gives_the_tokens_of_generate_greedy_and_sampled() {
+    let model = fixture("tiny-llama");
+    for (sampling, what) in [
+        (vec![], "greedy"),
+        (vec!["--temperature", "0.9", "--seed", "11"], "sampled"),
+    ] {
+        let mut args = vec![
+            "--model",
+            &model,
+            "--prompt-ids",
+            PROMPT,
+            "-n",
+            "16",
+            "--ignore-eos",
+        ];
+        args.extend_from_slice(&sampling);
+        let want = generate(&args);
+        let mut extra = sampling.clone();
+        extra.extend_from_slice(&[
+            "--speculate",
+            "lookup",
+            "--speculate-k",
+            "3",
+            "--speculate-fixed",
+        ]);
+        let got = local(&model, &extra);
+        assert_eq!(got["new_ids"], want["new_ids"], "{what}: {got}");
+        let drafted = got["speculation"]["drafted"].as_u64();
+        assert!(drafted.is_some_and(|d| d > 0), "{what}: {got}");
+    }
+}
