@@ -9,7 +9,8 @@ use common::*;
 
 use serde_json::Value;
 
-/// A prompt that repeats itself, so lookup finds drafts.
+/// A prompt that repeats itself; tiny-llama's greedy and sampled continuations of it repeat
+/// a few n-grams within 48 tokens, so lookup finds drafts.
 const PROMPT: &str = "5,9,14,5,9,14,5,9,14,5,9";
 
 fn local(model: &str, extra: &[&str]) -> Value {
@@ -25,7 +26,7 @@ fn local(model: &str, extra: &[&str]) -> Value {
         "--prompt-ids",
         PROMPT,
         "-n",
-        "16",
+        "48",
         "--ignore-eos",
         "--json",
     ]);
@@ -46,7 +47,7 @@ fn local_speculation_gives_the_tokens_of_generate_greedy_and_sampled() {
             "--prompt-ids",
             PROMPT,
             "-n",
-            "16",
+            "48",
             "--ignore-eos",
         ];
         args.extend_from_slice(&sampling);
