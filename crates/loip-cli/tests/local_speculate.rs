@@ -34,9 +34,27 @@ fn local(model: &str, extra: &[&str]) -> Value {
     json_run(&mut cmd)
 }
 
+/// The working bytes (activations, logits rows, scratch) the head's device accounted when
+/// it opened.
+fn head_working(run: &Value) -> u64 {
+    let plan = run["plan"]["devices"].as_array().expect("plan devices");
+    let head = plan
+        .iter()
+        .find(|d| d["holds_head"] == true)
+        .and_then(|d| d["name"].as_str())
+        .expect("a device holds the head");
+    let devices = run["devices"].as_array().expect("devices");
+    let dev = devices
+        .iter()
+        .find(|d| d["endpoint"]["name"] == head)
+        .expect("the head's device");
+    dev["memory"]["working"].as_u64().expect("working bytes")
+}
+
 #[test]
 fn local_speculation_gives_the_tokens_of_generate_greedy_and_sampled() {
     let model = fixture("tiny-llama");
+    let mut working = Vec::new();
     for (sampling, what) in [
         (vec![], "greedy"),
         (vec!["--temperature", "0.9", "--seed", "11"], "sampled"),
@@ -64,5 +82,14 @@ fn local_speculation_gives_the_tokens_of_generate_greedy_and_sampled() {
         assert_eq!(got["new_ids"], want["new_ids"], "{what}: {got}");
         let drafted = got["speculation"]["drafted"].as_u64();
         assert!(drafted.is_some_and(|d| d > 0), "{what}: {got}");
+        working.push(head_working(&got));
     }
+    // a sampled verify step's k + 1 = 4 logits rows (256 tokens of f32) are accounted
+    // when the head's device opens, a greedy one's argmax needs one row
+    assert!(
+        working[1] >= working[0] + 3 * 256 * 4,
+        "working bytes greedy {}, sampled {}",
+        working[0],
+        working[1]
+    );
 }
