@@ -47,13 +47,22 @@ pub(super) fn start(
         step_slack: k,
         on_ship: None,
     };
-    LocalCluster::start(&dir, &o, prompt_len, tokens, &mut |budgets| {
+    let cluster = LocalCluster::start(&dir, &o, prompt_len, tokens, &mut |budgets| {
         let b: Vec<String> = budgets
             .iter()
             .map(|&b| loip_plan::units::format_bytes(b))
             .collect();
         eprintln!("{} workers on loopback, budgets {}", b.len(), b.join(", "));
-    })
+    })?;
+    // the adaptive controller's prior: the plan's price of a step of n positions over one
+    let prior = loip::speculate::pipeline_step_prior(&cluster.session, k);
+    let one = prior.first().copied().unwrap_or(f64::NAN);
+    let rel: Vec<String> = prior.iter().map(|t| format!("{:.2}", t / one)).collect();
+    eprintln!(
+        "the plan's step of n = 1.. positions over one: {}",
+        rel.join(", ")
+    );
+    Ok(cluster)
 }
 
 /// A plain run (the engine's loop over the pipeline, as `loip local`) and a speculative one
