@@ -469,7 +469,13 @@ impl LocalOptions {
             .max()
             .unwrap_or(1)
             .max(1);
-        o.max_step_seqs = q;
+        // a sampled verify step returns the logits of its k + 1 rows (a greedy one, each
+        // row's argmax)
+        o.max_step_seqs = if self.step_slack > 0 && !self.greedy {
+            q.saturating_mul(self.step_slack + 1)
+        } else {
+            q
+        };
         o.max_step_tokens = max_step * q;
         o
     }

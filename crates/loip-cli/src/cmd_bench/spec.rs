@@ -9,15 +9,18 @@
 //! so every run decodes the same number of tokens; a run whose tokens differ from plain
 //! decoding's is an error (the invariant of `loip_engine::speculate`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use loip_engine::generate::{generate, Flow};
 use loip_engine::speculate::lookup::Lookup;
 use loip_engine::speculate::{generate_speculative, Drafter, Rewind, SpecOptions, SpecStats};
-use loip_engine::{EngineError, GenerateOptions, Generator, Model, SamplingParams, StepBackend};
+use loip_engine::{
+    BatchBackend, EngineError, GenerateOptions, Generator, Model, SamplingParams, StepBackend,
+};
 use loip_model::chat::ChatMessage;
+use loip_plan::sched::Limits;
 use loip_runtime::local::{LocalModel, LocalOptions, OffloadRule};
 use serde_json::json;
 
@@ -66,6 +69,10 @@ pub struct SpecBenchArgs {
     /// of the adaptive fallback to k = 0).
     #[arg(long)]
     wrong: bool,
+    /// Also run each prompt with lookup searching every step and proposing nothing (the
+    /// cost of the speculative loop where lookup never hits).
+    #[arg(long)]
+    silent: bool,
     /// Also serve this many copies of each prompt at once in memory through the serving
     /// loop (continuous batching, as `loip api`), all speculating or none.
     #[arg(long)]
@@ -75,25 +82,28 @@ pub struct SpecBenchArgs {
     /// runs compare on the same plan).
     #[arg(long)]
     local: Option<usize>,
+    /// Each `--local` worker's budget (default: `loip local`'s, which offload part of the
+    /// layers; a budget above the model's bytes keeps every block resident, a
+    /// compute-bound plan).
+    #[arg(long, requires = "local")]
+    local_mem: Option<String>,
 }
 
-/// `n` copies of `prompt` served at once in memory by the serving loop, speculating with
-/// prompt lookup or not: each copy's tokens, and the decode time over the steps after every
-/// copy has its first token, per token of one copy.
-fn run_batch(
-    model: &Model<'_>,
+/// `n` copies of `prompt` served at once by the serving loop over `backend` (with its
+/// `limits`), speculating with prompt lookup or not: each copy's tokens, and the decode
+/// time over the steps after every copy has its first token, per token of one copy.
+fn run_batch<B: BatchBackend + Rewind>(
+    (mut backend, mut limits): (B, Limits),
     prompt: &[u32],
     opts: &GenerateOptions,
     n: usize,
     spec: Option<&SpecOptions>,
 ) -> Result<Run> {
     use loip_engine::{Serving, Shaping, Speculate};
-    let mut limits = loip_engine::one_device_limits(model, None);
     limits.max_seqs = n;
     limits.max_step_seqs = n;
-    let mut gen = Generator::new(model, None);
-    gen.allow_rewind(spec.map_or(0, |s| s.k_max));
-    let mut serving = Serving::new(limits, gen)?;
+    backend.allow_rewind(spec.map_or(0, |s| s.k_max));
+    let mut serving = Serving::new(limits, backend)?;
     let off = SpecOptions::default();
     let how = spec.map_or((Speculate::Off, &off), |s| (Speculate::Lookup, s));
     for seq in 0..n as u64 {
@@ -133,17 +143,96 @@ fn run_batch(
     })
 }
 
-/// Prompt lookup's drafts made wrong (each id + 1): the cost of speculation when every
-/// draft is rejected, i.e. of the adaptive fallback to k = 0.
-pub(super) struct Wrong {
-    pub(super) lookup: Lookup,
-    pub(super) vocab: u32,
+/// A plain run (`run(None)`) and a speculative one (`run(Some(spec))`), the speculative
+/// one first when `spec_first`: (plain, speculative).
+fn in_turn<'s>(
+    spec_first: bool,
+    spec: &'s SpecOptions,
+    run: impl Fn(Option<&'s SpecOptions>) -> Result<Run>,
+) -> Result<(Run, Run)> {
+    if spec_first {
+        let s = run(Some(spec))?;
+        Ok((run(None)?, s))
+    } else {
+        let p = run(None)?;
+        Ok((p, run(Some(spec))?))
+    }
 }
 
-impl Drafter for Wrong {
+/// The in-memory backend of [`run_batch`] and its limits.
+fn memory_batch<'m>(model: &'m Model<'m>) -> (Generator<'m, 'm>, Limits) {
+    (
+        Generator::new(model, None),
+        loip_engine::one_device_limits(model, None),
+    )
+}
+
+/// The backend of [`run_batch`] from slice files with `lopts` for `n` sequences, and its
+/// limits (the scheduler's KV budget: the device's).
+fn sliced_batch(dir: &Path, lopts: &LocalOptions, n: usize) -> Result<(LocalModel, Limits)> {
+    let m = LocalModel::open_batched(dir, lopts, n)?;
+    tell_memory(&format!("{n} at once"), &m);
+    let dev = &m.device;
+    let bytes_per_token = dev.kv.bytes_per_token_layer() * dev.tf.cfg.num_layers as u64;
+    let budget = match dev.memory() {
+        r if r.budget == 0 => u64::MAX,
+        r => r.kv_budget,
+    };
+    let mut limits = Limits::one_device(budget, bytes_per_token);
+    limits.max_seq_len = Some(dev.tf.cfg.max_position_embeddings);
+    limits.max_batch_tokens = limits.max_batch_tokens.min(lopts.max_step_tokens.max(1));
+    limits.prefill_chunk = limits.prefill_chunk.min(limits.max_batch_tokens);
+    Ok((m, limits))
+}
+
+/// Prints how a device from slice files spends its budget (how much is offloaded).
+fn tell_memory(what: &str, m: &LocalModel) {
+    let r = m.device.memory();
+    let b = loip_plan::units::format_bytes;
+    eprintln!(
+        "{what}: budget {}, resident blocks {}, slot for offloaded blocks {}, working {}, KV {}",
+        b(r.budget),
+        b(r.resident),
+        b(r.slot),
+        b(r.working),
+        b(r.kv_budget)
+    );
+}
+
+/// Which drafts a speculative run verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Drafts {
+    /// prompt lookup's
+    Lookup,
+    /// prompt lookup's made wrong (each id + 1): the cost of speculation when every draft is
+    /// rejected, i.e. of the adaptive fallback to k = 0
+    Wrong,
+    /// none, though lookup searches every step: the cost of the loop where lookup never hits
+    Silent,
+}
+
+impl Drafts {
+    /// What the prompt's name gets in the table.
+    fn suffix(self) -> &'static str {
+        match self {
+            Drafts::Lookup => "",
+            Drafts::Wrong => ", drafts made wrong",
+            Drafts::Silent => ", no drafts",
+        }
+    }
+}
+
+/// The drafter of [`Drafts`] for a model of `.1` tokens.
+pub(super) struct BenchDrafter(pub(super) Drafts, pub(super) u32);
+
+impl Drafter for BenchDrafter {
     fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>, EngineError> {
-        let d = self.lookup.draft(context, k);
-        Ok(d.into_iter().map(|t| (t + 1) % self.vocab.max(1)).collect())
+        let d = Lookup::default().draft(context, k);
+        Ok(match self.0 {
+            Drafts::Lookup => d,
+            Drafts::Wrong => d.into_iter().map(|t| (t + 1) % self.1.max(1)).collect(),
+            Drafts::Silent => Vec::new(),
+        })
     }
 }
 
@@ -171,7 +260,7 @@ fn run_pair<B: StepBackend + Rewind>(
     opts: &GenerateOptions,
     spec: &SpecOptions,
     spec_first: bool,
-    wrong: bool,
+    drafts: Drafts,
 ) -> Result<(Run, Run)> {
     let plain = |b: &mut B| -> Result<Run> {
         b.release(0);
@@ -184,16 +273,7 @@ fn run_pair<B: StepBackend + Rewind>(
     };
     let fast = |b: &mut B| -> Result<Run> {
         b.release(0);
-        let mut wrong_drafts = Wrong {
-            lookup: Lookup::default(),
-            vocab: b.vocab_size() as u32,
-        };
-        let mut lookup = Lookup::default();
-        let drafter: &mut dyn Drafter = if wrong {
-            &mut wrong_drafts
-        } else {
-            &mut lookup
-        };
+        let drafter = &mut BenchDrafter(drafts, b.vocab_size() as u32);
         let out = generate_speculative(b, 0, prompt, opts, drafter, spec, &mut |_| Flow::Continue)?;
         Ok(Run {
             ids: out.out.new_ids,
@@ -236,10 +316,12 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
             Some(tpl) => tpl.encode(&tok, &[ChatMessage::new("user", text)], true)?,
             None => tok.encode(&text, true)?,
         };
-        if a.wrong {
-            prompts.push((format!("{name}, drafts made wrong"), ids.clone(), true));
+        for (on, d) in [(a.wrong, Drafts::Wrong), (a.silent, Drafts::Silent)] {
+            if on {
+                prompts.push((format!("{name}{}", d.suffix()), ids.clone(), d));
+            }
         }
-        prompts.push((name, ids, false));
+        prompts.push((name, ids, Drafts::Lookup));
     }
     let opts = GenerateOptions {
         max_tokens: a.tokens,
@@ -249,6 +331,12 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
     };
     let longest = prompts.iter().map(|p| p.1.len()).max().unwrap_or(1);
     let model = Model::from_checkpoint(&ckpt)?;
+    let what = if a.mem.is_some() {
+        "--mem"
+    } else {
+        "half offloaded"
+    };
+    let mut batch_sliced = None;
     let mut sliced = if a.no_offload {
         None
     } else {
@@ -266,7 +354,18 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
             context: longest + a.tokens + a.k + 1,
             max_step_tokens: longest.max(a.k + 1),
         };
-        Some(LocalModel::open_batched(&dir, &lopts, 1)?)
+        let model = LocalModel::open_batched(&dir, &lopts, 1)?;
+        tell_memory("one sequence", &model);
+        if let Some(n) = a.batch {
+            // n sequences' KV and steps of up to n verify steps
+            let batched = LocalOptions {
+                context: lopts.context * n,
+                max_step_tokens: lopts.max_step_tokens.max(n * (a.k + 1)),
+                ..lopts
+            };
+            batch_sliced = Some((dir, batched));
+        }
+        Some(model)
     };
     let how = loip::speculate::Spec {
         source: loip_engine::Speculate::Lookup,
@@ -276,9 +375,16 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
     };
     let spec = |offloaded: bool| how.options(offloaded);
     let local = match a.local {
-        Some(n) => Some(super::spec_local::start(
-            &a.model, n, longest, a.tokens, a.k,
-        )?),
+        Some(n) => {
+            let mem = a
+                .local_mem
+                .as_deref()
+                .map(loip_plan::parse_bytes)
+                .transpose()?;
+            Some(super::spec_local::start(
+                &a.model, n, mem, longest, a.tokens, a.k,
+            )?)
+        }
         None => None,
     };
     // (prompt, backend) → per round: (plain, speculative)
@@ -286,7 +392,7 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
     let mut results: Vec<(String, String, Pairs)> = Vec::new();
     for round in 0..a.rounds.max(1) {
         let spec_first = round % 2 == 1;
-        for (name, ids, wrong) in &prompts {
+        for (name, ids, drafts) in &prompts {
             let mut push = |backend: String, pair: (Run, Run)| match results
                 .iter_mut()
                 .find(|r| &r.0 == name && r.1 == backend)
@@ -298,33 +404,32 @@ pub fn run(a: SpecBenchArgs) -> Result<serde_json::Value> {
                 let mut gen = Generator::new(&model, None);
                 push(
                     "in memory".into(),
-                    run_pair(&mut gen, ids, &opts, &spec(false), spec_first, *wrong)?,
+                    run_pair(&mut gen, ids, &opts, &spec(false), spec_first, *drafts)?,
                 );
             }
-            if let Some(n) = a.batch.filter(|_| !*wrong) {
+            if let Some(n) = a.batch.filter(|_| *drafts == Drafts::Lookup) {
                 let sp = spec(false);
-                let pair = if spec_first {
-                    let s = run_batch(&model, ids, &opts, n, Some(&sp))?;
-                    (run_batch(&model, ids, &opts, n, None)?, s)
-                } else {
-                    let p = run_batch(&model, ids, &opts, n, None)?;
-                    (p, run_batch(&model, ids, &opts, n, Some(&sp))?)
-                };
-                push(format!("{n} at once, in memory"), pair);
+                let one = |spec| run_batch(memory_batch(&model), ids, &opts, n, spec);
+                push(
+                    format!("{n} at once, in memory"),
+                    in_turn(spec_first, &sp, one)?,
+                );
+                if let Some((dir, lopts)) = &batch_sliced {
+                    let one = |spec| run_batch(sliced_batch(dir, lopts, n)?, ids, &opts, n, spec);
+                    push(
+                        format!("{n} at once, {what}"),
+                        in_turn(spec_first, &spec(true), one)?,
+                    );
+                }
             }
             if let Some(lm) = sliced.as_mut() {
-                let what = if a.mem.is_some() {
-                    "--mem"
-                } else {
-                    "half offloaded"
-                };
                 push(
                     what.into(),
-                    run_pair(lm, ids, &opts, &spec(true), spec_first, *wrong)?,
+                    run_pair(lm, ids, &opts, &spec(true), spec_first, *drafts)?,
                 );
             }
             if let Some(cluster) = &local {
-                let pair = super::spec_local::pair(cluster, ids, &opts, &how, spec_first, *wrong)?;
+                let pair = super::spec_local::pair(cluster, ids, &opts, &how, spec_first, *drafts)?;
                 push(
                     format!("loip local, {} devices", cluster.budgets.len()),
                     pair,

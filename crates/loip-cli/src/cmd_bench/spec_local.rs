@@ -7,17 +7,18 @@ use anyhow::Result;
 use loip::local::{LocalCluster, LocalOptions};
 use loip::speculate::{pipeline_options, Spec};
 use loip_engine::generate::Flow;
-use loip_engine::speculate::lookup::Lookup;
-use loip_engine::speculate::{generate_speculative, Drafter, SpecStats};
+use loip_engine::speculate::{generate_speculative, SpecStats};
 use loip_engine::GenerateOptions;
 
-use super::spec::{Run, Wrong};
+use super::spec::{BenchDrafter, Drafts, Run};
 
-/// Starts `devices` workers with `loip local`'s default budgets, planned for one sequence
-/// of `prompt_len + tokens` positions and verify steps of up to `k + 1`.
+/// Starts `devices` workers with `mem` bytes each (default: `loip local`'s budgets),
+/// planned for one sequence of `prompt_len + tokens` positions and verify steps of up to
+/// `k + 1`.
 pub(super) fn start(
     model: &str,
     devices: usize,
+    mem: Option<u64>,
     prompt_len: usize,
     tokens: usize,
     k: usize,
@@ -26,7 +27,7 @@ pub(super) fn start(
     let o = LocalOptions {
         model: model.to_string(),
         devices,
-        mem: None,
+        mem: mem.map(|m| vec![m]),
         bandwidth: None,
         planner: "loip".into(),
         loader: loip_runtime::LoaderKind::Direct,
@@ -47,25 +48,33 @@ pub(super) fn start(
         on_ship: None,
     };
     let slices = loip_model::slice::Slices::open(&dir)?;
-    LocalCluster::start(&slices, &o, prompt_len, tokens, &mut |budgets| {
+    let cluster = LocalCluster::start(&slices, &o, prompt_len, tokens, &mut |budgets| {
         let b: Vec<String> = budgets
             .iter()
             .map(|&b| loip_plan::units::format_bytes(b))
             .collect();
         eprintln!("{} workers on loopback, budgets {}", b.len(), b.join(", "));
-    })
-    .map_err(Into::into)
+    })?;
+    // the adaptive controller's prior: the plan's price of a step of n positions over one
+    let prior = loip::speculate::pipeline_step_prior(&cluster.session, k);
+    let one = prior.first().copied().unwrap_or(f64::NAN);
+    let rel: Vec<String> = prior.iter().map(|t| format!("{:.2}", t / one)).collect();
+    eprintln!(
+        "the plan's step of n = 1.. positions over one: {}",
+        rel.join(", ")
+    );
+    Ok(cluster)
 }
 
 /// A plain run (the engine's loop over the pipeline, as `loip local`) and a speculative one
-/// (as `loip local --speculate lookup`, or with every draft made wrong) of `prompt`.
+/// (as `loip local --speculate lookup`, or with the drafts of `drafts`) of `prompt`.
 pub(super) fn pair(
     cluster: &LocalCluster,
     prompt: &[u32],
     opts: &GenerateOptions,
     spec: &Spec,
     spec_first: bool,
-    wrong: bool,
+    drafts: Drafts,
 ) -> Result<(Run, Run)> {
     let s = &cluster.session;
     let plain = || -> Result<Run> {
@@ -79,16 +88,7 @@ pub(super) fn pair(
     let fast = || -> Result<Run> {
         let pipeline = s.pipeline();
         let mut backend = pipeline.backend();
-        let mut wrong_drafts = Wrong {
-            lookup: Lookup::default(),
-            vocab: pipeline.vocab() as u32,
-        };
-        let mut lookup = Lookup::default();
-        let drafter: &mut dyn Drafter = if wrong {
-            &mut wrong_drafts
-        } else {
-            &mut lookup
-        };
+        let drafter = &mut BenchDrafter(drafts, pipeline.vocab() as u32);
         let o = pipeline_options(s, spec);
         let seq = loip_runtime::coordinator::next_seq_id();
         let out = generate_speculative(&mut backend, seq, prompt, opts, drafter, &o, &mut |_| {

@@ -10,9 +10,12 @@
 //!   change of regime (copying starts or stops) shows within a few steps.
 //! - `c(k)` starts from a prior: a table of step times by size when the caller has one (the
 //!   cost model's `loip_plan::speculate::step_times` for a cluster's plan, or times measured
-//!   before), else a slope (`StepCost::prior_per_row`); it follows the measured times of
-//!   steps of each size (drafting included: a draft model's `k` steps count) once both a
-//!   one-position step and that size were seen.
+//!   before), else a slope (`StepCost::prior_per_row`). Measured times of steps of each size
+//!   (drafting included: a draft model's `k` steps count) are blended in as both sizes of a
+//!   ratio are seen, weighing more with more samples: a plan's table holds against a few
+//!   noisy steps (on a compute-bound plan, where a step of `k + 1` positions costs nearly
+//!   `k + 1` steps, three unlucky samples must not make drafting look free), a slope guess
+//!   gives way after a couple.
 //! - A draft must promise 2 % more tokens per unit time than none, and an extra position is
 //!   taken to cost at least 1 % of a step (so timing noise never makes drafting look free).
 //! - At `a` near 0 the best `k` is 0; a step at `k = 0` teaches nothing, so after
@@ -30,7 +33,19 @@ pub struct StepCost {
     pub prior_per_row: f64,
     table: Vec<f64>, // [n - 1]: prior seconds of a step of n positions (may be empty)
     seconds: Vec<Option<f64>>, // [n - 1]: decayed mean seconds of a step of n positions
+    samples: Vec<u32>, // [n - 1]: steps of n positions measured
 }
+
+/// Measured steps of a size that weigh as much as a plan's table: a measured ratio of two
+/// sizes counts `m / (m + TRUST_TABLE)` (in logarithms) against the table's, `m` the fewer
+/// samples of the two. With ±30 % noise per step a handful of samples can make an extra
+/// position look several times cheaper than it is; after 16 the decayed mean's noise is a
+/// few percent and it weighs half.
+const TRUST_TABLE: f64 = 16.0;
+
+/// The same for the slope prior (a guess, not a price): a measurement weighs half after
+/// two samples.
+const TRUST_SLOPE: f64 = 2.0;
 
 impl StepCost {
     /// A cost model for steps of up to `max_rows` positions with a prior slope.
@@ -39,6 +54,7 @@ impl StepCost {
             prior_per_row,
             table: Vec::new(),
             seconds: vec![None; max_rows.max(1)],
+            samples: vec![0; max_rows.max(1)],
         }
     }
 
@@ -59,8 +75,12 @@ impl StepCost {
         if rows == 0 || !seconds.is_finite() || seconds <= 0.0 {
             return;
         }
-        if let Some(s) = self.seconds.get_mut(rows - 1) {
+        if let (Some(s), Some(n)) = (
+            self.seconds.get_mut(rows - 1),
+            self.samples.get_mut(rows - 1),
+        ) {
             *s = Some(s.map_or(seconds, |m| 0.8 * m + 0.2 * seconds));
+            *n = n.saturating_add(1);
         }
     }
 
@@ -69,25 +89,39 @@ impl StepCost {
         self.ratio(1, rows)
     }
 
-    /// A step of `to` positions over a step of `from` (1 ≤ from ≤ to): measured when both
-    /// sizes were seen, else the prior's; never below 1 % a position more (timing noise must
-    /// not make extra positions look free).
+    /// A step of `to` positions over a step of `from` (1 ≤ from ≤ to): the prior's (the
+    /// table's where it has both sizes, else the slope's) blended with the measured ratio
+    /// where both sizes were seen, the measurement weighing more with more samples of
+    /// each ([`TRUST_TABLE`], [`TRUST_SLOPE`]); never below 1 % a position more (timing
+    /// noise must not make extra positions look free).
     pub fn ratio(&self, from: usize, to: usize) -> f64 {
         let from = from.max(1);
         if to <= from {
             return 1.0;
         }
         let least = floor(to - from + 1);
-        let seen = |n: usize| self.seconds.get(n - 1).copied().flatten();
         let tabled = |n: usize| self.table.get(n - 1).copied();
-        match (seen(from), seen(to), tabled(from), tabled(to)) {
-            (Some(a), Some(b), ..) if a > 0.0 => (b / a).max(least),
-            (_, _, Some(a), Some(b)) => (b / a).max(least),
+        let (prior, trust) = match (tabled(from), tabled(to)) {
+            (Some(a), Some(b)) => (b / a, TRUST_TABLE),
             _ => {
-                let prior = |n: usize| 1.0 + self.prior_per_row * (n - 1) as f64;
-                (prior(to) / prior(from)).max(least)
+                let slope = |n: usize| 1.0 + self.prior_per_row * (n - 1) as f64;
+                (slope(to) / slope(from), TRUST_SLOPE)
             }
-        }
+        };
+        let prior = prior.max(least);
+        let seen = |n: usize| {
+            let s = self.seconds.get(n - 1).copied().flatten()?;
+            Some((s, *self.samples.get(n - 1)?))
+        };
+        let ratio = match (seen(from), seen(to)) {
+            (Some((a, na)), Some((b, nb))) if a > 0.0 => {
+                let m = f64::from(na.min(nb));
+                let w = m / (m + trust);
+                ((1.0 - w) * prior.ln() + w * (b / a).max(least).ln()).exp()
+            }
+            _ => prior,
+        };
+        ratio.max(least)
     }
 }
 
@@ -273,9 +307,15 @@ mod tests {
         }
         assert!(a.next_k() <= 1, "{}", a.next_k());
         assert!((a.cost.relative(3) - 1.8).abs() < 1e-9);
-        // measured times replace it where both sizes were seen
+        // one measurement of each size barely moves it; many replace it
         for n in 1..=9 {
             a.cost.observe(n, 0.010 + 0.0001 * (n - 1) as f64);
+        }
+        assert!(a.next_k() <= 1, "{}", a.next_k());
+        for _ in 0..200 {
+            for n in 1..=9 {
+                a.cost.observe(n, 0.010 + 0.0001 * (n - 1) as f64);
+            }
         }
         assert!(a.next_k() >= 6, "{}", a.next_k());
         // a broken table ends at its first bad entry
@@ -300,9 +340,9 @@ mod tests {
         let mut m = AdaptiveK::new(8, 0.9);
         for _ in 0..40 {
             m.observe(4, 2, None);
-        }
-        for n in 1..=9 {
-            m.cost.observe(n, 0.010 + 0.0001 * (n - 1) as f64);
+            for n in 1..=9 {
+                m.cost.observe(n, 0.010 + 0.0001 * (n - 1) as f64);
+            }
         }
         assert!(m.next_k() >= 6, "{}", m.next_k());
         assert!(AdaptiveK::fixed(3).next_k() == 3);
@@ -318,15 +358,16 @@ mod tests {
         // compute-bound: each position more costs half a one-position step (a sixth of the
         // 4-position one)
         let mut dear = StepCost::new(16, 0.25);
-        for n in 1..=16 {
-            dear.observe(n, 0.010 * (1.0 + 0.5 * n as f64));
+        let mut cheap = StepCost::new(16, 0.25);
+        for _ in 0..20 {
+            for n in 1..=16 {
+                dear.observe(n, 0.010 * (1.0 + 0.5 * n as f64));
+                // load-bound: positions nearly free
+                cheap.observe(n, 0.100 + 0.0005 * n as f64);
+            }
         }
         assert_eq!(a.next_k_shared(3, &dear), 0);
-        // load-bound: positions nearly free, drafts pay even beside neighbours
-        let mut cheap = StepCost::new(16, 0.25);
-        for n in 1..=16 {
-            cheap.observe(n, 0.100 + 0.0005 * n as f64);
-        }
+        // load-bound: drafts pay even beside neighbours
         assert!(
             a.next_k_shared(3, &cheap) >= 4,
             "{}",
@@ -336,5 +377,102 @@ mod tests {
         let mut b = a.clone();
         b.cost = cheap.clone();
         assert_eq!(b.next_k(), a.next_k_shared(0, &cheap));
+    }
+
+    /// ±30 % uniform noise, deterministic (xorshift64).
+    struct Noise(u64);
+
+    impl Noise {
+        fn uniform(&mut self) -> f64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        }
+
+        fn factor(&mut self) -> f64 {
+            0.7 + 0.6 * self.uniform()
+        }
+    }
+
+    /// Decodes `tokens` tokens with `a` choosing each step's drafts, each draft kept with
+    /// probability `accept` (until the first rejected one), a step of `n` positions taking
+    /// `cost(n)` and measured with ±30 % noise: the true time per token over a plain step's
+    /// (`cost(1)`), and the steps that verified drafts.
+    fn replay(
+        a: &mut AdaptiveK,
+        cost: impl Fn(usize) -> f64,
+        accept: f64,
+        tokens: usize,
+        seed: u64,
+    ) -> (f64, usize) {
+        let mut noise = Noise(seed);
+        let (mut made, mut time, mut drafting) = (0, 0.0, 0);
+        while made < tokens {
+            let k = a.next_k().min(tokens - made - 1);
+            let kept = (0..k).take_while(|_| noise.uniform() < accept).count();
+            time += cost(k + 1);
+            a.observe(k, kept, Some(cost(k + 1) * noise.factor()));
+            made += kept + 1;
+            drafting += usize::from(k > 0);
+        }
+        (time / made as f64 / cost(1), drafting)
+    }
+
+    #[test]
+    fn a_compute_bound_plan_does_not_draft_on_noisy_timings() {
+        // the plan's price: a step of n positions costs nearly n one-position steps
+        let cost = |n: usize| 0.040 * (0.1 + 0.9 * n as f64);
+        let table: Vec<f64> = (1..=9).map(cost).collect();
+        // three unlucky samples: one-position steps 30 % slow, two-position ones 30 % fast
+        // measure a position more as 2 % (the truth: 90 %). Taken at their word they make a
+        // draft pay at 70 % acceptance (1.7 tokens for 1.02 steps) and lose 12 % in truth
+        // (1.7 tokens for 1.9 steps); against the table they weigh 3/19.
+        let mut a = AdaptiveK::with_table(8, 0.03, &table);
+        for _ in 0..20 {
+            a.observe(2, 1, None);
+            a.observe(1, 1, None);
+        }
+        for _ in 0..3 {
+            a.cost.observe(1, cost(1) * 1.3);
+            a.cost.observe(2, cost(2) * 0.7);
+        }
+        assert!(a.acceptance() > 0.65, "{}", a.acceptance());
+        assert_eq!(a.next_k(), 0);
+        // whole runs with noisy timings: copying (70 % acceptance) and never hitting
+        for (accept, seed) in [(0.7, 1), (0.7, 2), (0.9, 3), (0.0, 4), (0.0, 5)] {
+            let mut a = AdaptiveK::with_table(8, 0.03, &table);
+            let (ratio, drafting) = replay(&mut a, cost, accept, 256, seed);
+            assert!(ratio <= 1.03, "acceptance {accept}: {ratio:.3}× plain");
+            // probes only (at 90 % a draft breaks even: 1.9 tokens for 1.9 steps)
+            if accept < 0.8 {
+                assert!(
+                    drafting <= 20,
+                    "acceptance {accept}: {drafting} drafting steps"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_load_bound_plan_drafts_and_measurements_correct_a_wrong_table() {
+        // load-bound: a position more costs 2 % of a step
+        let cheap = |n: usize| 0.040 * (1.0 + 0.02 * (n - 1) as f64);
+        let table: Vec<f64> = (1..=9).map(cheap).collect();
+        for seed in 1..=3 {
+            let mut a = AdaptiveK::with_table(8, 0.03, &table);
+            let (ratio, _) = replay(&mut a, cheap, 0.7, 256, seed);
+            assert!(ratio <= 0.6, "{ratio:.3}× plain");
+            // every draft rejected: back to one position a step, probes rarely
+            let mut a = AdaptiveK::with_table(8, 0.03, &table);
+            let (ratio, _) = replay(&mut a, cheap, 0.0, 256, seed);
+            assert!(ratio <= 1.03, "{ratio:.3}× plain");
+        }
+        // a table that prices the load-bound device as compute-bound gives way to the
+        // probes' measurements over a long run
+        let dear: Vec<f64> = (1..=9).map(|n| 0.040 * (0.1 + 0.9 * n as f64)).collect();
+        let mut a = AdaptiveK::with_table(8, 0.03, &dear);
+        let (ratio, _) = replay(&mut a, cheap, 0.7, 4000, 7);
+        assert!(ratio <= 0.9, "{ratio:.3}× plain");
     }
 }

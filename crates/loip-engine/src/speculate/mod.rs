@@ -167,7 +167,9 @@ pub fn generate_speculative<B: Rewind + ?Sized>(
             Proposal::default()
         };
         draft.truncate(k);
-        let q = (q.len() >= draft.len()).then_some(q); // None: point masses
+        // None: point masses (and no drafts at all: a step of one position picks its token
+        // where the logits are, as without speculation)
+        let q = (!draft.is_empty() && q.len() >= draft.len()).then_some(q);
         let mut ids = Vec::with_capacity(draft.len() + 1);
         ids.push(last);
         ids.extend_from_slice(&draft);
