@@ -12,6 +12,8 @@
 
 mod serve;
 mod spec;
+mod spec_batch;
+mod spec_drafts;
 mod spec_local;
 
 use std::time::Instant;

@@ -10,7 +10,7 @@ use loip_engine::generate::Flow;
 use loip_engine::speculate::{generate_speculative, SpecStats};
 use loip_engine::GenerateOptions;
 
-use super::spec::{BenchDrafter, Drafts, Run};
+use super::spec_drafts::{BenchDrafter, Drafts, Run};
 
 /// Starts `devices` workers with `mem` bytes each (default: `loip local`'s budgets),
 /// planned for one sequence of `prompt_len + tokens` positions and verify steps of up to
