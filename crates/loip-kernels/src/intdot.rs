@@ -1,0 +1,172 @@
+//! The integer-dot canonical order of Q8_0, and its portable scalar model.
+//!
+//! Q8_0 rows do not follow the f32 order of [`crate::canon`]: the activations are quantized
+//! to int16 once per call and each weight block contributes integer products, scaled once.
+//!
+//! **Activations** ([`quantize`]), per 32 elements (one weight block) of each token's row:
+//! - `amax` = the largest bit pattern of `|x_i|` (`bits & 0x7fff_ffff`, an integer max: exact
+//!   and order-free). Where it is `0x7f80_0000` or more (an infinity or a NaN in the block),
+//!   `dx = f32::from_bits(amax)` and every `xq_i = 0`, so the dot is NaN.
+//! - Else `dx = amax / 32767` (one correctly rounded f32 division) and, if `dx != 0`,
+//!   `xq_i = ((x_i / dx) + 1.5·2^23) − 1.5·2^23` as an integer: round half to even, by two
+//!   correctly rounded additions (`|x_i / dx| ≤ 32767`, far below 2^22); `xq_i = 0` where
+//!   `dx == 0`. The error is at most `dx / 2 ≈ 2^-16 · amax` per element.
+//!
+//! **Dot** of a Q8_0 row (`q` int8, `d` f16 per block) with one token:
+//! - Block `b` goes to accumulator `b % 4` (of [`ACCS`], 16 lanes each); lane `l` gets
+//!   `p_l = q[2l]·xq[2l] + q[2l+1]·xq[2l+1]` in i32 (exact: `|p| ≤ 2·128·32767 < 2^24`, so
+//!   its f32 conversion is exact too; this is `vpmaddwd` / `smlal` pairs), then one fma:
+//!   `acc[b % 4][l] = fma(p_l as f32, d_b · dx_b, acc[b % 4][l])`, the factor one f32
+//!   multiply of the widened scale and `dx_b`.
+//! - The accumulators are combined and reduced as [`crate::canon::reduce`]. Q8_0 rows are
+//!   whole blocks: no tail.
+//!
+//! Every path (scalar, AVX2, AVX-512, NEON through this model; one token or many; any thread
+//! count) computes exactly these operations, so results are bit-identical everywhere.
+//! Against f64 the dot's error is about `2^-16` of `Σ|w·x|` (the f32 order's is `2^-24`):
+//! far inside what a quantized model's logits differ from its float model by.
+
+use crate::canon::{reduce, ACCS, LANES};
+use crate::dtype::DType;
+use crate::simd::Level;
+
+/// Elements per block (of the weights and of the int16 activations).
+pub(crate) const BLOCK: usize = 32;
+/// Bytes of one Q8_0 block: an f16 scale and 32 int8.
+pub(crate) const Q8_0_BYTES: usize = 34;
+/// Largest int16 activation.
+const XQ_MAX: f32 = 32767.0;
+/// `1.5 · 2^23`: adding and subtracting it rounds to an integer (ties to even).
+const MAGIC: f32 = 12_582_912.0;
+/// Blocks per scale segment of the SIMD kernels; `dx` rows are padded to a multiple.
+pub(crate) const SEG: usize = 16;
+
+/// Whether `dtype` follows the integer-dot order (else the f32 order of [`crate::canon`]).
+#[inline]
+pub(crate) fn handles(dtype: DType) -> bool {
+    dtype == DType::Q8_0
+}
+
+/// The int16 activations of `n` tokens: `xq[t * cols + e]`, and per block the factor
+/// `dx[t * stride + b]` (`stride` = blocks per row rounded up to [`SEG`], the padding zero).
+pub(crate) struct QuantX {
+    pub(crate) xq: Vec<i16>,
+    pub(crate) dx: Vec<f32>,
+    pub(crate) cols: usize,
+    pub(crate) stride: usize,
+}
+
+impl QuantX {
+    /// Tokens held.
+    pub(crate) fn tokens(&self) -> usize {
+        self.xq.len().checked_div(self.cols).unwrap_or(0)
+    }
+
+    /// The activations of tokens `t0 .. t0 + n` (a copy).
+    #[cfg(test)]
+    pub(crate) fn slice(&self, t0: usize, n: usize) -> QuantX {
+        QuantX {
+            xq: self.xq[t0 * self.cols..(t0 + n) * self.cols].to_vec(),
+            dx: self.dx[t0 * self.stride..(t0 + n) * self.stride].to_vec(),
+            cols: self.cols,
+            stride: self.stride,
+        }
+    }
+}
+
+/// Canonical int16 quantization of the `x.len() / cols` token rows of `x` (see the module
+/// docs). `cols` must be a multiple of [`BLOCK`].
+pub(crate) fn quantize(x: &[f32], cols: usize) -> QuantX {
+    debug_assert!(cols % BLOCK == 0 && x.len() % cols.max(1) == 0);
+    let nb = cols / BLOCK;
+    let stride = nb.next_multiple_of(SEG);
+    let n = x.len().checked_div(cols).unwrap_or(0);
+    let mut xq = vec![0i16; x.len()];
+    let mut dx = vec![0f32; n * stride];
+    for t in 0..n {
+        let xt = &x[t * cols..(t + 1) * cols];
+        let qt = &mut xq[t * cols..(t + 1) * cols];
+        let dt = &mut dx[t * stride..t * stride + nb];
+        for ((xb, qb), d) in xt
+            .chunks_exact(BLOCK)
+            .zip(qt.chunks_exact_mut(BLOCK))
+            .zip(dt)
+        {
+            *d = quantize_block(xb, qb);
+        }
+    }
+    QuantX {
+        xq,
+        dx,
+        cols,
+        stride,
+    }
+}
+
+/// One block: writes `xq`, returns `dx`.
+#[inline]
+fn quantize_block(x: &[f32], xq: &mut [i16]) -> f32 {
+    let amax = x
+        .iter()
+        .map(|v| v.to_bits() & 0x7fff_ffff)
+        .fold(0, u32::max);
+    if amax >= 0x7f80_0000 {
+        return f32::from_bits(amax);
+    }
+    let d = f32::from_bits(amax) / XQ_MAX;
+    if d != 0.0 {
+        for (q, &v) in xq.iter_mut().zip(x) {
+            // |v / d| <= 32767: the magic addition rounds it to an integer, ties to even
+            *q = (((v / d) + MAGIC) - MAGIC) as i16;
+        }
+    }
+    d
+}
+
+/// Canonical dots of one Q8_0 row with every token of `qx` (portable path; the model every
+/// SIMD path matches). `out.len()` = tokens of `qx`.
+pub(crate) fn q8_0_dots_scalar(row: &[u8], qx: &QuantX, out: &mut [f32]) {
+    for (t, o) in out.iter_mut().enumerate() {
+        let xq = &qx.xq[t * qx.cols..(t + 1) * qx.cols];
+        let dx = &qx.dx[t * qx.stride..];
+        let mut acc = [[0f32; LANES]; ACCS];
+        for (b, blk) in row.chunks_exact(Q8_0_BYTES).enumerate() {
+            let d = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+            let f = d * dx[b];
+            let xb = &xq[BLOCK * b..BLOCK * (b + 1)];
+            let a = &mut acc[b % ACCS];
+            for l in 0..LANES {
+                let p = blk[2 + 2 * l] as i8 as i32 * xb[2 * l] as i32
+                    + blk[3 + 2 * l] as i8 as i32 * xb[2 * l + 1] as i32;
+                a[l] = (p as f32).mul_add(f, a[l]);
+            }
+        }
+        *o = reduce(&acc);
+    }
+}
+
+/// `out[r * n + t]` = canonical integer dot of row `r` of `data` (Q8_0 rows of `qx.cols`
+/// elements) with token `t` of `qx` (`n` tokens). Panics if the lengths disagree.
+pub(crate) fn rows(level: Level, data: &[u8], qx: &QuantX, out: &mut [f32]) {
+    let n = qx.tokens();
+    let rb = qx.cols / BLOCK * Q8_0_BYTES;
+    assert!(n > 0 && rb > 0, "bad matmul shape");
+    assert_eq!(out.len() % n, 0, "out length");
+    assert_eq!(data.len(), out.len() / n * rb, "weight bytes");
+    assert_eq!(qx.dx.len(), n * qx.stride, "dx length");
+    match crate::dispatch::usable(level) {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: AVX-512F/BW, AVX2, FMA and F16C detected; lengths checked above.
+        Level::Avx512 if is_x86_feature_detected!("avx512bw") => unsafe {
+            crate::x86::intdot::rows::<true>(data, qx, out)
+        },
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        // SAFETY: AVX2, FMA and F16C detected (AVX-512F implies them here); lengths checked.
+        Level::Avx2 | Level::Avx512 => unsafe { crate::x86::intdot::rows::<false>(data, qx, out) },
+        _ => {
+            for (r, o) in out.chunks_exact_mut(n).enumerate() {
+                q8_0_dots_scalar(&data[r * rb..(r + 1) * rb], qx, o);
+            }
+        }
+    }
+}
