@@ -87,7 +87,8 @@ pub(crate) fn rows(
     assert_eq!(data.len(), out.len() / n * rb, "weight bytes");
     if crate::intdot::handles(dtype) {
         // callers that reuse the activations quantize once (`matmul`); same result
-        return crate::intdot::rows(level, data, &crate::intdot::quantize(x, cols), out);
+        let qx = crate::intdot::quantize(x, cols);
+        return crate::intdot::rows(level, dtype, data, &qx, out);
     }
     match usable(level) {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]

@@ -1,7 +1,9 @@
-//! The integer-dot canonical order of Q8_0, and its portable scalar model.
+//! The integer-dot canonical order of Q8_0 and Q5_0, and its portable scalar model.
 //!
-//! Q8_0 rows do not follow the f32 order of [`crate::canon`]: the activations are quantized
-//! to int16 once per call and each weight block contributes integer products, scaled once.
+//! Rows of these types do not follow the f32 order of [`crate::canon`]: the activations are
+//! quantized to int16 once per call and each weight block contributes integer products,
+//! scaled once. Both types are 32-element blocks of one f16 scale `d` (the block's first two
+//! bytes) and integers `q`: Q8_0's int8, Q5_0's 5-bit values minus 16 (`quant_ext`).
 //!
 //! **Activations** ([`quantize`]), per 32 elements (one weight block) of each token's row:
 //! - `amax` = the largest bit pattern of `|x_i|` (`bits & 0x7fff_ffff`, an integer max: exact
@@ -12,7 +14,7 @@
 //!   correctly rounded additions (`|x_i / dx| ≤ 32767`, far below 2^22); `xq_i = 0` where
 //!   `dx == 0`. The error is at most `dx / 2 ≈ 2^-16 · amax` per element.
 //!
-//! **Dot** of a Q8_0 row (`q` int8, `d` f16 per block) with one token:
+//! **Dot** of a row (`q` in -128..=127, `d` f16 per block) with one token:
 //! - Block `b` goes to accumulator `b % 4` (of [`ACCS`], 16 lanes each); lane `l` gets
 //!   `p_l = q[2l]·xq[2l] + q[2l+1]·xq[2l+1]` in i32 (exact: `|p| ≤ 2·128·32767 < 2^24`, so
 //!   its f32 conversion is exact too; this is `vpmaddwd` / `smlal` pairs), then one fma:
@@ -34,6 +36,8 @@ use crate::simd::Level;
 pub(crate) const BLOCK: usize = 32;
 /// Bytes of one Q8_0 block: an f16 scale and 32 int8.
 pub(crate) const Q8_0_BYTES: usize = 34;
+/// Bytes of one Q5_0 block: an f16 scale, 32 high bits, 16 bytes of low nibbles.
+pub(crate) const Q5_0_BYTES: usize = 22;
 /// Largest int16 activation.
 const XQ_MAX: f32 = 32767.0;
 /// `1.5 · 2^23`: adding and subtracting it rounds to an integer (ties to even).
@@ -44,7 +48,36 @@ pub(crate) const SEG: usize = 16;
 /// Whether `dtype` follows the integer-dot order (else the f32 order of [`crate::canon`]).
 #[inline]
 pub(crate) fn handles(dtype: DType) -> bool {
-    dtype == DType::Q8_0
+    matches!(dtype, DType::Q8_0 | DType::Q5_0)
+}
+
+/// Bytes of one block of an integer-dot type.
+pub(crate) fn block_bytes(dtype: DType) -> usize {
+    if dtype == DType::Q5_0 {
+        Q5_0_BYTES
+    } else {
+        Q8_0_BYTES
+    }
+}
+
+/// The 32 integers of one block of `dtype` (Q5_0: `q - 16` of the 5-bit `q`).
+#[inline]
+fn block_q(dtype: DType, blk: &[u8]) -> [i8; BLOCK] {
+    let mut q = [0i8; BLOCK];
+    if dtype == DType::Q5_0 {
+        let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+        for j in 0..16 {
+            let lo = (blk[6 + j] & 0x0F) as u32 | ((qh >> j) & 1) << 4;
+            let hi = (blk[6 + j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
+            q[j] = lo as i8 - 16;
+            q[j + 16] = hi as i8 - 16;
+        }
+    } else {
+        for (v, &b) in q.iter_mut().zip(&blk[2..2 + BLOCK]) {
+            *v = b as i8;
+        }
+    }
+    q
 }
 
 /// The int16 activations of `n` tokens: `xq[t * cols + e]`, and per block the factor
@@ -123,33 +156,41 @@ fn quantize_block(x: &[f32], xq: &mut [i16]) -> f32 {
     d
 }
 
-/// Canonical dots of one Q8_0 row with every token of `qx` (portable path; the model every
-/// SIMD path matches). `out.len()` = tokens of `qx`.
-pub(crate) fn q8_0_dots_scalar(row: &[u8], qx: &QuantX, out: &mut [f32]) {
-    for (t, o) in out.iter_mut().enumerate() {
-        let xq = &qx.xq[t * qx.cols..(t + 1) * qx.cols];
-        let dx = &qx.dx[t * qx.stride..];
-        let mut acc = [[0f32; LANES]; ACCS];
-        for (b, blk) in row.chunks_exact(Q8_0_BYTES).enumerate() {
+/// Canonical dots of one row of `dtype` with every token of `qx` (portable path; the model
+/// every SIMD path matches). `out.len()` = tokens of `qx`.
+pub(crate) fn dots_scalar(dtype: DType, row: &[u8], qx: &QuantX, out: &mut [f32]) {
+    /// tokens sharing one decoded block
+    const TOKENS: usize = 8;
+    for (c, outs) in out.chunks_mut(TOKENS).enumerate() {
+        let mut acc = [[[0f32; LANES]; ACCS]; TOKENS];
+        for (b, blk) in row.chunks_exact(block_bytes(dtype)).enumerate() {
             let d = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
-            let f = d * dx[b];
-            let xb = &xq[BLOCK * b..BLOCK * (b + 1)];
-            let a = &mut acc[b % ACCS];
-            for l in 0..LANES {
-                let p = blk[2 + 2 * l] as i8 as i32 * xb[2 * l] as i32
-                    + blk[3 + 2 * l] as i8 as i32 * xb[2 * l + 1] as i32;
-                a[l] = (p as f32).mul_add(f, a[l]);
+            let q = block_q(dtype, blk);
+            for (i, at) in acc[..outs.len()].iter_mut().enumerate() {
+                let t = c * TOKENS + i;
+                let f = d * qx.dx[t * qx.stride + b];
+                let xb = &qx.xq[t * qx.cols + BLOCK * b..][..BLOCK];
+                let a = &mut at[b % ACCS];
+                for l in 0..LANES {
+                    let p = q[2 * l] as i32 * xb[2 * l] as i32
+                        + q[2 * l + 1] as i32 * xb[2 * l + 1] as i32;
+                    a[l] = (p as f32).mul_add(f, a[l]);
+                }
             }
         }
-        *o = reduce(&acc);
+        for (o, a) in outs.iter_mut().zip(&acc) {
+            *o = reduce(a);
+        }
     }
 }
 
-/// `out[r * n + t]` = canonical integer dot of row `r` of `data` (Q8_0 rows of `qx.cols`
-/// elements) with token `t` of `qx` (`n` tokens). Panics if the lengths disagree.
-pub(crate) fn rows(level: Level, data: &[u8], qx: &QuantX, out: &mut [f32]) {
+/// `out[r * n + t]` = canonical integer dot of row `r` of `data` (rows of `qx.cols` elements
+/// of `dtype`, one that [`handles`]) with token `t` of `qx` (`n` tokens). Panics if the
+/// lengths disagree.
+pub(crate) fn rows(level: Level, dtype: DType, data: &[u8], qx: &QuantX, out: &mut [f32]) {
     let n = qx.tokens();
-    let rb = qx.cols / BLOCK * Q8_0_BYTES;
+    let rb = qx.cols / BLOCK * block_bytes(dtype);
+    assert!(handles(dtype), "not an integer-dot type");
     assert!(n > 0 && rb > 0, "bad matmul shape");
     assert_eq!(out.len() % n, 0, "out length");
     assert_eq!(data.len(), out.len() / n * rb, "weight bytes");
@@ -158,14 +199,16 @@ pub(crate) fn rows(level: Level, data: &[u8], qx: &QuantX, out: &mut [f32]) {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: AVX-512F/BW, AVX2, FMA and F16C detected; lengths checked above.
         Level::Avx512 if is_x86_feature_detected!("avx512bw") => unsafe {
-            crate::x86::intdot::rows::<true>(data, qx, out)
+            crate::x86::intdot::rows::<true>(dtype, data, qx, out)
         },
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: AVX2, FMA and F16C detected (AVX-512F implies them here); lengths checked.
-        Level::Avx2 | Level::Avx512 => unsafe { crate::x86::intdot::rows::<false>(data, qx, out) },
+        Level::Avx2 | Level::Avx512 => unsafe {
+            crate::x86::intdot::rows::<false>(dtype, data, qx, out)
+        },
         _ => {
             for (r, o) in out.chunks_exact_mut(n).enumerate() {
-                q8_0_dots_scalar(&data[r * rb..(r + 1) * rb], qx, o);
+                dots_scalar(dtype, &data[r * rb..(r + 1) * rb], qx, o);
             }
         }
     }

@@ -91,7 +91,7 @@ pub(crate) fn matmul_at(
     // the integer-dot types quantize the activations once per call
     let qx = intdot::handles(dtype).then(|| intdot::quantize(x, cols));
     let kernel = |data: &[u8], out: &mut [f32]| match &qx {
-        Some(qx) => intdot::rows(level, data, qx, out),
+        Some(qx) => intdot::rows(level, dtype, data, qx, out),
         None => dispatch::rows(level, dtype, data, cols, x, n, out),
     };
     let threads = rayon::current_num_threads();
@@ -230,7 +230,7 @@ pub(crate) fn matmul_many_at(
         |_, (w, rb, r0, o)| {
             let data = &w.data[r0 * rb..(r0 + o.len()) * rb];
             match &qx {
-                Some(qx) if intdot::handles(w.dtype) => intdot::rows(level, data, qx, o),
+                Some(qx) if intdot::handles(w.dtype) => intdot::rows(level, w.dtype, data, qx, o),
                 _ => dispatch::rows(level, w.dtype, data, w.cols, &x[..w.cols], 1, o),
             }
         },

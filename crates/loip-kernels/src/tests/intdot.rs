@@ -4,7 +4,7 @@
 
 use super::{bits, random_f32, random_matrix};
 use crate::dtype::DType;
-use crate::intdot::{q8_0_dots_scalar, quantize, rows, BLOCK, Q8_0_BYTES};
+use crate::intdot::{block_bytes, dots_scalar, quantize, rows, BLOCK, Q8_0_BYTES};
 use crate::simd::{supported, Level};
 use half::f16;
 use rand::{Rng, SeedableRng};
@@ -47,7 +47,7 @@ fn quantize_rounds_half_to_even_and_flags_non_finite_blocks() {
         b[2..].fill(1);
     }
     let mut out = [0f32];
-    q8_0_dots_scalar(&row, &q, &mut out);
+    dots_scalar(DType::Q8_0, &row, &q, &mut out);
     assert!(out[0].is_nan());
     // the largest element maps to ±32767 whatever the scale; tiny blocks to 0 or exact
     for amax in [1e-30f32, 1e-3, 0.7, 3.0e5, 1e30, f32::MAX] {
@@ -63,6 +63,26 @@ fn quantize_rounds_half_to_even_and_flags_non_finite_blocks() {
 }
 
 #[test]
+fn block_integers_are_the_dequantized_values() {
+    let mut rng = ChaCha8Rng::seed_from_u64(35);
+    for dtype in [DType::Q8_0, DType::Q5_0] {
+        let data = random_matrix(dtype, 1, 256, &mut rng);
+        let mut want = vec![0f32; 256];
+        crate::dequant::dequant_into(dtype, &data, &mut want);
+        // x = e_j: xq = 32767 at j, dx = 1/32767 rounded; compare q·d through the model
+        for j in [0, 5, 15, 16, 17, 31, 32, 100, 255] {
+            let mut x = vec![0f32; 256];
+            x[j] = 1.0;
+            let q = quantize(&x, 256);
+            let mut got = [0f32];
+            dots_scalar(dtype, &data, &q, &mut got);
+            let rel = (got[0] - want[j]).abs() / want[j].abs().max(1e-30);
+            assert!(rel < 1e-6, "{dtype} element {j}: {} vs {}", got[0], want[j]);
+        }
+    }
+}
+
+#[test]
 fn scalar_model_is_close_to_f64() {
     let mut rng = ChaCha8Rng::seed_from_u64(33);
     for cols in [32, 96, 640, 4096] {
@@ -74,7 +94,7 @@ fn scalar_model_is_close_to_f64() {
         for r in 0..rows {
             let row = &data[r * rb..(r + 1) * rb];
             let mut got = [0f32];
-            q8_0_dots_scalar(row, &q, &mut got);
+            dots_scalar(DType::Q8_0, row, &q, &mut got);
             let (mut s, mut a) = (0f64, 0f64);
             for (b, blk) in row.chunks_exact(Q8_0_BYTES).enumerate() {
                 let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f64();
@@ -90,10 +110,10 @@ fn scalar_model_is_close_to_f64() {
     }
 }
 
-/// Q8_0 rows with extreme scales in some blocks: f16 subnormals, the largest f16, infinity.
-fn extreme_rows(rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
-    let mut data = random_matrix(DType::Q8_0, rows, cols, rng);
-    for b in data.chunks_exact_mut(Q8_0_BYTES) {
+/// Rows with extreme scales in some blocks: f16 subnormals, the largest f16, infinity.
+fn extreme_rows(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let mut data = random_matrix(dtype, rows, cols, rng);
+    for b in data.chunks_exact_mut(block_bytes(dtype)) {
         let d = match rng.gen_range(0..20) {
             0 => f16::from_bits(1),
             1 => f16::MAX,
@@ -113,13 +133,16 @@ fn simd_paths_match_the_scalar_model() {
         .into_iter()
         .filter(|&l| supported(l))
         .collect();
-    for cols in [32, 64, 96, 128, 160, 480, 512, 544, 640, 1056] {
+    for (dtype, cols) in [DType::Q8_0, DType::Q5_0]
+        .into_iter()
+        .flat_map(|d| [32, 64, 96, 128, 160, 480, 512, 544, 640, 1056].map(|c| (d, c)))
+    {
         for rows_n in 1..=9 {
             for n in [1, 2, 3, 4, 5, 7, 8, 9] {
                 let data = if rows_n % 3 == 0 {
-                    extreme_rows(rows_n, cols, &mut rng)
+                    extreme_rows(dtype, rows_n, cols, &mut rng)
                 } else {
-                    random_matrix(DType::Q8_0, rows_n, cols, &mut rng)
+                    random_matrix(dtype, rows_n, cols, &mut rng)
                 };
                 let mut x = random_f32(n * cols, &mut rng);
                 if n == 5 {
@@ -128,24 +151,24 @@ fn simd_paths_match_the_scalar_model() {
                     x[rng.gen_range(0..len)] = 1e-39; // subnormal
                 }
                 let q = quantize(&x, cols);
-                let rb = cols / BLOCK * Q8_0_BYTES;
+                let rb = cols / BLOCK * block_bytes(dtype);
                 let mut want = vec![0f32; rows_n * n];
                 for (r, o) in want.chunks_exact_mut(n).enumerate() {
-                    q8_0_dots_scalar(&data[r * rb..(r + 1) * rb], &q, o);
+                    dots_scalar(dtype, &data[r * rb..(r + 1) * rb], &q, o);
                 }
                 // each token alone gives the same bits as in the batch
                 for t in 0..n {
                     let mut one = vec![0f32; rows_n];
-                    rows(Level::Scalar, &data, &q.slice(t, 1), &mut one);
+                    rows(Level::Scalar, dtype, &data, &q.slice(t, 1), &mut one);
                     let col: Vec<f32> = (0..rows_n).map(|r| want[r * n + t]).collect();
-                    assert!(same(&one, &col), "scalar token {t} alone");
+                    assert!(same(&one, &col), "{dtype} scalar token {t} alone");
                 }
                 for &level in &levels {
                     let mut got = vec![f32::NAN; rows_n * n];
-                    rows(level, &data, &q, &mut got);
+                    rows(level, dtype, &data, &q, &mut got);
                     assert!(
                         same(&got, &want),
-                        "{level:?} {rows_n}x{cols} n={n}: {:?} vs {:?}",
+                        "{dtype} {level:?} {rows_n}x{cols} n={n}: {:?} vs {:?}",
                         &bits(&got)[..got.len().min(4)],
                         &bits(&want)[..want.len().min(4)]
                     );

@@ -208,7 +208,7 @@ fn scalar_path_is_canonical_dot_of_dequantized_row() {
                 // the integer-dot order (`crate::intdot`)
                 let mut o = [0f32];
                 let q = crate::intdot::quantize(&x, cols);
-                crate::intdot::q8_0_dots_scalar(&data[r * rb..(r + 1) * rb], &q, &mut o);
+                crate::intdot::dots_scalar(dtype, &data[r * rb..(r + 1) * rb], &q, &mut o);
                 o[0]
             } else {
                 crate::dequant_row(&w, r, &mut row).expect("row");
