@@ -1,8 +1,9 @@
-//! The integer-dot canonical order of Q8_0 and Q5_0, and its portable scalar model.
+//! The integer-dot canonical order of Q8_0 (and, implemented but not switched on, Q5_0: see
+//! [`handles`]), and its portable scalar model.
 //!
-//! Rows of these types do not follow the f32 order of [`crate::canon`]: the activations are
-//! quantized to int16 once per call and each weight block contributes integer products,
-//! scaled once. Both types are 32-element blocks of one f16 scale `d` (the block's first two
+//! Q8_0 rows do not follow the f32 order of [`crate::canon`]: the activations are quantized
+//! to int16 once per call and each weight block contributes integer products, scaled once.
+//! Both types are 32-element blocks of one f16 scale `d` (the block's first two
 //! bytes) and integers `q`: Q8_0's int8, Q5_0's 5-bit values minus 16 (`quant_ext`).
 //!
 //! **Activations** ([`quantize`]), per 32 elements (one weight block) of each token's row:
@@ -46,8 +47,19 @@ const MAGIC: f32 = 12_582_912.0;
 pub(crate) const SEG: usize = 16;
 
 /// Whether `dtype` follows the integer-dot order (else the f32 order of [`crate::canon`]).
+///
+/// Q5_0 has every path of this order ([`implemented`], tested bit for bit) but stays on the
+/// f32 order: its batched tiles here (1 row × 4 tokens) made Qwen2.5's 256-token prefill
+/// 1.3–1.8× slower than the f32 GEMM panels (6 December 2026, load 10–13). A type switches
+/// wholly, every path at once.
 #[inline]
 pub(crate) fn handles(dtype: DType) -> bool {
+    dtype == DType::Q8_0
+}
+
+/// Whether this module has the kernels of `dtype` (a superset of [`handles`]).
+#[inline]
+pub(crate) fn implemented(dtype: DType) -> bool {
     matches!(dtype, DType::Q8_0 | DType::Q5_0)
 }
 
@@ -185,12 +197,12 @@ pub(crate) fn dots_scalar(dtype: DType, row: &[u8], qx: &QuantX, out: &mut [f32]
 }
 
 /// `out[r * n + t]` = canonical integer dot of row `r` of `data` (rows of `qx.cols` elements
-/// of `dtype`, one that [`handles`]) with token `t` of `qx` (`n` tokens). Panics if the
+/// of `dtype`, one [`implemented`]) with token `t` of `qx` (`n` tokens). Panics if the
 /// lengths disagree.
 pub(crate) fn rows(level: Level, dtype: DType, data: &[u8], qx: &QuantX, out: &mut [f32]) {
     let n = qx.tokens();
     let rb = qx.cols / BLOCK * block_bytes(dtype);
-    assert!(handles(dtype), "not an integer-dot type");
+    assert!(implemented(dtype), "not an integer-dot type");
     assert!(n > 0 && rb > 0, "bad matmul shape");
     assert_eq!(out.len() % n, 0, "out length");
     assert_eq!(data.len(), out.len() / n * rb, "weight bytes");

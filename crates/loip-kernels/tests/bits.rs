@@ -52,7 +52,7 @@ const MATMUL: [(DType, u64); 15] = [
     (DType::Q4_1, 0x64f80eadb4846a85),
     (DType::Q4K, 0xf2b645835855188f),
     (DType::Q6K, 0x7af7dbab78cc594f),
-    (DType::Q5_0, 0xa2874695fc62dda4),
+    (DType::Q5_0, 0x6a6b3d43de6deb7c),
     (DType::Q5_1, 0x39d44b762fc239a8),
     (DType::Q2K, 0x542b4b3e9e765584),
     (DType::Q3K, 0x288e75134a5f01c0),
