@@ -57,7 +57,7 @@ fn tiled(n: usize) -> bool {
 
 /// `level` if this CPU runs it, else the scalar path.
 #[inline]
-fn usable(level: Level) -> Level {
+pub(crate) fn usable(level: Level) -> Level {
     match (level, detected()) {
         (Level::Avx512, Level::Avx512) => Level::Avx512,
         (Level::Avx2, Level::Avx2 | Level::Avx512) => Level::Avx2,
@@ -85,6 +85,11 @@ pub(crate) fn rows(
     assert_eq!(out.len() % n, 0, "out length");
     let rb = prefix_bytes(dtype, cols);
     assert_eq!(data.len(), out.len() / n * rb, "weight bytes");
+    if crate::intdot::handles(dtype) {
+        // callers that reuse the activations quantize once (`matmul`); same result
+        let qx = crate::intdot::quantize(x, cols);
+        return crate::intdot::rows(level, dtype, data, &qx, out);
+    }
     match usable(level) {
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         // SAFETY: AVX-512F/AVX2/FMA/F16C detected; lengths checked above.
@@ -138,6 +143,9 @@ impl<'a> TokenMajor<'a> {
 /// Whether [`rows_token_major`] takes `n` tokens of `dtype` on `level` (else callers use
 /// [`rows`] and transpose).
 pub(crate) fn has_token_major(level: Level, dtype: DType, n: usize) -> bool {
+    if crate::intdot::handles(dtype) {
+        return false;
+    }
     #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
     match usable(level) {
         Level::Avx2 => return tiled(n),

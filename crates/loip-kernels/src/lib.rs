@@ -35,6 +35,7 @@ mod canon;
 mod dequant;
 mod dispatch;
 mod elementwise;
+mod intdot;
 mod matmul;
 mod quant_ext;
 mod quant_k_ext;

@@ -8,6 +8,7 @@
 use crate::dequant::dequant_into;
 use crate::dispatch;
 use crate::dtype::{KernelError, Matrix};
+use crate::intdot;
 use crate::simd::{self, Level};
 use crate::team;
 
@@ -87,7 +88,12 @@ pub(crate) fn matmul_at(
     }
     let (rows, cols, dtype) = (w.rows, w.cols, w.dtype);
     let rb = dtype.row_bytes(cols)?;
-    let kernel = |data: &[u8], out: &mut [f32]| dispatch::rows(level, dtype, data, cols, x, n, out);
+    // the integer-dot types quantize the activations once per call
+    let qx = intdot::handles(dtype).then(|| intdot::quantize(x, cols));
+    let kernel = |data: &[u8], out: &mut [f32]| match &qx {
+        Some(qx) => intdot::rows(level, dtype, data, qx, out),
+        None => dispatch::rows(level, dtype, data, cols, x, n, out),
+    };
     let threads = rayon::current_num_threads();
     // multiply-adds of the call: a batch splits as a matrix n times larger
     let elems = rows.saturating_mul(cols).saturating_mul(n);
@@ -213,12 +219,20 @@ pub(crate) fn matmul_many_at(
             tasks.push((w, rb, i * task_rows, o));
         }
     }
+    // the integer-dot types' activations, quantized once (every matrix has the same cols)
+    let qx = ws
+        .iter()
+        .find(|w| intdot::handles(w.dtype) && w.rows > 0 && w.cols > 0)
+        .map(|w| intdot::quantize(&x[..w.cols], w.cols));
     team::par_drain(
         tasks,
         || (),
         |_, (w, rb, r0, o)| {
             let data = &w.data[r0 * rb..(r0 + o.len()) * rb];
-            dispatch::rows(level, w.dtype, data, w.cols, &x[..w.cols], 1, o);
+            match &qx {
+                Some(qx) if intdot::handles(w.dtype) => intdot::rows(level, w.dtype, data, qx, o),
+                _ => dispatch::rows(level, w.dtype, data, w.cols, &x[..w.cols], 1, o),
+            }
         },
     );
     Ok(())

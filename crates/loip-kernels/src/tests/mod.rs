@@ -2,6 +2,7 @@
 //! canonical path, for every kernel and odd shapes (tails, remainders, tiles).
 
 mod attn_tiles;
+mod intdot;
 #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
 mod neon;
 mod single_token;
@@ -201,9 +202,19 @@ fn scalar_path_is_canonical_dot_of_dequantized_row() {
         let mut y = vec![0f32; 3];
         matmul_at(Level::Scalar, &w, &x, &mut y).expect("matmul");
         let mut row = vec![0f32; cols];
+        let rb = dtype.row_bytes(cols).expect("blocks");
         for (r, yr) in y.iter().enumerate() {
-            crate::dequant_row(&w, r, &mut row).expect("row");
-            assert_eq!(yr.to_bits(), canon::dot_f32(&row, &x).to_bits(), "{dtype}");
+            let want = if crate::intdot::handles(dtype) {
+                // the integer-dot order (`crate::intdot`)
+                let mut o = [0f32];
+                let q = crate::intdot::quantize(&x, cols);
+                crate::intdot::dots_scalar(dtype, &data[r * rb..(r + 1) * rb], &q, &mut o);
+                o[0]
+            } else {
+                crate::dequant_row(&w, r, &mut row).expect("row");
+                canon::dot_f32(&row, &x)
+            };
+            assert_eq!(yr.to_bits(), want.to_bits(), "{dtype}");
         }
     }
 }
