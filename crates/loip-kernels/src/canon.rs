@@ -15,9 +15,9 @@
 //! - The tail is accumulated sequentially, `t = fma(w[j], x[j], t)` from `+0.0`, and added
 //!   last: `sum + t` (only when the tail is not empty).
 //!
-//! Q8_0 rows follow another order, the integer-dot order of [`crate::intdot`]
-//! (activations quantized to int16 per 32-element block, one fma per lane per block); the
-//! reduction is the same [`reduce`].
+//! A second order, the integer-dot order of [`crate::intdot`] (activations quantized to int16
+//! per 32-element block, one fma per lane per block, the same [`reduce`]), is implemented for
+//! Q8_0 and Q5_0 but not switched on.
 //!
 //! The dequantized weights are the exact values of `dequant`. A SIMD path may compute them
 //! differently (a 16-entry table, or `fma(q, d, m)` instead of `q * d + m`) only where the

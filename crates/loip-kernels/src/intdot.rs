@@ -1,8 +1,9 @@
-//! The integer-dot canonical order of Q8_0 (and, implemented but not switched on, Q5_0: see
-//! [`handles`]), and its portable scalar model.
+//! An integer-dot canonical order for Q8_0 and Q5_0, and its portable scalar model:
+//! implemented on every x86 path and tested bit for bit, not switched on (see [`handles`]).
 //!
-//! Q8_0 rows do not follow the f32 order of [`crate::canon`]: the activations are quantized
-//! to int16 once per call and each weight block contributes integer products, scaled once.
+//! Rows on this order do not follow the f32 order of [`crate::canon`]: the activations are
+//! quantized to int16 once per call and each weight block contributes integer products,
+//! scaled once.
 //! Both types are 32-element blocks of one f16 scale `d` (the block's first two
 //! bytes) and integers `q`: Q8_0's int8, Q5_0's 5-bit values minus 16 (`quant_ext`).
 //!
@@ -46,15 +47,21 @@ const MAGIC: f32 = 12_582_912.0;
 /// Blocks per scale segment of the SIMD kernels; `dx` rows are padded to a multiple.
 pub(crate) const SEG: usize = 16;
 
-/// Whether `dtype` follows the integer-dot order (else the f32 order of [`crate::canon`]).
-///
-/// Q5_0 has every path of this order ([`implemented`], tested bit for bit) but stays on the
-/// f32 order: its batched tiles here (1 row × 4 tokens) made Qwen2.5's 256-token prefill
-/// 1.3–1.8× slower than the f32 GEMM panels (6 December 2026, load 10–13). A type switches
-/// wholly, every path at once.
+/// Whether `dtype` follows the integer-dot order (else the f32 order of [`crate::canon`]):
+/// none today. Q8_0 and Q5_0 have every path of this order ([`implemented`], tested bit for
+/// bit) but stay on the f32 order:
+/// - Q8_0: x86 decode gains (one-token matvec 1.27–1.78× at AVX-512, Gemma 3 decode 0.91×),
+///   but batched steps lose (0.8–0.95× at n ≥ 8: 3 instructions per block and token against
+///   2 fmas) and aarch64 would run the portable scalar model until a NEON kernel of this
+///   order exists, where the f32 order has NEON kernels: a cluster must give the same bits on
+///   x86 and ARM, so a type switches on every architecture at once.
+/// - Q5_0: its batched tiles (1 row × 4 tokens) made Qwen2.5's 256-token prefill 1.3–1.8×
+///   slower than the f32 GEMM panels, and its logits left the 1e-4 tolerance of
+///   `loip-engine/tests/gguf_types.rs` (6 December 2026).
 #[inline]
 pub(crate) fn handles(dtype: DType) -> bool {
-    dtype == DType::Q8_0
+    let _ = dtype;
+    false
 }
 
 /// Whether this module has the kernels of `dtype` (a superset of [`handles`]).

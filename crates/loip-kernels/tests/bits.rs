@@ -47,7 +47,7 @@ const MATMUL: [(DType, u64); 15] = [
     (DType::F32, 0xb25bf8f5e246c745),
     (DType::F16, 0xa24d5c74445412c8),
     (DType::BF16, 0xbd8da73675817159),
-    (DType::Q8_0, 0xd083789629f5564e),
+    (DType::Q8_0, 0x2fbc4c52f55337b4),
     (DType::Q4_0, 0xa588eb44e0965267),
     (DType::Q4_1, 0x64f80eadb4846a85),
     (DType::Q4K, 0xf2b645835855188f),

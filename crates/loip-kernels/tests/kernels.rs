@@ -29,14 +29,7 @@ fn pool(threads: usize) -> rayon::ThreadPool {
 }
 
 /// Checks `got` against the reference with a tolerance relative to `Σ |w x|` per output.
-/// Q8_0 (int16 activations, `intdot.rs`) gets `rel` plus 1e-4: each activation is off by at
-/// most 1/65534 of its block's largest, about 3e-5 of `Σ |w x|` at worst for these inputs.
 fn assert_close(w: &Matrix, x: &[f32], got: &[f32], want: &[f32], rel: f32) {
-    let rel = if w.dtype == DType::Q8_0 {
-        rel + 1e-4
-    } else {
-        rel
-    };
     let n = x.len() / w.cols;
     let mut row = vec![0f32; w.cols];
     for r in 0..w.rows {
