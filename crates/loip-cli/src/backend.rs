@@ -169,7 +169,7 @@ impl OffloadArgs {
 pub fn placement(offload: &OffloadArgs, cluster: &ClusterArgs, quiet: bool) -> Result<Placement> {
     if let Some(file) = &cluster.cluster {
         // a paired coordinator connects with the key its workers pinned
-        if let Err(e) = crate::cluster_ux::use_paired_identity(false) {
+        if let Err(e) = loip::backend::use_paired_identity(false) {
             eprintln!("warning: this coordinator's paired key is not used: {e:#}");
         }
         return Ok(Placement::Cluster(ClusterOptions {

@@ -144,26 +144,6 @@ pub fn discover(c: &mut ClusterArgs) -> Result<()> {
     Ok(())
 }
 
-/// This coordinator's static key pair, kept in its directory (`device_key`, made by the
-/// first `loip pair` when `create`), made this process's: the workers paired with it pin
-/// its public key, which is returned. `None` when there is none and `create` is false.
-pub fn use_paired_identity(create: bool) -> Result<Option<[u8; 32]>> {
-    use loip_runtime::net::identity::{store_key_path, Identity};
-    let dir = pairing::config_dir()?;
-    if !create && !store_key_path(&dir).is_file() {
-        return Ok(None);
-    }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let (id, _) = Identity::load_or_create(&dir)?;
-    let key = id.public();
-    if !loip_runtime::coordinator::use_coordinator_identity(id)
-        && loip_runtime::coordinator::coordinator_identity().public() != key
-    {
-        anyhow::bail!("this process already uses another coordinator key");
-    }
-    Ok(Some(key))
-}
-
 /// How often the rejoin watcher looks for missing workers.
 const REJOIN_EVERY: Duration = Duration::from_secs(2);
 

@@ -92,7 +92,7 @@ pub fn run(a: PairArgs) -> Result<()> {
             dir.join(loip_runtime::net::token::STORE_TOKEN).display()
         );
     }
-    let me = cluster_ux::use_paired_identity(true)?
+    let me = loip::backend::use_paired_identity(true)?
         .context("this coordinator has no key to pair with")?;
     let card = pairing::pair_with(addr, &code, &token, &me, expect.as_ref())?;
     let key = loip_runtime::net::session::unhex::<32>(&card.key)

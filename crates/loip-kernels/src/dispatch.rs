@@ -6,7 +6,7 @@
 use crate::canon::Act;
 use crate::dequant::{prefix_bytes, row_dots_scalar};
 use crate::dtype::DType;
-use crate::simd::{detected, per_row_batches, Level};
+use crate::simd::{per_row_batches, usable, Level};
 
 /// From this many tokens on, AVX2 matmuls use the register-tiled kernel
 /// ([`crate::x86::gemm`], through [`rows_token_major`]); below, the per-row dot kernels of
@@ -53,18 +53,6 @@ fn avx512_native(dtype: DType) -> bool {
 )]
 fn tiled(n: usize) -> bool {
     n >= GEMM_MIN_TOKENS && !per_row_batches()
-}
-
-/// `level` if this CPU runs it, else the scalar path.
-#[inline]
-pub(crate) fn usable(level: Level) -> Level {
-    match (level, detected()) {
-        (Level::Avx512, Level::Avx512) => Level::Avx512,
-        (Level::Avx2, Level::Avx2 | Level::Avx512) => Level::Avx2,
-        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
-        (Level::Neon, Level::Neon) => Level::Neon,
-        _ => Level::Scalar,
-    }
 }
 
 /// `out[r * n + t]` = canonical dot of row `r` of `data` with token `t` of `x`.

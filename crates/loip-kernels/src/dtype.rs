@@ -143,12 +143,9 @@ impl DType {
     pub fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0
-            | DType::Q4_0
-            | DType::Q4_1
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::IQ4NL => 32,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL => {
+                32
+            }
             DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => 256,
         }
     }

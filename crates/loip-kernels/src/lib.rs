@@ -39,6 +39,7 @@ mod intdot;
 mod matmul;
 mod quant_ext;
 mod quant_k_ext;
+mod quantx;
 mod scales;
 mod simd;
 mod team;

@@ -209,3 +209,15 @@ pub fn set_short_tiles_off(off: bool) {
 pub(crate) fn short_tiles_off() -> bool {
     NO_SHORT_TILES.on()
 }
+
+/// `level` if this CPU runs it, else the scalar path.
+#[inline]
+pub(crate) fn usable(level: Level) -> Level {
+    match (level, detected()) {
+        (Level::Avx512, Level::Avx512) => Level::Avx512,
+        (Level::Avx2, Level::Avx2 | Level::Avx512) => Level::Avx2,
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        (Level::Neon, Level::Neon) => Level::Neon,
+        _ => Level::Scalar,
+    }
+}

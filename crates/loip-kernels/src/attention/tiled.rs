@@ -83,7 +83,11 @@ pub(super) fn heads(
     for t0 in (0..longest).step_by(POS_BLOCK) {
         let blocks = |n: usize| padded(n.min(t0 + POS_BLOCK)).saturating_sub(t0) / LANES;
         for set in &sets {
-            let common = ns[set.clone()].iter().map(|&n| blocks(n)).min().unwrap_or(0);
+            let common = ns[set.clone()]
+                .iter()
+                .map(|&n| blocks(n))
+                .min()
+                .unwrap_or(0);
             if common > 0 {
                 let (q, r) = (&qv[set.clone()], &mut rows[set.clone()]);
                 (kern.scores)(q, &ktb[t0..], ld, common, scale, t0, r);

@@ -35,11 +35,30 @@ fn causal_tiles_match_scalar() {
         let mut want = vec![0f32; m * w];
         for (i, o) in want.chunks_exact_mut(w).enumerate() {
             let qi = &q[i * w..(i + 1) * w];
-            attention_at(Level::Scalar, qi, &k, &v, start + i + 1, n_heads, n_kv, hd, o);
+            attention_at(
+                Level::Scalar,
+                qi,
+                &k,
+                &v,
+                start + i + 1,
+                n_heads,
+                n_kv,
+                hd,
+                o,
+            );
         }
         for level in LEVELS.into_iter().filter(|&l| supported(l)) {
             for threads in [1, 2, 3] {
-                let got = causal_on(level, threads, &q, &k, &v, start, (n_heads, n_kv, hd), m * w);
+                let got = causal_on(
+                    level,
+                    threads,
+                    &q,
+                    &k,
+                    &v,
+                    start,
+                    (n_heads, n_kv, hd),
+                    m * w,
+                );
                 assert_eq!(
                     bits(&got),
                     bits(&want),
@@ -55,8 +74,15 @@ fn causal_tiles_match_scalar() {
 fn tiles_serve_avx2_and_avx512() {
     for level in [Level::Avx2, Level::Avx512] {
         let x86 = cfg!(any(target_arch = "x86_64", target_arch = "x86"));
-        assert_eq!(tiles_usable(level, 64), x86 && supported(level), "{level:?}");
-        assert!(!tiles_usable(level, 24), "{level:?}: head dim not whole groups");
+        assert_eq!(
+            tiles_usable(level, 64),
+            x86 && supported(level),
+            "{level:?}"
+        );
+        assert!(
+            !tiles_usable(level, 24),
+            "{level:?}: head dim not whole groups"
+        );
     }
     assert!(!tiles_usable(Level::Scalar, 64));
 }

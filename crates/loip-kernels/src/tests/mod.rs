@@ -381,7 +381,16 @@ fn causal_attention_is_token_by_token() {
                 attention_at(level, qi, &k, &v, start + i + 1, n_heads, n_kv, hd, o);
             }
             for threads in [1, 2, 3] {
-                let got = causal_on(level, threads, &q, &k, &v, start, (n_heads, n_kv, hd), m * w);
+                let got = causal_on(
+                    level,
+                    threads,
+                    &q,
+                    &k,
+                    &v,
+                    start,
+                    (n_heads, n_kv, hd),
+                    m * w,
+                );
                 assert_eq!(
                     bits(&got),
                     bits(&want),

@@ -50,7 +50,10 @@ pub(crate) fn scores(
     if blocks == 0 {
         return;
     }
-    assert!(kt.len() >= (hd - 1) * ld + 16 * blocks, "scores: kt too short");
+    assert!(
+        kt.len() >= (hd - 1) * ld + 16 * blocks,
+        "scores: kt too short"
+    );
     assert!(rows.iter().all(|r| r.len() >= t0 + 16 * blocks));
     let q: [*const f32; MAX_Q] = std::array::from_fn(|j| qs[j.min(qs.len() - 1)].as_ptr());
     let o: [*mut f32; MAX_Q] = std::array::from_fn(|j| {

@@ -42,7 +42,10 @@ pub(crate) fn scores(
     if blocks == 0 {
         return;
     }
-    assert!(kt.len() >= (hd - 1) * ld + 16 * blocks, "scores: kt too short");
+    assert!(
+        kt.len() >= (hd - 1) * ld + 16 * blocks,
+        "scores: kt too short"
+    );
     assert!(rows.iter().all(|r| r.len() >= t0 + 16 * blocks));
     // at most SCORE_Q query heads per pass: their accumulators and lane trees fit 16 ymm
     for (qs, rows) in qs.chunks(SCORE_Q).zip(rows.chunks_mut(SCORE_Q)) {

@@ -18,7 +18,7 @@ use std::arch::x86::*;
 use std::arch::x86_64::*;
 
 use crate::dtype::DType;
-use crate::intdot::{QuantX, BLOCK, Q5_0_BYTES, Q8_0_BYTES, SEG};
+use crate::quantx::{QuantX, BLOCK, Q5_0_BYTES, Q8_0_BYTES, SEG};
 
 /// A block type of the integer-dot order: its bytes and its 32 integers as int8.
 trait Block {
