@@ -283,7 +283,7 @@ fn over_budget_placement_is_refused_with_sizes() {
         .err()
         .expect("refused")
         .to_string();
-    assert!(err.contains("budget of 10000 bytes"), "{err}");
+    assert!(err.contains("budget of 9.8 KiB exceeded"), "{err}");
     // A budget one byte short of keeping everything resident forces offloading and still
     // gives the same logits.
     let o_free = opts(OffloadRule::None, LoaderKind::Direct, true);
