@@ -510,10 +510,9 @@ impl LocalCluster {
         max_tokens: usize,
         on_spawned: &mut dyn FnMut(&[u64]),
     ) -> Result<LocalCluster, ClusterError> {
-        let (workers, budgets, opts) = spawn(&slices.manifest, o, prompt_len, max_tokens)?;
-        on_spawned(&budgets);
-        let fixed = o.profiles(workers.procs.len());
-        let session = Session::start_opened(slices.clone(), workers.specs(fixed.as_deref()), opts)?;
+        let (workers, budgets, specs, opts) =
+            spawn(&slices.manifest, o, prompt_len, max_tokens, on_spawned)?;
+        let session = Session::start_opened(slices.clone(), specs, opts)?;
         Ok(LocalCluster {
             workers,
             session,
@@ -531,10 +530,10 @@ impl LocalCluster {
         max_tokens: usize,
         on_spawned: &mut dyn FnMut(&[u64]),
     ) -> Result<Preview, ClusterError> {
-        let (workers, budgets, opts) = spawn(&slices.manifest, o, prompt_len, max_tokens)?;
-        on_spawned(&budgets);
-        let fixed = o.profiles(workers.procs.len());
-        Session::preview_opened(slices, &workers.specs(fixed.as_deref()), &opts)
+        // the workers live until the plan is made
+        let (_workers, _, specs, opts) =
+            spawn(&slices.manifest, o, prompt_len, max_tokens, on_spawned)?;
+        Session::preview_opened(slices, &specs, &opts)
     }
 
     /// Generates `n` sequences of `prompt` (one: streamed to `on_token`; several: at once,
@@ -585,14 +584,16 @@ impl LocalCluster {
 }
 
 /// The workers of a local cluster for `prompt_len` + `max_tokens` tokens per sequence, their
-/// budgets and the session's options (the prompts' KV only, adapting online, unless
+/// budgets (told to `on_spawned`), the specs a session connects to (with the fixed profile,
+/// when given) and the session's options (the prompts' KV only, adapting online, unless
 /// `whole_context`).
 fn spawn(
     manifest: &Manifest,
     o: &LocalOptions,
     prompt_len: usize,
     max_tokens: usize,
-) -> Result<(LocalWorkers, Vec<u64>, SessionOptions), ClusterError> {
+    on_spawned: &mut dyn FnMut(&[u64]),
+) -> Result<(LocalWorkers, Vec<u64>, Vec<WorkerSpec>, SessionOptions), ClusterError> {
     if o.devices == 0 {
         return Err(ClusterError::Invalid("--devices must be at least 1".into()));
     }
@@ -624,7 +625,9 @@ fn spawn(
         opts.admitted = Some((prompt_len * n) as u64);
     }
     opts.on_ship = o.on_ship.clone();
-    Ok((workers, budgets, opts))
+    on_spawned(&budgets);
+    let specs = workers.specs(o.profiles(workers.procs.len()).as_deref());
+    Ok((workers, budgets, specs, opts))
 }
 
 /// What [`LocalCluster::generate`] made.
