@@ -175,14 +175,15 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
     let name = a.name.clone().unwrap_or_else(|| default_name(&a.model));
     let (src, info) = backend::source(&a.model, &a.offload, &a.cluster)?;
     let limit = info.config.max_position_embeddings;
-    let sizes = match (&src, a.offload.options()?.mem) {
+    let offload = a.offload.options()?;
+    let sizes = match (&src, offload.mem) {
         (backend::Source::Slices(dir), Some(mem)) => {
             let asked = fit::Asked {
                 context: a.context.map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
                 parallel: a.parallel,
                 max_prompt: a.max_prompt,
             };
-            let s = fit::fit(dir, &a.offload.options()?, mem, limit, asked)?;
+            let s = fit::fit(dir, &offload, mem, limit, asked)?;
             eprintln!("{}", s.why);
             s.sizes
         }
