@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use loip::local::{BenchMatrix, Event, Generated, Job, LocalOptions, Outcome};
+use loip_model::slice::Slices;
 use loip_plan::units::format_bytes;
 use loip_plan::DeviceProfile;
 use loip_runtime::local_cluster::install_interrupt_cleanup;
@@ -228,10 +229,11 @@ pub fn run(a: LocalArgs) -> Result<()> {
     let mut o = a.options()?;
     let req = a.prompt.request();
     o.on_ship = crate::progress::ship_bars(json);
-    // split in a child process (see `progress::slices_for`) before the library looks
-    crate::progress::slices_for(&a.model)?;
+    // split in a child process (see `progress::slices_for`)
+    let dir = crate::progress::slices_for(&a.model)?;
+    let slices = Slices::open(&dir)?;
     install_interrupt_cleanup();
-    let outcome = loip::local::run(&o, &req, job, on_event)?;
+    let outcome = loip::local::run(slices, &o, &req, job, on_event)?;
     match outcome {
         Outcome::Generated(g) => report_generation(&a, *g),
         Outcome::MicroBatches(_) => Ok(()),

@@ -9,7 +9,7 @@ mod run;
 
 pub use batches::{compare_micro_batches, micro_batch_choice, MicroBatchRow};
 pub use bench::{bench, bench_store_root, BenchMatrix, BenchRow};
-pub use run::{generated, prepared, run, start, Event, Generated, Job, Outcome};
+pub use run::{generated, run, start, Event, Generated, Job, Outcome};
 
 use anyhow::{Context, Result};
 pub use loip_runtime::local_cluster::{

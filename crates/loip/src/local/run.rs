@@ -109,15 +109,17 @@ pub struct Generated {
     pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Runs `job` for `req` on local workers made as `o` says (the model is `o.model`, split
-/// into the slice cache first when needed), telling `on_event` what happens.
+/// Runs `job` for `req` on local workers made as `o` says, on `slices`: the slice directory
+/// of `o.model`, opened (split into the slice cache first when needed:
+/// [`crate::slices::slices_for`]), telling `on_event` what happens.
 pub fn run(
+    slices: Slices,
     o: &LocalOptions,
     req: &Request,
     job: Job,
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<Outcome> {
-    let (slices, prep) = prepared(o, req)?;
+    let prep = prepare(crate::model::slice_info(&slices), req)?;
     let n = o.sequences();
     let (ids, opts) = (&prep.prompt_ids, &prep.opts);
     match job {
@@ -213,15 +215,6 @@ pub fn run(
             Ok(Outcome::Generated(Box::new(generated?)))
         }
     }
-}
-
-/// The slice directory of `o.model` (split into the cache when needed), opened, and `req`
-/// tokenized for it.
-pub fn prepared(o: &LocalOptions, req: &Request) -> Result<(Slices, Prepared)> {
-    let dir = crate::slices::slices_for(&o.model, &|_, _| {})?;
-    let slices = Slices::open(&dir)?;
-    let prep = prepare(crate::model::slice_info(&slices), req)?;
-    Ok((slices, prep))
 }
 
 /// Spawns the workers for `prep` and starts the session, telling `on_event`.
