@@ -170,7 +170,7 @@ pub fn parse<'a>(
     addrs.dedup();
     addrs.truncate(MAX_ADDRS);
     if addrs.is_empty() {
-        return Err("no usable address".into());
+        return Err(NO_ADDRESS.into());
     }
     Ok(Found {
         name,
@@ -248,7 +248,9 @@ impl Drop for Announcer {
 }
 
 /// The devices that answer within `wait`, at most `max`, by name; answers that are not a
-/// loip worker's are passed to `skipped` with why.
+/// loip worker's are passed to `skipped` with why. An answer whose address records carried
+/// no usable address yet (only link-local IPv6, say, with its IPv4 record still to come) is
+/// kept and its host name resolved within the same `wait`, rather than dropped.
 pub fn browse(
     wait: Duration,
     max: usize,
@@ -260,27 +262,114 @@ pub fn browse(
         .map_err(|e| mdns_err("browsing", e))?;
     let end = Instant::now() + wait;
     let mut found: BTreeMap<String, Found> = BTreeMap::new();
+    // answers waiting for a usable address: (who, TXT properties, port, host's resolution)
+    let mut pending: Vec<Pending> = Vec::new();
+    let keep = |f: Found, found: &mut BTreeMap<String, Found>| {
+        if found.contains_key(&f.name) || found.len() < max {
+            found.insert(f.name.clone(), f);
+            None
+        } else {
+            Some(f.name)
+        }
+    };
     while let Some(left) = end.checked_duration_since(Instant::now()) {
-        let Ok(ev) = rx.recv_timeout(left) else { break };
+        pending.retain_mut(|p| match p.addresses() {
+            None => true,
+            Some(addrs) => match parse(p.props(), p.port, addrs) {
+                Ok(f) => {
+                    if let Some(n) = keep(f, &mut found) {
+                        skipped(&n, "more devices than this browse keeps");
+                    }
+                    false
+                }
+                Err(_) => true,
+            },
+        });
+        let slice = if pending.is_empty() {
+            left
+        } else {
+            left.min(PENDING_POLL)
+        };
+        let ev = match rx.recv_timeout(slice) {
+            Ok(ev) => ev,
+            Err(mdns_sd::RecvTimeoutError::Timeout) => continue,
+            Err(mdns_sd::RecvTimeoutError::Disconnected) => break,
+        };
         let mdns_sd::ServiceEvent::ServiceResolved(s) = ev else {
             continue;
         };
-        let props = s
+        let props: Vec<(String, String)> = s
             .txt_properties
             .iter()
-            .map(|p| (p.key(), p.val_str()))
-            .take(32);
+            .map(|p| (p.key().to_string(), p.val_str().to_string()))
+            .take(32)
+            .collect();
         let addrs = s.addresses.iter().map(|a| a.to_ip_addr());
-        match parse(props, s.port, addrs) {
-            Ok(f) if found.contains_key(&f.name) || found.len() < max => {
-                found.insert(f.name.clone(), f);
+        let who = s.fullname.chars().take(80).collect::<String>();
+        match parse(props.iter().map(|(k, v)| (&**k, &**v)), s.port, addrs) {
+            Ok(f) => {
+                if let Some(n) = keep(f, &mut found) {
+                    skipped(&n, "more devices than this browse keeps");
+                }
             }
-            Ok(f) => skipped(&f.name, "more devices than this browse keeps"),
-            Err(why) => skipped(&s.fullname.chars().take(80).collect::<String>(), &why),
+            Err(why) if why == NO_ADDRESS && pending.len() < MAX_PENDING => {
+                let ms = left.as_millis().min(u64::MAX as u128) as u64;
+                match daemon.resolve_hostname(&s.host, Some(ms.max(1))) {
+                    Ok(rx) => pending.push(Pending {
+                        who,
+                        props,
+                        port: s.port,
+                        rx,
+                    }),
+                    Err(_) => skipped(&who, &why),
+                }
+            }
+            Err(why) => skipped(&who, &why),
+        }
+    }
+    for p in pending {
+        // unless it answered again with an address meanwhile
+        let any = IpAddr::from([127, 0, 0, 1]);
+        let name = parse(p.props(), p.port, [any]).map(|f| f.name);
+        if !name.is_ok_and(|n| found.contains_key(&n)) {
+            skipped(&p.who, NO_ADDRESS);
         }
     }
     let _ = daemon.shutdown();
     Ok(found.into_values().collect())
+}
+
+/// Why an answer without a usable address is refused ([`parse`]).
+const NO_ADDRESS: &str = "no usable address";
+/// Answers at most waiting for their host's addresses in one browse.
+const MAX_PENDING: usize = 64;
+/// How often a browse with answers waiting looks at their resolutions.
+const PENDING_POLL: Duration = Duration::from_millis(50);
+
+/// An answer that came before a usable address record, and its host name's resolution.
+struct Pending {
+    who: String,
+    props: Vec<(String, String)>,
+    port: u16,
+    rx: mdns_sd::Receiver<mdns_sd::HostnameResolutionEvent>,
+}
+
+impl Pending {
+    fn props(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.props.iter().map(|(k, v)| (&**k, &**v))
+    }
+
+    /// The addresses its host resolved to since the last look, if any.
+    fn addresses(&self) -> Option<Vec<IpAddr>> {
+        let mut got: Option<Vec<IpAddr>> = None;
+        while let Ok(ev) = self.rx.try_recv() {
+            if let mdns_sd::HostnameResolutionEvent::AddressesFound(_, a) = ev {
+                got.get_or_insert_with(Vec::new)
+                    .extend(a.iter().map(|a| a.to_ip_addr()).take(64));
+            }
+        }
+        got
+    }
 }
 
 #[cfg(test)]
