@@ -8,7 +8,8 @@
 //! Q4_K_M (their shapes and stored types; `--model smollm2`, `gemma3` or `qwen2.5` for one), GFLOP/s of `matmul` with `N`
 //! tokens (default 256, a prompt) on one thread, by the thread's CPU time (meaningful on a
 //! machine shared with other work), best of `R` rounds (default 3), and its share of the FMA
-//! peak; then the whole layer's matmuls in µs per token, and its gated activation (tanh GELU
+//! peak; then the whole layer's matmuls in µs per token and their time's share by stored
+//! type, and its gated activation (tanh GELU
 //! for Gemma 3, SiLU for the others) in µs per token. The peak is that of one core,
 //! measured by a loop of 12 independent fma chains at the level the kernels run
 //! (multiply-adds per second × 2; `LOIP_SIMD=avx2` gives the AVX2 figures).
@@ -203,6 +204,7 @@ fn main() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(33);
         for (name, shapes) in models {
             let mut layer = 0f64; // CPU ns per call of the whole layer
+            let mut by_type: Vec<(&str, f64)> = Vec::new(); // CPU ns of the layer per stored type
             for &(m, rows, cols, dtype) in &shapes {
                 let data = common::random_matrix(dtype, rows, cols, &mut rng);
                 let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
@@ -218,11 +220,22 @@ fn main() {
                     100.0 * gf / peak
                 );
                 layer += best;
+                match by_type.iter_mut().find(|(t, _)| *t == dtype.name()) {
+                    Some((_, ns)) => *ns += best,
+                    None => by_type.push((dtype.name(), best)),
+                }
             }
             println!(
                 "{name:<8} layer matmuls: {:.1} µs per token",
                 layer / tokens as f64 / 1e3
             );
+            // where the layer's matmul time goes, by stored type
+            by_type.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let shares: Vec<String> = by_type
+                .iter()
+                .map(|(t, ns)| format!("{t} {:.0} %", 100.0 * ns / layer))
+                .collect();
+            println!("{name:<8} layer matmul time by type: {}", shares.join(", "));
             // the gated activation between the up/gate and down projections, on the gate's
             // (tokens, intermediate) output: Gemma 3's tanh GELU, SiLU for the others
             let inter = shapes[shapes.len().min(5) - 1].1;
