@@ -12,7 +12,9 @@
 //! type, and its gated activation (tanh GELU
 //! for Gemma 3, SiLU for the others) in µs per token. The peak is that of one core,
 //! measured by a loop of 12 independent fma chains at the level the kernels run
-//! (multiply-adds per second × 2; `LOIP_SIMD=avx2` gives the AVX2 figures).
+//! (multiply-adds per second × 2; `LOIP_SIMD=avx2` gives the AVX2 figures); where the CPU
+//! has AVX-512 VNNI, also the int8 and int16 dot peaks of one core (`vpdpbusd`, `vpdpwssd`
+//! chains), the ceilings of integer-dot orders with int8 or int16 activations.
 //!
 //! `--shape ROWSxCOLS:TYPE` (repeatable; a GGUF type name such as `Q5_0`, any case): only these
 //! matrices instead of the models' layers, e.g. one shape per stored type for the per-type
@@ -152,6 +154,51 @@ fn fma_peak() -> f64 {
     0.0
 }
 
+/// Multiply-adds per CPU second of 12 independent AVX-512 VNNI chains (0 without VNNI):
+/// `vpdpbusd` (u8 × i8, 64 per instruction) if `int8`, else `vpdpwssd` (i16 × i16, 32 per
+/// instruction): the ceilings of integer-dot orders with int8 or int16 activations, next to
+/// [`fma_peak`]'s f32 ceiling.
+fn int_peak(int8: bool) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx512f,avx512vnni")]
+        unsafe fn chains(iters: u64, int8: bool) -> i32 {
+            let mut a = [_mm512_set1_epi32(1); 12];
+            let (b, c) = (_mm512_set1_epi8(3), _mm512_set1_epi8(-2));
+            if int8 {
+                for _ in 0..iters {
+                    for v in a.iter_mut() {
+                        *v = _mm512_dpbusd_epi32(*v, b, c);
+                    }
+                }
+            } else {
+                for _ in 0..iters {
+                    for v in a.iter_mut() {
+                        *v = _mm512_dpwssd_epi32(*v, b, c);
+                    }
+                }
+            }
+            a.iter().map(|&v| _mm512_reduce_add_epi32(v)).sum()
+        }
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vnni")) {
+            return 0.0;
+        }
+        let iters = 1_000_000u64;
+        // SAFETY: AVX-512F and AVX-512 VNNI detected above
+        let ns = cpu_ns_per_call(|| {
+            std::hint::black_box(unsafe { chains(std::hint::black_box(iters), int8) });
+        });
+        let per_instr = if int8 { 64.0 } else { 32.0 };
+        12.0 * per_instr * iters as f64 / ns * 1e9
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = int8;
+        0.0
+    }
+}
+
 fn main() {
     let mut tokens = 256usize;
     let mut rounds = 3usize;
@@ -201,6 +248,15 @@ fn main() {
             "simd {}, {tokens} tokens, 1 thread, GFLOP/s per CPU second (share of the FMA peak, {peak:.1})",
             simd_level()
         );
+        for (int8, what) in [(true, "int8 (vpdpbusd)"), (false, "int16 (vpdpwssd)")] {
+            let ops = 2.0 * int_peak(int8) / 1e9;
+            if ops > 0.0 {
+                println!(
+                    "{what} dot peak, 2 ops per multiply-add: {ops:.1} GOP/s, {:.1}x the f32 peak",
+                    ops / peak
+                );
+            }
+        }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(33);
         for (name, shapes) in models {
             let mut layer = 0f64; // CPU ns per call of the whole layer
