@@ -25,7 +25,6 @@ mod common;
 
 use loip_kernels::{gelu_tanh_mul, matmul, silu_mul, simd_level, DType, Matrix};
 use rand::SeedableRng;
-use std::time::{Duration, Instant};
 
 /// A gated activation kernel: `(gate, up)`, `gate` in place.
 type Act = fn(&mut [f32], &[f32]);
@@ -75,26 +74,6 @@ fn parse_shape(s: &str) -> Option<Shape> {
     Some(("shape", r.parse().ok()?, c.parse().ok()?, dtype))
 }
 
-/// CPU time of the calling thread, ns (the scheduler's figure).
-fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU ns per call of `f`, over calls lasting about 150 ms.
-fn cpu_ns_per_call(mut f: impl FnMut()) -> f64 {
-    f(); // warm up
-    let (start, c0) = (Instant::now(), thread_cpu_ns());
-    let mut calls = 0u64;
-    while calls == 0 || start.elapsed() < Duration::from_millis(150) {
-        f();
-        calls += 1;
-    }
-    (thread_cpu_ns() - c0).max(1) as f64 / calls as f64
-}
-
 /// Multiply-adds per CPU second of 12 independent fma chains at the widest level.
 fn fma_peak() -> f64 {
     #[cfg(target_arch = "x86_64")]
@@ -133,7 +112,7 @@ fn fma_peak() -> f64 {
             // SAFETY: AVX-512F detected (the kernels' level)
             (
                 16.0,
-                cpu_ns_per_call(|| {
+                common::cpu_ns_per_call(|| {
                     std::hint::black_box(unsafe { chains512(std::hint::black_box(iters)) });
                 }),
             )
@@ -141,7 +120,7 @@ fn fma_peak() -> f64 {
             // SAFETY: AVX2 and FMA detected (the kernels' level)
             (
                 8.0,
-                cpu_ns_per_call(|| {
+                common::cpu_ns_per_call(|| {
                     std::hint::black_box(unsafe { chains256(std::hint::black_box(iters)) });
                 }),
             )
@@ -186,7 +165,7 @@ fn int_peak(int8: bool) -> f64 {
         }
         let iters = 1_000_000u64;
         // SAFETY: AVX-512F and AVX-512 VNNI detected above
-        let ns = cpu_ns_per_call(|| {
+        let ns = common::cpu_ns_per_call(|| {
             std::hint::black_box(unsafe { chains(std::hint::black_box(iters), int8) });
         });
         let per_instr = if int8 { 64.0 } else { 32.0 };
@@ -267,7 +246,7 @@ fn main() {
                 let x = common::random_f32(tokens * cols, &mut rng);
                 let mut y = vec![0f32; tokens * rows];
                 let best = (0..rounds)
-                    .map(|_| cpu_ns_per_call(|| matmul(&w, &x, &mut y).expect("matmul")))
+                    .map(|_| common::cpu_ns_per_call(|| matmul(&w, &x, &mut y).expect("matmul")))
                     .fold(f64::MAX, f64::min);
                 let gf = 2.0 * (rows * cols * tokens) as f64 / best;
                 println!(
@@ -305,7 +284,7 @@ fn main() {
             let mut gate = src.clone();
             let best = (0..rounds)
                 .map(|_| {
-                    cpu_ns_per_call(|| {
+                    common::cpu_ns_per_call(|| {
                         gate.copy_from_slice(&src); // fresh inputs each call
                         act(&mut gate, &up)
                     })
