@@ -8,10 +8,13 @@
 //! Q4_K_M (their shapes and stored types; `--model smollm2`, `gemma3` or `qwen2.5` for one), GFLOP/s of `matmul` with `N`
 //! tokens (default 256, a prompt) on one thread, by the thread's CPU time (meaningful on a
 //! machine shared with other work), best of `R` rounds (default 3), and its share of the FMA
-//! peak; then the whole layer's matmuls in µs per token, and its gated activation (tanh GELU
+//! peak; then the whole layer's matmuls in µs per token and their time's share by stored
+//! type, and its gated activation (tanh GELU
 //! for Gemma 3, SiLU for the others) in µs per token. The peak is that of one core,
 //! measured by a loop of 12 independent fma chains at the level the kernels run
-//! (multiply-adds per second × 2; `LOIP_SIMD=avx2` gives the AVX2 figures).
+//! (multiply-adds per second × 2; `LOIP_SIMD=avx2` gives the AVX2 figures); where the CPU
+//! has AVX-512 VNNI, also the int8 and int16 dot peaks of one core (`vpdpbusd`, `vpdpwssd`
+//! chains), the ceilings of integer-dot orders with int8 or int16 activations.
 //!
 //! `--shape ROWSxCOLS:TYPE` (repeatable; a GGUF type name such as `Q5_0`, any case): only these
 //! matrices instead of the models' layers, e.g. one shape per stored type for the per-type
@@ -22,7 +25,6 @@ mod common;
 
 use loip_kernels::{gelu_tanh_mul, matmul, silu_mul, simd_level, DType, Matrix};
 use rand::SeedableRng;
-use std::time::{Duration, Instant};
 
 /// A gated activation kernel: `(gate, up)`, `gate` in place.
 type Act = fn(&mut [f32], &[f32]);
@@ -72,26 +74,6 @@ fn parse_shape(s: &str) -> Option<Shape> {
     Some(("shape", r.parse().ok()?, c.parse().ok()?, dtype))
 }
 
-/// CPU time of the calling thread, ns (the scheduler's figure).
-fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU ns per call of `f`, over calls lasting about 150 ms.
-fn cpu_ns_per_call(mut f: impl FnMut()) -> f64 {
-    f(); // warm up
-    let (start, c0) = (Instant::now(), thread_cpu_ns());
-    let mut calls = 0u64;
-    while calls == 0 || start.elapsed() < Duration::from_millis(150) {
-        f();
-        calls += 1;
-    }
-    (thread_cpu_ns() - c0).max(1) as f64 / calls as f64
-}
-
 /// Multiply-adds per CPU second of 12 independent fma chains at the widest level.
 fn fma_peak() -> f64 {
     #[cfg(target_arch = "x86_64")]
@@ -130,7 +112,7 @@ fn fma_peak() -> f64 {
             // SAFETY: AVX-512F detected (the kernels' level)
             (
                 16.0,
-                cpu_ns_per_call(|| {
+                common::cpu_ns_per_call(|| {
                     std::hint::black_box(unsafe { chains512(std::hint::black_box(iters)) });
                 }),
             )
@@ -138,7 +120,7 @@ fn fma_peak() -> f64 {
             // SAFETY: AVX2 and FMA detected (the kernels' level)
             (
                 8.0,
-                cpu_ns_per_call(|| {
+                common::cpu_ns_per_call(|| {
                     std::hint::black_box(unsafe { chains256(std::hint::black_box(iters)) });
                 }),
             )
@@ -149,6 +131,51 @@ fn fma_peak() -> f64 {
     }
     #[cfg(not(target_arch = "x86_64"))]
     0.0
+}
+
+/// Multiply-adds per CPU second of 12 independent AVX-512 VNNI chains (0 without VNNI):
+/// `vpdpbusd` (u8 × i8, 64 per instruction) if `int8`, else `vpdpwssd` (i16 × i16, 32 per
+/// instruction): the ceilings of integer-dot orders with int8 or int16 activations, next to
+/// [`fma_peak`]'s f32 ceiling.
+fn int_peak(int8: bool) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx512f,avx512vnni")]
+        unsafe fn chains(iters: u64, int8: bool) -> i32 {
+            let mut a = [_mm512_set1_epi32(1); 12];
+            let (b, c) = (_mm512_set1_epi8(3), _mm512_set1_epi8(-2));
+            if int8 {
+                for _ in 0..iters {
+                    for v in a.iter_mut() {
+                        *v = _mm512_dpbusd_epi32(*v, b, c);
+                    }
+                }
+            } else {
+                for _ in 0..iters {
+                    for v in a.iter_mut() {
+                        *v = _mm512_dpwssd_epi32(*v, b, c);
+                    }
+                }
+            }
+            a.iter().map(|&v| _mm512_reduce_add_epi32(v)).sum()
+        }
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vnni")) {
+            return 0.0;
+        }
+        let iters = 1_000_000u64;
+        // SAFETY: AVX-512F and AVX-512 VNNI detected above
+        let ns = common::cpu_ns_per_call(|| {
+            std::hint::black_box(unsafe { chains(std::hint::black_box(iters), int8) });
+        });
+        let per_instr = if int8 { 64.0 } else { 32.0 };
+        12.0 * per_instr * iters as f64 / ns * 1e9
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = int8;
+        0.0
+    }
 }
 
 fn main() {
@@ -200,16 +227,26 @@ fn main() {
             "simd {}, {tokens} tokens, 1 thread, GFLOP/s per CPU second (share of the FMA peak, {peak:.1})",
             simd_level()
         );
+        for (int8, what) in [(true, "int8 (vpdpbusd)"), (false, "int16 (vpdpwssd)")] {
+            let ops = 2.0 * int_peak(int8) / 1e9;
+            if ops > 0.0 {
+                println!(
+                    "{what} dot peak, 2 ops per multiply-add: {ops:.1} GOP/s, {:.1}x the f32 peak",
+                    ops / peak
+                );
+            }
+        }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(33);
         for (name, shapes) in models {
             let mut layer = 0f64; // CPU ns per call of the whole layer
+            let mut by_type: Vec<(&str, f64)> = Vec::new(); // CPU ns of the layer per stored type
             for &(m, rows, cols, dtype) in &shapes {
                 let data = common::random_matrix(dtype, rows, cols, &mut rng);
                 let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
                 let x = common::random_f32(tokens * cols, &mut rng);
                 let mut y = vec![0f32; tokens * rows];
                 let best = (0..rounds)
-                    .map(|_| cpu_ns_per_call(|| matmul(&w, &x, &mut y).expect("matmul")))
+                    .map(|_| common::cpu_ns_per_call(|| matmul(&w, &x, &mut y).expect("matmul")))
                     .fold(f64::MAX, f64::min);
                 let gf = 2.0 * (rows * cols * tokens) as f64 / best;
                 println!(
@@ -218,11 +255,22 @@ fn main() {
                     100.0 * gf / peak
                 );
                 layer += best;
+                match by_type.iter_mut().find(|(t, _)| *t == dtype.name()) {
+                    Some((_, ns)) => *ns += best,
+                    None => by_type.push((dtype.name(), best)),
+                }
             }
             println!(
                 "{name:<8} layer matmuls: {:.1} µs per token",
                 layer / tokens as f64 / 1e3
             );
+            // where the layer's matmul time goes, by stored type
+            by_type.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let shares: Vec<String> = by_type
+                .iter()
+                .map(|(t, ns)| format!("{t} {:.0} %", 100.0 * ns / layer))
+                .collect();
+            println!("{name:<8} layer matmul time by type: {}", shares.join(", "));
             // the gated activation between the up/gate and down projections, on the gate's
             // (tokens, intermediate) output: Gemma 3's tanh GELU, SiLU for the others
             let inter = shapes[shapes.len().min(5) - 1].1;
@@ -236,7 +284,7 @@ fn main() {
             let mut gate = src.clone();
             let best = (0..rounds)
                 .map(|_| {
-                    cpu_ns_per_call(|| {
+                    common::cpu_ns_per_call(|| {
                         gate.copy_from_slice(&src); // fresh inputs each call
                         act(&mut gate, &up)
                     })

@@ -1,5 +1,5 @@
-//! Helpers shared by the integration tests and the benchmark example: random but valid
-//! weight matrices in every stored type.
+//! Helpers shared by the integration tests and the benchmark examples: random but valid
+//! weight matrices in every stored type, and the examples' CPU-time measurement.
 #![allow(dead_code)]
 
 use half::{bf16, f16};
@@ -99,4 +99,24 @@ pub fn random_matrix(dtype: DType, rows: usize, cols: usize, rng: &mut impl Rng)
         }
     }
     data
+}
+
+/// CPU time of the calling thread, ns (the scheduler's figure).
+pub fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU ns per call of `f`, over calls lasting about 150 ms.
+pub fn cpu_ns_per_call(mut f: impl FnMut()) -> f64 {
+    f(); // warm up
+    let (start, c0) = (std::time::Instant::now(), thread_cpu_ns());
+    let mut calls = 0u64;
+    while calls == 0 || start.elapsed() < std::time::Duration::from_millis(150) {
+        f();
+        calls += 1;
+    }
+    (thread_cpu_ns() - c0).max(1) as f64 / calls as f64
 }
