@@ -319,11 +319,6 @@ pub fn profile_from_probe(
         p.conventional,
     )
     .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))?;
-    if let Some(h) = &p.head {
-        prof = prof
-            .with_head(h.clone())
-            .map_err(|e| ClusterError::Invalid(format!("device {name}: bad head timing: {e}")))?;
-    }
     // a peer's figure: bounded
     prof.load_slowdown = if p.load_slowdown.is_finite() {
         p.load_slowdown.clamp(0.0, 10.0)

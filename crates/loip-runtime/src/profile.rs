@@ -87,7 +87,6 @@ pub fn median_probe(runs: &[ProbeResult]) -> Option<ProbeResult> {
         took_s: runs.iter().map(|r| r.took_s).sum(),
         batched,
         load_slowdown: median(runs.iter().map(|r| r.load_slowdown).collect()),
-        head: first.head.clone(),
     })
 }
 
@@ -99,33 +98,13 @@ pub fn time_head(
     dir: &std::path::Path,
     m: &loip_model::slice::Manifest,
 ) -> Result<loip_plan::profile::HeadGrid, RuntimeError> {
-    time_head_within(dir, m, crate::net::probe::FLUSH_BYTES)
-}
-
-/// The slices the final norm + LM head reads: the head's, and for a tied head the
-/// embedding's.
-pub fn head_slices(
-    m: &loip_model::slice::Manifest,
-) -> Result<Vec<loip_model::slice::SliceEntry>, RuntimeError> {
-    use crate::net::probe::entry;
+    use crate::net::probe::{entry, time_median, BATCH_GRID, FLUSH_BYTES, REPS};
     use loip_model::slice::SliceKind;
+    let cfg = &m.config;
     let mut slices = vec![entry(m, SliceKind::Head)?];
-    if m.config.tie_word_embeddings {
+    if cfg.tie_word_embeddings {
         slices.push(entry(m, SliceKind::Embed)?);
     }
-    Ok(slices)
-}
-
-/// [`time_head`] with a cache flush buffer of `flush_len` bytes (a worker's probe: a
-/// quarter of its budget at most).
-pub(crate) fn time_head_within(
-    dir: &std::path::Path,
-    m: &loip_model::slice::Manifest,
-    flush_len: usize,
-) -> Result<loip_plan::profile::HeadGrid, RuntimeError> {
-    use crate::net::probe::{time_median, BATCH_GRID, REPS};
-    let cfg = &m.config;
-    let slices = head_slices(m)?;
     let bytes = slices.iter().map(|s| s.size).sum();
     let resident = crate::resident::Resident::load(dir, &slices)?;
     let tf = crate::executor::transformer_of(m)?;
@@ -133,7 +112,7 @@ pub(crate) fn time_head_within(
     let h = cfg.hidden_size;
     let x0: Vec<f32> = (0..h).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
     let mut cold = crate::net::probe::Cold {
-        buf: vec![0u8; flush_len],
+        buf: vec![0u8; FLUSH_BYTES],
         weights: &resident,
     };
     let mut seconds = Vec::new();
@@ -325,7 +304,6 @@ mod tests {
                 mlp_s: 2.0 * mlp,
             }],
             load_slowdown: 0.1,
-            head: None,
         }
     }
 

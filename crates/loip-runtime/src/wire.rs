@@ -309,10 +309,6 @@ pub struct ProbeResult {
     /// how much slower a block computes beside a load (0: not measured, older workers)  // fraction
     #[serde(default)]
     pub load_slowdown: f64,
-    /// the final norm + LM head, timed where its slices were shipped before the probe (the
-    /// device expected to hold it) and fit the budget
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub head: Option<loip_plan::profile::HeadGrid>,
 }
 
 /// Block times for one micro-batch of `b` sequences, one token each.

@@ -318,22 +318,15 @@ async fn probe_devices(
     let (model_dir, manifest) = (&slices.dir, &slices.manifest);
     let together = opts.probe_loads_together;
     let mut probes: Vec<Option<ProbeResult>> = vec![None; workers.len()];
-    let last = workers.len().saturating_sub(1);
     for (i, (w, c)) in workers.iter().zip(conns.iter_mut()).enumerate() {
         if w.profile.is_none() {
-            // the last device is expected to hold the LM head: its probe times it
-            let head: &[SliceKind] = match (i == last, manifest.config.tie_word_embeddings) {
-                (false, _) => &[],
-                (true, false) => &[SliceKind::Head],
-                (true, true) => &[SliceKind::Head, SliceKind::Embed],
-            };
-            let kinds: Vec<SliceKind> = [SliceKind::Attn(0), SliceKind::Mlp(0)]
-                .into_iter()
-                .chain(head.iter().copied())
-                .filter(|k| manifest.slice(*k).is_some())
-                .collect();
             let s = c
-                .ship(model_dir, manifest, &kinds, opts.on_ship.as_ref())
+                .ship(
+                    model_dir,
+                    manifest,
+                    &[SliceKind::Attn(0), SliceKind::Mlp(0)],
+                    opts.on_ship.as_ref(),
+                )
                 .await?;
             reports[i].shipped.sent.extend(s.sent);
             reports[i].shipped.sent_bytes += s.sent_bytes;

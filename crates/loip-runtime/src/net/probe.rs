@@ -225,11 +225,6 @@ pub fn probe(
     } else {
         (zero, zero)
     };
-    let head = if compute {
-        time_head_if_shipped(dir, m, budget)?
-    } else {
-        None
-    };
     Ok(ProbeResult {
         attn,
         mlp_s,
@@ -238,38 +233,7 @@ pub fn probe(
         took_s: t0.elapsed().as_secs_f64(),
         batched: grid,
         load_slowdown,
-        head,
     })
-}
-
-/// Times the final norm + LM head ([`crate::profile::time_head_within`]) when its slices
-/// are in `dir` (shipped to the device expected to hold it before it probes) and the head,
-/// the flush buffer and the logits of the largest micro-batch fit the budget; `None`
-/// otherwise.
-fn time_head_if_shipped(
-    dir: &Path,
-    m: &Manifest,
-    budget: ProbeBudget,
-) -> Result<Option<loip_plan::profile::HeadGrid>, RuntimeError> {
-    let Ok(slices) = crate::profile::head_slices(m) else {
-        return Ok(None);
-    };
-    if !slices.iter().all(|s| dir.join(&s.file).is_file()) {
-        return Ok(None);
-    }
-    let flush_len = flush_bytes(budget);
-    let max_b = *BATCH_GRID.last().unwrap_or(&1) as u64;
-    let need = slices
-        .iter()
-        .map(|s| s.size)
-        .fold(flush_len as u64, u64::saturating_add)
-        .saturating_add(
-            max_b.saturating_mul(m.config.vocab_size as u64 + m.config.hidden_size as u64) * 8,
-        );
-    if !budget.fits(need) {
-        return Ok(None);
-    }
-    crate::profile::time_head_within(dir, m, flush_len).map(Some)
 }
 
 /// Times one attention block for `b` sequences of `n` cached tokens each (the median of
