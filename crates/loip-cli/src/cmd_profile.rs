@@ -96,6 +96,24 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    let layer_ms: Vec<String> = runs
+        .iter()
+        .map(|r| {
+            format!(
+                "{:.3}",
+                (r.attn.first().map_or(0.0, |a| a.1) + r.mlp_s) * 1e3
+            )
+        })
+        .collect();
+    let slow: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{:.2}", r.load_slowdown))
+        .collect();
+    eprintln!(
+        "each run: layer ms at b = 1, n = 1: {}; slowdown beside a load: {}",
+        layer_ms.join(", "),
+        slow.join(", ")
+    );
     let probe = loip_runtime::profile::median_probe(&runs).context("no probe ran")?;
     let head = loip_runtime::profile::time_head(&dir, &manifest).context("timing the LM head")?;
     let head_ms: Vec<String> = head
@@ -144,8 +162,9 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         );
     }
     eprintln!(
-        "final norm + LM head, b = 1, 2, 4, 8: {} ms",
-        head_ms.join(", ")
+        "final norm + LM head, b = 1, 2, 4, 8: {} ms; a block computes {:.0} % slower beside a load",
+        head_ms.join(", "),
+        profile.load_slowdown * 100.0
     );
     println!("{}", a.out.display());
     Ok(())

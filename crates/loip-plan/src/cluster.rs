@@ -340,6 +340,7 @@ impl RawDevice {
                 sources: vec!["inline values in the cluster file".into()],
                 memory: None,
                 collective_latency: 0.0,
+                load_slowdown: 0.0,
             }
         };
         if self.profile.is_some() || self.preset.is_some() {

@@ -82,6 +82,12 @@
 //! 6 %: a device there sends one micro-batch's activation while it computes the next, which
 //! this formula charges in turn).
 //!
+//! **Compute beside a load.** A load shares the machine's memory bandwidth and cores with the
+//! compute it overlaps, which then runs slower by the profile's `load_slowdown` `σ_i`
+//! (measured by the probe; 0 for presets): in overlapped mode `C_i` grows by
+//! `σ_i · min(ld_i, Σ_mates C_j − off_i)` ([`load_slowdown_extra`]; the mates are the devices
+//! on its disk, i.e. its machine). The closed form of the exact scheduler leaves it out.
+//!
 //! With identical stages, `s` rounds of which the last carries the head, this is the closed
 //! form the exact scheduler minimises (`planners::exact`). Attention time is taken at
 //! micro-batch 1 and the per-sequence context `⌈context / b⌉`.
@@ -449,6 +455,49 @@ fn share_disks(plan: &Plan, shape: &ModelShape, cluster: &Cluster, k: usize, ld:
     }
 }
 
+/// Compute a load slows (overlapped mode): device `i`'s load of its next offloaded blocks
+/// starts once its stage's offloaded run is done and runs while the devices on its machine
+/// compute (its disk group, [`Cluster::disk_mates`]; itself alone without one), and a block
+/// computes `σ_i` slower beside a load (the profile's `load_slowdown`, measured by the
+/// probe). So `σ_i · min(ld_i, Σ_mates C_j − off_i)` is added to device `i`'s compute of the
+/// round: the part of the machine's compute the load can overlap, never more than the load
+/// lasts. Sequential mode loads before it computes, so nothing overlaps there.
+fn slow_under_loads(
+    plan: &Plan,
+    cluster: &Cluster,
+    devs: &[&Device],
+    ld: &[f64],
+    off: &[f64],
+    ci: &mut [f64],
+) {
+    let before = ci.to_vec();
+    for (i, d) in plan.devices.iter().enumerate() {
+        let sigma = devs[i].profile.load_slowdown;
+        if sigma <= 0.0 || ld[i] <= 0.0 {
+            continue;
+        }
+        let mates = cluster.disk_mates(&d.name);
+        let machine: f64 = plan
+            .devices
+            .iter()
+            .zip(&before)
+            .filter(|(o, _)| mates.contains(&o.name.as_str()))
+            .map(|(_, &c)| c)
+            .sum();
+        ci[i] += load_slowdown_extra(sigma, ld[i], machine - off[i]);
+    }
+}
+
+/// Extra compute of a load of `ld` seconds beside `overlappable` seconds of compute that runs
+/// `sigma` slower under it: `σ · min(ld, overlappable)` (0 for σ ≤ 0).  // seconds
+pub fn load_slowdown_extra(sigma: f64, ld: f64, overlappable: f64) -> f64 {
+    if sigma > 0.0 {
+        sigma * ld.min(overlappable).max(0.0)
+    } else {
+        0.0
+    }
+}
+
 /// Prices a plan with the cost model. Errors only if a plan device is not in the cluster.
 pub fn evaluate(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Result<Cost, PlanError> {
     evaluate_batched(plan, shape, cluster, 1)
@@ -561,6 +610,7 @@ pub fn evaluate_rows(
         }
         if plan.mode == ExecMode::Overlapped {
             share_disks(plan, shape, cluster, k, &mut ld);
+            slow_under_loads(plan, cluster, &devs, &ld, &off, &mut ci);
         }
         // Sequential mode reads every offloaded block once per micro-batch; overlapped mode
         // once per round for all of them.

@@ -233,6 +233,17 @@ pub struct DeviceProfile {
     /// Tensor-parallel syncs wait for the largest among the devices.  // seconds
     #[serde(default)]
     pub collective_latency: f64,
+    /// How much slower a block computes while a load runs beside it on the same machine (the
+    /// loader's reads and copies share memory bandwidth and cores with the compute), as a
+    /// fraction of its time alone: 0.3 is 30 % slower. Measured by the probe (a block timed
+    /// while layer 0's slices are read); 0 when unknown. The cost model stretches the
+    /// compute an offloaded stage's load overlaps by it ([`crate::cost`]).  // fraction
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub load_slowdown: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Network between devices (one shared link model).
@@ -368,6 +379,7 @@ impl DeviceProfile {
             sources: vec!["measured by `loip profile`".to_string()],
             memory: None,
             collective_latency: 0.0,
+            load_slowdown: 0.0,
         };
         profile.validate()?;
         Ok(profile)
@@ -413,6 +425,9 @@ impl DeviceProfile {
         }
         if !(self.collective_latency >= 0.0 && self.collective_latency.is_finite()) {
             return Err(bad("collective_latency", "must be >= 0"));
+        }
+        if !(self.load_slowdown >= 0.0 && self.load_slowdown <= 10.0) {
+            return Err(bad("load_slowdown", "must be in [0, 10]"));
         }
         match &self.compute {
             ComputeModel::Roofline(r) => {

@@ -315,9 +315,27 @@ fn devices_on_one_disk_share_its_rate() {
     let mut shared = alone.clone();
     shared.disks = vec![vec!["d0".into(), "d1".into()]];
     let alloc = [(20, 5), (20, 10)];
-    let p = plan(&sh, &alone, &alloc, ExecMode::Overlapped, Pattern::Bursty, 2);
-    let q = plan(&sh, &shared, &alloc, ExecMode::Overlapped, Pattern::Bursty, 2);
-    let b: Vec<f64> = p.devices.iter().map(|d| d.stages[0].offloaded_bytes(&sh) as f64).collect();
+    let p = plan(
+        &sh,
+        &alone,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Bursty,
+        2,
+    );
+    let q = plan(
+        &sh,
+        &shared,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Bursty,
+        2,
+    );
+    let b: Vec<f64> = p
+        .devices
+        .iter()
+        .map(|d| d.stages[0].offloaded_bytes(&sh) as f64)
+        .collect();
     assert!(b[0] < b[1]);
     // the smaller load ends after twice its bytes; the larger after both devices' bytes
     assert!(close(q.devices[0].load_ms, p.devices[0].load_ms * 2.0));
@@ -328,8 +346,22 @@ fn devices_on_one_disk_share_its_rate() {
     assert!(q.predicted_ms_per_token > p.predicted_ms_per_token);
     // a device alone on its disk is priced as before; sequential mode loads one device at a time
     assert_eq!(shared.disk_mates("d9"), vec!["d9"]);
-    let s1 = plan(&sh, &alone, &alloc, ExecMode::Sequential, Pattern::Bursty, 2);
-    let s2 = plan(&sh, &shared, &alloc, ExecMode::Sequential, Pattern::Bursty, 2);
+    let s1 = plan(
+        &sh,
+        &alone,
+        &alloc,
+        ExecMode::Sequential,
+        Pattern::Bursty,
+        2,
+    );
+    let s2 = plan(
+        &sh,
+        &shared,
+        &alloc,
+        ExecMode::Sequential,
+        Pattern::Bursty,
+        2,
+    );
     assert_eq!(s1.predicted_ms_per_token, s2.predicted_ms_per_token);
 }
 
@@ -358,4 +390,87 @@ latency = "2ms"
     assert_eq!(c.disk_mates("b"), vec!["b"]);
     let bad = text.replacen("disk = \"host1\"", "disk = \" \"", 1);
     assert!(Cluster::from_toml_str(&bad, &mut |_| Err("no files".into())).is_err());
+}
+
+/// A block computes `σ` slower beside a load (`DeviceProfile::load_slowdown`): in overlapped
+/// mode the loading device's compute grows by `σ · min(ld_i, Σ_mates C_j − off_i)`, its
+/// mates the devices on its disk (its machine); sequential mode and `σ = 0` are unchanged.
+#[test]
+fn compute_beside_a_load_runs_slower() {
+    let sh = llama13b();
+    let alone = cluster(&sh, 2, 2e8);
+    let mut slow = alone.clone();
+    for d in &mut slow.devices {
+        d.profile.load_slowdown = 0.5;
+    }
+    let alloc = [(20, 0), (20, 2)];
+    let p = plan(
+        &sh,
+        &alone,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    let q = plan(
+        &sh,
+        &slow,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    let x = parts(&p, &sh, &alone);
+    let t = block_times(slow.device("d1").unwrap(), &sh, CTX, 1, LoaderKind::Direct);
+    let off = cost::stage_span(&p.devices[1].stages[0], t.attn, t.mlp);
+    // alone on its disk, only its own compute outside the offloaded run is overlapped
+    let extra = 0.5 * x[1].1.min(x[1].0 - off);
+    assert!(extra > 0.0);
+    assert!(close(
+        q.devices[1].compute_ms,
+        p.devices[1].compute_ms + extra * 1e3
+    ));
+    assert!(close(q.devices[0].compute_ms, p.devices[0].compute_ms));
+    assert!(close(
+        q.breakdown.compute_ms,
+        p.breakdown.compute_ms + extra * 1e3
+    ));
+    // on one machine with d0, d0's compute is overlapped too (capped by the load)
+    let mut shared = slow.clone();
+    shared.disks = vec![vec!["d0".into(), "d1".into()]];
+    let r = plan(
+        &sh,
+        &shared,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    let extra2 = 0.5 * x[1].1.min(x[0].0 + x[1].0 - off);
+    assert!(extra2 > extra);
+    assert!(close(
+        r.devices[1].compute_ms,
+        p.devices[1].compute_ms + extra2 * 1e3
+    ));
+    // sequential mode reads before it computes
+    let s1 = plan(
+        &sh,
+        &alone,
+        &alloc,
+        ExecMode::Sequential,
+        Pattern::Sporadic,
+        1,
+    );
+    let s2 = plan(
+        &sh,
+        &slow,
+        &alloc,
+        ExecMode::Sequential,
+        Pattern::Sporadic,
+        1,
+    );
+    assert_eq!(s1.predicted_ms_per_token, s2.predicted_ms_per_token);
+    assert_eq!(cost::load_slowdown_extra(0.0, 1.0, 1.0), 0.0);
+    assert_eq!(cost::load_slowdown_extra(0.5, 1.0, -1.0), 0.0);
+    assert_eq!(cost::load_slowdown_extra(0.5, 1.0, 3.0), 0.5);
 }

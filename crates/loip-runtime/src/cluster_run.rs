@@ -309,8 +309,23 @@ pub fn profile_from_probe(
             mlp.push((g.b, g.mlp_s));
         }
     }
-    DeviceProfile::from_measurements(name, mem_budget, shape, attn, mlp, p.direct, p.conventional)
-        .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))
+    let mut prof = DeviceProfile::from_measurements(
+        name,
+        mem_budget,
+        shape,
+        attn,
+        mlp,
+        p.direct,
+        p.conventional,
+    )
+    .map_err(|e| ClusterError::Invalid(format!("device {name}: bad probe results: {e}")))?;
+    // a peer's figure: bounded
+    prof.load_slowdown = if p.load_slowdown.is_finite() {
+        p.load_slowdown.clamp(0.0, 10.0)
+    } else {
+        0.0
+    };
+    Ok(prof)
 }
 
 /// The cost model's link for a star over `links`.

@@ -86,6 +86,7 @@ pub fn median_probe(runs: &[ProbeResult]) -> Option<ProbeResult> {
         conventional: loader(|r| r.conventional),
         took_s: runs.iter().map(|r| r.took_s).sum(),
         batched,
+        load_slowdown: median(runs.iter().map(|r| r.load_slowdown).collect()),
     })
 }
 
@@ -110,7 +111,10 @@ pub fn time_head(
     let w = loip_engine::HeadWeights::bind(&resident, cfg)?;
     let h = cfg.hidden_size;
     let x0: Vec<f32> = (0..h).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
-    let mut cold = vec![0u8; FLUSH_BYTES];
+    let mut cold = crate::net::probe::Cold {
+        buf: vec![0u8; FLUSH_BYTES],
+        weights: &resident,
+    };
     let mut seconds = Vec::new();
     for &b in &BATCH_GRID {
         let mut logits = vec![0f32; b as usize * cfg.vocab_size];
@@ -299,6 +303,7 @@ mod tests {
                 attn: attn.iter().map(|&(n, s)| (n, 2.0 * s)).collect(),
                 mlp_s: 2.0 * mlp,
             }],
+            load_slowdown: 0.1,
         }
     }
 

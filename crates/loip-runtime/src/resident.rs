@@ -74,6 +74,11 @@ impl Resident {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Its buffers (the probe evicts them from the caches before each timed run).
+    pub(crate) fn buffers(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.bufs.iter().map(|b| b.as_slice())
+    }
 }
 
 impl TensorSource for Resident {

@@ -306,6 +306,9 @@ pub struct ProbeResult {
     /// the planner then takes the b = 1 times for every b)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub batched: Vec<BatchProbe>,
+    /// how much slower a block computes beside a load (0: not measured, older workers)  // fraction
+    #[serde(default)]
+    pub load_slowdown: f64,
 }
 
 /// Block times for one micro-batch of `b` sequences, one token each.

@@ -46,6 +46,7 @@ pub fn random_cluster(seed: u64) -> Cluster {
                 sources: vec![],
                 memory: None,
                 collective_latency: 0.0,
+                load_slowdown: 0.0,
             }
         });
         devices.push((format!("d{i}"), profile));

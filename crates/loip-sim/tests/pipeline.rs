@@ -37,6 +37,7 @@ fn device_ssd(name: &str, ssd: f64) -> (String, DeviceProfile) {
         sources: vec![],
         memory: None,
         collective_latency: 0.0,
+        load_slowdown: 0.0,
     };
     (name.to_string(), p)
 }

@@ -14,10 +14,16 @@
 //! 4,096 rows (the largest b = 1 point) are not timed but completed from the b = 1 row
 //! ([`complete_row`]), so the probe's memory stays what it was.
 //!
+//! The MLP block is also timed while the direct loader reads layer 0's slices beside it
+//! ([`slowdown_under_load`]): the fraction by which compute slows beside a load (memory
+//! bandwidth and cores shared with the reads), which the cost model charges to the compute a
+//! stage's next load overlaps.
+//!
 //! The probe runs within the engine's budget ([`ProbeBudget`]): layer 0's blocks, the cache
 //! flush buffer (scaled down to a quarter of the budget), the KV rows of the attention points
 //! (fewer rows, and so fewer contexts, where the budget is small) and the loader's slot are
-//! counted before anything is allocated, and a probe that cannot fit is refused with what it
+//! counted before anything is allocated (the loader's slot for the slowdown only if it fits
+//! besides them), and a probe that cannot fit is refused with what it
 //! would need.
 
 use std::path::Path;
@@ -34,6 +40,12 @@ use crate::RuntimeError;
 
 /// Timed repetitions per point (the median is kept).
 pub(crate) const REPS: usize = 9;
+/// Passes over the b = 1 points (each the median of [`REPS`] runs); each point keeps the
+/// median of its passes. One pass's median of a block still moved by a third from one
+/// probe to the next on a shared machine, in both directions (SmolLM2 layer 0 at b = 1:
+/// 0.162 ms among 0.213–0.235), so neither a single pass nor the fastest is the figure a
+/// run sees: the middle of three passes spread over the probe is.
+const PASSES_B1: usize = 3;
 /// Timed repetitions per point for micro-batches of more than one sequence.
 const REPS_BATCHED: usize = 5;
 /// Micro-batch sizes (sequences, one token each) at which the blocks are timed.
@@ -90,6 +102,55 @@ pub(crate) fn flush(buf: &mut [u8], round: u8) {
     std::hint::black_box(&buf);
 }
 
+/// Evicts `bytes` from every cache level, line by line (x86_64 `clflush`, aarch64
+/// `dc civac`; elsewhere nothing, and the buffer flush alone evicts).
+pub(crate) fn evict(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        for i in (0..bytes.len()).step_by(64) {
+            // SAFETY: `clflush` (SSE2, part of x86_64) reads no memory; the address lies
+            // within `bytes`.
+            unsafe { core::arch::x86_64::_mm_clflush(bytes.as_ptr().add(i)) };
+        }
+        // SAFETY: a fence has no operands.
+        unsafe { core::arch::x86_64::_mm_mfence() };
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        for i in (0..bytes.len()).step_by(64) {
+            // SAFETY: `dc civac` cleans and invalidates the line of an address within
+            // `bytes` (user space may issue it on Linux); it writes no architectural state.
+            unsafe {
+                core::arch::asm!("dc civac, {p}", p = in(reg) bytes.as_ptr().add(i), options(nostack))
+            };
+        }
+        // SAFETY: a barrier has no operands.
+        unsafe { core::arch::asm!("dsb ish", options(nostack)) };
+    }
+    std::hint::black_box(bytes);
+}
+
+/// What is made cold before each timed run: `buf` written through (it evicts whatever it
+/// displaces) and the timed block's own weights evicted line by line ([`evict`]). The
+/// buffer alone fails on a small budget: a quarter of a 40 MiB engine budget is 10 MiB, less
+/// than a 32 MiB last-level cache, so the block stayed partly cached and its time depended
+/// on what else ran (worker probes of one SmolLM2 MLP block: 96–162 µs; cold: 174).
+pub(crate) struct Cold<'a> {
+    /// written through before each run
+    pub buf: Vec<u8>,
+    /// the timed blocks' weights
+    pub weights: &'a Resident,
+}
+
+impl Cold<'_> {
+    fn flush(&mut self, round: u8) {
+        flush(&mut self.buf, round);
+        for b in self.weights.buffers() {
+            evict(b);
+        }
+    }
+}
+
 pub(crate) fn entry(m: &Manifest, k: SliceKind) -> Result<SliceEntry, RuntimeError> {
     m.slice(k)
         .cloned()
@@ -99,6 +160,21 @@ pub(crate) fn entry(m: &Manifest, k: SliceKind) -> Result<SliceEntry, RuntimeErr
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Per point, the median of the passes' times (every pass times the same points, in order).
+fn median_of_passes(rows: &[Vec<(u64, f64)>]) -> Vec<(u64, f64)> {
+    let Some(first) = rows.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, _))| {
+            let at: Vec<f64> = rows.iter().filter_map(|r| r.get(i).map(|p| p.1)).collect();
+            (n, median(at))
+        })
+        .collect()
 }
 
 /// Contexts at which attention is timed for a model of `max_pos` positions.  // tokens
@@ -123,10 +199,10 @@ pub fn probe(
         bandwidth: 0.0,
         per_read_overhead: 0.0,
     };
-    let mut grid = if compute {
+    let (mut grid, load_slowdown) = if compute {
         time_blocks(dir, m, budget)?
     } else {
-        Vec::new()
+        (Vec::new(), 0.0)
     };
     let (attn, mlp_s) = match grid.first() {
         Some(one) if one.b == 1 => {
@@ -156,6 +232,7 @@ pub fn probe(
         conventional,
         took_s: t0.elapsed().as_secs_f64(),
         batched: grid,
+        load_slowdown,
     })
 }
 
@@ -169,7 +246,7 @@ fn time_attn(
     kv_dim: usize,
     b: u32,
     n: u64,
-    cold: &mut [u8],
+    cold: &mut Cold<'_>,
     reps: usize,
 ) -> Result<f64, RuntimeError> {
     let filler = vec![0.01f32; kv_dim];
@@ -199,14 +276,14 @@ fn time_attn(
 /// includes dropping the one KV row per sequence it appended).  // seconds
 pub(crate) fn time_median(
     x: &[f32],
-    cold: &mut [u8],
+    cold: &mut Cold<'_>,
     reps: usize,
     mut run: impl FnMut(&mut [f32]) -> Result<(), RuntimeError> + Send,
 ) -> Result<f64, RuntimeError> {
     let mut times = Vec::new();
     for rep in 0..=reps {
         let mut xr = x.to_vec();
-        flush(cold, rep as u8);
+        cold.flush(rep as u8);
         // As the runtime runs a block: inside a stage's team of compute threads
         // (`on_pool`), the helpers already awake. Outside it every matmul would hand its
         // rows to the pool and wait to be woken, which the run does not pay.
@@ -238,7 +315,7 @@ fn time_mlp(
     mw: &MlpWeights,
     x0: &[f32],
     b: u32,
-    cold: &mut [u8],
+    cold: &mut Cold<'_>,
     reps: usize,
 ) -> Result<f64, RuntimeError> {
     time_median(&x0.repeat(b as usize), cold, reps, |x| Ok(tf.mlp(mw, x)?))
@@ -275,12 +352,13 @@ pub fn complete_row(
 }
 
 /// Layer 0's attention at every probe context and its MLP block, for every micro-batch size
-/// of [`BATCH_GRID`] (b = 1 first).
+/// of [`BATCH_GRID`] (b = 1 first), and how much slower the MLP block computes beside a load
+/// ([`slowdown_under_load`]; 0 where the loader's slot does not fit the budget).
 fn time_blocks(
     dir: &Path,
     m: &Manifest,
     budget: ProbeBudget,
-) -> Result<Vec<BatchProbe>, RuntimeError> {
+) -> Result<(Vec<BatchProbe>, f64), RuntimeError> {
     let cfg = &m.config;
     let (attn0, mlp0) = (entry(m, SliceKind::Attn(0))?, entry(m, SliceKind::Mlp(0))?);
     // layer 0, the flush buffer and the activations of the largest micro-batch first
@@ -303,35 +381,116 @@ fn time_blocks(
     } else {
         rows_within(budget.bytes - fixed, kv_dim)
     };
-    let resident = Resident::load(dir, &[attn0, mlp0])?;
+    let resident = Resident::load(dir, &[attn0.clone(), mlp0.clone()])?;
     let tf = crate::executor::transformer_of(m)?;
     let aw = AttnWeights::bind(&resident, cfg, 0)?;
     let mw = MlpWeights::bind(&resident, cfg, 0)?;
     let h = cfg.hidden_size;
     let x0: Vec<f32> = (0..h).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
     let kv_dim = tf.kv_dim();
-    let mut cold = vec![0u8; flush_len];
+    let mut cold = Cold {
+        buf: vec![0u8; flush_len],
+        weights: &resident,
+    };
     let contexts: Vec<u64> = probe_contexts(cfg.max_position_embeddings)
         .into_iter()
         .filter(|&n| n == 1 || n <= max_rows)
         .collect();
     let mut out: Vec<BatchProbe> = Vec::new();
     for &b in &BATCH_GRID {
-        let reps = if b == 1 { REPS } else { REPS_BATCHED };
-        let mut measured = Vec::new();
-        for &n in &contexts {
-            if n == 1 || b as u64 * n <= max_rows {
-                measured.push((n, time_attn(&tf, &aw, &x0, kv_dim, b, n, &mut cold, reps)?));
+        let (reps, passes) = if b == 1 {
+            (REPS, PASSES_B1)
+        } else {
+            (REPS_BATCHED, 1)
+        };
+        let (mut rows, mut mlps) = (Vec::new(), Vec::new());
+        for _ in 0..passes {
+            let mut measured = Vec::new();
+            for &n in &contexts {
+                if n == 1 || b as u64 * n <= max_rows {
+                    measured.push((n, time_attn(&tf, &aw, &x0, kv_dim, b, n, &mut cold, reps)?));
+                }
             }
+            rows.push(measured);
+            mlps.push(time_mlp(&tf, &mw, &x0, b, &mut cold, reps)?);
         }
+        let measured = median_of_passes(&rows);
         let attn = match out.first() {
             Some(one) if b > 1 => complete_row(&contexts, &measured, &one.attn, b),
             _ => measured,
         };
-        let mlp_s = time_mlp(&tf, &mw, &x0, b, &mut cold, reps)?;
-        out.push(BatchProbe { b, attn, mlp_s });
+        out.push(BatchProbe {
+            b,
+            attn,
+            mlp_s: median(mlps),
+        });
     }
-    Ok(out)
+    let slot = attn0.size.saturating_add(mlp0.size);
+    let slowdown = if budget.fits(fixed.saturating_add(slot)) {
+        let group = [vec![attn0, mlp0]];
+        slowdown_under_load(dir, &group, &tf, &mw, &x0, &mut cold, REPS_UNDER_LOAD)?
+    } else {
+        0.0
+    };
+    Ok((out, slowdown))
+}
+
+/// Timed repetitions of the MLP block alone and beside a load ([`slowdown_under_load`]).
+const REPS_UNDER_LOAD: usize = 15;
+
+/// How much slower the MLP block (b = 1) computes while the direct loader reads `group`
+/// (layer 0's slices) beside it, as a stage's next load runs beside the blocks that follow
+/// its offloaded run: the median time of `reps` runs under a load over the median of `reps`
+/// runs alone (interleaved, the caches flushed before each, the load started just before the
+/// timed block and longer than it), less 1, at least 0. `group` is read into the loader's own
+/// slot, so the budget must hold it besides the probe's blocks.  // fraction
+fn slowdown_under_load(
+    dir: &Path,
+    group: &[Vec<SliceEntry>],
+    tf: &loip_engine::forward::Transformer,
+    mw: &MlpWeights,
+    x0: &[f32],
+    cold: &mut Cold<'_>,
+    reps: usize,
+) -> Result<f64, RuntimeError> {
+    let mut ld = Loader::new(LoaderKind::Direct, dir, group)?;
+    ld.start(0)?; // touches the slot's pages and sets the ring up
+    ld.wait(0)?;
+    let (mut alone, mut loaded) = (Vec::new(), Vec::new());
+    for rep in 0..=reps {
+        for under in [false, true] {
+            let mut x = x0.to_vec();
+            cold.flush(rep as u8);
+            if under {
+                ld.start(0)?;
+            }
+            let dt = loip_kernels::on_pool(|| {
+                wake_team();
+                let t = Instant::now();
+                tf.mlp(mw, &mut x).map(|()| t.elapsed().as_secs_f64())
+            });
+            if under {
+                ld.wait(0)?;
+            }
+            let dt = dt?;
+            match (rep > 0, under) {
+                (true, false) => alone.push(dt),
+                (true, true) => loaded.push(dt),
+                _ => {}
+            }
+        }
+    }
+    Ok(slowdown(&alone, &loaded))
+}
+
+/// `median(loaded) / median(alone) − 1`, at least 0 (0 without samples).  // fraction
+pub fn slowdown(alone: &[f64], loaded: &[f64]) -> f64 {
+    let (a, l) = (median(alone.to_vec()), median(loaded.to_vec()));
+    if a > 0.0 && l.is_finite() {
+        (l / a - 1.0).clamp(0.0, 10.0)
+    } else {
+        0.0
+    }
 }
 
 /// Fits `time = bytes / β + reads · λ` to loads of `groups` (least squares over the median
@@ -422,6 +581,26 @@ mod tests {
         );
         assert_eq!(complete_row(&contexts, &one, &one, 1), one.to_vec());
         assert!(complete_row(&contexts, &[], &one, 2).is_empty());
+    }
+
+    #[test]
+    fn each_point_keeps_the_median_of_its_passes() {
+        let rows = vec![
+            vec![(1, 1.0), (256, 5.0)],
+            vec![(1, 0.6), (256, 2.0)], // fast outlier
+            vec![(1, 1.1), (256, 2.2)],
+        ];
+        assert_eq!(median_of_passes(&rows), vec![(1, 1.0), (256, 2.2)]);
+        assert!(median_of_passes(&[]).is_empty());
+    }
+
+    #[test]
+    fn slowdown_is_the_ratio_of_medians_less_one() {
+        let alone = [1.0, 1.1, 9.0];
+        let loaded = [1.5, 1.6, 1.7];
+        assert!((slowdown(&alone, &loaded) - (1.6 / 1.1 - 1.0)).abs() < 1e-12);
+        assert_eq!(slowdown(&loaded, &alone), 0.0); // faster under a load: none
+        assert_eq!(slowdown(&[], &loaded), 0.0);
     }
 
     #[test]
