@@ -67,7 +67,9 @@ pub fn generate(mut a: GenerateArgs) -> Result<()> {
             bail!("--speculate-k is at most {max} on a cluster");
         }
     } else if a.spec.on() {
-        let draft = (a.spec.speculate == Speculate::Draft)
+        // a self-draft is the target's own layers: nothing to open
+        let own = loip::speculate::self_draft_of(&a.spec.spec())?.is_some();
+        let draft = (a.spec.speculate == Speculate::Draft && !own)
             .then(|| loip::speculate::open_draft(&a.spec.spec(), &config, prep.tokenizer.as_ref()))
             .transpose()?;
         return generate_speculative(a, src, prep, draft.as_ref());

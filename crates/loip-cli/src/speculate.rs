@@ -14,7 +14,8 @@ pub struct SpecArgs {
     #[arg(long, default_value = "off")]
     pub speculate: Speculate,
     /// The draft model of `--speculate draft` (`smollm2`, an HF directory or a GGUF file),
-    /// run in memory; its tokenizer must be the target's.
+    /// run in memory; its tokenizer must be the target's. `self:L`: the model's own first L
+    /// layers with its final norm and head (in memory, `loip generate` without --mem).
     #[arg(long)]
     pub draft: Option<String>,
     /// Most draft tokens verified in one step.

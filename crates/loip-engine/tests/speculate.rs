@@ -95,3 +95,59 @@ fn a_draft_model_gives_the_targets_tokens_and_itself_is_always_accepted() {
         }
     }
 }
+
+/// A self-draft (the target's first layers, final norm and head): the target's tokens and
+/// kept logits, greedy and sampled, on a full-attention and a sliding-window model; all
+/// the layers or none are refused.
+#[test]
+fn a_self_draft_gives_the_targets_tokens() {
+    use loip_engine::speculate::draft::{self_draft, self_draft_layers, ModelDrafter};
+    use loip_engine::speculate::{generate_speculative, SpecOptions};
+    use loip_engine::Flow;
+
+    assert_eq!(self_draft_layers("self:2").unwrap(), Some(2));
+    assert_eq!(self_draft_layers("smollm2").unwrap(), None);
+    assert!(self_draft_layers("self:x").is_err());
+    for name in ["tiny-llama", "tiny-gemma3"] {
+        let ckpt = Checkpoint::open(&fixture(name)).unwrap();
+        let target = Model::from_checkpoint(&ckpt).unwrap();
+        let all = ckpt.config.num_layers;
+        assert!(self_draft(&ckpt, 0).is_err() && self_draft(&ckpt, all).is_err());
+        let draft = self_draft(&ckpt, all / 2).unwrap();
+        let vocab = ckpt.config.vocab_size as u32;
+        for (ci, c) in spec_common::cases(vocab, &[2]).iter().enumerate() {
+            let (want, want_rows) = spec_common::reference(&target, c);
+            let mut rec = spec_common::Rec::new(Generator::new(&target, None));
+            let mut drafter = ModelDrafter::new(Generator::new(&draft, None), 7)
+                .sampling(&c.opts.sampling)
+                .unwrap();
+            let spec = SpecOptions {
+                k_max: 4,
+                adaptive: false,
+                ..Default::default()
+            };
+            let got = generate_speculative(
+                &mut rec,
+                7,
+                &c.prompt,
+                &c.opts,
+                &mut drafter,
+                &spec,
+                &mut |_| Flow::Continue,
+            )
+            .unwrap();
+            let tag = format!("{name} case {ci}");
+            if c.opts.sampling.temperature == 0.0 {
+                // greedy: the tokens and each kept token's logits are the target's
+                assert_eq!(got.out.new_ids, want, "{tag}");
+                for (pos, l) in &want_rows {
+                    assert!(rec.rows.get(pos) == Some(l), "{tag}: logits at {pos}");
+                }
+            } else {
+                // sampled drafts: the target's law, not its seeded tokens
+                assert_eq!(got.out.new_ids.len(), want.len(), "{tag}");
+            }
+            assert!(got.stats.accepted <= got.stats.drafted, "{tag}");
+        }
+    }
+}

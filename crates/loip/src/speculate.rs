@@ -39,7 +39,7 @@
 
 use anyhow::{bail, Context, Result};
 use loip_engine::generate::Flow;
-use loip_engine::speculate::draft::{vocab_matches, ModelDrafter};
+use loip_engine::speculate::draft::{self_draft, self_draft_layers, vocab_matches, ModelDrafter};
 use loip_engine::speculate::lookup::Lookup;
 use loip_engine::speculate::{generate_speculative, Drafter, SpecOptions, SpecOutput, Speculate};
 use loip_engine::{GenerateOptions, Generator, Model};
@@ -58,7 +58,8 @@ pub struct Spec {
     /// where drafts come from (`Off`: no speculation)
     pub source: Speculate,
     /// the draft model of [`Speculate::Draft`] (a known name, an HF directory or a GGUF
-    /// file), run in memory; its tokenizer must be the target's
+    /// file), run in memory; its tokenizer must be the target's; `self:L`: the target's own
+    /// first `L` layers, final norm and head ([`self_draft_of`])
     pub draft: Option<String>,
     /// most drafts verified in one step  // tokens
     pub k: usize,
@@ -118,6 +119,12 @@ pub fn open_draft(
         .draft
         .as_deref()
         .context("--speculate draft needs --draft MODEL")?;
+    if self_draft_layers(name)?.is_some() {
+        bail!(
+            "--draft {name} drafts with the model's own layers in memory (`loip generate` \
+             without --mem); elsewhere use another model or --speculate lookup"
+        );
+    }
     let ckpt = crate::model::open(name)?;
     let refuse = |why: String| {
         anyhow::anyhow!("the draft model {name} cannot draft for this model: its {why}")
@@ -147,6 +154,15 @@ pub fn open_draft(
         )));
     }
     Ok(ckpt)
+}
+
+/// The layers of a self-draft (`--speculate draft --draft self:L`: the target's first `L`
+/// layers, its final norm and head, in memory), `None` for any other speculation.
+pub fn self_draft_of(spec: &Spec) -> Result<Option<usize>> {
+    Ok(match (spec.source, spec.draft.as_deref()) {
+        (Speculate::Draft, Some(name)) => self_draft_layers(name)?,
+        _ => None,
+    })
 }
 
 /// The draft model of [`Speculate::Draft`] bound from `draft` ([`open_draft`]), if any.
@@ -251,6 +267,17 @@ pub fn run(
     draft: Option<&Checkpoint>,
     on_token: &mut dyn FnMut(u32) -> Flow,
 ) -> Result<SpecRun> {
+    if let Some(layers) = self_draft_of(spec)? {
+        let Source::Memory(ckpt) = &src else {
+            bail!(
+                "a self-draft (--draft self:L) runs with the model in memory, not from slice files"
+            )
+        };
+        let model = self_draft(ckpt, layers)?;
+        return with_drafter(Some(&model), opts, |drafter| {
+            in_memory(ckpt, prompt, opts, spec, drafter, on_token)
+        });
+    }
     let model = draft_model(spec, draft)?;
     with_drafter(model.as_ref(), opts, |drafter| {
         run_with(src, offload, prompt, opts, spec, drafter, on_token)
@@ -268,17 +295,7 @@ fn run_with(
 ) -> Result<SpecRun> {
     let context = prompt.len() + opts.max_tokens;
     match src {
-        Source::Memory(ckpt) => {
-            let model = Model::from_checkpoint(&ckpt)?;
-            let mut gen = Generator::new(&model, None);
-            let o = spec.options(false);
-            let out = generate_speculative(&mut gen, 0, prompt, opts, drafter, &o, on_token)?;
-            Ok(SpecRun {
-                out,
-                memory: None,
-                times: None,
-            })
-        }
+        Source::Memory(ckpt) => in_memory(&ckpt, prompt, opts, spec, drafter, on_token),
         Source::Slices(dir) => {
             // the budget is the whole process's; the engine gets its share
             let mem_budget = match offload.mem {
@@ -314,4 +331,24 @@ fn run_with(
             bail!("--speculate on a cluster runs in its serving loop (prompt lookup), not here")
         }
     }
+}
+
+/// [`run_with`] in memory.
+fn in_memory(
+    ckpt: &Checkpoint,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    spec: &Spec,
+    drafter: &mut dyn Drafter,
+    on_token: &mut dyn FnMut(u32) -> Flow,
+) -> Result<SpecRun> {
+    let model = Model::from_checkpoint(ckpt)?;
+    let mut gen = Generator::new(&model, None);
+    let o = spec.options(false);
+    let out = generate_speculative(&mut gen, 0, prompt, opts, drafter, &o, on_token)?;
+    Ok(SpecRun {
+        out,
+        memory: None,
+        times: None,
+    })
 }

@@ -19,6 +19,39 @@ use crate::sampling::{argmax, Dist, Sampler, SamplingParams};
 use crate::speculate::{Drafter, Proposal, Rewind};
 use crate::EngineError;
 
+/// A self-draft: the target's own first `layers` layers, its final norm and its head, as a
+/// model of its own (the same weights, bound again: nothing copied). Its vocabulary is the
+/// target's by construction; the full model verifies, so the tokens are the target's.
+/// `layers` must be at least 1 and fewer than the target's.
+pub fn self_draft(
+    target: &loip_model::Checkpoint,
+    layers: usize,
+) -> Result<crate::Model<'_>, EngineError> {
+    let all = target.config.num_layers;
+    if layers == 0 || layers >= all {
+        return Err(EngineError::Invalid(format!(
+            "a self-draft takes 1 to {} of the model's {all} layers, not {layers}",
+            all.saturating_sub(1)
+        )));
+    }
+    let mut cfg = target.config.clone();
+    cfg.num_layers = layers;
+    cfg.sliding_layers.truncate(layers);
+    crate::Model::bind(target, &cfg, target.qk_permuted)
+}
+
+/// The layers of a self-draft named `self:L` (`--draft self:L`), `None` for another name.
+pub fn self_draft_layers(name: &str) -> Result<Option<usize>, EngineError> {
+    let Some(n) = name.strip_prefix("self:") else {
+        return Ok(None);
+    };
+    n.parse().map(Some).map_err(|_| {
+        EngineError::Invalid(format!(
+            "--draft self:L takes a number of layers, not {n:?}"
+        ))
+    })
+}
+
 /// Greedy proposals of a draft model over any backend that can rewind.
 pub struct ModelDrafter<B> {
     draft: B,

@@ -70,6 +70,35 @@ pub trait Rewind: BatchBackend {
 
     /// The model's context limit (positions), if any.
     fn max_positions(&self) -> Option<usize>;
+
+    /// A greedy step without drafts: `ids` at positions `start..` of `seq`, and the argmax
+    /// of the last position's logits after setting the `masked` ids to −∞ — the step plain
+    /// greedy decoding takes ([`StepBackend::step_argmax`]), so a step that verifies nothing
+    /// costs what a plain one does. The default: [`BatchBackend::forward_pick`] of that row.
+    ///
+    /// [`StepBackend::step_argmax`]: crate::StepBackend::step_argmax
+    fn step_greedy(
+        &mut self,
+        seq: SeqId,
+        ids: &[u32],
+        start: usize,
+        masked: &[u32],
+    ) -> Result<u32, EngineError> {
+        let batch: Vec<TokenPos> = (start..start + ids.len())
+            .map(|pos| TokenPos { seq, pos })
+            .collect();
+        let pick = RowPick {
+            row: ids.len().saturating_sub(1),
+            greedy: true,
+            masked,
+        };
+        match self.forward_pick(ids, &batch, &[pick])?.pop() {
+            Some(Next::Id(id)) => Ok(id),
+            _ => Err(EngineError::Backend(
+                "a greedy step returned no token".into(),
+            )),
+        }
+    }
 }
 
 impl Rewind for Generator<'_, '_> {
@@ -146,11 +175,23 @@ pub fn generate_speculative<B: Rewind + ?Sized>(
     backend.allow_rewind(spec.k_max);
     let mut context = prompt.to_vec(); // prompt, then each kept token
     let t0 = Instant::now();
-    let first = verify(backend, seq, prompt, 0, 1)?;
+    // the prompt's step, as without speculation (greedy: picked where the logits are)
+    let first = if dec.greedy() {
+        Next::Id(backend.step_greedy(seq, prompt, 0, dec.masked())?)
+    } else {
+        Next::Logits(verify(backend, seq, prompt, 0, 1)?)
+    };
     let mut fed = prompt.len(); // positions in the KV
     let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
     let t1 = Instant::now();
-    let mut pending = take(&mut dec, &first, on_token, &mut context);
+    let mut pending = match &first {
+        Next::Id(_) => {
+            let next = dec.accept(&first, on_token);
+            extend_context(&dec, 0, &mut context);
+            next
+        }
+        Next::Logits(row) => take(&mut dec, row, on_token, &mut context),
+    };
     while let Some(last) = pending {
         // drafts: no more than the tokens still wanted after this step's first, nor past the
         // model's context limit
@@ -286,6 +327,14 @@ fn verify_rows<B: Rewind + ?Sized>(
         return Ok(Rows {
             logits,
             picked: Vec::new(),
+        });
+    }
+    if let [_] = ids {
+        // no drafts: the plain greedy step
+        let id = backend.step_greedy(seq, ids, start, dec.masked_after(0))?;
+        return Ok(Rows {
+            logits: Vec::new(),
+            picked: vec![id],
         });
     }
     let batch: Vec<TokenPos> = (start..start + ids.len())
