@@ -1,7 +1,8 @@
 //! `loip local`: the whole system on this machine. Starts N `loip worker` processes on
-//! loopback with the given memory budgets (by default budgets that force offloading), the
-//! coordinator, and one generation; prints the plan, the output, ms/token and its breakdown
-//! (compute, network, load stall). `--bandwidth` emulates a link limit in the transport.
+//! loopback with the given memory budgets (by default budgets that keep the model from
+//! fitting on any one of them), the coordinator, and one generation; prints the plan, the
+//! output, ms/token and its breakdown (compute, network, load stall). `--bandwidth`
+//! emulates a link limit in the transport.
 //!
 //! `--bench FILE` instead runs the end-to-end benchmark matrix (patterns × link limits ×
 //! planners) on the same devices, prints a table of measured vs predicted ms/token and

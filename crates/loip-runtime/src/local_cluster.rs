@@ -25,10 +25,11 @@ use crate::loader::LoaderKind;
 use crate::memory::Cgroup;
 use crate::RuntimeError;
 
-/// Budgets that force offloading: the worker process itself
-/// ([`crate::memory::WORKER_PROCESS_ESTIMATE`]), working buffers, the embedding / head
-/// where they live, the KV cache of `context` tokens, and 60 % of an even share of the
-/// layers.  // bytes
+/// Budgets that keep the model from fitting on any one device: the worker process itself
+/// ([`crate::memory::WORKER_PROCESS_ESTIMATE`]), an allowance for working buffers, the
+/// embedding / head where they live, the KV cache of `context` tokens, and 60 % of an even
+/// share of the layers. The planner may still keep every block resident where the
+/// working-buffer allowance leaves room (SmolLM2 mostly does).  // bytes
 pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
     let size = |k: SliceKind| m.slice(k).map_or(0, |s| s.size);
     let layers: u64 = (0..m.config.num_layers)
@@ -404,8 +405,7 @@ impl LocalOptions {
         self.concurrent.max(1)
     }
 
-    /// One budget per device: the given ones, or budgets that force offloading for
-    /// `context` tokens.
+    /// One budget per device: the given ones, or [`default_budgets`] for `context` tokens.
     pub fn budgets(&self, m: &Manifest, context: u64) -> Result<Vec<u64>, ClusterError> {
         match &self.mem {
             None => Ok(default_budgets(m, self.devices, context)),

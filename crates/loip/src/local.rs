@@ -1,6 +1,6 @@
 //! The whole system on this machine: N worker processes on loopback with memory budgets (by
-//! default budgets that force offloading), the coordinator's session over them, and what
-//! `loip local` runs on it: one generation or a burst of them, micro-batch sizes side by
+//! default budgets that keep the model from fitting on any one of them), the coordinator's
+//! session over them, and what `loip local` runs on it: one generation or a burst of them, micro-batch sizes side by
 //! side, and the benchmark matrix (patterns × link limits × planners).
 
 mod batches;
