@@ -288,12 +288,6 @@ pub struct Plan {
     /// Its breakdown; the parts add up to `predicted_ms_per_token`.
     #[serde(default)]
     pub breakdown: CostBreakdown,
-    /// Predicted time of one step of `r` positions of one sequence at entry `r − 1`, for
-    /// `r = 1..=MAX_K + 1`: the prices speculative decoding's adaptive draft length starts
-    /// from ([`crate::speculate`]). Priced by [`crate::plan`] for the plan it returns; empty
-    /// for a plan built or edited by hand.  // milliseconds
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub step_ms: Vec<f64>,
 }
 
 impl Plan {

@@ -89,7 +89,6 @@ fn plan(
         dropped: vec![],
         predicted_ms_per_token: 0.0,
         breakdown: Default::default(),
-        step_ms: Vec::new(),
     };
     let c = cost::evaluate(&p, shape, cluster).unwrap();
     cost::apply(&mut p, &c);

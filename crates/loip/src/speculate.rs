@@ -194,16 +194,12 @@ fn with_drafter<T>(
 }
 
 /// The cost model's time of a step of `n` positions of one sequence on `session`'s plan,
-/// `n = 1..=k + 1`, as the planner priced it ([`loip_plan::Plan::step_ms`]): the adaptive
-/// controller's prior until steps of each size are measured (empty for a plan written by
-/// hand).  // seconds
+/// `n = 1..=k + 1` (the adaptive controller's prior until steps of each size are measured;
+/// empty when the plan cannot be priced), priced once per speculative run.  // seconds
 pub fn pipeline_step_prior(session: &Session, k: usize) -> Vec<f64> {
-    let steps = &session.plan.step_ms;
-    steps
-        .iter()
-        .take(k.saturating_add(1))
-        .map(|ms| ms / 1e3)
-        .collect()
+    let k = u32::try_from(k).unwrap_or(u32::MAX);
+    loip_plan::speculate::step_times(&session.plan, &session.shape, &session.cluster, 1, k)
+        .unwrap_or_default()
 }
 
 /// The engine's options of `spec` through `session`'s pipeline: a pipeline step is load-

@@ -70,35 +70,6 @@ pub trait Rewind: BatchBackend {
 
     /// The model's context limit (positions), if any.
     fn max_positions(&self) -> Option<usize>;
-
-    /// A greedy step without drafts: `ids` at positions `start..` of `seq`, and the argmax
-    /// of the last position's logits after setting the `masked` ids to −∞ — the step plain
-    /// greedy decoding takes ([`StepBackend::step_argmax`]), so a step that verifies nothing
-    /// costs what a plain one does. The default: [`BatchBackend::forward_pick`] of that row.
-    ///
-    /// [`StepBackend::step_argmax`]: crate::StepBackend::step_argmax
-    fn step_greedy(
-        &mut self,
-        seq: SeqId,
-        ids: &[u32],
-        start: usize,
-        masked: &[u32],
-    ) -> Result<u32, EngineError> {
-        let batch: Vec<TokenPos> = (start..start + ids.len())
-            .map(|pos| TokenPos { seq, pos })
-            .collect();
-        let pick = RowPick {
-            row: ids.len().saturating_sub(1),
-            greedy: true,
-            masked,
-        };
-        match self.forward_pick(ids, &batch, &[pick])?.pop() {
-            Some(Next::Id(id)) => Ok(id),
-            _ => Err(EngineError::Backend(
-                "a greedy step returned no token".into(),
-            )),
-        }
-    }
 }
 
 impl Rewind for Generator<'_, '_> {
@@ -177,7 +148,7 @@ pub fn generate_speculative<B: Rewind + ?Sized>(
     let t0 = Instant::now();
     // the prompt's step, as without speculation (greedy: picked where the logits are)
     let first = if dec.greedy() {
-        Next::Id(backend.step_greedy(seq, prompt, 0, dec.masked())?)
+        Next::Id(greedy_last(backend, seq, prompt, dec.masked())?)
     } else {
         Next::Logits(verify(backend, seq, prompt, 0, 1)?)
     };
@@ -314,6 +285,29 @@ struct Rows {
 /// One forward of `ids` at positions `start..` of `seq`, every position a row: with `pick`,
 /// each row's argmax under the EOS mask the row is used with ([`Decoding::masked_after`]),
 /// the picks made by the backend; else the logits.
+/// The prompt's greedy step: `prompt` at positions `0..` of `seq`, and the argmax of its last
+/// row after setting the `masked` ids to −∞, picked where the logits are (no logits row
+/// fetched), as plain greedy decoding's first step.
+fn greedy_last<B: Rewind + ?Sized>(
+    backend: &mut B,
+    seq: SeqId,
+    prompt: &[u32],
+    masked: &[u32],
+) -> Result<u32, EngineError> {
+    let batch: Vec<TokenPos> = (0..prompt.len()).map(|pos| TokenPos { seq, pos }).collect();
+    let pick = RowPick {
+        row: prompt.len().saturating_sub(1),
+        greedy: true,
+        masked,
+    };
+    match backend.forward_pick(prompt, &batch, &[pick])?.pop() {
+        Some(Next::Id(id)) => Ok(id),
+        _ => Err(EngineError::Backend(
+            "a greedy step returned no token".into(),
+        )),
+    }
+}
+
 fn verify_rows<B: Rewind + ?Sized>(
     backend: &mut B,
     seq: SeqId,
@@ -327,14 +321,6 @@ fn verify_rows<B: Rewind + ?Sized>(
         return Ok(Rows {
             logits,
             picked: Vec::new(),
-        });
-    }
-    if let [_] = ids {
-        // no drafts: the plain greedy step
-        let id = backend.step_greedy(seq, ids, start, dec.masked_after(0))?;
-        return Ok(Rows {
-            logits: Vec::new(),
-            picked: vec![id],
         });
     }
     let batch: Vec<TokenPos> = (start..start + ids.len())

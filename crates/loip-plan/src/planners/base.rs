@@ -239,7 +239,6 @@ pub(crate) fn build_plan(
         dropped,
         predicted_ms_per_token: 0.0,
         breakdown: Default::default(),
-        step_ms: Vec::new(),
     };
     let c = cost::evaluate(&plan, ctx.shape, ctx.cluster)?;
     cost::apply(&mut plan, &c);

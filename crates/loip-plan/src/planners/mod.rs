@@ -62,28 +62,14 @@ pub fn planner(name: &str) -> Result<&'static dyn Planner, PlanError> {
         })
 }
 
-/// Runs the planner called `name`, and prices the plan's steps of several positions
-/// ([`Plan::step_ms`]).
+/// Runs the planner called `name`.
 pub fn plan(
     name: &str,
     shape: &ModelShape,
     cluster: &Cluster,
     req: &PlanRequest,
 ) -> Result<Plan, PlanError> {
-    let mut plan = planner(name)?.plan(shape, cluster, req)?;
-    plan.step_ms = step_prices(&plan, shape, cluster);
-    Ok(plan)
-}
-
-/// `plan`'s time of one step of `r = 1..=MAX_K + 1` positions of one sequence (the cost
-/// model at `r` positions); empty when the plan cannot be priced.  // milliseconds
-fn step_prices(plan: &Plan, shape: &ModelShape, cluster: &Cluster) -> Vec<f64> {
-    (1..=crate::speculate::MAX_K + 1)
-        .map(|rows| {
-            crate::cost::evaluate_rows(plan, shape, cluster, 1, rows).map(|c| c.ms_per_token)
-        })
-        .collect::<Result<_, _>>()
-        .unwrap_or_default()
+    planner(name)?.plan(shape, cluster, req)
 }
 
 /// Runs every planner (for `--compare`).

@@ -201,6 +201,5 @@ pub fn uniform_plan(
         dropped: Vec::new(),
         predicted_ms_per_token: 0.0,
         breakdown: Default::default(),
-        step_ms: Vec::new(),
     })
 }

@@ -195,15 +195,4 @@ impl Rewind for PipelineBackend {
     fn max_positions(&self) -> Option<usize> {
         self.pipeline.max_positions()
     }
-
-    /// A step without drafts is plain greedy decoding's step: one round, 8 bytes back.
-    fn step_greedy(
-        &mut self,
-        seq: SeqId,
-        ids: &[u32],
-        start: usize,
-        masked: &[u32],
-    ) -> Result<u32, EngineError> {
-        self.step_argmax(seq, ids, start, masked)
-    }
 }
