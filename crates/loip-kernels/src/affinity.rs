@@ -4,8 +4,9 @@
 //! scheduler places a woken thread on the waker's core (cache affinity) and moves it only when
 //! its load balancer runs; meanwhile the leader and the helper take turns on one core. With two
 //! threads on this project's 2-core machine under other work, a layer's prefill matmuls ran at
-//! 1.0–1.1× the one-thread speed instead of 1.9× (`prefill_bench --scaling`, with and without
-//! `--pin`, docs/benchmarks.md). Pinned, each thread has its own core from the first region.
+//! 1.0–1.6× the one-thread speed unpinned and 2.0× pinned (`prefill_bench --scaling` and
+//! `--scaling --unpinned`); a Gemma 3 prefill went from 1.63× to 1.88×. Pinned, each thread
+//! has its own core from the first region.
 //!
 //! Policy: a pool thread of index `i` pins itself to the `i`-th core of the set the process
 //! was allowed when the first thread pinned, only when the pool has exactly as many threads
