@@ -7,6 +7,9 @@
 //! do not fit in the caches (several distinct copies are cycled through), for 1 and 2 rayon
 //! threads (or only N), plus the SmolLM2-135M Q4_1 per-token matmul set.
 //!
+//! `--cols N`: the table's matrices have rows of N columns (a multiple of 32, and of each
+//! type's block; rows: 16 Mi weights / N), e.g. 640 for Gemma 3's 262144 × 640 head.
+//!
 //! `--decode`: only the SmolLM2 single-token matmuls. `--table --dtype T`: only that stored type's row (and no bandwidth line).
 //!
 //! `--cpu` times by the CPU time of the process (meaningful with `--threads 1` on a machine
@@ -55,6 +58,9 @@ struct Args {
     gemm: bool,
     /// only this stored type in the GEMM table
     dtype: Option<DType>,
+    /// columns of the per-dtype table's matrices (a multiple of 32; types with larger blocks
+    /// are left out where it is not a multiple of theirs)
+    cols: usize,
     /// only the batched-decode table (n = 1, 2, 4, 8)
     batch: bool,
     /// in the batched-decode table, only the whole SmolLM2 step
@@ -90,6 +96,10 @@ struct Cli {
     /// only this stored type (F32, Q4_1, ...)
     #[arg(long, value_name = "T", value_parser = parse_dtype)]
     dtype: Option<DType>,
+    /// table rows of this many columns (default 4096; rows: 16 Mi weights / cols), e.g. 640
+    /// for Gemma 3's head (262144 x 640)
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    cols: usize,
     /// only the SmolLM2 per-token set
     #[arg(long)]
     smol: bool,
@@ -125,6 +135,7 @@ fn parse_args() -> Args {
         hot: cli.hot,
         gemm: cli.gemm,
         dtype: cli.dtype,
+        cols: cli.cols.max(32) / 32 * 32,
         batch: cli.batch || cli.step,
         step: cli.step,
         decode: cli.decode,
@@ -318,11 +329,12 @@ fn dtype_table(
             String::new()
         }
     );
-    let (rows, cols) = (4096, 4096);
+    let cols = args.cols;
+    let rows = (4096 * 4096) / cols;
     let x = common::random_f32(cols, rng);
     let mut y = vec![0f32; rows];
     for dtype in common::ALL {
-        if args.dtype.is_some_and(|d| d != dtype) {
+        if args.dtype.is_some_and(|d| d != dtype) || cols % dtype.block_elems() != 0 {
             continue;
         }
         let m = Mats::new(dtype, rows, cols, working_set, rng);

@@ -16,6 +16,14 @@
 //! has AVX-512 VNNI, also the int8 and int16 dot peaks of one core (`vpdpbusd`, `vpdpwssd`
 //! chains), the ceilings of integer-dot orders with int8 or int16 activations.
 //!
+//! `--scaling`: instead, the layer's matmuls as the engine calls them (q, k, v in one
+//! `matmul_many`, o, gate and up in one `matmul_many`, down), each in `on_pool` steps of a
+//! 1-thread and a 2-thread pool, alternating (one step per round and pool: an untimed call,
+//! then 4 timed), wall time, best of all: ms per call at 1
+//! and 2 threads and the speedup (what the split of rows between a step's threads leaves of
+//! the 2×; run it on a quiet machine, as it times wall clock). `--unpinned`: the team's threads
+//! stay where the scheduler puts them (`set_pin_off`) instead of one per core.
+//!
 //! `--shape ROWSxCOLS:TYPE` (repeatable; a GGUF type name such as `Q5_0`, any case): only these
 //! matrices instead of the models' layers, e.g. one shape per stored type for the per-type
 //! rates of `docs/benchmarks.md`, or a model's matrix in another type.
@@ -23,7 +31,9 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use loip_kernels::{gelu_tanh_mul, matmul, silu_mul, simd_level, DType, Matrix};
+use loip_kernels::{
+    gelu_tanh_mul, matmul, matmul_many, on_pool, set_pin_off, silu_mul, simd_level, DType, Matrix,
+};
 use rand::SeedableRng;
 
 /// A gated activation kernel: `(gate, up)`, `gate` in place.
@@ -187,12 +197,16 @@ fn main() {
         ("qwen2.5", QWEN25.to_vec()),
     ];
     let mut custom: Vec<Shape> = Vec::new();
+    let mut scaling = false;
+    let mut unpinned = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let num = |v: Option<String>| v.and_then(|v| v.parse().ok());
         match a.as_str() {
             "--tokens" => tokens = num(it.next()).unwrap_or(tokens).max(1),
             "--rounds" => rounds = num(it.next()).unwrap_or(rounds).max(1),
+            "--scaling" => scaling = true,
+            "--unpinned" => unpinned = true,
             "--model" => {
                 let m = it.next().unwrap_or_default();
                 models.retain(|(name, _)| *name == m);
@@ -206,7 +220,7 @@ fn main() {
             },
             _ => {
                 eprintln!(
-                    "usage: prefill_bench [--tokens N] [--model smollm2|gemma3|qwen2.5] [--rounds R] [--shape ROWSxCOLS:TYPE ...]"
+                    "usage: prefill_bench [--tokens N] [--model smollm2|gemma3|qwen2.5] [--rounds R] [--scaling [--unpinned]] [--shape ROWSxCOLS:TYPE ...]"
                 );
                 std::process::exit(2);
             }
@@ -215,6 +229,10 @@ fn main() {
     if !custom.is_empty() {
         // only the given matrices (and the activation of the first one's rows)
         models = vec![("shapes", custom)];
+    }
+    if scaling {
+        scaling_table(&models, tokens, rounds, unpinned);
+        return;
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build();
     let Ok(pool) = pool else {
@@ -297,4 +315,100 @@ fn main() {
             );
         }
     });
+}
+
+/// Timed calls per step of `--scaling` (after one untimed call).
+const CALLS_PER_STEP: usize = 4;
+
+/// `--scaling`: the layer's matmul groups (as the engine calls them) at 1 and 2 threads.
+fn scaling_table(models: &[(&str, Vec<Shape>)], tokens: usize, rounds: usize, unpinned: bool) {
+    set_pin_off(unpinned);
+    let pools: Vec<rayon::ThreadPool> = [1, 2]
+        .iter()
+        .filter_map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().ok())
+        .collect();
+    if pools.len() != 2 {
+        eprintln!("thread pools");
+        std::process::exit(1);
+    }
+    println!(
+        "simd {}, {tokens} tokens, wall ms per call, best of {rounds} alternating rounds",
+        simd_level()
+    );
+    println!("| model | matmuls | 1 thread | 2 threads | speedup |\n|---|---|---|---|---|");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(33);
+    for (name, shapes) in models {
+        if shapes.len() != 7 {
+            continue; // a model's layer: q, k, v, o, gate, up, down
+        }
+        let data: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(_, r, c, t)| common::random_matrix(t, r, c, &mut rng))
+            .collect();
+        let ws: Vec<Matrix> = shapes
+            .iter()
+            .zip(&data)
+            .map(|(&(_, r, c, t), d)| Matrix::new(t, r, c, d).expect("shape"))
+            .collect();
+        // the groups of one layer: indices into `ws`, all with the same input width
+        let groups: [(&str, &[usize]); 4] = [
+            ("q k v", &[0, 1, 2]),
+            ("o", &[3]),
+            ("gate up", &[4, 5]),
+            ("down", &[6]),
+        ];
+        let mut total = [0f64; 2];
+        for (gname, idx) in groups {
+            let cols = ws[idx[0]].cols;
+            let x = common::random_f32(tokens * cols, &mut rng);
+            let mut ys: Vec<Vec<f32>> = idx
+                .iter()
+                .map(|&i| vec![0f32; tokens * ws[i].rows])
+                .collect();
+            let mut best = [f64::MAX; 2];
+            let mut call = || {
+                if let [i] = idx {
+                    // a single matrix: `matmul`, as the engine calls it
+                    return matmul(&ws[*i], &x, &mut ys[0]).expect("matmul");
+                }
+                let wr: Vec<&Matrix> = idx.iter().map(|&i| &ws[i]).collect();
+                let mut yr: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
+                matmul_many(&wr, &x, &mut yr).expect("matmul_many")
+            };
+            for _ in 0..rounds {
+                for (k, pool) in pools.iter().enumerate() {
+                    // one step per round: its first call wakes the team (and lets the
+                    // scheduler place the helpers), the others are timed, as a prefill's
+                    // calls run inside one step
+                    let ms = pool.install(|| {
+                        on_pool(|| {
+                            call();
+                            (0..CALLS_PER_STEP)
+                                .map(|_| {
+                                    let t0 = std::time::Instant::now();
+                                    call();
+                                    t0.elapsed().as_secs_f64() * 1e3
+                                })
+                                .fold(f64::MAX, f64::min)
+                        })
+                    });
+                    best[k] = best[k].min(ms);
+                }
+            }
+            total[0] += best[0];
+            total[1] += best[1];
+            println!(
+                "| {name} | {gname} | {:.2} | {:.2} | {:.2} |",
+                best[0],
+                best[1],
+                best[0] / best[1]
+            );
+        }
+        println!(
+            "| {name} | layer | {:.2} | {:.2} | {:.2} |",
+            total[0],
+            total[1],
+            total[0] / total[1]
+        );
+    }
 }

@@ -18,7 +18,8 @@
 //! (exact scalar dequantization), `canon` (the canonical order, portable),
 //! `x86::{avx512, avx512_act, avx2, quant_ext_*, gemm}` and `arm::neon` (SIMD kernels),
 //! `x86::route` (stored type → x86 kernel), `dispatch` (safe level → kernel), `matmul`,
-//! `attention`, `elementwise`, `simd` (run-time detection), and `ops` (the public entry
+//! `attention`, `elementwise`, `simd` (run-time detection), `team` and `affinity` (a step's
+//! threads, pinned one per core), and `ops` (the public entry
 //! points, re-exported here). Every module imports only modules below it: no two import each
 //! other, directly or around a loop.
 #![deny(missing_docs)]
@@ -28,6 +29,7 @@
 mod dtype;
 pub use dtype::{DType, KernelError, Matrix};
 
+mod affinity;
 #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
 mod arm;
 mod attention;

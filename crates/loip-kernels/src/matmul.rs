@@ -106,19 +106,17 @@ pub(crate) fn matmul_at(
     let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);
 
     if dispatch::has_token_major(level, dtype, n) {
-        let task_rows = batch_task_rows(rows, tasks);
         // the tiled kernel writes y's layout itself; each task its own rows
         let yt = dispatch::TokenMajor::new(y, rows);
-        let run = |r0: usize, r1: usize| {
+        let run = |(r0, r1): (usize, usize)| {
             let data = &w.data[r0 * rb..r1 * rb];
             dispatch::rows_token_major(level, dtype, data, cols, x, n, yt, r0)
         };
         if tasks == 1 {
-            run(0, rows);
+            run((0, rows));
         } else {
-            team::par_for(rows.div_ceil(task_rows), |i| {
-                run(i * task_rows, ((i + 1) * task_rows).min(rows))
-            });
+            let ranges = batch_ranges(rows, tasks, batch_row_align(n));
+            team::par_for(ranges.len(), |i| run(ranges[i]));
         }
         return Ok(());
     }
@@ -249,21 +247,51 @@ fn tiled_batch(level: Level, ws: &[&Matrix], ns: &[usize]) -> bool {
             .all(|w| w.rows > 0 && w.cols > 0 && dispatch::has_token_major(level, w.dtype, n))
 }
 
-/// Task boundaries of batched tiled calls: a multiple of every row tile of the short-batch
-/// and panel kernels (2, 3, 4, 6 and 8 rows), so that no task ends in a partial tile.
+/// Task boundaries of batched tiled calls of at most [`SHORT_ROW_ALIGN_TOKENS`] tokens: a
+/// multiple of every row tile of the short-batch and panel kernels (2, 3, 4, 6 and 8 rows), so
+/// that no task ends in a partial tile.
 const BATCH_ROW_ALIGN: usize = 24;
+/// Longer batches run only the panel kernels, whose row tiles (2 or 3 rows; AVX2's token-lane
+/// tiles 6, or 12 where they mix with 4-row tiles) divide this: finer task boundaries, so that
+/// a split into a multiple of the thread count has tasks of about equal size.
+const LONG_BATCH_ROW_ALIGN: usize = 12;
+/// Most tokens of a batch that [`BATCH_ROW_ALIGN`] applies to (the short-batch tiles' most).
+const SHORT_ROW_ALIGN_TOKENS: usize = 8;
 
-/// Rows per task of a batched tiled matmul of `rows` rows split into about `tasks` tasks.
-fn batch_task_rows(rows: usize, tasks: usize) -> usize {
-    rows.div_ceil(tasks.max(1))
-        .next_multiple_of(BATCH_ROW_ALIGN)
-        .min(rows.next_multiple_of(TASK_ROW_ALIGN))
+/// Task boundaries (a multiple of this many rows) of a batched tiled matmul of `n` tokens.
+fn batch_row_align(n: usize) -> usize {
+    if n > SHORT_ROW_ALIGN_TOKENS {
+        LONG_BATCH_ROW_ALIGN
+    } else {
+        BATCH_ROW_ALIGN
+    }
+}
+
+/// Row ranges `(r0, r1)` of `rows` rows split into `parts` tasks as equal as boundaries at
+/// multiples of `align` allow (empty ranges dropped). With `parts` a multiple of the thread
+/// count, the threads claim about the same work: tasks of a fixed size (the last shorter)
+/// left one thread a task more than the other (a layer's prefill matmuls ran at 1.79-1.87x
+/// on two threads, `prefill_bench --scaling`).
+fn batch_ranges(rows: usize, parts: usize, align: usize) -> Vec<(usize, usize)> {
+    let (parts, align) = (parts.max(1), align.max(1));
+    let bound = |i: usize| {
+        if i >= parts {
+            return rows;
+        }
+        // the multiple of `align` nearest to i · rows / parts
+        let b = (i * rows / parts + align / 2) / align * align;
+        b.min(rows)
+    };
+    (0..parts)
+        .map(|i| (bound(i), bound(i + 1)))
+        .filter(|(a, b)| a < b)
+        .collect()
 }
 
 /// [`matmul_many`] of `n > 1` tokens where every matrix takes the tiled kernel: the rows of
 /// all matrices are split over the pool in one go (one fork and join instead of one per
-/// matrix), in tasks of about `total / (4 · threads)` multiply-adds. Each output element is
-/// the same canonical dot as in [`matmul`].
+/// matrix), each matrix in its share of `4 · threads` tasks (rounded up to a multiple of the
+/// thread count). Each output element is the same canonical dot as in [`matmul`].
 fn matmul_many_tiled(
     level: Level,
     ws: &[&Matrix],
@@ -273,18 +301,17 @@ fn matmul_many_tiled(
     total: usize,
     threads: usize,
 ) -> Result<(), KernelError> {
-    let per_task = total.div_ceil(4 * threads).max(1);
     let mut tasks = Vec::new();
     for (w, y) in ws.iter().zip(ys.iter_mut()) {
         let rb = w.dtype.row_bytes(w.cols)?;
-        let per_row = w.cols.saturating_mul(n).max(1);
-        let task_rows = batch_task_rows(w.rows, w.rows.saturating_mul(per_row) / per_task);
+        // this matrix's share of 4 tasks per thread, in a multiple of the thread count (so
+        // that every matrix splits evenly between the threads)
+        let work = w.rows.saturating_mul(w.cols).saturating_mul(n);
+        let share = (work.saturating_mul(4 * threads) / total.max(1)).max(1);
+        let parts = share.next_multiple_of(threads);
         let yt = dispatch::TokenMajor::new(y, w.rows);
-        let mut r0 = 0;
-        while r0 < w.rows {
-            let r1 = (r0 + task_rows).min(w.rows);
+        for (r0, r1) in batch_ranges(w.rows, parts, batch_row_align(n)) {
             tasks.push((*w, rb, yt, r0, r1));
-            r0 = r1;
         }
     }
     team::par_for(tasks.len(), |i| {
@@ -346,4 +373,43 @@ pub fn dequant_row(w: &Matrix, r: usize, out: &mut [f32]) -> Result<(), KernelEr
     let rb = w.dtype.row_bytes(w.cols)?;
     dequant_into(w.dtype, &w.data[r * rb..(r + 1) * rb], out);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_ranges_cover_rows_in_aligned_even_parts() {
+        for rows in [1, 5, 12, 13, 24, 128, 256, 640, 1024, 2048, 4864] {
+            for parts in [1, 2, 3, 4, 6, 8, 12, 16] {
+                for align in [1, 12, 24] {
+                    let r = batch_ranges(rows, parts, align);
+                    // consecutive, non-empty, from 0 to rows
+                    assert_eq!(r.first().map(|p| p.0), Some(0), "{rows} {parts} {align}");
+                    assert_eq!(r.last().map(|p| p.1), Some(rows), "{rows} {parts} {align}");
+                    assert!(r.windows(2).all(|w| w[0].1 == w[1].0));
+                    assert!(r.iter().all(|&(a, b)| a < b && a % align == 0));
+                    assert!(r.len() <= parts);
+                    // as even as the alignment allows: within one align of rows / parts
+                    let ideal = rows as f64 / parts as f64;
+                    for &(a, b) in &r {
+                        assert!(
+                            ((b - a) as f64 - ideal).abs() <= align as f64 + 1.0 || b - a < align,
+                            "{rows} {parts} {align}: {r:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // Gemma 3's 640-row projections at 8 tasks (4 per thread of 2): tasks of 72 to 84 rows
+        let r = batch_ranges(640, 8, LONG_BATCH_ROW_ALIGN);
+        assert_eq!(r.len(), 8);
+        assert!(
+            r.iter().all(|&(a, b)| (72..=84).contains(&(b - a))),
+            "{r:?}"
+        );
+        assert_eq!(batch_row_align(8), BATCH_ROW_ALIGN);
+        assert_eq!(batch_row_align(9), LONG_BATCH_ROW_ALIGN);
+    }
 }

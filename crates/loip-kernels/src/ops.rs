@@ -8,8 +8,9 @@
 //! - [`simd_level`] / [`set_force_scalar`] / [`set_per_row_batches`] / [`set_lane_tiles`]:
 //!   which SIMD path runs.
 //! - [`try_par_chunks_mut`]: a parallel loop over chunks that uses the step's team.
-//! - [`on_pool`] / [`set_team_off`]: run a whole step on the thread pool with a team of its
-//!   threads (one hand-off and one wake-up, not one per matmul).
+//! - [`on_pool`] / [`set_team_off`] / [`set_pin_off`]: run a whole step on the thread pool
+//!   with a team of its threads (one hand-off and one wake-up, not one per matmul), pinned one
+//!   per core where the pool has a thread per core.
 //!
 //! Every optimized kernel follows the canonical order of operations of `canon` (see the crate
 //! docs), so results are bit-identical across SIMD paths, batch sizes, thread counts and
@@ -67,4 +68,13 @@ pub fn try_par_chunks_mut<T: Send, E: Send>(
 /// Meant for benchmarks that compare the two side by side.
 pub fn set_team_off(off: bool) {
     crate::team::set_off(off);
+}
+
+/// Makes the threads of later steps stay where the scheduler puts them instead of pinning
+/// themselves one per core (`false` restores pinning, unless the environment variable
+/// `LOIP_PIN=0` turns it off for the whole process; threads already pinned stay pinned).
+/// Pinning applies only where the pool has exactly one thread per core the process may use;
+/// results are bit-identical either way. Meant for benchmarks that compare the two.
+pub fn set_pin_off(off: bool) {
+    crate::affinity::set_off(off);
 }

@@ -15,7 +15,8 @@
 //! region inside the step ([`par_for`], [`par_chunks_mut`], [`par_drain`]) publishes its
 //! closure and its chunk count; the leader and the helpers claim chunks from one atomic
 //! counter. Outside a step (or with `LOIP_TEAM=0`, [`set_off`]) the same functions are
-//! rayon's parallel iterators, as before.
+//! rayon's parallel iterators, as before. The team's threads pin themselves one per core
+//! where the pool has a thread per core (`crate::affinity`).
 //!
 //! Results do not depend on the path: a chunk is the same computation whichever thread
 //! claims it.
@@ -190,6 +191,7 @@ impl Team {
             // task while the leader waited for a join): spinning here would stall that step.
             return;
         }
+        crate::affinity::pin_pool_thread();
         let mut idle = Instant::now();
         let mut spins = 0u32;
         loop {
@@ -279,6 +281,7 @@ pub(crate) fn lead<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         for _ in 1..threads {
             s.spawn(|_| team.help());
         }
+        crate::affinity::pin_pool_thread();
         let _lead = Lead::enter(&team);
         f()
     })

@@ -153,7 +153,8 @@ fn matmul_many_is_separate_matmuls_bit_for_bit() {
             .collect();
         let w_refs: Vec<&Matrix> = ws.iter().collect();
         // n > 1: one parallel region over all matrices where each takes the tiled kernel
-        for n in [1, 2, 3, 4, 8] {
+        // (above 8 tokens split at finer row boundaries)
+        for n in [1, 2, 3, 4, 8, 9, 40] {
             let x = random_f32(n * cols, &mut rng);
             for threads in [1, 2, 3] {
                 let pool = rayon::ThreadPoolBuilder::new()
