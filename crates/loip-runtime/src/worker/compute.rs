@@ -15,6 +15,8 @@ pub(super) enum Job {
         route: Option<peer::HopRoute>,
     },
     Release(Vec<u64>),
+    /// a ping answered from this thread (`ToWorker::Echo`)
+    Echo(u64),
     Switch(Vec<crate::executor::StageSpec>),
     /// KV lending: rows per stage and the borrower's peer index (lender); reserve for a
     /// lender and the peer its rows come from (borrower)
@@ -112,6 +114,7 @@ pub(super) fn compute_thread(
                 refusals = refusals.saturating_sub(1);
                 ctx.send(crate::adapt::apply_switch(device.as_mut(), stages, refuse))
             }
+            Job::Echo(id) => ctx.send(ToCoordinator::Pong { id }),
             Job::Lend(tokens, via) => {
                 lender.set(tokens, via);
                 true
