@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The runtime against the cost model and the simulator on this machine: runs `loip local --json`
 # (real worker processes on loopback) ROUNDS times, and for each run prints the cost model's
-# prediction against the measured ms/token term by term (compute, network, loads, the
-# coordinator's part, what is left), then a table of all runs; with --sim also the simulator's
+# prediction against the measured ms/token term by term (compute; a token's hops: network,
+# queueing and the workers' time outside blocks; load stall; the coordinator's part), then a
+# table of all runs; with --sim also the simulator's
 # replay of each run (`loip simulate --from-local`: ms/token and threshold switches). Prints
 # numbers; asserts nothing.
 #
@@ -43,6 +44,6 @@ for r in $(seq 1 "$ROUNDS"); do
   rows+=("| $r | $load ${row}")
 done
 echo
-echo "| run | load | measured ms/token | predicted ÷ measured | compute meas./pred. | network meas./pred. | loads (stall+queued) meas./pred. | coordinator meas./pred. | other meas. | loaded MB/token |"
-echo "|---:|---:|---:|---:|---|---|---|---|---:|---:|"
+echo "| run | load | measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token |"
+echo "|---:|---:|---:|---:|---|---|---:|---|---|---:|"
 printf '%s\n' "${rows[@]}"

@@ -339,7 +339,8 @@ pub enum ToWorker {
         id: u64,
     },
     /// round-trip probe through the compute thread, as a step's hop goes (queued behind
-    /// the device's jobs, the thread woken, the answer sent from it); answered with `Pong`
+    /// the device's jobs, the thread woken, a hand-off to the compute pool and back, the
+    /// answer sent from it); answered with `Pong`
     Echo {
         /// echoed
         id: u64,

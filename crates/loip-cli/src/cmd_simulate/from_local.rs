@@ -115,24 +115,28 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
 }
 
 /// A run's terms, measured (the run's `breakdown`, means per decode step) against the cost
-/// model's (the plan's `breakdown`).  // milliseconds
+/// model's (the plan's `breakdown`); the measured parts add up to the measured ms/token.
+/// // milliseconds
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 struct CostTerms {
     measured_ms: f64,
     predicted_ms: f64,
+    /// blocks (and the head) on the devices
     compute: (f64, f64),
-    network: (f64, f64),
-    /// load stall + queued behind loads (measured), uncovered load (predicted)
+    /// a token's hops: the run's network, queueing and what the workers spend outside blocks
+    /// and loads (the compute thread's and pool's wake-ups, frames); the model's `comm`
+    hops: (f64, f64),
+    /// of the measured hops: inside the workers, outside blocks, loads and queues
+    other: f64,
+    /// load stall (measured) and uncovered load (predicted)
     loads: (f64, f64),
     coordinator: (f64, f64),
-    /// measured only: inside the workers but outside blocks, loads and queues
-    other: f64,
     loaded_bytes: f64,
 }
 
 impl CostTerms {
     /// The markdown header of [`CostTerms::row`].
-    const HEADER: &'static str = "| measured ms/token | predicted ÷ measured | compute meas./pred. | network meas./pred. | loads (stall+queued) meas./pred. | coordinator meas./pred. | other meas. | loaded MB/token |\n|---:|---:|---|---|---|---|---:|---:|";
+    const HEADER: &'static str = "| measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token |\n|---:|---:|---|---|---:|---|---|---:|";
 
     fn of(v: &serde_json::Value, plan: &loip_plan::Plan, measured_ms: f64) -> CostTerms {
         let m = |k: &str| {
@@ -141,16 +145,20 @@ impl CostTerms {
                 .unwrap_or(0.0)
         };
         let p = plan.breakdown;
-        let loads = m("load_stall_ms") + m("queued_ms");
-        let known = m("compute_ms") + m("network_ms") + loads + m("coordinator_ms");
+        let known = m("compute_ms")
+            + m("network_ms")
+            + m("queued_ms")
+            + m("load_stall_ms")
+            + m("coordinator_ms");
+        let other = measured_ms - known;
         CostTerms {
             measured_ms,
             predicted_ms: plan.predicted_ms_per_token,
             compute: (m("compute_ms"), p.compute_ms),
-            network: (m("network_ms"), p.comm_ms),
-            loads: (loads, p.uncovered_load_ms),
+            hops: (m("network_ms") + m("queued_ms") + other, p.comm_ms),
+            other,
+            loads: (m("load_stall_ms"), p.uncovered_load_ms),
             coordinator: (m("coordinator_ms"), p.coordinator_ms),
-            other: measured_ms - known,
             loaded_bytes: m("loaded_bytes"),
         }
     }
@@ -159,14 +167,14 @@ impl CostTerms {
     fn row(&self) -> String {
         let pair = |x: (f64, f64)| format!("{:.2} / {:.2}", x.0, x.1);
         format!(
-            "| {:.2} | {:.2} | {} | {} | {} | {} | {:.2} | {:.1} |",
+            "| {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {:.1} |",
             self.measured_ms,
             self.predicted_ms / self.measured_ms,
             pair(self.compute),
-            pair(self.network),
+            pair(self.hops),
+            self.other,
             pair(self.loads),
             pair(self.coordinator),
-            self.other,
             self.loaded_bytes / 1e6
         )
     }

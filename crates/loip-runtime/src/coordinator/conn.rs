@@ -76,7 +76,8 @@ pub struct LinkStats {
     pub down_bps: f64,
     /// what a hop into the worker costs beyond the link as a step pays it: the median round
     /// trip of a ping answered from its compute thread (queued like a step, the thread
-    /// woken, the answer handed to the writer) less the median plain ping's
+    /// woken, a hand-off to the compute pool and back as a stage makes, the answer handed
+    /// to the writer) less the median plain ping's
     /// (`Conn::echo_rtts`)  // seconds
     pub wake_s: f64,
 }

@@ -15,7 +15,8 @@ pub(super) enum Job {
         route: Option<peer::HopRoute>,
     },
     Release(Vec<u64>),
-    /// a ping answered from this thread (`ToWorker::Echo`)
+    /// a ping answered from this thread after a round trip through the compute pool
+    /// (`ToWorker::Echo`)
     Echo(u64),
     Switch(Vec<crate::executor::StageSpec>),
     /// KV lending: rows per stage and the borrower's peer index (lender); reserve for a
@@ -114,7 +115,11 @@ pub(super) fn compute_thread(
                 refusals = refusals.saturating_sub(1);
                 ctx.send(crate::adapt::apply_switch(device.as_mut(), stages, refuse))
             }
-            Job::Echo(id) => ctx.send(ToCoordinator::Pong { id }),
+            Job::Echo(id) => {
+                // a step's stage hand-off to the compute pool and back, doing nothing there
+                loip_kernels::on_pool(|| ());
+                ctx.send(ToCoordinator::Pong { id })
+            }
             Job::Lend(tokens, via) => {
                 lender.set(tokens, via);
                 true
