@@ -38,7 +38,7 @@ for r in $(seq 1 "$ROUNDS"); do
   if [ "$SIM" = 1 ]; then
     echo "$out"
   else
-    echo "$out" | sed -n '2,6p'
+    echo "$out" | sed -n '2,7p'
   fi
   row=$(echo "$out" | grep -m1 '^| [0-9]')
   rows+=("| $r | $load ${row}")

@@ -70,6 +70,17 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         run.plan.predicted_ms_per_token,
         run.plan.predicted_ms_per_token / rt_ms
     );
+    let wakes: Vec<String> = run
+        .cluster
+        .devices
+        .iter()
+        .map(|d| format!("{:.0}", d.profile.hop_wake * 1e6))
+        .collect();
+    println!(
+        "fixed costs measured at setup: hop wake-ups {} us (per device), coordinator {:.0} us a step",
+        wakes.join(", "),
+        run.cluster.coordinator * 1e6
+    );
     println!("{}", CostTerms::HEADER);
     println!("{}", terms.row());
     println!(
