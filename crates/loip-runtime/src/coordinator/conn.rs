@@ -341,7 +341,7 @@ impl Conn {
     /// bandwidth both ways. Transfers grow ×4 from 256 KiB until
     /// one takes at least 0.2 s (at most 64 MiB).
     pub async fn measure(&mut self) -> Result<LinkStats, NetError> {
-        let (rtt, echo) = self.echo_rtts().await?;
+        let rtt = self.rtt().await?;
         #[allow(unused_assignments)]
         let mut up = 0.0;
         let mut size: u64 = 256 << 10;
@@ -398,11 +398,13 @@ impl Conn {
             }
             size *= 4;
         }
+        // after the bulk transfers, which an interrupted setup is usually in
+        let (plain, echo) = self.echo_rtts().await?;
         Ok(LinkStats {
             latency_s: rtt / 2.0,
             up_bps: up,
             down_bps: down,
-            wake_s: (echo - rtt).max(0.0),
+            wake_s: (echo - plain).max(0.0),
         })
     }
 
