@@ -42,8 +42,8 @@ mod wave;
 
 pub use backend::PipelineBackend;
 pub use conn::{
-    coordinator_identity, use_coordinator_identity, Conn, ConnectOptions, Endpoint, LinkStats,
-    OnShip, ShipProgress, ShipStats, KEEPALIVE,
+    coordinator_identity, use_coordinator_identity, wakes_beside, Conn, ConnectOptions, Endpoint,
+    LinkStats, OnShip, ShipProgress, ShipStats, KEEPALIVE,
 };
 pub use device_stats::DeviceStepTotals;
 pub use handoff::handoff_s;

@@ -284,10 +284,12 @@ async fn measure_links(
 ) -> Result<Vec<LinkStats>, ClusterError> {
     let mut links = Vec::new();
     if opts.measure_links {
-        for (c, r) in conns.iter_mut().zip(reports) {
-            let l = c.measure().await?;
-            r.link = Some(l);
-            links.push(l);
+        for c in conns.iter_mut() {
+            links.push(c.measure().await?);
+        }
+        crate::coordinator::wakes_beside(conns, &mut links).await?;
+        for (r, l) in reports.iter_mut().zip(&links) {
+            r.link = Some(*l);
         }
     }
     Ok(links)

@@ -129,6 +129,31 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// With several workers on one machine, each link's wake-up ([`LinkStats::wake_s`]) as a
+/// step sees it: its worker's echo while the worker before it in `conns` (the one that would
+/// have sent the hop) answers one too ([`Conn::echo_beside`]), less the plain round trip;
+/// the larger of that and the echo alone. `links[i]` is `conns[i]`'s.
+pub async fn wakes_beside(conns: &mut [Conn], links: &mut [LinkStats]) -> Result<(), NetError> {
+    let n = conns.len().min(links.len());
+    if n < 2 {
+        return Ok(());
+    }
+    for i in 0..n {
+        let j = (i + n - 1) % n;
+        let (a, b) = if i < j {
+            let (lo, hi) = conns.split_at_mut(j);
+            (&mut lo[i], &mut hi[0])
+        } else {
+            let (lo, hi) = conns.split_at_mut(i);
+            (&mut hi[0], &mut lo[j])
+        };
+        let e = a.echo_beside(b).await?;
+        let l = &mut links[i];
+        l.wake_s = l.wake_s.max(e - 2.0 * l.latency_s);
+    }
+    Ok(())
+}
+
 /// Stops a session's keepalive task when dropped.
 pub(super) struct KeepAliveTask(tokio::task::JoinHandle<()>);
 
@@ -323,6 +348,27 @@ impl Conn {
             echo.push(self.ping(ToWorker::Echo { id }, id).await?);
         }
         Ok((median(plain), median(echo)))
+    }
+
+    /// Median round trip of [`ECHO_ROUNDS`] pings answered from this worker's compute thread
+    /// ([`ToWorker::Echo`]) while `beside` answers one sent just before: as in a step, where a
+    /// hop arrives while the worker that sent it is still busy with its own hand-offs and
+    /// pool, the two share the machine's cores.  // seconds
+    pub async fn echo_beside(&mut self, beside: &mut Conn) -> Result<f64, NetError> {
+        let mut v = Vec::new();
+        for id in 0..ECHO_ROUNDS {
+            beside.send(&ToWorker::Echo { id }).await?;
+            v.push(self.ping(ToWorker::Echo { id }, id).await?);
+            match beside.recv("a pong").await? {
+                ToCoordinator::Pong { id: got } if got == id => {}
+                other => {
+                    return Err(beside.err(WireError::Protocol(format!(
+                        "expected pong {id}, got {other:?}"
+                    ))))
+                }
+            }
+        }
+        Ok(median(v))
     }
 
     /// One round trip of `msg`, answered with pong `id`.  // seconds
