@@ -1,25 +1,49 @@
 #!/usr/bin/env bash
-# The runtime against the simulator on this machine: runs `loip local --json` (real worker
-# processes on loopback), replays the same plan, measured profiles and request in the
-# simulator (`loip simulate --from-local`), and prints the threshold switches and ms/token of
-# both. Prints numbers; asserts nothing.
+# The runtime against the cost model and the simulator on this machine: runs `loip local --json`
+# (real worker processes on loopback) ROUNDS times, and for each run prints the cost model's
+# prediction against the measured ms/token term by term (compute; a token's hops: network,
+# queueing and the workers' time outside blocks; load stall; the coordinator's part), then a
+# table of all runs; with --sim also the simulator's
+# replay of each run (`loip simulate --from-local`: ms/token and threshold switches). Prints
+# numbers; asserts nothing.
 #
-#   bench/runtime_vs_sim.sh [ROUNDS] [-- extra `loip local` arguments]
+#   bench/runtime_vs_sim.sh [ROUNDS] [--sim] [-- `loip local` arguments]
 #
-# Default run: SmolLM2 on one worker of 64 MiB, 450 tokens (a threshold is crossed at ~389).
+# Default run: the cost model's 3-worker check, SmolLM2 on three workers, 64 tokens:
+#   bench/runtime_vs_sim.sh 14
+# The threshold replay of docs/cluster.md (one worker of 64 MiB, 450 tokens):
+#   bench/runtime_vs_sim.sh 1 --sim -- --model smollm2 --devices 1 --mem 64MiB \
+#     --prompt "Tell me a very long story about a dragon" --max-tokens 450 --min-tokens 450
 set -euo pipefail
 LOIP=${LOIP:-target/release/loip}
 ROUNDS=${1:-1}
 shift || true
+SIM=0
+if [ "${1:-}" = "--sim" ]; then
+  SIM=1
+  shift
+fi
 [ "${1:-}" = "--" ] && shift
 if [ $# -eq 0 ]; then
-  set -- --model smollm2 --devices 1 --mem 64MiB \
-    --prompt "Tell me a very long story about a dragon" --max-tokens 450 --min-tokens 450
+  set -- -m smollm2 --devices 3 -n 64 --ignore-eos
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+rows=()
 for r in $(seq 1 "$ROUNDS"); do
-  echo "== round $r: loip local $*"
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  echo "== round $r (load $load): loip local $*"
   "$LOIP" local --json "$@" > "$tmp/run.json" 2> "$tmp/err.txt" || { cat "$tmp/err.txt"; exit 1; }
-  "$LOIP" simulate --from-local "$tmp/run.json"
+  out=$("$LOIP" simulate --from-local "$tmp/run.json")
+  if [ "$SIM" = 1 ]; then
+    echo "$out"
+  else
+    echo "$out" | sed -n '2,7p'
+  fi
+  row=$(echo "$out" | grep -m1 '^| [0-9]')
+  rows+=("| $r | $load ${row}")
 done
+echo
+echo "| run | load | measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token |"
+echo "|---:|---:|---:|---:|---|---|---:|---|---|---:|"
+printf '%s\n' "${rows[@]}"

@@ -157,6 +157,17 @@ pub struct Cluster {
     /// ([`Cluster::disk_mates`]). Devices in no group have a disk of their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<Vec<String>>,
+    /// The coordinator's own part of a step, once per micro-batch's trip: from the last hop's
+    /// arrival to the next step's dispatch (its wake-up, sampling, the submission). Measured
+    /// by the runtime on the coordinator's machine; 0 when the coordinator is not modelled
+    /// (the paper's presets). The cost model adds it to the last round ([`crate::cost`]).
+    /// // seconds
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub coordinator: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl Cluster {
@@ -186,6 +197,7 @@ impl Cluster {
             link,
             defaults: PlanDefaults::default(),
             disks: Vec::new(),
+            coordinator: 0.0,
         }
     }
 
@@ -341,6 +353,7 @@ impl RawDevice {
                 memory: None,
                 collective_latency: 0.0,
                 load_slowdown: 0.0,
+                hop_wake: 0.0,
             }
         };
         if self.profile.is_some() || self.preset.is_some() {
@@ -472,6 +485,7 @@ impl RawCluster {
                 .map(|(_, g)| g)
                 .filter(|g| g.len() > 1)
                 .collect(),
+            coordinator: 0.0,
         })
     }
 }

@@ -11,7 +11,11 @@
 //! g_i^k = ld_i^k + off_i^k                          C^k = Σ_i C_i^k
 //! c       s  one pass over the links, |D|·(h/bw + δ) (0 on one device)
 //! ℓ       s  one activation on an egress port, h/bw (0 on one device)
-//! e_i     s  device i's hop out of its stage, h/bw + δ (0 on one device)
+//! e_i     s  device i's hop out of its stage, h/bw + δ + w_{i+1} (0 on one device)
+//! w_i     s  the runtime's wake-up of a hop into device i beyond δ (profile `hop_wake`; 0 for
+//!            presets): a pass carries Σ_i w_i, c = |D|·(h/bw + δ) + Σ_i w_i
+//! co      s  the coordinator's part of a step (`Cluster::coordinator`; 0 for presets), on the
+//!            last round's pass and busy b·co per round ([`coordinated_round`])
 //! ```
 //!
 //! In the last round (the one with the LM head) the wrap-around hop is the token's return
@@ -424,6 +428,46 @@ pub fn overlapped_round(devs: &[DeviceRound], b: u32, c: f64, link: f64) -> Roun
     }
 }
 
+/// The wake-ups of one pass over the links: every device receives one hop per micro-batch
+/// and round, each costing its profile's `hop_wake` beyond `δ`; 0 on a single device.
+/// // seconds
+pub fn pass_wakes(wakes: &[f64]) -> f64 {
+    if wakes.len() <= 1 {
+        0.0
+    } else {
+        wakes.iter().sum()
+    }
+}
+
+/// [`overlapped_round`] for a round whose pass also carries the coordinator's part `co` of
+/// a step (the last round; 0 elsewhere). The coordinator serves the micro-batches one at a
+/// time, so like an egress port it is busy `b·co` per round:
+/// `P = max(C + c + co, b·max(max_i C_i, ℓ, co))`. Returns the round, whose `comm` leaves
+/// the coordinator's part out, and that part of the period.  // seconds
+pub fn coordinated_round(
+    devs: &[DeviceRound],
+    b: u32,
+    c: f64,
+    link: f64,
+    co: f64,
+) -> (RoundCost, f64) {
+    if co <= 0.0 {
+        return (overlapped_round(devs, b, c, link), 0.0);
+    }
+    let mut r = overlapped_round(devs, b, c + co, link.max(co));
+    let sum_c: f64 = devs.iter().map(|d| d.compute).sum();
+    let max_c = devs.iter().map(|d| d.compute).fold(0.0, f64::max);
+    let part = if sum_c + c + co >= b.max(1) as f64 * max_c.max(link).max(co) {
+        co // the pass binds: the coordinator's part is on it
+    } else if co > link {
+        r.comm // the coordinator is the busiest resource
+    } else {
+        0.0
+    };
+    r.comm -= part;
+    (r, part)
+}
+
 /// Devices that share a disk ([`Cluster::disks`]) load their stage `k` in the same round, so
 /// the disk's rate is shared: fair sharing from a common start, a device's load ends once
 /// the disk has served `Σ_j min(B_j, B_i)` bytes (its own `B_i` plus, from each mate, as
@@ -566,6 +610,10 @@ pub fn evaluate_rows(
     let c_last = last_round_comm(shape_io, cluster, nd);
     let e_ret = return_comm(shape_io, cluster, nd);
     let link_last = last_link_time(shape_io, cluster, nd);
+    // The runtime's fixed costs: every hop wakes its receiving device; the coordinator's
+    // part of a step lengthens the last round's pass.
+    let wakes: Vec<f64> = devs.iter().map(|d| d.profile.hop_wake).collect();
+    let wake_pass = pass_wakes(&wakes);
     let bf = b as f64;
     let qf = q as f64;
     let bursty = plan.pattern == Pattern::Bursty;
@@ -583,16 +631,25 @@ pub fn evaluate_rows(
     for k in 0..rounds {
         let last_round = k + 1 == rounds;
         let (c, link) = if last_round {
-            (c_last, link_last)
+            (c_last + wake_pass, link_last)
         } else {
-            (c, link)
+            (c + wake_pass, link)
+        };
+        let co = if last_round {
+            cluster.coordinator.max(0.0)
+        } else {
+            0.0
         };
         // Per device: what its hop out of this round costs one micro-batch (the return trip
         // for the head's device in the last round).
         let hop: Vec<f64> = plan
             .devices
             .iter()
-            .map(|d| if last_round && d.holds_head { e_ret } else { e })
+            .enumerate()
+            .map(|(i, d)| {
+                let wake = if nd > 1 { wakes[(i + 1) % nd] } else { 0.0 };
+                wake + if last_round && d.holds_head { e_ret } else { e }
+            })
             .collect();
         let mut ci = vec![0.0; nd];
         let mut ld = vec![0.0; nd];
@@ -624,6 +681,7 @@ pub fn evaluate_rows(
             dev_load[i] += ld[i] / ld_per_tok;
         }
         let sum_c: f64 = ci.iter().sum();
+        let mut co_part = co;
         let (compute, comm, uncov, stall_of): (f64, f64, f64, Vec<f64>) = match plan.mode {
             ExecMode::Overlapped => {
                 let parts: Vec<DeviceRound> = (0..nd)
@@ -632,7 +690,8 @@ pub fn evaluate_rows(
                         g: ld[i] + off[i],
                     })
                     .collect();
-                let r = overlapped_round(&parts, b, c, link);
+                let (r, part) = coordinated_round(&parts, b, c, link, co);
+                co_part = part;
                 (r.compute, r.comm, r.time - r.period, r.stalls)
             }
             ExecMode::Sequential if !bursty => {
@@ -641,13 +700,14 @@ pub fn evaluate_rows(
             }
             ExecMode::Sequential => {
                 let sum_ld: f64 = ld.iter().sum();
-                let pass = sum_c + c + sum_ld;
+                let pass = sum_c + c + co + sum_ld;
                 let (wi, worst) = (0..nd)
                     .map(|i| (i, bf * (ci[i] + ld[i] + hop[i])))
                     .fold((0, f64::MIN), |acc, x| if x.1 > acc.1 { x } else { acc });
                 if pass >= worst {
                     (sum_c, c, sum_ld, ld.clone())
                 } else {
+                    co_part = 0.0;
                     let mut st = vec![0.0; nd];
                     st[wi] = bf * ld[wi];
                     (bf * ci[wi], bf * hop[wi], bf * ld[wi], st)
@@ -657,6 +717,7 @@ pub fn evaluate_rows(
         total.compute_ms += compute * 1e3 / per_tok;
         total.comm_ms += comm * 1e3 / per_tok;
         total.uncovered_load_ms += uncov * 1e3 / per_tok;
+        total.coordinator_ms += co_part * 1e3 / per_tok;
         for i in 0..nd {
             dev_stall[i] += stall_of[i] / per_tok;
         }

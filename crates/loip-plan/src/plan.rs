@@ -249,12 +249,20 @@ pub struct CostBreakdown {
     pub comm_ms: f64,
     /// SSD load time not hidden behind compute.  // milliseconds
     pub uncovered_load_ms: f64,
+    /// The coordinator's own part of a step on the critical path
+    /// ([`crate::Cluster::coordinator`]).  // milliseconds
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub coordinator_ms: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl CostBreakdown {
     /// Sum of the parts.  // milliseconds
     pub fn total_ms(&self) -> f64 {
-        self.compute_ms + self.comm_ms + self.uncovered_load_ms
+        self.compute_ms + self.comm_ms + self.uncovered_load_ms + self.coordinator_ms
     }
 }
 

@@ -240,6 +240,13 @@ pub struct DeviceProfile {
     /// compute an offloaded stage's load overlaps by it ([`crate::cost`]).  // fraction
     #[serde(default, skip_serializing_if = "is_zero")]
     pub load_slowdown: f64,
+    /// What a hop into this device costs beyond the link's latency `δ` as the runtime pays
+    /// it: the frame queued for the device's compute thread, the thread woken, its output
+    /// handed to the sending task. Measured at setup as a ping answered from the worker's
+    /// compute thread less a plain ping; 0 when unknown (presets: part of `δ`). The cost
+    /// model adds it to every hop into the device ([`crate::cost`]).  // seconds
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hop_wake: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -380,6 +387,7 @@ impl DeviceProfile {
             memory: None,
             collective_latency: 0.0,
             load_slowdown: 0.0,
+            hop_wake: 0.0,
         };
         profile.validate()?;
         Ok(profile)
@@ -428,6 +436,9 @@ impl DeviceProfile {
         }
         if !(self.load_slowdown >= 0.0 && self.load_slowdown <= 10.0) {
             return Err(bad("load_slowdown", "must be in [0, 10]"));
+        }
+        if !(self.hop_wake >= 0.0 && self.hop_wake <= 1.0) {
+            return Err(bad("hop_wake", "must be in [0, 1] s"));
         }
         match &self.compute {
             ComputeModel::Roofline(r) => {

@@ -473,3 +473,94 @@ fn compute_beside_a_load_runs_slower() {
     assert_eq!(cost::load_slowdown_extra(0.5, 1.0, -1.0), 0.0);
     assert_eq!(cost::load_slowdown_extra(0.5, 1.0, 3.0), 0.5);
 }
+
+/// The runtime's wake-up of a hop into a device (`hop_wake`) is paid on every hop into it:
+/// one pass of a sporadic token crosses each device once per round, so `comm` grows by the
+/// sum of the wake-ups per round; the egress ports are not held longer.
+#[test]
+fn every_hop_pays_its_receivers_wake_up() {
+    let sh = llama13b();
+    let mut cl = cluster(&sh, 2, 1e9);
+    let alloc = [(20, 0), (20, 0)];
+    let base = plan(&sh, &cl, &alloc, ExecMode::Overlapped, Pattern::Sporadic, 1);
+    let (w0, w1) = (1e-4, 3e-4); // seconds
+    cl.devices[0].profile.hop_wake = w0;
+    cl.devices[1].profile.hop_wake = w1;
+    for mode in [ExecMode::Overlapped, ExecMode::Sequential] {
+        let p = plan(&sh, &cl, &alloc, mode, Pattern::Sporadic, 1);
+        assert!(close(
+            p.breakdown.comm_ms - base.breakdown.comm_ms,
+            (w0 + w1) * 1e3
+        ));
+        assert!(close(p.breakdown.compute_ms, base.breakdown.compute_ms));
+    }
+    // Two rounds (interleaved stages): twice the wake-ups.
+    let mut p = base.clone();
+    for (j, d) in p.devices.iter_mut().enumerate() {
+        d.stages = (0..2u32)
+            .map(|k| StagePlan::with_offload((2 * k + j as u32) * 10, 10, 0, 0))
+            .collect();
+    }
+    p.stages_per_device = 2;
+    let plain = cluster(&sh, 2, 1e9);
+    p.reprice(&sh, &plain).unwrap();
+    let before = p.breakdown.comm_ms;
+    p.reprice(&sh, &cl).unwrap();
+    assert!(close(p.breakdown.comm_ms - before, 2.0 * (w0 + w1) * 1e3));
+    // On one device there is no hop.
+    let mut one = cluster(&sh, 1, 1e9);
+    one.devices[0].profile.hop_wake = w0;
+    let p = plan(
+        &sh,
+        &one,
+        &[(40, 0)],
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    assert_eq!(p.breakdown.comm_ms, 0.0);
+}
+
+/// The coordinator's part of a step (`Cluster::coordinator`) lengthens each token's pass
+/// once (sporadic) and is its own breakdown term; in bursty traffic it is a resource busy
+/// `b·co` per round, which binds when it is the slowest.
+#[test]
+fn the_coordinator_adds_its_part_once_per_step() {
+    let sh = llama13b();
+    let mut cl = cluster(&sh, 2, 1e9);
+    let alloc = [(20, 0), (20, 0)];
+    let base = plan(&sh, &cl, &alloc, ExecMode::Overlapped, Pattern::Sporadic, 1);
+    assert_eq!(base.breakdown.coordinator_ms, 0.0);
+    let co = 5e-4; // seconds
+    cl.coordinator = co;
+    for mode in [ExecMode::Overlapped, ExecMode::Sequential] {
+        let p = plan(&sh, &cl, &alloc, mode, Pattern::Sporadic, 1);
+        assert!(close(p.breakdown.coordinator_ms, co * 1e3), "{mode:?}");
+        assert!(
+            close(p.breakdown.comm_ms, base.breakdown.comm_ms),
+            "{mode:?}"
+        );
+        assert!(close(
+            p.predicted_ms_per_token,
+            base.predicted_ms_per_token + co * 1e3
+        ));
+        assert!(close(p.breakdown.total_ms(), p.predicted_ms_per_token));
+    }
+    // Bursty, a coordinator slower than every device: one step of it per micro-batch.
+    let max_c = parts(&base, &sh, &cl)
+        .iter()
+        .map(|x| x.0)
+        .fold(0.0, f64::max);
+    cl.coordinator = 10.0 * max_c;
+    let p = plan(&sh, &cl, &alloc, ExecMode::Overlapped, Pattern::Bursty, 4);
+    assert!(close(p.predicted_ms_per_token, 10.0 * max_c * 1e3));
+    assert!(close(p.breakdown.total_ms(), p.predicted_ms_per_token));
+    assert!(p.breakdown.coordinator_ms > 0.0);
+    // Files written before these terms load with both at 0.
+    let old = r#"{"devices": [], "link": {"bandwidth": 1e6, "latency": 1e-3}}"#;
+    let c: Cluster = serde_json::from_str(old).unwrap();
+    assert_eq!(c.coordinator, 0.0);
+    let b: loip_plan::CostBreakdown =
+        serde_json::from_str(r#"{"compute_ms": 1, "comm_ms": 2, "uncovered_load_ms": 3}"#).unwrap();
+    assert_eq!((b.coordinator_ms, b.total_ms()), (0.0, 6.0));
+}

@@ -221,6 +221,8 @@ pub struct Breakdown {
     pub load_stall_ms: f64,
     /// waiting behind other sequences in device queues (bursty)  // milliseconds
     pub queued_ms: f64,
+    /// the coordinator's own part between a sequence's steps (sampling included)  // milliseconds
+    pub coordinator_ms: f64,
     /// bytes read from SSDs per token  // bytes
     pub loaded_bytes: f64,
 }
@@ -237,6 +239,7 @@ impl Breakdown {
             network_ms: d.network_s * 1e3 / n,
             load_stall_ms: d.stall_s * 1e3 / n,
             queued_ms: d.queued_s * 1e3 / n,
+            coordinator_ms: d.coordinator_s * 1e3 / n,
             loaded_bytes: d.loaded_bytes as f64 / n,
         }
     }

@@ -34,6 +34,7 @@ mod adapt_hook;
 mod backend;
 mod conn;
 mod device_stats;
+mod handoff;
 mod lend;
 mod route;
 mod split;
@@ -41,10 +42,11 @@ mod wave;
 
 pub use backend::PipelineBackend;
 pub use conn::{
-    coordinator_identity, use_coordinator_identity, Conn, ConnectOptions, Endpoint, LinkStats,
-    OnShip, ShipProgress, ShipStats, KEEPALIVE,
+    coordinator_identity, use_coordinator_identity, wakes_beside, Conn, ConnectOptions, Endpoint,
+    LinkStats, OnShip, ShipProgress, ShipStats, KEEPALIVE,
 };
 pub use device_stats::DeviceStepTotals;
+pub use handoff::handoff_s;
 pub use lend::LendTotals;
 pub use route::{HopLinks, LinkBytes};
 
@@ -159,6 +161,10 @@ pub struct StepStats {
     pub queued_s: f64,
     /// everything else: transfers, latency, relaying (wall − time inside the workers)  // seconds
     pub network_s: f64,
+    /// the coordinator's own part before the step: from its sequences' previous step's
+    /// last hop arriving to this step's dispatch (the caller's wake-up and sampling, the
+    /// submission; 0 for a sequence's first step)  // seconds
+    pub coordinator_s: f64,
     /// bytes sent and received by the coordinator for this step  // bytes
     pub bytes: u64,
     /// bytes loaded from SSDs  // bytes
@@ -173,6 +179,7 @@ impl StepStats {
         self.stall_s += o.stall_s;
         self.queued_s += o.queued_s;
         self.network_s += o.network_s;
+        self.coordinator_s += o.coordinator_s;
         self.bytes += o.bytes;
         self.loaded_bytes += o.loaded_bytes;
     }
@@ -585,6 +592,8 @@ struct Sched {
     next_step: u64,
     /// sequences rewound since their last step: their next step carries the rewind
     rewound: std::collections::BTreeSet<u64>,
+    /// when each sequence's last step ended (its last hop arrived), until its next step
+    returned: BTreeMap<u64, Instant>,
 }
 
 impl Sched {
@@ -628,6 +637,7 @@ impl Sched {
         self.waves.released(seqs);
         for s in seqs {
             self.rewound.remove(s);
+            self.returned.remove(s);
         }
     }
 
@@ -809,6 +819,7 @@ async fn scheduler(
         adapt,
         next_step: 1,
         rewound: Default::default(),
+        returned: BTreeMap::new(),
     };
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut done: Option<oneshot::Sender<()>> = None;
@@ -835,8 +846,12 @@ async fn scheduler(
                         .filter(|q| s.rewound.remove(q) | rewind.contains(q))
                         .collect();
                     let now = Instant::now();
+                    let mut stats = StepStats::default();
+                    if let Some(t) = seqs.iter().filter_map(|q| s.returned.remove(q)).max() {
+                        stats.coordinator_s = now.duration_since(t).as_secs_f64();
+                    }
                     let f = InFlight {
-                        seqs, rewind, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats: StepStats::default(), worker_s: 0.0, progress: Default::default(),
+                        seqs, rewind, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats, worker_s: 0.0, progress: Default::default(),
                     };
                     s.waves.back(&f.seqs);
                     s.enter(step, f, wire::u32_bytes(&ids));

@@ -338,6 +338,13 @@ pub enum ToWorker {
         /// echoed
         id: u64,
     },
+    /// round-trip probe through the compute thread, as a step's hop goes (queued behind
+    /// the device's jobs, the thread woken, a hand-off to the compute pool and back, the
+    /// answer sent from it); answered with `Pong`
+    Echo {
+        /// echoed
+        id: u64,
+    },
     /// the coordinator now sends `bytes` in `Bulk` frames; answered with `BulkReceived`
     BulkSend {
         /// bytes that follow

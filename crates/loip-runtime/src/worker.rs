@@ -541,6 +541,7 @@ async fn session(
             }
             FrameKind::Control => match wire::parse_control::<ToWorker>(&f)? {
                 ToWorker::Ping { id } => reply(out, &ToCoordinator::Pong { id }).await?,
+                ToWorker::Echo { id } => jobs.send((Job::Echo(id), permit)).map_err(|_| gone())?,
                 ToWorker::Peers(m) => {
                     let links = q.direct.on_peers(shared, m).await;
                     reply(out, &ToCoordinator::PeersReady { links }).await?

@@ -105,6 +105,10 @@ struct Pipeline<'a> {
     pending: std::collections::VecDeque<Vec<MemorySample>>,
     /// A framework's fixed cost per pass of a micro-batch through a stage.  // seconds
     pass_overhead: f64,
+    /// Per device: the runtime's wake-up of a hop into it (profile `hop_wake`).  // seconds
+    wakes: Vec<f64>,
+    /// The coordinator (its part of a step, seconds, on its own resource), when modelled.
+    coordinator: Option<(ResId, f64)>,
 }
 
 impl Pipeline<'_> {
@@ -134,10 +138,16 @@ impl Pipeline<'_> {
                 .task(Some(self.devs[i].comp), Work::Secs(t_head), &[lt]);
             let tok = if nd > 1 {
                 let r = self.shape.return_bytes_per_token() as f64; // bytes
-                self.eng
-                    .task(Some(self.devs[i].egress), Work::Transfer(r), &[hd])
+                let back = self
+                    .eng
+                    .task(Some(self.devs[i].egress), Work::Transfer(r), &[hd]);
+                self.wake(0, back)
             } else {
                 hd
+            };
+            let tok = match self.coordinator {
+                Some((res, co)) => self.eng.task(Some(res), Work::Secs(co), &[tok]),
+                None => tok,
             };
             self.token[j] = Some(tok);
             ends.push(tok);
@@ -145,9 +155,19 @@ impl Pipeline<'_> {
         } else if nd == 1 {
             lt
         } else {
-            self.eng
-                .task(Some(self.devs[i].egress), Work::Transfer(h), &[lt])
+            let sent = self
+                .eng
+                .task(Some(self.devs[i].egress), Work::Transfer(h), &[lt]);
+            self.wake((i + 1) % nd, sent)
         });
+    }
+
+    /// The wake-up of device `to` after hop `hop` arrived there (nothing when it has none).
+    fn wake(&mut self, to: usize, hop: TaskId) -> TaskId {
+        match self.wakes.get(to) {
+            Some(&w) if w > 0.0 => self.eng.task(None, Work::Secs(w), &[hop]),
+            _ => hop,
+        }
     }
 
     /// Decides and emits every task of decoding step `t`.
@@ -443,7 +463,12 @@ pub fn simulate_pipeline(
         step_end: Vec::new(),
         pending: Default::default(),
         pass_overhead: cfg.pass_overhead_s,
+        wakes: profiles.iter().map(|p| p.hop_wake).collect(),
+        coordinator: None,
     };
+    if cluster.coordinator > 0.0 {
+        p.coordinator = Some((p.eng.resource(), cluster.coordinator));
+    }
     let mut report = SimReport::oom(String::new());
     report.status = Status::Ok;
     report.note = None;

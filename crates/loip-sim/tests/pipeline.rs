@@ -38,6 +38,7 @@ fn device_ssd(name: &str, ssd: f64) -> (String, DeviceProfile) {
         memory: None,
         collective_latency: 0.0,
         load_slowdown: 0.0,
+        hop_wake: 0.0,
     };
     (name.to_string(), p)
 }
@@ -234,6 +235,43 @@ fn two_devices_pay_two_hops() {
     // And the cost model, which counts the head and the same return trip.
     // (The plan is priced at context 256; the simulator's last steps run at 266-267.)
     let model = p.predicted_ms_per_token / 1e3;
+    assert!((model - got).abs() < 1e-3 * got, "{model} vs {got}");
+}
+
+/// The runtime's fixed costs, as measured on a real machine: each hop wakes its receiving
+/// device (`hop_wake`) and each step pays the coordinator's part (`Cluster::coordinator`).
+/// The simulator adds both to a sporadic token's pass exactly as the cost model does.
+#[test]
+fn hop_wake_ups_and_the_coordinator_lengthen_the_pass() {
+    let sh = shape("llama2-7b").unwrap();
+    let (bw, lat) = (12.5e6, 2e-3);
+    let plain = two_devices(bw, lat);
+    let mut timed = plain.clone();
+    timed.devices[0].profile.hop_wake = 3e-4;
+    timed.devices[1].profile.hop_wake = 5e-4;
+    timed.coordinator = 7e-4;
+    let step = |c: &Cluster| {
+        let p = plan(
+            &sh,
+            c,
+            1,
+            16,
+            0,
+            0,
+            ExecMode::Overlapped,
+            Pattern::Sporadic,
+            1,
+        );
+        let r = run(&p, &sh, c, 1);
+        (
+            r.step_end_s[11] - r.step_end_s[10],
+            p.predicted_ms_per_token / 1e3,
+        )
+    };
+    let (base, _) = step(&plain);
+    let (got, model) = step(&timed);
+    let extra = 3e-4 + 5e-4 + 7e-4;
+    assert!(close(got, base + extra), "{got} vs {base} + {extra}");
     assert!((model - got).abs() < 1e-3 * got, "{model} vs {got}");
 }
 

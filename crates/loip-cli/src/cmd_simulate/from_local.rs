@@ -42,9 +42,12 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         .get("ms_per_token")
         .and_then(|x| x.as_f64())
         .unwrap_or(f64::NAN);
+    let terms = CostTerms::of(&v, &run.plan, rt_ms);
     if args.json {
         let out = serde_json::json!({
             "runtime_ms_per_token": rt_ms,
+            "predicted_ms_per_token": run.plan.predicted_ms_per_token,
+            "terms": terms,
             "simulated_ms_per_token": report.ms_per_token,
             "runtime_switches": rt,
             "simulated_switches": sim,
@@ -62,6 +65,24 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         run.plan.devices.len()
     );
     println!("runtime    {rt_ms:>9.2} ms/token (decode, measured)");
+    println!(
+        "cost model {:>9.2} ms/token (predicted ÷ measured {:.2})",
+        run.plan.predicted_ms_per_token,
+        run.plan.predicted_ms_per_token / rt_ms
+    );
+    let wakes: Vec<String> = run
+        .cluster
+        .devices
+        .iter()
+        .map(|d| format!("{:.0}", d.profile.hop_wake * 1e6))
+        .collect();
+    println!(
+        "fixed costs measured at setup: hop wake-ups {} us (per device), coordinator {:.0} us a step",
+        wakes.join(", "),
+        run.cluster.coordinator * 1e6
+    );
+    println!("{}", CostTerms::HEADER);
+    println!("{}", terms.row());
     println!(
         "simulator  {:>9.2} ms/token ({:+.1} %), status {}",
         report.ms_per_token,
@@ -102,4 +123,70 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         }
     );
     Ok(())
+}
+
+/// A run's terms, measured (the run's `breakdown`, means per decode step) against the cost
+/// model's (the plan's `breakdown`); the measured parts add up to the measured ms/token.
+/// // milliseconds
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct CostTerms {
+    measured_ms: f64,
+    predicted_ms: f64,
+    /// blocks (and the head) on the devices
+    compute: (f64, f64),
+    /// a token's hops: the run's network, queueing and what the workers spend outside blocks
+    /// and loads (the compute thread's and pool's wake-ups, frames); the model's `comm`
+    hops: (f64, f64),
+    /// of the measured hops: inside the workers, outside blocks, loads and queues
+    other: f64,
+    /// load stall (measured) and uncovered load (predicted)
+    loads: (f64, f64),
+    coordinator: (f64, f64),
+    loaded_bytes: f64,
+}
+
+impl CostTerms {
+    /// The markdown header of [`CostTerms::row`].
+    const HEADER: &'static str = "| measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token |\n|---:|---:|---|---|---:|---|---|---:|";
+
+    fn of(v: &serde_json::Value, plan: &loip_plan::Plan, measured_ms: f64) -> CostTerms {
+        let m = |k: &str| {
+            v.pointer(&format!("/breakdown/{k}"))
+                .and_then(|x| x.as_f64())
+                .unwrap_or(0.0)
+        };
+        let p = plan.breakdown;
+        let known = m("compute_ms")
+            + m("network_ms")
+            + m("queued_ms")
+            + m("load_stall_ms")
+            + m("coordinator_ms");
+        let other = measured_ms - known;
+        CostTerms {
+            measured_ms,
+            predicted_ms: plan.predicted_ms_per_token,
+            compute: (m("compute_ms"), p.compute_ms),
+            hops: (m("network_ms") + m("queued_ms") + other, p.comm_ms),
+            other,
+            loads: (m("load_stall_ms"), p.uncovered_load_ms),
+            coordinator: (m("coordinator_ms"), p.coordinator_ms),
+            loaded_bytes: m("loaded_bytes"),
+        }
+    }
+
+    /// One markdown row.
+    fn row(&self) -> String {
+        let pair = |x: (f64, f64)| format!("{:.2} / {:.2}", x.0, x.1);
+        format!(
+            "| {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {:.1} |",
+            self.measured_ms,
+            self.predicted_ms / self.measured_ms,
+            pair(self.compute),
+            pair(self.hops),
+            self.other,
+            pair(self.loads),
+            pair(self.coordinator),
+            self.loaded_bytes / 1e6
+        )
+    }
 }

@@ -123,7 +123,7 @@ pub(super) async fn plan_cluster(
     let manifest = &slices.manifest;
     let shape = planning_shape(manifest, opts);
     let probes = probe_devices(slices, &workers, &mut conns, &mut reports, opts).await?;
-    let (cluster, profiles) = describe_cluster(
+    let (mut cluster, profiles) = describe_cluster(
         &workers,
         &conns,
         &mut reports,
@@ -133,6 +133,9 @@ pub(super) async fn plan_cluster(
         !reach.is_empty(),
         opts,
     )?;
+    if opts.measure_links {
+        cluster.coordinator = crate::coordinator::handoff_s().await; // its part of a step
+    }
     let plan = make_plan(&shape, &cluster, &unreachable, opts)?;
     Ok(Planned {
         conns,
@@ -281,10 +284,12 @@ async fn measure_links(
 ) -> Result<Vec<LinkStats>, ClusterError> {
     let mut links = Vec::new();
     if opts.measure_links {
-        for (c, r) in conns.iter_mut().zip(reports) {
-            let l = c.measure().await?;
-            r.link = Some(l);
-            links.push(l);
+        for c in conns.iter_mut() {
+            links.push(c.measure().await?);
+        }
+        crate::coordinator::wakes_beside(conns, &mut links).await?;
+        for (r, l) in reports.iter_mut().zip(&links) {
+            r.link = Some(*l);
         }
     }
     Ok(links)
@@ -412,6 +417,9 @@ fn describe_cluster(
             }
         };
         profile.mem_budget = mem;
+        if let Some(l) = r.link.filter(|l| l.wake_s > 0.0) {
+            profile.hop_wake = l.wake_s.min(1.0); // measured now: the wake-up of a hop into it
+        }
         profiles.push((w.endpoint.name.clone(), profile.clone()));
         devices.push(loip_plan::Device {
             name: w.endpoint.name.clone(),
@@ -433,6 +441,7 @@ fn describe_cluster(
         link,
         defaults: Default::default(),
         disks,
+        coordinator: 0.0,
     };
     Ok((cluster, profiles))
 }

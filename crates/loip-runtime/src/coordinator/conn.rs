@@ -74,6 +74,12 @@ pub struct LinkStats {
     pub up_bps: f64,
     /// worker → coordinator bulk bandwidth  // bytes/s
     pub down_bps: f64,
+    /// what a hop into the worker costs beyond the link as a step pays it: the median round
+    /// trip of a ping answered from its compute thread (queued like a step, the thread
+    /// woken, a hand-off to the compute pool and back as a stage makes, the answer handed
+    /// to the writer) less the median plain ping's
+    /// (`Conn::echo_rtts`)  // seconds
+    pub wake_s: f64,
 }
 
 /// What shipping a plan's slices to one worker did.
@@ -114,6 +120,39 @@ pub(super) type SharedWriter = Arc<tokio::sync::Mutex<SealedWriter<OwnedWriteHal
 /// How often an open session says [`ToWorker::KeepAlive`], so that a worker's idle timeout
 /// never ends a session whose coordinator is alive but busy elsewhere.  // seconds
 pub const KEEPALIVE: Duration = Duration::from_secs(10);
+/// Round trips of each kind in [`Conn::echo_rtts`].
+const ECHO_ROUNDS: u64 = 21;
+
+/// The median of `v` (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// With several workers on one machine, each link's wake-up ([`LinkStats::wake_s`]) as a
+/// step sees it: its worker's echo while the worker before it in `conns` (the one that would
+/// have sent the hop) answers one too ([`Conn::echo_beside`]), less the plain round trip;
+/// the larger of that and the echo alone. `links[i]` is `conns[i]`'s.
+pub async fn wakes_beside(conns: &mut [Conn], links: &mut [LinkStats]) -> Result<(), NetError> {
+    let n = conns.len().min(links.len());
+    if n < 2 {
+        return Ok(());
+    }
+    for i in 0..n {
+        let j = (i + n - 1) % n;
+        let (a, b) = if i < j {
+            let (lo, hi) = conns.split_at_mut(j);
+            (&mut lo[i], &mut hi[0])
+        } else {
+            let (lo, hi) = conns.split_at_mut(i);
+            (&mut hi[0], &mut lo[j])
+        };
+        let e = a.echo_beside(b).await?;
+        let l = &mut links[i];
+        l.wake_s = l.wake_s.max(e - 2.0 * l.latency_s);
+    }
+    Ok(())
+}
 
 /// Stops a session's keepalive task when dropped.
 pub(super) struct KeepAliveTask(tokio::task::JoinHandle<()>);
@@ -294,22 +333,58 @@ impl Conn {
     pub async fn rtt(&mut self) -> Result<f64, NetError> {
         let mut v = Vec::new();
         for id in 0..5 {
-            let t = Instant::now();
-            self.send(&ToWorker::Ping { id }).await?;
-            match self.recv("a pong").await? {
-                ToCoordinator::Pong { id: got } if got == id => v.push(t.elapsed().as_secs_f64()),
+            v.push(self.ping(ToWorker::Ping { id }, id).await?);
+        }
+        Ok(median(v))
+    }
+
+    /// Medians of [`ECHO_ROUNDS`] plain pings and as many answered from the worker's compute
+    /// thread ([`ToWorker::Echo`]), interleaved: (plain, through the compute thread).
+    /// // seconds
+    pub async fn echo_rtts(&mut self) -> Result<(f64, f64), NetError> {
+        let (mut plain, mut echo) = (Vec::new(), Vec::new());
+        for id in 0..ECHO_ROUNDS {
+            plain.push(self.ping(ToWorker::Ping { id }, id).await?);
+            echo.push(self.ping(ToWorker::Echo { id }, id).await?);
+        }
+        Ok((median(plain), median(echo)))
+    }
+
+    /// Median round trip of [`ECHO_ROUNDS`] pings answered from this worker's compute thread
+    /// ([`ToWorker::Echo`]) while `beside` answers one sent just before: as in a step, where a
+    /// hop arrives while the worker that sent it is still busy with its own hand-offs and
+    /// pool, the two share the machine's cores.  // seconds
+    pub async fn echo_beside(&mut self, beside: &mut Conn) -> Result<f64, NetError> {
+        let mut v = Vec::new();
+        for id in 0..ECHO_ROUNDS {
+            beside.send(&ToWorker::Echo { id }).await?;
+            v.push(self.ping(ToWorker::Echo { id }, id).await?);
+            match beside.recv("a pong").await? {
+                ToCoordinator::Pong { id: got } if got == id => {}
                 other => {
-                    return Err(self.err(WireError::Protocol(format!(
+                    return Err(beside.err(WireError::Protocol(format!(
                         "expected pong {id}, got {other:?}"
                     ))))
                 }
             }
         }
-        v.sort_by(|a, b| a.total_cmp(b));
-        Ok(v[v.len() / 2])
+        Ok(median(v))
     }
 
-    /// Measures latency and bulk bandwidth both ways. Transfers grow ×4 from 256 KiB until
+    /// One round trip of `msg`, answered with pong `id`.  // seconds
+    async fn ping(&mut self, msg: ToWorker, id: u64) -> Result<f64, NetError> {
+        let t = Instant::now();
+        self.send(&msg).await?;
+        match self.recv("a pong").await? {
+            ToCoordinator::Pong { id: got } if got == id => Ok(t.elapsed().as_secs_f64()),
+            other => Err(self.err(WireError::Protocol(format!(
+                "expected pong {id}, got {other:?}"
+            )))),
+        }
+    }
+
+    /// Measures latency, the compute thread's wake-up ([`LinkStats::wake_s`]) and bulk
+    /// bandwidth both ways. Transfers grow ×4 from 256 KiB until
     /// one takes at least 0.2 s (at most 64 MiB).
     pub async fn measure(&mut self) -> Result<LinkStats, NetError> {
         let rtt = self.rtt().await?;
@@ -369,10 +444,13 @@ impl Conn {
             }
             size *= 4;
         }
+        // after the bulk transfers, which an interrupted setup is usually in
+        let (plain, echo) = self.echo_rtts().await?;
         Ok(LinkStats {
             latency_s: rtt / 2.0,
             up_bps: up,
             down_bps: down,
+            wake_s: (echo - plain).max(0.0),
         })
     }
 

@@ -381,6 +381,9 @@ impl Sched {
         }
         // its sequences' next steps are due: the next wave waits for them (`wave`)
         self.waves.returned(&fl.seqs, fl.stats.wall_s);
+        for &q in &fl.seqs {
+            self.returned.insert(q, ended);
+        }
         self.waves.forget(step);
         let _ = fl.reply.send(Ok(StepOutput {
             logits,

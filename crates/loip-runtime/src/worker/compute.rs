@@ -15,6 +15,9 @@ pub(super) enum Job {
         route: Option<peer::HopRoute>,
     },
     Release(Vec<u64>),
+    /// a ping answered from this thread after a round trip through the compute pool
+    /// (`ToWorker::Echo`)
+    Echo(u64),
     Switch(Vec<crate::executor::StageSpec>),
     /// KV lending: rows per stage and the borrower's peer index (lender); reserve for a
     /// lender and the peer its rows come from (borrower)
@@ -111,6 +114,11 @@ pub(super) fn compute_thread(
                 let refuse = refusals > 0;
                 refusals = refusals.saturating_sub(1);
                 ctx.send(crate::adapt::apply_switch(device.as_mut(), stages, refuse))
+            }
+            Job::Echo(id) => {
+                // a step's stage hand-off to the compute pool and back, doing nothing there
+                loip_kernels::on_pool(|| ());
+                ctx.send(ToCoordinator::Pong { id })
             }
             Job::Lend(tokens, via) => {
                 lender.set(tokens, via);
