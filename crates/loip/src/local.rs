@@ -8,12 +8,13 @@ mod bench;
 mod run;
 
 pub use batches::{compare_micro_batches, micro_batch_choice, MicroBatchRow};
-pub use bench::{bench, bench_store_root, BenchMatrix, BenchRow};
-pub use run::{generated, run, start, Event, Generated, Job, Outcome};
+pub use bench::{bench, bench_store_root, BenchEvent, BenchMatrix, BenchRow};
+pub use run::{generated, run, Event, Generated, Job, Outcome};
 
 use anyhow::{Context, Result};
 pub use loip_runtime::local_cluster::{
-    bench_budgets, scratch_size, Burst, CgroupReport, LocalCluster, LocalOptions,
+    bench_budgets, scratch_size, Burst, CgroupReport, LocalCluster, LocalOptions, Start, Started,
+    Until,
 };
 
 /// A link limit: `unlimited`/`none` or a bandwidth (`100mbit`), bytes/s.
