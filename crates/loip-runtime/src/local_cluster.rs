@@ -3,8 +3,9 @@
 //! to, and cleaning up — killed with their temporary stores on drop, and on Ctrl-C.
 //!
 //! The remote cluster is [`crate::cluster_run`]; this is the same cluster with the workers
-//! started here ([`LocalCluster`]: spawned for a request, planned and started over one opened
-//! slice directory), so the CLI only maps flags onto it.
+//! started here, one way for every job ([`LocalCluster::start_as`]: workers spawned for a
+//! request or shared by a benchmark's rows, planned over one opened slice directory, then
+//! started or, for a preview, only planned), so the CLI only maps flags onto it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,8 +31,9 @@ use crate::RuntimeError;
 /// ([`crate::memory::WORKER_PROCESS_ESTIMATE`]), `working` (the working buffers the planner
 /// counts for a step), the embedding / head where they live, the KV cache of `context`
 /// tokens, one streaming slot (the largest layer's two blocks) and 60 % of an even share of
-/// the layers. No device can keep its even share of the layers resident, so together they
-/// cannot keep them all: the plan offloads.  // bytes
+/// the layers. With a few layers a device or more, the slot stays below the other 40 % of a
+/// share, so no device can keep its share resident, together they cannot keep every layer,
+/// and the plan streams blocks (SmolLM2 on 3 workers: 74, 45, 74 MiB).  // bytes
 pub fn default_budgets(m: &Manifest, devices: usize, context: u64, working: u64) -> Vec<u64> {
     let size = |k: SliceKind| m.slice(k).map_or(0, |s| s.size);
     let layer = |l: usize| size(SliceKind::Attn(l)) + size(SliceKind::Mlp(l));
@@ -258,8 +260,8 @@ impl LocalWorkers {
         Ok(w)
     }
 
-    /// `o.devices` workers with `o`'s budgets for `context` tokens and steps of up to
-    /// `step_tokens` ([`LocalOptions::budgets`]),
+    /// `o.devices` workers with `o`'s budgets ([`default_budgets`] for `context` tokens and
+    /// steps of up to `step_tokens` unless given),
     /// link limit, stores and cgroups, sharing a fresh secret.
     pub fn for_options(
         o: &LocalOptions,
@@ -276,7 +278,10 @@ impl LocalWorkers {
         })?;
         LocalWorkers::spawn(&LocalWorkerOptions {
             exe,
-            budgets: o.budgets(manifest, context, step_tokens)?,
+            budgets: o.budgets(|| {
+                let working = o.planned_working(manifest, context, step_tokens);
+                default_budgets(manifest, o.devices, context, working)
+            })?,
             bandwidth: o.bandwidth,
             token: crate::net::token::generate(),
             store_root: o.store_root.clone(),
@@ -439,29 +444,10 @@ impl LocalOptions {
         self.concurrent.max(1)
     }
 
-    /// One budget per device: the given ones, or [`default_budgets`] for `context` tokens
-    /// and steps of up to `step_tokens` tokens, with the working buffers the planner counts
-    /// for them (the step's, as the runtime accounts them, when planning for admission; with
-    /// `whole_context`, the planner's allowance [`loip_plan::ModelShape::working_bytes`]).
-    pub fn budgets(
-        &self,
-        m: &Manifest,
-        context: u64,
-        step_tokens: usize,
-    ) -> Result<Vec<u64>, ClusterError> {
+    /// One budget per device: the given ones (one value: every device), or `default()`.
+    pub fn budgets(&self, default: impl FnOnce() -> Vec<u64>) -> Result<Vec<u64>, ClusterError> {
         match &self.mem {
-            None => {
-                let mut shape = crate::shape::shape_from_manifest(&self.model, m);
-                let seqs = self.sequences() as u64;
-                shape.step_tokens = Some(step_tokens as u64 * seqs);
-                let working = if self.whole_context {
-                    shape.working_bytes(seqs as u32)
-                } else {
-                    let per_seq = context.div_ceil(seqs);
-                    shape.step_working_bytes(step_tokens as u64 * seqs, seqs, per_seq)
-                };
-                Ok(default_budgets(m, self.devices, context, working))
-            }
+            None => Ok(default()),
             Some(v) if v.len() == 1 || v.len() == self.devices => {
                 Ok((0..self.devices).map(|i| v[i.min(v.len() - 1)]).collect())
             }
@@ -470,6 +456,21 @@ impl LocalOptions {
                 v.len(),
                 self.devices
             ))),
+        }
+    }
+
+    /// The working buffers the planner counts on a device for steps of up to `step_tokens`
+    /// tokens per sequence over `context` tokens: the step's, as the runtime accounts them,
+    /// when planning for admission; with `whole_context`, the planner's allowance
+    /// ([`loip_plan::ModelShape::working_bytes`]).  // bytes
+    fn planned_working(&self, m: &Manifest, context: u64, step_tokens: usize) -> u64 {
+        let mut shape = crate::shape::shape_from_manifest(&self.model, m);
+        let seqs = self.sequences() as u64;
+        shape.step_tokens = Some(step_tokens as u64 * seqs);
+        if self.whole_context {
+            shape.working_bytes(seqs as u32)
+        } else {
+            shape.step_working_bytes(step_tokens as u64 * seqs, seqs, context.div_ceil(seqs))
         }
     }
 
@@ -547,6 +548,8 @@ pub struct LocalCluster {
     pub budgets: Vec<u64>,
     /// each worker runs in a memory cgroup of its budget
     pub cgroup: bool,
+    /// sequences at once it is planned for ([`LocalOptions::sequences`])
+    pub sequences: usize,
 }
 
 impl LocalCluster {
@@ -594,6 +597,7 @@ impl LocalCluster {
                 budgets: workers.budgets.clone(),
                 workers,
                 cgroup: o.cgroup,
+                sequences: n,
             }),
             // the workers lived until the plan was made
             Opened::Planned(p) => Started::Planned(p),

@@ -1,7 +1,9 @@
 //! The whole system on this machine: N worker processes on loopback with memory budgets (by
-//! default budgets that keep the model from fitting on any one of them), the coordinator's
-//! session over them, and what `loip local` runs on it: one generation or a burst of them, micro-batch sizes side by
-//! side, and the benchmark matrix (patterns × link limits × planners).
+//! default budgets in which no worker can keep its even share of the layers resident, so the
+//! plan streams blocks), the coordinator's session over them, and what `loip local` runs on
+//! it: one generation or a burst of them, micro-batch sizes side by side, and the benchmark
+//! matrix (patterns × link limits × planners). Every job starts its cluster the one way
+//! ([`LocalCluster::start_as`]).
 
 mod batches;
 mod bench;

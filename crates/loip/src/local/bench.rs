@@ -114,10 +114,7 @@ pub fn bench(
     keep_scratch(&store_root);
     let manifest = &slices.manifest;
     let context = ((prompt.len() + gen.max_tokens) * o.sequences()) as u64;
-    let budgets = match &o.mem {
-        None => bench_budgets(manifest, o.devices),
-        Some(_) => o.budgets(manifest, context, prompt.len())?,
-    };
+    let budgets = o.budgets(|| bench_budgets(manifest, o.devices))?;
     let model_bytes = manifest.slices.iter().map(|s| s.size).sum();
     on_event(BenchEvent::Budgets {
         budgets: &budgets,

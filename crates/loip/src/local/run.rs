@@ -153,16 +153,10 @@ pub fn run(
     };
     on_event(Event::Planned(&cluster.session));
     let outcome = match job {
-        Job::MicroBatches(sizes) => micro_batches(&cluster, &prep, o.sequences(), &sizes, on_event),
-        Job::Generate { quiet, speculate } => generate(
-            &cluster,
-            &slices,
-            req,
-            &prep,
-            o.sequences(),
-            quiet,
-            speculate.as_ref(),
-        ),
+        Job::MicroBatches(sizes) => micro_batches(&cluster, &prep, &sizes, on_event),
+        Job::Generate { quiet, speculate } => {
+            generate(&cluster, &slices, req, &prep, quiet, speculate.as_ref())
+        }
         // started and ended above
         Job::Bench(_) | Job::Preview => bail!("not a job on a running cluster"),
     };
@@ -170,16 +164,15 @@ pub fn run(
     outcome
 }
 
-/// `n` sequences with each micro-batch size of `sizes` on `cluster`, after the cost model's
+/// The cluster's sequences with each micro-batch size of `sizes`, after the cost model's
 /// choice.
 fn micro_batches(
     cluster: &LocalCluster,
     prep: &Prepared,
-    n: usize,
     sizes: &[usize],
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<Outcome> {
-    let s = &cluster.session;
+    let (s, n) = (&cluster.session, cluster.sequences);
     if let Some((per_step, ms)) = micro_batch_choice(s, n) {
         on_event(Event::MicroBatchChoice {
             sequences: n,
@@ -192,36 +185,35 @@ fn micro_batches(
     Ok(Outcome::MicroBatches(rows))
 }
 
-/// One generation of `req` on `cluster` (a burst of `n` sequences when above one),
+/// One generation of `req` on `cluster` (a burst when it is planned for several sequences),
 /// speculative when `speculate` says so, its text streamed unless `quiet`.
 fn generate(
     cluster: &LocalCluster,
     slices: &Slices,
     req: &Request,
     prep: &Prepared,
-    n: usize,
     quiet: bool,
     speculate: Option<&Spec>,
 ) -> Result<Outcome> {
-    let (ids, opts) = (&prep.prompt_ids, &prep.opts);
+    let (ids, opts, n) = (&prep.prompt_ids, &prep.opts, cluster.sequences);
     let stops = if n == 1 { req.stop.clone() } else { vec![] };
     let mut printer = Printer::new(prep.tokenizer.as_ref(), stops, quiet);
     let mut speculation = None;
-    let burst = if let Some(spec) = speculate {
-        let target = (&slices.manifest.config, prep.tokenizer.as_ref());
-        let on_token = &mut |id| printer.on_token(id);
-        on_session(&cluster.session, target, ids, opts, spec, on_token).map(|run| {
-            speculation = Some(run.stats);
-            Burst {
-                ms_per_token: run.out.decode_ms_per_token,
-                first: run.out,
-                sequences: None,
-                wall_ms_per_token: None,
-            }
-        })
-    } else {
-        let on_token = &mut |id| printer.on_token(id);
-        cluster.generate(ids, opts, n, on_token).map_err(Into::into)
+    let on_token = &mut |id| printer.on_token(id);
+    let burst = match speculate {
+        None => cluster.generate(ids, opts, n, on_token).map_err(Into::into),
+        Some(spec) => {
+            let target = (&slices.manifest.config, prep.tokenizer.as_ref());
+            on_session(&cluster.session, target, ids, opts, spec, on_token).map(|run| {
+                speculation = Some(run.stats);
+                Burst {
+                    ms_per_token: run.out.decode_ms_per_token,
+                    first: run.out,
+                    sequences: None,
+                    wall_ms_per_token: None,
+                }
+            })
+        }
     };
     let text = printer.finish();
     let mut g = generated(cluster, prep.prompt_ids.clone(), burst?, text)?;
