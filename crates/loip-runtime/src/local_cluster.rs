@@ -592,13 +592,13 @@ impl LocalCluster {
         };
         let specs = workers.specs(profiles.as_deref());
         Ok(match Session::open(slices, specs, opts, start.until)? {
-            Opened::Running(session) => Started::Running(LocalCluster {
+            Opened::Running(session) => Started::Running(Box::new(LocalCluster {
                 session: *session,
                 budgets: workers.budgets.clone(),
                 workers,
                 cgroup: o.cgroup,
                 sequences: n,
-            }),
+            })),
             // the workers lived until the plan was made
             Opened::Planned(p) => Started::Planned(p),
         })
@@ -614,7 +614,7 @@ impl LocalCluster {
     ) -> Result<LocalCluster, ClusterError> {
         let start = Start::new(prompt_len, max_tokens, Until::Running);
         match LocalCluster::start_as(slices, o, start, on_spawned)? {
-            Started::Running(c) => Ok(c),
+            Started::Running(c) => Ok(*c),
             Started::Planned(_) => Err(ClusterError::Invalid("planned, not started".into())),
         }
     }
@@ -704,7 +704,7 @@ impl Start<'_> {
 /// What [`LocalCluster::start_as`] made.
 pub enum Started {
     /// the workers and the session over them
-    Running(LocalCluster),
+    Running(Box<LocalCluster>),
     /// the plan of [`Until::Planned`] (its workers stopped)
     Planned(Box<Preview>),
 }

@@ -149,7 +149,7 @@ pub fn run(
     let on_spawned = &mut |b: &[u64]| on_event(Event::Spawned(b));
     let cluster = match LocalCluster::start_as(&slices, o, start, on_spawned)? {
         Started::Planned(p) => return Ok(Outcome::Preview(p)),
-        Started::Running(c) => c,
+        Started::Running(c) => *c,
     };
     on_event(Event::Planned(&cluster.session));
     let outcome = match job {
