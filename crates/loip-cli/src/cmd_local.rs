@@ -1,8 +1,8 @@
 //! `loip local`: the whole system on this machine. Starts N `loip worker` processes on
-//! loopback with the given memory budgets (by default budgets that keep the model from
-//! fitting on any one of them), the coordinator, and one generation; prints the plan, the
-//! output, ms/token and its breakdown (compute, network, load stall). `--bandwidth`
-//! emulates a link limit in the transport.
+//! loopback with the given memory budgets (by default budgets in which no worker can keep its
+//! even share of the layers resident, so the plan streams blocks), the coordinator, and one
+//! generation; prints the plan, the output, ms/token and its breakdown (compute, network,
+//! load stall). `--bandwidth` emulates a link limit in the transport.
 //!
 //! `--bench FILE` instead runs the end-to-end benchmark matrix (patterns × link limits ×
 //! planners) on the same devices, prints a table of measured vs predicted ms/token and
@@ -46,8 +46,10 @@ pub struct LocalArgs {
     #[arg(long, default_value_t = 3)]
     pub devices: usize,
     /// Memory budget per device, e.g. `300MiB,200MiB,150MiB` (one value: all devices).
-    /// Default: budgets that hold only about 60% of the layers, so offloading is used; with
-    /// `--bench`, budgets that together hold 60% of the model, split 2:1:2.
+    /// Default: the process, the working buffers the planner counts, the KV cache, the
+    /// embedding / head, one streaming slot and 60% of an even share of the layers, so no
+    /// device keeps its share resident and the plan streams blocks; with `--bench`, budgets
+    /// that together hold 60% of the model, split 2:1:2.
     #[arg(long, value_delimiter = ',')]
     pub mem: Option<Vec<String>>,
     /// Emulated link limit between the coordinator and each device, e.g. `100mbit`.

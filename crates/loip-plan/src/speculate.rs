@@ -19,13 +19,15 @@
 //! is small or 0. [`best_k`] takes the `k` that minimises ms/token; [`choose_k`] does the
 //! same from a table of step times however they were obtained (the cost model's, or times an
 //! engine measured), so a running sequence can re-pick its `k` as its acceptance rate
-//! moves; [`acceptance_rate`] estimates `α` from the counts an engine keeps, and
+//! moves; [`acceptance_rate`] estimates `α` from the counts an engine keeps,
+//! [`verify_step_times`] gives a session's table from the parts of its plan's evaluation
+//! ([`step_parts`], kept with the session: no evaluation per speculative run), and
 //! [`device_step_times`] gives one device's table from its profile when there is no plan.
 //!
 //! Pure: no I/O; every function is total on its inputs (α is clamped to [0, 1]).
 
 use crate::cluster::Cluster;
-use crate::cost::{evaluate_rows, Cost};
+use crate::cost::{block_times_rows, evaluate_rows, Cost};
 use crate::error::PlanError;
 use crate::plan::Plan;
 use crate::shape::ModelShape;
@@ -144,6 +146,123 @@ pub fn step_times(
 ) -> Result<Vec<f64>, PlanError> {
     (0..=max_k.min(MAX_K))
         .map(|k| evaluate_rows(plan, shape, cluster, seqs, k + 1).map(|c| c.ms_per_token / 1e3))
+        .collect()
+}
+
+/// A plan's one-sequence step in the parts that grow differently with the positions it
+/// carries, from what the plan's evaluation already priced (each device's compute, the links,
+/// the uncovered load) and each device's batched-compute growth from its profile: made once
+/// when a session's plan is made ([`step_parts`]) and kept with it, so that a verify step of
+/// `k + 1` positions is priced without evaluating the plan again ([`verify_step_times`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepParts {
+    /// each plan device's compute of a one-position step  // seconds
+    pub compute: Vec<f64>,
+    /// each plan device's compute at `p` positions over its compute at one, `p = 1..`
+    pub growth: Vec<Vec<f64>>,
+    /// the links' time of a one-position step  // seconds
+    pub comm: f64,
+    /// the links' time each further position adds (its activations on every hop and its
+    /// result on the return trip)  // seconds
+    pub comm_per_position: f64,
+    /// the load the compute does not hide at one position  // seconds
+    pub uncovered: f64,
+    /// loads overlap the compute (overlapped mode): a longer step hides more of them
+    pub overlapped: bool,
+}
+
+/// The parts of `plan`'s step ([`StepParts`]): its devices' planned compute
+/// (`PlanDevice::compute_ms`), links and uncovered load (`Plan::breakdown`), as the plan's
+/// evaluation left them, with each device's growth for up to [`MAX_K`] + 1 positions
+/// ([`crate::cost::block_times_rows`] of its blocks and head). A plan without prices (made
+/// by hand: no predicted ms/token) is evaluated once first. Errors only if a plan device is
+/// not in `cluster`.
+pub fn step_parts(
+    plan: &Plan,
+    shape: &ModelShape,
+    cluster: &Cluster,
+) -> Result<StepParts, PlanError> {
+    if plan.predicted_ms_per_token <= 0.0 {
+        let mut priced = plan.clone();
+        crate::cost::apply(&mut priced, &crate::cost::evaluate(plan, shape, cluster)?);
+        if priced.predicted_ms_per_token > 0.0 {
+            return step_parts(&priced, shape, cluster);
+        }
+    }
+    let b = plan.micro_batches.max(1);
+    let mut growth = Vec::with_capacity(plan.devices.len());
+    for d in &plan.devices {
+        let dev = cluster
+            .device(&d.name)
+            .ok_or_else(|| PlanError::UnknownDevice(d.name.clone()))?;
+        let layers: u32 = d.stages.iter().map(|s| s.layers.len() as u32).sum();
+        let compute = |p: u32| {
+            let t = block_times_rows(dev, shape, plan.context, b, 1, p, plan.loader);
+            layers as f64 * (t.attn + t.mlp) + if d.holds_head { t.head } else { 0.0 }
+        };
+        let one = compute(1);
+        growth.push(
+            (1..=MAX_K + 1)
+                .map(|p| if one > 0.0 { compute(p) / one } else { 1.0 })
+                .collect(),
+        );
+    }
+    let nd = plan.devices.len() as u64;
+    let rounds = plan
+        .devices
+        .iter()
+        .map(|d| d.stages.len())
+        .max()
+        .unwrap_or(0) as u64;
+    // every round's hops carry an activation per position, the last round's last hop the
+    // position's result instead
+    let bytes = (rounds * nd).saturating_sub(1) * shape.act_bytes_per_token
+        + shape.return_bytes_per_token();
+    let comm_per_position = if nd > 1 {
+        bytes as f64 / cluster.link.bandwidth
+    } else {
+        0.0
+    };
+    Ok(StepParts {
+        compute: plan.devices.iter().map(|d| d.compute_ms / 1e3).collect(),
+        growth,
+        comm: plan.breakdown.comm_ms / 1e3,
+        comm_per_position,
+        uncovered: plan.breakdown.uncovered_load_ms / 1e3,
+        overlapped: plan.mode == crate::plan::ExecMode::Overlapped,
+    })
+}
+
+/// Step times for `k = 0..=max_k` drafts from a plan's [`StepParts`]: entry `k` is a step of
+/// `p = k + 1` positions, `Σ_i compute_i · growth_i(p) + comm + (p − 1) · comm_per_position`
+/// plus the uncovered load (overlapped: less what the step's extra compute and links hide),
+/// the table
+/// [`choose_k`] takes. Empty when the parts are (a plan that could not be priced).
+/// // seconds
+pub fn verify_step_times(parts: &StepParts, max_k: u32) -> Vec<f64> {
+    if parts.compute.is_empty() {
+        return Vec::new();
+    }
+    let one: f64 = parts.compute.iter().sum();
+    (0..=max_k.min(MAX_K))
+        .map(|k| {
+            let p = k as usize + 1;
+            let compute: f64 = parts
+                .compute
+                .iter()
+                .zip(&parts.growth)
+                .map(|(c, g)| c * g.get(p - 1).copied().unwrap_or(p as f64))
+                .sum();
+            let comm = parts.comm + k as f64 * parts.comm_per_position;
+            // overlapped: the loads run beside the round, so what the step adds to it hides
+            // as much more of them
+            let uncovered = if parts.overlapped {
+                (parts.uncovered - (compute - one) - (comm - parts.comm)).max(0.0)
+            } else {
+                parts.uncovered
+            };
+            compute + comm + uncovered
+        })
         .collect()
 }
 

@@ -8,7 +8,10 @@ use common::llama13b;
 use loip_plan::cost::{evaluate, evaluate_rows};
 use loip_plan::planners::PlanRequest;
 use loip_plan::profile::preset;
-use loip_plan::speculate::{best_k, choose_k, evaluate_speculative, expected_tokens, step_times};
+use loip_plan::speculate::{
+    best_k, choose_k, evaluate_speculative, expected_tokens, step_parts, step_times,
+    verify_step_times,
+};
 use loip_plan::{Cluster, LinkProfile, ModelShape, Pattern, Plan};
 
 fn cluster(presets: &[&str], reserve: u64) -> Cluster {
@@ -125,4 +128,47 @@ fn one_device_without_a_plan_has_a_step_table_too() {
     // the load is amortised over E tokens, so the offloaded step drafts at least as many
     assert!(choose_k(&off, 0.5) >= choose_k(&mem, 0.5));
     assert!(choose_k(&off, 0.5) > 0);
+}
+
+/// A session prices its verify steps from the parts of its plan's evaluation
+/// (`step_parts`, kept with it) instead of evaluating the plan at each size: the same table
+/// as `step_times`, offloading or not, overlapped or sequential.
+#[test]
+fn a_step_priced_from_its_parts_is_the_evaluated_step() {
+    let sh = llama13b();
+    let mut worst: f64 = 0.0;
+    // (devices, link, memory each keeps back: the 26 GB model offloads from 6 and 7 GiB)
+    for (presets, bw, reserve) in [
+        (&["orin32", "nx16"][..], 12.5e6, 0),
+        (&["nx16", "nx16", "nx16"][..], 125e6, 0),
+        (&["orin32"][..], 125e6, 0),
+        (&["nx16", "nx16"][..], 125e6, 6u64 << 30),
+        (&["nx16", "nx16", "nx16"][..], 12.5e6, 7 << 30),
+        (&["orin32", "nx16", "nx16"][..], 125e6, 7 << 30),
+    ] {
+        let mut c = cluster(presets, reserve);
+        c.link.bandwidth = bw;
+        let req = PlanRequest {
+            context: 1024,
+            pattern: Pattern::Sporadic,
+            ..PlanRequest::default()
+        };
+        for planner in ["loip", "pp-offload"] {
+            let Ok(p) = loip_plan::plan(planner, &sh, &c, &req) else {
+                continue;
+            };
+            let want = step_times(&p, &sh, &c, 1, 8).unwrap();
+            let got = verify_step_times(&step_parts(&p, &sh, &c).unwrap(), 8);
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                worst = worst.max((g - w).abs() / w);
+            }
+            eprintln!(
+                "{planner} {presets:?} {:?}: {got:?}\n  evaluated {want:?}",
+                p.mode
+            );
+        }
+    }
+    eprintln!("largest relative difference {worst:.1e}");
+    assert!(worst < 1e-3, "{worst}");
 }

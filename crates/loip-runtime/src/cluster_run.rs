@@ -6,7 +6,7 @@
 //! share (and the HTTP server will call): [`Session::generate`] runs the engine's own
 //! generation loop over the pipeline, [`Session::generate_many`] several sequences at once
 //! (the bursty pattern), [`Session::replan`] rebuilds the pipeline over the devices still
-//! alive after a fault. Also here: plan → [`DeviceSpec`] and spawning `loip worker` child
+//! alive after a fault. Also here: plan → [`crate::executor::DeviceSpec`] ([`device_spec`]) and spawning `loip worker` child
 //! processes.
 //!
 //! A worker that cannot be reached at start (refused, reset, no answer in time) is left out
@@ -29,15 +29,14 @@ use std::time::{Duration, Instant};
 
 use loip_engine::generate::{generate, Flow};
 use loip_engine::{GenerateOptions, GenerateOutput};
-use loip_model::slice::{Manifest, SliceKind, Slices};
-use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, Pattern, Plan};
+use loip_model::slice::{Manifest, Slices};
+use loip_plan::{Cluster, DeviceProfile, LinkProfile, Pattern, Plan};
 use serde::Serialize;
 
 use crate::coordinator::{
     next_seq_id, ClusterError, ConnectOptions, DeviceHealth, Endpoint, HopLinks, LinkBytes,
     LinkStats, Pipeline, ShipStats, StepStats, Totals,
 };
-use crate::executor::DeviceSpec;
 use crate::loader::LoaderKind;
 use crate::wire::{DeviceMemory, ProbeResult};
 use crate::RuntimeError;
@@ -49,6 +48,7 @@ mod setup;
 mod stats;
 
 use setup::setup;
+pub use setup::{device_slices, device_spec, star_link};
 
 pub use peers::{direct_link, PeerLinkStats};
 pub use process::{kill_pid, on_interrupt, uniform_plan, WorkerProcess};
@@ -245,57 +245,6 @@ impl Breakdown {
     }
 }
 
-/// The spec of plan device `i`: one stage per plan stage, residency per block.
-/// `context` is the longest context of one sequence (tokens).
-pub fn device_spec(
-    plan: &Plan,
-    i: usize,
-    loader: LoaderKind,
-    max_step_tokens: usize,
-    context: usize,
-    mem_budget: Option<u64>,
-) -> DeviceSpec {
-    let d = &plan.devices[i];
-    DeviceSpec {
-        stages: crate::adapt::stage_specs(&d.stages),
-        embed: d.holds_embedding,
-        head: d.holds_head,
-        loader,
-        overlap: plan.mode == ExecMode::Overlapped,
-        mem_budget,
-        max_step_tokens: max_step_tokens.max(1),
-        max_step_seqs: 1,
-        context: context.max(1),
-    }
-}
-
-/// The slices plan device `i` reads: its layers' blocks, the embedding (first device, and a
-/// tied head's device) and the head (last device).
-pub fn device_slices(plan: &Plan, i: usize, tied: bool) -> Vec<SliceKind> {
-    let d = &plan.devices[i];
-    let mut v = Vec::new();
-    if d.holds_embedding || (d.holds_head && tied) {
-        v.push(SliceKind::Embed);
-    }
-    for s in &d.stages {
-        for l in &s.layers {
-            v.push(SliceKind::Attn(l.layer as usize));
-            v.push(SliceKind::Mlp(l.layer as usize));
-        }
-    }
-    if d.holds_head {
-        v.push(SliceKind::Head);
-    }
-    v
-}
-
-fn plan_loader(k: LoaderKind) -> loip_plan::LoaderKind {
-    match k {
-        LoaderKind::Direct => loip_plan::LoaderKind::Direct,
-        LoaderKind::Conventional => loip_plan::LoaderKind::Conventional,
-    }
-}
-
 /// A measured profile from a worker's probe.
 pub fn profile_from_probe(
     name: &str,
@@ -331,24 +280,22 @@ pub fn profile_from_probe(
     Ok(prof)
 }
 
-/// The cost model's link for a star over `links`.
-pub fn star_link(links: &[LinkStats]) -> LinkProfile {
-    let bw = links
-        .iter()
-        .flat_map(|l| [l.up_bps, l.down_bps])
-        .fold(f64::INFINITY, f64::min);
-    let lat = links.iter().map(|l| l.latency_s).fold(0.0, f64::max);
-    if bw.is_finite() && bw > 0.0 {
-        LinkProfile {
-            bandwidth: bw / 2.0,
-            latency: 2.0 * lat,
-        }
-    } else {
-        LinkProfile {
-            bandwidth: 125e6,
-            latency: 1e-4,
-        }
-    }
+/// How far [`Session::open`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// the session running: slices shipped, devices open, pipeline started
+    Running,
+    /// the plan only: the workers measured and planned on, nothing loaded, then told goodbye
+    /// (`--preview`)
+    Planned,
+}
+
+/// What [`Session::open`] made.
+pub enum Opened {
+    /// the session, up
+    Running(Box<Session>),
+    /// the plan of [`Until::Planned`]
+    Planned(Box<Preview>),
 }
 
 /// A cluster planned but not brought up ([`Session::preview`]).
@@ -375,6 +322,9 @@ pub struct Session {
     pub shape: loip_plan::ModelShape,
     /// the cluster as planned (profiles, measured link)
     pub cluster: Cluster,
+    /// the plan's one-sequence step in the parts its evaluation priced, kept to price verify
+    /// steps of more positions ([`loip_plan::speculate::verify_step_times`])
+    pub step: loip_plan::speculate::StepParts,
     /// the model
     pub manifest: Manifest,
     /// what setup did per worker
@@ -409,37 +359,10 @@ impl Session {
         workers: Vec<WorkerSpec>,
         opts: SessionOptions,
     ) -> Result<Session, ClusterError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .thread_name("loip-coord-io")
-            .build()
-            .map_err(|e| RuntimeError::Io {
-                path: PathBuf::from("<tokio runtime>"),
-                source: e,
-            })?;
-        let t = Instant::now();
-        let s = rt.block_on(setup(&slices, &workers, &opts))?;
-        let mut workers = workers;
-        let Slices { dir, manifest } = slices;
-        remember_profiles(&mut workers, &s.profiles);
-        Ok(Session {
-            rt,
-            pipeline: s.pipeline,
-            generation: Default::default(),
-            hop_links: s.hop_links,
-            plan: s.plan,
-            shape: s.shape,
-            cluster: s.cluster,
-            manifest,
-            reports: s.reports,
-            setup_s: t.elapsed().as_secs_f64(),
-            model_dir: dir,
-            workers,
-            missing: s.unreachable,
-            opts,
-            adapt: s.adapt,
-        })
+        match Session::open(&slices, workers, opts, Until::Running)? {
+            Opened::Running(s) => Ok(*s),
+            Opened::Planned(_) => Err(ClusterError::Invalid("planned, not started".into())),
+        }
     }
 
     /// Connects, measures, profiles and plans as [`Session::start`] does, then says goodbye
@@ -460,25 +383,75 @@ impl Session {
         workers: &[WorkerSpec],
         opts: &SessionOptions,
     ) -> Result<Preview, ClusterError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| RuntimeError::Io {
-                path: PathBuf::from("<tokio runtime>"),
-                source: e,
-            })?;
-        rt.block_on(async {
-            let p = setup::plan_cluster(slices, workers, opts).await?;
-            for c in p.conns {
-                c.bye().await;
+        match Session::open(slices, workers.to_vec(), opts.clone(), Until::Planned)? {
+            Opened::Planned(p) => Ok(*p),
+            Opened::Running(s) => {
+                s.shutdown();
+                Err(ClusterError::Invalid("started, not planned".into()))
             }
-            Ok(Preview {
-                plan: p.plan,
-                shape: p.shape,
-                cluster: p.cluster,
-                reports: p.reports,
-            })
-        })
+        }
+    }
+
+    /// The one way a session starts: connect, measure, profile and plan over `workers` for
+    /// the model in `slices`, then ([`Until::Running`]) ship, open and start the pipeline, or
+    /// ([`Until::Planned`]) say goodbye to the workers with the plan made.
+    pub fn open(
+        slices: &Slices,
+        workers: Vec<WorkerSpec>,
+        opts: SessionOptions,
+        until: Until,
+    ) -> Result<Opened, ClusterError> {
+        let rt = match until {
+            Until::Running => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .thread_name("loip-coord-io")
+                .build(),
+            Until::Planned => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build(),
+        }
+        .map_err(|e| RuntimeError::Io {
+            path: PathBuf::from("<tokio runtime>"),
+            source: e,
+        })?;
+        let t = Instant::now();
+        let planned = rt.block_on(setup::plan_cluster(slices, &workers, &opts))?;
+        if until == Until::Planned {
+            let p = rt.block_on(async {
+                for c in planned.conns {
+                    c.bye().await;
+                }
+                Preview {
+                    plan: planned.plan,
+                    shape: planned.shape,
+                    cluster: planned.cluster,
+                    reports: planned.reports,
+                }
+            });
+            return Ok(Opened::Planned(Box::new(p)));
+        }
+        let s = rt.block_on(setup::bring_up(slices, planned, &opts))?;
+        let mut workers = workers;
+        remember_profiles(&mut workers, &s.profiles);
+        Ok(Opened::Running(Box::new(Session {
+            rt,
+            pipeline: s.pipeline,
+            generation: Default::default(),
+            hop_links: s.hop_links,
+            plan: s.plan,
+            shape: s.shape,
+            cluster: s.cluster,
+            step: s.step,
+            manifest: slices.manifest.clone(),
+            reports: s.reports,
+            setup_s: t.elapsed().as_secs_f64(),
+            model_dir: slices.dir.clone(),
+            workers,
+            missing: s.unreachable,
+            opts,
+            adapt: s.adapt,
+        })))
     }
 
     /// What online adaptation did so far (when planned for admission).
@@ -654,6 +627,7 @@ impl Session {
         self.plan = s.plan;
         self.shape = s.shape;
         self.cluster = s.cluster;
+        self.step = s.step;
         self.reports = s.reports;
         self.adapt = s.adapt;
         self.setup_s = t.elapsed().as_secs_f64();

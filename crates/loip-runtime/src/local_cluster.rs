@@ -3,12 +3,13 @@
 //! to, and cleaning up — killed with their temporary stores on drop, and on Ctrl-C.
 //!
 //! The remote cluster is [`crate::cluster_run`]; this is the same cluster with the workers
-//! started here ([`LocalCluster`]: spawned for a request, planned and started over one opened
-//! slice directory), so the CLI only maps flags onto it.
+//! started here, one way for every job ([`LocalCluster::start_as`]: workers spawned for a
+//! request or shared by a benchmark's rows, planned over one opened slice directory, then
+//! started or, for a preview, only planned), so the CLI only maps flags onto it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use loip_engine::generate::Flow;
@@ -17,30 +18,33 @@ use loip_model::slice::{Manifest, SliceKind, Slices};
 use loip_plan::{DeviceProfile, Pattern};
 use serde::Serialize;
 
+pub use crate::cluster_run::Until;
 use crate::cluster_run::{
-    kill_pid, on_interrupt, Preview, Session, SessionOptions, WorkerProcess, WorkerSpec,
+    kill_pid, on_interrupt, Opened, Preview, Session, SessionOptions, WorkerProcess, WorkerSpec,
 };
 use crate::coordinator::{ClusterError, OnShip};
 use crate::loader::LoaderKind;
 use crate::memory::Cgroup;
 use crate::RuntimeError;
 
-/// Budgets that keep the model from fitting on any one device: the worker process itself
-/// ([`crate::memory::WORKER_PROCESS_ESTIMATE`]), an allowance for working buffers, the
-/// embedding / head where they live, the KV cache of `context` tokens, and 60 % of an even
-/// share of the layers. The planner may still keep every block resident where the
-/// working-buffer allowance leaves room (SmolLM2 mostly does).  // bytes
-pub fn default_budgets(m: &Manifest, devices: usize, context: u64) -> Vec<u64> {
+/// Budgets that make every device stream blocks: the worker process itself
+/// ([`crate::memory::WORKER_PROCESS_ESTIMATE`]), `working` (the working buffers the planner
+/// counts for a step), the embedding / head where they live, the KV cache of `context`
+/// tokens, one streaming slot (the largest layer's two blocks) and 60 % of an even share of
+/// the layers. With a few layers a device or more, the slot stays below the other 40 % of a
+/// share, so no device can keep its share resident, together they cannot keep every layer,
+/// and the plan streams blocks (SmolLM2 on 3 workers: 74, 45, 74 MiB).  // bytes
+pub fn default_budgets(m: &Manifest, devices: usize, context: u64, working: u64) -> Vec<u64> {
     let size = |k: SliceKind| m.slice(k).map_or(0, |s| s.size);
-    let layers: u64 = (0..m.config.num_layers)
-        .map(|l| size(SliceKind::Attn(l)) + size(SliceKind::Mlp(l)))
-        .sum();
+    let layer = |l: usize| size(SliceKind::Attn(l)) + size(SliceKind::Mlp(l));
+    let layers: u64 = (0..m.config.num_layers).map(layer).sum();
+    let slot = (0..m.config.num_layers).map(layer).max().unwrap_or(0);
     let kv = context
         * m.config.num_layers as u64
         * 2
         * (m.config.num_kv_heads * m.config.head_dim) as u64
         * 4;
-    let base = crate::memory::WORKER_PROCESS_ESTIMATE + (18 << 20) + kv;
+    let base = crate::memory::WORKER_PROCESS_ESTIMATE + working + kv + slot;
     (0..devices)
         .map(|i| {
             let mut b = base + layers * 6 / 10 / devices as u64;
@@ -197,6 +201,10 @@ pub fn sweep_stale_scratch(tmp: &Path) {
 pub struct LocalWorkers {
     /// the workers, `dev1`, `dev2`, … in order
     pub procs: Vec<WorkerProcess>,
+    /// each worker's `--mem`, bytes
+    pub budgets: Vec<u64>,
+    /// the shared secret they were started with
+    token: String,
     temp: Option<PathBuf>,
 }
 
@@ -216,6 +224,8 @@ impl LocalWorkers {
         // dropped on an error: the workers started so far are killed
         let mut w = LocalWorkers {
             procs: Vec::new(),
+            budgets: o.budgets.clone(),
+            token: o.token.clone(),
             temp,
         };
         for (i, b) in o.budgets.iter().enumerate() {
@@ -248,6 +258,35 @@ impl LocalWorkers {
             w.procs.push(p);
         }
         Ok(w)
+    }
+
+    /// `o.devices` workers with `o`'s budgets ([`default_budgets`] for `context` tokens and
+    /// steps of up to `step_tokens` unless given),
+    /// link limit, stores and cgroups, sharing a fresh secret.
+    pub fn for_options(
+        o: &LocalOptions,
+        manifest: &Manifest,
+        context: u64,
+        step_tokens: usize,
+    ) -> Result<LocalWorkers, ClusterError> {
+        if o.devices == 0 {
+            return Err(ClusterError::Invalid("--devices must be at least 1".into()));
+        }
+        let exe = std::env::current_exe().map_err(|e| RuntimeError::Io {
+            path: PathBuf::from("<the loip binary>"),
+            source: e,
+        })?;
+        LocalWorkers::spawn(&LocalWorkerOptions {
+            exe,
+            budgets: o.budgets(|| {
+                let working = o.planned_working(manifest, context, step_tokens);
+                default_budgets(manifest, o.devices, context, working)
+            })?,
+            bandwidth: o.bandwidth,
+            token: crate::net::token::generate(),
+            store_root: o.store_root.clone(),
+            cgroup: o.cgroup,
+        })
     }
 
     /// What a session connects to: `dev1`, `dev2`, … at their addresses, with `profiles`
@@ -405,10 +444,10 @@ impl LocalOptions {
         self.concurrent.max(1)
     }
 
-    /// One budget per device: the given ones, or [`default_budgets`] for `context` tokens.
-    pub fn budgets(&self, m: &Manifest, context: u64) -> Result<Vec<u64>, ClusterError> {
+    /// One budget per device: the given ones (one value: every device), or `default()`.
+    pub fn budgets(&self, default: impl FnOnce() -> Vec<u64>) -> Result<Vec<u64>, ClusterError> {
         match &self.mem {
-            None => Ok(default_budgets(m, self.devices, context)),
+            None => Ok(default()),
             Some(v) if v.len() == 1 || v.len() == self.devices => {
                 Ok((0..self.devices).map(|i| v[i.min(v.len() - 1)]).collect())
             }
@@ -420,19 +459,32 @@ impl LocalOptions {
         }
     }
 
-    /// The session's options for one plan: `planner` and `pattern` over links of
-    /// `bandwidth`, `context` tokens, prompts of up to `max_step` tokens a step.
-    pub fn session_options(
+    /// The working buffers the planner counts on a device for steps of up to `step_tokens`
+    /// tokens per sequence over `context` tokens: the step's, as the runtime accounts them,
+    /// when planning for admission; with `whole_context`, the planner's allowance
+    /// ([`loip_plan::ModelShape::working_bytes`]).  // bytes
+    fn planned_working(&self, m: &Manifest, context: u64, step_tokens: usize) -> u64 {
+        let mut shape = crate::shape::shape_from_manifest(&self.model, m);
+        let seqs = self.sequences() as u64;
+        shape.step_tokens = Some(step_tokens as u64 * seqs);
+        if self.whole_context {
+            shape.working_bytes(seqs as u32)
+        } else {
+            shape.step_working_bytes(step_tokens as u64 * seqs, seqs, context.div_ceil(seqs))
+        }
+    }
+
+    /// The session's options for one plan: `pattern`, `context` tokens, prompts of up to
+    /// `max_step` tokens a step, workers that know `token`.
+    fn session_options(
         &self,
-        planner: &str,
         pattern: Pattern,
-        bandwidth: Option<f64>,
         context: u64,
         max_step: usize,
         token: &str,
     ) -> SessionOptions {
         let mut o = SessionOptions {
-            planner: planner.to_string(),
+            planner: self.planner.clone(),
             pattern,
             micro_batches: (pattern == Pattern::Bursty).then_some(self.sequences() as u32),
             context,
@@ -461,7 +513,7 @@ impl LocalOptions {
             ..Default::default()
         };
         o.connect.token = Some(token.to_string());
-        o.connect.bandwidth = bandwidth;
+        o.connect.bandwidth = self.bandwidth;
         let q = self
             .micro_batch_seqs
             .iter()
@@ -488,21 +540,71 @@ impl LocalOptions {
 
 /// Local workers and the coordinator's session over them, planned for a prompt.
 pub struct LocalCluster {
-    /// the worker processes (killed, stores removed, on drop)
-    pub workers: LocalWorkers,
+    /// the worker processes (killed, stores removed, when the last holder drops them)
+    pub workers: Arc<LocalWorkers>,
     /// the session: plan, devices, pipeline
     pub session: Session,
     /// each worker's budget, bytes
     pub budgets: Vec<u64>,
     /// each worker runs in a memory cgroup of its budget
     pub cgroup: bool,
+    /// sequences at once it is planned for ([`LocalOptions::sequences`])
+    pub sequences: usize,
 }
 
 impl LocalCluster {
-    /// Spawns the workers and starts a session for `slices`, planned for
-    /// [`LocalOptions::sequences`] sequences of `prompt_len` + `max_tokens` tokens (the
-    /// prompts' KV only, adapting online, unless `whole_context`). `on_spawned` sees the
-    /// budgets before the session starts.
+    /// The one way a local cluster starts (`loip local`'s generation, micro-batch sizes,
+    /// preview and each benchmark row): the workers (`start.workers`, or spawned with `o`'s
+    /// budgets, told to `on_spawned`), then `o`'s plan on them for [`LocalOptions::sequences`]
+    /// sequences of `prompt_len` + `max_tokens` tokens (the prompts' KV only, adapting online,
+    /// unless `whole_context`), started or, with [`Until::Planned`], only made.
+    pub fn start_as(
+        slices: &Slices,
+        o: &LocalOptions,
+        start: Start<'_>,
+        on_spawned: &mut dyn FnMut(&[u64]),
+    ) -> Result<Started, ClusterError> {
+        let n = o.sequences();
+        let context = ((start.prompt_len + start.max_tokens) * n + o.step_slack) as u64;
+        let max_step = start.prompt_len.max(o.step_slack + 1);
+        let workers = match start.workers {
+            Some(w) => w,
+            None => {
+                let w = LocalWorkers::for_options(o, &slices.manifest, context, max_step)?;
+                on_spawned(&w.budgets);
+                Arc::new(w)
+            }
+        };
+        let pattern = if n > 1 {
+            Pattern::Bursty
+        } else {
+            Pattern::Sporadic
+        };
+        let mut opts = o.session_options(pattern, context, max_step, &workers.token);
+        // Plan for the prompts' KV and adapt online as it grows (design §6).
+        if !o.whole_context {
+            opts.admitted = Some((start.prompt_len * n) as u64);
+        }
+        opts.on_ship = o.on_ship.clone();
+        let profiles = match start.profiles {
+            Some(p) => Some(p.to_vec()),
+            None => o.profiles(workers.procs.len()),
+        };
+        let specs = workers.specs(profiles.as_deref());
+        Ok(match Session::open(slices, specs, opts, start.until)? {
+            Opened::Running(session) => Started::Running(Box::new(LocalCluster {
+                session: *session,
+                budgets: workers.budgets.clone(),
+                workers,
+                cgroup: o.cgroup,
+                sequences: n,
+            })),
+            // the workers lived until the plan was made
+            Opened::Planned(p) => Started::Planned(p),
+        })
+    }
+
+    /// [`LocalCluster::start_as`] with workers spawned for it, to a running session.
     pub fn start(
         slices: &Slices,
         o: &LocalOptions,
@@ -510,34 +612,15 @@ impl LocalCluster {
         max_tokens: usize,
         on_spawned: &mut dyn FnMut(&[u64]),
     ) -> Result<LocalCluster, ClusterError> {
-        let (workers, budgets, specs, opts) =
-            spawn(&slices.manifest, o, prompt_len, max_tokens, on_spawned)?;
-        let session = Session::start_opened(slices.clone(), specs, opts)?;
-        Ok(LocalCluster {
-            workers,
-            session,
-            budgets,
-            cgroup: o.cgroup,
-        })
-    }
-
-    /// Spawns the workers as [`LocalCluster::start`] does and plans on them as it would,
-    /// then stops them: the plan without loading anything (`loip local --preview`).
-    pub fn preview(
-        slices: &Slices,
-        o: &LocalOptions,
-        prompt_len: usize,
-        max_tokens: usize,
-        on_spawned: &mut dyn FnMut(&[u64]),
-    ) -> Result<Preview, ClusterError> {
-        // the workers live until the plan is made
-        let (_workers, _, specs, opts) =
-            spawn(&slices.manifest, o, prompt_len, max_tokens, on_spawned)?;
-        Session::preview_opened(slices, &specs, &opts)
+        let start = Start::new(prompt_len, max_tokens, Until::Running);
+        match LocalCluster::start_as(slices, o, start, on_spawned)? {
+            Started::Running(c) => Ok(*c),
+            Started::Planned(_) => Err(ClusterError::Invalid("planned, not started".into())),
+        }
     }
 
     /// Generates `n` sequences of `prompt` (one: streamed to `on_token`; several: at once,
-    /// as a burst). Returns the first sequence, every sequence's ids when several, the mean
+    /// as a burst, the first one's tokens told to `on_token` when it ends). Returns the first sequence, every sequence's ids when several, the mean
     /// decode ms/token per sequence and the burst's wall ms/token.
     pub fn generate(
         &self,
@@ -568,6 +651,11 @@ impl LocalCluster {
             .into_iter()
             .next()
             .ok_or_else(|| ClusterError::Invalid("no sequence".into()))?;
+        for &id in &first.new_ids {
+            if on_token(id) == Flow::Stop {
+                break;
+            }
+        }
         Ok(Burst {
             first,
             sequences: Some(sequences),
@@ -583,51 +671,42 @@ impl LocalCluster {
     }
 }
 
-/// The workers of a local cluster for `prompt_len` + `max_tokens` tokens per sequence, their
-/// budgets (told to `on_spawned`), the specs a session connects to (with the fixed profile,
-/// when given) and the session's options (the prompts' KV only, adapting online, unless
-/// `whole_context`).
-fn spawn(
-    manifest: &Manifest,
-    o: &LocalOptions,
-    prompt_len: usize,
-    max_tokens: usize,
-    on_spawned: &mut dyn FnMut(&[u64]),
-) -> Result<(LocalWorkers, Vec<u64>, Vec<WorkerSpec>, SessionOptions), ClusterError> {
-    if o.devices == 0 {
-        return Err(ClusterError::Invalid("--devices must be at least 1".into()));
+/// One start of a local cluster: the request it plans for, how far it goes, and what an
+/// earlier start left to reuse.
+pub struct Start<'a> {
+    /// prompt tokens of each sequence
+    pub prompt_len: usize,
+    /// tokens generated for each sequence
+    pub max_tokens: usize,
+    /// how far it goes
+    pub until: Until,
+    /// workers to run on (the benchmark's, shared by the rows of one link limit); `None`:
+    /// spawned for this start
+    pub workers: Option<Arc<LocalWorkers>>,
+    /// each worker's profile (measured by an earlier start); `None`: `--profile`'s, or
+    /// measured
+    pub profiles: Option<&'a [DeviceProfile]>,
+}
+
+impl Start<'_> {
+    /// A start on workers of its own, measured unless `--profile` is given.
+    pub fn new(prompt_len: usize, max_tokens: usize, until: Until) -> Start<'static> {
+        Start {
+            prompt_len,
+            max_tokens,
+            until,
+            workers: None,
+            profiles: None,
+        }
     }
-    let n = o.sequences();
-    let context = ((prompt_len + max_tokens) * n + o.step_slack) as u64;
-    let budgets = o.budgets(manifest, context)?;
-    let token = crate::net::token::generate();
-    let exe = std::env::current_exe().map_err(|e| RuntimeError::Io {
-        path: PathBuf::from("<the loip binary>"),
-        source: e,
-    })?;
-    let workers = LocalWorkers::spawn(&LocalWorkerOptions {
-        exe,
-        budgets: budgets.clone(),
-        bandwidth: o.bandwidth,
-        token: token.clone(),
-        store_root: o.store_root.clone(),
-        cgroup: o.cgroup,
-    })?;
-    let pattern = if n > 1 {
-        Pattern::Bursty
-    } else {
-        Pattern::Sporadic
-    };
-    let max_step = prompt_len.max(o.step_slack + 1);
-    let mut opts = o.session_options(&o.planner, pattern, o.bandwidth, context, max_step, &token);
-    // Plan for the prompts' KV and adapt online as it grows (design §6).
-    if !o.whole_context {
-        opts.admitted = Some((prompt_len * n) as u64);
-    }
-    opts.on_ship = o.on_ship.clone();
-    on_spawned(&budgets);
-    let specs = workers.specs(o.profiles(workers.procs.len()).as_deref());
-    Ok((workers, budgets, specs, opts))
+}
+
+/// What [`LocalCluster::start_as`] made.
+pub enum Started {
+    /// the workers and the session over them
+    Running(Box<LocalCluster>),
+    /// the plan of [`Until::Planned`] (its workers stopped)
+    Planned(Box<Preview>),
 }
 
 /// What [`LocalCluster::generate`] made.

@@ -195,11 +195,11 @@ fn with_drafter<T>(
 
 /// The cost model's time of a step of `n` positions of one sequence on `session`'s plan,
 /// `n = 1..=k + 1` (the adaptive controller's prior until steps of each size are measured;
-/// empty when the plan cannot be priced), priced once per speculative run.  // seconds
+/// empty when the plan cannot be priced), from the parts of the step its plan was priced
+/// with ([`Session::step`]).  // seconds
 pub fn pipeline_step_prior(session: &Session, k: usize) -> Vec<f64> {
     let k = u32::try_from(k).unwrap_or(u32::MAX);
-    loip_plan::speculate::step_times(&session.plan, &session.shape, &session.cluster, 1, k)
-        .unwrap_or_default()
+    loip_plan::speculate::verify_step_times(&session.step, k)
 }
 
 /// The engine's options of `spec` through `session`'s pipeline: a pipeline step is load-

@@ -2,23 +2,25 @@
 //! ([`connect_workers`]), measure the links ([`measure_links`]) and the peer sessions,
 //! profile the devices without a profile ([`probe_devices`]), describe the cluster
 //! ([`describe_cluster`]), plan ([`make_plan`]), ship each plan device its slices and open it
-//! ([`ship_and_open`]), then start the pipeline over the hops' links ([`hop_links`]).
+//! ([`ship_and_open`]: each device's slices [`device_slices`] and spec [`device_spec`]), then
+//! start the pipeline over the hops' links ([`hop_links`]).
 
 use std::time::{Duration, Instant};
 
 use loip_model::slice::{Manifest, SliceKind, Slices};
-use loip_plan::{Cluster, DeviceProfile, LinkProfile, ModelShape, Plan, PlanRequest};
+use loip_plan::speculate::{step_parts, StepParts};
+use loip_plan::{Cluster, DeviceProfile, ExecMode, LinkProfile, ModelShape, Plan, PlanRequest};
 
 use super::peers::connect_peers;
 use super::{
-    device_slices, device_spec, direct_link, plan_loader, profile_from_probe, star_link,
-    DeviceReport, SessionOptions, WorkerSpec, ARGMAX_RETURN_BYTES,
+    direct_link, profile_from_probe, DeviceReport, SessionOptions, WorkerSpec, ARGMAX_RETURN_BYTES,
 };
 use crate::adapt::{AdaptReport, Adapter};
 use crate::coordinator::{
     ClusterError, Conn, Endpoint, HopLinks, LinkStats, Pipeline, PipelineOptions, Route, ShipStats,
 };
 use crate::executor::DeviceSpec;
+use crate::loader::LoaderKind;
 use crate::wire::{DeviceMemory, NetError, ProbeResult, WireError};
 
 /// What setup hands the session.
@@ -28,6 +30,8 @@ pub(super) struct Setup {
     pub plan: Plan,
     pub cluster: Cluster,
     pub shape: ModelShape,
+    /// the plan's step in parts, to price verify steps ([`loip_plan::speculate::StepParts`])
+    pub step: StepParts,
     pub reports: Vec<DeviceReport>,
     pub profiles: Vec<(String, DeviceProfile)>,
     pub adapt: Option<std::sync::Arc<std::sync::Mutex<AdaptReport>>>,
@@ -35,10 +39,22 @@ pub(super) struct Setup {
     pub unreachable: Vec<String>,
 }
 
-/// Brings the cluster of `workers` up for the model in `slices`.
+/// Brings the cluster of `workers` up for the model in `slices`: plans ([`plan_cluster`]),
+/// then brings the plan up ([`bring_up`]).
 pub(super) async fn setup(
     slices: &Slices,
     workers: &[WorkerSpec],
+    opts: &SessionOptions,
+) -> Result<Setup, ClusterError> {
+    let planned = plan_cluster(slices, workers, opts).await?;
+    bring_up(slices, planned, opts).await
+}
+
+/// Ships each plan device its slices, opens it and starts the pipeline over the hops'
+/// links, with online adaptation when planned for admission.
+pub(super) async fn bring_up(
+    slices: &Slices,
+    planned: Planned,
     opts: &SessionOptions,
 ) -> Result<Setup, ClusterError> {
     let Planned {
@@ -51,7 +67,7 @@ pub(super) async fn setup(
         profiles,
         plan,
         unreachable,
-    } = plan_cluster(slices, workers, opts).await?;
+    } = planned;
     let manifest = &slices.manifest;
     let route = Route::from_plan(&plan)?;
     let opened = ship_and_open(slices, &plan, &workers, conns, &mut reports, opts).await?;
@@ -71,12 +87,16 @@ pub(super) async fn setup(
     });
     let adapt = adapter.as_ref().map(|a| a.report());
     let pipeline = Pipeline::start_with(opened.conns, route, popts, hop_links.clone(), adapter);
+    // what the plan's evaluation priced, once per plan (a plan whose device is not in the
+    // cluster was refused above)
+    let step = step_parts(&plan, &shape, &cluster).unwrap_or_default();
     Ok(Setup {
         pipeline,
         hop_links,
         plan,
         cluster,
         shape,
+        step,
         reports,
         profiles,
         adapt,
@@ -593,5 +613,76 @@ fn hop_links(route: &Route, peer_ids: Vec<u16>, reach: &[Vec<bool>]) -> HopLinks
         direct,
         peer_ids,
         reach,
+    }
+}
+
+/// The spec of plan device `i`: one stage per plan stage, residency per block.
+/// `context` is the longest context of one sequence (tokens).
+pub fn device_spec(
+    plan: &Plan,
+    i: usize,
+    loader: LoaderKind,
+    max_step_tokens: usize,
+    context: usize,
+    mem_budget: Option<u64>,
+) -> DeviceSpec {
+    let d = &plan.devices[i];
+    DeviceSpec {
+        stages: crate::adapt::stage_specs(&d.stages),
+        embed: d.holds_embedding,
+        head: d.holds_head,
+        loader,
+        overlap: plan.mode == ExecMode::Overlapped,
+        mem_budget,
+        max_step_tokens: max_step_tokens.max(1),
+        max_step_seqs: 1,
+        context: context.max(1),
+    }
+}
+
+/// The slices plan device `i` reads: its layers' blocks, the embedding (first device, and a
+/// tied head's device) and the head (last device).
+pub fn device_slices(plan: &Plan, i: usize, tied: bool) -> Vec<SliceKind> {
+    let d = &plan.devices[i];
+    let mut v = Vec::new();
+    if d.holds_embedding || (d.holds_head && tied) {
+        v.push(SliceKind::Embed);
+    }
+    for s in &d.stages {
+        for l in &s.layers {
+            v.push(SliceKind::Attn(l.layer as usize));
+            v.push(SliceKind::Mlp(l.layer as usize));
+        }
+    }
+    if d.holds_head {
+        v.push(SliceKind::Head);
+    }
+    v
+}
+
+fn plan_loader(k: LoaderKind) -> loip_plan::LoaderKind {
+    match k {
+        LoaderKind::Direct => loip_plan::LoaderKind::Direct,
+        LoaderKind::Conventional => loip_plan::LoaderKind::Conventional,
+    }
+}
+
+/// The cost model's link for a star over `links`.
+pub fn star_link(links: &[LinkStats]) -> LinkProfile {
+    let bw = links
+        .iter()
+        .flat_map(|l| [l.up_bps, l.down_bps])
+        .fold(f64::INFINITY, f64::min);
+    let lat = links.iter().map(|l| l.latency_s).fold(0.0, f64::max);
+    if bw.is_finite() && bw > 0.0 {
+        LinkProfile {
+            bandwidth: bw / 2.0,
+            latency: 2.0 * lat,
+        }
+    } else {
+        LinkProfile {
+            bandwidth: 125e6,
+            latency: 1e-4,
+        }
     }
 }

@@ -3,13 +3,17 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use std::sync::Arc;
+
+use anyhow::Result;
 use loip_engine::generate::Flow;
 use loip_engine::GenerateOptions;
 use loip_model::slice::Slices;
 use loip_plan::{DeviceProfile, Pattern};
 use loip_runtime::cluster_run::{Breakdown, Session};
-use loip_runtime::local_cluster::{keep_scratch, LocalWorkerOptions, LocalWorkers};
+use loip_runtime::local_cluster::{
+    bench_budgets, keep_scratch, LocalCluster, LocalWorkers, Start, Started, Until,
+};
 use serde::Serialize;
 
 use super::{parse_bandwidth, LocalOptions};
@@ -79,71 +83,96 @@ pub fn bench_store_root(o: &LocalOptions) -> PathBuf {
         .unwrap_or_else(|| loip_model::fetch::cache_dir().join("bench-stores"))
 }
 
-/// Runs the matrix on workers with `budgets` (at least 3 sequences when bursty), one
-/// session per row on the workers of its link limit; devices are measured once (by the
-/// first session) unless `o.profile` is given. `on_row` is told of each row as it ends.
+/// What [`bench`] tells its caller while it runs.
+pub enum BenchEvent<'a> {
+    /// the budgets, bytes, against the model's slice bytes
+    Budgets {
+        /// each device's budget, bytes
+        budgets: &'a [u64],
+        /// the model's slice bytes
+        model_bytes: u64,
+    },
+    /// a row ended
+    Row(&'a BenchRow),
+}
+
+/// Runs the matrix (at least 3 sequences when bursty) on workers with `o`'s budgets or, when
+/// `o.mem` is not given, [`bench_budgets`]: one set of workers per link limit, each row a
+/// session of its own started the one way ([`LocalCluster::start_as`]) with the row's
+/// planner, pattern and link, planned for the whole context; devices are measured once (by
+/// the first session) unless `o.profile` is given. `on_event` is told of the budgets and of
+/// each row as it ends. Returns the rows and where the worker stores were kept.
 pub fn bench(
     slices: &Slices,
     o: &LocalOptions,
-    budgets: &[u64],
     matrix: &BenchMatrix,
     prompt: &[u32],
     gen: &GenerateOptions,
-    on_row: &mut dyn FnMut(&BenchRow),
-) -> Result<Vec<BenchRow>> {
-    let n = o.concurrent.max(3);
-    let token = loip_runtime::net::token::generate();
-    let mut rows = Vec::new();
-    let mut profiles: Option<Vec<DeviceProfile>> = o.profiles(budgets.len());
+    on_event: &mut dyn FnMut(BenchEvent<'_>),
+) -> Result<(Vec<BenchRow>, PathBuf)> {
     let store_root = bench_store_root(o);
     keep_scratch(&store_root);
+    let manifest = &slices.manifest;
+    let context = ((prompt.len() + gen.max_tokens) * o.sequences()) as u64;
+    let budgets = o.budgets(|| bench_budgets(manifest, o.devices))?;
+    let model_bytes = manifest.slices.iter().map(|s| s.size).sum();
+    on_event(BenchEvent::Budgets {
+        budgets: &budgets,
+        model_bytes,
+    });
+    let n = o.concurrent.max(3);
+    let mut rows = Vec::new();
+    let mut profiles: Option<Vec<DeviceProfile>> = o.profiles(budgets.len());
     for bw_s in &matrix.bandwidths {
-        let bw = parse_bandwidth(bw_s)?;
-        let workers = LocalWorkers::spawn(&LocalWorkerOptions {
-            exe: std::env::current_exe().context("locating the loip binary")?,
-            budgets: budgets.to_vec(),
-            bandwidth: bw,
-            token: token.clone(),
+        let on_link = LocalOptions {
+            mem: Some(budgets.clone()),
+            bandwidth: parse_bandwidth(bw_s)?,
             store_root: Some(store_root.clone()),
-            cgroup: o.cgroup,
-        })?;
+            whole_context: true,
+            on_ship: None,
+            ..o.clone()
+        };
+        let workers = LocalWorkers::for_options(&on_link, manifest, context, prompt.len())?;
+        let workers = Arc::new(workers);
         for pat_s in &matrix.patterns {
             let pattern: Pattern = pat_s.parse().map_err(anyhow::Error::msg)?;
             let seqs = if pattern == Pattern::Bursty { n } else { 1 };
-            let context = ((prompt.len() + gen.max_tokens) * seqs) as u64;
             for planner in &matrix.planners {
                 let mut row = BenchRow::new(pat_s, bw_s, planner);
                 let lo = LocalOptions {
                     concurrent: seqs,
-                    ..o.clone()
+                    planner: planner.clone(),
+                    ..on_link.clone()
                 };
-                let opts = lo.session_options(planner, pattern, bw, context, prompt.len(), &token);
-                match Session::start_opened(
-                    slices.clone(),
-                    workers.specs(profiles.as_deref()),
-                    opts,
-                ) {
+                let start = Start {
+                    workers: Some(workers.clone()),
+                    profiles: profiles.as_deref(),
+                    ..Start::new(prompt.len(), gen.max_tokens, Until::Running)
+                };
+                match LocalCluster::start_as(slices, &lo, start, &mut |_| {}) {
                     Err(e) => row.error = Some(e.to_string()),
-                    Ok(s) => {
+                    Ok(Started::Planned(_)) => row.error = Some("planned, not started".into()),
+                    Ok(Started::Running(c)) => {
                         if profiles.is_none() {
                             profiles = Some(
-                                s.cluster
+                                c.session
+                                    .cluster
                                     .devices
                                     .iter()
                                     .map(|d| d.profile.clone())
                                     .collect(),
                             );
                         }
-                        measure(&s, &mut row, prompt, gen, seqs);
-                        s.shutdown();
+                        measure(&c.session, &mut row, prompt, gen, seqs);
+                        c.shutdown();
                     }
                 }
-                on_row(&row);
+                on_event(BenchEvent::Row(&row));
                 rows.push(row);
             }
         }
     }
-    Ok(rows)
+    Ok((rows, store_root))
 }
 
 /// One row's run on a started session.

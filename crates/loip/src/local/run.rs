@@ -5,17 +5,16 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use loip_engine::generate::Flow;
 use loip_engine::speculate::SpecStats;
 use loip_engine::GenerateOutput;
 use loip_model::slice::Slices;
 use loip_runtime::adapt::AdaptReport;
 use loip_runtime::cluster_run::{Breakdown, Preview, Session};
-use loip_runtime::local_cluster::{bench_budgets, CgroupReport};
+use loip_runtime::local_cluster::{CgroupReport, Start, Started, Until};
 
 use super::{
-    bench, bench_store_root, compare_micro_batches, micro_batch_choice, BenchMatrix, BenchRow,
-    Burst, LocalCluster, LocalOptions, MicroBatchRow,
+    bench, compare_micro_batches, micro_batch_choice, BenchEvent, BenchMatrix, BenchRow, Burst,
+    LocalCluster, LocalOptions, MicroBatchRow,
 };
 use crate::request::{prepare, Prepared, Printer, Request};
 use crate::speculate::{on_session, Spec};
@@ -111,7 +110,9 @@ pub struct Generated {
 
 /// Runs `job` for `req` on local workers made as `o` says, on `slices`: the slice directory
 /// of `o.model`, opened (split into the slice cache first when needed:
-/// [`crate::slices::slices_for`]), telling `on_event` what happens.
+/// [`crate::slices::slices_for`]), telling `on_event` what happens. Every job starts its
+/// cluster the one way ([`LocalCluster::start_as`]): a preview stops after planning, the
+/// benchmark starts a session per row.
 pub fn run(
     slices: Slices,
     o: &LocalOptions,
@@ -120,115 +121,108 @@ pub fn run(
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<Outcome> {
     let prep = prepare(crate::model::slice_info(&slices), req)?;
-    let n = o.sequences();
-    let (ids, opts) = (&prep.prompt_ids, &prep.opts);
-    match job {
+    let until = match &job {
         Job::Bench(matrix) => {
-            let manifest = &slices.manifest;
-            let context = ((ids.len() + opts.max_tokens) * n) as u64;
-            let budgets = match &o.mem {
-                None => bench_budgets(manifest, o.devices),
-                Some(_) => o.budgets(manifest, context)?,
+            let on_bench = &mut |e: BenchEvent<'_>| match e {
+                BenchEvent::Budgets {
+                    budgets,
+                    model_bytes,
+                } => on_event(Event::BenchBudgets {
+                    budgets,
+                    model_bytes,
+                }),
+                BenchEvent::Row(r) => on_event(Event::BenchRow(r)),
             };
-            let model_bytes = manifest.slices.iter().map(|s| s.size).sum();
-            on_event(Event::BenchBudgets {
-                budgets: &budgets,
-                model_bytes,
-            });
-            let on_row = &mut |r: &BenchRow| on_event(Event::BenchRow(r));
-            let rows = bench(&slices, o, &budgets, &matrix, ids, opts, on_row)?;
-            Ok(Outcome::Bench {
-                rows,
-                store_root: bench_store_root(o),
-            })
+            let (ids, opts) = (&prep.prompt_ids, &prep.opts);
+            let (rows, store_root) = bench(&slices, o, matrix, ids, opts, on_bench)?;
+            return Ok(Outcome::Bench { rows, store_root });
         }
-        Job::Preview => {
-            let (len, max) = (ids.len(), opts.max_tokens);
-            let on_spawned = &mut |b: &[u64]| on_event(Event::Spawned(b));
-            let p = LocalCluster::preview(&slices, o, len, max, on_spawned)?;
-            Ok(Outcome::Preview(Box::new(p)))
+        Job::Preview => Until::Planned,
+        Job::Generate {
+            speculate: Some(_), ..
+        } if o.sequences() > 1 => {
+            bail!("speculative decoding runs one sequence (--concurrent 1)")
         }
-        Job::MicroBatches(sizes) => {
-            let cluster = start(&slices, o, &prep, on_event)?;
-            let s = &cluster.session;
-            if let Some((per_step, ms)) = micro_batch_choice(s, n) {
-                on_event(Event::MicroBatchChoice {
-                    sequences: n,
-                    per_step,
-                    ms,
-                });
-            }
-            let on_row = &mut |r: &MicroBatchRow| on_event(Event::MicroBatchRow(r));
-            let rows = compare_micro_batches(s, ids, opts, n, &sizes, on_row);
-            cluster.shutdown();
-            Ok(Outcome::MicroBatches(rows?))
-        }
+        Job::Generate { .. } | Job::MicroBatches(_) => Until::Running,
+    };
+    let start = Start::new(prep.prompt_ids.len(), prep.opts.max_tokens, until);
+    let on_spawned = &mut |b: &[u64]| on_event(Event::Spawned(b));
+    let cluster = match LocalCluster::start_as(&slices, o, start, on_spawned)? {
+        Started::Planned(p) => return Ok(Outcome::Preview(p)),
+        Started::Running(c) => *c,
+    };
+    on_event(Event::Planned(&cluster.session));
+    let outcome = match job {
+        Job::MicroBatches(sizes) => micro_batches(&cluster, &prep, &sizes, on_event),
         Job::Generate { quiet, speculate } => {
-            if speculate.is_some() && n > 1 {
-                bail!("speculative decoding runs one sequence (--concurrent 1)");
-            }
-            let cluster = start(&slices, o, &prep, on_event)?;
-            let single = n == 1;
-            let stops = if single { req.stop.clone() } else { vec![] };
-            let mut printer = Printer::new(prep.tokenizer.as_ref(), stops, quiet);
-            let mut speculation = None;
-            let burst = if let Some(spec) = &speculate {
-                let target = (&slices.manifest.config, prep.tokenizer.as_ref());
-                let on_token = &mut |id| printer.on_token(id);
-                on_session(&cluster.session, target, ids, opts, spec, on_token).map(|run| {
-                    speculation = Some(run.stats);
-                    Burst {
-                        ms_per_token: run.out.decode_ms_per_token,
-                        first: run.out,
-                        sequences: None,
-                        wall_ms_per_token: None,
-                    }
-                })
-            } else if single {
-                cluster
-                    .generate(ids, opts, 1, &mut |id| printer.on_token(id))
-                    .map_err(Into::into)
-            } else {
-                cluster
-                    .generate(ids, opts, n, &mut |_| Flow::Continue)
-                    .map(|burst| {
-                        for &id in &burst.first.new_ids {
-                            if printer.on_token(id) == Flow::Stop {
-                                break;
-                            }
-                        }
-                        burst
-                    })
-                    .map_err(Into::into)
-            };
-            let text = printer.finish();
-            let generated = burst.and_then(|b| {
-                let mut g = generated(&cluster, prep.prompt_ids.clone(), b, text)?;
-                if let Some(st) = speculation {
-                    g.fields
-                        .insert("speculation".into(), serde_json::to_value(st)?);
-                    g.speculation = Some(st);
-                }
-                Ok(g)
-            });
-            cluster.shutdown();
-            Ok(Outcome::Generated(Box::new(generated?)))
+            generate(&cluster, &slices, req, &prep, quiet, speculate.as_ref())
         }
-    }
+        // started and ended above
+        Job::Bench(_) | Job::Preview => bail!("not a job on a running cluster"),
+    };
+    cluster.shutdown();
+    outcome
 }
 
-/// Spawns the workers for `prep` and starts the session, telling `on_event`.
-pub fn start(
-    slices: &Slices,
-    o: &LocalOptions,
+/// The cluster's sequences with each micro-batch size of `sizes`, after the cost model's
+/// choice.
+fn micro_batches(
+    cluster: &LocalCluster,
     prep: &Prepared,
+    sizes: &[usize],
     on_event: &mut dyn FnMut(Event<'_>),
-) -> Result<LocalCluster> {
-    let (len, max) = (prep.prompt_ids.len(), prep.opts.max_tokens);
-    let on_spawned = &mut |b: &[u64]| on_event(Event::Spawned(b));
-    let cluster = LocalCluster::start(slices, o, len, max, on_spawned)?;
-    on_event(Event::Planned(&cluster.session));
-    Ok(cluster)
+) -> Result<Outcome> {
+    let (s, n) = (&cluster.session, cluster.sequences);
+    if let Some((per_step, ms)) = micro_batch_choice(s, n) {
+        on_event(Event::MicroBatchChoice {
+            sequences: n,
+            per_step,
+            ms,
+        });
+    }
+    let on_row = &mut |r: &MicroBatchRow| on_event(Event::MicroBatchRow(r));
+    let rows = compare_micro_batches(s, &prep.prompt_ids, &prep.opts, n, sizes, on_row)?;
+    Ok(Outcome::MicroBatches(rows))
+}
+
+/// One generation of `req` on `cluster` (a burst when it is planned for several sequences),
+/// speculative when `speculate` says so, its text streamed unless `quiet`.
+fn generate(
+    cluster: &LocalCluster,
+    slices: &Slices,
+    req: &Request,
+    prep: &Prepared,
+    quiet: bool,
+    speculate: Option<&Spec>,
+) -> Result<Outcome> {
+    let (ids, opts, n) = (&prep.prompt_ids, &prep.opts, cluster.sequences);
+    let stops = if n == 1 { req.stop.clone() } else { vec![] };
+    let mut printer = Printer::new(prep.tokenizer.as_ref(), stops, quiet);
+    let mut speculation = None;
+    let on_token = &mut |id| printer.on_token(id);
+    let burst = match speculate {
+        None => cluster.generate(ids, opts, n, on_token).map_err(Into::into),
+        Some(spec) => {
+            let target = (&slices.manifest.config, prep.tokenizer.as_ref());
+            on_session(&cluster.session, target, ids, opts, spec, on_token).map(|run| {
+                speculation = Some(run.stats);
+                Burst {
+                    ms_per_token: run.out.decode_ms_per_token,
+                    first: run.out,
+                    sequences: None,
+                    wall_ms_per_token: None,
+                }
+            })
+        }
+    };
+    let text = printer.finish();
+    let mut g = generated(cluster, prep.prompt_ids.clone(), burst?, text)?;
+    if let Some(st) = speculation {
+        g.fields
+            .insert("speculation".into(), serde_json::to_value(st)?);
+        g.speculation = Some(st);
+    }
+    Ok(Outcome::Generated(Box::new(g)))
 }
 
 /// The report of a generation finished on `cluster`: `burst` of `prompt_ids`, its `text`,
