@@ -9,7 +9,7 @@
 //!   of `k` drafts tested `j + 1` of them when `j < k`, else `k`), both counts decaying so a
 //!   change of regime (copying starts or stops) shows within a few steps.
 //! - `c(k)` starts from a prior: a table of step times by size when the caller has one (the
-//!   cost model's `loip_plan::speculate::step_times` for a cluster's plan, or times measured
+//!   cost model's `loip_plan::speculate::verify_step_times` for a cluster's plan, or times measured
 //!   before), else a slope (`StepCost::prior_per_row`). Measured times of steps of each size
 //!   (drafting included: a draft model's `k` steps count) are blended in as both sizes of a
 //!   ratio are seen, weighing more with more samples: a plan's table holds against a few

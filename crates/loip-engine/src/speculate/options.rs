@@ -42,7 +42,7 @@ pub struct SpecOptions {
     pub prior_per_row: f64,
     /// the adaptive controller's prior step times by size when the caller knows them:
     /// `step_prior[n - 1]` for a step of `n` positions of one sequence (the cost model's
-    /// `loip_plan::speculate::step_times` of a cluster's plan, shifted by one); empty: the
+    /// `loip_plan::speculate::verify_step_times` of a cluster's plan, shifted by one); empty: the
     /// slope `prior_per_row`  // seconds
     pub step_prior: Vec<f64>,
 }

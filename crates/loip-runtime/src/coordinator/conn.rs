@@ -20,6 +20,7 @@ use crate::executor::DeviceSpec;
 use crate::net::handshake;
 use crate::net::identity::Identity;
 use crate::net::known::{KnownDevices, Pin};
+use crate::net::probe::median;
 use crate::net::session::{self, SealedReader, SealedWriter};
 use crate::net::throttle::Throttle;
 use crate::wire::{
@@ -122,12 +123,6 @@ pub(super) type SharedWriter = Arc<tokio::sync::Mutex<SealedWriter<OwnedWriteHal
 pub const KEEPALIVE: Duration = Duration::from_secs(10);
 /// Round trips of each kind in [`Conn::echo_rtts`].
 const ECHO_ROUNDS: u64 = 21;
-
-/// The median of `v` (0 when empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
 
 /// With several workers on one machine, each link's wake-up ([`LinkStats::wake_s`]) as a
 /// step sees it: its worker's echo while the worker before it in `conns` (the one that would
@@ -359,14 +354,7 @@ impl Conn {
         for id in 0..ECHO_ROUNDS {
             beside.send(&ToWorker::Echo { id }).await?;
             v.push(self.ping(ToWorker::Echo { id }, id).await?);
-            match beside.recv("a pong").await? {
-                ToCoordinator::Pong { id: got } if got == id => {}
-                other => {
-                    return Err(beside.err(WireError::Protocol(format!(
-                        "expected pong {id}, got {other:?}"
-                    ))))
-                }
-            }
+            beside.pong(id).await?;
         }
         Ok(median(v))
     }
@@ -375,8 +363,14 @@ impl Conn {
     async fn ping(&mut self, msg: ToWorker, id: u64) -> Result<f64, NetError> {
         let t = Instant::now();
         self.send(&msg).await?;
+        self.pong(id).await?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// Receives pong `id` (anything else is a protocol error).
+    async fn pong(&mut self, id: u64) -> Result<(), NetError> {
         match self.recv("a pong").await? {
-            ToCoordinator::Pong { id: got } if got == id => Ok(t.elapsed().as_secs_f64()),
+            ToCoordinator::Pong { id: got } if got == id => Ok(()),
             other => Err(self.err(WireError::Protocol(format!(
                 "expected pong {id}, got {other:?}"
             )))),

@@ -48,8 +48,7 @@ pub async fn handoff_s() -> f64 {
         }
     }
     drop(to_thread); // the thread ends
-    times.sort_by(|a, b| a.total_cmp(b));
-    times.get(times.len() / 2).copied().unwrap_or(0.0)
+    crate::net::probe::median(times)
 }
 
 #[cfg(test)]

@@ -157,7 +157,8 @@ pub(crate) fn entry(m: &Manifest, k: SliceKind) -> Result<SliceEntry, RuntimeErr
         .ok_or_else(|| RuntimeError::Invalid(format!("slice {} is not in the manifest", k.id())))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The upper median of `v` (its middle element after sorting; 0 when empty).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
