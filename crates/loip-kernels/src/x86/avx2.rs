@@ -368,12 +368,13 @@ unsafe fn fma_halves<const J: usize, const A: usize>(
 #[inline(always)]
 unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 8];
-    // the next row starts right after this one
+    // the next row starts right after this one; short rows prefetch further ahead
     let rb = if Q::CHUNKS == 0 {
         cols / 32 * Q::BLOCK_BYTES
     } else {
         cols / (64 * Q::CHUNKS) * Q::BLOCK_BYTES
-    };
+    }
+    .max(super::MIN_AHEAD);
     if Q::CHUNKS == 0 {
         // 32-element blocks, read in pairs
         let pairs = cols / 64;

@@ -470,8 +470,9 @@ unsafe fn dot_quant<Q: Quant, const R: usize, const N: usize>(
 ) -> [[f32; N]; R] {
     let units = cols / 256;
     let rb = Q::UNIT_BYTES * (cols / 32) / 8;
-    // prefetch distance: the next tile of R rows
-    let dist = R * rb;
+    let rest = cols - units * 256;
+    // the next tile of R rows (consecutive: `tiles`), one share per unit and block pair
+    let ahead = super::Ahead::new(rows[0], R * rb, units + rest.div_ceil(64));
     let mut acc: Acc<R, N> = [[[_mm512_setzero_ps(); 4]; N]; R];
     // f32 scales of one segment, 16 per unit; only the entries written by `Q::scales` are read
     let mut sc = [[std::mem::MaybeUninit::<f32>::uninit(); 16 * SEG_UNITS]; R];
@@ -487,11 +488,9 @@ unsafe fn dot_quant<Q: Quant, const R: usize, const N: usize>(
         }
         for u in u0..u0 + nu {
             let off = u * Q::UNIT_BYTES;
-            // software prefetch: the same unit of the rows of the next tile (a hint, never
-            // faults; it crosses the 4 KiB pages the hardware prefetchers stop at)
-            for row in rows {
-                super::prefetch(row.wrapping_add(dist + off), Q::UNIT_BYTES);
-            }
+            // software prefetch (a hint, never faults; it crosses the 4 KiB pages the
+            // hardware prefetchers stop at)
+            ahead.step(u);
             for k in 0..4 {
                 let x = load_x::<N, 4>(&xs, (4 * u + k) * 64);
                 for r in 0..R {
@@ -507,9 +506,9 @@ unsafe fn dot_quant<Q: Quant, const R: usize, const N: usize>(
         u0 += nu;
     }
     // 32-element-block types: whole block pairs, then one block, after the last whole unit
-    let rest = cols - units * 256;
     let (mut e, mut off) = (units * 256, units * Q::UNIT_BYTES);
-    for _ in 0..rest / 64 {
+    for i in 0..rest / 64 {
+        ahead.step(units + i);
         let x = load_x::<N, 4>(&xs, e);
         for r in 0..R {
             fma_groups(&mut acc[r], &Q::pair(rows[r].add(off)), &x, 0);
@@ -518,6 +517,7 @@ unsafe fn dot_quant<Q: Quant, const R: usize, const N: usize>(
         off += Q::UNIT_BYTES / 4;
     }
     if rest % 64 != 0 {
+        ahead.step(units + rest / 64);
         // canonical groups 4k, 4k + 1 -> accumulators 0, 1
         let x = load_x::<N, 2>(&xs, e);
         for r in 0..R {
@@ -536,17 +536,12 @@ pub(super) unsafe fn dot_float<F: Float, const R: usize, const N: usize>(
 ) -> [[f32; N]; R] {
     let groups = cols / 16;
     let chunks = groups / 4;
-    // prefetch distance: the next tile of R rows (as in `dot_quant`)
-    let dist = R * cols * F::ELEM_BYTES;
+    // the next tile of R rows (as in `dot_quant`; the last groups and the tail ride along)
+    let ahead = super::Ahead::new(rows[0], R * cols * F::ELEM_BYTES, chunks.max(1));
     let mut acc: Acc<R, N> = [[[_mm512_setzero_ps(); 4]; N]; R];
     for c in 0..chunks {
         let x = load_x::<N, 4>(&xs, 64 * c);
-        for row in rows {
-            super::prefetch(
-                row.wrapping_add(dist + 64 * c * F::ELEM_BYTES),
-                64 * F::ELEM_BYTES,
-            );
-        }
+        ahead.step(c);
         for r in 0..R {
             let p = rows[r];
             let w = [

@@ -350,11 +350,11 @@ pub(super) unsafe fn dot<D: Fused, const R: usize>(
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
     let unit_bytes = 256 / D::ELEMS * D::BYTES;
     let units = cols / 256;
+    // the next tile of R rows (consecutive), one share per unit and block pair
+    let ahead = super::Ahead::new(rows[0], dist, units + (cols - 256 * units).div_ceil(64));
     for u in 0..units {
         let off = u * unit_bytes;
-        for row in rows {
-            super::prefetch(row.wrapping_add(dist + off), unit_bytes);
-        }
+        ahead.step(u);
         // a loop, not `array::from_fn`: its closure is a function of its own without this
         // kernel's target features, and when not inlined (as here for Q3_K once) every
         // intrinsic in `prep` became a call
@@ -372,6 +372,7 @@ pub(super) unsafe fn dot<D: Fused, const R: usize>(
     // 32-element types: block pairs, then one block, after the last whole unit
     let (mut e, mut off) = (256 * units, units * unit_bytes);
     while e + 64 <= cols {
+        ahead.step(units + (e - 256 * units) / 64);
         let xv = load_x(x, e);
         for r in 0..R {
             let (a, b) = (
@@ -383,6 +384,7 @@ pub(super) unsafe fn dot<D: Fused, const R: usize>(
         (e, off) = (e + 64, off + 2 * D::BYTES);
     }
     if e < cols {
+        ahead.step(units + (e - 256 * units) / 64);
         // canonical groups 4c, 4c + 1 -> accumulators 0, 1
         let xv = [
             _mm512_loadu_ps(x.add(e)),
