@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The runtime against the cost model and the simulator on this machine: runs `loip local --json`
 # (real worker processes on loopback) ROUNDS times, and for each run prints the cost model's
-# prediction against the measured ms/token term by term (compute; a token's hops: network,
+# prediction (each decode step priced with the placement its threshold switches left in force)
+# against the measured ms/token term by term (compute; a token's hops: network,
 # queueing and the workers' time outside blocks; load stall; the coordinator's part), then a
 # table of all runs; with --sim also the simulator's
 # replay of each run (`loip simulate --from-local`: ms/token and threshold switches). Prints
@@ -9,8 +10,9 @@
 #
 #   bench/runtime_vs_sim.sh [ROUNDS] [--sim] [-- `loip local` arguments]
 #
-# Default run: the cost model's 3-worker check, SmolLM2 on three workers, 64 tokens:
-#   bench/runtime_vs_sim.sh 14
+# Default run: the cost model's 3-worker check, SmolLM2 on three workers, 64 tokens, `loip
+# local`'s default budgets (every plan streams), the workers' loads priced as sharing one disk:
+#   bench/runtime_vs_sim.sh 8
 # The threshold replay of docs/cluster.md (one worker of 64 MiB, 450 tokens):
 #   bench/runtime_vs_sim.sh 1 --sim -- --model smollm2 --devices 1 --mem 64MiB \
 #     --prompt "Tell me a very long story about a dragon" --max-tokens 450 --min-tokens 450
@@ -25,7 +27,8 @@ if [ "${1:-}" = "--sim" ]; then
 fi
 [ "${1:-}" = "--" ] && shift
 if [ $# -eq 0 ]; then
-  set -- -m smollm2 --devices 3 -n 64 --ignore-eos
+  # the three workers read this machine's one disk: priced as sharing it (`--shared-disk`)
+  set -- -m smollm2 --devices 3 -n 64 --ignore-eos --shared-disk
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -44,6 +47,6 @@ for r in $(seq 1 "$ROUNDS"); do
   rows+=("| $r | $load ${row}")
 done
 echo
-echo "| run | load | measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token |"
-echo "|---:|---:|---:|---:|---|---|---:|---|---|---:|"
+echo "| run | load | measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token | plan as started ÷ measured |"
+echo "|---:|---:|---:|---:|---|---|---:|---|---|---:|---:|"
 printf '%s\n' "${rows[@]}"

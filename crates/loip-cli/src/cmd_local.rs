@@ -96,8 +96,9 @@ pub struct LocalArgs {
     #[arg(long)]
     pub probe_loads_together: bool,
     /// Price the devices' loads as sharing one disk (cluster-file `disk`): in a round their
-    /// loads share the rate each measured alone. For a disk that reads no faster for several
-    /// readers than for one (an SD card, a USB disk); off by default.
+    /// loads share the rate each measured alone. The local workers do share this machine's
+    /// disk: with it the cost model's prediction for streaming plans comes within 20 % of the
+    /// run (docs/simulator.md); off by default.
     #[arg(long)]
     pub shared_disk: bool,
     /// With `--concurrent N`: compare micro-batch sizes side by side (`0`: one sequence a

@@ -498,9 +498,9 @@ impl LocalOptions {
             // and only the planned devices load. One at a time is what the run sees.
             probe_loads_together: self.probe_loads_together,
             // ... and with `shared_disk` the cost model shares its rate among their loads of
-            // a round (off by default: this VM's disk serves concurrent readers at ~1.6 GB/s
-            // in all against ~0.9 for one, so fair sharing of one reader's rate is too
-            // pessimistic).
+            // a round. Off by default; with it, the 3-worker streaming runs' prediction over
+            // their threshold switches is 0.85-1.07 of the measured ms/token, without it
+            // 0.51-0.74 (docs/simulator.md, "The cost model against `loip local`").
             shared_disk: self.shared_disk,
             greedy: self.greedy,
             relay: self.relay,

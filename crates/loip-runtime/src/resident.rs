@@ -1,5 +1,6 @@
 //! Resident blocks: slice files read once into page-aligned memory (CRC-checked) and kept
-//! for the whole run.
+//! for the whole run. A plan switch keeps the blocks that stay resident ([`Resident::reload`])
+//! and reads only those that become resident.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,6 +16,7 @@ use crate::RuntimeError;
 #[derive(Default)]
 pub struct Resident {
     bufs: Vec<AlignedBuf>,
+    files: Vec<String>, // per buffer, its slice file
     views: HashMap<String, (usize, DType, Vec<usize>, usize, usize)>, // name → (buf, dtype, shape, offset, bytes)
     bytes: u64,
 }
@@ -25,6 +27,29 @@ impl Resident {
         let mut r = Resident::default();
         for s in slices {
             r.add(dir, s)?;
+        }
+        Ok(r)
+    }
+
+    /// The resident set of a plan switch: the slices of `slices` already held are kept as
+    /// they are (read and checked when they were loaded; nothing writes them since), the
+    /// others held are freed first, then the missing ones are read. So the memory held never
+    /// exceeds the new set's, and a switch that only offloads blocks reads nothing. On an
+    /// error the blocks read so far are dropped with the rest.
+    pub fn reload(mut self, dir: &Path, slices: &[SliceEntry]) -> Result<Resident, RuntimeError> {
+        let mut held: HashMap<String, AlignedBuf> = self
+            .files
+            .drain(..)
+            .zip(self.bufs.drain(..))
+            .filter(|(f, _)| slices.iter().any(|s| &s.file == f))
+            .collect();
+        drop(self); // the blocks that leave are freed before anything is read
+        let mut r = Resident::default();
+        for s in slices {
+            match held.remove(&s.file) {
+                Some(buf) if buf.len() as u64 == s.size => r.keep(s, buf)?,
+                _ => r.add(dir, s)?,
+            }
         }
         Ok(r)
     }
@@ -52,6 +77,11 @@ impl Resident {
             crate::slice_file::drop_cached(&file);
         }
         check_crc(&path, s, crc32fast::hash(buf.as_slice()))?;
+        self.keep(s, buf)
+    }
+
+    /// Holds `buf`, the checked bytes of slice `s`.
+    fn keep(&mut self, s: &SliceEntry, buf: AlignedBuf) -> Result<(), RuntimeError> {
         let idx = self.bufs.len();
         for t in &s.tensors {
             self.views.insert(
@@ -67,6 +97,7 @@ impl Resident {
         }
         self.bytes += s.size;
         self.bufs.push(buf);
+        self.files.push(s.file.clone());
         Ok(())
     }
 

@@ -208,3 +208,62 @@ fn a_switch_over_budget_or_changing_layers_is_refused() {
     assert!(dev.switch(other).is_err());
     assert_eq!(dev.memory(), before);
 }
+
+/// A switch keeps the blocks that stay resident as they are in memory: it reads only those
+/// that become resident. Damaging a kept block's file after the device opened does not fail
+/// the switch (it is not read again), and the switched device computes what a device opened
+/// with the new placement computes.
+#[test]
+fn a_switch_keeps_resident_blocks_without_reading_them_again() {
+    let path = fixture("tiny-llama");
+    let pristine = slices_of(&path, "tiny-llama");
+    let m = Manifest::load(&pristine).unwrap();
+    let dir = scratch("switch-keeps-resident");
+    for e in std::fs::read_dir(&pristine).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let names: Vec<String> = vec!["dev1".into()];
+    let plan = offloaded_plan(&m, &names);
+    let spec = device_spec(&plan, 0, LoaderKind::Direct, MAX_STEP, CONTEXT, None);
+    let mut resident = spec.stages.clone();
+    for s in &mut resident {
+        for l in &mut s.layers {
+            l.attn = BlockPlacement::Resident;
+            l.mlp = BlockPlacement::Resident;
+        }
+    }
+    let all_resident = loip_runtime::executor::DeviceSpec {
+        stages: resident.clone(),
+        ..spec.clone()
+    };
+    let mut dev = Device::open(&dir, &m, all_resident).unwrap();
+    // offload layer 0's MLP; every other block stays resident
+    let mut switched = resident;
+    switched[0].layers[0].mlp = BlockPlacement::Offloaded;
+    let kept = m
+        .slices
+        .iter()
+        .find(|s| s.kind == loip_model::slice::SliceKind::Attn(0))
+        .unwrap();
+    std::fs::write(dir.join(&kept.file), b"damaged").unwrap();
+    let after = dev
+        .switch(switched.clone())
+        .expect("kept blocks are not read again");
+    assert!(after.slot > 0, "{after:?}");
+    let fresh_spec = loip_runtime::executor::DeviceSpec {
+        stages: switched,
+        ..spec
+    };
+    let mut fresh = Device::open(&pristine, &m, fresh_spec).unwrap();
+    let hidden = m.config.hidden_size;
+    let batch = [loip_engine::TokenPos { seq: 0, pos: 0 }];
+    let x0: Vec<f32> = (0..hidden).map(|i| ((i % 7) as f32 - 3.0) * 0.1).collect();
+    let (mut a, mut b) = (x0.clone(), x0);
+    dev.run_stage(0, &mut a, &batch).unwrap();
+    fresh.run_stage(0, &mut b, &batch).unwrap();
+    assert_eq!(
+        a, b,
+        "bit-identical to a device opened with the new placement"
+    );
+}

@@ -42,11 +42,28 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         .get("ms_per_token")
         .and_then(|x| x.as_f64())
         .unwrap_or(f64::NAN);
-    let terms = CostTerms::of(&v, &run.plan, rt_ms);
+    // The plan as it started streams less than the run did once its devices switched past
+    // their thresholds: the cost model prices each decode step with the placement in force
+    // (the run's decode steps are its last `steps`, after the prompt's).
+    let steps = v
+        .pointer("/breakdown/steps")
+        .and_then(|x| x.as_u64())
+        .unwrap_or(0) as u32;
+    let first = run.new_tokens.saturating_sub(steps) + 1;
+    let switched = loip_plan::adapt::evaluate_switched(
+        &run.plan,
+        &run.shape,
+        &run.cluster,
+        &runtime_events,
+        first,
+        steps,
+    )?;
+    let terms = CostTerms::of(&v, &run.plan, switched, rt_ms);
     if args.json {
         let out = serde_json::json!({
             "runtime_ms_per_token": rt_ms,
             "predicted_ms_per_token": run.plan.predicted_ms_per_token,
+            "predicted_over_switches_ms_per_token": terms.predicted_ms,
             "terms": terms,
             "simulated_ms_per_token": report.ms_per_token,
             "runtime_switches": rt,
@@ -66,7 +83,10 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
     );
     println!("runtime    {rt_ms:>9.2} ms/token (decode, measured)");
     println!(
-        "cost model {:>9.2} ms/token (predicted ÷ measured {:.2})",
+        "cost model {:>9.2} ms/token over the run's switches (predicted ÷ measured {:.2}); \
+         {:.2} for the plan as it started ({:.2})",
+        terms.predicted_ms,
+        terms.predicted_ms / rt_ms,
         run.plan.predicted_ms_per_token,
         run.plan.predicted_ms_per_token / rt_ms
     );
@@ -126,12 +146,15 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
 }
 
 /// A run's terms, measured (the run's `breakdown`, means per decode step) against the cost
-/// model's (the plan's `breakdown`); the measured parts add up to the measured ms/token.
+/// model's (over the run's threshold switches, `adapt::evaluate_switched`; the plan as it
+/// started beside it); the measured parts add up to the measured ms/token.
 /// // milliseconds
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 struct CostTerms {
     measured_ms: f64,
     predicted_ms: f64,
+    /// the plan as it started, before any switch
+    plan_ms: f64,
     /// blocks (and the head) on the devices
     compute: (f64, f64),
     /// a token's hops: the run's network, queueing and what the workers spend outside blocks
@@ -147,15 +170,19 @@ struct CostTerms {
 
 impl CostTerms {
     /// The markdown header of [`CostTerms::row`].
-    const HEADER: &'static str = "| measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token |\n|---:|---:|---|---|---:|---|---|---:|";
+    const HEADER: &'static str = "| measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token | plan as started ÷ measured |\n|---:|---:|---|---|---:|---|---|---:|---:|";
 
-    fn of(v: &serde_json::Value, plan: &loip_plan::Plan, measured_ms: f64) -> CostTerms {
+    fn of(
+        v: &serde_json::Value,
+        plan: &loip_plan::Plan,
+        (predicted_ms, p): (f64, loip_plan::CostBreakdown),
+        measured_ms: f64,
+    ) -> CostTerms {
         let m = |k: &str| {
             v.pointer(&format!("/breakdown/{k}"))
                 .and_then(|x| x.as_f64())
                 .unwrap_or(0.0)
         };
-        let p = plan.breakdown;
         let known = m("compute_ms")
             + m("network_ms")
             + m("queued_ms")
@@ -164,7 +191,8 @@ impl CostTerms {
         let other = measured_ms - known;
         CostTerms {
             measured_ms,
-            predicted_ms: plan.predicted_ms_per_token,
+            predicted_ms,
+            plan_ms: plan.predicted_ms_per_token,
             compute: (m("compute_ms"), p.compute_ms),
             hops: (m("network_ms") + m("queued_ms") + other, p.comm_ms),
             other,
@@ -178,7 +206,7 @@ impl CostTerms {
     fn row(&self) -> String {
         let pair = |x: (f64, f64)| format!("{:.2} / {:.2}", x.0, x.1);
         format!(
-            "| {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {:.1} |",
+            "| {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {:.1} | {:.2} |",
             self.measured_ms,
             self.predicted_ms / self.measured_ms,
             pair(self.compute),
@@ -186,7 +214,8 @@ impl CostTerms {
             self.other,
             pair(self.loads),
             pair(self.coordinator),
-            self.loaded_bytes / 1e6
+            self.loaded_bytes / 1e6,
+            self.plan_ms / self.measured_ms
         )
     }
 }

@@ -21,10 +21,12 @@
 
 pub mod admission;
 pub mod policy;
+pub mod priced;
 pub mod switch;
 
 pub use admission::{can_grow_to, plan_for_admission};
 pub use policy::{Adapter, BlockTimes, DevState, Measure};
+pub use priced::evaluate_switched;
 pub use switch::{
     choose_switch, counts_max, lend_cap_tokens, lend_grow, lend_shrink, lend_update, stage_layout,
     steps_served, threshold, SwitchVsEvict,

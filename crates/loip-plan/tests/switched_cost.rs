@@ -1,0 +1,78 @@
+//! A run's cost over its threshold switches (`adapt::evaluate_switched`): each decode step
+//! priced with the placement in force, averaged.
+
+mod common;
+
+use common::llama13b;
+use loip_plan::adapt::switch::stage_layout;
+use loip_plan::adapt::{evaluate_switched, AdaptEvent};
+use loip_plan::cost::evaluate;
+use loip_plan::planners::PlanRequest;
+use loip_plan::profile::preset;
+use loip_plan::{Cluster, LinkProfile};
+
+fn cluster() -> Cluster {
+    let devices = ["orin32", "nx16"]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("d{i}"), preset(p).unwrap()))
+        .collect();
+    Cluster::new(
+        devices,
+        LinkProfile {
+            bandwidth: 12.5e6,
+            latency: 2e-3,
+        },
+    )
+}
+
+#[test]
+fn steps_are_priced_with_the_placement_in_force_and_averaged() {
+    let sh = llama13b();
+    let c = cluster();
+    let req = PlanRequest {
+        context: 1024,
+        ..PlanRequest::default()
+    };
+    let plan = loip_plan::plan("loip", &sh, &c, &req).unwrap();
+    let base = evaluate(&plan, &sh, &c).unwrap();
+    // No switch: the plan's own price, whatever the steps.
+    let (ms, b) = evaluate_switched(&plan, &sh, &c, &[], 2, 63).unwrap();
+    assert!((ms - base.ms_per_token).abs() < 1e-9);
+    assert!((b.total_ms() - base.ms_per_token).abs() < 1e-9);
+    // The last device offloads every block from step 12: steps 2..=11 (10) at the plan's
+    // price, 12..=41 (30) at the switched placement's.
+    let d = plan.devices.len() - 1;
+    let n = plan.devices[d].stages[0].layers.len() as u32;
+    let (_, a0, m0) = plan.devices[d].stages[0].counts();
+    let to = (n, n);
+    let ev = AdaptEvent::Switch {
+        step: 12,
+        device: d,
+        tokens: 0,
+        from: (a0, m0),
+        to,
+    };
+    let mut switched = plan.clone();
+    switched.devices[d].stages = stage_layout(&switched.devices[d].stages, to.0, to.1);
+    let after = evaluate(&switched, &sh, &c).unwrap();
+    assert!(
+        after.ms_per_token > base.ms_per_token * 1.01,
+        "streaming every block costs"
+    );
+    let (ms, b) = evaluate_switched(&plan, &sh, &c, std::slice::from_ref(&ev), 2, 40).unwrap();
+    let want = (10.0 * base.ms_per_token + 30.0 * after.ms_per_token) / 40.0;
+    assert!((ms - want).abs() < 1e-9 * want, "{ms} vs {want}");
+    assert!((b.total_ms() - want).abs() < 1e-9 * want);
+    // A switch after the last step changes nothing; one before the first prices every step.
+    let late = evaluate_switched(&plan, &sh, &c, std::slice::from_ref(&ev), 2, 10)
+        .unwrap()
+        .0;
+    assert!((late - base.ms_per_token).abs() < 1e-9);
+    let early = evaluate_switched(&plan, &sh, &c, &[ev], 12, 5).unwrap().0;
+    assert!((early - after.ms_per_token).abs() < 1e-9);
+    // Lending and eviction events are not placements: ignored.
+    let other = [AdaptEvent::Evict { step: 3, tokens: 4 }];
+    let (ms, _) = evaluate_switched(&plan, &sh, &c, &other, 2, 20).unwrap();
+    assert!((ms - base.ms_per_token).abs() < 1e-9);
+}
