@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 use crate::quant_k_ext::{scale_iq4xs, scales_q3k, IQ4_TABLE};
 use std::ptr::read_unaligned;
 // exact f16 → f32 of the 2 bytes at `p`; 8 bytes zero-extended to 8 × i32
-use super::avx2::{f16_scalar as f16_at, u8x8 as bytes8};
+use super::avx2::{f16_scalar as f16_at, f16_splat, u8x8 as bytes8};
 
 /// A stored type decoded one block at a time.
 pub(super) trait Decode {
@@ -103,9 +103,9 @@ impl<const MIN: bool> Decode for Q5<MIN> {
     #[inline(always)]
     unsafe fn octets(p: *const u8) -> [__m256; 4] {
         let off = if MIN { 4 } else { 2 };
-        let d = _mm256_set1_ps(f16_at(p));
-        // the 32 high bits as bytes 0xFF / 0x00: byte j takes qh byte j / 8, then every bit
-        // but j % 8 is set and the byte compared with all ones
+        let d = f16_splat(p);
+        // the 32 high bits as bytes 0xFF / 0x00: byte j takes qh byte j / 8, keeps its bit
+        // j % 8 and is compared with that bit
         let qh = _mm256_set1_epi32(read_unaligned(p.add(off) as *const u32) as i32);
         let spread = _mm256_set_epi64x(
             0x0303_0303_0303_0303,
@@ -113,31 +113,31 @@ impl<const MIN: bool> Decode for Q5<MIN> {
             0x0101_0101_0101_0101,
             0,
         );
-        let others = _mm256_set1_epi64x(0x7FBF_DFEF_F7FB_FDFE);
-        let set = _mm256_cmpeq_epi8(
-            _mm256_or_si256(_mm256_shuffle_epi8(qh, spread), others),
-            _mm256_set1_epi8(-1),
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit), bit);
+        // the 4-bit values as bytes: the 16 bytes in both lanes, the high lane shifted (low
+        // nibbles are elements 0..16, high nibbles 16..32); no cross-lane shuffle
+        let qs = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(off + 4) as *const __m128i));
+        let nib = _mm256_and_si256(
+            _mm256_blend_epi32(qs, _mm256_srli_epi16(qs, 4), 0xF0),
+            _mm256_set1_epi8(0xF),
         );
-        // the 5-bit values as bytes: low nibbles are elements 0..16, high nibbles 16..32
-        let qs = _mm_loadu_si128(p.add(off + 4) as *const __m128i);
-        let m4 = _mm_set1_epi8(0xF);
-        let nib = _mm256_set_m128i(
-            _mm_and_si128(_mm_srli_epi16(qs, 4), m4),
-            _mm_and_si128(qs, m4),
-        );
-        let q = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-        // Q5_0: q - 16 as a signed byte
         let q = if MIN {
-            q
+            // q = nibble + 16 * bit
+            _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
         } else {
-            _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+            // Q5_0: q - 16 as a signed byte, the nibble with 0xF0 (−16) where the bit is clear
+            _mm256_or_si256(
+                nib,
+                _mm256_andnot_si256(set, _mm256_set1_epi8(0xF0_u8 as i8)),
+            )
         };
         let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
         let parts = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
         let mut w = [_mm256_setzero_ps(); 4];
         if MIN {
             // q * d exact: one rounding, like q * d + m
-            let m = _mm256_set1_ps(f16_at(p.add(2)));
+            let m = f16_splat(p.add(2));
             for (wo, v) in w.iter_mut().zip(parts) {
                 *wo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d, m);
             }
