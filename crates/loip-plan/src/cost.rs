@@ -238,14 +238,7 @@ pub fn span(a: u32, m: u32, t_attn: f64, t_mlp: f64) -> f64 {
 /// Compute span of a stage's offloaded blocks at their actual positions: the compute of the
 /// run of blocks (A₀ P₀ A₁ P₁ …) from the first offloaded block to the last.  // seconds
 pub fn stage_span(stage: &StagePlan, t_attn: f64, t_mlp: f64) -> f64 {
-    let offloaded = |i: usize| {
-        let l = &stage.layers[i / 2];
-        if i % 2 == 0 {
-            l.attn.is_offloaded()
-        } else {
-            l.mlp.is_offloaded()
-        }
-    };
+    let offloaded = |i: usize| block_offloaded(stage, i);
     let blocks = 2 * stage.layers.len();
     let Some(first) = (0..blocks).find(|&i| offloaded(i)) else {
         return 0.0;
@@ -254,6 +247,16 @@ pub fn stage_span(stage: &StagePlan, t_attn: f64, t_mlp: f64) -> f64 {
     (first..=last)
         .map(|i| if i % 2 == 0 { t_attn } else { t_mlp })
         .sum()
+}
+
+/// Whether block `i` of a stage (A₀ P₀ A₁ P₁ …) is offloaded.
+fn block_offloaded(stage: &StagePlan, i: usize) -> bool {
+    let l = &stage.layers[i / 2];
+    if i % 2 == 0 {
+        l.attn.is_offloaded()
+    } else {
+        l.mlp.is_offloaded()
+    }
 }
 
 /// Memory of a device at `context` tokens, `M_i(n)` of design §3 with `n_trans = 0`.  // bytes
@@ -606,15 +609,7 @@ pub fn load_starts(compute: &[f64], hops: &[f64], release: &[f64]) -> Vec<f64> {
 /// // seconds
 pub fn stage_release(stage: &StagePlan, t_attn: f64, t_mlp: f64) -> f64 {
     let blocks = 2 * stage.layers.len();
-    let offloaded = |i: usize| {
-        let l = &stage.layers[i / 2];
-        if i % 2 == 0 {
-            l.attn.is_offloaded()
-        } else {
-            l.mlp.is_offloaded()
-        }
-    };
-    match (0..blocks).rev().find(|&i| offloaded(i)) {
+    match (0..blocks).rev().find(|&i| block_offloaded(stage, i)) {
         None => 0.0,
         Some(last) => (0..=last)
             .map(|i| if i % 2 == 0 { t_attn } else { t_mlp })
