@@ -16,6 +16,8 @@
 # The threshold replay of docs/cluster.md (one worker of 64 MiB, 450 tokens):
 #   bench/runtime_vs_sim.sh 1 --sim -- --model smollm2 --devices 1 --mem 64MiB \
 #     --prompt "Tell me a very long story about a dragon" --max-tokens 450 --min-tokens 450
+# KEEP=DIR keeps each run's JSON as DIR/run-N.json, to price again with `loip simulate
+# --from-local DIR/run-N.json` after a change to the cost model.
 set -euo pipefail
 LOIP=${LOIP:-target/release/loip}
 ROUNDS=${1:-1}
@@ -37,6 +39,10 @@ for r in $(seq 1 "$ROUNDS"); do
   load=$(cut -d' ' -f1 /proc/loadavg)
   echo "== round $r (load $load): loip local $*"
   "$LOIP" local --json "$@" > "$tmp/run.json" 2> "$tmp/err.txt" || { cat "$tmp/err.txt"; exit 1; }
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP"
+    cp "$tmp/run.json" "$KEEP/run-$r.json"
+  fi
   out=$("$LOIP" simulate --from-local "$tmp/run.json")
   if [ "$SIM" = 1 ]; then
     echo "$out"

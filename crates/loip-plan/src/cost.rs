@@ -238,14 +238,7 @@ pub fn span(a: u32, m: u32, t_attn: f64, t_mlp: f64) -> f64 {
 /// Compute span of a stage's offloaded blocks at their actual positions: the compute of the
 /// run of blocks (A₀ P₀ A₁ P₁ …) from the first offloaded block to the last.  // seconds
 pub fn stage_span(stage: &StagePlan, t_attn: f64, t_mlp: f64) -> f64 {
-    let offloaded = |i: usize| {
-        let l = &stage.layers[i / 2];
-        if i % 2 == 0 {
-            l.attn.is_offloaded()
-        } else {
-            l.mlp.is_offloaded()
-        }
-    };
+    let offloaded = |i: usize| block_offloaded(stage, i);
     let blocks = 2 * stage.layers.len();
     let Some(first) = (0..blocks).find(|&i| offloaded(i)) else {
         return 0.0;
@@ -254,6 +247,16 @@ pub fn stage_span(stage: &StagePlan, t_attn: f64, t_mlp: f64) -> f64 {
     (first..=last)
         .map(|i| if i % 2 == 0 { t_attn } else { t_mlp })
         .sum()
+}
+
+/// Whether block `i` of a stage (A₀ P₀ A₁ P₁ …) is offloaded.
+fn block_offloaded(stage: &StagePlan, i: usize) -> bool {
+    let l = &stage.layers[i / 2];
+    if i % 2 == 0 {
+        l.attn.is_offloaded()
+    } else {
+        l.mlp.is_offloaded()
+    }
 }
 
 /// Memory of a device at `context` tokens, `M_i(n)` of design §3 with `n_trans = 0`.  // bytes
@@ -473,7 +476,20 @@ pub fn coordinated_round(
 /// the disk has served `Σ_j min(B_j, B_i)` bytes (its own `B_i` plus, from each mate, as
 /// much as it reads or `B_i` if less), so its load time `ld_i` grows by that over `B_i`.
 /// Overlapped mode only: a sequential device loads when its stage runs, alone.
-fn share_disks(plan: &Plan, shape: &ModelShape, cluster: &Cluster, k: usize, ld: &mut [f64]) {
+///
+/// With one micro-batch (`b = 1`) the loads do not start together: device `i`'s load of stage
+/// `k` starts when its slot is released in the round before, once its offloaded run of
+/// stage `k−1` is done, which is later down the pipeline (`starts`, seconds from that
+/// round's pass start; [`load_starts`]). Then the disk is shared among the loads running at
+/// each instant ([`staggered_load_times`]). `starts = None` keeps the common start.
+fn share_disks(
+    plan: &Plan,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    k: usize,
+    starts: Option<&[f64]>,
+    ld: &mut [f64],
+) {
     if cluster.disks.is_empty() {
         return;
     }
@@ -482,6 +498,20 @@ fn share_disks(plan: &Plan, shape: &ModelShape, cluster: &Cluster, k: usize, ld:
         .iter()
         .map(|d| d.stages.get(k).map_or(0, |st| st.offloaded_bytes(shape)))
         .collect();
+    if let Some(starts) = starts {
+        let alone = ld.to_vec();
+        for group in &cluster.disks {
+            let idx: Vec<usize> = (0..plan.devices.len())
+                .filter(|&i| group.contains(&plan.devices[i].name) && bytes[i] > 0)
+                .collect();
+            let works: Vec<f64> = idx.iter().map(|&i| alone[i]).collect();
+            let at: Vec<f64> = idx.iter().map(|&i| starts[i]).collect();
+            for (&i, t) in idx.iter().zip(staggered_load_times(&works, &at)) {
+                ld[i] = t;
+            }
+        }
+        return;
+    }
     for (i, d) in plan.devices.iter().enumerate() {
         let mine = bytes[i];
         if mine == 0 {
@@ -496,6 +526,94 @@ fn share_disks(plan: &Plan, shape: &ModelShape, cluster: &Cluster, k: usize, ld:
             .map(|(_, &b)| b.min(mine))
             .sum();
         ld[i] *= served.max(mine) as f64 / mine as f64;
+    }
+}
+
+/// Loads on one disk that start at different times (`starts`, seconds) and would take
+/// `works` seconds each alone, sharing the disk fairly among those running at each instant
+/// (each runs at `1/n` of its own rate while `n` run): how long each lasts from its start.
+/// Equal starts give the common-start sharing; loads that do not overlap keep their times.
+/// // seconds
+pub fn staggered_load_times(works: &[f64], starts: &[f64]) -> Vec<f64> {
+    let n = works.len().min(starts.len());
+    let mut left: Vec<f64> = works[..n].iter().map(|w| w.max(0.0)).collect();
+    let mut end = vec![f64::NAN; n];
+    for i in 0..n {
+        if left[i] <= 0.0 {
+            end[i] = starts[i];
+        }
+    }
+    let mut now = starts[..n].iter().copied().fold(f64::INFINITY, f64::min);
+    // every pass ends a load or starts one: at most 2n events
+    for _ in 0..2 * n + 1 {
+        let running: Vec<usize> = (0..n)
+            .filter(|&i| end[i].is_nan() && starts[i] <= now)
+            .collect();
+        let next_start = (0..n)
+            .filter(|&i| end[i].is_nan() && starts[i] > now)
+            .map(|i| starts[i])
+            .fold(f64::INFINITY, f64::min);
+        if running.is_empty() {
+            if next_start.is_finite() {
+                now = next_start;
+                continue;
+            }
+            break;
+        }
+        let share = running.len() as f64;
+        let first_done = running
+            .iter()
+            .map(|&i| left[i] * share)
+            .fold(f64::INFINITY, f64::min);
+        let step = first_done.min(next_start - now);
+        for &i in &running {
+            let t = left[i] * share;
+            if t <= step * (1.0 + 1e-12) {
+                left[i] = 0.0;
+                end[i] = now + t.min(step);
+            } else {
+                left[i] -= step / share;
+            }
+        }
+        now += step;
+    }
+    (0..n)
+        .map(|i| {
+            if end[i].is_nan() {
+                works[i]
+            } else {
+                end[i] - starts[i]
+            }
+        })
+        .collect()
+}
+
+/// When each device's load of stage `k` starts, one micro-batch in flight: in the round of
+/// stage `k−1` (the last round of the token before for `k = 0`), once the device's slot is
+/// released after its offloaded run, counted from that round's pass start: the compute and
+/// hops of the devices before it (`compute`, `hops`: that round's `C_j` and `e_j`) plus its
+/// own compute up to the end of its last offloaded block (`release`; a stage without
+/// offloaded blocks released its slot earlier, so its start is the pass's). // seconds
+pub fn load_starts(compute: &[f64], hops: &[f64], release: &[f64]) -> Vec<f64> {
+    let mut at = 0.0;
+    (0..compute.len())
+        .map(|i| {
+            let s = at + release.get(i).copied().unwrap_or(0.0);
+            at += compute[i] + hops.get(i).copied().unwrap_or(0.0);
+            s
+        })
+        .collect()
+}
+
+/// Compute from a stage's start to the end of its last offloaded block (0 without one).
+/// // seconds
+pub fn stage_release(stage: &StagePlan, t_attn: f64, t_mlp: f64) -> f64 {
+    let blocks = 2 * stage.layers.len();
+    match (0..blocks).rev().find(|&i| block_offloaded(stage, i)) {
+        None => 0.0,
+        Some(last) => (0..=last)
+            .map(|i| if i % 2 == 0 { t_attn } else { t_mlp })
+            .sum(),
     }
 }
 
@@ -624,6 +742,38 @@ pub fn evaluate_rows(
         .map(|d| d.stages.len())
         .max()
         .unwrap_or(0);
+    // Per round: each device's hop out of it for one micro-batch (the return trip for the
+    // head's device in the last round), its compute and where its slot is released; the
+    // starts of the loads of round k follow from round k−1's ([`load_starts`]).
+    let hops_of = |k: usize| -> Vec<f64> {
+        let last_round = k + 1 == rounds;
+        plan.devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let wake = if nd > 1 { wakes[(i + 1) % nd] } else { 0.0 };
+                wake + if last_round && d.holds_head { e_ret } else { e }
+            })
+            .collect()
+    };
+    let starts_of = |k: usize| -> Vec<f64> {
+        let prev = (k + rounds - 1) % rounds.max(1);
+        let mut comp = vec![0.0; nd];
+        let mut release = vec![0.0; nd];
+        for (i, d) in plan.devices.iter().enumerate() {
+            let t = &times[i];
+            if d.holds_head && prev + 1 == rounds {
+                comp[i] += t.head;
+            }
+            let Some(st) = d.stages.get(prev) else {
+                continue;
+            };
+            comp[i] += st.counts().0 as f64 * (t.attn + t.mlp);
+            release[i] = stage_release(st, t.attn, t.mlp);
+        }
+        load_starts(&comp, &hops_of(prev), &release)
+    };
+    let staggered = b == 1 && nd > 1;
     let mut total = CostBreakdown::default();
     let mut dev_compute = vec![0.0; nd];
     let mut dev_load = vec![0.0; nd];
@@ -642,15 +792,7 @@ pub fn evaluate_rows(
         };
         // Per device: what its hop out of this round costs one micro-batch (the return trip
         // for the head's device in the last round).
-        let hop: Vec<f64> = plan
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                let wake = if nd > 1 { wakes[(i + 1) % nd] } else { 0.0 };
-                wake + if last_round && d.holds_head { e_ret } else { e }
-            })
-            .collect();
+        let hop = hops_of(k);
         let mut ci = vec![0.0; nd];
         let mut ld = vec![0.0; nd];
         let mut off = vec![0.0; nd];
@@ -666,7 +808,8 @@ pub fn evaluate_rows(
             off[i] = stage_span(st, t.attn, t.mlp);
         }
         if plan.mode == ExecMode::Overlapped {
-            share_disks(plan, shape, cluster, k, &mut ld);
+            let starts = staggered.then(|| starts_of(k));
+            share_disks(plan, shape, cluster, k, starts.as_deref(), &mut ld);
             slow_under_loads(plan, cluster, &devs, &ld, &off, &mut ci);
         }
         // Sequential mode reads every offloaded block once per micro-batch; overlapped mode

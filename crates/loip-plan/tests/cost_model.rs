@@ -564,3 +564,66 @@ fn the_coordinator_adds_its_part_once_per_step() {
         serde_json::from_str(r#"{"compute_ms": 1, "comm_ms": 2, "uncovered_load_ms": 3}"#).unwrap();
     assert_eq!((b.coordinator_ms, b.total_ms()), (0.0, 6.0));
 }
+
+/// Loads on one disk that start apart share it only while they overlap
+/// (`cost::staggered_load_times`): equal starts are the common-start sharing, loads that do
+/// not overlap keep their own times, and one that starts while another runs shares from then.
+#[test]
+fn staggered_loads_share_the_disk_only_while_they_overlap() {
+    let t = cost::staggered_load_times(&[1.0, 2.0], &[0.0, 0.0]);
+    assert!(close(t[0], 2.0) && close(t[1], 3.0), "{t:?}");
+    let t = cost::staggered_load_times(&[1.0, 1.0], &[0.0, 5.0]);
+    assert!(close(t[0], 1.0) && close(t[1], 1.0), "{t:?}");
+    // A alone for 1 s (1 left), then both at half rate: A ends at 3, B has 1 left, ends at 4
+    let t = cost::staggered_load_times(&[2.0, 2.0], &[0.0, 1.0]);
+    assert!(close(t[0], 3.0) && close(t[1], 3.0), "{t:?}");
+    let t = cost::staggered_load_times(&[0.0, 1.5, 1.0], &[0.0, 0.5, 0.5]);
+    assert!(
+        close(t[0], 0.0) && close(t[1], 2.5) && close(t[2], 2.0),
+        "{t:?}"
+    );
+    // a device's load starts after the compute and hops before it and its own offloaded run
+    let s = cost::load_starts(&[1.0, 2.0, 3.0], &[0.5, 0.5, 0.5], &[1.0, 1.0, 0.0]);
+    assert!(
+        close(s[0], 1.0) && close(s[1], 2.5) && close(s[2], 4.0),
+        "{s:?}"
+    );
+}
+
+/// With one micro-batch the devices on one disk load at staggered times: each load lasts at
+/// least as long as alone and at most as long as with the common start of bursty rounds.
+#[test]
+fn sporadic_loads_on_one_disk_are_staggered() {
+    let sh = llama13b();
+    let alone = cluster(&sh, 2, 2e8);
+    let mut shared = alone.clone();
+    shared.disks = vec![vec!["d0".into(), "d1".into()]];
+    let alloc = [(20, 5), (20, 10)];
+    let p = plan(
+        &sh,
+        &alone,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    let q = plan(
+        &sh,
+        &shared,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    let b: Vec<f64> = p
+        .devices
+        .iter()
+        .map(|d| d.stages[0].offloaded_bytes(&sh) as f64)
+        .collect();
+    for i in 0..2 {
+        let common = p.devices[i].load_ms * (b[0].min(b[i]) + b[1].min(b[i])) / b[i];
+        assert!(q.devices[i].load_ms >= p.devices[i].load_ms * (1.0 - 1e-9));
+        assert!(q.devices[i].load_ms <= common * (1.0 + 1e-9));
+    }
+    assert!(q.predicted_ms_per_token >= p.predicted_ms_per_token * (1.0 - 1e-9));
+}
