@@ -756,21 +756,32 @@ pub fn evaluate_rows(
             })
             .collect()
     };
+    // Device i's compute in round k for one micro-batch: its stage's blocks, and the head on
+    // the head's device in the last round.  // seconds
+    let round_compute = |i: usize, k: usize| -> f64 {
+        let (d, t) = (&plan.devices[i], &times[i]);
+        let head = if d.holds_head && k + 1 == rounds {
+            t.head
+        } else {
+            0.0
+        };
+        head + d
+            .stages
+            .get(k)
+            .map_or(0.0, |st| st.counts().0 as f64 * (t.attn + t.mlp))
+    };
     let starts_of = |k: usize| -> Vec<f64> {
         let prev = (k + rounds - 1) % rounds.max(1);
-        let mut comp = vec![0.0; nd];
-        let mut release = vec![0.0; nd];
-        for (i, d) in plan.devices.iter().enumerate() {
-            let t = &times[i];
-            if d.holds_head && prev + 1 == rounds {
-                comp[i] += t.head;
-            }
-            let Some(st) = d.stages.get(prev) else {
-                continue;
-            };
-            comp[i] += st.counts().0 as f64 * (t.attn + t.mlp);
-            release[i] = stage_release(st, t.attn, t.mlp);
-        }
+        let comp: Vec<f64> = (0..nd).map(|i| round_compute(i, prev)).collect();
+        let release: Vec<f64> = (0..nd)
+            .map(|i| {
+                let t = &times[i];
+                plan.devices[i]
+                    .stages
+                    .get(prev)
+                    .map_or(0.0, |st| stage_release(st, t.attn, t.mlp))
+            })
+            .collect();
         load_starts(&comp, &hops_of(prev), &release)
     };
     let staggered = b == 1 && nd > 1;
@@ -798,12 +809,9 @@ pub fn evaluate_rows(
         let mut off = vec![0.0; nd];
         for (i, d) in plan.devices.iter().enumerate() {
             let t = &times[i];
-            if d.holds_head && k + 1 == rounds {
-                ci[i] += t.head;
-            }
+            ci[i] = round_compute(i, k);
             let Some(st) = d.stages.get(k) else { continue };
-            let (n, a, m) = st.counts();
-            ci[i] += n as f64 * (t.attn + t.mlp);
+            let (_, a, m) = st.counts();
             ld[i] = t.loader.load_time(st.offloaded_bytes(shape), a + m);
             off[i] = stage_span(st, t.attn, t.mlp);
         }

@@ -304,37 +304,38 @@ fn sequential_sporadic_exposes_every_load() {
     assert!(close(p.breakdown.uncovered_load_ms, ld * 1e3));
 }
 
+/// Two llama-13b devices, each on its own disk and both on one disk: the shape and the two
+/// clusters.
+fn two_devices_one_disk() -> (ModelShape, Cluster, Cluster) {
+    let sh = llama13b();
+    let alone = cluster(&sh, 2, 2e8);
+    let mut shared = alone.clone();
+    shared.disks = vec![vec!["d0".into(), "d1".into()]];
+    (sh, alone, shared)
+}
+
+/// [`two_devices_one_disk`] planned with 20 layers each, 5 and 10 blocks offloaded: the plan
+/// with each device on its own disk, the plan with both on one, each device's offloaded
+/// bytes.
+fn apart_and_on_one_disk(mode: ExecMode, pattern: Pattern, b: u32) -> (Plan, Plan, Vec<f64>) {
+    let (sh, alone, shared) = two_devices_one_disk();
+    let alloc = [(20, 5), (20, 10)];
+    let p = plan(&sh, &alone, &alloc, mode, pattern, b);
+    let q = plan(&sh, &shared, &alloc, mode, pattern, b);
+    let bytes = p
+        .devices
+        .iter()
+        .map(|d| d.stages[0].offloaded_bytes(&sh) as f64)
+        .collect();
+    (p, q, bytes)
+}
+
 /// Devices that read from one disk (`Cluster::disks`, several workers on one host) share its
 /// rate in a round: with fair sharing from a common start, device `i`'s load lasts until
 /// `Σ_j min(B_j, B_i)` bytes were served, so `ld_i` grows by that over `B_i`.
 #[test]
 fn devices_on_one_disk_share_its_rate() {
-    let sh = llama13b();
-    let alone = cluster(&sh, 2, 2e8);
-    let mut shared = alone.clone();
-    shared.disks = vec![vec!["d0".into(), "d1".into()]];
-    let alloc = [(20, 5), (20, 10)];
-    let p = plan(
-        &sh,
-        &alone,
-        &alloc,
-        ExecMode::Overlapped,
-        Pattern::Bursty,
-        2,
-    );
-    let q = plan(
-        &sh,
-        &shared,
-        &alloc,
-        ExecMode::Overlapped,
-        Pattern::Bursty,
-        2,
-    );
-    let b: Vec<f64> = p
-        .devices
-        .iter()
-        .map(|d| d.stages[0].offloaded_bytes(&sh) as f64)
-        .collect();
+    let (p, q, b) = apart_and_on_one_disk(ExecMode::Overlapped, Pattern::Bursty, 2);
     assert!(b[0] < b[1]);
     // the smaller load ends after twice its bytes; the larger after both devices' bytes
     assert!(close(q.devices[0].load_ms, p.devices[0].load_ms * 2.0));
@@ -344,23 +345,8 @@ fn devices_on_one_disk_share_its_rate() {
     ));
     assert!(q.predicted_ms_per_token > p.predicted_ms_per_token);
     // a device alone on its disk is priced as before; sequential mode loads one device at a time
-    assert_eq!(shared.disk_mates("d9"), vec!["d9"]);
-    let s1 = plan(
-        &sh,
-        &alone,
-        &alloc,
-        ExecMode::Sequential,
-        Pattern::Bursty,
-        2,
-    );
-    let s2 = plan(
-        &sh,
-        &shared,
-        &alloc,
-        ExecMode::Sequential,
-        Pattern::Bursty,
-        2,
-    );
+    assert_eq!(two_devices_one_disk().2.disk_mates("d9"), vec!["d9"]);
+    let (s1, s2, _) = apart_and_on_one_disk(ExecMode::Sequential, Pattern::Bursty, 2);
     assert_eq!(s1.predicted_ms_per_token, s2.predicted_ms_per_token);
 }
 
@@ -594,32 +580,7 @@ fn staggered_loads_share_the_disk_only_while_they_overlap() {
 /// least as long as alone and at most as long as with the common start of bursty rounds.
 #[test]
 fn sporadic_loads_on_one_disk_are_staggered() {
-    let sh = llama13b();
-    let alone = cluster(&sh, 2, 2e8);
-    let mut shared = alone.clone();
-    shared.disks = vec![vec!["d0".into(), "d1".into()]];
-    let alloc = [(20, 5), (20, 10)];
-    let p = plan(
-        &sh,
-        &alone,
-        &alloc,
-        ExecMode::Overlapped,
-        Pattern::Sporadic,
-        1,
-    );
-    let q = plan(
-        &sh,
-        &shared,
-        &alloc,
-        ExecMode::Overlapped,
-        Pattern::Sporadic,
-        1,
-    );
-    let b: Vec<f64> = p
-        .devices
-        .iter()
-        .map(|d| d.stages[0].offloaded_bytes(&sh) as f64)
-        .collect();
+    let (p, q, b) = apart_and_on_one_disk(ExecMode::Overlapped, Pattern::Sporadic, 1);
     for i in 0..2 {
         let common = p.devices[i].load_ms * (b[0].min(b[i]) + b[1].min(b[i])) / b[i];
         assert!(q.devices[i].load_ms >= p.devices[i].load_ms * (1.0 - 1e-9));
