@@ -317,6 +317,9 @@ pub fn source(
         return Ok((src, info));
     }
     let ckpt = model::open(model)?;
+    // The whole checkpoint serves from memory: map its pages now, not one fault at a time in
+    // the first request's forward pass.
+    ckpt.populate();
     let info = ModelInfo {
         config: ckpt.config.clone(),
         tokenizer: model::tokenizer(&ckpt),
