@@ -164,12 +164,11 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
             loip_server::serving::MAX_DRAFTS
         );
     }
-    match a.speculate {
-        loip_engine::Speculate::Draft => bail!(
+    if a.speculate == loip_engine::Speculate::Draft {
+        bail!(
             "loip api speculates with prompt lookup (--speculate lookup); a draft model is not \
-             served in batches"
-        ),
-        _ => {}
+         served in batches"
+        )
     }
     let api_key = api_key(a.api_key.as_deref(), a.api_key_file.as_deref())?;
     let name = a.name.clone().unwrap_or_else(|| default_name(&a.model));

@@ -296,7 +296,6 @@ fn loader(model: &str, repeats: usize) -> Result<serde_json::Value> {
             let mut x = vec![0.01f32; m.config.hidden_size];
             tf.mlp(&w, &mut x)?;
             times[k + 1].1.push(t.elapsed().as_secs_f64());
-            drop(view);
             times[k + 1].0.push(ld.last.load_s);
         }
     }

@@ -221,7 +221,7 @@ impl<B: BatchBackend> Serving<B> {
 
     /// The tokens of a step item to feed: none of those a forked sequence's KV holds. A
     /// sequence to fork forks now (it is admitted: the copy is within its reservation).
-    fn to_feed(&mut self, seq: SeqId, len: usize) -> usize {
+    fn take_feed(&mut self, seq: SeqId, len: usize) -> usize {
         if let Some(from) = self.fork_from.remove(&seq) {
             if let Ok(n) = self.runner.fork(from, seq) {
                 self.shared.insert(seq, n);
@@ -301,7 +301,7 @@ impl<B: BatchBackend> Serving<B> {
                         .items
                         .iter()
                         .filter_map(|i| {
-                            let len = self.to_feed(i.seq, i.len);
+                            let len = self.take_feed(i.seq, i.len);
                             (len > 0).then_some(Feed { seq: i.seq, len })
                         })
                         .collect();

@@ -436,12 +436,15 @@ impl KvCache {
         let held = l.map_or(0, |l| self.held_rows(l));
         match l {
             // rows lent out: nothing is read until they are back
-            Some(l) if from >= l.lo && from <= to && to <= l.lo + held => {
-                if self.lent_at(seq, slot) == 0 {
-                    let d = self.kv_dim;
-                    let (a, b) = ((from - l.lo) * d, (to - l.lo) * d);
-                    return Ok((&l.k.as_slice()[a..b], &l.v.as_slice()[a..b]));
-                }
+            Some(l)
+                if from >= l.lo
+                    && from <= to
+                    && to <= l.lo + held
+                    && self.lent_at(seq, slot) == 0 =>
+            {
+                let d = self.kv_dim;
+                let (a, b) = ((from - l.lo) * d, (to - l.lo) * d);
+                return Ok((&l.k.as_slice()[a..b], &l.v.as_slice()[a..b]));
             }
             _ => {}
         }

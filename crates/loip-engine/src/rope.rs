@@ -36,7 +36,7 @@ impl Rope {
             low_freq_factor,
             high_freq_factor,
             original_max_position_embeddings,
-        }) = cfg.rope_scaling.clone().filter(|_| scaled)
+        }) = cfg.rope_scaling.filter(|_| scaled)
         {
             let old = original_max_position_embeddings as f32;
             let low_wavelen = old / low_freq_factor;
@@ -48,6 +48,8 @@ impl Rope {
                 } else {
                     *f
                 };
+                // negated as HF writes it: a NaN wavelength counts as medium
+                #[allow(clippy::neg_cmp_op_on_partial_ord)]
                 let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
                 *f = if medium {
                     let smooth =

@@ -107,8 +107,8 @@ fn step_grouping_and_micro_batching_are_bit_identical() {
     drop(x);
     let mut batch_ids = vec![];
     let mut batch = vec![];
-    for p in 0..4 {
-        batch_ids.push(prompt[p]);
+    for (p, &id) in prompt.iter().enumerate().take(4) {
+        batch_ids.push(id);
         batch.push(TokenPos { seq: 1, pos: p });
     }
     batch_ids.push(other[3]);

@@ -440,7 +440,7 @@ impl ModelConfig {
                 ));
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(ModelError::config(
                 "num_kv_heads",
                 format!(
@@ -449,7 +449,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(ModelError::config(
                 "head_dim",
                 format!("{} is odd; RoPE rotates pairs of elements", self.head_dim),

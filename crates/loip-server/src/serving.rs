@@ -95,6 +95,8 @@ pub enum BatchError {
     Stopped,
 }
 
+/// A request to the serving loop; a few per request, so `Submit` is not boxed.
+#[allow(clippy::large_enum_variant)]
 enum Cmd {
     Submit {
         seq: SeqId,

@@ -591,29 +591,6 @@ impl Meta {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_and_content_shapes() {
-        assert_eq!(stop_strings(Some(json!("x"))).ok(), Some(vec!["x".into()]));
-        assert_eq!(
-            stop_strings(Some(json!(["a", ""]))).ok(),
-            Some(vec!["a".into()])
-        );
-        assert!(stop_strings(Some(json!(3))).is_err());
-        assert!(stop_strings(Some(json!([1]))).is_err());
-        assert_eq!(
-            content_text(Some(
-                json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
-            )),
-            Ok("ab".into())
-        );
-        assert!(content_text(Some(json!([{"type": "image_url"}]))).is_err());
-    }
-}
-
 impl ApiRequest {
     /// The grammar the output must follow, and the field that asked for it: `grammar` (a
     /// Lark grammar), or `response_format` `json_object` (any JSON object) or `json_schema`
@@ -680,5 +657,28 @@ fn response_format(v: &Value) -> Result<Option<Ask>, ApiError> {
             }
         }
         _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_and_content_shapes() {
+        assert_eq!(stop_strings(Some(json!("x"))).ok(), Some(vec!["x".into()]));
+        assert_eq!(
+            stop_strings(Some(json!(["a", ""]))).ok(),
+            Some(vec!["a".into()])
+        );
+        assert!(stop_strings(Some(json!(3))).is_err());
+        assert!(stop_strings(Some(json!([1]))).is_err());
+        assert_eq!(
+            content_text(Some(
+                json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
+            )),
+            Ok("ab".into())
+        );
+        assert!(content_text(Some(json!([{"type": "image_url"}]))).is_err());
     }
 }

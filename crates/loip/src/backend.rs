@@ -269,7 +269,9 @@ pub fn peak_rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Where a model runs, resolved from its placement.
+/// Where a model runs, resolved from its placement. One per process, so the checkpoint
+/// is held inline.
+#[allow(clippy::large_enum_variant)]
 pub enum Source {
     /// this machine, the whole checkpoint in memory
     Memory(Checkpoint),
@@ -419,12 +421,13 @@ pub fn open(src: Source, placement: &Placement, how: &Sizes<'_>) -> Result<Opene
     }
 }
 
+/// What [`cluster_report`] returns: the breakdown, the plan's predicted ms/token, and the
+/// JSON fields.
+pub type ClusterReport = (Breakdown, f64, serde_json::Map<String, serde_json::Value>);
+
 /// A cluster's plan and the pipeline's per-token breakdown since the last call, as `--json`
-/// reports them: the breakdown, the plan's predicted ms/token, and the JSON fields.
-pub fn cluster_report(
-    backend: &Backend,
-    with_plan: bool,
-) -> Result<Option<(Breakdown, f64, serde_json::Map<String, serde_json::Value>)>> {
+/// reports them.
+pub fn cluster_report(backend: &Backend, with_plan: bool) -> Result<Option<ClusterReport>> {
     let Some(session) = backend.session() else {
         return Ok(None);
     };

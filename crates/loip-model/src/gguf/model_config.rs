@@ -56,7 +56,7 @@ impl GgufFile {
         if let Some(n) = opt_u32(m, &key("expert_count"))? {
             if n > 0 {
                 return Err(ModelError::config(
-                    &key("expert_count"),
+                    key("expert_count"),
                     "mixture-of-experts models are not supported",
                 ));
             }
@@ -64,7 +64,7 @@ impl GgufFile {
         if let Some(t) = m.get(&key("rope.scaling.type")) {
             if t.as_str() != Some("none") {
                 return Err(ModelError::config(
-                    &key("rope.scaling.type"),
+                    key("rope.scaling.type"),
                     format!("{t:?} is not supported"),
                 ));
             }
@@ -88,7 +88,7 @@ impl GgufFile {
         if let Some(r) = rope_dim {
             if r != head_dim {
                 return Err(ModelError::config(
-                    &key("rope.dimension_count"),
+                    key("rope.dimension_count"),
                     format!("{r} differs from head_dim {head_dim}: partial rotary embedding is not supported"),
                 ));
             }
@@ -96,7 +96,7 @@ impl GgufFile {
         if let Some(v) = opt_u32(m, &key("attention.value_length"))? {
             if v != head_dim {
                 return Err(ModelError::config(
-                    &key("attention.value_length"),
+                    key("attention.value_length"),
                     format!("{v} differs from head_dim {head_dim}"),
                 ));
             }
@@ -113,7 +113,7 @@ impl GgufFile {
                     .map(|v| v as usize)
                     .ok_or_else(|| {
                         ModelError::config(
-                            &key("vocab_size"),
+                            key("vocab_size"),
                             "missing, and no tokenizer.ggml.tokens",
                         )
                     })?,
@@ -148,7 +148,7 @@ impl GgufFile {
             head_dim,
             vocab_size,
             rms_norm_eps: opt_f32(m, &key("attention.layer_norm_rms_epsilon"))?.ok_or_else(
-                || ModelError::config(&key("attention.layer_norm_rms_epsilon"), "missing"),
+                || ModelError::config(key("attention.layer_norm_rms_epsilon"), "missing"),
             )?,
             rope_theta: opt_f32(m, &key("rope.freq_base"))?.unwrap_or(10000.0),
             rope_scaling: None,

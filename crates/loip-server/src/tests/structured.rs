@@ -16,9 +16,12 @@ async fn complete(app: &Arc<crate::app::App>, extra: Value) -> (u16, Value) {
     post(app, "/v1/completions", &body).await
 }
 
-/// The schemas tried, each with a check of a value that must follow it (written out here,
-/// not by a validator under test).
-fn schemas() -> Vec<(Value, fn(&Value) -> bool)> {
+/// A check of a value that must follow a schema (written out here, not by a validator under
+/// test).
+type Check = fn(&Value) -> bool;
+
+/// The schemas tried, each with its check.
+fn schemas() -> Vec<(Value, Check)> {
     vec![
         (
             json!({"type": "object",
