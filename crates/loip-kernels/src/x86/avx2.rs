@@ -37,6 +37,63 @@ pub(super) unsafe fn f16_scalar(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)))
 }
 
+/// `p`, through an empty `asm!` that LLVM cannot see through: shuffle controls read from
+/// there stay the in-lane byte shuffles they are written as (with constants, LLVM turned
+/// broadcasts and `vpshufb` into cross-lane shuffles, more of them), and since the barrier
+/// may write memory, the loads after it stay after the loads (the previous fmas) before it,
+/// which keeps LLVM from decoding a block ahead and spilling the accumulators.
+#[inline(always)]
+pub(super) unsafe fn opaque<T>(mut p: *const T) -> *const T {
+    std::arch::asm!("/* {0} */", inout(reg) p, options(nostack, preserves_flags));
+    p
+}
+
+/// 32 bytes as 4 × 8 dwords, in-lane: `[bytes 0..16 | bytes 0..16]` and `[16..32 | 16..32]`
+/// (one `vpermq` each) picked by `pick` (the 4 bytes `8a + 4l ..` of lane `l` into its
+/// dwords, zero-extended: `pick[0]` for a = 0, 2, `pick[1]` for a = 1, 3), converted.
+#[inline(always)]
+pub(super) unsafe fn bytes_ps(q: __m256i, pick: *const [i8; 32]) -> [__m256; 4] {
+    let (lo, hi) = (
+        _mm256_permute4x64_epi64(q, 0x44),
+        _mm256_permute4x64_epi64(q, 0xEE),
+    );
+    let ctl = |a: usize| _mm256_load_si256(pick.add(a) as *const __m256i);
+    let f = |v, a| _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v, ctl(a)));
+    [f(lo, 0), f(lo, 1), f(hi, 0), f(hi, 1)]
+}
+
+/// The controls of [`bytes_ps`] (`pick`) and the byte masks `0x0F`, `0x30` of Q6_K's
+/// values, read from memory through [`opaque`] (as constants, LLVM kept the masks in
+/// registers and spilled them and the accumulators).
+#[repr(C, align(32))]
+pub(super) struct ByteConsts {
+    pub(super) pick: [[i8; 32]; 2],
+    pub(super) m0f: [i8; 32],
+    pub(super) m30: [i8; 32],
+}
+
+pub(super) static BYTE_CONSTS: ByteConsts = {
+    let mut c = [[-1i8; 32]; 2];
+    let mut a = 0;
+    while a < 2 {
+        let mut l = 0;
+        while l < 2 {
+            let mut j = 0;
+            while j < 4 {
+                c[a][16 * l + 4 * j] = (8 * a + 4 * l + j) as i8;
+                j += 1;
+            }
+            l += 1;
+        }
+        a += 1;
+    }
+    ByteConsts {
+        pick: c,
+        m0f: [0xF; 32],
+        m30: [0x30; 32],
+    }
+};
+
 /// 8 bytes at `p`, zero-extended to 8 × i32.
 #[inline(always)]
 pub(super) unsafe fn u8x8(p: *const u8) -> __m256i {
@@ -108,6 +165,12 @@ pub(super) trait Quant {
     /// halves `4h .. 4h + 4` of [`Quant::chunk`] (`h < 2`): the dot kernel takes a chunk in
     /// two, so that 8 accumulators, 4 weights and the block's constants fit the 16 registers
     unsafe fn half4(p: *const u8, s: &Self::State, k: usize, h: usize) -> [__m256; 4];
+    /// [`Quant::half4`] for a dot product: the same values but for the sign of a zero
+    /// (which no sum starting at `+0` can see).
+    #[inline(always)]
+    unsafe fn dot_half4(p: *const u8, s: &Self::State, k: usize, h: usize) -> [__m256; 4] {
+        Self::half4(p, s, k, h)
+    }
     /// one 32-element block as two groups (32-element types only)
     unsafe fn block32(p: *const u8) -> [Group; 2];
 }
@@ -223,45 +286,85 @@ impl Quant for Q4K {
 }
 
 pub(super) struct Q6K;
+impl Q6K {
+    /// The 6-bit values `q` (0..64) of elements `64k + 32h .. + 32` of the block at `p` as
+    /// bytes: the 32 low nibbles (`ql`, low or high half of each byte) or'ed with 2 bits of
+    /// each of the 32 `qh` bytes, on whole registers.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, c: *const ByteConsts, k: usize, h: usize) -> __m256i {
+        let ld = |v: &[i8; 32]| _mm256_load_si256(v.as_ptr() as *const __m256i);
+        let n = k / 2; // the 128-element half
+        let ql = _mm256_loadu_si256(p.add(64 * n + 32 * h) as *const __m256i);
+        let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+        let nib = if k % 2 == 0 {
+            ql
+        } else {
+            _mm256_srli_epi16(ql, 4)
+        };
+        let nib = _mm256_and_si256(nib, ld(&(*c).m0f));
+        // bits 2m, 2m + 1 of `qh` (m = 2 (k % 2) + h, the 32-element quarter) to bits 4, 5
+        let hb = match 2 * (k % 2) + h {
+            0 => _mm256_slli_epi16(qh, 4),
+            1 => _mm256_slli_epi16(qh, 2),
+            2 => qh,
+            _ => _mm256_srli_epi16(qh, 2),
+        };
+        _mm256_or_si256(nib, _mm256_and_si256(hb, ld(&(*c).m30)))
+    }
+
+    /// `EXACT`: `d sc · (q − 32)` (the scalar product); otherwise `d sc · q − 32 d sc` as one
+    /// fms, the same value but `+0` for `q = 32` and `sc < 0`. The scales are read from
+    /// memory (`vbroadcastss`, a load; LLVM otherwise kept them in registers and
+    /// broadcast them with shuffles).
+    #[inline(always)]
+    unsafe fn values<const EXACT: bool>(
+        p: *const u8,
+        s: &[f32; 32],
+        k: usize,
+        h: usize,
+    ) -> [__m256; 4] {
+        let c = opaque(&BYTE_CONSTS);
+        let v = bytes_ps(Self::bytes(p, c, k, h), (*c).pick.as_ptr());
+        let s = opaque(s.as_ptr());
+        std::array::from_fn(|a| {
+            // group 4k + 2h + a / 2 (16 elements each)
+            let g = 4 * k + 2 * h + a / 2;
+            let ds = _mm256_broadcast_ss(&*s.add(g));
+            if EXACT {
+                _mm256_mul_ps(ds, _mm256_sub_ps(v[a], _mm256_set1_ps(32.0)))
+            } else {
+                _mm256_fmsub_ps(v[a], ds, _mm256_broadcast_ss(&*s.add(16 + g)))
+            }
+        })
+    }
+}
 impl Quant for Q6K {
     const CHUNKS: usize = 4;
     const BLOCK_BYTES: usize = 210;
-    /// `d * sc_g` for the 16 groups
-    type State = [f32; 16];
+    /// `d * sc_g` for the 16 groups, then `32 d sc_g`
+    type State = [f32; 32];
     #[inline(always)]
-    unsafe fn prepare(p: *const u8) -> [f32; 16] {
-        let d = f16_scalar(p.add(208));
-        let mut s = [0f32; 16];
-        for (g, v) in s.iter_mut().enumerate() {
-            *v = d * (*p.add(192 + g) as i8) as f32;
+    unsafe fn prepare(p: *const u8) -> [f32; 32] {
+        // eight at a time in vectors (one exact product each, as the scalar `d * sc as f32`;
+        // scalar `vcvtsi2ss` conversions merged into their register's last value)
+        let d = f16_splat(p.add(208));
+        let mut s = [0f32; 32];
+        for i in 0..2 {
+            let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(192 + 8 * i) as *const __m128i));
+            let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+            _mm256_storeu_ps(s.as_mut_ptr().add(8 * i), ds);
+            let ds32 = _mm256_mul_ps(ds, _mm256_set1_ps(32.0));
+            _mm256_storeu_ps(s.as_mut_ptr().add(16 + 8 * i), ds32);
         }
         s
     }
     #[inline(always)]
-    unsafe fn half4(p: *const u8, s: &[f32; 16], k: usize, half: usize) -> [__m256; 4] {
-        let h = k / 2;
-        let ql = p.add(64 * h);
-        let qh = p.add(128 + 32 * h);
-        let m4 = _mm256_set1_epi32(0xF);
-        let m2 = _mm256_set1_epi32(0x30);
-        let c32 = _mm256_set1_epi32(32);
-        let mut w = [_mm256_setzero_ps(); 4];
-        for (jj, wj) in w.iter_mut().enumerate() {
-            // half j of the chunk: group i = j / 2, bytes (j % 2) * 8 within the group
-            let j = 4 * half + jj;
-            let i = j / 2;
-            let l = u8x8(ql.add(16 * i + 8 * (j % 2)));
-            let hb = u8x8(qh.add(16 * (i % 2) + 8 * (j % 2)));
-            let (low, high) = match (k % 2, i / 2) {
-                (0, 0) => (_mm256_and_si256(l, m4), _mm256_slli_epi32(hb, 4)),
-                (0, _) => (_mm256_and_si256(l, m4), _mm256_slli_epi32(hb, 2)),
-                (_, 0) => (_mm256_srli_epi32(l, 4), hb),
-                _ => (_mm256_srli_epi32(l, 4), _mm256_srli_epi32(hb, 2)),
-            };
-            let q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_and_si256(high, m2)), c32);
-            *wj = _mm256_mul_ps(_mm256_set1_ps(s[4 * k + i]), _mm256_cvtepi32_ps(q));
-        }
-        w
+    unsafe fn half4(p: *const u8, s: &[f32; 32], k: usize, h: usize) -> [__m256; 4] {
+        Self::values::<true>(p, s, k, h)
+    }
+    #[inline(always)]
+    unsafe fn dot_half4(p: *const u8, s: &[f32; 32], k: usize, h: usize) -> [__m256; 4] {
+        Self::values::<false>(p, s, k, h)
     }
     #[inline(always)]
     unsafe fn block32(_p: *const u8) -> [Group; 2] {
@@ -410,10 +513,29 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
             } else {
                 Q::CHUNKS
             };
-            for k in 0..chunks {
-                let e = (b * Q::CHUNKS + k) * 64;
-                fma_halves::<4, 0>(&mut acc, &Q::half4(p, &s, k, 0), x, e);
-                fma_halves::<4, 4>(&mut acc, &Q::half4(p, &s, k, 1), x, e + 32);
+            #[inline(always)]
+            unsafe fn step<Q: Quant>(
+                acc: &mut [__m256; 8],
+                (p, s): (*const u8, &Q::State),
+                k: usize,
+                x: *const f32,
+                e: usize,
+            ) {
+                fma_halves::<4, 0>(acc, &Q::dot_half4(p, s, k, 0), x, e);
+                fma_halves::<4, 4>(acc, &Q::dot_half4(p, s, k, 1), x, e + 32);
+            }
+            let e = b * Q::CHUNKS * 64;
+            if Q::CHUNKS == 4 && !Q::ROLLED {
+                // unrolled by hand: as a loop LLVM kept it one (Q6_K: branches on k and
+                // three accumulators on the stack)
+                step::<Q>(&mut acc, (p, &s), 0, x, e);
+                step::<Q>(&mut acc, (p, &s), 1, x, e + 64);
+                step::<Q>(&mut acc, (p, &s), 2, x, e + 128);
+                step::<Q>(&mut acc, (p, &s), 3, x, e + 192);
+            } else {
+                for k in 0..chunks {
+                    step::<Q>(&mut acc, (p, &s), k, x, e + 64 * k);
+                }
             }
         }
     }

@@ -52,7 +52,7 @@ unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: us
             // registers (both blocks' 8 values at once spilled the accumulators, each fma
             // then waiting on a store and a reload: Q5_0 7.2 GB/s)
             for (i, h0) in [(0, 0), (1, 4)] {
-                let w = D::octets(p.add(i * D::BYTES));
+                let w = D::dot_octets(p.add(i * D::BYTES));
                 for (h, wh) in w.iter().enumerate() {
                     let xv = _mm256_loadu_ps(x.add(64 * u + 8 * (h0 + h)));
                     acc[h0 + h] = _mm256_fmadd_ps(*wh, xv, acc[h0 + h]);
@@ -61,7 +61,7 @@ unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: us
         }
         if cols % 64 != 0 {
             // the last block: canonical groups 4c, 4c + 1 -> acc[0..4]
-            let a = D::octets(row.add(2 * pairs * D::BYTES));
+            let a = D::dot_octets(row.add(2 * pairs * D::BYTES));
             for (h, wh) in a.iter().enumerate() {
                 let xv = _mm256_loadu_ps(x.add(64 * pairs + 8 * h));
                 acc[h] = _mm256_fmadd_ps(*wh, xv, acc[h]);

@@ -129,12 +129,12 @@ unsafe fn tile(w: &[*const f32; ROWS], xg: *const f32, cols: usize, vals: &mut [
     }
     // lanes l + l+8, then +4, +2, +1
     for (i, vi) in vals.iter_mut().enumerate() {
-        for h in 0..2 {
+        for (h, out) in vi.chunks_exact_mut(8).enumerate() {
             let w8: [__m256; 8] =
                 std::array::from_fn(|l| _mm256_add_ps(v[l][i][h], v[l + 8][i][h]));
             let w4: [__m256; 4] = std::array::from_fn(|l| _mm256_add_ps(w8[l], w8[l + 4]));
             let w2 = [_mm256_add_ps(w4[0], w4[2]), _mm256_add_ps(w4[1], w4[3])];
-            _mm256_storeu_ps(vi.as_mut_ptr().add(8 * h), _mm256_add_ps(w2[0], w2[1]));
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(w2[0], w2[1]));
         }
     }
 }
