@@ -57,8 +57,9 @@ use std::ptr::read_unaligned;
 /// columns stored and reloaded every pass's state for one chunk: 1536×576 took 1.09× the
 /// time).
 const SEG: usize = 576;
-/// f32 per segment and row of the blocks' data (at most 16 per 32-element block).
-const SEG_AUX: usize = 16 * SEG / 32;
+/// f32 per segment and row of the blocks' data (at most 32 per 32-element block: the two
+/// 16-entry tables of a 5-bit type).
+const SEG_AUX: usize = 32 * SEG / 32;
 
 /// Lane `k` of a permuted register holds element `perm(k)` of its 16 (a 4 × 4 transpose; the
 /// permutation is its own inverse): lane `4 a + b` takes the low (or high) nibble of byte
@@ -89,6 +90,8 @@ trait Deq<V> {
 
 struct Q40;
 struct Q41;
+struct Q50;
+struct Q51;
 struct Q80;
 
 /// 0.0, 1.0, .., 15.0: a nibble's value.
@@ -205,6 +208,91 @@ impl Deq<__m512> for Q41 {
     }
 }
 
+/// The 32-entry tables of `blocks` 5-bit blocks at `p` (`S` scales each) to `out` (32 f32
+/// per block, the entries `0 .. 16` then `16 .. 32`): entry `q` is `value(q, scales)`, exact.
+#[inline(always)]
+unsafe fn tables32<const S: usize, const B: usize>(
+    p: *const u8,
+    blocks: usize,
+    out: *mut f32,
+    value: impl Fn(__m512, *const f32) -> __m512,
+) {
+    let mut s = [0f32; 2 * SEG / 32];
+    scales::<S, B>(p, blocks, s.as_mut_ptr());
+    let hi = _mm512_add_ps(iota(), _mm512_set1_ps(16.0));
+    for b in 0..blocks {
+        let sb = s.as_ptr().add(S * b);
+        _mm512_store_ps(out.add(32 * b), value(iota(), sb));
+        _mm512_store_ps(out.add(32 * b + 16), value(hi, sb));
+    }
+}
+
+/// Elements `o .. o + 16` of a 5-bit block (`qh` the 32 high bits at `qh`, the nibbles at
+/// `qs`), in the order of [`perm`], from its 32-entry table at `a`: the nibble of
+/// [`nibbles16`] in bits 0-3 and the element's bit of `qh`, rotated to bit 4, select the
+/// entry (`vpermt2ps` reads the low 5 bits of an index).
+#[inline(always)]
+unsafe fn slot5(qh: *const u8, qs: *const u8, a: *const f32, o: usize) -> __m512 {
+    // lane 4 a + b holds element e = o + 4 b + a: rotate bit e of qh to bit 4
+    let r = |a: i32, b: i32| (o as i32 + 4 * b + a - 4) & 31;
+    let rot = _mm512_setr_epi32(
+        r(0, 0),
+        r(0, 1),
+        r(0, 2),
+        r(0, 3),
+        r(1, 0),
+        r(1, 1),
+        r(1, 2),
+        r(1, 3),
+        r(2, 0),
+        r(2, 1),
+        r(2, 2),
+        r(2, 3),
+        r(3, 0),
+        r(3, 1),
+        r(3, 2),
+        r(3, 3),
+    );
+    let h = _mm512_rorv_epi32(_mm512_set1_epi32(read_unaligned(qh as *const i32)), rot);
+    // bits 0-3 from the nibbles, the others from h: (mask ? nibbles : h)
+    let idx = _mm512_ternarylogic_epi32::<0xE4>(nibbles16(qs, o), h, _mm512_set1_epi32(0x0F));
+    _mm512_permutex2var_ps(_mm512_load_ps(a), idx, _mm512_load_ps(a.add(16)))
+}
+
+impl Deq<__m512> for Q50 {
+    const BLOCK_BYTES: usize = 22;
+    const AUX: usize = 32;
+    const PERMUTED: bool = true;
+    #[inline(always)]
+    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+        // (q - 16) * d, as `dequant` computes it (exact)
+        tables32::<1, 22>(p, blocks, out, |q, s| {
+            _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(16.0)), _mm512_set1_ps(*s))
+        });
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
+        slot5(p.add(2), p.add(6), a, o)
+    }
+}
+
+impl Deq<__m512> for Q51 {
+    const BLOCK_BYTES: usize = 24;
+    const AUX: usize = 32;
+    const PERMUTED: bool = true;
+    #[inline(always)]
+    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+        // q * d is exact, so fma(q, d, m) rounds once, like `dequant`'s q * d + m
+        tables32::<2, 24>(p, blocks, out, |q, s| {
+            _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1)))
+        });
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
+        slot5(p.add(4), p.add(8), a, o)
+    }
+}
+
 impl Deq<__m512> for Q80 {
     const BLOCK_BYTES: usize = 34;
     const AUX: usize = 1;
@@ -258,13 +346,16 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
     let sb: [*const f32; R] = std::array::from_fn(|i| sc[i].as_ptr().add(blk * Q::AUX));
     let xb: [*const f32; T] = std::array::from_fn(|t| x[t].add(k0 + first));
     for c in 0..chunks {
-        let wv: [V; R] = std::array::from_fn(|i| {
-            Q::slot(
+        // a loop, not `array::from_fn`: the 5-bit types' closure was too large to inline,
+        // and outside it the intrinsics were calls
+        let mut wv = [V::zero(); R];
+        for i in 0..R {
+            wv[i] = Q::slot(
                 wb[i].add(2 * c * Q::BLOCK_BYTES),
                 sb[i].add(2 * c * Q::AUX),
                 o,
-            )
-        });
+            );
+        }
         for t in 0..T {
             let xv = V::load(xb[t].add(64 * c));
             for i in 0..R {
@@ -407,7 +498,10 @@ const WIDE_MIN: usize = 4;
 /// Whether [`rows`] takes `n` tokens of `dtype` (AVX-512 only).
 pub(crate) fn handles(dtype: DType, n: usize) -> bool {
     (WIDE_MIN..=SHORT_BATCH).contains(&n)
-        && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+        && matches!(
+            dtype,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+        )
 }
 
 /// Output (row `r`, token `t`) of `out` = canonical dot of row `r` of `data` (`rows` rows)
@@ -434,12 +528,14 @@ pub(super) unsafe fn rows(
         let off = buf.as_ptr().align_offset(64).min(15);
         let xp = &mut buf[off..off + x.len()];
         match dtype {
-            DType::Q4_0 | DType::Q4_1 => permute(x, xp),
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => permute(x, xp),
             _ => xp.copy_from_slice(x),
         }
         match dtype {
             DType::Q4_0 => short_avx512::<Q40>(data, cols, xp, n, rows, out),
             DType::Q4_1 => short_avx512::<Q41>(data, cols, xp, n, rows, out),
+            DType::Q5_0 => short_avx512::<Q50>(data, cols, xp, n, rows, out),
+            DType::Q5_1 => short_avx512::<Q51>(data, cols, xp, n, rows, out),
             _ => short_avx512::<Q80>(data, cols, xp, n, rows, out),
         }
     };
