@@ -1,8 +1,9 @@
 //! AVX-512 tiles for short batches ([`WIDE_MIN`] ..= [`SHORT_BATCH`] tokens: batched
 //! decode of 4 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
-//! types (Q4_0, Q4_1, Q8_0), with the weights dequantized in registers: no panel, no stores,
-//! and each block dequantized once for all the tokens (the per-row kernels of `avx512` hold
-//! at most 4 tokens, so 8 tokens dequantized every block twice).
+//! types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), with the weights dequantized in registers: no
+//! panel, no stores, and each block dequantized once for all the tokens (the per-row kernels
+//! of `avx512` hold at most 4 tokens, so 8 tokens dequantized every block twice; Q5_0 and
+//! Q5_1 had no per-row kernel there and took the L1 panels of `gemm.rs`).
 //!
 //! The canonical dot of an output is 64 lanes of state (see [`crate::canon`] and the slots of
 //! [`super`]): slot `s` (16 lanes, canonical accumulator `s`) collects the elements
@@ -13,7 +14,9 @@
 //! `4 b + a` to lane `4 a + b`: a 4 × 4 transposed lane order, see [`perm`]) and one
 //! `vpermps` from the block's 16-entry table of exact values, built in L1 once per segment;
 //! the tokens are copied once per call, permuted alike and 64-byte aligned (no load splits a
-//! line), and each output's state is permuted back before the canonical tree. Q8_0: a
+//! line), and each output's state is permuted back before the canonical tree. Q5_0 / Q5_1:
+//! the same nibbles, the element's bit of `qh` rotated into bit 4 (`vprorvd`, merged by
+//! `vpternlogd`), and one `vpermt2ps` from the block's 32-entry table. Q8_0: a
 //! widening, a conversion and one multiply. Columns go in segments of [`SEG`]: a segment's
 //! per-block data is built once for the tile's rows, and the tokens' activations of a
 //! segment stay in L1 across the passes. Between segments a pass's
@@ -27,6 +30,10 @@
 //! column segments, 8 tokens of Q4_1 576×1536 take 152 µs instead of 174 (one thread, in
 //! L2, `matvec_bench --min`: minimum of single calls, alternating binaries), 1536×576 153
 //! instead of 167; Q8_0 150 / 159 instead of 175 / 166.
+//!
+//! Q5_0 at 8 tokens (one thread, `prefill_bench --tokens 8`, alternating binaries, Zen 5):
+//! 113-115 GFLOP/s on Qwen2.5's 896-column matrices against 83-85 with the L1 panels of
+//! `gemm.rs`, 97-100 against 80 on Gemma 3's 640-column ones.
 //!
 //! Measured (SmolLM2 down projection 576×1536, one thread, in L2, alternating trials): 8
 //! tokens of Q4_1 in 0.69× the time of the per-row kernels, Q8_0 0.87×. On AVX2 the same
@@ -158,10 +165,10 @@ unsafe fn scales<const S: usize, const B: usize>(p: *const u8, blocks: usize, ou
     }
 }
 
-/// The 16-entry tables of `blocks` nibble blocks at `p` (`S` scales each) to `out`: entry `q`
-/// is `value(q, scales)`, exact.
+/// The `E`-entry tables (16 or 32) of `blocks` nibble blocks at `p` (`S` scales each) to
+/// `out` (`E` f32 per block): entry `q` is `value(q, scales)`, exact.
 #[inline(always)]
-unsafe fn tables<const S: usize, const B: usize>(
+unsafe fn tables<const S: usize, const B: usize, const E: usize>(
     p: *const u8,
     blocks: usize,
     out: *mut f32,
@@ -169,61 +176,12 @@ unsafe fn tables<const S: usize, const B: usize>(
 ) {
     let mut s = [0f32; 2 * SEG / 32];
     scales::<S, B>(p, blocks, s.as_mut_ptr());
-    for b in 0..blocks {
-        _mm512_store_ps(out.add(16 * b), value(iota(), s.as_ptr().add(S * b)));
-    }
-}
-
-impl Deq<__m512> for Q40 {
-    const BLOCK_BYTES: usize = 18;
-    const AUX: usize = 16;
-    const PERMUTED: bool = true;
-    #[inline(always)]
-    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
-        // (q - 8) * d is exact: the table holds the exact values
-        tables::<1, 18>(p, blocks, out, |q, s| {
-            _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(8.0)), _mm512_set1_ps(*s))
-        });
-    }
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
-        _mm512_permutexvar_ps(nibbles16(p.add(2), o), _mm512_load_ps(a))
-    }
-}
-
-impl Deq<__m512> for Q41 {
-    const BLOCK_BYTES: usize = 20;
-    const AUX: usize = 16;
-    const PERMUTED: bool = true;
-    #[inline(always)]
-    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
-        // q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
-        tables::<2, 20>(p, blocks, out, |q, s| {
-            _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1)))
-        });
-    }
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
-        _mm512_permutexvar_ps(nibbles16(p.add(4), o), _mm512_load_ps(a))
-    }
-}
-
-/// The 32-entry tables of `blocks` 5-bit blocks at `p` (`S` scales each) to `out` (32 f32
-/// per block, the entries `0 .. 16` then `16 .. 32`): entry `q` is `value(q, scales)`, exact.
-#[inline(always)]
-unsafe fn tables32<const S: usize, const B: usize>(
-    p: *const u8,
-    blocks: usize,
-    out: *mut f32,
-    value: impl Fn(__m512, *const f32) -> __m512,
-) {
-    let mut s = [0f32; 2 * SEG / 32];
-    scales::<S, B>(p, blocks, s.as_mut_ptr());
-    let hi = _mm512_add_ps(iota(), _mm512_set1_ps(16.0));
     for b in 0..blocks {
         let sb = s.as_ptr().add(S * b);
-        _mm512_store_ps(out.add(32 * b), value(iota(), sb));
-        _mm512_store_ps(out.add(32 * b + 16), value(hi, sb));
+        for h in 0..E / 16 {
+            let q = _mm512_add_ps(iota(), _mm512_set1_ps(16.0 * h as f32));
+            _mm512_store_ps(out.add(E * b + 16 * h), value(q, sb));
+        }
     }
 }
 
@@ -259,39 +217,64 @@ unsafe fn slot5(qh: *const u8, qs: *const u8, a: *const f32, o: usize) -> __m512
     _mm512_permutex2var_ps(_mm512_load_ps(a), idx, _mm512_load_ps(a.add(16)))
 }
 
-impl Deq<__m512> for Q50 {
-    const BLOCK_BYTES: usize = 22;
-    const AUX: usize = 32;
-    const PERMUTED: bool = true;
-    #[inline(always)]
-    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
-        // (q - 16) * d, as `dequant` computes it (exact)
-        tables32::<1, 22>(p, blocks, out, |q, s| {
-            _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(16.0)), _mm512_set1_ps(*s))
-        });
-    }
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
-        slot5(p.add(2), p.add(6), a, o)
-    }
+/// `impl Deq` for a nibble type whose slots come from a table of exact values, in the order
+/// of [`perm`]: its block bytes, table length, scales per block (f16 words at the block's
+/// start), the entry `q`'s value, and the slot's selection from the table.
+macro_rules! nibble_type {
+    ($t:ident, $bytes:literal, $aux:literal, $s:literal,
+     |$q:ident, $sc:ident| $value:expr, |$p:ident, $a:ident, $o:ident| $slot:expr) => {
+        impl Deq<__m512> for $t {
+            const BLOCK_BYTES: usize = $bytes;
+            const AUX: usize = $aux;
+            const PERMUTED: bool = true;
+            #[inline(always)]
+            unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+                tables::<$s, $bytes, $aux>(p, blocks, out, |$q, $sc| $value);
+            }
+            #[inline(always)]
+            unsafe fn slot($p: *const u8, $a: *const f32, $o: usize) -> __m512 {
+                $slot
+            }
+        }
+    };
 }
 
-impl Deq<__m512> for Q51 {
-    const BLOCK_BYTES: usize = 24;
-    const AUX: usize = 32;
-    const PERMUTED: bool = true;
-    #[inline(always)]
-    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
-        // q * d is exact, so fma(q, d, m) rounds once, like `dequant`'s q * d + m
-        tables32::<2, 24>(p, blocks, out, |q, s| {
-            _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1)))
-        });
-    }
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
-        slot5(p.add(4), p.add(8), a, o)
-    }
-}
+// (q - 8) * d is exact: the table holds the exact values
+nibble_type!(
+    Q40,
+    18,
+    16,
+    1,
+    |q, s| _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(8.0)), _mm512_set1_ps(*s)),
+    |p, a, o| _mm512_permutexvar_ps(nibbles16(p.add(2), o), _mm512_load_ps(a))
+);
+// q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
+nibble_type!(
+    Q41,
+    20,
+    16,
+    2,
+    |q, s| _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1))),
+    |p, a, o| _mm512_permutexvar_ps(nibbles16(p.add(4), o), _mm512_load_ps(a))
+);
+// (q - 16) * d, as `dequant` computes it (exact)
+nibble_type!(
+    Q50,
+    22,
+    32,
+    1,
+    |q, s| _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(16.0)), _mm512_set1_ps(*s)),
+    |p, a, o| slot5(p.add(2), p.add(6), a, o)
+);
+// as Q4_1: fma(q, d, m) rounds once, like `dequant`'s q * d + m
+nibble_type!(
+    Q51,
+    24,
+    32,
+    2,
+    |q, s| _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1))),
+    |p, a, o| slot5(p.add(4), p.add(8), a, o)
+);
 
 impl Deq<__m512> for Q80 {
     const BLOCK_BYTES: usize = 34;
