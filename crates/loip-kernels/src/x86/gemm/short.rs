@@ -1,8 +1,9 @@
 //! AVX-512 tiles for short batches ([`WIDE_MIN`] ..= [`SHORT_BATCH`] tokens: batched
 //! decode of 4 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
-//! types (Q4_0, Q4_1, Q8_0), with the weights dequantized in registers: no panel, no stores,
-//! and each block dequantized once for all the tokens (the per-row kernels of `avx512` hold
-//! at most 4 tokens, so 8 tokens dequantized every block twice).
+//! types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), with the weights dequantized in registers: no
+//! panel, no stores, and each block dequantized once for all the tokens (the per-row kernels
+//! of `avx512` hold at most 4 tokens, so 8 tokens dequantized every block twice; Q5_0 and
+//! Q5_1 had no per-row kernel there and took the L1 panels of `gemm.rs`).
 //!
 //! The canonical dot of an output is 64 lanes of state (see [`crate::canon`] and the slots of
 //! [`super`]): slot `s` (16 lanes, canonical accumulator `s`) collects the elements
@@ -13,7 +14,9 @@
 //! `4 b + a` to lane `4 a + b`: a 4 × 4 transposed lane order, see [`perm`]) and one
 //! `vpermps` from the block's 16-entry table of exact values, built in L1 once per segment;
 //! the tokens are copied once per call, permuted alike and 64-byte aligned (no load splits a
-//! line), and each output's state is permuted back before the canonical tree. Q8_0: a
+//! line), and each output's state is permuted back before the canonical tree. Q5_0 / Q5_1:
+//! the same nibbles, the element's bit of `qh` rotated into bit 4 (`vprorvd`, merged by
+//! `vpternlogd`), and one `vpermt2ps` from the block's 32-entry table. Q8_0: a
 //! widening, a conversion and one multiply. Columns go in segments of [`SEG`]: a segment's
 //! per-block data is built once for the tile's rows, and the tokens' activations of a
 //! segment stay in L1 across the passes. Between segments a pass's
@@ -27,6 +30,10 @@
 //! column segments, 8 tokens of Q4_1 576×1536 take 152 µs instead of 174 (one thread, in
 //! L2, `matvec_bench --min`: minimum of single calls, alternating binaries), 1536×576 153
 //! instead of 167; Q8_0 150 / 159 instead of 175 / 166.
+//!
+//! Q5_0 at 8 tokens (one thread, `prefill_bench --tokens 8`, alternating binaries, Zen 5):
+//! 113-115 GFLOP/s on Qwen2.5's 896-column matrices against 83-85 with the L1 panels of
+//! `gemm.rs`, 97-100 against 80 on Gemma 3's 640-column ones.
 //!
 //! Measured (SmolLM2 down projection 576×1536, one thread, in L2, alternating trials): 8
 //! tokens of Q4_1 in 0.69× the time of the per-row kernels, Q8_0 0.87×. On AVX2 the same
@@ -57,8 +64,9 @@ use std::ptr::read_unaligned;
 /// columns stored and reloaded every pass's state for one chunk: 1536×576 took 1.09× the
 /// time).
 const SEG: usize = 576;
-/// f32 per segment and row of the blocks' data (at most 16 per 32-element block).
-const SEG_AUX: usize = 16 * SEG / 32;
+/// f32 per segment and row of the blocks' data (at most 32 per 32-element block: the two
+/// 16-entry tables of a 5-bit type).
+const SEG_AUX: usize = 32 * SEG / 32;
 
 /// Lane `k` of a permuted register holds element `perm(k)` of its 16 (a 4 × 4 transpose; the
 /// permutation is its own inverse): lane `4 a + b` takes the low (or high) nibble of byte
@@ -89,6 +97,8 @@ trait Deq<V> {
 
 struct Q40;
 struct Q41;
+struct Q50;
+struct Q51;
 struct Q80;
 
 /// 0.0, 1.0, .., 15.0: a nibble's value.
@@ -155,10 +165,10 @@ unsafe fn scales<const S: usize, const B: usize>(p: *const u8, blocks: usize, ou
     }
 }
 
-/// The 16-entry tables of `blocks` nibble blocks at `p` (`S` scales each) to `out`: entry `q`
-/// is `value(q, scales)`, exact.
+/// The `E`-entry tables (16 or 32) of `blocks` nibble blocks at `p` (`S` scales each) to
+/// `out` (`E` f32 per block): entry `q` is `value(q, scales)`, exact.
 #[inline(always)]
-unsafe fn tables<const S: usize, const B: usize>(
+unsafe fn tables<const S: usize, const B: usize, const E: usize>(
     p: *const u8,
     blocks: usize,
     out: *mut f32,
@@ -167,43 +177,104 @@ unsafe fn tables<const S: usize, const B: usize>(
     let mut s = [0f32; 2 * SEG / 32];
     scales::<S, B>(p, blocks, s.as_mut_ptr());
     for b in 0..blocks {
-        _mm512_store_ps(out.add(16 * b), value(iota(), s.as_ptr().add(S * b)));
+        let sb = s.as_ptr().add(S * b);
+        for h in 0..E / 16 {
+            let q = _mm512_add_ps(iota(), _mm512_set1_ps(16.0 * h as f32));
+            _mm512_store_ps(out.add(E * b + 16 * h), value(q, sb));
+        }
     }
 }
 
-impl Deq<__m512> for Q40 {
-    const BLOCK_BYTES: usize = 18;
-    const AUX: usize = 16;
-    const PERMUTED: bool = true;
-    #[inline(always)]
-    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
-        // (q - 8) * d is exact: the table holds the exact values
-        tables::<1, 18>(p, blocks, out, |q, s| {
-            _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(8.0)), _mm512_set1_ps(*s))
-        });
-    }
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
-        _mm512_permutexvar_ps(nibbles16(p.add(2), o), _mm512_load_ps(a))
-    }
+/// Elements `o .. o + 16` of a 5-bit block (`qh` the 32 high bits at `qh`, the nibbles at
+/// `qs`), in the order of [`perm`], from its 32-entry table at `a`: the nibble of
+/// [`nibbles16`] in bits 0-3 and the element's bit of `qh`, rotated to bit 4, select the
+/// entry (`vpermt2ps` reads the low 5 bits of an index).
+#[inline(always)]
+unsafe fn slot5(qh: *const u8, qs: *const u8, a: *const f32, o: usize) -> __m512 {
+    // lane 4 a + b holds element e = o + 4 b + a: rotate bit e of qh to bit 4
+    let r = |a: i32, b: i32| (o as i32 + 4 * b + a - 4) & 31;
+    let rot = _mm512_setr_epi32(
+        r(0, 0),
+        r(0, 1),
+        r(0, 2),
+        r(0, 3),
+        r(1, 0),
+        r(1, 1),
+        r(1, 2),
+        r(1, 3),
+        r(2, 0),
+        r(2, 1),
+        r(2, 2),
+        r(2, 3),
+        r(3, 0),
+        r(3, 1),
+        r(3, 2),
+        r(3, 3),
+    );
+    let h = _mm512_rorv_epi32(_mm512_set1_epi32(read_unaligned(qh as *const i32)), rot);
+    // bits 0-3 from the nibbles, the others from h: (mask ? nibbles : h)
+    let idx = _mm512_ternarylogic_epi32::<0xE4>(nibbles16(qs, o), h, _mm512_set1_epi32(0x0F));
+    _mm512_permutex2var_ps(_mm512_load_ps(a), idx, _mm512_load_ps(a.add(16)))
 }
 
-impl Deq<__m512> for Q41 {
-    const BLOCK_BYTES: usize = 20;
-    const AUX: usize = 16;
-    const PERMUTED: bool = true;
-    #[inline(always)]
-    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
-        // q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
-        tables::<2, 20>(p, blocks, out, |q, s| {
-            _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1)))
-        });
-    }
-    #[inline(always)]
-    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
-        _mm512_permutexvar_ps(nibbles16(p.add(4), o), _mm512_load_ps(a))
-    }
+/// `impl Deq` for a nibble type whose slots come from a table of exact values, in the order
+/// of [`perm`]: its block bytes, table length, scales per block (f16 words at the block's
+/// start), the entry `q`'s value, and the slot's selection from the table.
+macro_rules! nibble_type {
+    ($t:ident, $bytes:literal, $aux:literal, $s:literal,
+     |$q:ident, $sc:ident| $value:expr, |$p:ident, $a:ident, $o:ident| $slot:expr) => {
+        impl Deq<__m512> for $t {
+            const BLOCK_BYTES: usize = $bytes;
+            const AUX: usize = $aux;
+            const PERMUTED: bool = true;
+            #[inline(always)]
+            unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+                tables::<$s, $bytes, $aux>(p, blocks, out, |$q, $sc| $value);
+            }
+            #[inline(always)]
+            unsafe fn slot($p: *const u8, $a: *const f32, $o: usize) -> __m512 {
+                $slot
+            }
+        }
+    };
 }
+
+// (q - 8) * d is exact: the table holds the exact values
+nibble_type!(
+    Q40,
+    18,
+    16,
+    1,
+    |q, s| _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(8.0)), _mm512_set1_ps(*s)),
+    |p, a, o| _mm512_permutexvar_ps(nibbles16(p.add(2), o), _mm512_load_ps(a))
+);
+// q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
+nibble_type!(
+    Q41,
+    20,
+    16,
+    2,
+    |q, s| _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1))),
+    |p, a, o| _mm512_permutexvar_ps(nibbles16(p.add(4), o), _mm512_load_ps(a))
+);
+// (q - 16) * d, as `dequant` computes it (exact)
+nibble_type!(
+    Q50,
+    22,
+    32,
+    1,
+    |q, s| _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(16.0)), _mm512_set1_ps(*s)),
+    |p, a, o| slot5(p.add(2), p.add(6), a, o)
+);
+// as Q4_1: fma(q, d, m) rounds once, like `dequant`'s q * d + m
+nibble_type!(
+    Q51,
+    24,
+    32,
+    2,
+    |q, s| _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1))),
+    |p, a, o| slot5(p.add(4), p.add(8), a, o)
+);
 
 impl Deq<__m512> for Q80 {
     const BLOCK_BYTES: usize = 34;
@@ -258,13 +329,16 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
     let sb: [*const f32; R] = std::array::from_fn(|i| sc[i].as_ptr().add(blk * Q::AUX));
     let xb: [*const f32; T] = std::array::from_fn(|t| x[t].add(k0 + first));
     for c in 0..chunks {
-        let wv: [V; R] = std::array::from_fn(|i| {
-            Q::slot(
+        // a loop, not `array::from_fn`: the 5-bit types' closure was too large to inline,
+        // and outside it the intrinsics were calls
+        let mut wv = [V::zero(); R];
+        for i in 0..R {
+            wv[i] = Q::slot(
                 wb[i].add(2 * c * Q::BLOCK_BYTES),
                 sb[i].add(2 * c * Q::AUX),
                 o,
-            )
-        });
+            );
+        }
         for t in 0..T {
             let xv = V::load(xb[t].add(64 * c));
             for i in 0..R {
@@ -407,7 +481,10 @@ const WIDE_MIN: usize = 4;
 /// Whether [`rows`] takes `n` tokens of `dtype` (AVX-512 only).
 pub(crate) fn handles(dtype: DType, n: usize) -> bool {
     (WIDE_MIN..=SHORT_BATCH).contains(&n)
-        && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+        && matches!(
+            dtype,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+        )
 }
 
 /// Output (row `r`, token `t`) of `out` = canonical dot of row `r` of `data` (`rows` rows)
@@ -434,12 +511,14 @@ pub(super) unsafe fn rows(
         let off = buf.as_ptr().align_offset(64).min(15);
         let xp = &mut buf[off..off + x.len()];
         match dtype {
-            DType::Q4_0 | DType::Q4_1 => permute(x, xp),
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => permute(x, xp),
             _ => xp.copy_from_slice(x),
         }
         match dtype {
             DType::Q4_0 => short_avx512::<Q40>(data, cols, xp, n, rows, out),
             DType::Q4_1 => short_avx512::<Q41>(data, cols, xp, n, rows, out),
+            DType::Q5_0 => short_avx512::<Q50>(data, cols, xp, n, rows, out),
+            DType::Q5_1 => short_avx512::<Q51>(data, cols, xp, n, rows, out),
             _ => short_avx512::<Q80>(data, cols, xp, n, rows, out),
         }
     };
