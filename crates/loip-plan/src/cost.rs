@@ -500,13 +500,23 @@ fn share_disks(
         .collect();
     if let Some(starts) = starts {
         let alone = ld.to_vec();
-        for group in &cluster.disks {
+        for (g, group) in cluster.disks.iter().enumerate() {
             let idx: Vec<usize> = (0..plan.devices.len())
                 .filter(|&i| group.contains(&plan.devices[i].name) && bytes[i] > 0)
                 .collect();
             let works: Vec<f64> = idx.iter().map(|&i| alone[i]).collect();
             let at: Vec<f64> = idx.iter().map(|&i| starts[i]).collect();
-            for (&i, t) in idx.iter().zip(staggered_load_times(&works, &at)) {
+            let times = match cluster.disk_rates.get(g).copied().filter(|r| *r > 0.0) {
+                Some(rate) => {
+                    let solo: Vec<f64> = idx
+                        .iter()
+                        .map(|&i| bytes[i] as f64 / alone[i].max(1e-12))
+                        .collect();
+                    staggered_load_times_at(&works, &at, &solo, rate)
+                }
+                None => staggered_load_times(&works, &at),
+            };
+            for (&i, t) in idx.iter().zip(times) {
                 ld[i] = t;
             }
         }
@@ -535,6 +545,32 @@ fn share_disks(
 /// Equal starts give the common-start sharing; loads that do not overlap keep their times.
 /// // seconds
 pub fn staggered_load_times(works: &[f64], starts: &[f64]) -> Vec<f64> {
+    staggered(works, starts, |running| running.len().max(1) as f64)
+}
+
+/// [`staggered_load_times`] on a disk whose rate with several readers is measured: the loads
+/// running at an instant share `rate` (bytes/s, in all), each at the same fraction
+/// `min(1, rate / Σ solo)` of its own rate alone (`solo`, bytes/s); a load running alone
+/// keeps its own rate, and a disk that serves three readers faster than one shares more than
+/// `1/n`.
+/// // seconds
+pub fn staggered_load_times_at(works: &[f64], starts: &[f64], solo: &[f64], rate: f64) -> Vec<f64> {
+    staggered(works, starts, |running| {
+        let sum: f64 = running
+            .iter()
+            .map(|&i| solo.get(i).copied().unwrap_or(0.0))
+            .sum();
+        if running.len() > 1 && sum > 0.0 && rate > 0.0 {
+            (sum / rate).max(1.0)
+        } else {
+            running.len().max(1) as f64
+        }
+    })
+}
+
+/// The processor-sharing pass: `slowdown(running)` is the wall time per second of work alone
+/// of each load while the loads `running` (indices) run (`n` for fair sharing).
+fn staggered(works: &[f64], starts: &[f64], slowdown: impl Fn(&[usize]) -> f64) -> Vec<f64> {
     let n = works.len().min(starts.len());
     let mut left: Vec<f64> = works[..n].iter().map(|w| w.max(0.0)).collect();
     let mut end = vec![f64::NAN; n];
@@ -560,7 +596,7 @@ pub fn staggered_load_times(works: &[f64], starts: &[f64]) -> Vec<f64> {
             }
             break;
         }
-        let share = running.len() as f64;
+        let share = slowdown(&running).max(1.0);
         let first_done = running
             .iter()
             .map(|&i| left[i] * share)
