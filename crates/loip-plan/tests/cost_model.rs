@@ -600,32 +600,11 @@ fn loads_share_the_disks_measured_rate_for_several_readers() {
     // in a plan: the measured rate between fair sharing and a disk of its own
     let (sh, alone, mut shared) = two_devices_one_disk();
     let alloc = [(20, 5), (20, 10)];
-    let p = plan(
-        &sh,
-        &alone,
-        &alloc,
-        ExecMode::Overlapped,
-        Pattern::Sporadic,
-        1,
-    );
-    let q = plan(
-        &sh,
-        &shared,
-        &alloc,
-        ExecMode::Overlapped,
-        Pattern::Sporadic,
-        1,
-    );
+    let sporadic = |c: &Cluster| plan(&sh, c, &alloc, ExecMode::Overlapped, Pattern::Sporadic, 1);
+    let (p, q) = (sporadic(&alone), sporadic(&shared));
     let rate = |c: &Cluster, n: &str| c.device(n).unwrap().profile.loader.direct.bandwidth;
     shared.disk_rates = vec![0.75 * (rate(&shared, "d0") + rate(&shared, "d1"))];
-    let r = plan(
-        &sh,
-        &shared,
-        &alloc,
-        ExecMode::Overlapped,
-        Pattern::Sporadic,
-        1,
-    );
+    let r = sporadic(&shared);
     for i in 0..2 {
         assert!(r.devices[i].load_ms >= p.devices[i].load_ms * (1.0 - 1e-9));
         assert!(r.devices[i].load_ms <= q.devices[i].load_ms * (1.0 + 1e-9));
