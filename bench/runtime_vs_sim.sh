@@ -3,7 +3,8 @@
 # (real worker processes on loopback) ROUNDS times, and for each run prints the cost model's
 # prediction (each decode step priced with the placement its threshold switches left in force)
 # against the measured ms/token term by term (compute; a token's hops: network,
-# queueing and the workers' time outside blocks; load stall; the coordinator's part), then a
+# queueing and the workers' time outside blocks; load stall; the coordinator's part; the steps
+# parked for threshold switches), then a
 # table of all runs; with --sim also the simulator's
 # replay of each run (`loip simulate --from-local`: ms/token and threshold switches). Prints
 # numbers; asserts nothing.
@@ -53,6 +54,6 @@ for r in $(seq 1 "$ROUNDS"); do
   rows+=("| $r | $load ${row}")
 done
 echo
-echo "| run | load | measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token | plan as started ÷ measured |"
-echo "|---:|---:|---:|---:|---|---|---:|---|---|---:|---:|"
+echo "| run | load | measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | switch parks meas./pred. | loaded MB/token | plan as started ÷ measured |"
+echo "|---:|---:|---:|---:|---|---|---:|---|---|---|---:|---:|"
 printf '%s\n' "${rows[@]}"

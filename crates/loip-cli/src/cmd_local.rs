@@ -95,10 +95,10 @@ pub struct LocalArgs {
     /// instead of one after another.
     #[arg(long)]
     pub probe_loads_together: bool,
-    /// Price the devices' loads as sharing one disk (cluster-file `disk`): in a round their
-    /// loads share the rate each measured alone. The local workers do share this machine's
-    /// disk: with it the cost model's prediction for streaming plans comes within 20 % of the
-    /// run (docs/simulator.md); off by default.
+    /// Price the devices' loads as sharing one disk (cluster-file `disk`): the loaders are
+    /// also probed all at once, and loads running at the same time share the disk's rate for
+    /// several readers measured so (fairly, each its own rate over `n`, when not measured).
+    /// The local workers do share this machine's disk (docs/simulator.md); off by default.
     #[arg(long)]
     pub shared_disk: bool,
     /// With `--concurrent N`: compare micro-batch sizes side by side (`0`: one sequence a

@@ -157,6 +157,11 @@ pub struct Cluster {
     /// ([`Cluster::disk_mates`]). Devices in no group have a disk of their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<Vec<String>>,
+    /// Per group of `disks`: the disk's rate with all its devices reading at once, in all
+    /// (measured by the runtime with every loader probed together); 0 or absent: unknown,
+    /// each running load gets `1/n` of its own rate alone ([`crate::cost`]).  // bytes/s
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk_rates: Vec<f64>,
     /// The coordinator's own part of a step, once per micro-batch's trip: from the last hop's
     /// arrival to the next step's dispatch (its wake-up, sampling, the submission). Measured
     /// by the runtime on the coordinator's machine; 0 when the coordinator is not modelled
@@ -197,6 +202,7 @@ impl Cluster {
             link,
             defaults: PlanDefaults::default(),
             disks: Vec::new(),
+            disk_rates: Vec::new(),
             coordinator: 0.0,
         }
     }
@@ -354,6 +360,7 @@ impl RawDevice {
                 collective_latency: 0.0,
                 load_slowdown: 0.0,
                 hop_wake: 0.0,
+                switch_s: 0.0,
             }
         };
         if self.profile.is_some() || self.preset.is_some() {
@@ -485,6 +492,7 @@ impl RawCluster {
                 .map(|(_, g)| g)
                 .filter(|g| g.len() > 1)
                 .collect(),
+            disk_rates: Vec::new(),
             coordinator: 0.0,
         })
     }

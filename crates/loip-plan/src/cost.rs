@@ -108,6 +108,10 @@
 //! Memory of a device (design §3): retained blocks of all stages + slot + embedding (first
 //! device) + head (last device) + `context · layers · κ` KV + [`ModelShape::working_bytes`].
 
+mod disk;
+
+pub use disk::{staggered_load_times, staggered_load_times_at};
+
 use crate::cluster::{Cluster, Device};
 use crate::error::PlanError;
 /// The breakdown and the slot size are plan figures, defined with the plan types.
@@ -500,13 +504,23 @@ fn share_disks(
         .collect();
     if let Some(starts) = starts {
         let alone = ld.to_vec();
-        for group in &cluster.disks {
+        for (g, group) in cluster.disks.iter().enumerate() {
             let idx: Vec<usize> = (0..plan.devices.len())
                 .filter(|&i| group.contains(&plan.devices[i].name) && bytes[i] > 0)
                 .collect();
             let works: Vec<f64> = idx.iter().map(|&i| alone[i]).collect();
             let at: Vec<f64> = idx.iter().map(|&i| starts[i]).collect();
-            for (&i, t) in idx.iter().zip(staggered_load_times(&works, &at)) {
+            let times = match cluster.disk_rates.get(g).copied().filter(|r| *r > 0.0) {
+                Some(rate) => {
+                    let solo: Vec<f64> = idx
+                        .iter()
+                        .map(|&i| bytes[i] as f64 / alone[i].max(1e-12))
+                        .collect();
+                    staggered_load_times_at(&works, &at, &solo, rate)
+                }
+                None => staggered_load_times(&works, &at),
+            };
+            for (&i, t) in idx.iter().zip(times) {
                 ld[i] = t;
             }
         }
@@ -527,65 +541,6 @@ fn share_disks(
             .sum();
         ld[i] *= served.max(mine) as f64 / mine as f64;
     }
-}
-
-/// Loads on one disk that start at different times (`starts`, seconds) and would take
-/// `works` seconds each alone, sharing the disk fairly among those running at each instant
-/// (each runs at `1/n` of its own rate while `n` run): how long each lasts from its start.
-/// Equal starts give the common-start sharing; loads that do not overlap keep their times.
-/// // seconds
-pub fn staggered_load_times(works: &[f64], starts: &[f64]) -> Vec<f64> {
-    let n = works.len().min(starts.len());
-    let mut left: Vec<f64> = works[..n].iter().map(|w| w.max(0.0)).collect();
-    let mut end = vec![f64::NAN; n];
-    for i in 0..n {
-        if left[i] <= 0.0 {
-            end[i] = starts[i];
-        }
-    }
-    let mut now = starts[..n].iter().copied().fold(f64::INFINITY, f64::min);
-    // every pass ends a load or starts one: at most 2n events
-    for _ in 0..2 * n + 1 {
-        let running: Vec<usize> = (0..n)
-            .filter(|&i| end[i].is_nan() && starts[i] <= now)
-            .collect();
-        let next_start = (0..n)
-            .filter(|&i| end[i].is_nan() && starts[i] > now)
-            .map(|i| starts[i])
-            .fold(f64::INFINITY, f64::min);
-        if running.is_empty() {
-            if next_start.is_finite() {
-                now = next_start;
-                continue;
-            }
-            break;
-        }
-        let share = running.len() as f64;
-        let first_done = running
-            .iter()
-            .map(|&i| left[i] * share)
-            .fold(f64::INFINITY, f64::min);
-        let step = first_done.min(next_start - now);
-        for &i in &running {
-            let t = left[i] * share;
-            if t <= step * (1.0 + 1e-12) {
-                left[i] = 0.0;
-                end[i] = now + t.min(step);
-            } else {
-                left[i] -= step / share;
-            }
-        }
-        now += step;
-    }
-    (0..n)
-        .map(|i| {
-            if end[i].is_nan() {
-                works[i]
-            } else {
-                end[i] - starts[i]
-            }
-        })
-        .collect()
 }
 
 /// When each device's load of stage `k` starts, one micro-batch in flight: in the round of

@@ -253,6 +253,10 @@ pub struct CostBreakdown {
     /// ([`crate::Cluster::coordinator`]).  // milliseconds
     #[serde(default, skip_serializing_if = "is_zero")]
     pub coordinator_ms: f64,
+    /// Threshold switches' parked steps, spread over a run's tokens (a run's pricing only,
+    /// [`crate::adapt::evaluate_switched`]; a plan's own evaluation has none).  // milliseconds
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub switch_ms: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -262,7 +266,11 @@ fn is_zero(x: &f64) -> bool {
 impl CostBreakdown {
     /// Sum of the parts.  // milliseconds
     pub fn total_ms(&self) -> f64 {
-        self.compute_ms + self.comm_ms + self.uncovered_load_ms + self.coordinator_ms
+        self.compute_ms
+            + self.comm_ms
+            + self.uncovered_load_ms
+            + self.coordinator_ms
+            + self.switch_ms
     }
 }
 

@@ -247,6 +247,14 @@ pub struct DeviceProfile {
     /// model adds it to every hop into the device ([`crate::cost`]).  // seconds
     #[serde(default, skip_serializing_if = "is_zero")]
     pub hop_wake: f64,
+    /// What a threshold switch of this device costs the run: the step that needs the new
+    /// placement is parked from the coordinator sending the switch until the device answers
+    /// (the kept blocks stay, the new resident ones are read, a new loader and slot). The
+    /// runtime measures each park (`breakdown.switch_ms` of a `loip local --json` run);
+    /// 0 when unknown (presets). Priced once per switching step over a run's switches
+    /// ([`crate::adapt::evaluate_switched`]).  // seconds
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub switch_s: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -388,6 +396,7 @@ impl DeviceProfile {
             collective_latency: 0.0,
             load_slowdown: 0.0,
             hop_wake: 0.0,
+            switch_s: 0.0,
         };
         profile.validate()?;
         Ok(profile)
@@ -439,6 +448,9 @@ impl DeviceProfile {
         }
         if !(self.hop_wake >= 0.0 && self.hop_wake <= 1.0) {
             return Err(bad("hop_wake", "must be in [0, 1] s"));
+        }
+        if !(self.switch_s >= 0.0 && self.switch_s <= 60.0) {
+            return Err(bad("switch_s", "must be in [0, 60] s"));
         }
         match &self.compute {
             ComputeModel::Roofline(r) => {

@@ -576,6 +576,46 @@ fn staggered_loads_share_the_disk_only_while_they_overlap() {
     );
 }
 
+/// A disk whose rate with several readers is measured (`Cluster::disk_rates`,
+/// `cost::staggered_load_times_at`): the loads running share that rate, each at
+/// `min(1, rate / Σ solo)` of its own rate alone; a load alone keeps its time, and a rate of
+/// `Σ solo / n` is fair sharing again.
+#[test]
+fn loads_share_the_disks_measured_rate_for_several_readers() {
+    // two readers of 1 GB/s alone, 1.5 GB/s in all: both at 0.75 of their own rate
+    let t = cost::staggered_load_times_at(&[1.0, 1.0], &[0.0, 0.0], &[1e9, 1e9], 1.5e9);
+    assert!(close(t[0], 1.0 / 0.75) && close(t[1], 1.0 / 0.75), "{t:?}");
+    // a disk as fast as both readers together: no slowdown; loads apart keep their times
+    let t = cost::staggered_load_times_at(&[1.0, 2.0], &[0.0, 0.0], &[1e9, 1e9], 4e9);
+    assert!(close(t[0], 1.0) && close(t[1], 2.0), "{t:?}");
+    let t = cost::staggered_load_times_at(&[1.0, 1.0], &[0.0, 5.0], &[1e9, 2e9], 1e9);
+    assert!(close(t[0], 1.0) && close(t[1], 1.0), "{t:?}");
+    // the rate each would get with fair sharing gives fair sharing's times
+    let (w, at, solo) = ([2.0, 1.5, 1.0], [0.0, 0.5, 0.7], [1e9, 1e9, 1e9]);
+    let fair = cost::staggered_load_times(&w, &at);
+    let t = cost::staggered_load_times_at(&w, &at, &solo, 1e9);
+    for (a, b) in t.iter().zip(&fair) {
+        assert!(close(*a, *b), "{t:?} vs {fair:?}");
+    }
+    // in a plan: the measured rate between fair sharing and a disk of its own
+    let (sh, alone, mut shared) = two_devices_one_disk();
+    let alloc = [(20, 5), (20, 10)];
+    let sporadic = |c: &Cluster| plan(&sh, c, &alloc, ExecMode::Overlapped, Pattern::Sporadic, 1);
+    let (p, q) = (sporadic(&alone), sporadic(&shared));
+    let rate = |c: &Cluster, n: &str| c.device(n).unwrap().profile.loader.direct.bandwidth;
+    shared.disk_rates = vec![0.75 * (rate(&shared, "d0") + rate(&shared, "d1"))];
+    let r = sporadic(&shared);
+    for i in 0..2 {
+        assert!(r.devices[i].load_ms >= p.devices[i].load_ms * (1.0 - 1e-9));
+        assert!(r.devices[i].load_ms <= q.devices[i].load_ms * (1.0 + 1e-9));
+    }
+    assert!(r
+        .devices
+        .iter()
+        .zip(&q.devices)
+        .any(|(r, q)| r.load_ms < q.load_ms));
+}
+
 /// With one micro-batch the devices on one disk load at staggered times: each load lasts at
 /// least as long as alone and at most as long as with the common start of bursty rounds.
 #[test]

@@ -225,6 +225,11 @@ pub struct Breakdown {
     pub coordinator_ms: f64,
     /// bytes read from SSDs per token  // bytes
     pub loaded_bytes: f64,
+    /// steps parked for threshold switches (from the first switch sent to the last answer),
+    /// spread over the decode steps; inside `network_ms`  // milliseconds
+    pub switch_ms: f64,
+    /// how many times a step was parked for switches
+    pub switch_parks: u64,
 }
 
 impl Breakdown {
@@ -241,6 +246,8 @@ impl Breakdown {
             queued_ms: d.queued_s * 1e3 / n,
             coordinator_ms: d.coordinator_s * 1e3 / n,
             loaded_bytes: d.loaded_bytes as f64 / n,
+            switch_ms: t.switch_s * 1e3 / n,
+            switch_parks: t.switch_parks,
         }
     }
 }

@@ -196,6 +196,11 @@ pub struct Totals {
     pub decode_steps: u64,
     /// their sums
     pub decode: StepStats,
+    /// times a step was parked for answered switches (threshold switches, reservations)
+    pub switch_parks: u64,
+    /// how long those steps were parked: from the first switch sent to the last answer
+    /// (inside the parked step's `wall_s`, counted in its `network_s`)  // seconds
+    pub switch_s: f64,
 }
 
 /// The state of one device of the pipeline.

@@ -37,7 +37,16 @@ enum Workers {
 /// Two devices of two one-layer stages each, every block resident, room for 12 tokens of
 /// KV: a 150-token generation crosses thresholds on both. Checks tokens and logits against
 /// the single-device engine; returns the adaptation report and the KV bytes per token.
-fn run_switches(workers: Workers, tag: &str) -> (loip_runtime::adapt::AdaptReport, u64) {
+/// The run's adaptation report, the KV bytes a token, and the pipeline's step totals (the
+/// switches' parks among them).
+fn run_switches(
+    workers: Workers,
+    tag: &str,
+) -> (
+    loip_runtime::adapt::AdaptReport,
+    u64,
+    loip_runtime::coordinator::Totals,
+) {
     let path = fixture("tiny-llama");
     let ckpt = Checkpoint::open(&path).unwrap();
     let slices = slices_of(&path, "tiny-llama");
@@ -82,9 +91,10 @@ fn run_switches(workers: Workers, tag: &str) -> (loip_runtime::adapt::AdaptRepor
     assert_bits("through the switches", &logits, &want_logits);
     let ad = s.adaptation().expect("adaptation on");
     eprintln!("adaptation: {:?}", ad.events);
+    let totals = s.pipeline().take_totals();
     s.shutdown();
     drop(procs);
-    (ad, kv_per_token)
+    (ad, kv_per_token, totals)
 }
 
 const N_NEW: usize = 150;
@@ -92,7 +102,7 @@ const N_NEW: usize = 150;
 #[test]
 fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
     let held = 12;
-    let (ad, kv_per_token) = run_switches(Workers::Processes, "adapt-switch");
+    let (ad, kv_per_token, totals) = run_switches(Workers::Processes, "adapt-switch");
     let n_new = N_NEW;
     let switched: Vec<usize> = ad
         .events
@@ -126,6 +136,11 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
         .collect();
     assert!(tos.iter().any(|t| t.0 > 0), "an attention switch: {tos:?}");
     assert!(tos.iter().any(|t| t.1 > 0), "an MLP switch: {tos:?}");
+    // each step that waited for switches was timed once, however many devices it switched
+    assert!(
+        (1..=tos.len() as u64).contains(&totals.switch_parks) && totals.switch_s > 0.0,
+        "{totals:?}"
+    );
     for d in &ad.devices {
         assert!(d.switches_applied >= 1, "{d:?}");
         assert!(!d.crossings.is_empty(), "{d:?}");
@@ -144,7 +159,7 @@ fn switches_mid_run_keep_tokens_and_logits_bit_identical() {
 fn a_refused_switch_is_not_assumed_applied() {
     // dev1 refuses its first switch: the coordinator waits for the answer, keeps dev1's
     // layout, takes the next cheapest switch; the run completes bit-identical
-    let (ad, _) = run_switches(Workers::Refusing([1, 0]), "adapt-refuse");
+    let (ad, _, _) = run_switches(Workers::Refusing([1, 0]), "adapt-refuse");
     let d = &ad.devices;
     assert_eq!(d[0].switches_refused, 1, "{d:?}");
     assert_eq!(d[1].switches_refused, 0, "{d:?}");

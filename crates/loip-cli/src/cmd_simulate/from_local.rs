@@ -50,10 +50,27 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         .and_then(|x| x.as_u64())
         .unwrap_or(0) as u32;
     let first = run.new_tokens.saturating_sub(steps) + 1;
+    // A switch parks the step that needs it: priced at the run's own mean park (the runtime
+    // times each, `breakdown.switch_ms` over `switch_parks`), as a device profile would state it.
+    let mut cluster = run.cluster.clone();
+    let parks = v
+        .pointer("/breakdown/switch_parks")
+        .and_then(|x| x.as_u64())
+        .unwrap_or(0);
+    let park_ms = v
+        .pointer("/breakdown/switch_ms")
+        .and_then(|x| x.as_f64())
+        .unwrap_or(0.0);
+    if parks > 0 && park_ms.is_finite() && park_ms > 0.0 {
+        let each_s = (park_ms * steps as f64 / parks as f64 / 1e3).clamp(0.0, 60.0);
+        for d in &mut cluster.devices {
+            d.profile.switch_s = each_s;
+        }
+    }
     let switched = loip_plan::adapt::evaluate_switched(
         &run.plan,
         &run.shape,
-        &run.cluster,
+        &cluster,
         &runtime_events,
         first,
         steps,
@@ -158,19 +175,22 @@ struct CostTerms {
     /// blocks (and the head) on the devices
     compute: (f64, f64),
     /// a token's hops: the run's network, queueing and what the workers spend outside blocks
-    /// and loads (the compute thread's and pool's wake-ups, frames); the model's `comm`
+    /// and loads (the compute thread's and pool's wake-ups, frames), less the switches'
+    /// parks; the model's `comm`
     hops: (f64, f64),
     /// of the measured hops: inside the workers, outside blocks, loads and queues
     other: f64,
     /// load stall (measured) and uncovered load (predicted)
     loads: (f64, f64),
     coordinator: (f64, f64),
+    /// steps parked for threshold switches, per token
+    switch: (f64, f64),
     loaded_bytes: f64,
 }
 
 impl CostTerms {
     /// The markdown header of [`CostTerms::row`].
-    const HEADER: &'static str = "| measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | loaded MB/token | plan as started ÷ measured |\n|---:|---:|---|---|---:|---|---|---:|---:|";
+    const HEADER: &'static str = "| measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | switch parks meas./pred. | loaded MB/token | plan as started ÷ measured |\n|---:|---:|---|---|---:|---|---|---|---:|---:|";
 
     fn of(
         v: &serde_json::Value,
@@ -189,15 +209,18 @@ impl CostTerms {
             + m("load_stall_ms")
             + m("coordinator_ms");
         let other = measured_ms - known;
+        // the parks are inside the parked steps' wall, so in the run's `network_ms`
+        let park = m("switch_ms");
         CostTerms {
             measured_ms,
             predicted_ms,
             plan_ms: plan.predicted_ms_per_token,
             compute: (m("compute_ms"), p.compute_ms),
-            hops: (m("network_ms") + m("queued_ms") + other, p.comm_ms),
+            hops: (m("network_ms") + m("queued_ms") + other - park, p.comm_ms),
             other,
             loads: (m("load_stall_ms"), p.uncovered_load_ms),
             coordinator: (m("coordinator_ms"), p.coordinator_ms),
+            switch: (park, p.switch_ms),
             loaded_bytes: m("loaded_bytes"),
         }
     }
@@ -206,7 +229,7 @@ impl CostTerms {
     fn row(&self) -> String {
         let pair = |x: (f64, f64)| format!("{:.2} / {:.2}", x.0, x.1);
         format!(
-            "| {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {:.1} | {:.2} |",
+            "| {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {:.1} | {:.2} |",
             self.measured_ms,
             self.predicted_ms / self.measured_ms,
             pair(self.compute),
@@ -214,6 +237,7 @@ impl CostTerms {
             self.other,
             pair(self.loads),
             pair(self.coordinator),
+            pair(self.switch),
             self.loaded_bytes / 1e6,
             self.plan_ms / self.measured_ms
         )

@@ -142,7 +142,8 @@ pub(super) async fn plan_cluster(
     };
     let manifest = &slices.manifest;
     let shape = planning_shape(manifest, opts);
-    let probes = probe_devices(slices, &workers, &mut conns, &mut reports, opts).await?;
+    let (probes, disk_rate) =
+        probe_devices(slices, &workers, &mut conns, &mut reports, opts).await?;
     let (mut cluster, profiles) = describe_cluster(
         &workers,
         &conns,
@@ -155,6 +156,9 @@ pub(super) async fn plan_cluster(
     )?;
     if opts.measure_links {
         cluster.coordinator = crate::coordinator::handoff_s().await; // its part of a step
+    }
+    if disk_rate > 0.0 && !cluster.disks.is_empty() {
+        cluster.disk_rates = vec![disk_rate; cluster.disks.len()];
     }
     let plan = make_plan(&shape, &cluster, &unreachable, opts)?;
     Ok(Planned {
@@ -332,14 +336,17 @@ fn planning_shape(manifest: &Manifest, opts: &SessionOptions) -> ModelShape {
 }
 
 /// Probes the devices without a profile on layer 0 (shipped first): blocks one at a time;
-/// loads with the blocks, or all devices together (`opts.probe_loads_together`).
+/// loads with the blocks, or all devices together (`opts.probe_loads_together`). With
+/// `opts.shared_disk` (and loads probed one at a time) the loaders are then also probed all
+/// at once: the sum of their rates is the disk's rate for several readers (bytes/s; 0 when
+/// not measured).
 async fn probe_devices(
     slices: &Slices,
     workers: &[WorkerSpec],
     conns: &mut Vec<Conn>,
     reports: &mut [DeviceReport],
     opts: &SessionOptions,
-) -> Result<Vec<Option<ProbeResult>>, ClusterError> {
+) -> Result<(Vec<Option<ProbeResult>>, f64), ClusterError> {
     let (model_dir, manifest) = (&slices.dir, &slices.manifest);
     let together = opts.probe_loads_together;
     let mut probes: Vec<Option<ProbeResult>> = vec![None; workers.len()];
@@ -360,8 +367,34 @@ async fn probe_devices(
     }
     if together {
         probe_loads_together(manifest, conns, &mut probes).await?;
+        return Ok((probes, 0.0));
     }
-    Ok(probes)
+    let probed = probes.iter().filter(|p| p.is_some()).count();
+    if !opts.shared_disk || probed < 2 {
+        return Ok((probes, 0.0));
+    }
+    let mut at_once = probes.clone();
+    probe_loads_together(manifest, conns, &mut at_once).await?;
+    // Each loader's rate at once, at the size it read (layer 0's blocks, two reads): the
+    // fit's `β` alone can run far off when `λ` takes the time, its time at the probed size
+    // does not.
+    let bytes: u64 = [SliceKind::Attn(0), SliceKind::Mlp(0)]
+        .iter()
+        .filter_map(|k| manifest.slice(*k).map(|e| e.size))
+        .sum();
+    let rate: f64 = at_once
+        .iter()
+        .flatten()
+        .map(|p| {
+            let l = match opts.loader {
+                LoaderKind::Direct => p.direct,
+                LoaderKind::Conventional => p.conventional,
+            };
+            bytes as f64 / l.load_time(bytes, 2)
+        })
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .sum();
+    Ok((probes, rate))
 }
 
 /// Measures the loaders of the probed devices at the same time (devices emulated on one
@@ -461,6 +494,7 @@ fn describe_cluster(
         link,
         defaults: Default::default(),
         disks,
+        disk_rates: Vec::new(),
         coordinator: 0.0,
     };
     Ok((cluster, profiles))

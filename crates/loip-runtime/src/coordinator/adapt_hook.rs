@@ -36,6 +36,8 @@ pub(super) struct AdaptState {
     admitted: Option<u64>,
     /// a switch was refused since the waiting step was admitted
     refused: bool,
+    /// when the first of the `pending` switches was sent (the step behind them parks)
+    parked_at: Option<std::time::Instant>,
     /// lent KV asked back and not yet here: (lender, stage) → when asked
     pub(super) fetch_at: std::collections::BTreeMap<(usize, u16), std::time::Instant>,
     /// steps that re-prefill evicted sequences, to enter right before the step keyed
@@ -56,6 +58,7 @@ impl AdaptState {
             waiting: VecDeque::new(),
             admitted: None,
             refused: false,
+            parked_at: None,
             fetch_at: Default::default(),
             recompute: Default::default(),
             cmd,
@@ -153,6 +156,7 @@ impl Sched {
                 if answered {
                     if let Some(a) = self.adapt.as_mut() {
                         a.pending.insert(d);
+                        a.parked_at.get_or_insert_with(std::time::Instant::now);
                     }
                 }
                 if self.writers[d].send((FrameKind::Control, p)).is_err() {
@@ -194,6 +198,11 @@ impl Sched {
         };
         if !a.pending.is_empty() {
             return;
+        }
+        if let Some(at) = a.parked_at.take() {
+            let mut t = super::lock(&self.shared.totals);
+            t.switch_parks += 1;
+            t.switch_s += at.elapsed().as_secs_f64();
         }
         let mut waiting = std::mem::take(&mut a.waiting);
         if let Some(id) = a.admitted.take() {
