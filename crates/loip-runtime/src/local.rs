@@ -126,7 +126,7 @@ pub fn local_spec_for(
         }
     }
     // a sliding-window layer's cache stops at its window
-    let kv_rows: u64 = (0..n as usize)
+    let kv_rows: u64 = (0..n)
         .map(|l| {
             m.config
                 .layer_window(l)

@@ -263,7 +263,7 @@ fn run(
         AdaptEvent::Lend { tokens, .. } => Some(*tokens),
         _ => None,
     };
-    let at_drop = events[..before].iter().filter_map(lent).last().unwrap_or(0);
+    let at_drop = events[..before].iter().rev().find_map(lent).unwrap_or(0);
     assert!(at_drop > 0, "lending at the drop: {events:?}");
     // The fetches' rate (what Eq. 8 sizes lending by) follows the link. (With this tiny
     // model a lend is 10 tokens, under the default dead band n_ts = 16, so the policy keeps

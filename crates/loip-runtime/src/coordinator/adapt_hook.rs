@@ -23,6 +23,9 @@ use crate::wire::{self, DeviceMemory, FrameKind, ToWorker};
 /// A step and its input, waiting to enter.
 type Waiting = (u64, InFlight, Vec<u8>);
 
+/// The positions and token ids of a step that prefills evicted sequences again.
+type Refeed = (Vec<TokenPos>, Vec<u32>);
+
 /// The adapter and the steps it holds back.
 pub(super) struct AdaptState {
     pub(super) adapter: Adapter,
@@ -41,7 +44,7 @@ pub(super) struct AdaptState {
     /// lent KV asked back and not yet here: (lender, stage) → when asked
     pub(super) fetch_at: std::collections::BTreeMap<(usize, u16), std::time::Instant>,
     /// steps that re-prefill evicted sequences, to enter right before the step keyed
-    recompute: std::collections::BTreeMap<u64, Vec<(Vec<TokenPos>, Vec<u32>)>>,
+    recompute: std::collections::BTreeMap<u64, Vec<Refeed>>,
     /// the pipeline's own command queue: a split step's sub-steps enter through it
     cmd: tokio::sync::mpsc::WeakUnboundedSender<super::Cmd>,
 }

@@ -117,8 +117,7 @@ async fn run_parts(
             for (&k, &a) in p.slots.iter().zip(&out.argmax) {
                 picks[k] = a;
             }
-        } else if n > 0 {
-            let vocab = out.logits.len() / n;
+        } else if let Some(vocab) = out.logits.len().checked_div(n) {
             if vocab == 0 || vocab * n != out.logits.len() {
                 return Err(ClusterError::Invalid(format!(
                     "a sub-step returned {} logits for {n} rows",

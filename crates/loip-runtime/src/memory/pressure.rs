@@ -115,6 +115,12 @@ pub struct Sampler {
 /// How often the engine looks, at most (a look reads two or three small files).
 pub const EVERY: Duration = Duration::from_millis(50);
 
+impl Default for Sampler {
+    fn default() -> Sampler {
+        Sampler::new()
+    }
+}
+
 impl Sampler {
     /// Samples against the process's cgroup limit where it has one; nothing without.
     pub fn new() -> Sampler {
