@@ -377,14 +377,20 @@ impl Deq<__m512> for Q4K {
         for b in 0..blocks {
             let q = p.add(b * 144);
             let (d, dmin) = (f16_scalar(q), f16_scalar(q.add(2)));
-            let scales = std::slice::from_raw_parts(q.add(4), 12);
+            // the 8 scales and 8 mins at once: d * sc_k and dmin * min_k, as `dequant`
+            let [sc, m] = crate::scales::unpack_scales_k4(q.add(4));
+            let sm = _mm_setr_epi32(sc[0] as i32, sc[1] as i32, m[0] as i32, m[1] as i32);
+            let dm = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d), _mm512_set1_ps(dmin));
+            let mut km = [0f32; 16];
+            _mm512_storeu_ps(
+                km.as_mut_ptr(),
+                _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm))),
+            );
             for k in 0..8 {
-                let (sc, m) = crate::scales::scale_min_k4(k, scales);
-                let (dk, mk) = (d * sc as f32, dmin * m as f32);
                 // d_k * q - m_k, rounded twice as `dequant` computes it
                 let v = _mm512_sub_ps(
-                    _mm512_mul_ps(iota(), _mm512_set1_ps(dk)),
-                    _mm512_set1_ps(mk),
+                    _mm512_mul_ps(iota(), _mm512_set1_ps(km[k])),
+                    _mm512_set1_ps(km[8 + k]),
                 );
                 _mm512_store_ps(out.add(128 * b + 16 * k), v);
             }
