@@ -1,6 +1,7 @@
 //! AVX-512 tiles for short batches ([`WIDE_MIN`] ..= [`SHORT_BATCH`] tokens: batched
 //! decode of 4 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
-//! types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), with the weights dequantized in registers: no
+//! types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and 256-element super-block types (Q4_K, Q6_K), with
+//! the weights dequantized in registers: no
 //! panel, no stores, and each block dequantized once for all the tokens (the per-row kernels
 //! of `avx512` hold at most 4 tokens, so 8 tokens dequantized every block twice; Q5_0 and
 //! Q5_1 had no per-row kernel there and took the L1 panels of `gemm.rs`).
@@ -34,6 +35,14 @@
 //! Q5_0 at 8 tokens (one thread, `prefill_bench --tokens 8`, alternating binaries, Zen 5):
 //! 113-115 GFLOP/s on Qwen2.5's 896-column matrices against 83-85 with the L1 panels of
 //! `gemm.rs`, 97-100 against 80 on Gemma 3's 640-column ones.
+//!
+//! Super-blocks: a pass steps over one block (four chunks, each with constant offsets) in
+//! segments of 512 columns. Q4_K: one 16-entry table per 32-element sub-block (`d_k q - m_k`,
+//! exact), a slot as Q4_0's. Q6_K: a slot is one 16-element group (one scale): nibbles as
+//! Q4_0's, two bits of `qh` rotated into bits 4-5 and merged, `q - 32` converted and
+//! multiplied by the group's `d · sc`. At 8 tokens (one thread, `prefill_bench --tokens 8`,
+//! alternating binaries, Zen 5) against the per-row kernels: Q6_K 896×4864 100-110 GFLOP/s
+//! against 73-79, Q4_K 896×4864 124-130 against 74-80 and 640×1024 127-134 against 122.
 //!
 //! Measured (SmolLM2 down projection 576×1536, one thread, in L2, alternating trials): 8
 //! tokens of Q4_1 in 0.69× the time of the per-row kernels, Q8_0 0.87×. On AVX2 the same
