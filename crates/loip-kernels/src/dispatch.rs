@@ -13,7 +13,7 @@ use crate::simd::{per_row_batches, usable, Level};
 /// [`rows`]. AVX-512 keeps its per-row kernels (1 row × 4 tokens, weights dequantized in
 /// registers) for batches of up to [`AVX512_ROWS_MAX_TOKENS`] of the types it has them for,
 /// [`avx512_native`], except where the in-register short-batch tiles take them (Q4_0, Q4_1,
-/// Q8_0, and Q5_0 / Q5_1, which have no per-row kernel there, at 4 to 8 tokens:
+/// Q8_0, Q4_K, Q6_K, and Q5_0 / Q5_1, which have no per-row kernel there, at 4 to 8 tokens:
 /// `x86::gemm::short::handles`, 0.88x the per-row time of a SmolLM2
 /// step's matmuls at n = 4); longer batches and other types take 512-bit tiles.
 const GEMM_MIN_TOKENS: usize = 2;

@@ -1,6 +1,7 @@
 //! AVX-512 tiles for short batches ([`WIDE_MIN`] ..= [`SHORT_BATCH`] tokens: batched
 //! decode of 4 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
-//! types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), with the weights dequantized in registers: no
+//! types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and 256-element super-block types (Q4_K, Q6_K), with
+//! the weights dequantized in registers: no
 //! panel, no stores, and each block dequantized once for all the tokens (the per-row kernels
 //! of `avx512` hold at most 4 tokens, so 8 tokens dequantized every block twice; Q5_0 and
 //! Q5_1 had no per-row kernel there and took the L1 panels of `gemm.rs`).
@@ -34,6 +35,14 @@
 //! Q5_0 at 8 tokens (one thread, `prefill_bench --tokens 8`, alternating binaries, Zen 5):
 //! 113-115 GFLOP/s on Qwen2.5's 896-column matrices against 83-85 with the L1 panels of
 //! `gemm.rs`, 97-100 against 80 on Gemma 3's 640-column ones.
+//!
+//! Super-blocks: a pass steps over one block (four chunks, each with constant offsets) in
+//! segments of 512 columns. Q4_K: one 16-entry table per 32-element sub-block (`d_k q - m_k`,
+//! exact), a slot as Q4_0's. Q6_K: a slot is one 16-element group (one scale): nibbles as
+//! Q4_0's, two bits of `qh` rotated into bits 4-5 and merged, `q - 32` converted and
+//! multiplied by the group's `d · sc`. At 8 tokens (one thread, `prefill_bench --tokens 8`,
+//! alternating binaries, Zen 5) against the per-row kernels: Q6_K 896×4864 100-110 GFLOP/s
+//! against 73-79, Q4_K 896×4864 124-130 against 74-80 and 640×1024 127-134 against 122.
 //!
 //! Measured (SmolLM2 down projection 576×1536, one thread, in L2, alternating trials): 8
 //! tokens of Q4_1 in 0.69× the time of the per-row kernels, Q8_0 0.87×. On AVX2 the same
@@ -78,20 +87,26 @@ unsafe fn perm() -> __m512i {
     _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
 }
 
-/// A 32-element-block type whose slots dequantize in registers of type `V`.
+/// A block type (blocks of 32 elements, or 256-element super-blocks) whose slots dequantize
+/// in registers of type `V`.
 trait Deq<V> {
-    /// bytes per block of 32 elements
+    /// elements per block (32 or 256)
+    const BLOCK: usize = 32;
+    /// bytes per block
     const BLOCK_BYTES: usize;
     /// f32 of per-block data (the scales, or a 16-entry table of exact values)
     const AUX: usize;
     /// whether [`Deq::slot`] gives its lanes in the order of [`perm`]
     const PERMUTED: bool;
-    /// The per-block data of `blocks` (at most `SEG / 32`) consecutive blocks at `p` to
+    /// columns per segment: a multiple of 64 and of the block, with `SEG / BLOCK * AUX` at
+    /// most [`SEG_AUX`]
+    const SEG: usize = SEG;
+    /// The per-block data of `blocks` (at most `SEG / BLOCK`) consecutive blocks at `p` to
     /// `out[.. blocks * AUX]` (64-byte aligned).
     unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32);
-    /// Elements `o .. o + WIDTH` (`o` a multiple of the width, below 32) of the block at `p`,
-    /// whose data [`Deq::aux`] wrote at `a`: exactly the values of `dequant` (in the order
-    /// of [`perm`] if `PERMUTED`).
+    /// Elements `o .. o + WIDTH` (`o` a multiple of the width, below `BLOCK`) of the block
+    /// at `p`, whose data [`Deq::aux`] wrote at `a`: exactly the values of `dequant` (in the
+    /// order of [`perm`] if `PERMUTED`).
     unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> V;
 }
 
@@ -291,6 +306,114 @@ impl Deq<__m512> for Q80 {
     }
 }
 
+/// Q6_K (256-element super-blocks of 210 bytes: `ql` 128, `qh` 64, 16 int8 scales, f16
+/// `d`): element `e` is `(d * sc[e / 16]) * (q - 32)`, its 6-bit `q` the nibble of `ql` and
+/// two bits of `qh` (see `dequant`). A slot is one 16-element group, so one scale: the
+/// group's nibbles as in [`nibbles16`], its two bits of `qh` rotated to bits 4-5 and merged
+/// by `vpternlogd`, then `q - 32` converted and multiplied by the scale, as `dequant` does.
+struct Q6K;
+
+impl Deq<__m512> for Q6K {
+    const BLOCK: usize = 256;
+    const BLOCK_BYTES: usize = 210;
+    const AUX: usize = 16;
+    const PERMUTED: bool = true;
+    // 8 tokens of 512 columns: 16 KiB of L1
+    const SEG: usize = 512;
+    #[inline(always)]
+    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+        for b in 0..blocks {
+            let q = p.add(b * 210);
+            let d = _mm512_set1_ps(f16_scalar(q.add(208)));
+            let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(q.add(192) as *const __m128i));
+            // d * sc, as `dequant` computes each group's scale
+            _mm512_store_ps(out.add(16 * b), _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+        }
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
+        // half h, quarter j (bits 2j of qh, the high nibbles from j = 2), group offset l0
+        let (h, j, l0) = (o / 128, o % 128 / 32, o % 32);
+        let nib = nibbles16(p.add(64 * h + 32 * (j % 2) + l0), 16 * (j / 2));
+        // lane 4 a + b holds byte 4 b + a of qh, whose bits 2j, 2j + 1 go to bits 4, 5
+        let r = |a: i32| (8 * a + 2 * j as i32 - 4) & 31;
+        let rot = _mm512_setr_epi32(
+            r(0),
+            r(0),
+            r(0),
+            r(0),
+            r(1),
+            r(1),
+            r(1),
+            r(1),
+            r(2),
+            r(2),
+            r(2),
+            r(2),
+            r(3),
+            r(3),
+            r(3),
+            r(3),
+        );
+        let qh =
+            _mm512_broadcast_i32x4(_mm_loadu_si128(p.add(128 + 32 * h + l0) as *const __m128i));
+        let hb = _mm512_rorv_epi32(qh, rot);
+        // bits 0-3 from the nibbles, 4-5 from hb: q
+        let q = _mm512_and_si512(
+            _mm512_ternarylogic_epi32::<0xE4>(nib, hb, _mm512_set1_epi32(0x0F)),
+            _mm512_set1_epi32(0x3F),
+        );
+        let q = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)));
+        _mm512_mul_ps(_mm512_set1_ps(*a.add(o / 16)), q)
+    }
+}
+
+/// Q4_K (256-element super-blocks of 144 bytes: f16 `d` and `dmin`, 12 bytes of 6-bit
+/// scales and mins, 128 of nibbles): sub-block `k` (32 elements) is `d_k * q - m_k`, with
+/// `d_k = d * sc_k` and `m_k = dmin * min_k` (see `dequant`). As Q4_0: one 16-entry table of
+/// exact values per sub-block, and a slot is one `vpermps` of its nibbles.
+struct Q4K;
+
+impl Deq<__m512> for Q4K {
+    const BLOCK: usize = 256;
+    const BLOCK_BYTES: usize = 144;
+    const AUX: usize = 128;
+    const PERMUTED: bool = true;
+    // 8 tokens of 512 columns: 16 KiB of L1; two blocks' tables, 1 KiB per row
+    const SEG: usize = 512;
+    #[inline(always)]
+    unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+        for b in 0..blocks {
+            let q = p.add(b * 144);
+            let (d, dmin) = (f16_scalar(q), f16_scalar(q.add(2)));
+            // the 8 scales and 8 mins at once: d * sc_k and dmin * min_k, as `dequant`
+            let [sc, m] = crate::scales::unpack_scales_k4(q.add(4));
+            let sm = _mm_setr_epi32(sc[0] as i32, sc[1] as i32, m[0] as i32, m[1] as i32);
+            let dm = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d), _mm512_set1_ps(dmin));
+            let mut km = [0f32; 16];
+            _mm512_storeu_ps(
+                km.as_mut_ptr(),
+                _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm))),
+            );
+            for k in 0..8 {
+                // d_k * q - m_k, rounded twice as `dequant` computes it
+                let v = _mm512_sub_ps(
+                    _mm512_mul_ps(iota(), _mm512_set1_ps(km[k])),
+                    _mm512_set1_ps(km[8 + k]),
+                );
+                _mm512_store_ps(out.add(128 * b + 16 * k), v);
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
+        // chunk c of 64 elements: 32 bytes, low nibbles its first 32 elements, high the rest
+        let (c, s) = (o / 64, o % 64);
+        let nib = nibbles16(p.add(16 + 32 * c + s % 32), s / 32 * 16);
+        _mm512_permutexvar_ps(nib, _mm512_load_ps(a.add(16 * (o / 32))))
+    }
+}
+
 /// The per-block data of a segment for one row, 64-byte aligned for the tables' loads.
 #[repr(C, align(64))]
 struct Aux([MaybeUninit<f32>; SEG_AUX]);
@@ -320,35 +443,63 @@ unsafe fn pass<V: Slot, Q: Deq<V>, const R: usize, const T: usize, const S: usiz
             }
         }
     }
-    // this slot's elements of a 64-element chunk lie in one block, at offset o; the chunks
-    // of the segment whose slot is whole (`k1 - k0` is a multiple of 32)
-    let (blk, o) = (V::WIDTH * S / 32, V::WIDTH * S % 32);
+    // a step is one block of 256 (four 64-element chunks) or two blocks of 32 (one chunk);
+    // this slot's elements of chunk `u` of a step lie in one block, at offset `o`; the steps
+    // of the segment whose slot is whole (`k1 - k0` is a multiple of 32, or of 256)
+    let step = Q::BLOCK.max(64);
     let first = V::WIDTH * S;
-    let chunks = (k1 - k0 + 64 - first - V::WIDTH) / 64;
-    let wb: [*const u8; R] = std::array::from_fn(|i| w[i].add((k0 / 32 + blk) * Q::BLOCK_BYTES));
-    let sb: [*const f32; R] = std::array::from_fn(|i| sc[i].as_ptr().add(blk * Q::AUX));
+    let steps = (k1 - k0 + step - first - V::WIDTH) / step;
+    let wb: [*const u8; R] = std::array::from_fn(|i| w[i].add(k0 / Q::BLOCK * Q::BLOCK_BYTES));
+    let sb: [*const f32; R] = std::array::from_fn(|i| sc[i].as_ptr());
     let xb: [*const f32; T] = std::array::from_fn(|t| x[t].add(k0 + first));
-    for c in 0..chunks {
-        // a loop, not `array::from_fn`: the 5-bit types' closure was too large to inline,
-        // and outside it the intrinsics were calls
-        let mut wv = [V::zero(); R];
-        for i in 0..R {
-            wv[i] = Q::slot(
-                wb[i].add(2 * c * Q::BLOCK_BYTES),
-                sb[i].add(2 * c * Q::AUX),
-                o,
-            );
-        }
-        for t in 0..T {
-            let xv = V::load(xb[t].add(64 * c));
-            for i in 0..R {
-                acc[i][t] = V::fma(wv[i], xv, acc[i][t]);
-            }
+    for c in 0..steps {
+        // each chunk's offsets are constants (a loop over `u` was left rolled, its shifts
+        // and rotations built at run time)
+        chunk::<V, Q, R, T, S, 0>(&wb, &sb, &xb, c, &mut acc);
+        if step == 256 {
+            chunk::<V, Q, R, T, S, 1>(&wb, &sb, &xb, c, &mut acc);
+            chunk::<V, Q, R, T, S, 2>(&wb, &sb, &xb, c, &mut acc);
+            chunk::<V, Q, R, T, S, 3>(&wb, &sb, &xb, c, &mut acc);
         }
     }
     for i in 0..R {
         for t in 0..T {
             st[i][t][S].write(acc[i][t]);
+        }
+    }
+}
+
+/// Chunk `U` (64 elements) of step `c` of pass `S` (see [`pass`]): slot `S` of the rows at
+/// `wb` (their per-block data at `sb`) fused into the tokens at `xb`, onto `acc`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // one index runs over three arrays
+unsafe fn chunk<
+    V: Slot,
+    Q: Deq<V>,
+    const R: usize,
+    const T: usize,
+    const S: usize,
+    const U: usize,
+>(
+    wb: &[*const u8; R],
+    sb: &[*const f32; R],
+    xb: &[*const f32; T],
+    c: usize,
+    acc: &mut [[V; T]; R],
+) {
+    let step = Q::BLOCK.max(64);
+    let e = 64 * U + V::WIDTH * S;
+    let (blk, o) = (c * step / Q::BLOCK + e / Q::BLOCK, e % Q::BLOCK);
+    // a loop, not `array::from_fn`: the 5-bit types' closure was too large to inline, and
+    // outside it the intrinsics were calls
+    let mut wv = [V::zero(); R];
+    for i in 0..R {
+        wv[i] = Q::slot(wb[i].add(blk * Q::BLOCK_BYTES), sb[i].add(blk * Q::AUX), o);
+    }
+    for t in 0..T {
+        let xv = V::load(xb[t].add(step * c + 64 * U));
+        for i in 0..R {
+            acc[i][t] = V::fma(wv[i], xv, acc[i][t]);
         }
     }
 }
@@ -364,10 +515,10 @@ unsafe fn tile<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
     let mut sc: [Aux; R] = std::array::from_fn(|_| Aux([MaybeUninit::uninit(); SEG_AUX]));
     let mut k0 = 0;
     while k0 < cols {
-        let k1 = (k0 + SEG).min(cols);
+        let k1 = (k0 + Q::SEG).min(cols);
         for (i, sci) in sc.iter_mut().enumerate() {
-            let p = w[i].add(k0 / 32 * Q::BLOCK_BYTES);
-            Q::aux(p, (k1 - k0) / 32, sci.0.as_mut_ptr() as *mut f32);
+            let p = w[i].add(k0 / Q::BLOCK * Q::BLOCK_BYTES);
+            Q::aux(p, (k1 - k0) / Q::BLOCK, sci.0.as_mut_ptr() as *mut f32);
         }
         // the data of every block of the segment is written above
         let sc = &*(&sc as *const _ as *const [[f32; SEG_AUX]; R]);
@@ -393,7 +544,7 @@ unsafe fn run<Q: Deq<__m512>, const R: usize, const T: usize>(
     rows: usize,
     out: Out,
 ) {
-    let rb = cols / 32 * Q::BLOCK_BYTES;
+    let rb = cols / Q::BLOCK * Q::BLOCK_BYTES;
     let xs: [*const f32; T] = std::array::from_fn(|t| x.as_ptr().add(t * cols));
     let mut r0 = 0;
     while r0 < rows {
@@ -483,7 +634,13 @@ pub(crate) fn handles(dtype: DType, n: usize) -> bool {
     (WIDE_MIN..=SHORT_BATCH).contains(&n)
         && matches!(
             dtype,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+            DType::Q4_0
+                | DType::Q4_1
+                | DType::Q5_0
+                | DType::Q5_1
+                | DType::Q8_0
+                | DType::Q4K
+                | DType::Q6K
         )
 }
 
@@ -502,7 +659,9 @@ pub(super) unsafe fn rows(
     rows: usize,
     out: Out,
 ) {
-    debug_assert!(handles(dtype, n) && cols > 0 && cols % 32 == 0 && x.len() == n * cols);
+    debug_assert!(
+        handles(dtype, n) && cols > 0 && cols % dtype.block_elems() == 0 && x.len() == n * cols
+    );
     let nibbles = |buf: &mut Vec<f32>| {
         // 15 more for the start on a 64-byte line: no load of a token splits a line
         if buf.len() < x.len() + 15 {
@@ -511,7 +670,9 @@ pub(super) unsafe fn rows(
         let off = buf.as_ptr().align_offset(64).min(15);
         let xp = &mut buf[off..off + x.len()];
         match dtype {
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => permute(x, xp),
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q6K => {
+                permute(x, xp)
+            }
             _ => xp.copy_from_slice(x),
         }
         match dtype {
@@ -519,6 +680,8 @@ pub(super) unsafe fn rows(
             DType::Q4_1 => short_avx512::<Q41>(data, cols, xp, n, rows, out),
             DType::Q5_0 => short_avx512::<Q50>(data, cols, xp, n, rows, out),
             DType::Q5_1 => short_avx512::<Q51>(data, cols, xp, n, rows, out),
+            DType::Q6K => short_avx512::<Q6K>(data, cols, xp, n, rows, out),
+            DType::Q4K => short_avx512::<Q4K>(data, cols, xp, n, rows, out),
             _ => short_avx512::<Q80>(data, cols, xp, n, rows, out),
         }
     };
