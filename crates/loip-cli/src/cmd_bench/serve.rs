@@ -125,8 +125,12 @@ pub fn run(a: ServeBenchArgs) -> Result<Value> {
         bail!("--rate must be a positive number");
     }
     let url = completions_url(&a.url)?;
+    // A connection per request, as separate clients would open: a server may close an idle
+    // kept-alive connection just as the next request goes out on it (llama-server does),
+    // which failed that request.
     let client = reqwest::Client::builder()
         .tcp_nodelay(true)
+        .pool_max_idle_per_host(0)
         .build()
         .context("building the HTTP client")?;
     let mut rng = Rng(a.seed);
