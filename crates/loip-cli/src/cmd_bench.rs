@@ -130,15 +130,19 @@ fn decode_ms<B: StepBackend>(b: &mut B, tokens: usize) -> Result<f64> {
 /// Prompt length of the prefill column of `loip bench engine`.
 const PREFILL_TOKENS: usize = 256;
 
+/// A prefill prompt of `len` token ids cycling below the model's vocabulary (the same ids as
+/// `bench/compare_llama_cpp.sh` gives llama.cpp, for a vocabulary of at least 49152).
+pub(super) fn prefill_prompt(m: &Model<'_>, len: usize) -> Vec<u32> {
+    let vocab = m.tf.cfg.vocab_size.max(1) as u32;
+    (0..len as u32).map(|i| (i * 7 + 1) % vocab).collect()
+}
+
 fn engine(model: &str, tokens: usize) -> Result<serde_json::Value> {
     let ckpt = loip::model::open(model)?;
     let m = Model::from_checkpoint(&ckpt)?;
     let mut rows = vec![];
     // a 256-token prompt (token ids cycling below the vocabulary) for the prefill column
-    let vocab = m.tf.cfg.vocab_size.max(1) as u32;
-    let prompt: Vec<u32> = (0..PREFILL_TOKENS as u32)
-        .map(|i| (i * 7 + 1) % vocab)
-        .collect();
+    let prompt = prefill_prompt(&m, PREFILL_TOKENS);
     println!(
         "| model | threads | decode ms/token | tokens/s | prefill ms/token ({PREFILL_TOKENS}-token prompt) |\n|---|---|---|---|---|"
     );

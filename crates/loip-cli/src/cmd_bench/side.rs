@@ -16,7 +16,7 @@ use loip_engine::generate::{generate, Flow};
 use loip_engine::{Generator, Model};
 use serde_json::json;
 
-use super::greedy;
+use super::{greedy, prefill_prompt};
 
 /// Arguments of `loip bench model`.
 #[derive(Args, Debug)]
@@ -42,7 +42,7 @@ pub struct ModelBenchArgs {
 }
 
 /// Prompt length when `--prompt-ids` is not given.
-const DEFAULT_PROMPT: u32 = 256;
+const DEFAULT_PROMPT: usize = 256;
 
 /// Ids the decode rounds start from when the model has no tokenizer.
 const NO_TOKENIZER_START: usize = 6;
@@ -57,7 +57,7 @@ pub(super) fn run(a: ModelBenchArgs) -> Result<serde_json::Value> {
     let m = Model::from_checkpoint(&ckpt)?;
     let vocab = m.tf.cfg.vocab_size.max(1) as u32;
     let prompt: Vec<u32> = if a.prompt_ids.is_empty() {
-        (0..DEFAULT_PROMPT).map(|i| (i * 7 + 1) % vocab).collect()
+        prefill_prompt(&m, DEFAULT_PROMPT)
     } else {
         a.prompt_ids.clone()
     };
