@@ -1,6 +1,6 @@
 //! Token sampling: greedy, temperature, top-k, top-p, seeded.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -109,6 +109,11 @@ impl Sampler {
 
     /// The distribution [`Sampler::sample`] draws from: temperature, then top-k, then
     /// top-p; a point mass on the [`argmax`] when greedy; empty when no logit is finite.
+    ///
+    /// With top-k or top-p its ids are the kept tokens, most likely first (ties: the lower
+    /// id); with neither, every token with a finite logit in id order. Only the kept part is
+    /// sorted, so that a sampled step over a vocabulary of 10⁵ tokens costs one pass over it
+    /// (a sort of the whole vocabulary took longer than the step's forward pass).
     pub fn distribution(&self, logits: &[f32]) -> Dist {
         if self.is_greedy() {
             return Dist {
@@ -126,29 +131,37 @@ impl Sampler {
         if cand.is_empty() {
             return Dist::default();
         }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
-            cand.truncate(p.top_k);
+        let sorted = p.top_k > 0;
+        if sorted {
+            if p.top_k < cand.len() {
+                cand.select_nth_unstable_by(p.top_k - 1, likelier);
+                cand.truncate(p.top_k);
+            }
+            cand.sort_unstable_by(likelier);
         }
-        let max = cand[0].1;
+        let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        if max == f32::INFINITY {
+            // a temperature so small that a logit over it overflows: the limit is greedy
+            return Dist {
+                ids: vec![argmax(logits)],
+                probs: vec![1.0],
+            };
+        }
         let mut probs: Vec<f64> = cand.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= total);
         if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            let mut keep = probs.len();
-            for (i, q) in probs.iter().enumerate() {
-                acc += q;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
+            let keep = if sorted {
+                top_p_prefix(&probs, p.top_p as f64)
+            } else {
+                // the most likely tokens first, sorted only as far as top-p reaches
+                nucleus(&mut cand, &mut probs, p.top_p as f64)
+            };
+            cand.truncate(keep);
             probs.truncate(keep);
             let total: f64 = probs.iter().sum();
             probs.iter_mut().for_each(|q| *q /= total);
         }
-        cand.truncate(probs.len());
         Dist {
             ids: cand.into_iter().map(|c| c.0).collect(),
             probs,
@@ -189,11 +202,13 @@ impl Sampler {
         if px > 0.0 && self.uniform() * qx < px {
             return (x, true);
         }
+        // q's probabilities by id: a draft model's q can hold the whole vocabulary
+        let q_of: HashMap<u32, f64> = q.ids.iter().copied().zip(q.probs.iter().copied()).collect();
         let residual: Vec<f64> = p
             .ids
             .iter()
             .zip(&p.probs)
-            .map(|(&id, &pi)| (pi - q.prob(id)).max(0.0))
+            .map(|(id, &pi)| (pi - q_of.get(id).copied().unwrap_or(0.0)).max(0.0))
             .collect();
         let total: f64 = residual.iter().sum();
         if total <= 0.0 {
@@ -209,8 +224,56 @@ impl Sampler {
     }
 }
 
+/// The sampling order: the larger (scaled) logit first, the lower id on ties (a total order).
+fn likelier(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// How many of `probs` (most likely first) top-p keeps: up to the first whose running sum
+/// reaches `top_p`.
+fn top_p_prefix(probs: &[f64], top_p: f64) -> usize {
+    let mut acc = 0.0;
+    for (i, q) in probs.iter().enumerate() {
+        acc += q;
+        if acc >= top_p {
+            return i + 1;
+        }
+    }
+    probs.len()
+}
+
+/// Top-p over candidates in id order: moves the `k` likeliest to the front, sorted (`k`
+/// growing 256, 1024, … until their probabilities reach `top_p`, at most all of them), and
+/// returns how many top-p keeps ([`top_p_prefix`] of the sorted front).
+fn nucleus(cand: &mut [(u32, f32)], probs: &mut [f64], top_p: f64) -> usize {
+    let n = cand.len();
+    // probabilities travel with their candidates
+    let mut both: Vec<((u32, f32), f64)> =
+        cand.iter().copied().zip(probs.iter().copied()).collect();
+    let by = |a: &((u32, f32), f64), b: &((u32, f32), f64)| likelier(&a.0, &b.0);
+    let mut k = 256.min(n);
+    let keep = loop {
+        if k < n {
+            both.select_nth_unstable_by(k - 1, by);
+        }
+        both[..k].sort_unstable_by(by);
+        let front: Vec<f64> = both[..k].iter().map(|b| b.1).collect();
+        let keep = top_p_prefix(&front, top_p);
+        // a prefix short of `k` reached top-p; all `n` is the answer whatever it reached
+        if keep < k || k == n {
+            break keep;
+        }
+        k = (4 * k).min(n);
+    };
+    for (i, (c, q)) in both.into_iter().enumerate() {
+        cand[i] = c;
+        probs[i] = q;
+    }
+    keep
+}
+
 /// A distribution over token ids: the ids with non-zero probability and theirs (summing to
-/// 1, most likely first as [`Sampler::distribution`] builds it).
+/// 1; in the order [`Sampler::distribution`] gives).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Dist {
     /// token ids
@@ -420,6 +483,91 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(s.sample(&logits), 1);
         }
+    }
+
+    /// The definition [`Sampler::distribution`] implements, by sorting every candidate.
+    fn by_full_sort(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i as u32, v / p.temperature))
+            .collect();
+        cand.sort_by(likelier);
+        if p.top_k > 0 {
+            cand.truncate(p.top_k);
+        }
+        let w: Vec<f64> = cand
+            .iter()
+            .map(|c| ((c.1 - cand[0].1) as f64).exp())
+            .collect();
+        let total: f64 = w.iter().sum();
+        let mut probs: Vec<f64> = w.iter().map(|q| q / total).collect();
+        if p.top_p < 1.0 {
+            probs.truncate(top_p_prefix(&probs, p.top_p as f64));
+            let total: f64 = probs.iter().sum();
+            probs.iter_mut().for_each(|q| *q /= total);
+        }
+        cand.iter().zip(probs).map(|(c, q)| (c.0, q)).collect()
+    }
+
+    /// Over a vocabulary of Gemma 3's size, with ties and masked tokens: the same kept ids
+    /// as sorting everything; top-k sums in the same order (the same bits), top-p alone and
+    /// no limit sum the whole vocabulary in id order (the last bits may differ).
+    #[test]
+    fn a_large_vocabulary_sorts_only_what_it_keeps() {
+        let n = 262_144;
+        let mut logits: Vec<f32> = (0..n)
+            .map(|i| ((i as f32 * 0.618).sin() * 9.0).round() / 2.0)
+            .collect();
+        logits[17] = f32::NEG_INFINITY;
+        logits[99] = f32::NAN;
+        for (top_k, top_p) in [
+            (40, 1.0),
+            (40, 0.9),
+            (0, 0.9),
+            (0, 0.999),
+            (0, 1.0),
+            (n, 0.5),
+        ] {
+            let params = SamplingParams {
+                temperature: 0.7,
+                top_k,
+                top_p,
+                seed: 3,
+            };
+            let want = by_full_sort(&logits, &params);
+            let got = Sampler::new(params).unwrap().distribution(&logits);
+            assert_eq!(got.ids.len(), want.len(), "top_k {top_k} top_p {top_p}");
+            let mut by_id: Vec<(u32, f64)> = got.ids.iter().copied().zip(got.probs).collect();
+            if top_k == 0 && top_p == 1.0 {
+                assert!(by_id.windows(2).all(|w| w[0].0 < w[1].0), "id order");
+                by_id.sort_by(|a, b| {
+                    likelier(&(a.0, logits[a.0 as usize]), &(b.0, logits[b.0 as usize]))
+                });
+            }
+            for ((gi, gq), (wi, wq)) in by_id.iter().zip(&want) {
+                assert_eq!(gi, wi, "top_k {top_k} top_p {top_p}");
+                if top_k > 0 {
+                    assert_eq!(gq.to_bits(), wq.to_bits(), "top_k {top_k} top_p {top_p}");
+                } else {
+                    assert!((gq - wq).abs() <= 1e-9 * wq, "{gq} vs {wq}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_overflowing_temperature_is_greedy() {
+        let s = Sampler::new(SamplingParams {
+            temperature: 1e-45,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        })
+        .unwrap();
+        let d = s.distribution(&[1.0, 3.0, -2.0]);
+        assert_eq!((d.ids, d.probs), (vec![1], vec![1.0]));
     }
 
     /// Exact: the rule's output law is q·min(1, p/q) + (1 − Σ min(p, q))·residual = p;
