@@ -122,12 +122,7 @@ impl Sampler {
             };
         }
         let p = &self.params;
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| (i as u32, v / p.temperature))
-            .collect();
+        let mut cand = candidates(logits, p.temperature);
         if cand.is_empty() {
             return Dist::default();
         }
@@ -222,6 +217,16 @@ impl Sampler {
         };
         (self.draw(&r), false)
     }
+}
+
+/// The tokens with a finite logit and their logits over `temperature`, in id order.
+fn candidates(logits: &[f32], temperature: f32) -> Vec<(u32, f32)> {
+    logits
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(i, &v)| (i as u32, v / temperature))
+        .collect()
 }
 
 /// The sampling order: the larger (scaled) logit first, the lower id on ties (a total order).
@@ -487,12 +492,7 @@ mod tests {
 
     /// The definition [`Sampler::distribution`] implements, by sorting every candidate.
     fn by_full_sort(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| (i as u32, v / p.temperature))
-            .collect();
+        let mut cand = candidates(logits, p.temperature);
         cand.sort_by(likelier);
         if p.top_k > 0 {
             cand.truncate(p.top_k);
