@@ -3,7 +3,8 @@
 # --cont-batching` (llama.cpp built for this CPU, bench/llama_cpp_build.sh) on the same GGUF,
 # both loaded by `loip bench serve` (streaming completions, greedy, ignore_eos) with 1 client
 # (2 requests) and 8 clients (8 requests, closed loop), in interleaved rounds; output tokens/s
-# and the median time to first token, then one table of the medians over the rounds.
+# and the median time to first token, then one table of the medians over the rounds. Each load
+# sends new random prompts (its own seed), the same to both servers.
 #
 # usage: bench/compare_llama_server.sh [ROUNDS]
 # MODELS (default "gemma3-270m qwen2.5-coder-0.5b"), THREADS (default 2), CLIENTS (default
@@ -40,10 +41,10 @@ wait_ready() { # URL NAME: until the server answers /v1/models (at most 10 minut
     echo "$2 did not come up at $1" >&2
     exit 1
 }
-bench() { # URL CLIENTS: tokens/s and TTFT p50 (ms) of one load
+bench() { # URL CLIENTS SEED: tokens/s and TTFT p50 (ms) of one load
     local n=$2
     [ "$n" = 1 ] && n=2
-    "$loip" bench serve --url "$1" --requests "$n" --concurrency "$2" \
+    "$loip" bench serve --url "$1" --requests "$n" --concurrency "$2" --seed "$3" \
         --prompt-len "$prompt_len" --output-len "$output_len" --json "$work/r.json" >/dev/null
     python3 -c "import json; r=json.load(open('$work/r.json')); assert r['failed'] == 0, r['errors']; print(r['tokens_per_s'], r['ttft']['p50_ms'])"
 }
@@ -65,8 +66,12 @@ for m in $models; do
     wait_ready "http://127.0.0.1:$cp" llama-server
     for r in $(seq 1 "$rounds"); do
         for c in $clients; do
-            l=$(bench "http://127.0.0.1:$lp" "$c")
-            o=$(bench "http://127.0.0.1:$cp" "$c")
+            # the same prompts for both servers, new ones for each load: with prompts seen
+            # before, llama-server reuses a slot's cached prompt KV (cache_prompt) and its
+            # times to first token and tokens/s measure that cache, not serving
+            seed=$((1000 * r + c))
+            l=$(bench "http://127.0.0.1:$lp" "$c" "$seed")
+            o=$(bench "http://127.0.0.1:$cp" "$c" "$seed")
             read -r lt lf <<<"$l"
             read -r ct cf <<<"$o"
             printf "%-6s %-19s %-8s %14s %14s %15s %15s\n" "$r" "$m" "$c" "$lt" "$ct" "$lf" "$cf"
