@@ -143,11 +143,6 @@ pub(super) unsafe fn k4_scales(p: *const u8) -> [f32; 16] {
 pub(super) trait Quant {
     /// 64-element chunks per block (0 for 32-element blocks, read in pairs)
     const CHUNKS: usize;
-    /// Whether the single-token dot runs a block's chunks as a loop rather than unrolled:
-    /// unrolled, LLVM computed Q4_K's weights of several chunks ahead and kept the 8
-    /// accumulators on the stack (16 registers), each fma waiting on the store of the one
-    /// before (3.0 GB/s against 8.0 at AVX-512).
-    const ROLLED: bool = false;
     const BLOCK_BYTES: usize;
     type State: Copy;
     unsafe fn prepare(p: *const u8) -> Self::State;
@@ -264,7 +259,6 @@ pair_quant!(Q80, 34);
 pub(super) struct Q4K;
 impl Quant for Q4K {
     const CHUNKS: usize = 4;
-    const ROLLED: bool = false;
     const BLOCK_BYTES: usize = 144;
     /// `[d * sc_k for k in 0..8] ++ [dmin * m_k for k in 0..8]`
     type State = [f32; 16];
@@ -562,12 +556,6 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
             let p = row.add(b * Q::BLOCK_BYTES);
             super::prefetch(p.wrapping_add(rb), Q::BLOCK_BYTES);
             let s = Q::prepare(p);
-            // an opaque trip count keeps the loop a loop (see `Quant::ROLLED`)
-            let chunks = if Q::ROLLED {
-                std::hint::black_box(Q::CHUNKS)
-            } else {
-                Q::CHUNKS
-            };
             #[inline(always)]
             unsafe fn step<Q: Quant>(
                 acc: &mut [__m256; 8],
@@ -579,15 +567,16 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
                 Q::dot_chunk(acc, p, s, k, x, e)
             }
             let e = b * Q::CHUNKS * 64;
-            if Q::CHUNKS == 4 && !Q::ROLLED {
+            if Q::CHUNKS == 4 {
                 // unrolled by hand: as a loop LLVM kept it one (Q6_K: branches on k and
-                // three accumulators on the stack)
+                // three accumulators on the stack; Q4_K, whose loop was kept rolled before
+                // its `dot_chunk`, is no slower unrolled now)
                 step::<Q>(&mut acc, (p, &s), 0, x, e);
                 step::<Q>(&mut acc, (p, &s), 1, x, e + 64);
                 step::<Q>(&mut acc, (p, &s), 2, x, e + 128);
                 step::<Q>(&mut acc, (p, &s), 3, x, e + 192);
             } else {
-                for k in 0..chunks {
+                for k in 0..Q::CHUNKS {
                     step::<Q>(&mut acc, (p, &s), k, x, e + 64 * k);
                 }
             }
