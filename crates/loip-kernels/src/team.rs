@@ -104,44 +104,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// How long a waiting thread has waited, read from the clock only every [`Clock::EVERY`]
-/// polls and only after the first [`Clock::FREE`] (a clock read, `clock_gettime`, costs more
-/// than a poll; a region's wait mostly ends within the first polls, and a region that ends
-/// at once reads no clock at all). Between reads it reports the last reading, so a wait is
-/// seen as over [`PAUSE`] or [`SPIN`] at most `EVERY` polls late.
-struct Clock {
-    since: Option<Instant>,
-    polls: u32,
-    last: Duration,
-}
-
-impl Clock {
-    /// polls before the first clock read
-    const FREE: u32 = 64;
-    /// polls between clock reads
-    const EVERY: u32 = 16;
-
-    fn new() -> Clock {
-        Clock {
-            since: None,
-            polls: 0,
-            last: Duration::ZERO,
-        }
-    }
-
-    /// Counts a poll; the time since the first clock read (zero before it), as of the last read.
-    fn waited(&mut self) -> Duration {
-        self.polls = self.polls.wrapping_add(1);
-        if (self.since.is_some() || self.polls >= Clock::FREE) && self.polls % Clock::EVERY == 0 {
-            match self.since {
-                Some(t) => self.last = t.elapsed(),
-                None => self.since = Some(Instant::now()),
-            }
-        }
-        self.last
-    }
-}
-
 /// Whether a job word has an unclaimed chunk.
 fn claimable(word: u64) -> bool {
     (word & u64::from(u32::MAX)) < word >> 32
@@ -179,10 +141,12 @@ impl Team {
         self.word.store((chunks as u64) << 32, Ordering::SeqCst);
         self.notify();
         self.work();
-        let mut clock = Clock::new();
+        let since = Instant::now();
+        let mut spins = 0u32;
         while self.done.load(Ordering::Acquire) < target {
             // a helper holds a chunk; if it was preempted, let it run
-            if clock.waited() < PAUSE {
+            spins = spins.wrapping_add(1);
+            if spins < 64 || since.elapsed() < PAUSE {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -228,26 +192,28 @@ impl Team {
             return;
         }
         crate::affinity::pin_pool_thread();
-        // idle since the last chunk this helper ran (or since it joined or woke)
-        let mut idle = Clock::new();
+        let mut idle = Instant::now();
+        let mut spins = 0u32;
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
             if claimable(self.word.load(Ordering::Relaxed)) {
                 if self.work() {
-                    idle = Clock::new();
+                    idle = Instant::now();
                 }
                 continue;
             }
-            let waited = idle.waited();
-            if waited > SPIN {
-                self.park();
-                idle = Clock::new();
-            } else if waited > PAUSE {
+            if spins >= 64 && idle.elapsed() > PAUSE {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 64 == 0 && idle.elapsed() > SPIN {
+                self.park();
+                idle = Instant::now();
+                spins = 0;
             }
         }
     }
