@@ -129,11 +129,11 @@ pub(super) unsafe fn k4_scales(p: *const u8) -> [f32; 16] {
     let packed = [sc[0].to_le(), sc[1].to_le(), m[0].to_le(), m[1].to_le()];
     let b = packed.as_ptr() as *const u8;
     let mut s = [0f32; 16];
-    for (h, f) in [f16_scalar(p), f16_scalar(p.add(2))]
-        .into_iter()
-        .enumerate()
-    {
-        let v = _mm256_mul_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(u8x8(b.add(8 * h))));
+    // `d`, `dmin` by `f16_splat`: converted in one lane (`f16_scalar`), each was loaded by
+    // `vpinsrw` into a register the previous block's fmas wrote last, which chained the
+    // blocks of a row (as for Q5_0, see `f16_splat`)
+    for (h, f) in [f16_splat(p), f16_splat(p.add(2))].into_iter().enumerate() {
+        let v = _mm256_mul_ps(f, _mm256_cvtepi32_ps(u8x8(b.add(8 * h))));
         _mm256_storeu_ps(s.as_mut_ptr().add(8 * h), v);
     }
     s
@@ -143,11 +143,6 @@ pub(super) unsafe fn k4_scales(p: *const u8) -> [f32; 16] {
 pub(super) trait Quant {
     /// 64-element chunks per block (0 for 32-element blocks, read in pairs)
     const CHUNKS: usize;
-    /// Whether the single-token dot runs a block's chunks as a loop rather than unrolled:
-    /// unrolled, LLVM computed Q4_K's weights of several chunks ahead and kept the 8
-    /// accumulators on the stack (16 registers), each fma waiting on the store of the one
-    /// before (3.0 GB/s against 8.0 at AVX-512).
-    const ROLLED: bool = false;
     const BLOCK_BYTES: usize;
     type State: Copy;
     unsafe fn prepare(p: *const u8) -> Self::State;
@@ -173,6 +168,20 @@ pub(super) trait Quant {
     }
     /// one 32-element block as two groups (32-element types only)
     unsafe fn block32(p: *const u8) -> [Group; 2];
+    /// `acc[j] = fma(w_j, x[e + 8 j ..], acc[j])` for the 8 weight octets `w_j` of chunk `k`
+    /// of the block at `p` ([`Quant::dot_half4`] of both halves), in any order across `j`.
+    #[inline(always)]
+    unsafe fn dot_chunk(
+        acc: &mut [__m256; 8],
+        p: *const u8,
+        s: &Self::State,
+        k: usize,
+        x: *const f32,
+        e: usize,
+    ) {
+        fma_halves::<4, 0>(acc, &Self::dot_half4(p, s, k, 0), x, e);
+        fma_halves::<4, 4>(acc, &Self::dot_half4(p, s, k, 1), x, e + 32);
+    }
 }
 
 /// `q * d + m` per element as one fma: `q * d` is exact (a 4-bit integer times an f16 fits
@@ -250,7 +259,6 @@ pair_quant!(Q80, 34);
 pub(super) struct Q4K;
 impl Quant for Q4K {
     const CHUNKS: usize = 4;
-    const ROLLED: bool = true;
     const BLOCK_BYTES: usize = 144;
     /// `[d * sc_k for k in 0..8] ++ [dmin * m_k for k in 0..8]`
     type State = [f32; 16];
@@ -278,6 +286,47 @@ impl Quant for Q4K {
             _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), d, m)
         };
         [f(0), f(8), f(16), f(24)]
+    }
+    /// Each byte's two nibbles at once: octet `o` of the 32 bytes is loaded once (zero-
+    /// extended to dwords), its low nibbles (`and`) are octet `o` of the chunk's first half
+    /// and its high nibbles (`srl`) octet `o` of the second, so a byte costs one load and
+    /// the registers hold 8 accumulators, the 4 scales and two weights (36 vector
+    /// instructions per 64 weights, against 44 for the halves one after the other, whose
+    /// second half LLVM loaded again as bytes to shift and mask before widening). The
+    /// scales are broadcast from memory and the bytes' address read through [`opaque`]: as
+    /// values LLVM kept the 16 scales in registers (broadcast by shuffles) and reused the
+    /// previous chunk's bytes, spilling accumulators.
+    #[inline(always)]
+    unsafe fn dot_chunk(
+        acc: &mut [__m256; 8],
+        p: *const u8,
+        s: &[f32; 16],
+        k: usize,
+        x: *const f32,
+        e: usize,
+    ) {
+        let s = opaque(s.as_ptr());
+        let q = opaque(p.add(16 + 32 * k));
+        let c = opaque(&BYTE_CONSTS);
+        // (d * sc) * q - dmin * m as one fms, as in `half4`
+        let (d0, m0) = (
+            _mm256_broadcast_ss(&*s.add(2 * k)),
+            _mm256_broadcast_ss(&*s.add(8 + 2 * k)),
+        );
+        let (d1, m1) = (
+            _mm256_broadcast_ss(&*s.add(2 * k + 1)),
+            _mm256_broadcast_ss(&*s.add(8 + 2 * k + 1)),
+        );
+        for o in 0..4 {
+            let v = u8x8(q.add(8 * o));
+            // 0x0F0F0F0F on zero-extended bytes: the low nibble
+            let lo = _mm256_and_si256(v, _mm256_load_si256((*c).m0f.as_ptr() as *const __m256i));
+            let hi = _mm256_srli_epi32(v, 4);
+            let wl = _mm256_fmsub_ps(_mm256_cvtepi32_ps(lo), d0, m0);
+            acc[o] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x.add(e + 8 * o)), acc[o]);
+            let wh = _mm256_fmsub_ps(_mm256_cvtepi32_ps(hi), d1, m1);
+            acc[4 + o] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x.add(e + 32 + 8 * o)), acc[4 + o]);
+        }
     }
     #[inline(always)]
     unsafe fn block32(_p: *const u8) -> [Group; 2] {
@@ -507,12 +556,6 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
             let p = row.add(b * Q::BLOCK_BYTES);
             super::prefetch(p.wrapping_add(rb), Q::BLOCK_BYTES);
             let s = Q::prepare(p);
-            // an opaque trip count keeps the loop a loop (see `Quant::ROLLED`)
-            let chunks = if Q::ROLLED {
-                std::hint::black_box(Q::CHUNKS)
-            } else {
-                Q::CHUNKS
-            };
             #[inline(always)]
             unsafe fn step<Q: Quant>(
                 acc: &mut [__m256; 8],
@@ -521,19 +564,19 @@ unsafe fn dot_quant<Q: Quant>(row: *const u8, cols: usize, x: *const f32) -> f32
                 x: *const f32,
                 e: usize,
             ) {
-                fma_halves::<4, 0>(acc, &Q::dot_half4(p, s, k, 0), x, e);
-                fma_halves::<4, 4>(acc, &Q::dot_half4(p, s, k, 1), x, e + 32);
+                Q::dot_chunk(acc, p, s, k, x, e)
             }
             let e = b * Q::CHUNKS * 64;
-            if Q::CHUNKS == 4 && !Q::ROLLED {
+            if Q::CHUNKS == 4 {
                 // unrolled by hand: as a loop LLVM kept it one (Q6_K: branches on k and
-                // three accumulators on the stack)
+                // three accumulators on the stack; Q4_K, whose loop was kept rolled before
+                // its `dot_chunk`, is no slower unrolled now)
                 step::<Q>(&mut acc, (p, &s), 0, x, e);
                 step::<Q>(&mut acc, (p, &s), 1, x, e + 64);
                 step::<Q>(&mut acc, (p, &s), 2, x, e + 128);
                 step::<Q>(&mut acc, (p, &s), 3, x, e + 192);
             } else {
-                for k in 0..chunks {
+                for k in 0..Q::CHUNKS {
                     step::<Q>(&mut acc, (p, &s), k, x, e + 64 * k);
                 }
             }
