@@ -226,7 +226,7 @@ pub struct Breakdown {
     /// bytes read from SSDs per token  // bytes
     pub loaded_bytes: f64,
     /// steps parked for threshold switches (from the first switch sent to the last answer),
-    /// spread over the decode steps; inside `network_ms`  // milliseconds
+    /// spread over the decode steps; inside `queued_ms`  // milliseconds
     pub switch_ms: f64,
     /// how many times a step was parked for switches
     pub switch_parks: u64,

@@ -199,7 +199,8 @@ pub struct Totals {
     /// times a step was parked for answered switches (threshold switches, reservations)
     pub switch_parks: u64,
     /// how long those steps were parked: from the first switch sent to the last answer
-    /// (inside the parked step's `wall_s`, counted in its `network_s`)  // seconds
+    /// (inside the parked step's `wall_s`, counted in its `queued_s`: it waits from its
+    /// creation to its dispatch)  // seconds
     pub switch_s: f64,
 }
 

@@ -139,6 +139,9 @@ pub struct Device {
     dir: PathBuf,
     manifest: Manifest,
     last_stage: Option<usize>, // the stage that ran last (where the next prefetch follows)
+    /// with `LOIP_HOP_TRACE` only: the pool calls' and loader starts' times since the last
+    /// [`Device::take_trace`]
+    trace: crate::hop_trace::Inside,
 }
 
 /// What a device's stages read where: resident slices, loader groups and their bytes.
@@ -322,6 +325,7 @@ impl Device {
             dir: dir.to_path_buf(),
             manifest: manifest.clone(),
             last_stage: None,
+            trace: Default::default(),
         };
         if dev.spec.overlap {
             if let Some(g) = dev.next_group(dev.spec.stages.len().saturating_sub(1)) {
@@ -479,7 +483,20 @@ impl Device {
     ) -> Result<(), RuntimeError> {
         self.last_stage = Some(k);
         // the whole stage on the compute pool: one hand-off, not one per matmul
-        loip_kernels::on_pool(|| self.run_stage_on_pool(k, x, batch, release))
+        if !crate::hop_trace::on() {
+            return loip_kernels::on_pool(|| self.run_stage_on_pool(k, x, batch, release));
+        }
+        let (r, call_s, in_s) =
+            crate::hop_trace::timed_on_pool(|| self.run_stage_on_pool(k, x, batch, release));
+        self.trace.add_pool(call_s, in_s);
+        self.trace.stages += 1;
+        r
+    }
+
+    /// With `LOIP_HOP_TRACE`: the device's times inside the hop since the last call (its
+    /// compute and stall are [`Device::take_times`]'s, filled in by the caller), then resets.
+    pub fn take_trace(&mut self) -> crate::hop_trace::Inside {
+        std::mem::take(&mut self.trace)
     }
 
     fn run_stage_on_pool(
@@ -497,6 +514,7 @@ impl Device {
             kv,
             spec,
             times,
+            trace,
             ..
         } = self;
         let stage = spec
@@ -558,7 +576,13 @@ impl Device {
                         let last_group_of_stage = groups[k].last().map(|(_, gg)| *gg) == Some(g);
                         if spec.overlap && release && last_group_of_stage {
                             if let Some(next) = next_group(groups, k) {
-                                ld.start(next)?;
+                                if crate::hop_trace::on() {
+                                    let t = Instant::now();
+                                    ld.start(next)?;
+                                    trace.start_s += t.elapsed().as_secs_f64();
+                                } else {
+                                    ld.start(next)?;
+                                }
                             }
                         }
                     }
@@ -585,7 +609,14 @@ impl Device {
         }
         let w = HeadWeights::bind(&self.resident, &self.tf.cfg)?;
         let mut out = vec![0f32; rows.len() * self.tf.cfg.vocab_size];
-        loip_kernels::on_pool(|| self.tf.head(&w, &sel, &mut out))?;
+        if crate::hop_trace::on() {
+            let (r, call_s, in_s) =
+                crate::hop_trace::timed_on_pool(|| self.tf.head(&w, &sel, &mut out));
+            r?;
+            self.trace.add_pool(call_s, in_s);
+        } else {
+            loip_kernels::on_pool(|| self.tf.head(&w, &sel, &mut out))?;
+        }
         self.times.compute_s += t.elapsed().as_secs_f64();
         Ok(out)
     }

@@ -13,6 +13,7 @@ pub mod cluster_run;
 pub mod coordinator;
 mod error;
 pub mod executor;
+pub mod hop_trace;
 pub mod loader;
 pub mod local;
 pub mod local_cluster;

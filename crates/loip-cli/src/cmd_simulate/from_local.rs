@@ -209,7 +209,8 @@ impl CostTerms {
             + m("load_stall_ms")
             + m("coordinator_ms");
         let other = measured_ms - known;
-        // the parks are inside the parked steps' wall, so in the run's `network_ms`
+        // the parks are inside the parked steps' wall, in the run's `queued_ms` (a step waits
+        // from its creation to its dispatch)
         let park = m("switch_ms");
         CostTerms {
             measured_ms,

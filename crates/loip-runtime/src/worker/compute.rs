@@ -116,9 +116,9 @@ pub(super) fn compute_thread(
                 ctx.send(crate::adapt::apply_switch(device.as_mut(), stages, refuse))
             }
             Job::Echo(id) => {
-                // a step's stage hand-off to the compute pool and back, doing nothing there
-                loip_kernels::on_pool(|| ());
-                ctx.send(ToCoordinator::Pong { id })
+                // a hop's hand-off to the compute pool, answered from there as a hop's output
+                // is (`run_hop`), doing nothing there
+                loip_kernels::on_pool(|| ctx.send(ToCoordinator::Pong { id }))
             }
             Job::Lend(tokens, via) => {
                 lender.set(tokens, via);
@@ -143,54 +143,108 @@ pub(super) fn compute_thread(
                 route,
             } => {
                 let queued_s = arrived.elapsed().as_secs_f64();
-                let result = match device.as_mut() {
-                    Some(d) => run_step(d, &header, &data, &mut lender, &ctx),
-                    None => Err(RuntimeError::Invalid("no device is loaded".into())),
+                let marks = crate::hop_trace::on().then(|| crate::hop_trace::Marks::new(arrived));
+                let hop = Hop {
+                    header,
+                    data,
+                    arrived,
+                    route,
+                    queued_s,
                 };
-                drop(data);
-                match result {
-                    Ok((kind, cols, rows_out, bytes)) => {
-                        let t = device.as_mut().map(|d| d.take_times()).unwrap_or_default();
-                        let times = JobTimes {
-                            queued_s,
-                            compute_s: t.compute_s,
-                            stall_s: t.stall_s,
-                            total_s: arrived.elapsed().as_secs_f64(),
-                            loaded_bytes: t.loaded_bytes,
-                        };
-                        if let Some((r, to)) = route.and_then(|r| Some((r, r.to?))) {
-                            drop(permit);
-                            let (step, d) = (header.step, &ctx.direct);
-                            if !d.hand_on(&ctx, step, r, to, bytes, times) {
-                                return;
-                            }
-                            continue;
-                        }
-                        let h = OutputHeader {
-                            step: header.step,
-                            kind,
-                            rows: rows_out,
-                            cols,
-                            times,
-                        };
-                        let payload = wire::encode_output(&h, &bytes);
-                        drop(bytes);
-                        drop(permit); // the input is done with before the output waits
-                        ctx.send_frame(FrameKind::Output, payload)
-                    }
-                    Err(e) => {
-                        if let Some(d) = device.as_mut() {
-                            let _ = d.take_times();
-                        }
-                        ctx.fail(Some(header.step), e.to_string())
-                    }
-                }
+                // The whole hop on the compute pool, its output handed on from there: one
+                // hand-off in a hop, however many stages and whether it ends with the head
+                // (each runs inline on the step's team), and the way back to this thread
+                // after the output is on its way.
+                let (d, lender, ctx) = (&mut device, &mut lender, &ctx);
+                loip_kernels::on_pool(move || run_hop(d, hop, permit, lender, ctx, marks))
             }
         };
         if !ok {
             return;
         }
     }
+}
+
+/// A step's hop as the compute thread takes it.
+struct Hop {
+    header: StepHeader,
+    data: Vec<u8>,
+    arrived: Instant,
+    route: Option<peer::HopRoute>,
+    queued_s: f64,
+}
+
+/// Runs a hop and hands its output to the coordinator's writer (or the next peer); false
+/// when the session is gone.
+fn run_hop(
+    device: &mut Option<Device>,
+    hop: Hop,
+    permit: BytePermit,
+    lender: &mut lend::Lender,
+    ctx: &ComputeCtx,
+    mut marks: Option<crate::hop_trace::Marks>,
+) -> bool {
+    let Hop {
+        header,
+        data,
+        arrived,
+        route,
+        queued_s,
+    } = hop;
+    if let Some(m) = marks.as_mut() {
+        m.pooled = Some(Instant::now());
+    }
+    let result = match device.as_mut() {
+        Some(d) => run_step(d, &header, &data, lender, ctx, marks.as_mut()),
+        None => Err(RuntimeError::Invalid("no device is loaded".into())),
+    };
+    drop(data);
+    if let Some(m) = marks.as_mut() {
+        m.ran = Some(Instant::now());
+    }
+    let (kind, cols, rows_out, bytes) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(d) = device.as_mut() {
+                let _ = d.take_times();
+            }
+            return ctx.fail(Some(header.step), e.to_string());
+        }
+    };
+    let t = device.as_mut().map(|d| d.take_times()).unwrap_or_default();
+    let trace = marks.map(|m| {
+        let mut inside = device.as_mut().map(|d| d.take_trace()).unwrap_or_default();
+        inside.compute_s = t.compute_s;
+        inside.stall_s = t.stall_s;
+        (header.step, m, inside)
+    });
+    let times = JobTimes {
+        queued_s,
+        compute_s: t.compute_s,
+        stall_s: t.stall_s,
+        total_s: arrived.elapsed().as_secs_f64(),
+        loaded_bytes: t.loaded_bytes,
+    };
+    let sent = if let Some((r, to)) = route.and_then(|r| Some((r, r.to?))) {
+        drop(permit);
+        ctx.direct.hand_on(ctx, header.step, r, to, bytes, times)
+    } else {
+        let h = OutputHeader {
+            step: header.step,
+            kind,
+            rows: rows_out,
+            cols,
+            times,
+        };
+        let payload = wire::encode_output(&h, &bytes);
+        drop(bytes);
+        drop(permit); // the input is done with before the output waits
+        ctx.send_frame(FrameKind::Output, payload)
+    };
+    if let Some((step, m, inside)) = trace {
+        crate::hop_trace::print(step, &m, &inside, Instant::now());
+    }
+    sent
 }
 
 /// Runs one step on the device: embed, stages, head. Returns (what the rows hold, values per
@@ -202,6 +256,7 @@ fn run_step(
     data: &[u8],
     lend: &mut lend::Lender,
     ctx: &ComputeCtx,
+    mut marks: Option<&mut crate::hop_trace::Marks>,
 ) -> Result<(OutputKind, u32, u32, Vec<u8>), RuntimeError> {
     let bad = |m: String| RuntimeError::Invalid(m);
     let (hidden, max_pos) = (d.tf.cfg.hidden_size, d.tf.cfg.max_position_embeddings);
@@ -305,11 +360,17 @@ fn run_step(
         }
         Ok(())
     };
+    if let Some(m) = marks.as_deref_mut() {
+        m.stages = Some(Instant::now());
+    }
     if let Err(e) = run(d, &mut x) {
         for s in &starts {
             d.kv.truncate(s.seq, s.pos);
         }
         return Err(e);
+    }
+    if let Some(m) = marks {
+        m.stages_done = Some(Instant::now());
     }
     if h.head {
         let rows: Vec<usize> = h.rows.iter().map(|&r| r as usize).collect();
