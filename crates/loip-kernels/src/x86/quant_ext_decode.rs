@@ -216,12 +216,9 @@ impl<const MIN: bool> Q5<MIN> {
     /// each per block before: the AVX2 dot was bound by loads, two a cycle on Zen 5).
     #[inline(always)]
     unsafe fn q5_0_dot(q: __m256i, d: __m256) -> [__m256; 4] {
-        // through an empty `asm!` (no memory, so LLVM may keep them in registers for the
-        // whole loop): with known constants LLVM rewrote the unpacks into other shuffles
-        let (zero, mag) = (
-            opaque_v(_mm256_setzero_si256()),
-            opaque_v(_mm256_set1_epi16(0x4700)),
-        );
+        // (LLVM keeps the constants in registers; the same speed with them hidden behind
+        // an `asm!`, unlike `bytes`' shuffle controls)
+        let (zero, mag) = (_mm256_setzero_si256(), _mm256_set1_epi16(0x4700));
         let dc = _mm256_mul_ps(d, _mm256_set1_ps(32784.0)); // (2^15 + 16)·d, exact
         let (lo, hi) = (_mm256_unpacklo_epi8(zero, q), _mm256_unpackhi_epi8(zero, q));
         // octet a: bytes 4a .. 4a + 4 of each lane
@@ -235,14 +232,6 @@ impl<const MIN: bool> Q5<MIN> {
     }
 }
 
-/// `v`, through an empty `asm!` that LLVM cannot see through (but may move or merge: it
-/// neither reads nor writes memory).
-#[inline]
-#[target_feature(enable = "avx")]
-unsafe fn opaque_v(mut v: __m256i) -> __m256i {
-    std::arch::asm!("/* {0} */", inout(ymm_reg) v, options(pure, nomem, nostack, preserves_flags));
-    v
-}
 impl<const MIN: bool> Decode for Q5<MIN> {
     const ELEMS: usize = 32;
     const BYTES: usize = if MIN { 24 } else { 22 };
