@@ -57,7 +57,12 @@ fn local_speculation_gives_the_tokens_of_generate_greedy_and_sampled() {
     let mut working = Vec::new();
     for (sampling, what) in [
         (vec![], "greedy"),
-        (vec!["--temperature", "0.9", "--seed", "11"], "sampled"),
+        // top-k 2: draws that repeat enough n-grams for the lookup to propose (this seed's
+        // drafts are partly kept, partly rejected)
+        (
+            vec!["--temperature", "0.9", "--top-k", "2", "--seed", "3"],
+            "sampled",
+        ),
     ] {
         let mut args = vec![
             "--model",
