@@ -147,7 +147,7 @@ impl Sampler {
         probs.iter_mut().for_each(|q| *q /= total);
         if p.top_p < 1.0 {
             let keep = if sorted {
-                top_p_prefix(&probs, p.top_p as f64)
+                top_p_prefix(probs.iter().copied(), p.top_p as f64)
             } else {
                 // the most likely tokens first, sorted only as far as top-p reaches
                 nucleus(&mut cand, &mut probs, p.top_p as f64)
@@ -236,15 +236,17 @@ fn likelier(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
 
 /// How many of `probs` (most likely first) top-p keeps: up to the first whose running sum
 /// reaches `top_p`.
-fn top_p_prefix(probs: &[f64], top_p: f64) -> usize {
+fn top_p_prefix(probs: impl IntoIterator<Item = f64>, top_p: f64) -> usize {
     let mut acc = 0.0;
-    for (i, q) in probs.iter().enumerate() {
+    let mut n = 0;
+    for q in probs {
         acc += q;
+        n += 1;
         if acc >= top_p {
-            return i + 1;
+            break;
         }
     }
-    probs.len()
+    n
 }
 
 /// Top-p over candidates in id order: moves the `k` likeliest to the front, sorted (`k`
@@ -262,8 +264,7 @@ fn nucleus(cand: &mut [(u32, f32)], probs: &mut [f64], top_p: f64) -> usize {
             both.select_nth_unstable_by(k - 1, by);
         }
         both[..k].sort_unstable_by(by);
-        let front: Vec<f64> = both[..k].iter().map(|b| b.1).collect();
-        let keep = top_p_prefix(&front, top_p);
+        let keep = top_p_prefix(both[..k].iter().map(|b| b.1), top_p);
         // a prefix short of `k` reached top-p; all `n` is the answer whatever it reached
         if keep < k || k == n {
             break keep;
@@ -504,7 +505,7 @@ mod tests {
         let total: f64 = w.iter().sum();
         let mut probs: Vec<f64> = w.iter().map(|q| q / total).collect();
         if p.top_p < 1.0 {
-            probs.truncate(top_p_prefix(&probs, p.top_p as f64));
+            probs.truncate(top_p_prefix(probs.iter().copied(), p.top_p as f64));
             let total: f64 = probs.iter().sum();
             probs.iter_mut().for_each(|q| *q /= total);
         }
