@@ -70,6 +70,14 @@ pub struct ApiArgs {
     /// with --mem and no --max-prompt, at most half the context chosen).
     #[arg(long)]
     pub max_prompt: Option<usize>,
+    /// Finished requests whose KV is kept, so that a later prompt that begins with the same
+    /// tokens (a chat client resends the whole conversation each turn) computes only the
+    /// rest; the same tokens either way (default: --parallel; 0 turns it off). The kept KV
+    /// uses only room no running request holds and yields to new requests at once. Turn it
+    /// off where a client must not learn, from a quicker first token, that another client's
+    /// prompt began the same way.
+    #[arg(long)]
+    pub prompt_cache: Option<usize>,
     /// Largest `max_tokens` a request may ask for; also the most a request without one gets.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_limit: usize,
@@ -227,6 +235,9 @@ pub fn run(mut a: ApiArgs) -> Result<()> {
         eprintln!();
     }
     let backend = opened.backend;
+    if let Some(n) = a.prompt_cache {
+        backend.set_prompt_cache(loip_engine::PromptCacheOptions::keep(n));
+    }
     if !a.no_replan {
         crate::cluster_ux::watch_rejoin(&backend);
     }

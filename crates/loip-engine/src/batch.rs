@@ -393,22 +393,24 @@ impl<B: BatchBackend> BatchRunner<B> {
         self.backend.can_fork()
     }
 
-    /// Gives added sequence `to`, not fed yet, `from`'s KV of all of `to`'s prompt but its
-    /// last token (which `to` then feeds itself, so that it samples its first token from
-    /// its own row): a shared prompt is computed once. Returns the positions shared. Refused
-    /// (nothing changes) when the backend cannot fork, `from` does not hold those tokens, or
-    /// the copy does not fit.
+    /// Gives added sequence `to`, not fed yet, a copy of `from`'s KV for the longest run of
+    /// leading tokens they share within all of `to`'s prompt but its last token (which `to`
+    /// then feeds itself, so that it samples its first token from its own row): a shared
+    /// prompt, or a shared beginning, is computed once. Returns the positions shared. Refused
+    /// (nothing changes) when the backend cannot fork, `from` shares no leading token, or the
+    /// copy does not fit.
     pub fn fork(&mut self, from: SeqId, to: SeqId) -> Result<usize, EngineError> {
         let target = self
             .seqs
             .get(&to)
             .filter(|r| r.fed == 0)
             .ok_or_else(|| EngineError::Invalid(format!("sequence {to} cannot take a fork")))?;
-        let n = target.tokens.len() - 1; // prompts are never empty
+        let want = &target.tokens[..target.tokens.len() - 1]; // prompts are never empty
         let held = self.cached_tokens(from).unwrap_or_default();
-        if n == 0 || held.len() < n || held[..n] != target.tokens[..n] {
+        let n = held.iter().zip(want).take_while(|(a, b)| a == b).count();
+        if n == 0 {
             return Err(EngineError::Invalid(format!(
-                "sequence {from} does not hold the prompt of {to}"
+                "sequence {from} does not hold the beginning of {to}'s prompt"
             )));
         }
         self.backend.fork(from, to, n)?;
@@ -416,6 +418,23 @@ impl<B: BatchBackend> BatchRunner<B> {
             run.fed = n;
         }
         Ok(n)
+    }
+
+    /// Ends the runner's part of `seq` but keeps its KV, for forks, until
+    /// [`BatchRunner::release`]: returns the tokens its KV holds, or `None` (and releases it)
+    /// where the backend cannot fork.
+    pub fn retire(&mut self, seq: SeqId) -> Option<usize> {
+        if !self.backend.can_fork() {
+            self.release(seq);
+            return None;
+        }
+        if let Some(run) = self.seqs.remove(&seq) {
+            self.keep_kv(seq, &run);
+        }
+        if let Some(lps) = self.logprobs.remove(&seq) {
+            self.ended.insert(seq, lps);
+        }
+        self.ended_kv.get(&seq).map(Vec::len)
     }
 
     /// Drops `seq`'s state and frees its KV (a finished, cancelled or failed sequence).

@@ -22,6 +22,11 @@
 //! scheduler gives it that the copy holds are not fed. Where the backend cannot fork, or the
 //! other sequence is gone by then, it prefills its own prompt.
 //!
+//! Finished sequences' KV may be kept for later prompts that begin alike
+//! ([`Serving::set_prompt_cache`], [`crate::prompt_cache`]): a new prompt takes a copy of the
+//! longest beginning a kept sequence shares with it, by the same fork, and the kept KV yields
+//! to the scheduler's reservations after every admission.
+//!
 //! Invariant: the scheduler's KV reservation (worst case per sequence) is within the same
 //! budget as the backend's cache, so an admitted sequence never fails for KV mid-way; and a
 //! sequence's tokens are those of [`generate`](crate::generate()) alone (see [`crate::batch`]).
@@ -39,6 +44,7 @@ use crate::batch::{BatchBackend, BatchRunner, Feed, SeqEvent};
 use crate::forward::Model;
 use crate::generate::{GenerateOptions, StopReason};
 use crate::kv::SeqId;
+use crate::prompt_cache::{PromptCache, PromptCacheOptions};
 use crate::sampling::Shaping;
 use crate::speculate::adapt::StepCost;
 use crate::speculate::{SpecOptions, SpecStats, Speculate};
@@ -88,6 +94,8 @@ pub struct Serving<B> {
     cancelled: Vec<SeqId>,
     /// prompt positions copied rather than computed, in all // tokens
     shared_total: u64,
+    /// finished sequences whose KV is kept for later prompts
+    cache: PromptCache,
 }
 
 /// A sequence waiting for `parent` to have prefilled the prompt they share.
@@ -119,7 +127,65 @@ impl<B: BatchBackend> Serving<B> {
             shared: HashMap::new(),
             cancelled: Vec::new(),
             shared_total: 0,
+            cache: PromptCache::new(PromptCacheOptions::OFF),
         })
+    }
+
+    /// Keeps the KV of finished sequences for later prompts that begin alike, as `opts` says
+    /// (off by default; only where the backend can fork). Turning it off frees what it kept.
+    pub fn set_prompt_cache(&mut self, opts: PromptCacheOptions) {
+        let opts = if self.runner.can_fork() {
+            opts
+        } else {
+            PromptCacheOptions::OFF
+        };
+        if opts.entries == 0 {
+            while let Some(seq) = self.cache.evict_one(|_, _| false) {
+                self.runner.release(seq);
+            }
+        }
+        self.cache.set_options(opts);
+        self.trim_cache();
+    }
+
+    /// The prompt cache's options, entries kept and tokens they hold.
+    pub fn prompt_cache(&self) -> (PromptCacheOptions, usize, u64) {
+        (self.cache.options(), self.cache.len(), self.cache.tokens())
+    }
+
+    /// Drops the oldest kept sequences until the rest fit beside the scheduler's
+    /// reservations on every KV device, within the cache's entry count.
+    fn trim_cache(&mut self) {
+        if self.cache.len() == 0 {
+            return;
+        }
+        let limits = self.sched.limits();
+        let kv = self.sched.stats().kv;
+        let rooms: Vec<(u64, u64, u64)> = limits
+            .devices
+            .iter()
+            .zip(&kv)
+            .map(|(d, k)| {
+                // the KV room this loop was sized for: its budget, and no more than its
+                // sequences could hold at full length
+                let sized = limits.max_seq_len.map_or(u64::MAX, |len| {
+                    (limits.max_seqs as u64)
+                        .saturating_mul(len as u64)
+                        .saturating_mul(d.bytes_per_token)
+                });
+                (d.budget.min(sized), k.reserved, d.bytes_per_token)
+            })
+            .collect();
+        let max = self.cache.options().entries;
+        let fits = |n: usize, tokens: u64| {
+            n <= max
+                && rooms.iter().all(|&(room, reserved, per)| {
+                    reserved.saturating_add(tokens.saturating_mul(per)) <= room
+                })
+        };
+        while let Some(seq) = self.cache.evict_one(fits) {
+            self.runner.release(seq);
+        }
     }
 
     /// The runner (its backend holds the KV cache).
@@ -164,6 +230,9 @@ impl<B: BatchBackend> Serving<B> {
         shaping: &Shaping,
         spec: (Speculate, &SpecOptions),
     ) -> Result<(), ServeError> {
+        if self.cache.remove(seq) {
+            self.runner.release(seq); // a kept sequence's id given again: its KV goes
+        }
         self.runner.add_shaped(seq, prompt, opts, shaping)?;
         if let Err(e) = self.runner.speculate(seq, spec.0, spec.1) {
             self.runner.release(seq);
@@ -190,7 +259,12 @@ impl<B: BatchBackend> Serving<B> {
                 self.waiting.push(Waiting { parent, req });
                 Ok(())
             }
-            parent => self.enqueue(now, req, parent),
+            Some(parent) => self.enqueue(now, req, Some(parent)),
+            None => {
+                let runner = &self.runner;
+                let kept = self.cache.best(prompt, |s| runner.cached_tokens(s));
+                self.enqueue(now, req, kept.map(|(s, _)| s))
+            }
         }
     }
 
@@ -292,6 +366,7 @@ impl<B: BatchBackend> Serving<B> {
         }
         let mut t0 = clock(); // a step's start
         let actions = self.sched.poll(t0);
+        self.trim_cache(); // the kept KV yields to what was just admitted
         for action in actions {
             match action {
                 Action::Release { seq, reason, .. } => self.release(seq, reason, &mut events),
@@ -355,7 +430,19 @@ impl<B: BatchBackend> Serving<B> {
         self.prompts.remove(&seq);
         self.shared.remove(&seq);
         self.fork_from.remove(&seq);
-        self.runner.release(seq);
+        let finished = matches!(reason, EndReason::Length | EndReason::Stopped);
+        let held = self.runner.cached_tokens(seq).map_or(0, <[u32]>::len);
+        if finished && self.cache.wants(held) {
+            match self.runner.retire(seq) {
+                Some(n) => {
+                    self.cache.insert(seq, n);
+                    self.trim_cache();
+                }
+                None => self.runner.release(seq),
+            }
+        } else {
+            self.runner.release(seq);
+        }
         if reason == EndReason::Cancelled {
             events.push(SeqEvent::Cancelled { seq });
         }

@@ -10,7 +10,8 @@
 //!
 //! Serving many sequences at once: [`batch`] runs one forward over the tokens of several
 //! sequences and samples each with its own state; [`batch_drive`] drives it with the pure
-//! step scheduler of `loip_plan::sched` (continuous batching, chunked prefill).
+//! step scheduler of `loip_plan::sched` (continuous batching, chunked prefill), and keeps
+//! finished sequences' KV for later prompts that start alike ([`prompt_cache`]).
 //! [`speculate`] uses the same batched forward to verify several draft tokens of one
 //! sequence in one step (lossless speculative decoding).
 #![deny(missing_docs)]
@@ -22,6 +23,7 @@ mod error;
 pub mod forward;
 pub mod generate;
 pub mod kv;
+pub mod prompt_cache;
 pub mod rope;
 pub mod sampling;
 pub mod speculate;
@@ -37,6 +39,7 @@ pub use generate::{
     StopReason,
 };
 pub use kv::{KvCache, SeqId};
+pub use prompt_cache::PromptCacheOptions;
 pub use sampling::{Sampler, SamplingParams, Shaping, TokenLogprob};
 pub use speculate::{generate_speculative, Rewind, SpecOptions, SpecOutput, SpecStats, Speculate};
 pub use weights::{AttnWeights, HeadWeights, LayerWeights, MlpWeights, TensorSource};

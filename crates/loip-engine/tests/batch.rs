@@ -17,8 +17,8 @@ use std::path::PathBuf;
 use loip_engine::batch::{BatchBackend, BatchRunner, Feed, SeqEvent};
 use loip_engine::generate::{generate, Flow, StepBackend};
 use loip_engine::{
-    one_device_limits, EngineError, GenerateOptions, Generator, Model, SamplingParams, SeqId,
-    ServeError, Serving, TokenPos,
+    one_device_limits, EngineError, GenerateOptions, Generator, Model, PromptCacheOptions,
+    SamplingParams, SeqId, ServeError, Serving, TokenPos,
 };
 use loip_model::Checkpoint;
 
@@ -181,11 +181,28 @@ fn serve(
     fork: bool,
     cancel: Option<(SeqId, usize)>,
 ) -> Served {
-    let mut limits = one_device_limits(model, None);
+    let kept = (PromptCacheOptions::OFF, None);
+    serve_with(model, cases, (chunk, batch_tokens), fork, cancel, kept)
+}
+
+/// [`serve`] with a prompt cache and a KV budget `kept = (cache, budget)`: each round the
+/// cache holds no more than the scheduler reserved plus what the prompt cache keeps, and no
+/// more than the budget.
+fn serve_with(
+    model: &Model<'_>,
+    cases: &[Case],
+    (chunk, batch_tokens): (usize, usize),
+    fork: bool,
+    cancel: Option<(SeqId, usize)>,
+    (cache, budget): (PromptCacheOptions, Option<u64>),
+) -> Served {
+    let mut limits = one_device_limits(model, budget);
     limits.prefill_chunk = chunk;
     limits.max_batch_tokens = batch_tokens;
+    let per_token = limits.devices[0].bytes_per_token;
     let backend = RecBatch::new(model, fork);
     let mut serving = Serving::new(limits, backend).unwrap();
+    serving.set_prompt_cache(cache);
     let mut served = Served::default();
     let mut t = 0.0;
     let last_arrival = cases.iter().map(|c| c.at_round).max().unwrap_or(0);
@@ -214,15 +231,17 @@ fn serve(
         }
         let reserved: u64 = serving.stats().kv.iter().map(|k| k.reserved).sum();
         let used = serving.runner().backend().gen.kv.used_bytes();
+        let kept = serving.prompt_cache().2 * per_token;
         assert!(
-            used <= reserved,
-            "round {round}: {used} B cached, {reserved} B reserved"
+            used <= reserved + kept && used <= budget.unwrap_or(u64::MAX),
+            "round {round}: {used} B cached, {reserved} B reserved, {kept} B kept"
         );
         if round >= last_arrival && serving.is_idle() {
             let stats = serving.stats();
             assert!(stats.kv.iter().all(|k| k.used == 0 && k.reserved == 0));
-            assert!(serving.runner().backend().gen.kv.is_empty());
-            assert_eq!(serving.runner().backend().gen.kv.used_bytes(), 0);
+            let kv = &serving.runner().backend().gen.kv;
+            assert_eq!(kv.is_empty(), kept == 0);
+            assert!(kv.used_bytes() <= kept);
             let backend = serving.runner().backend();
             served.rows = backend.rows.clone();
             served.max_seqs_in_forward = backend.max_seqs_in_forward;
@@ -454,4 +473,90 @@ fn forked_prompts_are_bit_identical_to_generate_alone_tiny_gemma3_sliding() {
 #[test]
 fn forked_prompts_are_bit_identical_to_generate_alone_tiny_llama() {
     check_forks("tiny-llama");
+}
+
+/// A chat's turns: each later prompt begins with an earlier request's prompt and answer.
+/// With the prompt cache each takes a copy of the longest beginning a finished sequence's KV
+/// shares with it and computes the rest; tokens and logits stay those of `generate` alone;
+/// a KV budget too small for the kept KV and a new admission evicts the kept KV first.
+fn check_prompt_cache(name: &str) {
+    let ckpt = Checkpoint::open(&fixture(name)).unwrap();
+    let model = Model::from_checkpoint(&ckpt).unwrap();
+    let vocab = ckpt.config.vocab_size;
+    let eos = &ckpt.config.eos_token_ids;
+    let first: Vec<u32> = (0..20).map(|i| ((i * 37 + 5) % vocab) as u32).collect();
+    let first_case = choices(&first, &[0], eos).remove(0);
+    let answer = alone(&model, &first_case).0;
+    let turn = |seq: SeqId, at_round: usize, prompt: Vec<u32>| Case {
+        seq,
+        at_round,
+        prompt,
+        ..first_case.clone()
+    };
+    let mut cs = vec![first_case.clone()];
+    // the next turn: the first prompt, its answer, three new tokens
+    let next: Vec<u32> = [&first[..], &answer[..], &[7, 8, 9]].concat();
+    // a prompt sharing 18 tokens, the same prompt again, an unrelated one
+    let partial: Vec<u32> = [&first[..18], &[3, 3, 3, 3]].concat();
+    let other: Vec<u32> = (0..20).map(|i| ((i * 11 + 1) % vocab) as u32).collect();
+    cs.extend([
+        turn(201, 30, next.clone()),
+        turn(202, 30, partial),
+        turn(203, 30, first.clone()),
+        turn(204, 30, other),
+    ]);
+    let want: BTreeMap<SeqId, _> = cs.iter().map(|c| (c.seq, alone(&model, c))).collect();
+    let full = ckpt.config.sliding_window.is_none();
+    for chunk in [4, 64] {
+        let on = (PromptCacheOptions::keep(4), None);
+        let s = serve_with(&model, &cs, (chunk, 512), true, None, on);
+        for (seq, (tokens, rows)) in &want {
+            let ctx = format!("{name} chunk {chunk} seq {seq}");
+            assert_eq!(&s.done[seq], tokens, "{ctx}: tokens");
+            assert_eq!(bits(&s.rows[seq]), bits(rows), "{ctx}: logits");
+        }
+        // the first's KV holds its prompt and all its answer but the last token
+        let held = first.len() + answer.len() - 1;
+        let total: usize = cs
+            .iter()
+            .map(|c| c.prompt.len() + c.opts.max_tokens - 1)
+            .sum();
+        assert_eq!(
+            s.fed + s.shared as usize,
+            total,
+            "{name}: every position once"
+        );
+        if full {
+            assert_eq!(s.shared as usize, held + 18 + (first.len() - 1), "{name}");
+        } else {
+            // a sliding window no longer holds the rows before 18 or 19: only the next
+            // turn, which continues where the first ended, shares
+            assert_eq!(s.shared as usize, held, "{name} chunk {chunk}");
+        }
+    }
+    // A budget that holds one sequence at full length: the first's KV is kept until the
+    // next turn is admitted, then evicted to make room for it (nothing shared).
+    let per = one_device_limits(&model, None).devices[0].bytes_per_token;
+    let one = (next.len() + first_case.opts.max_tokens) as u64 * per;
+    let cs = vec![first_case.clone(), turn(201, 30, next)];
+    let tight = (PromptCacheOptions::keep(4), Some(one));
+    let s = serve_with(&model, &cs, (64, 512), true, None, tight);
+    for c in &cs {
+        assert_eq!(
+            s.done[&c.seq], want[&c.seq].0,
+            "{name}: tight, seq {}",
+            c.seq
+        );
+    }
+    assert_eq!(s.shared, 0, "{name}: the kept KV yields to an admission");
+}
+
+#[test]
+fn prompt_cache_reuses_finished_kv_bit_identically_tiny_qwen3() {
+    check_prompt_cache("tiny-qwen3");
+}
+
+#[test]
+fn prompt_cache_reuses_finished_kv_bit_identically_tiny_gemma3_sliding() {
+    check_prompt_cache("tiny-gemma3");
 }

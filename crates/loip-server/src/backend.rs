@@ -266,9 +266,21 @@ impl Backend {
                     all.steps += s.steps;
                     all.step_s += s.step_s;
                     all.kv_budget = s.kv_budget;
+                    all.shared_tokens += s.shared_tokens;
+                    all.prompt_cache_sequences += s.prompt_cache_sequences;
+                    all.prompt_cache_tokens += s.prompt_cache_tokens;
                 }
                 all
             }
+        }
+    }
+
+    /// How many finished sequences' KV each serving loop keeps for later prompts that begin
+    /// alike (a loop whose backend cannot copy KV keeps none).
+    pub fn set_prompt_cache(&self, opts: loip_engine::PromptCacheOptions) {
+        match self {
+            Backend::Batched { batcher, .. } => batcher.set_prompt_cache(opts),
+            Backend::Cluster { lanes, .. } => lanes.iter().for_each(|l| l.set_prompt_cache(opts)),
         }
     }
 

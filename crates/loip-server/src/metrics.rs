@@ -14,7 +14,10 @@
 //!   by offloading blocks under memory pressure);
 //! - `loip_queue_depth`, `loip_running_sequences`, `loip_batch_size` (sequences in the last
 //!   step), `loip_kv_used_bytes`, `loip_kv_reserved_bytes`, `loip_kv_budget_bytes` (gauges,
-//!   one-device serving loop, after each step);
+//!   one-device serving loop, after each step), `loip_prompt_cache_sequences` and
+//!   `loip_prompt_cache_tokens` (finished sequences whose KV is kept for later prompts, and
+//!   the tokens it holds, beside `loip_kv_used_bytes`), `loip_prompt_tokens_shared_total`
+//!   (prompt positions copied from another sequence's KV instead of computed);
 //! - `loip_device_compute_seconds`, `loip_device_load_stall_seconds`,
 //!   `loip_device_loaded_bytes` (gauges, totals since the start, `device` label: `this` for
 //!   this machine from slice files, or each plan device of a cluster by name), and for a
@@ -145,6 +148,8 @@ pub(crate) fn step(st: &crate::stats::LoopStats, step_s: Option<f64>) {
     if st.shared_tokens > 0 {
         metrics::counter!("loip_prompt_tokens_shared_total").absolute(st.shared_tokens);
     }
+    metrics::gauge!("loip_prompt_cache_sequences").set(st.prompt_cache_sequences as f64);
+    metrics::gauge!("loip_prompt_cache_tokens").set(st.prompt_cache_tokens as f64);
     for (source, s) in &st.spec {
         let source = match source {
             loip_engine::Speculate::Lookup => "lookup",

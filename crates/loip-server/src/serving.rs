@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use loip_engine::speculate::{SpecOptions, Speculate};
 use loip_engine::{
-    BatchBackend, EngineError, Flow, GenerateOptions, GenerateOutput, SeqEvent, SeqId, ServeError,
-    Serving, Shaping, StopReason, TokenLogprob,
+    BatchBackend, EngineError, Flow, GenerateOptions, GenerateOutput, PromptCacheOptions, SeqEvent,
+    SeqId, ServeError, Serving, Shaping, StopReason, TokenLogprob,
 };
 use loip_plan::sched::{Limits, RejectReason};
 
@@ -107,6 +107,7 @@ enum Cmd {
         reply: Sender<Reply>,
     },
     Cancel(SeqId),
+    PromptCache(PromptCacheOptions),
 }
 
 impl DeviceTotals {
@@ -185,6 +186,12 @@ impl Batcher {
         if let (true, Some(t)) = (last, thread) {
             let _ = t.join();
         }
+    }
+
+    /// Sets how many finished sequences' KV the loop keeps for later prompts that begin
+    /// alike (by default as many as it runs at once; see [`loip_engine::prompt_cache`]).
+    pub fn set_prompt_cache(&self, opts: PromptCacheOptions) {
+        let _ = self.tx.send(Cmd::PromptCache(opts)); // a stopped loop keeps nothing
     }
 
     /// The loop's numbers after its last step.
@@ -404,6 +411,7 @@ fn run_loop<B: BatchBackend>(
     stats: &Mutex<LoopStats>,
 ) {
     let kv_budget = limits.devices.first().map_or(u64::MAX, |d| d.budget);
+    let keep = PromptCacheOptions::keep(limits.max_seqs);
     let mut serving = match Serving::new(limits, backend) {
         Ok(s) => s,
         Err(e) => {
@@ -411,6 +419,7 @@ fn run_loop<B: BatchBackend>(
             return;
         }
     };
+    serving.set_prompt_cache(keep);
     let start = Instant::now();
     let mut clock = move || start.elapsed().as_secs_f64();
     let mut replies: HashMap<SeqId, Sender<Reply>> = HashMap::new();
@@ -442,6 +451,7 @@ fn run_loop<B: BatchBackend>(
             replies.remove(&seq);
             serving.cancel(now, seq);
         }
+        Cmd::PromptCache(opts) => serving.set_prompt_cache(opts),
     };
     loop {
         if serving.is_idle() {
@@ -501,6 +511,7 @@ fn run_loop<B: BatchBackend>(
             s.device = side.device;
             s.spec = serving.spec_totals().to_vec();
             s.shared_tokens = serving.shared_tokens();
+            (_, s.prompt_cache_sequences, s.prompt_cache_tokens) = serving.prompt_cache();
             crate::metrics::step(&s, (!batch.is_empty()).then_some(step_s));
             side.unavailable.take()
         };

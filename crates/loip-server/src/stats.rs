@@ -29,6 +29,10 @@ pub struct LoopStats {
     /// prompt positions copied from another sequence's KV rather than computed, so far
     /// (sequences with the same prompt: the `n` choices of a request) // tokens
     pub shared_tokens: u64,
+    /// finished sequences whose KV is kept for later prompts that begin alike
+    pub prompt_cache_sequences: usize,
+    /// tokens their KV holds // tokens
+    pub prompt_cache_tokens: u64,
 }
 
 /// Time and bytes of a device over the steps run so far.

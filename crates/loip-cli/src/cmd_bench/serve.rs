@@ -3,7 +3,11 @@
 //! It sends `--requests` streaming completions (`stream: true` with usage), either closed
 //! loop (`--concurrency C` clients back to back) or open loop at `--rate` requests/s with
 //! a seeded arrival pattern (sporadic: evenly spaced; bursty: `--burst` at once; Poisson),
-//! and prints aggregate tokens/s and time-to-first-token / inter-token percentiles.
+//! and prints aggregate tokens/s and time-to-first-token / inter-token percentiles. With
+//! `--turns T` the requests come as conversations of `T` turns, each turn's prompt the last
+//! one's followed by `--prompt-len` new words or ids (a chat client resends the whole
+//! conversation; the answers are left out), sent in order by one client: what a server's
+//! prompt cache saves shows in the later turns' time to first token.
 //!
 //! Invariants: the run is bounded (N requests, each with a `--timeout`, a response at most
 //! 16 MiB); the client speaks plain HTTP (no TLS), meant for servers on a trusted network; a
@@ -57,6 +61,11 @@ pub struct ServeBenchArgs {
     /// Prompt length: words of text, or token ids with --token-prompt.
     #[arg(long, default_value_t = 16)]
     prompt_len: usize,
+    /// Requests per conversation: each turn's prompt is the last turn's followed by
+    /// --prompt-len new words (or ids), sent by one client after the last turn ended; the
+    /// summary gives the first and the later turns' time to first token apart.
+    #[arg(long, default_value_t = 1)]
+    turns: usize,
     /// New tokens per request (sent as max_tokens with ignore_eos).
     #[arg(long, default_value_t = 128)]
     output_len: usize,
@@ -114,12 +123,20 @@ struct Sample {
     itl_s: Option<f64>, // mean gap between tokens after the first  // s
     latency_s: f64,     // start to end  // s
     error: Option<String>,
+    turn: usize, // of its conversation, from 0
 }
 
 /// `loip bench serve`: runs the load and returns the results as JSON.
 pub fn run(a: ServeBenchArgs) -> Result<Value> {
-    if a.requests == 0 || a.concurrency == 0 || a.output_len == 0 || a.prompt_len == 0 {
-        bail!("--requests, --concurrency, --output-len and --prompt-len must be at least 1");
+    if a.requests == 0
+        || a.concurrency == 0
+        || a.output_len == 0
+        || a.prompt_len == 0
+        || a.turns == 0
+    {
+        bail!(
+            "--requests, --concurrency, --output-len, --prompt-len and --turns must be at least 1"
+        );
     }
     if a.arrival != Arrival::Closed && !(a.rate.is_finite() && a.rate > 0.0) {
         bail!("--rate must be a positive number");
@@ -134,8 +151,8 @@ pub fn run(a: ServeBenchArgs) -> Result<Value> {
         .build()
         .context("building the HTTP client")?;
     let mut rng = Rng(a.seed);
-    let bodies: Vec<String> = (0..a.requests).map(|_| body(&a, &mut rng)).collect();
-    let starts = arrivals(&a, &mut rng);
+    let bodies = conversations(&a, &mut rng);
+    let starts = arrivals(&a, bodies.len(), &mut rng);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -155,18 +172,26 @@ pub fn run(a: ServeBenchArgs) -> Result<Value> {
                     let mut out = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(b) = bodies.get(i) else { break };
-                        out.push(client::one(&client, &url, key.as_deref(), b, timeout).await);
+                        let Some(turns) = bodies.get(i) else { break };
+                        for (turn, b) in turns.iter().enumerate() {
+                            let s = client::one(&client, &url, key.as_deref(), b, timeout).await;
+                            out.push(Sample { turn, ..s });
+                        }
                     }
                     out
                 }));
             }
         } else {
-            for (b, at) in bodies.into_iter().zip(starts) {
+            for (turns, at) in bodies.into_iter().zip(starts) {
                 let (client, url, key) = (client.clone(), url.clone(), a.api_key.clone());
                 tasks.push(tokio::spawn(async move {
                     tokio::time::sleep_until(tokio::time::Instant::from_std(t0) + at).await;
-                    vec![client::one(&client, &url, key.as_deref(), &b, timeout).await]
+                    let mut out = Vec::new();
+                    for (turn, b) in turns.iter().enumerate() {
+                        let s = client::one(&client, &url, key.as_deref(), b, timeout).await;
+                        out.push(Sample { turn, ..s });
+                    }
+                    out
                 }));
             }
         }
@@ -211,18 +236,38 @@ fn completions_url(url: &str) -> Result<reqwest::Url> {
     Ok(base.join("/v1/completions")?)
 }
 
-fn body(a: &ServeBenchArgs, rng: &mut Rng) -> String {
-    let prompt = if a.token_prompt {
-        let v = u64::from(a.vocab.max(1));
-        json!((0..a.prompt_len)
-            .map(|_| rng.next() % v)
-            .collect::<Vec<_>>())
-    } else {
-        let words: Vec<&str> = (0..a.prompt_len)
-            .map(|_| WORDS[(rng.next() % WORDS.len() as u64) as usize])
+/// The requests' bodies, grouped by conversation (`--turns` each; the last may be shorter),
+/// `--requests` in all.
+fn conversations(a: &ServeBenchArgs, rng: &mut Rng) -> Vec<Vec<String>> {
+    let turns = a.turns.max(1);
+    let mut all = Vec::new();
+    let mut left = a.requests;
+    while left > 0 {
+        let (mut ids, mut words) = (Vec::new(), Vec::new());
+        let n = turns.min(left);
+        let conv = (0..n)
+            .map(|_| {
+                let prompt = if a.token_prompt {
+                    let v = u64::from(a.vocab.max(1));
+                    ids.extend((0..a.prompt_len).map(|_| rng.next() % v));
+                    json!(ids)
+                } else {
+                    words.extend(
+                        (0..a.prompt_len)
+                            .map(|_| WORDS[(rng.next() % WORDS.len() as u64) as usize]),
+                    );
+                    json!(words.join(" "))
+                };
+                body(a, prompt, rng)
+            })
             .collect();
-        json!(words.join(" "))
-    };
+        all.push(conv);
+        left -= n;
+    }
+    all
+}
+
+fn body(a: &ServeBenchArgs, prompt: Value, rng: &mut Rng) -> String {
     let mut body = json!({
         "prompt": prompt, "max_tokens": a.output_len,
         "min_tokens": a.output_len, "ignore_eos": true, "temperature": a.temperature,
@@ -235,10 +280,11 @@ fn body(a: &ServeBenchArgs, rng: &mut Rng) -> String {
     body.to_string()
 }
 
-/// When each request starts, after the run's start (open-loop patterns).
-fn arrivals(a: &ServeBenchArgs, rng: &mut Rng) -> Vec<Duration> {
+/// When each of `n` conversations (a request each without `--turns`) starts, after the
+/// run's start (open-loop patterns).
+fn arrivals(a: &ServeBenchArgs, n: usize, rng: &mut Rng) -> Vec<Duration> {
     let mut t = 0.0f64;
-    (0..a.requests)
+    (0..n)
         .map(|i| {
             let at = t;
             t += match a.arrival {
@@ -277,6 +323,14 @@ fn summarize(a: &ServeBenchArgs, samples: &[Sample], wall: f64) -> Value {
         .filter_map(|s| s.error.as_deref())
         .take(5)
         .collect();
+    let ttft_turns = |later: bool| {
+        dist(
+            ok.iter()
+                .filter(|s| (s.turn > 0) == later)
+                .map(|s| s.ttft_s)
+                .collect(),
+        )
+    };
     json!({
         "url": a.url,
         "requests": samples.len(),
@@ -287,12 +341,15 @@ fn summarize(a: &ServeBenchArgs, samples: &[Sample], wall: f64) -> Value {
         "concurrency": a.concurrency,
         "rate": a.rate,
         "prompt_len": a.prompt_len,
+        "turns": a.turns,
         "output_len": a.output_len,
         "wall_s": (wall * 1e3).round() / 1e3,
         "output_tokens": tokens,
         "tokens_per_s": if wall > 0.0 { (tokens as f64 / wall * 10.0).round() / 10.0 } else { 0.0 },
         "requests_per_s": if wall > 0.0 { ok.len() as f64 / wall } else { 0.0 },
         "ttft": dist(ok.iter().map(|s| s.ttft_s).collect()),
+        "ttft_first_turn": ttft_turns(false),
+        "ttft_later_turns": ttft_turns(true),
         "inter_token": dist(ok.iter().filter_map(|s| s.itl_s).collect()),
         "latency": dist(ok.iter().map(|s| s.latency_s).collect()),
     })
@@ -303,11 +360,17 @@ fn print_summary(r: &Value) {
         "{} requests ({} ok, {} failed), {} output tokens in {} s: {} tokens/s",
         r["requests"], r["ok"], r["failed"], r["output_tokens"], r["wall_s"], r["tokens_per_s"]
     );
+    let turns = r["turns"].as_u64().unwrap_or(1) > 1;
     for (name, key) in [
         ("time to first token", "ttft"),
+        ("first turns' TTFT", "ttft_first_turn"),
+        ("later turns' TTFT", "ttft_later_turns"),
         ("inter-token", "inter_token"),
         ("latency", "latency"),
     ] {
+        if key.starts_with("ttft_") && !turns {
+            continue;
+        }
         let d = &r[key];
         println!(
             "{name:>20}: p50 {} ms, p90 {} ms, p99 {} ms, max {} ms",

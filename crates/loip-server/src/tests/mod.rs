@@ -5,6 +5,7 @@
 //! request helpers ([`call`], [`post`], [`events`]) are shared here.
 
 mod fields;
+mod prompt_cache;
 mod security;
 mod speculate;
 mod structured;
