@@ -4,11 +4,15 @@
 # both loaded by `loip bench serve` (streaming completions, greedy, ignore_eos) with 1 client
 # (2 requests) and 8 clients (8 requests, closed loop), in interleaved rounds; output tokens/s
 # and the median time to first token, then one table of the medians over the rounds. Each load
-# sends new random prompts (its own seed), the same to both servers.
+# sends new random prompts (its own seed), the same to both servers. With TURNS=T each client
+# holds conversations of T requests whose prompts grow by PROMPT_LEN words a turn (a chat
+# client resends the conversation; both servers keep finished prompts' KV: loip's prompt
+# cache, llama-server's cache_prompt), and the TTFT column is the later turns' median.
 #
 # usage: bench/compare_llama_server.sh [ROUNDS]
 # MODELS (default "gemma3-270m qwen2.5-coder-0.5b"), THREADS (default 2), CLIENTS (default
-# "1 8"), PROMPT_LEN (words, default 16), OUTPUT_LEN (default 64), LOIP_SIMD as for loip.
+# "1 8"), PROMPT_LEN (words, default 16), OUTPUT_LEN (default 64), TURNS (default 1),
+# LOIP_SIMD as for loip.
 # Needs a release build (`cargo build --release -p loip-cli`); the first run compiles
 # llama-server (tens of minutes on a shared 2-core machine). The table also goes to
 # target/compare_llama_server.txt.
@@ -20,6 +24,7 @@ threads=${THREADS:-2}
 clients=${CLIENTS:-1 8}
 prompt_len=${PROMPT_LEN:-16}
 output_len=${OUTPUT_LEN:-64}
+turns=${TURNS:-1}
 loip=target/release/loip
 . bench/llama_cpp_build.sh
 . bench/bench_models.sh
@@ -44,9 +49,10 @@ wait_ready() { # URL NAME: until the server answers /v1/models (at most 10 minut
 bench() { # URL CLIENTS SEED: tokens/s and TTFT p50 (ms) of one load
     local n=$2
     [ "$n" = 1 ] && n=2
-    "$loip" bench serve --url "$1" --requests "$n" --concurrency "$2" --seed "$3" \
-        --prompt-len "$prompt_len" --output-len "$output_len" --json "$work/r.json" >/dev/null
-    python3 -c "import json; r=json.load(open('$work/r.json')); assert r['failed'] == 0, r['errors']; print(r['tokens_per_s'], r['ttft']['p50_ms'])"
+    "$loip" bench serve --url "$1" --requests "$((n * turns))" --concurrency "$2" \
+        --seed "$3" --turns "$turns" --prompt-len "$prompt_len" --output-len "$output_len" \
+        --json "$work/r.json" >/dev/null
+    python3 -c "import json; r=json.load(open('$work/r.json')); assert r['failed'] == 0, r['errors']; print(r['tokens_per_s'], r['ttft_later_turns' if $turns > 1 else 'ttft']['p50_ms'])"
 }
 rows=$work/rows
 printf "%-6s %-19s %-8s %14s %14s %15s %15s\n" round model clients "loip tok/s" "llama tok/s" \
@@ -82,7 +88,7 @@ for m in $models; do
 done
 echo
 {
-    echo "medians over $rounds rounds ($threads threads, prompt $prompt_len words, $output_len tokens; load: $(cut -d" " -f1-3 /proc/loadavg))"
+    echo "medians over $rounds rounds ($threads threads, prompt $prompt_len words, $output_len tokens, $turns turns; load: $(cut -d" " -f1-3 /proc/loadavg))"
     python3 - "$rows" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
