@@ -175,12 +175,16 @@ impl Transformer {
         let kv_ref = &*kv;
         // Runs of one sequence's consecutive positions (a prompt or a prompt chunk) attend
         // tiled over queries, bit-identical to each query alone; the other tokens (decode
-        // tokens of several sequences, sliding-window layers) attend one by one.
-        let runs = if window.is_none() {
-            prompt_runs(batch)
-        } else {
-            Vec::new()
-        };
+        // tokens of several sequences, a sliding-window layer's positions from its window
+        // on) attend one by one. Below the window a position sees every position from 0, as
+        // causal attention does, so a run's part there is tiled too.
+        let runs: Vec<(usize, usize)> = prompt_runs(batch)
+            .into_iter()
+            .filter_map(|(a, b)| {
+                let b = window.map_or(b, |w| b.min(a + w.saturating_sub(batch[a].pos)));
+                (b >= a + 2).then_some((a, b))
+            })
+            .collect();
         let mut in_run = vec![false; n];
         for &(a, b) in &runs {
             in_run[a..b].fill(true);

@@ -437,3 +437,62 @@ fn gcd(a: usize, b: usize) -> usize {
         gcd(b, a % b)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values in [-2, 2) from a fixed linear congruential sequence.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Tokens at every f32 offset from a 64-byte line: the same bits as the scalar dots, for
+    /// long batches of rows with a tail, of one block of columns and of more.
+    #[test]
+    fn tokens_at_every_alignment_give_the_scalar_bits() {
+        for wide in [false, true] {
+            if !crate::simd::supported(if wide {
+                crate::simd::Level::Avx512
+            } else {
+                crate::simd::Level::Avx2
+            }) {
+                continue;
+            }
+            for (cols, n) in [(100, 11), (640, 20), (1041, 13)] {
+                let nr = 7;
+                let w = values(nr * cols, 1);
+                let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let xs = values(n * cols + 16, 2);
+                for off in 0..16 {
+                    let x = &xs[off..off + n * cols];
+                    let mut want = vec![0f32; nr * n];
+                    for (r, o) in want.chunks_exact_mut(n).enumerate() {
+                        let row = &data[r * cols * 4..(r + 1) * cols * 4];
+                        crate::dequant::row_dots_scalar(DType::F32, row, cols, x, o);
+                    }
+                    let mut got = vec![f32::NAN; nr * n];
+                    // SAFETY: the level is supported; lengths as documented
+                    unsafe {
+                        let out = Out::row_major(&mut got, n);
+                        rows(wide, DType::F32, &data, cols, x, n, nr, out);
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{cols} n={n} off={off} wide={wide}"
+                    );
+                }
+            }
+        }
+    }
+}
