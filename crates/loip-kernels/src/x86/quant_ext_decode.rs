@@ -49,6 +49,15 @@ pub(super) trait Decode {
     unsafe fn dot_octets(p: *const u8) -> [__m256; 4] {
         Self::octets(p)
     }
+    /// Whether [`Decode::natural_row`] is implemented (the AVX2 one-token dot then takes the
+    /// activations permuted once per call).
+    const NATURAL: bool = false;
+    /// `out[r]` = the canonical dot of row `r` of `data` (rows of `rb` bytes, `cols`
+    /// elements) with the activations `xp` in the order of `quant_ext_simd::permute_x`.
+    #[inline(always)]
+    unsafe fn natural_rows(_data: &[u8], _rb: usize, _cols: usize, _xp: &[f32], _out: &mut [f32]) {
+        unreachable!("no natural-order dot")
+    }
     /// Whether [`Decode::sub_octets`] is implemented (256-element types whose 32-element
     /// sub-blocks decode in registers once the block's scales are known).
     const SUB_OCTETS: bool = false;
@@ -143,6 +152,173 @@ const fn q5_consts() -> Q5Consts {
 }
 
 static Q5_CONSTS: Q5Consts = q5_consts();
+
+/// The constants of [`Q5::natural`].
+#[repr(C, align(32))]
+struct Q5Natural {
+    /// qwords shifted by 0, 0, 4, 4: lane 1 gets the `qs` bytes' high nibbles
+    shift: [i64; 4],
+    low4: [i8; 32],
+    /// byte `k` of lane `l`: `qh` byte `2l + k / 8`, bit `k % 8`
+    spread: [i8; 32],
+    bit: [u8; 32],
+    high1: [i8; 32],
+}
+
+const fn q5_natural() -> Q5Natural {
+    let mut c = Q5Natural {
+        shift: [0, 0, 4, 4],
+        low4: [0xF; 32],
+        spread: [0; 32],
+        bit: [0; 32],
+        high1: [0x10; 32],
+    };
+    let mut i = 0;
+    while i < 32 {
+        let (l, k) = (i / 16, i % 16);
+        c.spread[i] = (2 * l + k / 8) as i8;
+        c.bit[i] = 1 << (k % 8);
+        i += 1;
+    }
+    c
+}
+
+static Q5_NATURAL: Q5Natural = q5_natural();
+
+/// One Q5_0 block of [`q5_0_row`] in assembly: its 32 values in the natural order of each
+/// lane, then into 4 accumulators. `$b`: the block's byte offset from `{p}`; `$x`: the
+/// activations' byte offset from `{x}`; `$a0 .. $a3` the accumulators. Registers: `ymm8` the
+/// words `0x4700`, `ymm9` 32784.0, `ymm11` the bit masks, `{c}` the constants of
+/// [`Q5Natural`] (shift, low4, spread at 0, 32, 64; high1 at 128); `ymm10`, `ymm12..15`
+/// scratch.
+macro_rules! q5_0_block {
+    ($b:literal, $x:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+        concat!(
+            // q: the 16 `qs` bytes in both lanes, lane 1's shifted by 4: low nibbles of
+            // elements 0..16 | 16..32; or'ed with 0x10 where the element's `qh` bit is set
+            "vbroadcasti128 ymm12, xmmword ptr [{p} + ",
+            $b,
+            " + 6]\n",
+            "vpsrlvq ymm12, ymm12, ymmword ptr [{c}]\n",
+            "vpand ymm12, ymm12, ymmword ptr [{c} + 32]\n",
+            "vpbroadcastd ymm13, dword ptr [{p} + ",
+            $b,
+            " + 2]\n",
+            "vpshufb ymm13, ymm13, ymmword ptr [{c} + 64]\n",
+            "vpand ymm13, ymm13, ymm11\n",
+            "vpcmpeqb ymm13, ymm13, ymm11\n",
+            "vpand ymm13, ymm13, ymmword ptr [{c} + 128]\n",
+            "vpor ymm12, ymm12, ymm13\n",
+            // the bytes as the high bytes of words, the words as the low halves of the
+            // dwords 0x4700_0000 + (q << 8), the f32 2^15 + q (as `Q5::q5_0_dot`)
+            "vpxor xmm13, xmm13, xmm13\n",
+            "vpunpckhbw ymm14, ymm13, ymm12\n",
+            "vpunpcklbw ymm13, ymm13, ymm12\n",
+            // d, and (2^15 + 16)·d (exact)
+            "vpbroadcastw xmm12, word ptr [{p} + ",
+            $b,
+            "]\n",
+            "vcvtph2ps ymm12, xmm12\n",
+            "vmulps ymm15, ymm12, ymm9\n",
+            // (2^15 + q)·d − (2^15 + 16)·d = (q − 16)·d, then into the accumulator
+            "vpunpcklwd ymm10, ymm13, ymm8\n",
+            "vfmsub213ps ymm10, ymm12, ymm15\n",
+            "vfmadd231ps ",
+            $a0,
+            ", ymm10, ymmword ptr [{x} + ",
+            $x,
+            "]\n",
+            "vpunpckhwd ymm10, ymm13, ymm8\n",
+            "vfmsub213ps ymm10, ymm12, ymm15\n",
+            "vfmadd231ps ",
+            $a1,
+            ", ymm10, ymmword ptr [{x} + ",
+            $x,
+            " + 32]\n",
+            "vpunpcklwd ymm13, ymm14, ymm8\n",
+            "vfmsub213ps ymm13, ymm12, ymm15\n",
+            "vfmadd231ps ",
+            $a2,
+            ", ymm13, ymmword ptr [{x} + ",
+            $x,
+            " + 64]\n",
+            "vpunpckhwd ymm14, ymm14, ymm8\n",
+            "vfmsub213ps ymm14, ymm12, ymm15\n",
+            "vfmadd231ps ",
+            $a3,
+            ", ymm14, ymmword ptr [{x} + ",
+            $x,
+            " + 96]\n",
+        )
+    };
+}
+
+/// `out[r]` = the canonical dot of row `r` of the Q5_0 rows `data` (rows of `rb` bytes,
+/// `cols` elements) with the activations `xp` in the order of `quant_ext_simd::permute_x`.
+///
+/// Each block's bytes in the natural order of each lane (byte `k` of lane `l` is element
+/// `16l + k`; no gathering shuffle) give vectors `a` of elements `4a .. 4a + 4` (lane 0) and
+/// `16 + 4a ..` (lane 1), the values of [`Q5::q5_0_dot`]. Accumulator `4i + a` of a block
+/// pair holds canonical lanes `32i + 4a ..` in its low half and `32i + 16 + 4a ..` in its high
+/// half; they are put back in the canonical order before the reduction, so each canonical
+/// lane takes the same products in the same order as [`Decode::dot_octets`]' dot. Written in
+/// assembly for its registers: 8 accumulators, 3 constants and 5 scratch registers, the
+/// other constants read from memory (from Rust, LLVM spilled accumulators, or reloaded all
+/// constants every block when they came through [`super::avx2::opaque`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [f32]) {
+    debug_assert!(data.len() >= out.len() * rb && xp.len() == cols && rb == cols / 32 * 22);
+    let mag = _mm256_set1_epi16(0x4700);
+    let c16 = _mm256_set1_ps(32784.0);
+    let c: *const Q5Natural = &Q5_NATURAL;
+    let bit = _mm256_load_si256((*c).bit.as_ptr() as *const __m256i);
+    let (pairs, xp, dist) = (cols / 64, xp.as_ptr(), rb);
+    for (r, o) in out.iter_mut().enumerate() {
+        let row = data.as_ptr().add(r * rb);
+        let mut a = [_mm256_setzero_ps(); 8];
+        for u in 0..pairs {
+            let p = row.add(44 * u);
+            super::prefetch(p.wrapping_add(dist), 44);
+            std::arch::asm!(
+                q5_0_block!("0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
+                q5_0_block!("22", "128", "ymm4", "ymm5", "ymm6", "ymm7"),
+                p = in(reg) p,
+                x = in(reg) xp.add(64 * u),
+                c = in(reg) c,
+                inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                inout("ymm4") a[4], inout("ymm5") a[5], inout("ymm6") a[6], inout("ymm7") a[7],
+                in("ymm8") mag, in("ymm9") c16, in("ymm11") bit,
+                out("ymm10") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                options(nostack, readonly, preserves_flags),
+            );
+        }
+        if cols % 64 != 0 {
+            std::arch::asm!(
+                q5_0_block!("0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
+                p = in(reg) row.add(44 * pairs),
+                x = in(reg) xp.add(64 * pairs),
+                c = in(reg) c,
+                inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                in("ymm8") mag, in("ymm9") c16, in("ymm11") bit,
+                out("ymm10") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                options(nostack, readonly, preserves_flags),
+            );
+        }
+        let lo = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x20>(x, y);
+        let hi = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x31>(x, y);
+        let canon = [
+            lo(a[0], a[1]),
+            lo(a[2], a[3]),
+            hi(a[0], a[1]),
+            hi(a[2], a[3]),
+            lo(a[4], a[5]),
+            lo(a[6], a[7]),
+            hi(a[4], a[5]),
+            hi(a[6], a[7]),
+        ];
+        *o = super::avx2::reduce(&canon);
+    }
+}
 
 pub(super) struct Q5<const MIN: bool>;
 impl<const MIN: bool> Q5<MIN> {
@@ -247,6 +423,11 @@ impl<const MIN: bool> Decode for Q5<MIN> {
     #[inline(always)]
     unsafe fn dot_octets(p: *const u8) -> [__m256; 4] {
         Self::values::<false>(p)
+    }
+    const NATURAL: bool = !MIN;
+    #[inline(always)]
+    unsafe fn natural_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [f32]) {
+        q5_0_rows(data, rb, cols, xp, out)
     }
 }
 
