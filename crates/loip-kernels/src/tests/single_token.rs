@@ -66,9 +66,10 @@ fn check(dtype: DType, rows: usize, cols: usize, data: &[u8], rng: &mut ChaCha8R
 fn single_token_kernels_bit_identical() {
     let mut rng = ChaCha8Rng::seed_from_u64(14);
     for dtype in [DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1] {
-        // blocks: 1, 2, 3, 7, 8, 9, 10, 16, 17, 18 (SmolLM2's 576), 48 (1536); Q5_0's
-        // AVX2 dot takes the blocks by pairs, then the last odd one
-        for blocks in [1, 2, 3, 7, 8, 9, 10, 16, 17, 18, 48] {
+        // blocks: 1, 2, 3, 7, 8, 9, 10, 16, 17, 18 (SmolLM2's 576), 48 (1536), 65, 152
+        // (Qwen2.5's 4864); Q5_0's AVX2 dot takes the blocks by pairs, then the last odd
+        // one, in segments of 64 blocks
+        for blocks in [1, 2, 3, 7, 8, 9, 10, 16, 17, 18, 48, 65, 152] {
             let cols = 32 * blocks;
             for rows in [1, 7, 8, 9, 16, 23] {
                 let data = matrix(dtype, rows, cols, &mut rng);

@@ -185,26 +185,35 @@ const fn q5_natural() -> Q5Natural {
 
 static Q5_NATURAL: Q5Natural = q5_natural();
 
-/// One Q5_0 block of [`q5_0_row`] in assembly: its 32 values in the natural order of each
-/// lane, then into 4 accumulators. `$b`: the block's byte offset from `{p}`; `$x`: the
-/// activations' byte offset from `{x}`; `$a0 .. $a3` the accumulators. Registers: `ymm8` the
-/// words `0x4700`, `ymm9` 32784.0, `ymm11` the bit masks, `{c}` the constants of
-/// [`Q5Natural`] (shift, low4, spread at 0, 32, 64; high1 at 128); `ymm10`, `ymm12..15`
-/// scratch.
+/// Blocks per segment of a row in [`q5_0_rows`] (even).
+const SEG_BLOCKS: usize = 64;
+
+/// The scales of a segment's blocks: `d` and `(2^15 + 16)·d` (256 bytes
+/// after `d`, as [`q5_0_block`] reads them).
+#[repr(C, align(32))]
+struct Q5Scales {
+    d: [f32; SEG_BLOCKS],
+    dc: [f32; SEG_BLOCKS],
+}
+
+/// One Q5_0 block of [`q5_0_rows`] in assembly: its 32 values in the natural order of each
+/// lane, then into 4 accumulators. `$b`: the block's byte offset from `{p}`; `$d`: its
+/// scale's byte offset in the table `{d}` ([`Q5Scales`]: `d`, then `(2^15 + 16)·d` 256
+/// bytes on); `$x`: the activations' byte offset from `{x}`; `$a0 .. $a3` the accumulators.
+/// Registers: `ymm8` the words `0x4700`, `ymm9` the `qh` spread control, `ymm11` the bit
+/// masks; `{c}` the other constants of [`Q5Natural`] (shift, low4 at 0, 32; high1 at 128);
+/// `ymm10`, `ymm12..15` scratch.
+#[rustfmt::skip]
 macro_rules! q5_0_block {
-    ($b:literal, $x:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+    ($b:literal, $d:literal, $x:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
         concat!(
             // q: the 16 `qs` bytes in both lanes, lane 1's shifted by 4: low nibbles of
             // elements 0..16 | 16..32; or'ed with 0x10 where the element's `qh` bit is set
-            "vbroadcasti128 ymm12, xmmword ptr [{p} + ",
-            $b,
-            " + 6]\n",
+            "vbroadcasti128 ymm12, xmmword ptr [{p} + ", $b, " + 6]\n",
             "vpsrlvq ymm12, ymm12, ymmword ptr [{c}]\n",
             "vpand ymm12, ymm12, ymmword ptr [{c} + 32]\n",
-            "vpbroadcastd ymm13, dword ptr [{p} + ",
-            $b,
-            " + 2]\n",
-            "vpshufb ymm13, ymm13, ymmword ptr [{c} + 64]\n",
+            "vpbroadcastd ymm13, dword ptr [{p} + ", $b, " + 2]\n",
+            "vpshufb ymm13, ymm13, ymm9\n",
             "vpand ymm13, ymm13, ymm11\n",
             "vpcmpeqb ymm13, ymm13, ymm11\n",
             "vpand ymm13, ymm13, ymmword ptr [{c} + 128]\n",
@@ -214,41 +223,22 @@ macro_rules! q5_0_block {
             "vpxor xmm13, xmm13, xmm13\n",
             "vpunpckhbw ymm14, ymm13, ymm12\n",
             "vpunpcklbw ymm13, ymm13, ymm12\n",
-            // d, and (2^15 + 16)·d (exact)
-            "vpbroadcastw xmm12, word ptr [{p} + ",
-            $b,
-            "]\n",
-            "vcvtph2ps ymm12, xmm12\n",
-            "vmulps ymm15, ymm12, ymm9\n",
+            // d and (2^15 + 16)·d (exact) from the table: loads, no vector op
+            "vbroadcastss ymm12, dword ptr [{d} + ", $d, "]\n",
+            "vbroadcastss ymm15, dword ptr [{d} + ", $d, " + 256]\n",
             // (2^15 + q)·d − (2^15 + 16)·d = (q − 16)·d, then into the accumulator
             "vpunpcklwd ymm10, ymm13, ymm8\n",
             "vfmsub213ps ymm10, ymm12, ymm15\n",
-            "vfmadd231ps ",
-            $a0,
-            ", ymm10, ymmword ptr [{x} + ",
-            $x,
-            "]\n",
+            "vfmadd231ps ", $a0, ", ymm10, ymmword ptr [{x} + ", $x, "]\n",
             "vpunpckhwd ymm10, ymm13, ymm8\n",
             "vfmsub213ps ymm10, ymm12, ymm15\n",
-            "vfmadd231ps ",
-            $a1,
-            ", ymm10, ymmword ptr [{x} + ",
-            $x,
-            " + 32]\n",
+            "vfmadd231ps ", $a1, ", ymm10, ymmword ptr [{x} + ", $x, " + 32]\n",
             "vpunpcklwd ymm13, ymm14, ymm8\n",
             "vfmsub213ps ymm13, ymm12, ymm15\n",
-            "vfmadd231ps ",
-            $a2,
-            ", ymm13, ymmword ptr [{x} + ",
-            $x,
-            " + 64]\n",
+            "vfmadd231ps ", $a2, ", ymm13, ymmword ptr [{x} + ", $x, " + 64]\n",
             "vpunpckhwd ymm14, ymm14, ymm8\n",
             "vfmsub213ps ymm14, ymm12, ymm15\n",
-            "vfmadd231ps ",
-            $a3,
-            ", ymm14, ymmword ptr [{x} + ",
-            $x,
-            " + 96]\n",
+            "vfmadd231ps ", $a3, ", ymm14, ymmword ptr [{x} + ", $x, " + 96]\n",
         )
     };
 }
@@ -272,37 +262,75 @@ unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [
     let c16 = _mm256_set1_ps(32784.0);
     let c: *const Q5Natural = &Q5_NATURAL;
     let bit = _mm256_load_si256((*c).bit.as_ptr() as *const __m256i);
-    let (pairs, xp, dist) = (cols / 64, xp.as_ptr(), rb);
+    let spread = _mm256_load_si256((*c).spread.as_ptr() as *const __m256i);
+    let (blocks, xp, dist) = (cols / 32, xp.as_ptr(), rb);
+    let mut t = Q5Scales {
+        d: [0.0; SEG_BLOCKS],
+        dc: [0.0; SEG_BLOCKS],
+    };
     for (r, o) in out.iter_mut().enumerate() {
         let row = data.as_ptr().add(r * rb);
         let mut a = [_mm256_setzero_ps(); 8];
-        for u in 0..pairs {
-            let p = row.add(44 * u);
-            super::prefetch(p.wrapping_add(dist), 44);
-            std::arch::asm!(
-                q5_0_block!("0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
-                q5_0_block!("22", "128", "ymm4", "ymm5", "ymm6", "ymm7"),
-                p = in(reg) p,
-                x = in(reg) xp.add(64 * u),
-                c = in(reg) c,
-                inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
-                inout("ymm4") a[4], inout("ymm5") a[5], inout("ymm6") a[6], inout("ymm7") a[7],
-                in("ymm8") mag, in("ymm9") c16, in("ymm11") bit,
-                out("ymm10") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
-                options(nostack, readonly, preserves_flags),
-            );
-        }
-        if cols % 64 != 0 {
-            std::arch::asm!(
-                q5_0_block!("0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
-                p = in(reg) row.add(44 * pairs),
-                x = in(reg) xp.add(64 * pairs),
-                c = in(reg) c,
-                inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
-                in("ymm8") mag, in("ymm9") c16, in("ymm11") bit,
-                out("ymm10") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
-                options(nostack, readonly, preserves_flags),
-            );
+        let mut b0 = 0;
+        while b0 < blocks {
+            // SEG_BLOCKS is even: a segment starts at an even block (accumulators 0..4)
+            let n = SEG_BLOCKS.min(blocks - b0);
+            let seg = row.add(22 * b0);
+            // the scales, 8 at a time: the words gathered in two scalar registers (stored
+            // one at a time, a vector load of them waited for the stores), converted, and
+            // (2^15 + 16)·d
+            let word = |b: usize| u64::from(read_unaligned(seg.add(22 * b) as *const u16));
+            let mut i = 0;
+            while i < n {
+                let q = |k: usize| {
+                    let w = |j: usize| {
+                        if i + k + j < n {
+                            word(i + k + j) << (16 * j)
+                        } else {
+                            0
+                        }
+                    };
+                    (w(0) | w(1) | w(2) | w(3)) as i64
+                };
+                let v = _mm256_cvtph_ps(_mm_set_epi64x(q(4), q(0)));
+                _mm256_store_ps(t.d.as_mut_ptr().add(i), v);
+                _mm256_store_ps(t.dc.as_mut_ptr().add(i), _mm256_mul_ps(v, c16));
+                i += 8;
+            }
+            let (xs, d) = (xp.add(32 * b0), t.d.as_ptr());
+            for u in 0..n / 2 {
+                let p = seg.add(44 * u);
+                super::prefetch(p.wrapping_add(dist), 44);
+                std::arch::asm!(
+                    q5_0_block!("0", "0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
+                    q5_0_block!("22", "4", "128", "ymm4", "ymm5", "ymm6", "ymm7"),
+                    p = in(reg) p,
+                    d = in(reg) d.add(2 * u),
+                    x = in(reg) xs.add(64 * u),
+                    c = in(reg) c,
+                    inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                    inout("ymm4") a[4], inout("ymm5") a[5], inout("ymm6") a[6], inout("ymm7") a[7],
+                    in("ymm8") mag, in("ymm9") spread, in("ymm11") bit,
+                    out("ymm10") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                    options(nostack, readonly, preserves_flags),
+                );
+            }
+            if n % 2 != 0 {
+                // the row's last block
+                let u = n / 2;
+                std::arch::asm!(
+                    q5_0_block!("0", "0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
+                    p = in(reg) seg.add(44 * u),
+                    d = in(reg) d.add(2 * u),
+                    x = in(reg) xs.add(64 * u),
+                    c = in(reg) c,
+                    inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                    in("ymm8") mag, in("ymm9") spread, in("ymm11") bit,
+                    out("ymm10") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                    options(nostack, readonly, preserves_flags),
+                );
+            }
+            b0 += n;
         }
         let lo = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x20>(x, y);
         let hi = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x31>(x, y);
