@@ -226,19 +226,24 @@ macro_rules! q5_0_block {
             // d and (2^15 + 16)·d (exact) from the table: loads, no vector op
             "vbroadcastss ymm12, dword ptr [{d} + ", $d, "]\n",
             "vbroadcastss ymm15, dword ptr [{d} + ", $d, " + 256]\n",
-            // (2^15 + q)·d − (2^15 + 16)·d = (q − 16)·d, then into the accumulator
-            "vpunpcklwd ymm10, ymm13, ymm8\n",
-            "vfmsub213ps ymm10, ymm12, ymm15\n",
-            "vfmadd231ps ", $a0, ", ymm10, ymmword ptr [{x} + ", $x, "]\n",
-            "vpunpckhwd ymm10, ymm13, ymm8\n",
-            "vfmsub213ps ymm10, ymm12, ymm15\n",
-            "vfmadd231ps ", $a1, ", ymm10, ymmword ptr [{x} + ", $x, " + 32]\n",
-            "vpunpcklwd ymm13, ymm14, ymm8\n",
-            "vfmsub213ps ymm13, ymm12, ymm15\n",
-            "vfmadd231ps ", $a2, ", ymm13, ymmword ptr [{x} + ", $x, " + 64]\n",
-            "vpunpckhwd ymm14, ymm14, ymm8\n",
-            "vfmsub213ps ymm14, ymm12, ymm15\n",
-            "vfmadd231ps ", $a3, ", ymm14, ymmword ptr [{x} + ", $x, " + 96]\n",
+            q5_0_octet!("vpunpcklwd", "ymm10", "ymm13", $a0, $x, "0"),
+            q5_0_octet!("vpunpckhwd", "ymm10", "ymm13", $a1, $x, "32"),
+            q5_0_octet!("vpunpcklwd", "ymm13", "ymm14", $a2, $x, "64"),
+            q5_0_octet!("vpunpckhwd", "ymm14", "ymm14", $a3, $x, "96"),
+        )
+    };
+}
+
+/// An octet of [`q5_0_block`]: the dwords `0x4700_0000 + (q << 8)` (the f32 `2^15 + q`)
+/// unpacked from the words of `$w` into `$v`, `(2^15 + q)·d − (2^15 + 16)·d = (q − 16)·d`
+/// (exact), then into the accumulator `$a` with the activations at `{x} + $x + $o`.
+#[rustfmt::skip]
+macro_rules! q5_0_octet {
+    ($unpack:literal, $v:literal, $w:literal, $a:literal, $x:literal, $o:literal) => {
+        concat!(
+            $unpack, " ", $v, ", ", $w, ", ymm8\n",
+            "vfmsub213ps ", $v, ", ymm12, ymm15\n",
+            "vfmadd231ps ", $a, ", ", $v, ", ymmword ptr [{x} + ", $x, " + ", $o, "]\n",
         )
     };
 }
