@@ -49,7 +49,7 @@ pub(super) trait Decode {
     unsafe fn dot_octets(p: *const u8) -> [__m256; 4] {
         Self::octets(p)
     }
-    /// Whether [`Decode::natural_row`] is implemented (the AVX2 one-token dot then takes the
+    /// Whether [`Decode::natural_rows`] is implemented (the AVX2 one-token dot then takes the
     /// activations permuted once per call).
     const NATURAL: bool = false;
     /// `out[r]` = the canonical dot of row `r` of `data` (rows of `rb` bytes, `cols`
@@ -153,7 +153,7 @@ const fn q5_consts() -> Q5Consts {
 
 static Q5_CONSTS: Q5Consts = q5_consts();
 
-/// The constants of [`Q5::natural`].
+/// The constants of [`q5_0_rows`]' blocks (the bytes of each lane in the natural order).
 #[repr(C, align(32))]
 struct Q5Natural {
     /// qwords shifted by 0, 0, 4, 4: lane 1 gets the `qs` bytes' high nibbles
@@ -188,8 +188,8 @@ static Q5_NATURAL: Q5Natural = q5_natural();
 /// Blocks per segment of a row in [`q5_0_rows`] (even).
 const SEG_BLOCKS: usize = 64;
 
-/// The scales of a segment's blocks: `d` and `(2^15 + 16)·d` (256 bytes
-/// after `d`, as [`q5_0_block`] reads them).
+/// The scales of a segment's blocks: `d` and `(2^15 + 16)·d` (256 bytes after `d`, as
+/// [`q5_0_block`] reads them).
 #[repr(C, align(32))]
 struct Q5Scales {
     d: [f32; SEG_BLOCKS],
@@ -259,7 +259,9 @@ macro_rules! q5_0_octet {
 /// lane takes the same products in the same order as [`Decode::dot_octets`]' dot. Written in
 /// assembly for its registers: 8 accumulators, 3 constants and 5 scratch registers, the
 /// other constants read from memory (from Rust, LLVM spilled accumulators, or reloaded all
-/// constants every block when they came through [`super::avx2::opaque`]).
+/// constants every block when they came through [`super::avx2::opaque`]). The scales are
+/// converted 8 blocks at a time into a table ([`Q5Scales`]) that the blocks read by
+/// broadcast loads (no vector op per block for them).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [f32]) {
     debug_assert!(data.len() >= out.len() * rb && xp.len() == cols && rb == cols / 32 * 22);
