@@ -33,7 +33,7 @@ fn matrix(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u
     rng.fill(&mut data[..]);
     for b in data.chunks_exact_mut(dtype.block_bytes()) {
         b[0..2].copy_from_slice(&scale(rng).to_bits().to_le_bytes());
-        if dtype == DType::Q4_1 {
+        if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
             b[2..4].copy_from_slice(&scale(rng).to_bits().to_le_bytes());
         }
     }
@@ -65,9 +65,11 @@ fn check(dtype: DType, rows: usize, cols: usize, data: &[u8], rng: &mut ChaCha8R
 #[test]
 fn single_token_kernels_bit_identical() {
     let mut rng = ChaCha8Rng::seed_from_u64(14);
-    for dtype in [DType::Q4_1, DType::Q8_0] {
-        // blocks: 1, 2, 3, 7, 8, 9, 10, 16, 17, 18 (SmolLM2's 576), 48 (1536)
-        for blocks in [1, 2, 3, 7, 8, 9, 10, 16, 17, 18, 48] {
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1] {
+        // blocks: 1, 2, 3, 7, 8, 9, 10, 16, 17, 18 (SmolLM2's 576), 48 (1536), 65, 152
+        // (Qwen2.5's 4864); Q5_0's AVX2 dot takes the blocks by pairs, then the last odd
+        // one, in segments of 64 blocks
+        for blocks in [1, 2, 3, 7, 8, 9, 10, 16, 17, 18, 48, 65, 152] {
             let cols = 32 * blocks;
             for rows in [1, 7, 8, 9, 16, 23] {
                 let data = matrix(dtype, rows, cols, &mut rng);

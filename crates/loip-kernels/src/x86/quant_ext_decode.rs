@@ -49,6 +49,15 @@ pub(super) trait Decode {
     unsafe fn dot_octets(p: *const u8) -> [__m256; 4] {
         Self::octets(p)
     }
+    /// Whether [`Decode::natural_rows`] is implemented (the AVX2 one-token dot then takes the
+    /// activations permuted once per call).
+    const NATURAL: bool = false;
+    /// `out[r]` = the canonical dot of row `r` of `data` (rows of `rb` bytes, `cols`
+    /// elements) with the activations `xp` in the order of `quant_ext_simd::permute_x`.
+    #[inline(always)]
+    unsafe fn natural_rows(_data: &[u8], _rb: usize, _cols: usize, _xp: &[f32], _out: &mut [f32]) {
+        unreachable!("no natural-order dot")
+    }
     /// Whether [`Decode::sub_octets`] is implemented (256-element types whose 32-element
     /// sub-blocks decode in registers once the block's scales are known).
     const SUB_OCTETS: bool = false;
@@ -143,6 +152,208 @@ const fn q5_consts() -> Q5Consts {
 }
 
 static Q5_CONSTS: Q5Consts = q5_consts();
+
+/// The constants of [`q5_0_rows`]' blocks (the bytes of each lane in the natural order).
+#[repr(C, align(32))]
+struct Q5Natural {
+    /// qwords shifted by 0, 0, 4, 4: lane 1 gets the `qs` bytes' high nibbles
+    shift: [i64; 4],
+    low4: [i8; 32],
+    /// byte `k` of lane `l`: `qh` byte `2l + k / 8`, bit `k % 8`
+    spread: [i8; 32],
+    bit: [u8; 32],
+    high1: [i8; 32],
+}
+
+const fn q5_natural() -> Q5Natural {
+    let mut c = Q5Natural {
+        shift: [0, 0, 4, 4],
+        low4: [0xF; 32],
+        spread: [0; 32],
+        bit: [0; 32],
+        high1: [0x10; 32],
+    };
+    let mut i = 0;
+    while i < 32 {
+        let (l, k) = (i / 16, i % 16);
+        c.spread[i] = (2 * l + k / 8) as i8;
+        c.bit[i] = 1 << (k % 8);
+        i += 1;
+    }
+    c
+}
+
+static Q5_NATURAL: Q5Natural = q5_natural();
+
+/// Blocks per segment of a row in [`q5_0_rows`] (even).
+const SEG_BLOCKS: usize = 64;
+
+/// The scales of a segment's blocks: `d` and `(2^15 + 16)·d` (256 bytes after `d`, as
+/// [`q5_0_block`] reads them).
+#[repr(C, align(32))]
+struct Q5Scales {
+    d: [f32; SEG_BLOCKS],
+    dc: [f32; SEG_BLOCKS],
+}
+
+/// One Q5_0 block of [`q5_0_rows`] in assembly: its 32 values in the natural order of each
+/// lane, then into 4 accumulators. `$b`: the block's byte offset from `{p}`; `$d`: its
+/// scale's byte offset in the table `{d}` ([`Q5Scales`]: `d`, then `(2^15 + 16)·d` 256
+/// bytes on); `$x`: the activations' byte offset from `{x}`; `$a0 .. $a3` the accumulators.
+/// Registers: `ymm8` the words `0x4700`, `ymm9` the `qh` spread control, `ymm11` the bit
+/// masks; `{c}` the other constants of [`Q5Natural`] (shift, low4 at 0, 32; high1 at 128);
+/// `ymm10`, `ymm12..15` scratch.
+#[rustfmt::skip]
+macro_rules! q5_0_block {
+    ($b:literal, $d:literal, $x:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+        concat!(
+            // q: the 16 `qs` bytes in both lanes, lane 1's shifted by 4: low nibbles of
+            // elements 0..16 | 16..32; or'ed with 0x10 where the element's `qh` bit is set
+            "vbroadcasti128 ymm12, xmmword ptr [{p} + ", $b, " + 6]\n",
+            "vpsrlvq ymm12, ymm12, ymmword ptr [{c}]\n",
+            "vpand ymm12, ymm12, ymmword ptr [{c} + 32]\n",
+            "vpbroadcastd ymm13, dword ptr [{p} + ", $b, " + 2]\n",
+            "vpshufb ymm13, ymm13, ymm9\n",
+            "vpand ymm13, ymm13, ymm11\n",
+            "vpcmpeqb ymm13, ymm13, ymm11\n",
+            "vpand ymm13, ymm13, ymmword ptr [{c} + 128]\n",
+            "vpor ymm12, ymm12, ymm13\n",
+            // the bytes as the high bytes of words, the words as the low halves of the
+            // dwords 0x4700_0000 + (q << 8), the f32 2^15 + q (as `Q5::q5_0_dot`)
+            "vpxor xmm13, xmm13, xmm13\n",
+            "vpunpckhbw ymm14, ymm13, ymm12\n",
+            "vpunpcklbw ymm13, ymm13, ymm12\n",
+            // d and (2^15 + 16)·d (exact) from the table: loads, no vector op
+            "vbroadcastss ymm12, dword ptr [{d} + ", $d, "]\n",
+            "vbroadcastss ymm15, dword ptr [{d} + ", $d, " + 256]\n",
+            q5_0_octet!("vpunpcklwd", "ymm10", "ymm13", $a0, $x, "0"),
+            q5_0_octet!("vpunpckhwd", "ymm10", "ymm13", $a1, $x, "32"),
+            q5_0_octet!("vpunpcklwd", "ymm13", "ymm14", $a2, $x, "64"),
+            q5_0_octet!("vpunpckhwd", "ymm14", "ymm14", $a3, $x, "96"),
+        )
+    };
+}
+
+/// An octet of [`q5_0_block`]: the dwords `0x4700_0000 + (q << 8)` (the f32 `2^15 + q`)
+/// unpacked from the words of `$w` into `$v`, `(2^15 + q)·d − (2^15 + 16)·d = (q − 16)·d`
+/// (exact), then into the accumulator `$a` with the activations at `{x} + $x + $o`.
+#[rustfmt::skip]
+macro_rules! q5_0_octet {
+    ($unpack:literal, $v:literal, $w:literal, $a:literal, $x:literal, $o:literal) => {
+        concat!(
+            $unpack, " ", $v, ", ", $w, ", ymm8\n",
+            "vfmsub213ps ", $v, ", ymm12, ymm15\n",
+            "vfmadd231ps ", $a, ", ", $v, ", ymmword ptr [{x} + ", $x, " + ", $o, "]\n",
+        )
+    };
+}
+
+/// `out[r]` = the canonical dot of row `r` of the Q5_0 rows `data` (rows of `rb` bytes,
+/// `cols` elements) with the activations `xp` in the order of `quant_ext_simd::permute_x`.
+///
+/// Each block's bytes in the natural order of each lane (byte `k` of lane `l` is element
+/// `16l + k`; no gathering shuffle) give vectors `a` of elements `4a .. 4a + 4` (lane 0) and
+/// `16 + 4a ..` (lane 1), the values of [`Q5::q5_0_dot`]. Accumulator `4i + a` of a block
+/// pair holds canonical lanes `32i + 4a ..` in its low half and `32i + 16 + 4a ..` in its high
+/// half; they are put back in the canonical order before the reduction, so each canonical
+/// lane takes the same products in the same order as [`Decode::dot_octets`]' dot. Written in
+/// assembly for its registers: 8 accumulators, 3 constants and 5 scratch registers, the
+/// other constants read from memory (from Rust, LLVM spilled accumulators, or reloaded all
+/// constants every block when they came through [`super::avx2::opaque`]). The scales are
+/// converted 8 blocks at a time into a table ([`Q5Scales`]) that the blocks read by
+/// broadcast loads (no vector op per block for them).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [f32]) {
+    debug_assert!(data.len() >= out.len() * rb && xp.len() == cols && rb == cols / 32 * 22);
+    let mag = _mm256_set1_epi16(0x4700);
+    let c16 = _mm256_set1_ps(32784.0);
+    let c: *const Q5Natural = &Q5_NATURAL;
+    let bit = _mm256_load_si256((*c).bit.as_ptr() as *const __m256i);
+    let spread = _mm256_load_si256((*c).spread.as_ptr() as *const __m256i);
+    let (blocks, xp, dist) = (cols / 32, xp.as_ptr(), rb);
+    let mut t = Q5Scales {
+        d: [0.0; SEG_BLOCKS],
+        dc: [0.0; SEG_BLOCKS],
+    };
+    for (r, o) in out.iter_mut().enumerate() {
+        let row = data.as_ptr().add(r * rb);
+        let mut a = [_mm256_setzero_ps(); 8];
+        let mut b0 = 0;
+        while b0 < blocks {
+            // SEG_BLOCKS is even: a segment starts at an even block (accumulators 0..4)
+            let n = SEG_BLOCKS.min(blocks - b0);
+            let seg = row.add(22 * b0);
+            // the scales, 8 at a time: the words gathered in two scalar registers (stored
+            // one at a time, a vector load of them waited for the stores), converted, and
+            // (2^15 + 16)·d
+            let word = |b: usize| u64::from(read_unaligned(seg.add(22 * b) as *const u16));
+            let mut i = 0;
+            while i < n {
+                let q = |k: usize| {
+                    let w = |j: usize| {
+                        if i + k + j < n {
+                            word(i + k + j) << (16 * j)
+                        } else {
+                            0
+                        }
+                    };
+                    (w(0) | w(1) | w(2) | w(3)) as i64
+                };
+                let v = _mm256_cvtph_ps(_mm_set_epi64x(q(4), q(0)));
+                _mm256_store_ps(t.d.as_mut_ptr().add(i), v);
+                _mm256_store_ps(t.dc.as_mut_ptr().add(i), _mm256_mul_ps(v, c16));
+                i += 8;
+            }
+            let (xs, d) = (xp.add(32 * b0), t.d.as_ptr());
+            for u in 0..n / 2 {
+                let p = seg.add(44 * u);
+                super::prefetch(p.wrapping_add(dist), 44);
+                std::arch::asm!(
+                    q5_0_block!("0", "0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
+                    q5_0_block!("22", "4", "128", "ymm4", "ymm5", "ymm6", "ymm7"),
+                    p = in(reg) p,
+                    d = in(reg) d.add(2 * u),
+                    x = in(reg) xs.add(64 * u),
+                    c = in(reg) c,
+                    inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                    inout("ymm4") a[4], inout("ymm5") a[5], inout("ymm6") a[6], inout("ymm7") a[7],
+                    in("ymm8") mag, in("ymm9") spread, in("ymm11") bit,
+                    out("ymm10") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                    options(nostack, readonly, preserves_flags),
+                );
+            }
+            if n % 2 != 0 {
+                // the row's last block
+                let u = n / 2;
+                std::arch::asm!(
+                    q5_0_block!("0", "0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
+                    p = in(reg) seg.add(44 * u),
+                    d = in(reg) d.add(2 * u),
+                    x = in(reg) xs.add(64 * u),
+                    c = in(reg) c,
+                    inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                    in("ymm8") mag, in("ymm9") spread, in("ymm11") bit,
+                    out("ymm10") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                    options(nostack, readonly, preserves_flags),
+                );
+            }
+            b0 += n;
+        }
+        let lo = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x20>(x, y);
+        let hi = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x31>(x, y);
+        let canon = [
+            lo(a[0], a[1]),
+            lo(a[2], a[3]),
+            hi(a[0], a[1]),
+            hi(a[2], a[3]),
+            lo(a[4], a[5]),
+            lo(a[6], a[7]),
+            hi(a[4], a[5]),
+            hi(a[6], a[7]),
+        ];
+        *o = super::avx2::reduce(&canon);
+    }
+}
 
 pub(super) struct Q5<const MIN: bool>;
 impl<const MIN: bool> Q5<MIN> {
@@ -247,6 +458,11 @@ impl<const MIN: bool> Decode for Q5<MIN> {
     #[inline(always)]
     unsafe fn dot_octets(p: *const u8) -> [__m256; 4] {
         Self::values::<false>(p)
+    }
+    const NATURAL: bool = !MIN;
+    #[inline(always)]
+    unsafe fn natural_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [f32]) {
+        q5_0_rows(data, rb, cols, xp, out)
     }
 }
 

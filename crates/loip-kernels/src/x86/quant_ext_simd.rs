@@ -117,6 +117,17 @@ unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: us
     super::avx2::reduce(&acc)
 }
 
+/// `x` in the order of [`Decode::natural_rows`]: within each 32-element block, for
+/// `a < 4`, elements `4a .. 4a + 4`, then `16 + 4a .. 16 + 4a + 4`.
+fn permute_x(x: &[f32], xp: &mut [f32]) {
+    for (b, o) in x.chunks_exact(32).zip(xp.chunks_exact_mut(32)) {
+        for a in 0..4 {
+            o[8 * a..8 * a + 4].copy_from_slice(&b[4 * a..4 * a + 4]);
+            o[8 * a + 4..8 * a + 8].copy_from_slice(&b[16 + 4 * a..20 + 4 * a]);
+        }
+    }
+}
+
 /// Decodes the rows of `data` (rows of `rb` bytes, `cols` elements) into `w` one at a time
 /// and writes `out[r * n + t] = dot(w, token t)` with the level's canonical f32 `dot`.
 #[inline(always)]
@@ -183,6 +194,11 @@ unsafe fn rows256<D: Decode>(
     if n > 1 {
         let dot = |a: &[f32], b: &[f32]| super::avx2::dot_f32(a, b);
         return rows_decoded::<D>(data, rb, cols, x, n, out, dot);
+    }
+    if D::NATURAL {
+        let mut xp = vec![0f32; cols];
+        permute_x(x, &mut xp);
+        return D::natural_rows(data, rb, cols, &xp, out);
     }
     for (r, o) in out.iter_mut().enumerate() {
         *o = dot256::<D>(data.as_ptr().add(r * rb), cols, x.as_ptr(), rb);
