@@ -12,8 +12,9 @@
 //! c       s  one pass over the links, |D|·(h/bw + δ) (0 on one device)
 //! ℓ       s  one activation on an egress port, h/bw (0 on one device)
 //! e_i     s  device i's hop out of its stage, h/bw + δ + w_{i+1} (0 on one device)
-//! w_i     s  the runtime's wake-up of a hop into device i beyond δ (profile `hop_wake`; 0 for
-//!            presets): a pass carries Σ_i w_i, c = |D|·(h/bw + δ) + Σ_i w_i
+//! w_i     s  the runtime's wake-up of a hop into device i beyond δ (profile `hop_wake` plus
+//!            `hop_extra`, what the setup's warm-up steps paid beyond it; 0 for presets): a
+//!            pass carries Σ_i w_i, c = |D|·(h/bw + δ) + Σ_i w_i
 //! co      s  the coordinator's part of a step (`Cluster::coordinator`; 0 for presets), on the
 //!            last round's pass and busy b·co per round ([`coordinated_round`])
 //! ```
@@ -685,7 +686,10 @@ pub fn evaluate_rows(
     let link_last = last_link_time(shape_io, cluster, nd);
     // The runtime's fixed costs: every hop wakes its receiving device; the coordinator's
     // part of a step lengthens the last round's pass.
-    let wakes: Vec<f64> = devs.iter().map(|d| d.profile.hop_wake).collect();
+    let wakes: Vec<f64> = devs
+        .iter()
+        .map(|d| d.profile.hop_wake + d.profile.hop_extra)
+        .collect();
     let wake_pass = pass_wakes(&wakes);
     let bf = b as f64;
     let qf = q as f64;
