@@ -18,8 +18,9 @@
 //!   queues, wake-ups and the workers' time outside blocks) less the plan's priced
 //!   communication, over the transfers it prices (one per device and round), is what a
 //!   transfer costs beyond `δ`, its bytes and `hop_wake`; every device's
-//!   [`DeviceProfile::hop_extra`] is set to it (never below 0), so a placement with more
-//!   rounds pays it on each of its hops.
+//!   [`DeviceProfile::hop_extra`] is set to it (never below 0, never above [`extra_cap`]:
+//!   a short warm-up can fall into a burst of other work), so a placement with more rounds
+//!   pays it on each of its hops.
 //!
 //! Pure: the runtime measures, this prices. Only plans of single-sequence steps
 //! ([`Pattern::Sporadic`]) are calibrated: the warm-up is one sequence's steps.
@@ -102,19 +103,39 @@ pub fn transfers_per_step(plan: &Plan) -> u32 {
     nd * rounds
 }
 
-/// A transfer's cost beyond its price: `(measured − priced) / transfers`, in `[0, 1]` s;
-/// 0 without transfers or with a value that is not finite.  // seconds
-pub fn hop_extra(measured_hops_s: f64, priced_comm_s: f64, transfers: u32) -> f64 {
+/// A transfer's cost beyond its price: `(measured − priced) / transfers`, in `[0, cap]`
+/// (and at most 1 s); 0 without transfers or with a value that is not finite.  // seconds
+pub fn hop_extra(measured_hops_s: f64, priced_comm_s: f64, transfers: u32, cap: f64) -> f64 {
     if transfers == 0 {
         return 0.0;
     }
     let x = (measured_hops_s - priced_comm_s) / transfers as f64;
     if x.is_finite() {
-        x.clamp(0.0, 1.0)
+        x.clamp(0.0, cap.clamp(0.0, 1.0))
     } else {
         0.0
     }
 }
+
+/// The most a warm-up may add to a transfer: [`EXTRA_CAP`] times what the setup's pings
+/// and echoes price one at (`δ` and the devices' mean `hop_wake`). A warm-up of a few
+/// tens of milliseconds can fall into a burst of other work on the machine and see every
+/// hop several times slower than the run's average (two of eight resident runs under
+/// other helpers' builds priced 1 ms a transfer where the run paid 0.3).  // seconds
+pub fn extra_cap(cluster: &Cluster) -> f64 {
+    let n = cluster.devices.len().max(1) as f64;
+    let wake = cluster
+        .devices
+        .iter()
+        .map(|d| d.profile.hop_wake)
+        .sum::<f64>()
+        / n;
+    EXTRA_CAP * (cluster.link.latency + wake)
+}
+
+/// See [`extra_cap`]: on this project's 2-core VM the warm-up's extra ran 1–2× the pings'
+/// price at load 0–6.
+const EXTRA_CAP: f64 = 3.0;
 
 /// How much longer the blocks ran than priced: `measured / priced` in [`SCALE_RANGE`]; 1
 /// when either is not positive and finite.
@@ -160,7 +181,7 @@ pub fn calibrate(
     }
     let priced_comm_s = cost::evaluate(plan, shape, cluster)?.breakdown.comm_ms / 1e3;
     let transfers = transfers_per_step(plan);
-    let extra = hop_extra(hops_s, priced_comm_s, transfers);
+    let extra = hop_extra(hops_s, priced_comm_s, transfers, extra_cap(cluster));
     for d in &mut cluster.devices {
         d.profile.hop_extra = extra;
     }

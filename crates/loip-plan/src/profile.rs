@@ -253,7 +253,8 @@ pub struct DeviceProfile {
     /// cost model's price of them, over the transfers; [`crate::calibrate`]). It covers
     /// what the setup's idle-machine pings miss: the workers, their loaders and the
     /// coordinator sharing the cores. 0 when unknown (presets). The cost model adds it to
-    /// every hop into the device, beside `hop_wake`.  // seconds
+    /// every hop into the device, after the loads' overlap (a load does not progress in it;
+    /// [`crate::cost`]); the simulator beside `hop_wake`.  // seconds
     #[serde(default, skip_serializing_if = "is_zero")]
     pub hop_extra: f64,
     /// What a threshold switch of this device costs the run: the step that needs the new

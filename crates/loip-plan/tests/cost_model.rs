@@ -703,14 +703,15 @@ fn a_warm_up_rescales_compute_and_prices_its_hops() {
 /// The pure parts of a calibration: medians, the transfer count, the clamps.
 #[test]
 fn calibration_figures_are_bounded() {
-    use loip_plan::calibrate::{compute_scale, hop_extra, median, transfers_per_step};
+    use loip_plan::calibrate::{compute_scale, extra_cap, hop_extra, median, transfers_per_step};
     assert_eq!(median([3.0, f64::NAN, 1.0, 2.0]), Some(2.0));
     assert_eq!(median([4.0, 1.0, 2.0, 3.0]), Some(2.5));
     assert_eq!(median(std::iter::empty()), None);
-    assert_eq!(hop_extra(5e-3, 1e-3, 4), 1e-3);
-    assert_eq!(hop_extra(1e-3, 5e-3, 4), 0.0);
-    assert_eq!(hop_extra(5e-3, 1e-3, 0), 0.0);
-    assert_eq!(hop_extra(f64::NAN, 1e-3, 3), 0.0);
+    assert_eq!(hop_extra(5e-3, 1e-3, 4, 1.0), 1e-3);
+    assert_eq!(hop_extra(5e-3, 1e-3, 4, 0.5e-3), 0.5e-3);
+    assert_eq!(hop_extra(1e-3, 5e-3, 4, 1.0), 0.0);
+    assert_eq!(hop_extra(5e-3, 1e-3, 0, 1.0), 0.0);
+    assert_eq!(hop_extra(f64::NAN, 1e-3, 3, 1.0), 0.0);
     assert_eq!(compute_scale(2.0, 1.0), 2.0);
     assert_eq!(compute_scale(100.0, 1.0), 4.0);
     assert_eq!(compute_scale(1.0, 100.0), 0.25);
@@ -726,6 +727,10 @@ fn calibration_figures_are_bounded() {
         1,
     );
     assert_eq!(transfers_per_step(&p), 3);
+    // three times the pings' price: δ and the mean wake-up
+    let mut woken = cl.clone();
+    woken.devices[0].profile.hop_wake = 3e-3;
+    assert!(close(extra_cap(&woken), 3.0 * (LAT + 1e-3)));
     let one = plan(
         &sh,
         &cluster(&sh, 1, 1e9),
