@@ -120,8 +120,8 @@ pub fn hop_extra(measured_hops_s: f64, priced_comm_s: f64, transfers: u32, cap: 
 /// The most a warm-up may add to a transfer: [`EXTRA_CAP`] times what the setup's pings
 /// and echoes price one at (`δ` and the devices' mean `hop_wake`). A warm-up of a few
 /// tens of milliseconds can fall into a burst of other work on the machine and see every
-/// hop several times slower than the run's average (two of eight resident runs under
-/// other helpers' builds priced 1 ms a transfer where the run paid 0.3).  // seconds
+/// hop several times slower than the run's average (on a 2-core VM under other builds, two
+/// of four resident runs priced about 1 ms a transfer where the runs paid 0.3).  // seconds
 pub fn extra_cap(cluster: &Cluster) -> f64 {
     let n = cluster.devices.len().max(1) as f64;
     let wake = cluster
