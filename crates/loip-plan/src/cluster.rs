@@ -360,6 +360,7 @@ impl RawDevice {
                 collective_latency: 0.0,
                 load_slowdown: 0.0,
                 hop_wake: 0.0,
+                hop_extra: 0.0,
                 switch_s: 0.0,
             }
         };

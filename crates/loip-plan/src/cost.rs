@@ -14,6 +14,9 @@
 //! e_i     s  device i's hop out of its stage, h/bw + δ + w_{i+1} (0 on one device)
 //! w_i     s  the runtime's wake-up of a hop into device i beyond δ (profile `hop_wake`; 0 for
 //!            presets): a pass carries Σ_i w_i, c = |D|·(h/bw + δ) + Σ_i w_i
+//! x_i     s  what the setup's warm-up steps paid for a hop into device i beyond that (profile
+//!            `hop_extra`; 0 for presets): Σ_i x_i added to each round's pass (b·Σ_i x_i
+//!            bursty) after the overlap, since no load progresses in it
 //! co      s  the coordinator's part of a step (`Cluster::coordinator`; 0 for presets), on the
 //!            last round's pass and busy b·co per round ([`coordinated_round`])
 //! ```
@@ -687,6 +690,11 @@ pub fn evaluate_rows(
     // part of a step lengthens the last round's pass.
     let wakes: Vec<f64> = devs.iter().map(|d| d.profile.hop_wake).collect();
     let wake_pass = pass_wakes(&wakes);
+    // What the setup's warm-up found a hop to cost beyond that (`hop_extra`): the run queue
+    // of a machine the workers and their loaders share, so no load progresses in it. Added
+    // to each round's pass after the overlap, not offered to the loads.
+    let extras: Vec<f64> = devs.iter().map(|d| d.profile.hop_extra).collect();
+    let extra_pass = pass_wakes(&extras);
     let bf = b as f64;
     let qf = q as f64;
     let bursty = plan.pattern == Pattern::Bursty;
@@ -821,7 +829,8 @@ pub fn evaluate_rows(
             }
         };
         total.compute_ms += compute * 1e3 / per_tok;
-        total.comm_ms += comm * 1e3 / per_tok;
+        let extra = if bursty { bf } else { 1.0 } * extra_pass;
+        total.comm_ms += (comm + extra) * 1e3 / per_tok;
         total.uncovered_load_ms += uncov * 1e3 / per_tok;
         total.coordinator_ms += co_part * 1e3 / per_tok;
         for i in 0..nd {

@@ -15,6 +15,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 pub mod adapt;
+pub mod calibrate;
 mod check;
 pub mod cluster;
 pub mod cost;

@@ -247,6 +247,16 @@ pub struct DeviceProfile {
     /// model adds it to every hop into the device ([`crate::cost`]).  // seconds
     #[serde(default, skip_serializing_if = "is_zero")]
     pub hop_wake: f64,
+    /// What a hop into this device cost beyond `δ`, the bytes' time and `hop_wake`, as the
+    /// run pays it: measured by the runtime at the end of setup from warm-up decode steps
+    /// through the started pipeline (the steps' hops, wall less compute and stall, less the
+    /// cost model's price of them, over the transfers; [`crate::calibrate`]). It covers
+    /// what the setup's idle-machine pings miss: the workers, their loaders and the
+    /// coordinator sharing the cores. 0 when unknown (presets). The cost model adds it to
+    /// every hop into the device, after the loads' overlap (a load does not progress in it;
+    /// [`crate::cost`]); the simulator beside `hop_wake`.  // seconds
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hop_extra: f64,
     /// What a threshold switch of this device costs the run: the step that needs the new
     /// placement is parked from the coordinator sending the switch until the device answers
     /// (the kept blocks stay, the new resident ones are read, a new loader and slot). The
@@ -396,6 +406,7 @@ impl DeviceProfile {
             collective_latency: 0.0,
             load_slowdown: 0.0,
             hop_wake: 0.0,
+            hop_extra: 0.0,
             switch_s: 0.0,
         };
         profile.validate()?;
@@ -413,6 +424,24 @@ impl DeviceProfile {
         }
         self.validate()?;
         Ok(self)
+    }
+
+    /// The same profile with every measured block and head time multiplied by `factor` (a
+    /// probe re-timed: the blocks ran `factor` times as long as the grids say); roofline
+    /// profiles, and factors that are not positive and finite, leave it unchanged.
+    pub fn scale_compute(&mut self, factor: f64) {
+        if !(factor > 0.0 && factor.is_finite()) {
+            return;
+        }
+        if let ComputeModel::Measured(m) = &mut self.compute {
+            for row in &mut m.attn.seconds {
+                row.iter_mut().for_each(|s| *s *= factor);
+            }
+            m.mlp.seconds.iter_mut().for_each(|s| *s *= factor);
+            if let Some(h) = &mut m.head {
+                h.seconds.iter_mut().for_each(|s| *s *= factor);
+            }
+        }
     }
 
     /// Checks grids, bandwidths and efficiencies; errors name the field.
@@ -448,6 +477,9 @@ impl DeviceProfile {
         }
         if !(self.hop_wake >= 0.0 && self.hop_wake <= 1.0) {
             return Err(bad("hop_wake", "must be in [0, 1] s"));
+        }
+        if !(self.hop_extra >= 0.0 && self.hop_extra <= 1.0) {
+            return Err(bad("hop_extra", "must be in [0, 1] s"));
         }
         if !(self.switch_s >= 0.0 && self.switch_s <= 60.0) {
             return Err(bad("switch_s", "must be in [0, 60] s"));

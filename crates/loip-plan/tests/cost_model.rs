@@ -628,3 +628,116 @@ fn sporadic_loads_on_one_disk_are_staggered() {
     }
     assert!(q.predicted_ms_per_token >= p.predicted_ms_per_token * (1.0 - 1e-9));
 }
+
+/// A warm-up (`calibrate`): the probed devices' compute is scaled by the steps' median
+/// compute over the priced one, and each transfer pays what the steps' hops cost beyond the
+/// priced communication; a second calibration prices the extra anew, not on top.
+#[test]
+fn a_warm_up_rescales_compute_and_prices_its_hops() {
+    use loip_plan::calibrate::{self, WarmupStep};
+    let sh = llama13b();
+    let mut cl = cluster(&sh, 2, 1e9);
+    let alloc = [(20, 0), (20, 0)];
+    let p = plan(&sh, &cl, &alloc, ExecMode::Overlapped, Pattern::Sporadic, 1);
+    let (c0, m0) = (p.breakdown.compute_ms / 1e3, p.breakdown.comm_ms / 1e3);
+    // steps that computed 20 % faster than priced and spent 1 ms more in hops
+    let step = |c: f64, h: f64| WarmupStep {
+        wall_s: c + h + 1e-3,
+        compute_s: c,
+        stall_s: 1e-3,
+    };
+    let steps = [
+        step(0.8 * c0, m0 + 1e-3),
+        step(0.8 * c0, m0 + 1e-3),
+        step(5.0 * c0, m0 + 9e-3), // an outlier: the medians ignore it
+    ];
+    let names: Vec<String> = cl.devices.iter().map(|d| d.name.clone()).collect();
+    let cal = calibrate::calibrate(&p, &sh, &mut cl, &steps, &names)
+        .unwrap()
+        .unwrap();
+    assert!(close(cal.compute_scale, 0.8));
+    assert_eq!(cal.transfers, 2);
+    assert!(close(cal.hop_extra, 0.5e-3));
+    let mut q = p.clone();
+    q.reprice(&sh, &cl).unwrap();
+    assert!(close(q.breakdown.compute_ms, 0.8 * p.breakdown.compute_ms));
+    assert!(close(q.breakdown.comm_ms - p.breakdown.comm_ms, 1.0));
+    // again on the calibrated cluster, with steps as priced now: nothing more
+    let again = [step(0.8 * c0, m0 + 1e-3)];
+    let cal2 = calibrate::calibrate(&p, &sh, &mut cl, &again, &names)
+        .unwrap()
+        .unwrap();
+    assert!(close(cal2.compute_scale, 1.0));
+    assert!(close(cal2.hop_extra, 0.5e-3));
+    // only the named devices' compute is scaled; hops cheaper than priced add nothing
+    let mut cl = cluster(&sh, 2, 1e9);
+    let fast = [step(2.0 * c0, 0.5 * m0)];
+    let cal = calibrate::calibrate(&p, &sh, &mut cl, &fast, &names[..1])
+        .unwrap()
+        .unwrap();
+    assert_eq!(cal.hop_extra, 0.0);
+    assert!(close(cal.compute_scale, 2.0));
+    let plain = cluster(&sh, 2, 1e9);
+    let t = |c: &Cluster, i: usize| block_times(&c.devices[i], &sh, CTX, 1, LoaderKind::Direct);
+    assert!(close(t(&cl, 0).mlp, 2.0 * t(&plain, 0).mlp));
+    assert!(close(t(&cl, 1).mlp, t(&plain, 1).mlp));
+    // bursty plans and empty warm-ups change nothing
+    let b = plan(
+        &sh,
+        &plain,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Bursty,
+        2,
+    );
+    let mut cl = cluster(&sh, 2, 1e9);
+    assert!(calibrate::calibrate(&b, &sh, &mut cl, &steps, &names)
+        .unwrap()
+        .is_none());
+    assert!(calibrate::calibrate(&p, &sh, &mut cl, &[], &names)
+        .unwrap()
+        .is_none());
+    assert_eq!(cl, cluster(&sh, 2, 1e9));
+}
+
+/// The pure parts of a calibration: medians, the transfer count, the clamps.
+#[test]
+fn calibration_figures_are_bounded() {
+    use loip_plan::calibrate::{compute_scale, extra_cap, hop_extra, median, transfers_per_step};
+    assert_eq!(median([3.0, f64::NAN, 1.0, 2.0]), Some(2.0));
+    assert_eq!(median([4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    assert_eq!(median(std::iter::empty()), None);
+    assert_eq!(hop_extra(5e-3, 1e-3, 4, 1.0), 1e-3);
+    assert_eq!(hop_extra(5e-3, 1e-3, 4, 0.5e-3), 0.5e-3);
+    assert_eq!(hop_extra(1e-3, 5e-3, 4, 1.0), 0.0);
+    assert_eq!(hop_extra(5e-3, 1e-3, 0, 1.0), 0.0);
+    assert_eq!(hop_extra(f64::NAN, 1e-3, 3, 1.0), 0.0);
+    assert_eq!(compute_scale(2.0, 1.0), 2.0);
+    assert_eq!(compute_scale(100.0, 1.0), 4.0);
+    assert_eq!(compute_scale(1.0, 100.0), 0.25);
+    assert_eq!(compute_scale(1.0, 0.0), 1.0);
+    let sh = llama13b();
+    let cl = cluster(&sh, 3, 1e9);
+    let p = plan(
+        &sh,
+        &cl,
+        &[(10, 0), (10, 0), (20, 0)],
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    assert_eq!(transfers_per_step(&p), 3);
+    // three times the pings' price: δ and the mean wake-up
+    let mut woken = cl.clone();
+    woken.devices[0].profile.hop_wake = 3e-3;
+    assert!(close(extra_cap(&woken), 3.0 * (LAT + 1e-3)));
+    let one = plan(
+        &sh,
+        &cluster(&sh, 1, 1e9),
+        &[(40, 0)],
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    assert_eq!(transfers_per_step(&one), 0);
+}

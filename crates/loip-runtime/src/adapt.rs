@@ -342,6 +342,23 @@ impl Adapter {
         self.report.clone()
     }
 
+    /// Counts steps (and times the report) from the next one: the session's warm-up steps
+    /// (`cluster_run::setup`) are not a request's, so its events number the request's
+    /// steps as a run without a warm-up would. The per-step memory and the peaks start over.
+    pub fn restart_count(&mut self) {
+        self.step = 0;
+        self.undo = None;
+        self.started = Instant::now();
+        self.round_s = None;
+        self.last_entry = None;
+        let mut rep = lock(&self.report);
+        rep.memory.clear();
+        rep.tokens = 0;
+        for d in &mut rep.devices {
+            d.kv_peak_bytes = 0;
+        }
+    }
+
     fn total(&self) -> u64 {
         self.held.values().sum()
     }

@@ -255,6 +255,8 @@ enum Cmd {
     Release(Vec<u64>),
     /// a sequence keeps its first `len` positions (speculative decoding)
     Rewind(u64, usize),
+    /// the session's warm-up is over ([`Pipeline::warmed`])
+    Warmed,
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -508,6 +510,12 @@ impl Pipeline {
     /// the route. Nothing to send before: a sequence released meanwhile has nothing to drop.
     pub fn rewind(&self, seq: u64, len: usize) {
         let _ = self.tx.send(Cmd::Rewind(seq, len));
+    }
+
+    /// The session's warm-up steps are over: online adaptation counts steps from the next
+    /// one ([`crate::adapt::Adapter::restart_count`]).
+    pub fn warmed(&self) {
+        let _ = self.tx.send(Cmd::Warmed);
     }
 
     /// Vocabulary size.
@@ -867,6 +875,11 @@ async fn scheduler(
                     s.admit_parked();
                 }
                 Some(Cmd::Rewind(seq, len)) => s.rewind(seq, len),
+                Some(Cmd::Warmed) => {
+                    if let Some(a) = s.adapt.as_mut() {
+                        a.adapter.restart_count();
+                    }
+                }
                 Some(Cmd::Shutdown(ack)) => { done = Some(ack); break; }
                 None => break,
             },

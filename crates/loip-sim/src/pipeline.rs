@@ -105,7 +105,7 @@ struct Pipeline<'a> {
     pending: std::collections::VecDeque<Vec<MemorySample>>,
     /// A framework's fixed cost per pass of a micro-batch through a stage.  // seconds
     pass_overhead: f64,
-    /// Per device: the runtime's wake-up of a hop into it (profile `hop_wake`).  // seconds
+    /// Per device: the runtime's wake-up of a hop into it (profile `hop_wake` + `hop_extra`).  // seconds
     wakes: Vec<f64>,
     /// The coordinator (its part of a step, seconds, on its own resource), when modelled.
     coordinator: Option<(ResId, f64)>,
@@ -463,7 +463,7 @@ pub fn simulate_pipeline(
         step_end: Vec::new(),
         pending: Default::default(),
         pass_overhead: cfg.pass_overhead_s,
-        wakes: profiles.iter().map(|p| p.hop_wake).collect(),
+        wakes: profiles.iter().map(|p| p.hop_wake + p.hop_extra).collect(),
         coordinator: None,
     };
     if cluster.coordinator > 0.0 {

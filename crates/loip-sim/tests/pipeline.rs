@@ -39,6 +39,7 @@ fn device_ssd(name: &str, ssd: f64) -> (String, DeviceProfile) {
         collective_latency: 0.0,
         load_slowdown: 0.0,
         hop_wake: 0.0,
+        hop_extra: 0.0,
         switch_s: 0.0,
     };
     (name.to_string(), p)

@@ -113,10 +113,18 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         .iter()
         .map(|d| format!("{:.0}", d.profile.hop_wake * 1e6))
         .collect();
+    let extra = run
+        .cluster
+        .devices
+        .iter()
+        .map(|d| d.profile.hop_extra)
+        .fold(0.0, f64::max);
     println!(
-        "fixed costs measured at setup: hop wake-ups {} us (per device), coordinator {:.0} us a step",
+        "fixed costs measured at setup: hop wake-ups {} us (per device), coordinator {:.0} us a step, \
+         {:.0} us more a hop from the warm-up steps",
         wakes.join(", "),
-        run.cluster.coordinator * 1e6
+        run.cluster.coordinator * 1e6,
+        extra * 1e6
     );
     println!("{}", CostTerms::HEADER);
     println!("{}", terms.row());

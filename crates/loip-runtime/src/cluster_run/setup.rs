@@ -87,6 +87,15 @@ pub(super) async fn bring_up(
     });
     let adapt = adapter.as_ref().map(|a| a.report());
     let pipeline = Pipeline::start_with(opened.conns, route, popts, hop_links.clone(), adapter);
+    let (mut cluster, mut profiles, mut plan) = (cluster, profiles, plan);
+    if opts.measure_links && plan.pattern == loip_plan::Pattern::Sporadic && warm_up_on() {
+        warm_up(&pipeline, &mut plan, &shape, &mut cluster, &reports, opts).await?;
+        for (name, p) in &mut profiles {
+            if let Some(d) = cluster.device(name) {
+                *p = d.profile.clone();
+            }
+        }
+    }
     // what the plan's evaluation priced, once per plan (a plan whose device is not in the
     // cluster was refused above)
     let step = step_parts(&plan, &shape, &cluster).unwrap_or_default();
@@ -102,6 +111,81 @@ pub(super) async fn bring_up(
         adapt,
         unreachable,
     })
+}
+
+/// Decode steps the warm-up runs; the first [`WARMUP_SKIPPED`] are not counted (the
+/// pipeline's first steps touch cold pages and wake idle threads).
+const WARMUP_STEPS: usize = 18;
+/// See [`WARMUP_STEPS`].
+const WARMUP_SKIPPED: usize = 2;
+
+/// Whether the warm-up runs: `LOIP_WARMUP=0` in the coordinator's environment turns it off
+/// (the setup as before it, for side-by-side runs).
+fn warm_up_on() -> bool {
+    !matches!(std::env::var("LOIP_WARMUP").as_deref(), Ok("0"))
+}
+
+/// Runs [`WARMUP_STEPS`] one-token steps through the started pipeline, each on a fresh
+/// sequence at position 0 that is released after it (no KV is left behind; the tokens of
+/// later requests do not change), and calibrates the cost model from their times
+/// ([`loip_plan::calibrate`]): the probed devices' block times re-timed in place, and what
+/// a hop costs as the run pays it while every worker shares the machine. The plan's
+/// prediction is priced again; the pipeline's totals start over after it.
+async fn warm_up(
+    pipeline: &Pipeline,
+    plan: &mut Plan,
+    shape: &ModelShape,
+    cluster: &mut Cluster,
+    reports: &[DeviceReport],
+    opts: &SessionOptions,
+) -> Result<(), ClusterError> {
+    let mut steps = Vec::new();
+    for k in 0..WARMUP_STEPS {
+        let seq = crate::coordinator::next_seq_id();
+        let batch = [loip_engine::TokenPos { seq, pos: 0 }];
+        let out = if opts.greedy {
+            crate::coordinator::RowsOut::Argmax {
+                masked: &[],
+                row_masks: &[],
+            }
+        } else {
+            crate::coordinator::RowsOut::Logits
+        };
+        let r = pipeline.step_batch(&[0], &batch, &[0], out).await;
+        pipeline.release(&[seq]);
+        let st = r?.stats;
+        if k >= WARMUP_SKIPPED {
+            steps.push(loip_plan::calibrate::WarmupStep {
+                wall_s: st.wall_s,
+                compute_s: st.compute_s,
+                stall_s: st.stall_s,
+            });
+        }
+    }
+    pipeline.warmed();
+    let _ = pipeline.take_totals();
+    let probed: Vec<String> = reports
+        .iter()
+        .filter(|r| r.probe.is_some())
+        .map(|r| r.endpoint.name.clone())
+        .collect();
+    let cal = loip_plan::calibrate::calibrate(plan, shape, cluster, &steps, &probed)?;
+    if let Some(c) = cal {
+        tracing::info!(
+            "warm-up: {} steps, compute {:.2} ms against {:.2} priced (probed devices ×{:.2}), \
+             hops {:.2} ms against {:.2} priced: {:.0} us more on each of {} transfers",
+            c.steps,
+            c.compute_s * 1e3,
+            c.priced_compute_s * 1e3,
+            c.compute_scale,
+            c.hops_s * 1e3,
+            c.priced_comm_s * 1e3,
+            c.hop_extra * 1e6,
+            c.transfers
+        );
+        plan.reprice(shape, cluster)?;
+    }
+    Ok(())
 }
 
 /// What setup knows once it has planned, before shipping and loading.
