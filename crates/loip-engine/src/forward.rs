@@ -174,17 +174,10 @@ impl Transformer {
         let mut att = vec![0f32; n * qd]; // (n, n_heads * head_dim)
         let kv_ref = &*kv;
         // Runs of one sequence's consecutive positions (a prompt or a prompt chunk) attend
-        // tiled over queries, bit-identical to each query alone; the other tokens (decode
-        // tokens of several sequences, a sliding-window layer's positions from its window
-        // on) attend one by one. Below the window a position sees every position from 0, as
-        // causal attention does, so a run's part there is tiled too.
-        let runs: Vec<(usize, usize)> = prompt_runs(batch)
-            .into_iter()
-            .filter_map(|(a, b)| {
-                let b = window.map_or(b, |w| b.min(a + w.saturating_sub(batch[a].pos)));
-                (b >= a + 2).then_some((a, b))
-            })
-            .collect();
+        // tiled over queries, each over its causal prefix or its sliding window, bit-identical
+        // to each query alone; the other tokens (decode tokens of several sequences) attend
+        // one by one.
+        let runs = prompt_runs(batch);
         let mut in_run = vec![false; n];
         for &(a, b) in &runs {
             in_run[a..b].fill(true);
@@ -221,12 +214,16 @@ impl Transformer {
         }
         for &(a, b) in &runs {
             let tp = batch[a];
-            let (kc, vc) = kv_ref.rows(tp.seq, layer, 0, tp.pos + (b - a))?;
-            k::attention_causal(
+            // from the run's first query's first position (the whole cache without a window)
+            let w = window.unwrap_or(usize::MAX);
+            let first = (tp.pos + 1).saturating_sub(w);
+            let (kc, vc) = kv_ref.rows(tp.seq, layer, first, tp.pos + (b - a))?;
+            k::attention_sliding(
                 &q[a * qd..b * qd],
                 kc,
                 vc,
                 tp.pos,
+                w,
                 c.num_heads,
                 c.num_kv_heads,
                 d,

@@ -120,6 +120,56 @@ fn step_grouping_and_micro_batching_are_bit_identical() {
     assert_eq!(model.logits(&x, &[4]).unwrap(), alone[3 * vocab..]);
 }
 
+/// A sliding-window layer's prompt runs (whole, or chunks starting inside and past the
+/// window) give the logits of one token per step, bit for bit.
+#[test]
+fn sliding_prompt_runs_are_bit_identical_to_one_token_steps() {
+    for (name, window) in [("tiny-gemma3", None), ("tiny-mistral", Some(3))] {
+        let ck = Checkpoint::open(&fixture(name)).unwrap();
+        let mut cfg = ck.config.clone();
+        if window.is_some() {
+            cfg.sliding_window = window;
+            cfg.validate().unwrap();
+        }
+        assert!(cfg.sliding_window.is_some(), "{name}");
+        let model = Model::bind(&ck, &cfg, ck.qk_permuted).unwrap();
+        let base = ids(&expected(name)["input_ids"]);
+        let vocab = cfg.vocab_size;
+        // long enough for several windows
+        let prompt: Vec<u32> = base.iter().cycle().take(3 * base.len()).copied().collect();
+        let mut kv = model.new_cache(None);
+        let mut steps = Vec::new();
+        for (p, &id) in prompt.iter().enumerate() {
+            let x = model
+                .forward_hidden(&[id], &[TokenPos { seq: 0, pos: p }], &mut kv)
+                .unwrap();
+            steps.extend(model.logits(&x, &[0]).unwrap());
+        }
+        assert_eq!(
+            model.prompt_logits(&prompt).unwrap(),
+            steps,
+            "{name}: whole"
+        );
+        for chunk in [2, 5, 9] {
+            let mut kv = model.new_cache(None);
+            let mut got = Vec::new();
+            for (c, part) in prompt.chunks(chunk).enumerate() {
+                let pos: Vec<TokenPos> = (0..part.len())
+                    .map(|i| TokenPos {
+                        seq: 0,
+                        pos: c * chunk + i,
+                    })
+                    .collect();
+                let x = model.forward_hidden(part, &pos, &mut kv).unwrap();
+                let rows: Vec<usize> = (0..part.len()).collect();
+                got.extend(model.logits(&x, &rows).unwrap());
+            }
+            assert_eq!(got.len(), prompt.len() * vocab);
+            assert_eq!(got, steps, "{name}: chunks of {chunk}");
+        }
+    }
+}
+
 #[test]
 fn bad_token_id_and_kv_budget_are_errors() {
     let ckpt = Checkpoint::open(&fixture("tiny-llama")).unwrap();

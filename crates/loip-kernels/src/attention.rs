@@ -1,6 +1,7 @@
 //! Attention, grouped-query: one query token over `n_ctx` cached positions ([`attention`],
 //! decode), or the tokens of a prompt each over its causal prefix ([`attention_causal`],
-//! prefill: tiled over queries, the same operations per query as [`attention`]).
+//! prefill: tiled over queries, the same operations per query as [`attention`]) or over the
+//! last positions of a sliding window ([`attention_sliding`], likewise tiled).
 //!
 //! Per head `h` (kv head `h / (n_heads / n_kv_heads)`), in this fixed order:
 //! 1. `s[t] = dot(q_h, k_t) * scale` (canonical dot, `scale = 1/sqrt(head_dim)` rounded to f32);
@@ -103,18 +104,29 @@ fn softmax_from(level: Level, s: &mut [f32], m: f32) {
 const POS_BLOCK: usize = 128;
 
 /// One query token of a task: its queries for the task's heads (`heads × head_dim`), the
-/// number of positions it attends, and its outputs (`heads × head_dim`).
+/// positions it attends (`first .. n_ctx` of the call's K and V rows), and its outputs
+/// (`heads × head_dim`).
 struct Query<'a> {
     q: &'a [f32],
+    first: usize,
     n_ctx: usize,
     out: &'a mut [f32],
+}
+
+impl Query<'_> {
+    /// Positions attended: the length of each head's row of scores.
+    fn len(&self) -> usize {
+        self.n_ctx - self.first
+    }
 }
 
 /// Query heads `h0 ..` (all on the same kv head) of each query token in `qs`; every query
 /// gets exactly the operations of the module docs, whatever the other queries of the task.
 ///
-/// `scores`: scratch, `heads × n_ctx` per query. Each block of K (or V) rows is read once
-/// for all heads and queries of the task while it is in cache.
+/// `scores`: scratch, `heads × len` per query. Each block of K (or V) rows is read once
+/// for all heads and queries of the task while it is in cache; a query's row of scores
+/// starts at its first position, so its operations are those of [`attention`] on the rows
+/// `first .. n_ctx` alone.
 fn heads(
     level: Level,
     sh: Shape,
@@ -132,33 +144,34 @@ fn heads(
         .iter()
         .scan(0, |acc, q| {
             let at = *acc;
-            *acc += q.out.len() / hd * q.n_ctx;
+            *acc += q.out.len() / hd * q.len();
             Some(at)
         })
         .collect();
-    let total: usize = qs.iter().map(|q| q.out.len() / hd * q.n_ctx).sum();
+    let total: usize = qs.iter().map(|q| q.out.len() / hd * q.len()).sum();
     scores.clear();
     scores.resize(total, 0.0);
+    let lowest = qs.iter().map(|q| q.first).min().unwrap_or(0);
     let longest = qs.iter().map(|q| q.n_ctx).max().unwrap_or(0);
     // scores, block by block
-    for t0 in (0..longest).step_by(POS_BLOCK) {
-        let kb = &k[t0 * sh.stride + off..];
+    for t0 in (lowest..longest).step_by(POS_BLOCK) {
         for (qi, &at) in qs.iter().zip(&starts) {
-            let n = qi.n_ctx;
-            if n <= t0 {
+            let (f, n) = (qi.first, qi.len());
+            let (a, t1) = (t0.max(f), (t0 + POS_BLOCK).min(qi.n_ctx));
+            if t1 <= a {
                 continue;
             }
-            let t1 = (t0 + POS_BLOCK).min(n);
+            let kb = &k[a * sh.stride + off..];
             let sq = &mut scores[at..at + qi.out.len() / hd * n];
             for (i, s) in sq.chunks_exact_mut(n).enumerate() {
                 let qh = &qi.q[i * hd..(i + 1) * hd];
-                dispatch::dot_rows(level, qh, kb, sh.stride, &mut s[t0..t1]);
+                dispatch::dot_rows(level, qh, kb, sh.stride, &mut s[a - f..t1 - f]);
             }
         }
     }
     // softmax per query and head
     for (qi, &at) in qs.iter().zip(&starts) {
-        let n = qi.n_ctx;
+        let n = qi.len();
         if n == 0 {
             continue;
         }
@@ -169,17 +182,17 @@ fn heads(
     }
     // weighted sums of V rows, block by block, in increasing position
     qs.iter_mut().for_each(|q| q.out.fill(0.0));
-    for t0 in (0..longest).step_by(POS_BLOCK) {
-        let vb = &v[t0 * sh.stride + off..];
+    for t0 in (lowest..longest).step_by(POS_BLOCK) {
         for (qi, &at) in qs.iter_mut().zip(&starts) {
-            let n = qi.n_ctx;
-            if n <= t0 {
+            let (f, n) = (qi.first, qi.len());
+            let (a, t1) = (t0.max(f), (t0 + POS_BLOCK).min(qi.n_ctx));
+            if t1 <= a {
                 continue;
             }
-            let t1 = (t0 + POS_BLOCK).min(n);
+            let vb = &v[a * sh.stride + off..];
             let sq = &scores[at..at + qi.out.len() / hd * n];
             for (s, oh) in sq.chunks_exact(n).zip(qi.out.chunks_exact_mut(hd)) {
-                dispatch::weighted_rows(level, &s[t0..t1], vb, sh.stride, oh);
+                dispatch::weighted_rows(level, &s[a - f..t1 - f], vb, sh.stride, oh);
             }
         }
     }
@@ -231,6 +244,34 @@ pub fn attention_causal(
     attention_causal_at(simd::current(), q, k, v, start, heads, out)
 }
 
+/// Sliding-window causal attention of `m` consecutive query tokens: query `i` sits at
+/// position `start + i` and attends the last `window` positions, itself included
+/// (`max(0, start + i + 1 − window) ..= start + i`). Bit-identical to [`attention`] of each
+/// query alone over exactly those rows, tiled as [`attention_causal`] (which is this with an
+/// unbounded window).
+///
+/// `k`, `v`: rows of `n_kv_heads × head_dim` from position `first = max(0, start + 1 −
+/// window)` (the first query's first position) on, at least `start + m − first` of them;
+/// `q`, `out`: `m × n_heads × head_dim`. A window of 0 attends nothing (zero outputs).
+///
+/// # Panics
+/// If the lengths do not match the shape or `n_heads` is not a multiple of `n_kv_heads > 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_sliding(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    start: usize,
+    window: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) {
+    let heads = (n_heads, n_kv_heads, head_dim);
+    attention_window_at(simd::current(), q, k, v, (start, window), heads, out)
+}
+
 /// [`attention_causal`] on an explicit level; `heads`: `(n_heads, n_kv_heads, head_dim)`.
 pub(crate) fn attention_causal_at(
     level: Level,
@@ -238,6 +279,20 @@ pub(crate) fn attention_causal_at(
     k: &[f32],
     v: &[f32],
     start: usize,
+    heads: (usize, usize, usize),
+    out: &mut [f32],
+) {
+    attention_window_at(level, q, k, v, (start, usize::MAX), heads, out)
+}
+
+/// [`attention_sliding`] on an explicit level; `(start, window)`, `heads`: `(n_heads,
+/// n_kv_heads, head_dim)`.
+pub(crate) fn attention_window_at(
+    level: Level,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (start, window): (usize, usize),
     (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
     out: &mut [f32],
 ) {
@@ -249,7 +304,10 @@ pub(crate) fn attention_causal_at(
     if m == 0 {
         return;
     }
-    let n_last = start + m;
+    // K and V row 0 is position `base`; query at position `p` attends rows
+    // `(p + 1).saturating_sub(window) - base .. p + 1 - base`
+    let base = (start + 1).saturating_sub(window);
+    let n_last = start + m - base;
     // checks k, v and the head counts once, for the longest context
     let sh = check(
         &q[..width],
@@ -272,12 +330,14 @@ pub(crate) fn attention_causal_at(
         let mut per_run: Vec<Vec<Query<'_>>> = runs.iter().map(|_| Vec::new()).collect();
         for (i, (qt, ot)) in qb.chunks(width).zip(ob.chunks_mut(width)).enumerate() {
             let mut rest = ot;
+            let end = start + b * QUERY_BLOCK + i + 1;
             for (r, &(h0, nh)) in runs.iter().enumerate() {
                 let (o, tail) = rest.split_at_mut(nh * head_dim);
                 rest = tail;
                 per_run[r].push(Query {
                     q: &qt[h0 * head_dim..(h0 + nh) * head_dim],
-                    n_ctx: start + b * QUERY_BLOCK + i + 1,
+                    first: end.saturating_sub(window) - base,
+                    n_ctx: end - base,
                     out: o,
                 });
             }
@@ -292,7 +352,7 @@ pub(crate) fn attention_causal_at(
         Some(kt) => tiled_heads(level, sh, h0, qs, (k, kt), v, scores),
         None => heads(level, sh, h0, qs, k, v, scores),
     };
-    let work = m.saturating_mul(n_last).saturating_mul(width);
+    let work = m.saturating_mul(n_last.min(window)).saturating_mul(width);
     if rayon::current_num_threads() <= 1 || work < PAR_MIN_WORK {
         let mut scores = Vec::new();
         for (_, h0, mut qs) in tasks {
@@ -434,6 +494,7 @@ pub(crate) fn attention_at(
         let nh = o.len() / head_dim;
         let mut qs = [Query {
             q: &q[h0 * head_dim..(h0 + nh) * head_dim],
+            first: 0,
             n_ctx,
             out: o,
         }];

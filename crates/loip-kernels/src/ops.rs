@@ -4,7 +4,8 @@
 //!   dtype.
 //! - [`rmsnorm`], [`silu_mul`], [`gelu_tanh_mul`], [`rope_half`]: element-wise f32 kernels.
 //! - [`attention`] / [`attention_ref`]: one query token over a KV cache;
-//!   [`attention_causal`]: the tokens of a prompt chunk, each over its causal prefix.
+//!   [`attention_causal`] / [`attention_sliding`]: the tokens of a prompt chunk, each over
+//!   its causal prefix or its sliding window.
 //! - [`simd_level`] / [`set_force_scalar`] / [`set_per_row_batches`] / [`set_lane_tiles`]:
 //!   which SIMD path runs.
 //! - [`try_par_chunks_mut`]: a parallel loop over chunks that uses the step's team.
@@ -16,7 +17,7 @@
 //! docs), so results are bit-identical across SIMD paths, batch sizes, thread counts and
 //! weight addresses. The `_ref` functions are plain, independent scalar code for tests.
 
-pub use crate::attention::{attention, attention_causal, attention_ref};
+pub use crate::attention::{attention, attention_causal, attention_ref, attention_sliding};
 pub use crate::elementwise::{gelu_tanh_mul, rmsnorm, rope_half, silu_mul};
 pub use crate::matmul::{dequant_row, matmul, matmul_many, matmul_ref};
 pub use crate::simd::{

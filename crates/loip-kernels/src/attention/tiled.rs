@@ -43,7 +43,11 @@ fn padded(n: usize) -> usize {
 
 /// [`super::heads`] on the tiles: scores for up to [`MAX_Q`] query heads per pass over the
 /// transposed K block, their softmax, then their weighted sums interleaved `MAX_Q` at a time
-/// (each query head's own positions past the shared ones follow alone, still in order).
+/// (each query head's own positions before and past the shared ones go alone, still in order).
+///
+/// A query head's row of scores covers whole vectors of positions, from its first position
+/// rounded down to a vector: the tiles compute the positions outside its window on real or
+/// zero K rows, and its softmax and weighted sum take only the window's part of the row.
 pub(super) fn heads(
     level: Level,
     sh: Shape,
@@ -59,51 +63,78 @@ pub(super) fn heads(
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
     let ld = kt.ld;
     let ktb = &kt.kt[off * ld..(off + hd) * ld];
-    // one query head per row: its context length; rows padded to whole vectors
-    let ns: Vec<usize> = qs
-        .iter()
-        .flat_map(|q| std::iter::repeat_n(q.n_ctx, q.out.len() / hd))
-        .collect();
+    // one query head per row: its positions `fs[j] .. ns[j]`; the row holds positions
+    // `los[j] .. padded(ns[j])`
+    let per_head = |f: fn(&Query<'_>) -> usize| -> Vec<usize> {
+        qs.iter()
+            .flat_map(|q| std::iter::repeat_n(f(q), q.out.len() / hd))
+            .collect()
+    };
+    let ns = per_head(|q| q.n_ctx);
+    let fs = per_head(|q| q.first);
+    let los: Vec<usize> = fs.iter().map(|&f| f / LANES * LANES).collect();
     let qv: Vec<&[f32]> = qs.iter().flat_map(|q| q.q.chunks_exact(hd)).collect();
+    let span = |j: usize| padded(ns[j]).max(los[j]) - los[j];
     scores.clear();
-    scores.resize(ns.iter().map(|&n| padded(n)).sum(), 0.0);
+    scores.resize((0..ns.len()).map(span).sum(), 0.0);
     let mut rows: Vec<&mut [f32]> = Vec::with_capacity(ns.len());
     let mut rest = &mut scores[..];
-    for &n in &ns {
-        let (r, tail) = rest.split_at_mut(padded(n));
+    for j in 0..ns.len() {
+        let (r, tail) = rest.split_at_mut(span(j));
         rows.push(r);
         rest = tail;
     }
+    let lowest = los.iter().copied().min().unwrap_or(0);
     let longest = ns.iter().copied().max().unwrap_or(0);
     let sets: Vec<std::ops::Range<usize>> = (0..ns.len())
         .step_by(MAX_Q)
         .map(|a| a..(a + MAX_Q).min(ns.len()))
         .collect();
-    // scores, block by block (positions past a row's context are computed on zeros and ignored)
-    for t0 in (0..longest).step_by(POS_BLOCK) {
-        let blocks = |n: usize| padded(n.min(t0 + POS_BLOCK)).saturating_sub(t0) / LANES;
+    // a row's own scores at positions `a .. b` (whole vectors)
+    let own = |rows: &mut [&mut [f32]], j: usize, a: usize, b: usize| {
+        if b > a {
+            let r = &mut rows[j..j + 1];
+            let t = a - los[j];
+            (kern.scores)(&qv[j..j + 1], &ktb[a..], ld, (b - a) / LANES, scale, t, r);
+        }
+    };
+    // scores, block by block
+    for t0 in (lowest..longest).step_by(POS_BLOCK) {
+        // whole vectors of row j's positions in this block
+        let from = |j: usize| t0.max(los[j]);
+        let to = |j: usize| padded(ns[j].min(t0 + POS_BLOCK)).max(from(j));
         for set in &sets {
-            let common = ns[set.clone()]
-                .iter()
-                .map(|&n| blocks(n))
-                .min()
-                .unwrap_or(0);
-            if common > 0 {
-                let (q, r) = (&qv[set.clone()], &mut rows[set.clone()]);
-                (kern.scores)(q, &ktb[t0..], ld, common, scale, t0, r);
-            }
-            for j in set.clone() {
-                let more = blocks(ns[j]) - common;
-                if more > 0 {
-                    let t = t0 + common * LANES;
-                    let r = &mut rows[j..j + 1];
-                    (kern.scores)(&qv[j..j + 1], &ktb[t..], ld, more, scale, t, r);
+            let a = set.clone().map(from).max().unwrap_or(t0);
+            let b = set.clone().map(to).min().unwrap_or(t0);
+            if b > a {
+                for j in set.clone() {
+                    own(&mut rows, j, from(j), a);
+                }
+                // the set's rows from position `a` on
+                let mut sub: [&mut [f32]; MAX_Q] = Default::default();
+                for (d, (r, j)) in sub
+                    .iter_mut()
+                    .zip(rows[set.clone()].iter_mut().zip(set.clone()))
+                {
+                    *d = &mut r[a - los[j]..];
+                }
+                let q = &qv[set.clone()];
+                let blocks = (b - a) / LANES;
+                (kern.scores)(q, &ktb[a..], ld, blocks, scale, 0, &mut sub[..set.len()]);
+                for j in set.clone() {
+                    own(&mut rows, j, b, to(j));
+                }
+            } else {
+                for j in set.clone() {
+                    own(&mut rows, j, from(j), to(j));
                 }
             }
         }
     }
-    for (r, &n) in rows.iter_mut().zip(&ns) {
-        (kern.softmax)(&mut r[..n]);
+    // each row's window: positions `fs[j] .. ns[j]`
+    let window = |j: usize| fs[j] - los[j]..ns[j].max(fs[j]) - los[j];
+    for j in 0..ns.len() {
+        (kern.softmax)(&mut rows[j][window(j)]);
     }
     // weighted sums of V rows, block by block, in increasing position
     let rows: Vec<&[f32]> = rows.into_iter().map(|r| &*r).collect();
@@ -112,25 +143,36 @@ pub(super) fn heads(
         .flat_map(|q| q.out.chunks_exact_mut(hd))
         .collect();
     outs.iter_mut().for_each(|o| o.fill(0.0));
+    let alone = |outs: &mut [&mut [f32]], j: usize, a: usize, b: usize| {
+        if b > a {
+            let vb = &v[a * sh.stride + off..];
+            let o = &mut outs[j..j + 1];
+            (kern.weighted)(&[&rows[j][a - los[j]..b - los[j]]], vb, sh.stride, o);
+        }
+    };
     let mut ps: [&[f32]; MAX_Q] = [&[]; MAX_Q];
-    for t0 in (0..longest).step_by(POS_BLOCK) {
-        let end = |n: usize| n.min(t0 + POS_BLOCK).max(t0);
+    for t0 in (lowest..longest).step_by(POS_BLOCK) {
+        let from = |j: usize| t0.max(fs[j]);
+        let to = |j: usize| ns[j].min(t0 + POS_BLOCK).max(from(j));
         for set in &sets {
-            // positions every query head of the set attends, then each one's own
-            let tc = ns[set.clone()].iter().map(|&n| end(n)).min().unwrap_or(t0);
-            if tc > t0 {
-                for (p, r) in ps.iter_mut().zip(&rows[set.clone()]) {
-                    *p = &r[t0..tc];
+            // each query head's positions before the shared ones, the shared ones, its own past them
+            let a = set.clone().map(from).max().unwrap_or(t0);
+            let b = set.clone().map(to).min().unwrap_or(t0);
+            if b > a {
+                for j in set.clone() {
+                    alone(&mut outs, j, from(j), a);
                 }
-                let vb = &v[t0 * sh.stride + off..];
+                for (p, j) in ps.iter_mut().zip(set.clone()) {
+                    *p = &rows[j][a - los[j]..b - los[j]];
+                }
+                let vb = &v[a * sh.stride + off..];
                 (kern.weighted)(&ps[..set.len()], vb, sh.stride, &mut outs[set.clone()]);
-            }
-            for j in set.clone() {
-                let e = end(ns[j]);
-                if e > tc {
-                    let vb = &v[tc * sh.stride + off..];
-                    let o = &mut outs[j..j + 1];
-                    (kern.weighted)(&[&rows[j][tc..e]], vb, sh.stride, o);
+                for j in set.clone() {
+                    alone(&mut outs, j, b, to(j));
+                }
+            } else {
+                for j in set.clone() {
+                    alone(&mut outs, j, from(j), to(j));
                 }
             }
         }
