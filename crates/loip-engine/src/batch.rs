@@ -420,13 +420,12 @@ impl<B: BatchBackend> BatchRunner<B> {
         Ok(n)
     }
 
-    /// Ends the runner's part of `seq` but keeps its KV, for forks, until
-    /// [`BatchRunner::release`]: returns the tokens its KV holds, or `None` (and releases it)
-    /// where the backend cannot fork.
-    pub fn retire(&mut self, seq: SeqId) -> Option<usize> {
+    /// Ends the runner's part of `seq` but keeps its KV, and the tokens it holds
+    /// ([`BatchRunner::cached_tokens`]), for forks until [`BatchRunner::release`]; where the
+    /// backend cannot fork, releases it.
+    pub fn retire(&mut self, seq: SeqId) {
         if !self.backend.can_fork() {
-            self.release(seq);
-            return None;
+            return self.release(seq);
         }
         if let Some(run) = self.seqs.remove(&seq) {
             self.keep_kv(seq, &run);
@@ -434,7 +433,6 @@ impl<B: BatchBackend> BatchRunner<B> {
         if let Some(lps) = self.logprobs.remove(&seq) {
             self.ended.insert(seq, lps);
         }
-        self.ended_kv.get(&seq).map(Vec::len)
     }
 
     /// Drops `seq`'s state and frees its KV (a finished, cancelled or failed sequence).

@@ -432,14 +432,11 @@ impl<B: BatchBackend> Serving<B> {
         self.fork_from.remove(&seq);
         let finished = matches!(reason, EndReason::Length | EndReason::Stopped);
         let held = self.runner.cached_tokens(seq).map_or(0, <[u32]>::len);
+        // (the cache is off where the backend cannot fork)
         if finished && self.cache.wants(held) {
-            match self.runner.retire(seq) {
-                Some(n) => {
-                    self.cache.insert(seq, n);
-                    self.trim_cache();
-                }
-                None => self.runner.release(seq),
-            }
+            self.runner.retire(seq);
+            self.cache.insert(seq, held);
+            self.trim_cache();
         } else {
             self.runner.release(seq);
         }
