@@ -211,13 +211,11 @@ impl Transformer {
             );
             Ok(())
         };
-        // tokens outside the runs (none when the step is one prompt or prompt chunk)
-        let singles = in_run.iter().any(|&r| !r);
-        if singles && n > 1 {
+        if n > 1 {
             // on the step's team (a rayon iterator here would run alone: the other threads
             // are the team's, waiting for its regions)
             k::try_par_chunks_mut(&mut att, qd, |t, out| attend((t, out)))?;
-        } else if singles {
+        } else {
             att.chunks_mut(qd).enumerate().try_for_each(attend)?;
         }
         for &(a, b) in &runs {
