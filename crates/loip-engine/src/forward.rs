@@ -139,34 +139,28 @@ impl Transformer {
             .filter(|&s| s != d as f32)
             .map(|s| ((d as f64).sqrt() / f64::from(s).sqrt()) as f32);
         let half = rope.half_dim();
-        // each token's angles (cos then sin), then its q and k heads: on the step's team for
-        // a prompt's many tokens (each row's operations as on one thread)
-        let mut cs = vec![0f32; n * 2 * half];
-        rows_mut(&mut cs, 2 * half, |t, c| {
-            let (cos, sin) = c.split_at_mut(half);
-            rope.cos_sin(batch[t].pos, cos, sin);
-            Ok(())
-        })?;
-        let heads = |t: usize, row: &mut [f32], norm: &Option<Vec<f32>>, scale: Option<f32>| {
-            let (cos, sin) = cs[t * 2 * half..(t + 1) * 2 * half].split_at(half);
-            let mut tmp = vec![0f32; d];
-            for head in row.chunks_exact_mut(d) {
-                if self.qk_permuted {
-                    unpermute_head(head, &mut tmp);
+        let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
+        let mut tmp = vec![0f32; d];
+        for (t, tp) in batch.iter().enumerate() {
+            rope.cos_sin(tp.pos, &mut cos, &mut sin);
+            let qt = &mut q[t * qd..(t + 1) * qd];
+            let kt = &mut kk[t * kvd..(t + 1) * kvd];
+            for (heads, norm) in [(qt, &q_norm), (kt, &k_norm)] {
+                for head in heads.chunks_exact_mut(d) {
+                    if self.qk_permuted {
+                        unpermute_head(head, &mut tmp);
+                    }
+                    if let Some(nw) = norm {
+                        tmp.copy_from_slice(head);
+                        k::rmsnorm(&tmp, nw, c.rms_norm_eps, head);
+                    }
+                    k::rope_half(head, &cos, &sin);
                 }
-                if let Some(nw) = norm {
-                    tmp.copy_from_slice(head);
-                    k::rmsnorm(&tmp, nw, c.rms_norm_eps, head);
-                }
-                k::rope_half(head, cos, sin);
             }
-            if let Some(s) = scale {
-                row.iter_mut().for_each(|v| *v *= s);
+            if let Some(s) = q_scale {
+                q[t * qd..(t + 1) * qd].iter_mut().for_each(|v| *v *= s);
             }
-            Ok(())
-        };
-        rows_mut(&mut q, qd, |t, row| heads(t, row, &q_norm, q_scale))?;
-        rows_mut(&mut kk, kvd, |t, row| heads(t, row, &k_norm, None))?;
+        }
         for (t, tp) in batch.iter().enumerate() {
             kv.append(
                 tp.seq,
@@ -300,10 +294,9 @@ impl Transformer {
         let h = self.cfg.hidden_size;
         let wv = self.norm_weight(weight)?; // (hidden,)
         let mut out = vec![0f32; n * h];
-        rows_mut(&mut out, h, |t, or| {
-            k::rmsnorm(&x[t * h..(t + 1) * h], &wv, self.cfg.rms_norm_eps, or);
-            Ok(())
-        })?;
+        for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+            k::rmsnorm(xr, &wv, self.cfg.rms_norm_eps, or);
+        }
         Ok(out)
     }
 }
@@ -322,33 +315,6 @@ fn dequant_vec(m: &Matrix) -> Result<Vec<f32>, EngineError> {
     let mut v = vec![0f32; m.cols];
     k::dequant_row(m, 0, &mut v)?;
     Ok(v)
-}
-
-/// Rows per chunk of [`rows_mut`] on the step's team.
-const PAR_ROWS: usize = 8;
-
-/// `f(t, row)` for each row `t` of `data` (rows of `width`): on the step's team in chunks of
-/// [`PAR_ROWS`] rows when there are many (a prompt's tokens), else on this thread. Each row's
-/// result does not depend on which thread computes it.
-fn rows_mut(
-    data: &mut [f32],
-    width: usize,
-    f: impl Fn(usize, &mut [f32]) -> Result<(), EngineError> + Sync,
-) -> Result<(), EngineError> {
-    if width == 0 {
-        return Ok(());
-    }
-    if data.len() < 2 * PAR_ROWS * width {
-        return data
-            .chunks_exact_mut(width)
-            .enumerate()
-            .try_for_each(|(t, row)| f(t, row));
-    }
-    k::try_par_chunks_mut(data, PAR_ROWS * width, |i, rows| {
-        rows.chunks_exact_mut(width)
-            .enumerate()
-            .try_for_each(|(j, row)| f(i * PAR_ROWS + j, row))
-    })
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {
