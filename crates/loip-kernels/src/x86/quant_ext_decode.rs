@@ -355,6 +355,201 @@ unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [
     }
 }
 
+/// The constants of [`q6k_rows`]: the dword pickers (`pick[0]`: byte `4l + j` of lane `l`,
+/// `pick[1]`: byte `8 + 4l + j`, into the high byte of dword `j`, zeros below), the masks of
+/// the `ql` nibbles and of the `qh` bit pairs (at bits 4, 5), and the bytes `0x20`.
+#[repr(C, align(32))]
+struct Q6Consts {
+    pick: [[i8; 32]; 2],
+    low4: [i8; 32],
+    bits45: [i8; 32],
+    c32: [i8; 32],
+}
+
+const fn q6_consts() -> Q6Consts {
+    let mut c = Q6Consts {
+        pick: [[-1; 32]; 2],
+        low4: [0xF; 32],
+        bits45: [0x30; 32],
+        c32: [0x20; 32],
+    };
+    let mut i = 0;
+    while i < 32 {
+        let (l, k) = (i / 16, i % 16);
+        if k % 4 == 3 {
+            let j = k / 4;
+            c.pick[0][i] = (4 * l + j) as i8;
+            c.pick[1][i] = (8 + 4 * l + j) as i8;
+        }
+        i += 1;
+    }
+    c
+}
+
+static Q6_CONSTS: Q6Consts = q6_consts();
+
+/// Blocks per segment of a row in [`q6k_rows`] (the scales of a segment are converted into
+/// a table first).
+const Q6_SEG: usize = 32;
+
+/// `2^-24 · d · sc_g` of the 16 groups of each block of a segment.
+#[repr(C, align(32))]
+struct Q6Scales([f32; 16 * Q6_SEG]);
+
+/// The 6-bit values of a quarter of [`q6k_block`] into `ymm12` (the `ql` nibbles) and
+/// `ymm13` (the `qh` bit pair at bits 4, 5): `lo`: the low nibbles of the `ql` bytes at
+/// `{p} + $ql`, the `qh` bytes at `{p} + $qh` shifted left by `$shl`; `hi2`: the high
+/// nibbles, the `qh` bits 4, 5 in place; `hi3`: the high nibbles, `qh` shifted right by 2.
+#[rustfmt::skip]
+macro_rules! q6k_bits {
+    (lo, $ql:literal, $qh:literal, $shl:literal) => {
+        concat!(
+            "vpand ymm12, ymm10, ymmword ptr [{p} + ", $ql, "]\n",
+            "vmovdqu ymm13, ymmword ptr [{p} + ", $qh, "]\n",
+            "vpsllw ymm13, ymm13, ", $shl, "\n",
+            "vpand ymm13, ymm13, ymm11\n",
+        )
+    };
+    (hi2, $ql:literal, $qh:literal) => {
+        concat!(
+            "vmovdqu ymm12, ymmword ptr [{p} + ", $ql, "]\n",
+            "vpsrlw ymm12, ymm12, 4\n",
+            "vpand ymm12, ymm12, ymm10\n",
+            "vpand ymm13, ymm11, ymmword ptr [{p} + ", $qh, "]\n",
+        )
+    };
+    (hi3, $ql:literal, $qh:literal) => {
+        concat!(
+            "vmovdqu ymm12, ymmword ptr [{p} + ", $ql, "]\n",
+            "vpsrlw ymm12, ymm12, 4\n",
+            "vpand ymm12, ymm12, ymm10\n",
+            "vmovdqu ymm13, ymmword ptr [{p} + ", $qh, "]\n",
+            "vpsrlw ymm13, ymm13, 2\n",
+            "vpand ymm13, ymm13, ymm11\n",
+        )
+    };
+}
+
+/// A 32-element quarter of [`q6k_block`]: its bytes `q` from [`q6k_bits`], `q − 32` (a signed
+/// byte), each half's bytes in both lanes (`vpermq`), then octet by octet the byte into the
+/// high byte of a dword (`vpshufb`: the integer `(q − 32)·2^24`), converted (exact), times
+/// `2^-24·d·sc` of its group (`{s} + $s`, then `+ 4` for the second 16 elements): the one
+/// rounding of the exact `d·sc·(q − 32)`, the scalar value; into the accumulators `$a0 ..
+/// $a3` with the activations at `{x} + $x`.
+#[rustfmt::skip]
+macro_rules! q6k_quarter {
+    ($bits:expr, $s:literal, $x:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+        concat!(
+            $bits,
+            "vpor ymm12, ymm12, ymm13\n",
+            "vpsubb ymm12, ymm12, ymmword ptr [{c} + 128]\n",
+            "vpermq ymm13, ymm12, 0x44\n",
+            "vpermq ymm12, ymm12, 0xEE\n",
+            "vbroadcastss ymm14, dword ptr [{s} + ", $s, "]\n",
+            q6k_octet!("ymm13", "ymm8", $a0, $x, "0"),
+            q6k_octet!("ymm13", "ymm9", $a1, $x, "32"),
+            "vbroadcastss ymm14, dword ptr [{s} + ", $s, " + 4]\n",
+            q6k_octet!("ymm12", "ymm8", $a2, $x, "64"),
+            q6k_octet!("ymm12", "ymm9", $a3, $x, "96"),
+        )
+    };
+}
+
+/// An octet of [`q6k_quarter`]: the dwords picked from `$v` by `$pick`, converted, scaled by
+/// `ymm14`, into the accumulator `$a` with the activations at `{x} + $x + $o`.
+#[rustfmt::skip]
+macro_rules! q6k_octet {
+    ($v:literal, $pick:literal, $a:literal, $x:literal, $o:literal) => {
+        concat!(
+            "vpshufb ymm15, ", $v, ", ", $pick, "\n",
+            "vcvtdq2ps ymm15, ymm15\n",
+            "vmulps ymm15, ymm15, ymm14\n",
+            "vfmadd231ps ", $a, ", ymm15, ymmword ptr [{x} + ", $x, " + ", $o, "]\n",
+        )
+    };
+}
+
+/// One Q6_K block of [`q6k_rows`]: its 8 quarters (elements `32m ..` of each 128-element half
+/// `n`: the `ql` bytes at `64n + 32 (m % 2)`, low nibbles for `m < 2`, the `qh` bits `2m,
+/// 2m + 1` of the bytes at `128 + 32n`; groups `8n + 2m`, `+ 1`). Element `e` of the block goes
+/// to canonical lane `e mod 64`: quarter `m` into accumulators `4 (m % 2) ..`. Registers:
+/// `ymm0..7` the accumulators, `ymm8`, `ymm9` the pickers, `ymm10`, `ymm11` the masks;
+/// `ymm12..15` scratch.
+#[rustfmt::skip]
+macro_rules! q6k_block {
+    () => {
+        concat!(
+            q6k_quarter!(q6k_bits!(lo, "0", "128", "4"), "0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(lo, "32", "128", "2"), "8", "128", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(hi2, "0", "128"), "16", "256", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(hi3, "32", "128"), "24", "384", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(lo, "64", "160", "4"), "32", "512", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(lo, "96", "160", "2"), "40", "640", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(hi2, "64", "160"), "48", "768", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(hi3, "96", "160"), "56", "896", "ymm4", "ymm5", "ymm6", "ymm7"),
+        )
+    };
+}
+
+/// `out[r]` = the canonical dot of row `r` of the Q6_K rows `data` (rows of `rb` bytes, `cols`
+/// elements) with the activations `x` (natural order).
+///
+/// Written in assembly for its registers, as [`q5_0_rows`]: 8 accumulators, the 2 dword
+/// pickers and 2 masks in registers for the whole call, 4 scratch registers; per 32 values 9
+/// loads (4 of them the activations, as the fmas' operands), where the Rust kernel
+/// (`avx2::Q6K`) reloaded its constants and broadcast both `d·sc` and `32·d·sc`. The values
+/// are the scalar ones (the one rounding of `d·sc·(q − 32)`, `d·sc` exact), each into its
+/// canonical lane in element order: the bits of every other level.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6k_rows(data: &[u8], rb: usize, cols: usize, x: &[f32], out: &mut [f32]) {
+    debug_assert!(data.len() >= out.len() * rb && x.len() == cols && rb == cols / 256 * 210);
+    let c: *const Q6Consts = &Q6_CONSTS;
+    let ld = |v: &[i8; 32]| _mm256_load_si256(v.as_ptr() as *const __m256i);
+    let (pick0, pick1) = (ld(&(*c).pick[0]), ld(&(*c).pick[1]));
+    let (low4, bits45) = (ld(&(*c).low4), ld(&(*c).bits45));
+    // 2^-24: `d·2^-24` and `d·2^-24·sc` are exact (an f16 times a power of two and an i8)
+    let unit = _mm256_set1_ps(1.0 / 16_777_216.0);
+    let (blocks, dist) = (cols / 256, rb.max(super::MIN_AHEAD));
+    let mut t = Q6Scales([0.0; 16 * Q6_SEG]);
+    for (r, o) in out.iter_mut().enumerate() {
+        let row = data.as_ptr().add(r * rb);
+        let mut a = [_mm256_setzero_ps(); 8];
+        let mut b0 = 0;
+        while b0 < blocks {
+            let n = Q6_SEG.min(blocks - b0);
+            let seg = row.add(210 * b0);
+            for b in 0..n {
+                let p = seg.add(210 * b);
+                let d = _mm256_mul_ps(f16_splat(p.add(208)), unit);
+                for i in 0..2 {
+                    let sc = _mm_loadl_epi64(p.add(192 + 8 * i) as *const __m128i);
+                    let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+                    _mm256_store_ps(t.0.as_mut_ptr().add(16 * b + 8 * i), ds);
+                }
+            }
+            let xs = x.as_ptr().add(256 * b0);
+            for b in 0..n {
+                let p = seg.add(210 * b);
+                super::prefetch(p.wrapping_add(dist), 210);
+                std::arch::asm!(
+                    q6k_block!(),
+                    p = in(reg) p,
+                    s = in(reg) t.0.as_ptr().add(16 * b),
+                    x = in(reg) xs.add(256 * b),
+                    c = in(reg) c,
+                    inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                    inout("ymm4") a[4], inout("ymm5") a[5], inout("ymm6") a[6], inout("ymm7") a[7],
+                    in("ymm8") pick0, in("ymm9") pick1, in("ymm10") low4, in("ymm11") bits45,
+                    out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                    options(nostack, readonly, preserves_flags),
+                );
+            }
+            b0 += n;
+        }
+        *o = super::avx2::reduce(&a);
+    }
+}
+
 pub(super) struct Q5<const MIN: bool>;
 impl<const MIN: bool> Q5<MIN> {
     /// The 32 five-bit values `q` of the block at `p` as bytes in a transposed order: byte
