@@ -339,28 +339,16 @@ unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [
             }
             b0 += n;
         }
-        let lo = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x20>(x, y);
-        let hi = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x31>(x, y);
-        let canon = [
-            lo(a[0], a[1]),
-            lo(a[2], a[3]),
-            hi(a[0], a[1]),
-            hi(a[2], a[3]),
-            lo(a[4], a[5]),
-            lo(a[6], a[7]),
-            hi(a[4], a[5]),
-            hi(a[6], a[7]),
-        ];
-        *o = super::avx2::reduce(&canon);
+        *o = super::avx2::reduce(&natural_canon(&a));
     }
 }
 
-/// The constants of [`q6k_rows`]: the dword pickers (`pick[0]`: byte `4l + j` of lane `l`,
-/// `pick[1]`: byte `8 + 4l + j`, into the high byte of dword `j`, zeros below), the masks of
-/// the `ql` nibbles and of the `qh` bit pairs (at bits 4, 5), and the bytes `0x20`.
+/// The constants of [`q6k_rows`]: the dword pickers (`pick[a]`: byte `4a + j` of each lane
+/// into the high byte of dword `j`, zeros below), the masks of the `ql` nibbles and of the
+/// `qh` bit pairs (at bits 4, 5), and the bytes `0x20`.
 #[repr(C, align(32))]
 struct Q6Consts {
-    pick: [[i8; 32]; 2],
+    pick: [[i8; 32]; 4],
     low4: [i8; 32],
     bits45: [i8; 32],
     c32: [i8; 32],
@@ -368,18 +356,20 @@ struct Q6Consts {
 
 const fn q6_consts() -> Q6Consts {
     let mut c = Q6Consts {
-        pick: [[-1; 32]; 2],
+        pick: [[-1; 32]; 4],
         low4: [0xF; 32],
         bits45: [0x30; 32],
         c32: [0x20; 32],
     };
     let mut i = 0;
     while i < 32 {
-        let (l, k) = (i / 16, i % 16);
+        let k = i % 16;
         if k % 4 == 3 {
-            let j = k / 4;
-            c.pick[0][i] = (4 * l + j) as i8;
-            c.pick[1][i] = (8 + 4 * l + j) as i8;
+            let mut a = 0;
+            while a < 4 {
+                c.pick[a][i] = (4 * a + k / 4) as i8;
+                a += 1;
+            }
         }
         i += 1;
     }
@@ -390,11 +380,13 @@ static Q6_CONSTS: Q6Consts = q6_consts();
 
 /// Blocks per segment of a row in [`q6k_rows`] (the scales of a segment are converted into
 /// a table first).
-const Q6_SEG: usize = 32;
+const Q6_SEG: usize = 16;
 
-/// `2^-24 · d · sc_g` of the 16 groups of each block of a segment.
+/// Per block of a segment and per quarter `4n + m` (elements `128n + 32m ..`), the scales
+/// `2^-24 · d · sc_g` of its two groups `g = 8n + 2m`, `g + 1`, each in 4 lanes (the lanes of
+/// the quarter's first and second 16 elements, see [`q6k_rows`]).
 #[repr(C, align(32))]
-struct Q6Scales([f32; 16 * Q6_SEG]);
+struct Q6Scales([[f32; 8]; 8 * Q6_SEG]);
 
 /// The 6-bit values of a quarter of [`q6k_block`] into `ymm12` (the `ql` nibbles) and
 /// `ymm13` (the `qh` bit pair at bits 4, 5): `lo`: the low nibbles of the `ql` bytes at
@@ -430,38 +422,36 @@ macro_rules! q6k_bits {
     };
 }
 
-/// A 32-element quarter of [`q6k_block`]: its bytes `q` from [`q6k_bits`], `q − 32` (a signed
-/// byte), each half's bytes in both lanes (`vpermq`), then octet by octet the byte into the
-/// high byte of a dword (`vpshufb`: the integer `(q − 32)·2^24`), converted (exact), times
-/// `2^-24·d·sc` of its group (`{s} + $s`, then `+ 4` for the second 16 elements): the one
-/// rounding of the exact `d·sc·(q − 32)`, the scalar value; into the accumulators `$a0 ..
-/// $a3` with the activations at `{x} + $x`.
+/// A 32-element quarter of [`q6k_block`]: its bytes `q` from [`q6k_bits`] (byte `k` of lane
+/// `l` is element `16l + k`), `q − 32` (a signed byte), then octet by octet `a` the bytes
+/// `4a ..` of each lane into the high bytes of dwords (`vpshufb`: the integers `(q − 32)·2^24`
+/// of elements `4a ..` and `16 + 4a ..`), converted (exact), times the quarter's scales
+/// (`{s} + $s`: `2^-24·d·sc` of the first group in the low lane, of the second in the high
+/// lane): the one rounding of the exact `d·sc·(q − 32)`, the scalar value; into the
+/// accumulators `$a0 .. $a3` with the permuted activations at `{x} + $x`.
 #[rustfmt::skip]
 macro_rules! q6k_quarter {
     ($bits:expr, $s:literal, $x:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
         concat!(
             $bits,
             "vpor ymm12, ymm12, ymm13\n",
-            "vpsubb ymm12, ymm12, ymmword ptr [{c} + 128]\n",
-            "vpermq ymm13, ymm12, 0x44\n",
-            "vpermq ymm12, ymm12, 0xEE\n",
-            "vbroadcastss ymm14, dword ptr [{s} + ", $s, "]\n",
-            q6k_octet!("ymm13", "ymm8", $a0, $x, "0"),
-            q6k_octet!("ymm13", "ymm9", $a1, $x, "32"),
-            "vbroadcastss ymm14, dword ptr [{s} + ", $s, " + 4]\n",
-            q6k_octet!("ymm12", "ymm8", $a2, $x, "64"),
-            q6k_octet!("ymm12", "ymm9", $a3, $x, "96"),
+            "vpsubb ymm12, ymm12, ymmword ptr [{c} + 192]\n",
+            "vmovaps ymm14, ymmword ptr [{s} + ", $s, "]\n",
+            q6k_octet!("ymm8", $a0, $x, "0"),
+            q6k_octet!("ymm9", $a1, $x, "32"),
+            q6k_octet!("ymmword ptr [{c} + 64]", $a2, $x, "64"),
+            q6k_octet!("ymmword ptr [{c} + 96]", $a3, $x, "96"),
         )
     };
 }
 
-/// An octet of [`q6k_quarter`]: the dwords picked from `$v` by `$pick`, converted, scaled by
-/// `ymm14`, into the accumulator `$a` with the activations at `{x} + $x + $o`.
+/// An octet of [`q6k_quarter`]: the dwords picked from `ymm12` by `$pick`, converted, scaled
+/// by `ymm14`, into the accumulator `$a` with the activations at `{x} + $x + $o`.
 #[rustfmt::skip]
 macro_rules! q6k_octet {
-    ($v:literal, $pick:literal, $a:literal, $x:literal, $o:literal) => {
+    ($pick:literal, $a:literal, $x:literal, $o:literal) => {
         concat!(
-            "vpshufb ymm15, ", $v, ", ", $pick, "\n",
+            "vpshufb ymm15, ymm12, ", $pick, "\n",
             "vcvtdq2ps ymm15, ymm15\n",
             "vmulps ymm15, ymm15, ymm14\n",
             "vfmadd231ps ", $a, ", ymm15, ymmword ptr [{x} + ", $x, " + ", $o, "]\n",
@@ -471,46 +461,49 @@ macro_rules! q6k_octet {
 
 /// One Q6_K block of [`q6k_rows`]: its 8 quarters (elements `32m ..` of each 128-element half
 /// `n`: the `ql` bytes at `64n + 32 (m % 2)`, low nibbles for `m < 2`, the `qh` bits `2m,
-/// 2m + 1` of the bytes at `128 + 32n`; groups `8n + 2m`, `+ 1`). Element `e` of the block goes
-/// to canonical lane `e mod 64`: quarter `m` into accumulators `4 (m % 2) ..`. Registers:
-/// `ymm0..7` the accumulators, `ymm8`, `ymm9` the pickers, `ymm10`, `ymm11` the masks;
-/// `ymm12..15` scratch.
+/// 2m + 1` of the bytes at `128 + 32n`). Quarter `m` goes to accumulators `4 (m % 2) ..`.
+/// Registers: `ymm0..7` the accumulators, `ymm8`, `ymm9` the first two pickers, `ymm10`,
+/// `ymm11` the masks; `ymm12..15` scratch.
 #[rustfmt::skip]
 macro_rules! q6k_block {
     () => {
         concat!(
             q6k_quarter!(q6k_bits!(lo, "0", "128", "4"), "0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
-            q6k_quarter!(q6k_bits!(lo, "32", "128", "2"), "8", "128", "ymm4", "ymm5", "ymm6", "ymm7"),
-            q6k_quarter!(q6k_bits!(hi2, "0", "128"), "16", "256", "ymm0", "ymm1", "ymm2", "ymm3"),
-            q6k_quarter!(q6k_bits!(hi3, "32", "128"), "24", "384", "ymm4", "ymm5", "ymm6", "ymm7"),
-            q6k_quarter!(q6k_bits!(lo, "64", "160", "4"), "32", "512", "ymm0", "ymm1", "ymm2", "ymm3"),
-            q6k_quarter!(q6k_bits!(lo, "96", "160", "2"), "40", "640", "ymm4", "ymm5", "ymm6", "ymm7"),
-            q6k_quarter!(q6k_bits!(hi2, "64", "160"), "48", "768", "ymm0", "ymm1", "ymm2", "ymm3"),
-            q6k_quarter!(q6k_bits!(hi3, "96", "160"), "56", "896", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(lo, "32", "128", "2"), "32", "128", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(hi2, "0", "128"), "64", "256", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(hi3, "32", "128"), "96", "384", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(lo, "64", "160", "4"), "128", "512", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(lo, "96", "160", "2"), "160", "640", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(hi2, "64", "160"), "192", "768", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(hi3, "96", "160"), "224", "896", "ymm4", "ymm5", "ymm6", "ymm7"),
         )
     };
 }
 
 /// `out[r]` = the canonical dot of row `r` of the Q6_K rows `data` (rows of `rb` bytes, `cols`
-/// elements) with the activations `x` (natural order).
+/// elements) with the activations `xp` in the order of `quant_ext_simd::permute_x`.
 ///
-/// Written in assembly for its registers, as [`q5_0_rows`]: 8 accumulators, the 2 dword
-/// pickers and 2 masks in registers for the whole call, 4 scratch registers; per 32 values 9
-/// loads (4 of them the activations, as the fmas' operands), where the Rust kernel
-/// (`avx2::Q6K`) reloaded its constants and broadcast both `d·sc` and `32·d·sc`. The values
-/// are the scalar ones (the one rounding of `d·sc·(q − 32)`, `d·sc` exact), each into its
-/// canonical lane in element order: the bits of every other level.
+/// As [`q5_0_rows`]: each quarter's bytes in the natural order of each lane (no cross-lane
+/// shuffle), vectors `a` of elements `4a .. 4a + 4` (low half) and `16 + 4a ..` (high half),
+/// accumulator `4i + a` holding canonical lanes `32i + 4a ..` and `32i + 16 + 4a ..`, put back
+/// in the canonical order before the reduction: every canonical lane takes the same products
+/// in the same order. The halves of a vector belong to two groups, so the scales come from a
+/// table of one vector per quarter ([`Q6Scales`], built per segment of the row). Written in
+/// assembly for its registers: 8 accumulators, 2 pickers and 2 masks for the whole call, 4
+/// scratch registers (from Rust, LLVM reloaded constants or spilled accumulators).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q6k_rows(data: &[u8], rb: usize, cols: usize, x: &[f32], out: &mut [f32]) {
-    debug_assert!(data.len() >= out.len() * rb && x.len() == cols && rb == cols / 256 * 210);
+pub(super) unsafe fn q6k_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [f32]) {
+    debug_assert!(data.len() >= out.len() * rb && xp.len() == cols && rb == cols / 256 * 210);
     let c: *const Q6Consts = &Q6_CONSTS;
     let ld = |v: &[i8; 32]| _mm256_load_si256(v.as_ptr() as *const __m256i);
     let (pick0, pick1) = (ld(&(*c).pick[0]), ld(&(*c).pick[1]));
     let (low4, bits45) = (ld(&(*c).low4), ld(&(*c).bits45));
     // 2^-24: `d·2^-24` and `d·2^-24·sc` are exact (an f16 times a power of two and an i8)
     let unit = _mm256_set1_ps(1.0 / 16_777_216.0);
+    // the 8 scales of a half in the order 0, 2, 4, 6, 1, 3, 5, 7 (`[2k | 2k + 1]` in-lane)
+    let order = _mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 7, 5, 3, 1, 6, 4, 2, 0);
     let (blocks, dist) = (cols / 256, rb.max(super::MIN_AHEAD));
-    let mut t = Q6Scales([0.0; 16 * Q6_SEG]);
+    let mut t = Q6Scales([[0.0; 8]; 8 * Q6_SEG]);
     for (r, o) in out.iter_mut().enumerate() {
         let row = data.as_ptr().add(r * rb);
         let mut a = [_mm256_setzero_ps(); 8];
@@ -521,20 +514,25 @@ pub(super) unsafe fn q6k_rows(data: &[u8], rb: usize, cols: usize, x: &[f32], ou
             for b in 0..n {
                 let p = seg.add(210 * b);
                 let d = _mm256_mul_ps(f16_splat(p.add(208)), unit);
-                for i in 0..2 {
-                    let sc = _mm_loadl_epi64(p.add(192 + 8 * i) as *const __m128i);
-                    let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-                    _mm256_store_ps(t.0.as_mut_ptr().add(16 * b + 8 * i), ds);
+                for h in 0..2 {
+                    let sc = _mm_loadl_epi64(p.add(192 + 8 * h) as *const __m128i);
+                    let sc = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, order));
+                    let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+                    let q = t.0.as_mut_ptr().add(8 * b + 4 * h) as *mut f32;
+                    _mm256_store_ps(q, _mm256_permute_ps::<0x00>(ds));
+                    _mm256_store_ps(q.add(8), _mm256_permute_ps::<0x55>(ds));
+                    _mm256_store_ps(q.add(16), _mm256_permute_ps::<0xAA>(ds));
+                    _mm256_store_ps(q.add(24), _mm256_permute_ps::<0xFF>(ds));
                 }
             }
-            let xs = x.as_ptr().add(256 * b0);
+            let xs = xp.as_ptr().add(256 * b0);
             for b in 0..n {
                 let p = seg.add(210 * b);
                 super::prefetch(p.wrapping_add(dist), 210);
                 std::arch::asm!(
                     q6k_block!(),
                     p = in(reg) p,
-                    s = in(reg) t.0.as_ptr().add(16 * b),
+                    s = in(reg) t.0.as_ptr().add(8 * b),
                     x = in(reg) xs.add(256 * b),
                     c = in(reg) c,
                     inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
@@ -546,8 +544,27 @@ pub(super) unsafe fn q6k_rows(data: &[u8], rb: usize, cols: usize, x: &[f32], ou
             }
             b0 += n;
         }
-        *o = super::avx2::reduce(&a);
+        *o = super::avx2::reduce(&natural_canon(&a));
     }
+}
+
+/// The accumulators of the natural-order dots ([`q5_0_rows`], [`q6k_rows`]) in the canonical
+/// order: accumulator `4i + a` holds canonical lanes `32i + 4a ..` (low half) and `32i + 16 +
+/// 4a ..` (high half).
+#[inline(always)]
+unsafe fn natural_canon(a: &[__m256; 8]) -> [__m256; 8] {
+    let lo = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x20>(x, y);
+    let hi = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x31>(x, y);
+    [
+        lo(a[0], a[1]),
+        lo(a[2], a[3]),
+        hi(a[0], a[1]),
+        hi(a[2], a[3]),
+        lo(a[4], a[5]),
+        lo(a[6], a[7]),
+        hi(a[4], a[5]),
+        hi(a[6], a[7]),
+    ]
 }
 
 pub(super) struct Q5<const MIN: bool>;
