@@ -127,7 +127,7 @@ const fn q5_consts() -> Q5Consts {
         gather: [0; 32],
         spread: [0; 32],
         bit: [0; 32],
-        pick: [[-1; 32]; 4],
+        pick: pickers(0),
         shift: [0, 4, 0, 4],
         low4: [0xF; 32],
         high1: [0x10; 32],
@@ -139,19 +139,31 @@ const fn q5_consts() -> Q5Consts {
         c.gather[i] = (4 * l + 8 * ((k / 4) % 2) + k % 4) as i8;
         c.spread[i] = (k / 4) as i8;
         c.bit[i] = 1 << (4 * l + k % 4);
-        if k % 4 == 0 {
-            let mut a = 0;
-            while a < 4 {
-                c.pick[a][i] = (4 * a + k / 4) as i8;
-                a += 1;
-            }
-        }
         i += 1;
     }
     c
 }
 
 static Q5_CONSTS: Q5Consts = q5_consts();
+
+/// `vpshufb` controls: `[a]` puts byte `4a + j` of each lane into byte `at` of dword `j`, the
+/// other bytes zero.
+const fn pickers(at: usize) -> [[i8; 32]; 4] {
+    let mut p = [[-1; 32]; 4];
+    let mut i = 0;
+    while i < 32 {
+        let k = i % 16;
+        if k % 4 == at {
+            let mut a = 0;
+            while a < 4 {
+                p[a][i] = (4 * a + k / 4) as i8;
+                a += 1;
+            }
+        }
+        i += 1;
+    }
+    p
+}
 
 /// The constants of [`q5_0_rows`]' blocks (the bytes of each lane in the natural order).
 #[repr(C, align(32))]
@@ -355,25 +367,12 @@ struct Q6Consts {
 }
 
 const fn q6_consts() -> Q6Consts {
-    let mut c = Q6Consts {
-        pick: [[-1; 32]; 4],
+    Q6Consts {
+        pick: pickers(3),
         low4: [0xF; 32],
         bits45: [0x30; 32],
         c32: [0x20; 32],
-    };
-    let mut i = 0;
-    while i < 32 {
-        let k = i % 16;
-        if k % 4 == 3 {
-            let mut a = 0;
-            while a < 4 {
-                c.pick[a][i] = (4 * a + k / 4) as i8;
-                a += 1;
-            }
-        }
-        i += 1;
     }
-    c
 }
 
 static Q6_CONSTS: Q6Consts = q6_consts();
