@@ -31,8 +31,10 @@ pub(super) fn scale(rng: &mut ChaCha8Rng) -> f16 {
 fn matrix(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
     let mut data = vec![0u8; rows * dtype.row_bytes(cols).expect("whole blocks")];
     rng.fill(&mut data[..]);
+    // the f16 scale `d`: first, or last (Q6_K)
+    let at = if dtype == DType::Q6K { 208 } else { 0 };
     for b in data.chunks_exact_mut(dtype.block_bytes()) {
-        b[0..2].copy_from_slice(&scale(rng).to_bits().to_le_bytes());
+        b[at..at + 2].copy_from_slice(&scale(rng).to_bits().to_le_bytes());
         if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
             b[2..4].copy_from_slice(&scale(rng).to_bits().to_le_bytes());
         }
@@ -79,19 +81,34 @@ fn single_token_kernels_bit_identical() {
     }
 }
 
+/// Q6_K (Qwen2.5's FFN-down rows): the AVX2 dot in assembly converts the scales per segment
+/// of 32 blocks; 19 blocks are Qwen2.5's 4864 columns.
+#[test]
+fn single_token_q6k_bit_identical() {
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    for blocks in [1, 2, 3, 7, 19, 31, 32, 33, 65] {
+        let cols = 256 * blocks;
+        for rows in [1, 7, 8, 9, 16, 23] {
+            let data = matrix(DType::Q6K, rows, cols, &mut rng);
+            check(DType::Q6K, rows, cols, &data, &mut rng);
+        }
+    }
+}
+
 /// Infinite scales: the same bits as the scalar path, NaN for NaN (a SIMD form such as
 /// `fma(1.5 * 2^23 + q, d, -1.5 * 2^23 * d)` for Q8_0's `q * d` would give NaN there).
 #[test]
 fn single_token_infinite_scales() {
     let mut rng = ChaCha8Rng::seed_from_u64(15);
-    for dtype in [DType::Q4_1, DType::Q8_0] {
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q6K] {
         for blocks in [3, 8, 18] {
-            let (rows, cols) = (9, 32 * blocks);
+            let (rows, cols) = (9, dtype.block_elems() * blocks);
             let mut data = matrix(dtype, rows, cols, &mut rng);
+            let at = if dtype == DType::Q6K { 208 } else { 0 };
             for b in data.chunks_exact_mut(dtype.block_bytes()) {
                 if rng.gen_bool(0.1) {
                     let inf: u16 = if rng.gen_bool(0.5) { 0x7C00 } else { 0xFC00 };
-                    b[0..2].copy_from_slice(&inf.to_le_bytes());
+                    b[at..at + 2].copy_from_slice(&inf.to_le_bytes());
                 }
             }
             check(dtype, rows, cols, &data, &mut rng);

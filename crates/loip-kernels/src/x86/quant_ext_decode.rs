@@ -127,7 +127,7 @@ const fn q5_consts() -> Q5Consts {
         gather: [0; 32],
         spread: [0; 32],
         bit: [0; 32],
-        pick: [[-1; 32]; 4],
+        pick: pickers(0),
         shift: [0, 4, 0, 4],
         low4: [0xF; 32],
         high1: [0x10; 32],
@@ -139,19 +139,31 @@ const fn q5_consts() -> Q5Consts {
         c.gather[i] = (4 * l + 8 * ((k / 4) % 2) + k % 4) as i8;
         c.spread[i] = (k / 4) as i8;
         c.bit[i] = 1 << (4 * l + k % 4);
-        if k % 4 == 0 {
-            let mut a = 0;
-            while a < 4 {
-                c.pick[a][i] = (4 * a + k / 4) as i8;
-                a += 1;
-            }
-        }
         i += 1;
     }
     c
 }
 
 static Q5_CONSTS: Q5Consts = q5_consts();
+
+/// `vpshufb` controls: `[a]` puts byte `4a + j` of each lane into byte `at` of dword `j`, the
+/// other bytes zero.
+const fn pickers(at: usize) -> [[i8; 32]; 4] {
+    let mut p = [[-1; 32]; 4];
+    let mut i = 0;
+    while i < 32 {
+        let k = i % 16;
+        if k % 4 == at {
+            let mut a = 0;
+            while a < 4 {
+                p[a][i] = (4 * a + k / 4) as i8;
+                a += 1;
+            }
+        }
+        i += 1;
+    }
+    p
+}
 
 /// The constants of [`q5_0_rows`]' blocks (the bytes of each lane in the natural order).
 #[repr(C, align(32))]
@@ -339,20 +351,219 @@ unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [
             }
             b0 += n;
         }
-        let lo = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x20>(x, y);
-        let hi = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x31>(x, y);
-        let canon = [
-            lo(a[0], a[1]),
-            lo(a[2], a[3]),
-            hi(a[0], a[1]),
-            hi(a[2], a[3]),
-            lo(a[4], a[5]),
-            lo(a[6], a[7]),
-            hi(a[4], a[5]),
-            hi(a[6], a[7]),
-        ];
-        *o = super::avx2::reduce(&canon);
+        *o = super::avx2::reduce(&natural_canon(&a));
     }
+}
+
+/// The constants of [`q6k_rows`]: the dword pickers (`pick[a]`: byte `4a + j` of each lane
+/// into the high byte of dword `j`, zeros below), the masks of the `ql` nibbles and of the
+/// `qh` bit pairs (at bits 4, 5), and the bytes `0x20`.
+#[repr(C, align(32))]
+struct Q6Consts {
+    pick: [[i8; 32]; 4],
+    low4: [i8; 32],
+    bits45: [i8; 32],
+    c32: [i8; 32],
+}
+
+const fn q6_consts() -> Q6Consts {
+    Q6Consts {
+        pick: pickers(3),
+        low4: [0xF; 32],
+        bits45: [0x30; 32],
+        c32: [0x20; 32],
+    }
+}
+
+static Q6_CONSTS: Q6Consts = q6_consts();
+
+/// Blocks per segment of a row in [`q6k_rows`] (the scales of a segment are converted into
+/// a table first).
+const Q6_SEG: usize = 16;
+
+/// Per block of a segment and per quarter `4n + m` (elements `128n + 32m ..`), the scales
+/// `2^-24 · d · sc_g` of its two groups `g = 8n + 2m`, `g + 1`, each in 4 lanes (the lanes of
+/// the quarter's first and second 16 elements, see [`q6k_rows`]).
+#[repr(C, align(32))]
+struct Q6Scales([[f32; 8]; 8 * Q6_SEG]);
+
+/// The 6-bit values of a quarter of [`q6k_block`] into `ymm12` (the `ql` nibbles) and
+/// `ymm13` (the `qh` bit pair at bits 4, 5): `lo`: the low nibbles of the `ql` bytes at
+/// `{p} + $ql`, the `qh` bytes at `{p} + $qh` shifted left by `$shl`; `hi2`: the high
+/// nibbles, the `qh` bits 4, 5 in place; `hi3`: the high nibbles, `qh` shifted right by 2.
+#[rustfmt::skip]
+macro_rules! q6k_bits {
+    (lo, $ql:literal, $qh:literal, $shl:literal) => {
+        concat!(
+            "vpand ymm12, ymm10, ymmword ptr [{p} + ", $ql, "]\n",
+            "vmovdqu ymm13, ymmword ptr [{p} + ", $qh, "]\n",
+            "vpsllw ymm13, ymm13, ", $shl, "\n",
+            "vpand ymm13, ymm13, ymm11\n",
+        )
+    };
+    (hi2, $ql:literal, $qh:literal) => {
+        concat!(
+            "vmovdqu ymm12, ymmword ptr [{p} + ", $ql, "]\n",
+            "vpsrlw ymm12, ymm12, 4\n",
+            "vpand ymm12, ymm12, ymm10\n",
+            "vpand ymm13, ymm11, ymmword ptr [{p} + ", $qh, "]\n",
+        )
+    };
+    (hi3, $ql:literal, $qh:literal) => {
+        concat!(
+            "vmovdqu ymm12, ymmword ptr [{p} + ", $ql, "]\n",
+            "vpsrlw ymm12, ymm12, 4\n",
+            "vpand ymm12, ymm12, ymm10\n",
+            "vmovdqu ymm13, ymmword ptr [{p} + ", $qh, "]\n",
+            "vpsrlw ymm13, ymm13, 2\n",
+            "vpand ymm13, ymm13, ymm11\n",
+        )
+    };
+}
+
+/// A 32-element quarter of [`q6k_block`]: its bytes `q` from [`q6k_bits`] (byte `k` of lane
+/// `l` is element `16l + k`), `q − 32` (a signed byte), then octet by octet `a` the bytes
+/// `4a ..` of each lane into the high bytes of dwords (`vpshufb`: the integers `(q − 32)·2^24`
+/// of elements `4a ..` and `16 + 4a ..`), converted (exact), times the quarter's scales
+/// (`{s} + $s`: `2^-24·d·sc` of the first group in the low lane, of the second in the high
+/// lane): the one rounding of the exact `d·sc·(q − 32)`, the scalar value; into the
+/// accumulators `$a0 .. $a3` with the permuted activations at `{x} + $x`.
+#[rustfmt::skip]
+macro_rules! q6k_quarter {
+    ($bits:expr, $s:literal, $x:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+        concat!(
+            $bits,
+            "vpor ymm12, ymm12, ymm13\n",
+            "vpsubb ymm12, ymm12, ymmword ptr [{c} + 192]\n",
+            "vmovaps ymm14, ymmword ptr [{s} + ", $s, "]\n",
+            q6k_octet!("ymm8", $a0, $x, "0"),
+            q6k_octet!("ymm9", $a1, $x, "32"),
+            q6k_octet!("ymmword ptr [{c} + 64]", $a2, $x, "64"),
+            q6k_octet!("ymmword ptr [{c} + 96]", $a3, $x, "96"),
+        )
+    };
+}
+
+/// An octet of [`q6k_quarter`]: the dwords picked from `ymm12` by `$pick`, converted, scaled
+/// by `ymm14`, into the accumulator `$a` with the activations at `{x} + $x + $o`.
+#[rustfmt::skip]
+macro_rules! q6k_octet {
+    ($pick:literal, $a:literal, $x:literal, $o:literal) => {
+        concat!(
+            "vpshufb ymm15, ymm12, ", $pick, "\n",
+            "vcvtdq2ps ymm15, ymm15\n",
+            "vmulps ymm15, ymm15, ymm14\n",
+            "vfmadd231ps ", $a, ", ymm15, ymmword ptr [{x} + ", $x, " + ", $o, "]\n",
+        )
+    };
+}
+
+/// One Q6_K block of [`q6k_rows`]: its 8 quarters (elements `32m ..` of each 128-element half
+/// `n`: the `ql` bytes at `64n + 32 (m % 2)`, low nibbles for `m < 2`, the `qh` bits `2m,
+/// 2m + 1` of the bytes at `128 + 32n`). Quarter `m` goes to accumulators `4 (m % 2) ..`.
+/// Registers: `ymm0..7` the accumulators, `ymm8`, `ymm9` the first two pickers, `ymm10`,
+/// `ymm11` the masks; `ymm12..15` scratch.
+#[rustfmt::skip]
+macro_rules! q6k_block {
+    () => {
+        concat!(
+            q6k_quarter!(q6k_bits!(lo, "0", "128", "4"), "0", "0", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(lo, "32", "128", "2"), "32", "128", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(hi2, "0", "128"), "64", "256", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(hi3, "32", "128"), "96", "384", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(lo, "64", "160", "4"), "128", "512", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(lo, "96", "160", "2"), "160", "640", "ymm4", "ymm5", "ymm6", "ymm7"),
+            q6k_quarter!(q6k_bits!(hi2, "64", "160"), "192", "768", "ymm0", "ymm1", "ymm2", "ymm3"),
+            q6k_quarter!(q6k_bits!(hi3, "96", "160"), "224", "896", "ymm4", "ymm5", "ymm6", "ymm7"),
+        )
+    };
+}
+
+/// `out[r]` = the canonical dot of row `r` of the Q6_K rows `data` (rows of `rb` bytes, `cols`
+/// elements) with the activations `xp` in the order of `quant_ext_simd::permute_x`.
+///
+/// As [`q5_0_rows`]: each quarter's bytes in the natural order of each lane (no cross-lane
+/// shuffle), vectors `a` of elements `4a .. 4a + 4` (low half) and `16 + 4a ..` (high half),
+/// accumulator `4i + a` holding canonical lanes `32i + 4a ..` and `32i + 16 + 4a ..`, put back
+/// in the canonical order before the reduction: every canonical lane takes the same products
+/// in the same order. The halves of a vector belong to two groups, so the scales come from a
+/// table of one vector per quarter ([`Q6Scales`], built per segment of the row). Written in
+/// assembly for its registers: 8 accumulators, 2 pickers and 2 masks for the whole call, 4
+/// scratch registers (from Rust, LLVM reloaded constants or spilled accumulators).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6k_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [f32]) {
+    debug_assert!(data.len() >= out.len() * rb && xp.len() == cols && rb == cols / 256 * 210);
+    let c: *const Q6Consts = &Q6_CONSTS;
+    let ld = |v: &[i8; 32]| _mm256_load_si256(v.as_ptr() as *const __m256i);
+    let (pick0, pick1) = (ld(&(*c).pick[0]), ld(&(*c).pick[1]));
+    let (low4, bits45) = (ld(&(*c).low4), ld(&(*c).bits45));
+    // 2^-24: `d·2^-24` and `d·2^-24·sc` are exact (an f16 times a power of two and an i8)
+    let unit = _mm256_set1_ps(1.0 / 16_777_216.0);
+    // the 8 scales of a half in the order 0, 2, 4, 6, 1, 3, 5, 7 (`[2k | 2k + 1]` in-lane)
+    let order = _mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 7, 5, 3, 1, 6, 4, 2, 0);
+    let (blocks, dist) = (cols / 256, rb.max(super::MIN_AHEAD));
+    let mut t = Q6Scales([[0.0; 8]; 8 * Q6_SEG]);
+    for (r, o) in out.iter_mut().enumerate() {
+        let row = data.as_ptr().add(r * rb);
+        let mut a = [_mm256_setzero_ps(); 8];
+        let mut b0 = 0;
+        while b0 < blocks {
+            let n = Q6_SEG.min(blocks - b0);
+            let seg = row.add(210 * b0);
+            for b in 0..n {
+                let p = seg.add(210 * b);
+                let d = _mm256_mul_ps(f16_splat(p.add(208)), unit);
+                for h in 0..2 {
+                    let sc = _mm_loadl_epi64(p.add(192 + 8 * h) as *const __m128i);
+                    let sc = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, order));
+                    let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+                    let q = t.0.as_mut_ptr().add(8 * b + 4 * h) as *mut f32;
+                    _mm256_store_ps(q, _mm256_permute_ps::<0x00>(ds));
+                    _mm256_store_ps(q.add(8), _mm256_permute_ps::<0x55>(ds));
+                    _mm256_store_ps(q.add(16), _mm256_permute_ps::<0xAA>(ds));
+                    _mm256_store_ps(q.add(24), _mm256_permute_ps::<0xFF>(ds));
+                }
+            }
+            let xs = xp.as_ptr().add(256 * b0);
+            for b in 0..n {
+                let p = seg.add(210 * b);
+                super::prefetch(p.wrapping_add(dist), 210);
+                std::arch::asm!(
+                    q6k_block!(),
+                    p = in(reg) p,
+                    s = in(reg) t.0.as_ptr().add(8 * b),
+                    x = in(reg) xs.add(256 * b),
+                    c = in(reg) c,
+                    inout("ymm0") a[0], inout("ymm1") a[1], inout("ymm2") a[2], inout("ymm3") a[3],
+                    inout("ymm4") a[4], inout("ymm5") a[5], inout("ymm6") a[6], inout("ymm7") a[7],
+                    in("ymm8") pick0, in("ymm9") pick1, in("ymm10") low4, in("ymm11") bits45,
+                    out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                    options(nostack, readonly, preserves_flags),
+                );
+            }
+            b0 += n;
+        }
+        *o = super::avx2::reduce(&natural_canon(&a));
+    }
+}
+
+/// The accumulators of the natural-order dots ([`q5_0_rows`], [`q6k_rows`]) in the canonical
+/// order: accumulator `4i + a` holds canonical lanes `32i + 4a ..` (low half) and `32i + 16 +
+/// 4a ..` (high half).
+#[inline(always)]
+unsafe fn natural_canon(a: &[__m256; 8]) -> [__m256; 8] {
+    let lo = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x20>(x, y);
+    let hi = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x31>(x, y);
+    [
+        lo(a[0], a[1]),
+        lo(a[2], a[3]),
+        hi(a[0], a[1]),
+        hi(a[2], a[3]),
+        lo(a[4], a[5]),
+        lo(a[6], a[7]),
+        hi(a[4], a[5]),
+        hi(a[6], a[7]),
+    ]
 }
 
 pub(super) struct Q5<const MIN: bool>;

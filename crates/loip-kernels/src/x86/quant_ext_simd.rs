@@ -119,7 +119,7 @@ unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: us
 
 /// `x` in the order of [`Decode::natural_rows`]: within each 32-element block, for
 /// `a < 4`, elements `4a .. 4a + 4`, then `16 + 4a .. 16 + 4a + 4`.
-fn permute_x(x: &[f32], xp: &mut [f32]) {
+pub(super) fn permute_x(x: &[f32], xp: &mut [f32]) {
     for (b, o) in x.chunks_exact(32).zip(xp.chunks_exact_mut(32)) {
         for a in 0..4 {
             o[8 * a..8 * a + 4].copy_from_slice(&b[4 * a..4 * a + 4]);

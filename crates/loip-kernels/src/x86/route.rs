@@ -31,6 +31,12 @@ pub(crate) unsafe fn avx2_rows(
         DType::Q4_0 => rows_quant::<Q40>(data, rb, cols, x, n, out),
         DType::Q4_1 => rows_quant::<Q41>(data, rb, cols, x, n, out),
         DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
+        DType::Q6K if n == 1 => {
+            // one token: the rows in assembly, the activations permuted once
+            let mut xp = vec![0f32; cols];
+            super::quant_ext_simd::permute_x(x, &mut xp);
+            super::quant_ext_decode::q6k_rows(data, rb, cols, &xp, out)
+        }
         DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
         DType::Q5_0
         | DType::Q5_1
