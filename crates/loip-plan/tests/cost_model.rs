@@ -841,12 +841,13 @@ fn a_warm_up_prices_the_coordinators_part() {
     }
 }
 
-/// A streaming plan's loads are re-timed from the warm-up's stall: the loaders (and the
-/// disks' measured rates) slowed by the factor at which the cost model prices the stall the
-/// steps measured; a resident plan's are left alone.
+/// A streaming plan's loads are re-timed from the warm-up's stall: the factor at which the
+/// cost model prices the stall the steps measured, weighed against the probes' 1
+/// (`LOAD_WEIGHT`), slows the loaders (and the disks' measured rates); a resident plan's
+/// are left alone.
 #[test]
 fn a_warm_up_prices_the_stall_it_measured() {
-    use loip_plan::calibrate::{self, WarmupStep, LOAD_RANGE};
+    use loip_plan::calibrate::{self, WarmupStep, LOAD_RANGE, LOAD_WEIGHT};
     let (sh, _, mut shared) = two_devices_one_disk();
     let alloc = [(20, 5), (20, 10)];
     let rate = |c: &Cluster, n: &str| c.device(n).unwrap().profile.loader.direct.bandwidth;
@@ -875,10 +876,25 @@ fn a_warm_up_prices_the_stall_it_measured() {
             .unwrap()
             .unwrap();
         assert!(close(cal.priced_stall_s, s0));
+        assert!(close(cal.load_scale, cal.load_fit.powf(LOAD_WEIGHT)));
+        assert!((cal.load_fit > 1.0) == (want > s0));
+        // at the fitted factor the stall is the measured one; at the one applied, between
+        let at = |f: f64| {
+            let mut c = shared.clone();
+            for d in &mut c.devices {
+                d.profile.scale_loads(f);
+            }
+            c.disk_rates[0] /= f;
+            let mut q = p.clone();
+            q.reprice(&sh, &c).unwrap();
+            q.breakdown.uncovered_load_ms / 1e3
+        };
+        assert!((at(cal.load_fit) - want).abs() < 1e-6 * s0);
         let mut q = p.clone();
         q.reprice(&sh, &cl).unwrap();
-        assert!((q.breakdown.uncovered_load_ms / 1e3 - want).abs() < 1e-6 * s0);
-        assert!((cal.load_scale > 1.0) == (want > s0));
+        let got = q.breakdown.uncovered_load_ms / 1e3;
+        assert!(close(got, at(cal.load_scale)));
+        assert!(got > s0.min(want) && got < s0.max(want));
         assert!(close(
             cl.disk_rates[0],
             shared.disk_rates[0] / cal.load_scale
@@ -894,7 +910,7 @@ fn a_warm_up_prices_the_stall_it_measured() {
     let cal = calibrate::calibrate(&p, &sh, &mut cl, &[step(100.0 * s0)], &names)
         .unwrap()
         .unwrap();
-    assert_eq!(cal.load_scale, LOAD_RANGE.1);
+    assert_eq!(cal.load_fit, LOAD_RANGE.1);
     // a resident plan: its loads are not touched
     let r = plan(
         &sh,

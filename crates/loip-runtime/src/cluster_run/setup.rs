@@ -214,7 +214,7 @@ async fn warm_up(
             "warm-up: {} steps in {} groups, compute {:.2} ms against {:.2} priced (probed \
              devices ×{:.2}), hops {:.2} ms against {:.2} priced: {:.0} us more on each of {} \
              transfers; coordinator {:.0} us a step (sequences of {} positions); stall {:.2} ms \
-             against {:.2} priced (loads ×{:.2})",
+             against {:.2} priced (loads ×{:.2} of ×{:.2} fitted)",
             c.steps,
             c.groups,
             c.compute_s * 1e3,
@@ -228,7 +228,8 @@ async fn warm_up(
             positions,
             c.stall_s * 1e3,
             c.priced_stall_s * 1e3,
-            c.load_scale
+            c.load_scale,
+            c.load_fit
         );
         plan.reprice(shape, cluster)?;
     }
