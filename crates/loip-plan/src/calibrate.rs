@@ -53,7 +53,7 @@ pub const LOAD_RANGE: (f64, f64) = (0.5, 4.0);
 /// The weight of the warm-up's load factor `f` against the probes' 1: `f^w` is applied.
 /// The stall is the difference of two larger figures (a load and the compute and hops it
 /// hides behind), so a small error in the steps' stall moves `f` far: on this project's
-/// 2-core VM under load 7.4–7.8 four warm-ups asked 1.17–1.29 where the runs' own stall
+/// 2-core VM under load 7.3–7.8 four warm-ups asked 1.17–1.29 where the runs' own stall
 /// needed 1.05–1.12 (docs/simulator.md), so half the factor's logarithm is applied.
 pub const LOAD_WEIGHT: f64 = 0.5;
 
