@@ -18,7 +18,8 @@
 #   bench/runtime_vs_sim.sh 1 --sim -- --model smollm2 --devices 1 --mem 64MiB \
 #     --prompt "Tell me a very long story about a dragon" --max-tokens 450 --min-tokens 450
 # KEEP=DIR keeps each run's JSON as DIR/run-N.json, to price again with `loip simulate
-# --from-local DIR/run-N.json` after a change to the cost model.
+# --from-local DIR/run-N.json` after a change to the cost model, and its stderr as
+# DIR/run-N.err (with LOIP_LOG=info: the warm-up's figures).
 set -euo pipefail
 LOIP=${LOIP:-target/release/loip}
 ROUNDS=${1:-1}
@@ -43,6 +44,7 @@ for r in $(seq 1 "$ROUNDS"); do
   if [ -n "${KEEP:-}" ]; then
     mkdir -p "$KEEP"
     cp "$tmp/run.json" "$KEEP/run-$r.json"
+    cp "$tmp/err.txt" "$KEEP/run-$r.err"
   fi
   out=$("$LOIP" simulate --from-local "$tmp/run.json")
   if [ "$SIM" = 1 ]; then

@@ -2,30 +2,44 @@
 //! probes take on an idle machine, re-taken the way the run pays them.
 //!
 //! Why: the setup measures a hop's latency and wake-up with pings and echoes while the
-//! other workers are idle, and each block alone in a probe some seconds before the run.
-//! On `loip local` (three workers, their loaders and the coordinator on two cores) a real
-//! step's hops cost about 70 µs a transfer more than those pings (the cores are shared),
-//! and the VM's speed drifts between the probes and the run (docs/simulator.md, "The cost
-//! model against `loip local`"). The runtime therefore runs a few decode steps through
-//! the started pipeline before the first request (each a fresh throwaway sequence of one
-//! token, released after it) and hands their times here:
+//! other workers are idle, each block alone in a probe and the loaders alone (and the
+//! disk with all of them reading) some seconds before the run. On `loip local` (three
+//! workers, their loaders and the coordinator on two cores) a real step's hops cost about
+//! 70 µs a transfer more than those pings (the cores are shared), and the VM's speed
+//! drifts between the probes and the run (docs/simulator.md, "The cost model against
+//! `loip local`"). The runtime therefore runs a few decode steps through the started
+//! pipeline before the first request, in groups at different moments (each group one
+//! throwaway sequence decoding a few positions, released after it), and hands their times
+//! here. Each figure below is the **median over the groups of each group's median**, so a
+//! burst of other work on the machine that falls on one or two groups moves nothing:
 //!
-//! - **Compute**: the steps' median compute (blocks and head, as the workers time them)
-//!   over the plan's priced compute gives a factor `s` by which the probed devices' block
-//!   and head grids are multiplied ([`DeviceProfile::scale_compute`]): the probe re-timed
-//!   in place right before decoding. Clamped to `[1/4, 4]`.
-//! - **Hops**: the steps' median hops (wall less compute and load stall: the transfers,
-//!   queues, wake-ups and the workers' time outside blocks) less the plan's priced
-//!   communication, over the transfers it prices (one per device and round), is what a
-//!   transfer costs beyond `δ`, its bytes and `hop_wake`; every device's
-//!   [`DeviceProfile::hop_extra`] is set to it (never below 0, never above [`extra_cap`]:
-//!   a short warm-up can fall into a burst of other work), so a placement with more rounds
+//! - **Compute**: the steps' compute (blocks and head, as the workers time them) over the
+//!   plan's priced compute gives a factor `s` by which the probed devices' block and head
+//!   grids are multiplied ([`DeviceProfile::scale_compute`]): the probe re-timed in place
+//!   right before decoding. Clamped to `[1/4, 4]`.
+//! - **The coordinator's part of a step**: a group's steps after its first are one
+//!   sequence's, so the pipeline times the coordinator's span before each as the run does
+//!   (`StepStats::coordinator_s`); [`Cluster::coordinator`] becomes that figure when it is
+//!   larger than the setup's hand-off.
+//! - **Hops**: the steps' hops (wall less compute and load stall: the transfers, queues,
+//!   wake-ups and the workers' time outside blocks) less the plan's priced communication,
+//!   over the transfers it prices (one per device and round), is what a transfer costs
+//!   beyond `δ`, its bytes and `hop_wake`; every device's [`DeviceProfile::hop_extra`] is
+//!   set to it (never below 0, never above [`extra_cap`]), so a placement with more rounds
 //!   pays it on each of its hops.
+//! - **Loads**: when the plan streams, the steps' load stall against the priced one: `f`,
+//!   the factor on the loads' times at which the cost model's stall equals the measured
+//!   one ([`load_scale`], clamped to [`LOAD_RANGE`]), weighed against the probes' 1 by
+//!   [`LOAD_WEIGHT`] (`f^w`), slows (or speeds up) the loaders of the probed devices and
+//!   the disks' measured rates ([`DeviceProfile::scale_loads`]): the loaders' rate as the
+//!   run pays it, their threads and the disk shared with the machine's other work, which
+//!   the setup's probe on an idle machine misses.
 //!
 //! Pure: the runtime measures, this prices. Only plans of single-sequence steps
 //! ([`Pattern::Sporadic`]) are calibrated: the warm-up is one sequence's steps.
 //!
 //! [`DeviceProfile::scale_compute`]: crate::DeviceProfile::scale_compute
+//! [`DeviceProfile::scale_loads`]: crate::DeviceProfile::scale_loads
 //! [`DeviceProfile::hop_extra`]: crate::DeviceProfile::hop_extra
 
 use crate::{cost, Cluster, ModelShape, Pattern, Plan, PlanError};
@@ -33,15 +47,29 @@ use crate::{cost, Cluster, ModelShape, Pattern, Plan, PlanError};
 /// The least and most a warm-up may scale the probed compute by.
 const SCALE_RANGE: (f64, f64) = (0.25, 4.0);
 
+/// The least and most a warm-up may scale the loads' times by ([`load_scale`]).
+pub const LOAD_RANGE: (f64, f64) = (0.5, 4.0);
+
+/// The weight of the warm-up's load factor `f` against the probes' 1: `f^w` is applied.
+/// The stall is the difference of two larger figures (a load and the compute and hops it
+/// hides behind), so a small error in the steps' stall moves `f` far: on this project's
+/// 2-core VM under load 7.3–7.8 four warm-ups asked 1.17–1.29 where the runs' own stall
+/// needed 1.05–1.12 (docs/simulator.md), so half the factor's logarithm is applied.
+pub const LOAD_WEIGHT: f64 = 0.5;
+
 /// One warm-up step as the pipeline timed it.  // seconds
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WarmupStep {
+    /// which group of steps it ran in (groups run at different moments)
+    pub group: u32,
     /// from submission to the result
     pub wall_s: f64,
     /// blocks and head on the devices
     pub compute_s: f64,
     /// waiting for loads on the devices
     pub stall_s: f64,
+    /// the coordinator's part before it (0 for its sequence's first step: not measured)
+    pub coordinator_s: f64,
 }
 
 impl WarmupStep {
@@ -56,13 +84,16 @@ impl WarmupStep {
 pub struct Calibration {
     /// steps taken into account
     pub steps: u32,
-    /// their median compute  // seconds
+    /// the groups they ran in
+    pub groups: u32,
+    /// their compute (the median of the groups' medians, as every measured figure here)
+    /// // seconds
     pub compute_s: f64,
     /// the plan's compute per step before  // seconds
     pub priced_compute_s: f64,
     /// the factor the probed devices' block times were multiplied by
     pub compute_scale: f64,
-    /// their median hops  // seconds
+    /// their hops  // seconds
     pub hops_s: f64,
     /// the plan's communication per step, compute scaled, before the extra  // seconds
     pub priced_comm_s: f64,
@@ -70,6 +101,17 @@ pub struct Calibration {
     pub transfers: u32,
     /// each transfer's cost beyond the price, set as every device's `hop_extra`  // seconds
     pub hop_extra: f64,
+    /// the coordinator's part of a step they measured (0: none measured)  // seconds
+    pub coordinator_s: f64,
+    /// their load stall  // seconds
+    pub stall_s: f64,
+    /// the plan's stall per step before the loads were scaled  // seconds
+    pub priced_stall_s: f64,
+    /// the factor on the loads' times that prices their stall (1: the plan does not
+    /// stream)
+    pub load_fit: f64,
+    /// the factor the loads' times were multiplied by: `load_fit^`[`LOAD_WEIGHT`]
+    pub load_scale: f64,
 }
 
 /// The median of the finite values of `xs` (`None` when there is none).
@@ -85,6 +127,21 @@ pub fn median(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     })
+}
+
+/// The median over `steps`' groups of each group's median of `f` (steps where `f` is not
+/// finite left out): robust to a burst that slows one or two groups of several, where a
+/// median over all steps is not when the burst covers most of one group's steps and the
+/// others are few.
+pub fn group_median(steps: &[WarmupStep], f: impl Fn(&WarmupStep) -> f64) -> Option<f64> {
+    let mut groups: Vec<u32> = steps.iter().map(|s| s.group).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    median(
+        groups
+            .iter()
+            .filter_map(|&g| median(steps.iter().filter(|s| s.group == g).map(&f))),
+    )
 }
 
 /// Transfers of one step the cost model prices with a wake-up: one hop out of each device
@@ -148,10 +205,65 @@ pub fn compute_scale(measured_s: f64, priced_s: f64) -> f64 {
     }
 }
 
-/// Calibrates `cluster` from the warm-up `steps` of `plan`: scales the compute of the
-/// devices named in `probed` and sets every device's `hop_extra` (module docs). `None`
-/// (nothing changed) without steps or for a plan of bursty steps; errors only if a plan
-/// device is not in the cluster.
+/// Bisections of [`load_scale`]: the factor to within `4 / 2^40` of the range.
+const LOAD_BISECTIONS: u32 = 40;
+
+/// The factor `f` in [`LOAD_RANGE`] nearest 1 by which the loads' times must be multiplied
+/// for the priced stall `stall_at(f)` (non-decreasing in `f`) to equal `measured_s`: the
+/// range's end when even it prices too little or too much; 1 when `measured_s` is not
+/// finite or already priced at 1, or when `f` moves nothing (nothing streams).
+pub fn load_scale(measured_s: f64, stall_at: impl Fn(f64) -> f64) -> f64 {
+    const EPS: f64 = 1e-9; // seconds
+    if !measured_s.is_finite() || measured_s < 0.0 {
+        return 1.0;
+    }
+    let at1 = stall_at(1.0);
+    if (at1 - measured_s).abs() <= EPS || stall_at(LOAD_RANGE.1) <= stall_at(LOAD_RANGE.0) {
+        return 1.0;
+    }
+    let (mut lo, mut hi) = if at1 < measured_s {
+        if stall_at(LOAD_RANGE.1) <= measured_s {
+            return LOAD_RANGE.1;
+        }
+        (1.0, LOAD_RANGE.1)
+    } else {
+        if stall_at(LOAD_RANGE.0) >= measured_s + EPS {
+            return LOAD_RANGE.0;
+        }
+        (LOAD_RANGE.0, 1.0)
+    };
+    // stall_at(lo) ≤ measured < stall_at(hi): bisect on the log of the factor, keeping the
+    // largest factor that prices no more than measured
+    for _ in 0..LOAD_BISECTIONS {
+        let mid = (lo * hi).sqrt();
+        if stall_at(mid) <= measured_s {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// `cluster` with the loads of the devices named in `probed` and every disk's measured
+/// rate `f` times as slow.
+fn with_loads_scaled(cluster: &Cluster, probed: &[String], f: f64) -> Cluster {
+    let mut c = cluster.clone();
+    for d in &mut c.devices {
+        if probed.contains(&d.name) {
+            d.profile.scale_loads(f);
+        }
+    }
+    for r in &mut c.disk_rates {
+        *r /= f;
+    }
+    c
+}
+
+/// Calibrates `cluster` from the warm-up `steps` of `plan`: scales the compute and the
+/// loads of the devices named in `probed`, sets the coordinator's part and every device's
+/// `hop_extra` (module docs). `None` (nothing changed) without steps or for a plan of
+/// bursty steps; errors only if a plan device is not in the cluster.
 pub fn calibrate(
     plan: &Plan,
     shape: &ModelShape,
@@ -162,12 +274,21 @@ pub fn calibrate(
     if steps.is_empty() || plan.pattern != Pattern::Sporadic {
         return Ok(None);
     }
-    let (Some(compute_s), Some(hops_s)) = (
-        median(steps.iter().map(|s| s.compute_s)),
-        median(steps.iter().map(WarmupStep::hops_s)),
+    let (Some(compute_s), Some(hops_s), Some(stall_s)) = (
+        group_median(steps, |s| s.compute_s),
+        group_median(steps, WarmupStep::hops_s),
+        group_median(steps, |s| s.stall_s),
     ) else {
         return Ok(None);
     };
+    let coordinator_s = group_median(steps, |s| {
+        if s.coordinator_s > 0.0 {
+            s.coordinator_s
+        } else {
+            f64::NAN
+        }
+    })
+    .unwrap_or(0.0);
     for d in &mut cluster.devices {
         d.profile.hop_extra = 0.0; // a remembered profile's: priced anew below
     }
@@ -179,14 +300,44 @@ pub fn calibrate(
             d.profile.scale_compute(scale);
         }
     }
-    let priced_comm_s = cost::evaluate(plan, shape, cluster)?.breakdown.comm_ms / 1e3;
+    if coordinator_s.is_finite() && coordinator_s > cluster.coordinator {
+        cluster.coordinator = coordinator_s.min(1.0);
+    }
+    let priced = cost::evaluate(plan, shape, cluster)?.breakdown;
+    let priced_comm_s = priced.comm_ms / 1e3;
+    let priced_stall_s = priced.uncovered_load_ms / 1e3;
     let transfers = transfers_per_step(plan);
     let extra = hop_extra(hops_s, priced_comm_s, transfers, extra_cap(cluster));
     for d in &mut cluster.devices {
         d.profile.hop_extra = extra;
     }
+    // the loads: the stall is what they leave uncovered (the extra above is outside the
+    // overlap, so it moves no stall)
+    let streams = plan
+        .devices
+        .iter()
+        .any(|d| d.stages.iter().any(|st| st.offloaded_bytes(shape) > 0));
+    let fit = if streams {
+        let stall_at = |f: f64| {
+            let c = with_loads_scaled(cluster, probed, f);
+            cost::evaluate(plan, shape, &c).map_or(0.0, |c| c.breakdown.uncovered_load_ms / 1e3)
+        };
+        load_scale(stall_s, stall_at)
+    } else {
+        1.0
+    };
+    let load = fit.powf(LOAD_WEIGHT);
+    if load != 1.0 {
+        *cluster = with_loads_scaled(cluster, probed, load);
+    }
     Ok(Some(Calibration {
         steps: steps.len() as u32,
+        groups: {
+            let mut g: Vec<u32> = steps.iter().map(|s| s.group).collect();
+            g.sort_unstable();
+            g.dedup();
+            g.len() as u32
+        },
         compute_s,
         priced_compute_s,
         compute_scale: scale,
@@ -194,5 +345,10 @@ pub fn calibrate(
         priced_comm_s,
         transfers,
         hop_extra: extra,
+        coordinator_s,
+        stall_s,
+        priced_stall_s,
+        load_fit: fit,
+        load_scale: load,
     }))
 }

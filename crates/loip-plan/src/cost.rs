@@ -449,6 +449,16 @@ pub fn pass_wakes(wakes: &[f64]) -> f64 {
     }
 }
 
+/// What the warm-up's extras `x_i` (profile `hop_extra`, one per device) add to a round
+/// after the loads' overlap: `Σ_i x_i` a pass, `b` passes a round when bursty (one
+/// otherwise); 0 on one device. A load does not progress in it (the run queue the loaders
+/// share), so the simulator lengthens each overlapped load by the same figure, which
+/// leaves its stall what the cost model prices.  // seconds
+pub fn round_extra(extras: &[f64], b: u32, bursty: bool) -> f64 {
+    let passes = if bursty { b.max(1) as f64 } else { 1.0 };
+    passes * pass_wakes(extras)
+}
+
 /// [`overlapped_round`] for a round whose pass also carries the coordinator's part `co` of
 /// a step (the last round; 0 elsewhere). The coordinator serves the micro-batches one at a
 /// time, so like an egress port it is busy `b·co` per round:
@@ -694,7 +704,6 @@ pub fn evaluate_rows(
     // of a machine the workers and their loaders share, so no load progresses in it. Added
     // to each round's pass after the overlap, not offered to the loads.
     let extras: Vec<f64> = devs.iter().map(|d| d.profile.hop_extra).collect();
-    let extra_pass = pass_wakes(&extras);
     let bf = b as f64;
     let qf = q as f64;
     let bursty = plan.pattern == Pattern::Bursty;
@@ -829,7 +838,7 @@ pub fn evaluate_rows(
             }
         };
         total.compute_ms += compute * 1e3 / per_tok;
-        let extra = if bursty { bf } else { 1.0 } * extra_pass;
+        let extra = round_extra(&extras, b, bursty);
         total.comm_ms += (comm + extra) * 1e3 / per_tok;
         total.uncovered_load_ms += uncov * 1e3 / per_tok;
         total.coordinator_ms += co_part * 1e3 / per_tok;

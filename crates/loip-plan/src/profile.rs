@@ -444,6 +444,19 @@ impl DeviceProfile {
         }
     }
 
+    /// The same profile with both loaders `factor` times as slow (each read's time, its
+    /// fixed cost and its bytes' time, multiplied by `factor`: the loads re-timed as the run
+    /// pays them); factors that are not positive and finite leave it unchanged.
+    pub fn scale_loads(&mut self, factor: f64) {
+        if !(factor > 0.0 && factor.is_finite()) {
+            return;
+        }
+        for l in [&mut self.loader.direct, &mut self.loader.conventional] {
+            l.bandwidth /= factor;
+            l.per_read_overhead *= factor;
+        }
+    }
+
     /// Checks grids, bandwidths and efficiencies; errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |field: &str, reason: &str| ConfigError::Invalid {

@@ -645,6 +645,7 @@ fn a_warm_up_rescales_compute_and_prices_its_hops() {
         wall_s: c + h + 1e-3,
         compute_s: c,
         stall_s: 1e-3,
+        ..Default::default()
     };
     let steps = [
         step(0.8 * c0, m0 + 1e-3),
@@ -740,4 +741,205 @@ fn calibration_figures_are_bounded() {
         1,
     );
     assert_eq!(transfers_per_step(&one), 0);
+}
+
+/// A warm-up's figures are the median over its groups of each group's median: a burst that
+/// slows every step of one group of three moves nothing, even when that group ran more
+/// steps than the others (a median over all steps would be the burst's).
+#[test]
+fn a_burst_on_one_warm_up_group_moves_no_figure() {
+    use loip_plan::calibrate::{self, group_median, WarmupStep};
+    let sh = llama13b();
+    let alloc = [(20, 0), (20, 0)];
+    let cl0 = cluster(&sh, 2, 1e9);
+    let p = plan(
+        &sh,
+        &cl0,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    let (c0, m0) = (p.breakdown.compute_ms / 1e3, p.breakdown.comm_ms / 1e3);
+    let step = |group: u32, c: f64, h: f64| WarmupStep {
+        group,
+        wall_s: c + h,
+        compute_s: c,
+        ..Default::default()
+    };
+    let mut steps = vec![step(0, 1.5 * c0, m0 + 9e-3); 5]; // the burst
+    for g in 1..3 {
+        steps.push(step(g, 1.1 * c0, m0 + 0.2e-3));
+        steps.push(step(g, 1.1 * c0, m0 + 0.2e-3));
+    }
+    let flat = calibrate::median(steps.iter().map(|s| s.compute_s)).unwrap();
+    assert!(close(flat, 1.5 * c0));
+    assert!(close(
+        group_median(&steps, |s| s.compute_s).unwrap(),
+        1.1 * c0
+    ));
+    let names: Vec<String> = cl0.devices.iter().map(|d| d.name.clone()).collect();
+    let mut cl = cl0.clone();
+    let cal = calibrate::calibrate(&p, &sh, &mut cl, &steps, &names)
+        .unwrap()
+        .unwrap();
+    assert_eq!((cal.steps, cal.groups), (9, 3));
+    assert!(close(cal.compute_scale, 1.1));
+    assert!(close(cal.hop_extra, 0.1e-3)); // 0.2 ms over two transfers
+                                           // the same steps without the burst calibrate alike
+    let mut quiet = cl0.clone();
+    let cal2 = calibrate::calibrate(&p, &sh, &mut quiet, &steps[5..], &names)
+        .unwrap()
+        .unwrap();
+    assert!(close(cal2.compute_scale, cal.compute_scale));
+    assert!(close(cal2.hop_extra, cal.hop_extra));
+}
+
+/// The coordinator's part of a step is warmed from the steps that measured one (a
+/// sequence's later steps), the median of the groups' medians, when it is larger than the
+/// setup's hand-off; a warm-up of first steps only leaves the hand-off.
+#[test]
+fn a_warm_up_prices_the_coordinators_part() {
+    use loip_plan::calibrate::{self, WarmupStep};
+    let sh = llama13b();
+    let alloc = [(20, 0), (20, 0)];
+    let mut cl = cluster(&sh, 2, 1e9);
+    cl.coordinator = 20e-6;
+    let p = plan(&sh, &cl, &alloc, ExecMode::Overlapped, Pattern::Sporadic, 1);
+    let step = |group: u32, co: f64| WarmupStep {
+        group,
+        wall_s: 0.1,
+        compute_s: 0.05,
+        coordinator_s: co,
+        ..Default::default()
+    };
+    let steps = [
+        step(0, 0.0), // a sequence's first: not measured
+        step(0, 80e-6),
+        step(0, 90e-6),
+        step(1, 0.0),
+        step(1, 70e-6),
+        step(2, 0.0),
+        step(2, 5e-3), // one group's burst
+    ];
+    let names: Vec<String> = cl.devices.iter().map(|d| d.name.clone()).collect();
+    let cal = calibrate::calibrate(&p, &sh, &mut cl, &steps, &names)
+        .unwrap()
+        .unwrap();
+    assert!(close(cal.coordinator_s, 85e-6));
+    assert!(close(cl.coordinator, 85e-6));
+    let mut q = p.clone();
+    q.reprice(&sh, &cl).unwrap();
+    assert!(q.breakdown.coordinator_ms > p.breakdown.coordinator_ms);
+    // first steps only, or a part under the hand-off: the hand-off stays
+    for co in [0.0, 10e-6] {
+        let mut c2 = cluster(&sh, 2, 1e9);
+        c2.coordinator = 20e-6;
+        let s = [step(0, 0.0), step(0, co)];
+        calibrate::calibrate(&p, &sh, &mut c2, &s, &names).unwrap();
+        assert_eq!(c2.coordinator, 20e-6);
+    }
+}
+
+/// A streaming plan's loads are re-timed from the warm-up's stall: the factor at which the
+/// cost model prices the stall the steps measured, weighed against the probes' 1
+/// (`LOAD_WEIGHT`), slows the loaders (and the disks' measured rates); a resident plan's
+/// are left alone.
+#[test]
+fn a_warm_up_prices_the_stall_it_measured() {
+    use loip_plan::calibrate::{self, WarmupStep, LOAD_RANGE, LOAD_WEIGHT};
+    let (sh, _, mut shared) = two_devices_one_disk();
+    let alloc = [(20, 5), (20, 10)];
+    let rate = |c: &Cluster, n: &str| c.device(n).unwrap().profile.loader.direct.bandwidth;
+    shared.disk_rates = vec![0.75 * (rate(&shared, "d0") + rate(&shared, "d1"))];
+    let p = plan(
+        &sh,
+        &shared,
+        &alloc,
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    let s0 = p.breakdown.uncovered_load_ms / 1e3;
+    assert!(s0 > 0.0);
+    let c0 = p.breakdown.compute_ms / 1e3;
+    let names: Vec<String> = shared.devices.iter().map(|d| d.name.clone()).collect();
+    let step = |stall: f64| WarmupStep {
+        wall_s: c0 + stall + 0.1,
+        compute_s: c0,
+        stall_s: stall,
+        ..Default::default()
+    };
+    for want in [1.5 * s0, 0.5 * s0] {
+        let mut cl = shared.clone();
+        let cal = calibrate::calibrate(&p, &sh, &mut cl, &[step(want)], &names)
+            .unwrap()
+            .unwrap();
+        assert!(close(cal.priced_stall_s, s0));
+        assert!(close(cal.load_scale, cal.load_fit.powf(LOAD_WEIGHT)));
+        assert!((cal.load_fit > 1.0) == (want > s0));
+        // at the fitted factor the stall is the measured one; at the one applied, between
+        let at = |f: f64| {
+            let mut c = shared.clone();
+            for d in &mut c.devices {
+                d.profile.scale_loads(f);
+            }
+            c.disk_rates[0] /= f;
+            let mut q = p.clone();
+            q.reprice(&sh, &c).unwrap();
+            q.breakdown.uncovered_load_ms / 1e3
+        };
+        assert!((at(cal.load_fit) - want).abs() < 1e-6 * s0);
+        let mut q = p.clone();
+        q.reprice(&sh, &cl).unwrap();
+        let got = q.breakdown.uncovered_load_ms / 1e3;
+        assert!(close(got, at(cal.load_scale)));
+        assert!(got > s0.min(want) && got < s0.max(want));
+        assert!(close(
+            cl.disk_rates[0],
+            shared.disk_rates[0] / cal.load_scale
+        ));
+    }
+    // as priced: nothing changes; far off: the range's end
+    let mut cl = shared.clone();
+    let cal = calibrate::calibrate(&p, &sh, &mut cl, &[step(s0)], &names)
+        .unwrap()
+        .unwrap();
+    assert_eq!(cal.load_scale, 1.0);
+    let mut cl = shared.clone();
+    let cal = calibrate::calibrate(&p, &sh, &mut cl, &[step(100.0 * s0)], &names)
+        .unwrap()
+        .unwrap();
+    assert_eq!(cal.load_fit, LOAD_RANGE.1);
+    // a resident plan: its loads are not touched
+    let r = plan(
+        &sh,
+        &shared,
+        &[(20, 0), (20, 0)],
+        ExecMode::Overlapped,
+        Pattern::Sporadic,
+        1,
+    );
+    let mut cl = shared.clone();
+    let cal = calibrate::calibrate(&r, &sh, &mut cl, &[step(s0)], &names)
+        .unwrap()
+        .unwrap();
+    assert_eq!(cal.load_scale, 1.0);
+    assert_eq!(cl.disk_rates, shared.disk_rates);
+}
+
+/// [`loip_plan::calibrate::load_scale`]: the factor nearest 1 that prices the measured
+/// stall, clamped; 1 where the factor moves nothing.
+#[test]
+fn the_load_scale_is_the_factor_nearest_one() {
+    use loip_plan::calibrate::{load_scale, LOAD_RANGE};
+    let linear = |f: f64| (2.0 * f - 1.0).max(0.0); // 1 at f = 1, 0 up to f = 0.5
+    assert_eq!(load_scale(1.0, linear), 1.0);
+    assert!((load_scale(3.0, linear) - 2.0).abs() < 1e-9);
+    assert!((load_scale(0.5, linear) - 0.75).abs() < 1e-9);
+    assert!((load_scale(0.0, linear) - 0.5).abs() < 1e-9); // the largest that prices 0
+    assert_eq!(load_scale(100.0, linear), LOAD_RANGE.1);
+    assert_eq!(load_scale(0.0, |f: f64| f), LOAD_RANGE.0);
+    assert_eq!(load_scale(3.0, |_| 0.0), 1.0); // nothing streams
+    assert_eq!(load_scale(f64::NAN, linear), 1.0);
 }

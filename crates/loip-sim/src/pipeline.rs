@@ -107,6 +107,10 @@ struct Pipeline<'a> {
     pass_overhead: f64,
     /// Per device: the runtime's wake-up of a hop into it (profile `hop_wake` + `hop_extra`).  // seconds
     wakes: Vec<f64>,
+    /// What the devices' `hop_extra` add to a round ([`loip_plan::cost::round_extra`]): an
+    /// overlapped load lasts that much longer, since no load progresses in them (the run
+    /// queue the loaders share), as the cost model prices it.  // seconds
+    load_extra: f64,
     /// The coordinator (its part of a step, seconds, on its own resource), when modelled.
     coordinator: Option<(ResId, f64)>,
 }
@@ -224,7 +228,7 @@ impl Pipeline<'_> {
                     ExecMode::Overlapped => {
                         let load = (seg.reads > 0).then(|| {
                             let deps: Vec<TaskId> = self.devs[i].slot_free.into_iter().collect();
-                            let secs = loader.load_time(seg.off_bytes, seg.reads);
+                            let secs = loader.load_time(seg.off_bytes, seg.reads) + self.load_extra;
                             self.eng
                                 .task(Some(self.devs[i].loader), Work::Secs(secs), &deps)
                         });
@@ -464,6 +468,11 @@ pub fn simulate_pipeline(
         pending: Default::default(),
         pass_overhead: cfg.pass_overhead_s,
         wakes: profiles.iter().map(|p| p.hop_wake + p.hop_extra).collect(),
+        load_extra: loip_plan::cost::round_extra(
+            &profiles.iter().map(|p| p.hop_extra).collect::<Vec<_>>(),
+            b,
+            cfg.pattern == loip_plan::Pattern::Bursty,
+        ),
         coordinator: None,
     };
     if cluster.coordinator > 0.0 {

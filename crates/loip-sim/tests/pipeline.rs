@@ -277,6 +277,48 @@ fn hop_wake_ups_and_the_coordinator_lengthen_the_pass() {
     assert!((model - got).abs() < 1e-3 * got, "{model} vs {got}");
 }
 
+/// The warm-up's extra per hop (`hop_extra`) lengthens a sporadic token's pass by `Σ_i x_i`
+/// even when the loads bind: no load progresses in it (the run queue the loaders share), so
+/// the simulator lengthens each overlapped load by the same figure
+/// (`cost::round_extra`) and adds what the cost model adds, where letting the loads overlap
+/// it would hide it behind the stall.
+#[test]
+fn hop_extras_are_not_hidden_by_the_loads() {
+    let sh = shape("llama2-7b").unwrap();
+    let plain = two_devices(12.5e6, 2e-3);
+    let mut timed = plain.clone();
+    timed.devices[0].profile.hop_extra = 3e-3;
+    timed.devices[1].profile.hop_extra = 5e-3;
+    let step = |c: &Cluster| {
+        let p = plan(
+            &sh,
+            c,
+            2,
+            8,
+            1,
+            1,
+            ExecMode::Overlapped,
+            Pattern::Sporadic,
+            1,
+        );
+        let r = run(&p, &sh, c, 1);
+        (
+            r.step_end_s[11] - r.step_end_s[10],
+            p.predicted_ms_per_token / 1e3,
+            p.breakdown.uncovered_load_ms,
+        )
+    };
+    let (base, model0, stall) = step(&plain);
+    assert!(stall > 0.0, "the loads bind");
+    let (got, model, _) = step(&timed);
+    let extra = 2.0 * (3e-3 + 5e-3); // two rounds, both devices' hops in each
+    assert!(
+        close(model - model0, extra),
+        "{model} vs {model0} + {extra}"
+    );
+    assert!(close(got - base, extra), "{got} vs {base} + {extra}");
+}
+
 /// The return trip carries the shape's `return_bytes` (a 4-byte token id, the runtime's 8-byte
 /// argmax, its full logits when sampling, or more): simulated ms/token grows by
 /// `(r − h)/bw` per generated token in sporadic traffic, and in both patterns the simulator

@@ -89,7 +89,17 @@ pub(super) async fn bring_up(
     let pipeline = Pipeline::start_with(opened.conns, route, popts, hop_links.clone(), adapter);
     let (mut cluster, mut profiles, mut plan) = (cluster, profiles, plan);
     if opts.measure_links && plan.pattern == loip_plan::Pattern::Sporadic && warm_up_on() {
-        warm_up(&pipeline, &mut plan, &shape, &mut cluster, &reports, opts).await?;
+        let room = warm_up_room(adapt.as_deref(), opts.adapt.horizon_tokens as u64);
+        warm_up(
+            &pipeline,
+            &mut plan,
+            &shape,
+            &mut cluster,
+            &reports,
+            opts,
+            room,
+        )
+        .await?;
         for (name, p) in &mut profiles {
             if let Some(d) = cluster.device(name) {
                 *p = d.profile.clone();
@@ -113,11 +123,20 @@ pub(super) async fn bring_up(
     })
 }
 
-/// Decode steps the warm-up runs; the first [`WARMUP_SKIPPED`] are not counted (the
-/// pipeline's first steps touch cold pages and wake idle threads).
-const WARMUP_STEPS: usize = 18;
-/// See [`WARMUP_STEPS`].
-const WARMUP_SKIPPED: usize = 2;
+/// Groups of warm-up steps, run [`WARMUP_GAP`] apart so that a burst of other work on the
+/// machine falls on one or two of them, not on all ([`loip_plan::calibrate::group_median`]).
+const WARMUP_GROUPS: u32 = 5;
+/// Decode steps of one group; the first of each is not counted (after the gap the workers'
+/// threads are asleep and a streaming device's first stage is already loaded), nor the
+/// first group's first two (the pipeline's first steps touch cold pages).
+const WARMUP_GROUP_STEPS: u32 = 6;
+/// The pause between two groups.
+const WARMUP_GAP: Duration = Duration::from_millis(150);
+/// The most positions one warm-up sequence decodes: a group's steps are sequences of up
+/// to this many positions, so the coordinator's part before a step is timed as in a run;
+/// fewer when a device's KV room is small (half the room before the adapter's first
+/// switch, [`warm_up_room`]), so that no warm-up sequence crosses a threshold.
+const WARMUP_SEQ_POSITIONS: u64 = 6;
 
 /// Whether the warm-up runs: `LOIP_WARMUP=0` in the coordinator's environment turns it off
 /// (the setup as before it, for side-by-side runs).
@@ -125,11 +144,29 @@ fn warm_up_on() -> bool {
     !matches!(std::env::var("LOIP_WARMUP").as_deref(), Ok("0"))
 }
 
-/// Runs [`WARMUP_STEPS`] one-token steps through the started pipeline, each on a fresh
-/// sequence at position 0 that is released after it (no KV is left behind; the tokens of
-/// later requests do not change), and calibrates the cost model from their times
-/// ([`loip_plan::calibrate`]): the probed devices' block times re-timed in place, and what
-/// a hop costs as the run pays it while every worker shares the machine. The plan's
+/// The KV tokens a warm-up sequence may hold without a device's threshold switch: the
+/// smallest threshold of the adapter's devices less its look-ahead `horizon` (none without
+/// an adapter: nothing switches).
+fn warm_up_room(adapt: Option<&std::sync::Mutex<AdaptReport>>, horizon: u64) -> u64 {
+    let Some(a) = adapt else { return u64::MAX };
+    a.lock().map_or(0, |r| {
+        r.devices
+            .iter()
+            .filter_map(|d| d.threshold)
+            .min()
+            .map_or(u64::MAX, |t| t.saturating_sub(horizon))
+    })
+}
+
+/// Runs [`WARMUP_GROUPS`] groups of [`WARMUP_GROUP_STEPS`] one-token decode steps through
+/// the started pipeline, [`WARMUP_GAP`] apart, from a thread outside the runtime as a
+/// session's decode loop does: each group decodes throwaway sequences at positions 0, 1, …
+/// (at most [`WARMUP_SEQ_POSITIONS`], and half of `room`, the KV tokens a sequence may hold
+/// without a threshold switch; released after it: no KV is left behind, the tokens of
+/// later requests do not change).
+/// Then calibrates the cost model from their times ([`loip_plan::calibrate`]): the probed
+/// devices' block and load times re-timed in place, the coordinator's part of a step, and
+/// what a hop costs as the run pays it while every worker shares the machine. The plan's
 /// prediction is priced again; the pipeline's totals start over after it.
 async fn warm_up(
     pipeline: &Pipeline,
@@ -138,29 +175,31 @@ async fn warm_up(
     cluster: &mut Cluster,
     reports: &[DeviceReport],
     opts: &SessionOptions,
+    room: u64,
 ) -> Result<(), ClusterError> {
+    let positions = (room / 2).clamp(1, WARMUP_SEQ_POSITIONS);
     let mut steps = Vec::new();
-    for k in 0..WARMUP_STEPS {
-        let seq = crate::coordinator::next_seq_id();
-        let batch = [loip_engine::TokenPos { seq, pos: 0 }];
-        let out = if opts.greedy {
-            crate::coordinator::RowsOut::Argmax {
-                masked: &[],
-                row_masks: &[],
-            }
-        } else {
-            crate::coordinator::RowsOut::Logits
-        };
-        let r = pipeline.step_batch(&[0], &batch, &[0], out).await;
-        pipeline.release(&[seq]);
-        let st = r?.stats;
-        if k >= WARMUP_SKIPPED {
-            steps.push(loip_plan::calibrate::WarmupStep {
-                wall_s: st.wall_s,
-                compute_s: st.compute_s,
-                stall_s: st.stall_s,
-            });
+    for g in 0..WARMUP_GROUPS {
+        if g > 0 {
+            tokio::time::sleep(WARMUP_GAP).await;
         }
+        let (p, greedy) = (pipeline.clone(), opts.greedy);
+        let group = tokio::task::spawn_blocking(move || warm_up_group(&p, greedy, positions))
+            .await
+            .map_err(|e| ClusterError::Invalid(format!("warm-up task: {e}")))??;
+        let skip = if g == 0 { 2 } else { 1 };
+        steps.extend(
+            group
+                .into_iter()
+                .skip(skip)
+                .map(|st| loip_plan::calibrate::WarmupStep {
+                    group: g,
+                    wall_s: st.wall_s,
+                    compute_s: st.compute_s,
+                    stall_s: st.stall_s,
+                    coordinator_s: st.coordinator_s,
+                }),
+        );
     }
     pipeline.warmed();
     let _ = pipeline.take_totals();
@@ -172,20 +211,64 @@ async fn warm_up(
     let cal = loip_plan::calibrate::calibrate(plan, shape, cluster, &steps, &probed)?;
     if let Some(c) = cal {
         tracing::info!(
-            "warm-up: {} steps, compute {:.2} ms against {:.2} priced (probed devices ×{:.2}), \
-             hops {:.2} ms against {:.2} priced: {:.0} us more on each of {} transfers",
+            "warm-up: {} steps in {} groups, compute {:.2} ms against {:.2} priced (probed \
+             devices ×{:.2}), hops {:.2} ms against {:.2} priced: {:.0} us more on each of {} \
+             transfers; coordinator {:.0} us a step (sequences of {} positions); stall {:.2} ms \
+             against {:.2} priced (loads ×{:.2} of ×{:.2} fitted)",
             c.steps,
+            c.groups,
             c.compute_s * 1e3,
             c.priced_compute_s * 1e3,
             c.compute_scale,
             c.hops_s * 1e3,
             c.priced_comm_s * 1e3,
             c.hop_extra * 1e6,
-            c.transfers
+            c.transfers,
+            c.coordinator_s * 1e6,
+            positions,
+            c.stall_s * 1e3,
+            c.priced_stall_s * 1e3,
+            c.load_scale,
+            c.load_fit
         );
         plan.reprice(shape, cluster)?;
     }
     Ok(())
+}
+
+/// One group of the warm-up ([`warm_up`]): [`WARMUP_GROUP_STEPS`] steps, sequences of
+/// `positions` positions each, every sequence released after its last step; their stats.
+fn warm_up_group(
+    pipeline: &Pipeline,
+    greedy: bool,
+    positions: u64,
+) -> Result<Vec<crate::coordinator::StepStats>, ClusterError> {
+    let mut stats = Vec::new();
+    let mut seq = crate::coordinator::next_seq_id();
+    let mut pos = 0u64;
+    for k in 0..WARMUP_GROUP_STEPS {
+        let batch = [loip_engine::TokenPos {
+            seq,
+            pos: pos as usize,
+        }];
+        let out = if greedy {
+            crate::coordinator::RowsOut::Argmax {
+                masked: &[],
+                row_masks: &[],
+            }
+        } else {
+            crate::coordinator::RowsOut::Logits
+        };
+        let r = pipeline.step_batch_blocking(&[0], &batch, &[0], out);
+        pos += 1;
+        let last = k + 1 == WARMUP_GROUP_STEPS;
+        if r.is_err() || last || pos >= positions {
+            pipeline.release(&[seq]);
+            (seq, pos) = (crate::coordinator::next_seq_id(), 0);
+        }
+        stats.push(r?.stats);
+    }
+    Ok(stats)
 }
 
 /// What setup knows once it has planned, before shipping and loading.
