@@ -69,17 +69,58 @@ pub fn mask(logits: &mut [f32], ids: &[u32]) {
     }
 }
 
-/// Index of the largest value; the lowest index wins ties; NaN never wins.
+/// Index of the largest value; the lowest index wins ties; NaN never wins (0 when no value
+/// is above −∞).
+///
+/// Two passes that the compiler vectorizes, with the result of the sequential scan (`best`
+/// replaced where `v > best_v`): the largest value not NaN (lanes of 16 kept with the same
+/// comparison, so NaN is skipped), then the first index holding it. A 151936-entry row (Qwen2.5's
+/// vocabulary; 8 of them each batched step) is a few tens of µs instead of a dependent scan.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
+    const L: usize = 16;
+    let top = |a: f32, v: f32| if v > a { v } else { a };
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let chunks = logits.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in lanes.iter_mut().zip(c) {
+            *a = top(*a, v);
         }
     }
-    best as u32
+    let best_v = lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |a, &v| top(a, v));
+    if best_v == f32::NEG_INFINITY {
+        return 0;
+    }
+    // the first chunk holding `best_v`, then its first lane (`best_v` is not NaN)
+    let mut base = 0;
+    for c in logits.chunks(L) {
+        if c.iter().fold(false, |f, &v| f | (v == best_v)) {
+            let i = c.iter().position(|&v| v == best_v).unwrap_or(0);
+            return (base + i) as u32;
+        }
+        base += L;
+    }
+    0
+}
+
+/// [`argmax`] of `logits` with the `masked` ids taken as −∞ ([`mask`]), without a copy of
+/// the row: the argmax of the row itself is that of the masked row unless it is a masked id
+/// above −∞ (every other value only falls), in which case the row is copied and masked.
+pub fn argmax_masked(logits: &[f32], masked: &[u32]) -> u32 {
+    let i = argmax(logits);
+    let hit = masked.contains(&i)
+        && logits
+            .get(i as usize)
+            .is_some_and(|&v| v > f32::NEG_INFINITY);
+    if !hit {
+        return i;
+    }
+    let mut l = logits.to_vec();
+    mask(&mut l, masked);
+    argmax(&l)
 }
 
 impl Sampler {
@@ -454,6 +495,48 @@ mod tests {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NAN]), 1);
         let mut s = Sampler::new(SamplingParams::default()).unwrap();
         assert_eq!(s.sample(&[0.5, -1.0, 2.0]), 2);
+    }
+
+    /// The sequential scan [`argmax`] replaced.
+    fn argmax_scan(logits: &[f32]) -> u32 {
+        let mut best = 0usize;
+        let mut best_v = f32::NEG_INFINITY;
+        for (i, &v) in logits.iter().enumerate() {
+            if v > best_v {
+                best_v = v;
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_and_the_masked_argmax_are_the_sequential_scan() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 0.0, -0.0, 2.5];
+        for case in 0..2000 {
+            let len = rng.gen_range(0..80);
+            let mut l: Vec<f32> = (0..len)
+                .map(|_| match rng.gen_range(0..4) {
+                    0 => specials[rng.gen_range(0..specials.len())],
+                    _ => f32::from(rng.gen_range(-4i8..4)) * 0.5,
+                })
+                .collect();
+            if case % 7 == 0 {
+                l.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+            }
+            assert_eq!(argmax(&l), argmax_scan(&l), "{l:?}");
+            let masked: Vec<u32> = (0..rng.gen_range(0..4))
+                .map(|_| rng.gen_range(0..len.max(1) as u32 + 2))
+                .collect();
+            let mut m = l.clone();
+            mask(&mut m, &masked);
+            assert_eq!(
+                argmax_masked(&l, &masked),
+                argmax_scan(&m),
+                "{l:?} {masked:?}"
+            );
+        }
     }
 
     #[test]

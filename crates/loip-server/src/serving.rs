@@ -49,6 +49,12 @@ pub fn lock<T>(s: &Mutex<T>) -> MutexGuard<'_, T> {
 /// How often a request waiting for its next token asks whether its client is still there.
 pub const WATCH: Duration = Duration::from_millis(50);
 
+/// When a request reaches an idle loop, how long the loop waits for another before its
+/// first step: requests arriving within this of each other share that step.
+pub const GATHER_GAP: Duration = Duration::from_millis(5);
+/// The most an idle loop's first step waits for such a burst.
+pub const GATHER_MAX: Duration = Duration::from_millis(30);
+
 /// Most drafts one speculative step may verify (`--speculate-k`): a sliding-window layer of a
 /// served model keeps this many positions more than its window, so a rewind never cuts into
 /// it.
@@ -462,6 +468,23 @@ fn run_loop<B: BatchBackend>(
                 Ok(cmd) => handle(cmd, &mut serving, &mut replies, clock()),
                 Err(_) => return,
             }
+            // a burst of requests (clients starting together) runs its prompts in one
+            // first step, rather than the first alone and the others a step later
+            let t = Instant::now();
+            while !serving.is_idle() {
+                let left = GATHER_MAX.saturating_sub(t.elapsed());
+                if left.is_zero() {
+                    break;
+                }
+                match rx.recv_timeout(GATHER_GAP.min(left)) {
+                    Ok(cmd) => handle(cmd, &mut serving, &mut replies, clock()),
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
         }
         loop {
             match rx.try_recv() {
@@ -486,6 +509,12 @@ fn run_loop<B: BatchBackend>(
             }
         };
         let step_s = t.elapsed().as_secs_f64();
+        tracing::trace!(
+            at_s = clock(),
+            step_ms = step_s * 1e3,
+            events = events.len(),
+            "serving step"
+        );
         // The numbers first, so that a caller who got its last token reads them whole.
         let batch: std::collections::BTreeSet<SeqId> = events
             .iter()
