@@ -115,7 +115,12 @@ pub(crate) fn matmul_at(
         if tasks == 1 {
             run((0, rows));
         } else {
-            let ranges = batch_ranges(rows, tasks, batch_row_align(n));
+            let align = batch_row_align(n);
+            let ranges = if tasks < 4 * threads {
+                batch_ranges(rows, tasks, align)
+            } else {
+                guided_ranges(rows, 2 * threads, align, align)
+            };
             team::par_for(ranges.len(), |i| run(ranges[i]));
         }
         return Ok(());
@@ -193,7 +198,7 @@ pub(crate) fn matmul_many_at(
         .map(|(w, &n)| w.rows.saturating_mul(w.cols).saturating_mul(n))
         .sum();
     if !single && threads > 1 && total >= PAR_MIN_ELEMS && tiled_batch(level, ws, &ns) {
-        return matmul_many_tiled(level, ws, x, ys, ns[0], total, threads);
+        return matmul_many_tiled(level, ws, x, ys, ns[0], threads);
     }
     if !single || threads <= 1 || total < PAR_MIN_ELEMS {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
@@ -288,32 +293,52 @@ fn batch_ranges(rows: usize, parts: usize, align: usize) -> Vec<(usize, usize)> 
         .collect()
 }
 
+/// Guided split of `rows` rows: each task `1 / div` of the rows left, rounded up to a multiple
+/// of `align`, at least `min` rows (the last: what is left), so the tasks shrink toward the end
+/// and a thread slowed by anything (the other process, a page fault, the leader's own work)
+/// leaves the other idle for a short task, not a full share. Claimed in order by
+/// `team::par_for`: the big tasks first.
+fn guided_ranges(rows: usize, div: usize, align: usize, min: usize) -> Vec<(usize, usize)> {
+    let (div, align) = (div.max(1), align.max(1));
+    let min = min.max(align);
+    let mut out = Vec::new();
+    let mut r0 = 0;
+    while r0 < rows {
+        let left = rows - r0;
+        let len = left
+            .div_ceil(div)
+            .next_multiple_of(align)
+            .max(min)
+            .min(left);
+        out.push((r0, r0 + len));
+        r0 += len;
+    }
+    out
+}
+
 /// [`matmul_many`] of `n > 1` tokens where every matrix takes the tiled kernel: the rows of
 /// all matrices are split over the pool in one go (one fork and join instead of one per
-/// matrix), each matrix in its share of `4 · threads` tasks (rounded up to a multiple of the
-/// thread count). Each output element is the same canonical dot as in [`matmul`].
+/// matrix), each matrix in [`guided_ranges`], all tasks biggest first. Each output element is
+/// the same canonical dot as in [`matmul`].
 fn matmul_many_tiled(
     level: Level,
     ws: &[&Matrix],
     x: &[f32],
     ys: &mut [&mut [f32]],
     n: usize,
-    total: usize,
     threads: usize,
 ) -> Result<(), KernelError> {
     let mut tasks = Vec::new();
     for (w, y) in ws.iter().zip(ys.iter_mut()) {
         let rb = w.dtype.row_bytes(w.cols)?;
-        // this matrix's share of 4 tasks per thread, in a multiple of the thread count (so
-        // that every matrix splits evenly between the threads)
-        let work = w.rows.saturating_mul(w.cols).saturating_mul(n);
-        let share = (work.saturating_mul(4 * threads) / total.max(1)).max(1);
-        let parts = share.next_multiple_of(threads);
         let yt = dispatch::TokenMajor::new(y, w.rows);
-        for (r0, r1) in batch_ranges(w.rows, parts, batch_row_align(n)) {
+        let align = batch_row_align(n);
+        for (r0, r1) in guided_ranges(w.rows, 2 * threads, align, align) {
             tasks.push((*w, rb, yt, r0, r1));
         }
     }
+    // biggest first (the order `team::par_for` claims them): the last tasks are the short ones
+    tasks.sort_by_key(|t| std::cmp::Reverse((t.4 - t.3).saturating_mul(t.0.cols)));
     team::par_for(tasks.len(), |i| {
         let (w, rb, yt, r0, r1) = tasks[i];
         let data = &w.data[r0 * rb..r1 * rb];
@@ -411,5 +436,34 @@ mod tests {
         );
         assert_eq!(batch_row_align(8), BATCH_ROW_ALIGN);
         assert_eq!(batch_row_align(9), LONG_BATCH_ROW_ALIGN);
+    }
+
+    #[test]
+    fn guided_ranges_cover_rows_in_aligned_shrinking_parts() {
+        for rows in [1, 5, 12, 13, 24, 128, 256, 640, 1024, 2048, 4864] {
+            for div in [1, 2, 4, 8] {
+                for align in [1, 12, 24] {
+                    for min in [0, align, 2 * align] {
+                        let r = guided_ranges(rows, div, align, min);
+                        let at = format!("{rows} {div} {align} {min}: {r:?}");
+                        assert_eq!(r.first().map(|p| p.0), Some(0), "{at}");
+                        assert_eq!(r.last().map(|p| p.1), Some(rows), "{at}");
+                        assert!(r.windows(2).all(|w| w[0].1 == w[1].0), "{at}");
+                        assert!(r.iter().all(|&(a, b)| a < b && a % align == 0), "{at}");
+                        // never longer than the one before; all but the last at least `min`
+                        assert!(
+                            r.windows(2).all(|w| w[1].1 - w[1].0 <= w[0].1 - w[0].0),
+                            "{at}"
+                        );
+                        let body = &r[..r.len() - 1];
+                        assert!(body.iter().all(|&(a, b)| b - a >= min.max(align)), "{at}");
+                    }
+                }
+            }
+        }
+        // Gemma 3's 640-row projections on 2 threads: 168 rows first, 12-row tasks at the end
+        let r = guided_ranges(640, 4, LONG_BATCH_ROW_ALIGN, LONG_BATCH_ROW_ALIGN);
+        assert_eq!(r.first(), Some(&(0, 168)));
+        assert_eq!(r.last().map(|p| p.1 - p.0), Some(4));
     }
 }
