@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use crate::constraint::Running;
 use crate::sampling::{
-    argmax, logprob_of, mask, Dist, Sampler, SamplingParams, Shaping, TokenLogprob,
+    argmax, argmax_masked, logprob_of, mask, Dist, Sampler, SamplingParams, Shaping, TokenLogprob,
 };
 use crate::EngineError;
 
@@ -22,7 +22,7 @@ pub trait StepBackend {
     /// of the last of them.
     fn step(&mut self, seq: SeqId, ids: &[u32], start_pos: usize) -> Result<Vec<f32>, EngineError>;
 
-    /// [`StepBackend::step`] for greedy decoding: the argmax ([`argmax`]) of the last
+    /// [`StepBackend::step`] for greedy decoding: the argmax ([`argmax_masked`]) of the last
     /// position's logits after setting the `masked` ids to −∞. A backend whose logits live
     /// elsewhere (the last device of a pipeline) computes it there and returns only the id.
     fn step_argmax(
@@ -32,9 +32,8 @@ pub trait StepBackend {
         start_pos: usize,
         masked: &[u32],
     ) -> Result<u32, EngineError> {
-        let mut logits = self.step(seq, ids, start_pos)?;
-        mask(&mut logits, masked);
-        Ok(argmax(&logits))
+        let logits = self.step(seq, ids, start_pos)?;
+        Ok(argmax_masked(&logits, masked))
     }
 }
 
