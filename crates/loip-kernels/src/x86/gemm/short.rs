@@ -1,53 +1,37 @@
 //! AVX-512 tiles for short batches ([`WIDE_MIN`] ..= [`SHORT_BATCH`] tokens: batched
 //! decode of 4 to 8 sequences, small prefill chunks, draft verification) of 32-element-block
-//! types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and 256-element super-block types (Q4_K, Q6_K), with
-//! the weights dequantized in registers: no
-//! panel, no stores, and each block dequantized once for all the tokens (the per-row kernels
-//! of `avx512` hold at most 4 tokens, so 8 tokens dequantized every block twice; Q5_0 and
-//! Q5_1 had no per-row kernel there and took the L1 panels of `gemm.rs`).
+//! types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and 256-element super-block types (Q4_K, Q6_K): no
+//! f32 panel, and each block dequantized once for all the tokens (the per-row kernels of
+//! `avx512` hold at most 4 tokens, so 8 tokens dequantized every block twice; Q5_0 and Q5_1
+//! had no per-row kernel there and took the L1 panels of `gemm.rs`).
 //!
 //! The canonical dot of an output is 64 lanes of state (see [`crate::canon`] and the slots of
 //! [`super`]): slot `s` (16 lanes, canonical accumulator `s`) collects the elements
 //! `64 j + 16 s .. 64 j + 16 (s + 1)`. A tile of `R` rows × `T` tokens runs one *pass* per
 //! slot, with one accumulator register per (row, token): per 64 elements, each row's 16
-//! elements of that slot are dequantized once and fused into all `T` tokens. Q4: the row's
-//! 16 bytes broadcast to the four 128-bit lanes, one variable shift (the nibble of byte
-//! `4 b + a` to lane `4 a + b`: a 4 × 4 transposed lane order, see [`perm`]) and one
-//! `vpermps` from the block's 16-entry table of exact values, built in L1 once per segment;
-//! the tokens are copied once per call, permuted alike and 64-byte aligned (no load splits a
-//! line), and each output's state is permuted back before the canonical tree. Q5_0 / Q5_1:
-//! the same nibbles, the element's bit of `qh` rotated into bit 4 (`vprorvd`, merged by
-//! `vpternlogd`), and one `vpermt2ps` from the block's 32-entry table. Q8_0: a
-//! widening, a conversion and one multiply. Columns go in segments of [`SEG`]: a segment's
-//! per-block data is built once for the tile's rows, and the tokens' activations of a
-//! segment stay in L1 across the passes. Between segments a pass's
-//! registers rest in the tile's slot state. A pass's loop runs a counted number of chunks
-//! (no register rotation across its back edge), and a tile's outputs are reduced four at a
-//! time (`avx512::reduce4`: the canonical tree on shuffled registers).
+//! elements of that slot are dequantized once and fused into all `T` tokens.
 //!
-//! Tables and shift against the earlier widening per pass (`vpmovzxbd`, plus a shift and a
-//! mask for the high nibbles, and the table's fma per pass): 3 instead of 4-5 vector ops
-//! per row and chunk beside the 24 fmas of a 3 × 8 tile; with the aligned tokens and 576-
-//! column segments, 8 tokens of Q4_1 576×1536 take 152 µs instead of 174 (one thread, in
-//! L2, `matvec_bench --min`: minimum of single calls, alternating binaries), 1536×576 153
-//! instead of 167; Q8_0 150 / 159 instead of 175 / 166.
+//! Columns go in segments of at most [`SEG`] (as even as whole blocks allow, see
+//! [`seg_len`]): per segment, [`Deq::aux`] unpacks each of the tile's rows into L1, and the
+//! tokens' activations of a segment stay in L1 across the passes; between segments a pass's
+//! registers rest in the tile's slot state. What a slot then costs beside its `T` fmas:
+//! - Q8_0, and the nibble types Q4_0, Q4_1, Q5_0, Q5_1 (unpacked to int8 `q - offset` in
+//!   natural order, with the block's scales): 16 bytes sign-extended (`vpmovsxbd`),
+//!   converted, and one multiply by the block's scale (or `fma(q, d, m)`), as `dequant`;
+//! - Q6_K: the same, from its unpacked int8 `q - 32` and the group's `d · sc`;
+//! - Q4_K: the row's 16 bytes broadcast to the four 128-bit lanes, one variable shift (the
+//!   nibble of byte `4 b + a` to lane `4 a + b`: a 4 × 4 transposed lane order, see
+//!   [`perm`]) and one `vpermps` from the sub-block's 16-entry table of exact values
+//!   (`d_k q - m_k`); its tokens are copied once per call, permuted alike, and each output's
+//!   state is permuted back before the canonical tree.
 //!
-//! Q5_0 at 8 tokens (one thread, `prefill_bench --tokens 8`, alternating binaries, Zen 5):
-//! 113-115 GFLOP/s on Qwen2.5's 896-column matrices against 83-85 with the L1 panels of
-//! `gemm.rs`, 97-100 against 80 on Gemma 3's 640-column ones.
-//!
-//! Super-blocks: a pass steps over one block (four chunks, each with constant offsets) in
-//! segments of 512 columns. Q4_K: one 16-entry table per 32-element sub-block (`d_k q - m_k`,
-//! exact), a slot as Q4_0's. Q6_K: a slot is one 16-element group (one scale): nibbles as
-//! Q4_0's, two bits of `qh` rotated into bits 4-5 and merged, `q - 32` converted and
-//! multiplied by the group's `d · sc`. At 8 tokens (one thread, `prefill_bench --tokens 8`,
-//! alternating binaries, Zen 5) against the per-row kernels: Q6_K 896×4864 100-110 GFLOP/s
-//! against 73-79, Q4_K 896×4864 124-130 against 74-80 and 640×1024 127-134 against 122.
-//!
-//! Measured (SmolLM2 down projection 576×1536, one thread, in L2, alternating trials): 8
-//! tokens of Q4_1 in 0.69× the time of the per-row kernels, Q8_0 0.87×. On AVX2 the same
-//! tiles (8-lane slots: widen, convert and one fma per slot) were no faster than the L1
-//! panels of `gemm.rs` (within ±10 %, either way), so AVX2 keeps those.
+//! The tokens are copied 64-byte aligned (no load splits a line). A pass's loop runs a
+//! counted number of chunks (a super-block's four chunks each with constant offsets), and a
+//! tile's outputs are reduced four at a time (`avx512::reduce4`: the canonical tree on
+//! shuffled registers). The figures, and what the unpacked rows replaced (slots unpacked in
+//! registers: 4-6 vector ops each, whose constants spilled accumulators), are in the
+//! CHANGELOG ("short tiles" under Kernels). On AVX2 the same tiles (8-lane slots) were no
+//! faster than the L1 panels of `gemm.rs` (within ±10 %, either way), so AVX2 keeps those.
 //!
 //! Invariant: each register sees exactly the fmas of its lanes in the canonical order, on the
 //! exact values of `dequant`; the slots are reduced with the canonical tree. So every output
@@ -68,14 +52,14 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::ptr::read_unaligned;
 
-/// Columns per segment (a multiple of 64): 8 tokens' activations of a segment are 18 KiB;
-/// rows of 576 columns (SmolLM2's width) take one segment (with 512, a second one of 64
-/// columns stored and reloaded every pass's state for one chunk: 1536×576 took 1.09× the
-/// time).
-const SEG: usize = 576;
-/// f32 per segment and row of the blocks' data (at most 32 per 32-element block: the two
-/// 16-entry tables of a 5-bit type).
-const SEG_AUX: usize = 32 * SEG / 32;
+/// Most columns per segment (a multiple of 64 and of 256): 8 tokens' activations of a
+/// segment are 32 KiB of L1, and rows of 640 and 896 columns (Gemma 3's and Qwen2.5's width)
+/// take one segment (with at most 576, their passes stored and reloaded their state once a
+/// row: 8 tokens of Qwen2.5's Q8_0 head 0.83× the GFLOP/s, Q5_0 0.85-0.93×).
+const SEG: usize = 1024;
+/// f32 per segment and row of the blocks' data (at most 16 per 32-element block: the
+/// unpacked bytes and scales of a nibble type; Q4_K 128 per super-block).
+const SEG_AUX: usize = 512;
 
 /// Lane `k` of a permuted register holds element `perm(k)` of its 16 (a 4 × 4 transpose; the
 /// permutation is its own inverse): lane `4 a + b` takes the low (or high) nibble of byte
@@ -180,116 +164,88 @@ unsafe fn scales<const S: usize, const B: usize>(p: *const u8, blocks: usize, ou
     }
 }
 
-/// The `E`-entry tables (16 or 32) of `blocks` nibble blocks at `p` (`S` scales each) to
-/// `out` (`E` f32 per block): entry `q` is `value(q, scales)`, exact.
-#[inline(always)]
-unsafe fn tables<const S: usize, const B: usize, const E: usize>(
-    p: *const u8,
-    blocks: usize,
-    out: *mut f32,
-    value: impl Fn(__m512, *const f32) -> __m512,
-) {
-    let mut s = [0f32; 2 * SEG / 32];
-    scales::<S, B>(p, blocks, s.as_mut_ptr());
-    for b in 0..blocks {
-        let sb = s.as_ptr().add(S * b);
-        for h in 0..E / 16 {
-            let q = _mm512_add_ps(iota(), _mm512_set1_ps(16.0 * h as f32));
-            _mm512_store_ps(out.add(E * b + 16 * h), value(q, sb));
-        }
-    }
-}
-
-/// Elements `o .. o + 16` of a 5-bit block (`qh` the 32 high bits at `qh`, the nibbles at
-/// `qs`), in the order of [`perm`], from its 32-entry table at `a`: the nibble of
-/// [`nibbles16`] in bits 0-3 and the element's bit of `qh`, rotated to bit 4, select the
-/// entry (`vpermt2ps` reads the low 5 bits of an index).
-#[inline(always)]
-unsafe fn slot5(qh: *const u8, qs: *const u8, a: *const f32, o: usize) -> __m512 {
-    // lane 4 a + b holds element e = o + 4 b + a: rotate bit e of qh to bit 4
-    let r = |a: i32, b: i32| (o as i32 + 4 * b + a - 4) & 31;
-    let rot = _mm512_setr_epi32(
-        r(0, 0),
-        r(0, 1),
-        r(0, 2),
-        r(0, 3),
-        r(1, 0),
-        r(1, 1),
-        r(1, 2),
-        r(1, 3),
-        r(2, 0),
-        r(2, 1),
-        r(2, 2),
-        r(2, 3),
-        r(3, 0),
-        r(3, 1),
-        r(3, 2),
-        r(3, 3),
-    );
-    let h = _mm512_rorv_epi32(_mm512_set1_epi32(read_unaligned(qh as *const i32)), rot);
-    // bits 0-3 from the nibbles, the others from h: (mask ? nibbles : h)
-    let idx = _mm512_ternarylogic_epi32::<0xE4>(nibbles16(qs, o), h, _mm512_set1_epi32(0x0F));
-    _mm512_permutex2var_ps(_mm512_load_ps(a), idx, _mm512_load_ps(a.add(16)))
-}
-
-/// `impl Deq` for a nibble type whose slots come from a table of exact values, in the order
-/// of [`perm`]: its block bytes, table length, scales per block (f16 words at the block's
-/// start), the entry `q`'s value, and the slot's selection from the table.
-macro_rules! nibble_type {
-    ($t:ident, $bytes:literal, $aux:literal, $s:literal,
-     |$q:ident, $sc:ident| $value:expr, |$p:ident, $a:ident, $o:ident| $slot:expr) => {
+/// `impl Deq` for a 32-element nibble type (optionally with 32 bits `qh` of fifth bits),
+/// whose slots are Q8_0's: per segment, [`Deq::aux`] writes each block's quants `q - sub`
+/// as 32 int8 in natural order, then its scales (16 f32 a block: 32 bytes, `d`, `m` or
+/// padding); a slot is 16 bytes sign-extended, converted and `value(q, scales)`, exactly as
+/// `dequant`. Arguments: block bytes, whether it has `qh` (at byte 2 × scales), scales (f16
+/// words at the block's start), `sub`, the value.
+///
+/// Against the earlier slots in registers (the nibbles of [`nibbles16`], `qh`'s bit rotated
+/// in, one `vpermt2ps` from a 32-entry table of exact values built per block; 4 vector ops
+/// and a table load beside the fmas): Q5_0 at 8 tokens 1.2× the GFLOP/s.
+macro_rules! byte_type {
+    ($t:ident, $bytes:literal, $qh:literal, $s:literal, $sub:literal,
+     |$q:ident, $a:ident| $value:expr) => {
         impl Deq<__m512> for $t {
             const BLOCK_BYTES: usize = $bytes;
-            const AUX: usize = $aux;
-            const PERMUTED: bool = true;
+            const AUX: usize = 16;
+            const PERMUTED: bool = false;
             #[inline(always)]
             unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
-                tables::<$s, $bytes, $aux>(p, blocks, out, |$q, $sc| $value);
+                // byte i of a lane (element i, or 16 + i) takes byte i / 8 of qh (or 2 + i / 8)
+                let spread = _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                    3, 3, 3, 3, 3, 3,
+                );
+                let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                let (m4, sub) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(-$sub));
+                let hi = _mm256_set1_epi8(16 - $sub);
+                let qs_at = 2 * $s + if $qh { 4 } else { 0 };
+                for b in 0..blocks {
+                    let q = p.add(b * $bytes);
+                    let o = out.add(16 * b);
+                    // elements 0..16 the low nibbles, 16..32 the high ones
+                    let qs = _mm_loadu_si128(q.add(qs_at) as *const __m128i);
+                    let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
+                    // q - sub = the nibble, plus 16 where the element's fifth bit is set, less sub
+                    let add = if $qh {
+                        // bit e of qh is element e's fifth bit
+                        let qh = _mm256_set1_epi32(read_unaligned(q.add(2 * $s) as *const i32));
+                        let h = _mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit);
+                        _mm256_blendv_epi8(sub, hi, _mm256_cmpeq_epi8(h, bit))
+                    } else {
+                        sub
+                    };
+                    _mm256_store_si256(o as *mut __m256i, _mm256_add_epi8(nib, add));
+                    for i in 0..$s {
+                        *o.add(8 + i) = f16_scalar(q.add(2 * i));
+                    }
+                }
             }
             #[inline(always)]
-            unsafe fn slot($p: *const u8, $a: *const f32, $o: usize) -> __m512 {
-                $slot
+            unsafe fn slot(_p: *const u8, $a: *const f32, o: usize) -> __m512 {
+                let q = ($a as *const u8).add(o) as *const __m128i;
+                let $q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(q)));
+                let $a = $a.add(8);
+                $value
             }
         }
     };
 }
 
-// (q - 8) * d is exact: the table holds the exact values
-nibble_type!(
-    Q40,
-    18,
-    16,
-    1,
-    |q, s| _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(8.0)), _mm512_set1_ps(*s)),
-    |p, a, o| _mm512_permutexvar_ps(nibbles16(p.add(2), o), _mm512_load_ps(a))
-);
+// (q - 8) * d, as `dequant` computes it (q - 8 exact)
+byte_type!(Q40, 18, false, 1, 8, |q, a| _mm512_mul_ps(
+    q,
+    _mm512_set1_ps(*a)
+));
 // q * d is exact, so fma(q, d, m) rounds once, like ggml's q * d + m
-nibble_type!(
-    Q41,
-    20,
-    16,
-    2,
-    |q, s| _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1))),
-    |p, a, o| _mm512_permutexvar_ps(nibbles16(p.add(4), o), _mm512_load_ps(a))
-);
-// (q - 16) * d, as `dequant` computes it (exact)
-nibble_type!(
-    Q50,
-    22,
-    32,
-    1,
-    |q, s| _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(16.0)), _mm512_set1_ps(*s)),
-    |p, a, o| slot5(p.add(2), p.add(6), a, o)
-);
+byte_type!(Q41, 20, false, 2, 0, |q, a| _mm512_fmadd_ps(
+    q,
+    _mm512_set1_ps(*a),
+    _mm512_set1_ps(*a.add(1))
+));
+// (q - 16) * d, as `dequant` computes it
+byte_type!(Q50, 22, true, 1, 16, |q, a| _mm512_mul_ps(
+    q,
+    _mm512_set1_ps(*a)
+));
 // as Q4_1: fma(q, d, m) rounds once, like `dequant`'s q * d + m
-nibble_type!(
-    Q51,
-    24,
-    32,
-    2,
-    |q, s| _mm512_fmadd_ps(q, _mm512_set1_ps(*s), _mm512_set1_ps(*s.add(1))),
-    |p, a, o| slot5(p.add(4), p.add(8), a, o)
-);
+byte_type!(Q51, 24, true, 2, 0, |q, a| _mm512_fmadd_ps(
+    q,
+    _mm512_set1_ps(*a),
+    _mm512_set1_ps(*a.add(1))
+));
 
 impl Deq<__m512> for Q80 {
     const BLOCK_BYTES: usize = 34;
@@ -308,62 +264,58 @@ impl Deq<__m512> for Q80 {
 
 /// Q6_K (256-element super-blocks of 210 bytes: `ql` 128, `qh` 64, 16 int8 scales, f16
 /// `d`): element `e` is `(d * sc[e / 16]) * (q - 32)`, its 6-bit `q` the nibble of `ql` and
-/// two bits of `qh` (see `dequant`). A slot is one 16-element group, so one scale: the
-/// group's nibbles as in [`nibbles16`], its two bits of `qh` rotated to bits 4-5 and merged
-/// by `vpternlogd`, then `q - 32` converted and multiplied by the scale, as `dequant` does.
+/// two bits of `qh` (see `dequant`). Per segment, [`Deq::aux`] writes each block's 16 group
+/// scales `d * sc` and its 256 `q - 32` as int8 in natural order (byte ops, 32 elements
+/// each); a slot is then one group: 16 bytes sign-extended, converted and multiplied by the
+/// group's scale, as `dequant` does (Q8_0's slot). Unpacking in the loop instead (16 lanes a
+/// slot: the nibbles of [`nibbles16`], two bits of `qh` rotated into bits 4-5 and merged,
+/// masked, `q - 32`) took 6 vector ops beside the multiply, and its constants spilled
+/// accumulators.
 struct Q6K;
 
 impl Deq<__m512> for Q6K {
     const BLOCK: usize = 256;
     const BLOCK_BYTES: usize = 210;
-    const AUX: usize = 16;
-    const PERMUTED: bool = true;
-    // 8 tokens of 512 columns: 16 KiB of L1
-    const SEG: usize = 512;
+    // 16 scales, then 256 int8 (64 f32)
+    const AUX: usize = 80;
+    const PERMUTED: bool = false;
     #[inline(always)]
     unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
+        let (m4, m2, k32) = (
+            _mm256_set1_epi8(0x0F),
+            _mm256_set1_epi8(0x30),
+            _mm256_set1_epi8(32),
+        );
         for b in 0..blocks {
             let q = p.add(b * 210);
+            let o = out.add(80 * b);
             let d = _mm512_set1_ps(f16_scalar(q.add(208)));
             let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(q.add(192) as *const __m128i));
             // d * sc, as `dequant` computes each group's scale
-            _mm512_store_ps(out.add(16 * b), _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+            _mm512_store_ps(o, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+            let qb = o.add(16) as *mut __m256i;
+            for h in 0..2 {
+                let ld = |k: usize| _mm256_loadu_si256(q.add(k) as *const __m256i);
+                let (ql0, ql1, qh) = (ld(64 * h), ld(64 * h + 32), ld(128 + 32 * h));
+                // elements 128 h + 32 j + l: the low (j < 2) or high nibble of ql[32 (j % 2)
+                // + l], bits 2 j, 2 j + 1 of qh[l] above (16-bit shifts: the bits that cross
+                // into a byte are masked off)
+                let v = |nib: __m256i, hi: __m256i| {
+                    let q6 = _mm256_or_si256(_mm256_and_si256(nib, m4), _mm256_and_si256(hi, m2));
+                    _mm256_sub_epi8(q6, k32)
+                };
+                _mm256_store_si256(qb.add(4 * h), v(ql0, _mm256_slli_epi16(qh, 4)));
+                _mm256_store_si256(qb.add(4 * h + 1), v(ql1, _mm256_slli_epi16(qh, 2)));
+                _mm256_store_si256(qb.add(4 * h + 2), v(_mm256_srli_epi16(ql0, 4), qh));
+                let hi = _mm256_srli_epi16(qh, 2);
+                _mm256_store_si256(qb.add(4 * h + 3), v(_mm256_srli_epi16(ql1, 4), hi));
+            }
         }
     }
     #[inline(always)]
-    unsafe fn slot(p: *const u8, a: *const f32, o: usize) -> __m512 {
-        // half h, quarter j (bits 2j of qh, the high nibbles from j = 2), group offset l0
-        let (h, j, l0) = (o / 128, o % 128 / 32, o % 32);
-        let nib = nibbles16(p.add(64 * h + 32 * (j % 2) + l0), 16 * (j / 2));
-        // lane 4 a + b holds byte 4 b + a of qh, whose bits 2j, 2j + 1 go to bits 4, 5
-        let r = |a: i32| (8 * a + 2 * j as i32 - 4) & 31;
-        let rot = _mm512_setr_epi32(
-            r(0),
-            r(0),
-            r(0),
-            r(0),
-            r(1),
-            r(1),
-            r(1),
-            r(1),
-            r(2),
-            r(2),
-            r(2),
-            r(2),
-            r(3),
-            r(3),
-            r(3),
-            r(3),
-        );
-        let qh =
-            _mm512_broadcast_i32x4(_mm_loadu_si128(p.add(128 + 32 * h + l0) as *const __m128i));
-        let hb = _mm512_rorv_epi32(qh, rot);
-        // bits 0-3 from the nibbles, 4-5 from hb: q
-        let q = _mm512_and_si512(
-            _mm512_ternarylogic_epi32::<0xE4>(nib, hb, _mm512_set1_epi32(0x0F)),
-            _mm512_set1_epi32(0x3F),
-        );
-        let q = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)));
+    unsafe fn slot(_p: *const u8, a: *const f32, o: usize) -> __m512 {
+        let q = (a.add(16) as *const u8).add(o) as *const __m128i;
+        let q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(q)));
         _mm512_mul_ps(_mm512_set1_ps(*a.add(o / 16)), q)
     }
 }
@@ -379,8 +331,6 @@ impl Deq<__m512> for Q4K {
     const BLOCK_BYTES: usize = 144;
     const AUX: usize = 128;
     const PERMUTED: bool = true;
-    // 8 tokens of 512 columns: 16 KiB of L1; two blocks' tables, 1 KiB per row
-    const SEG: usize = 512;
     #[inline(always)]
     unsafe fn aux(p: *const u8, blocks: usize, out: *mut f32) {
         for b in 0..blocks {
@@ -412,6 +362,16 @@ impl Deq<__m512> for Q4K {
         let nib = nibbles16(p.add(16 + 32 * c + s % 32), s / 32 * 16);
         _mm512_permutexvar_ps(nib, _mm512_load_ps(a.add(16 * (o / 32))))
     }
+}
+
+/// Columns per segment of rows of `cols` columns: the fewest segments of at most `max`
+/// columns (a multiple of `unit`), as even as whole `unit`s allow (rows of 640 columns took
+/// a segment of 576 and one of 64, whose pass stored and reloaded every register's state for
+/// one chunk).
+fn seg_len(cols: usize, max: usize, unit: usize) -> usize {
+    let units = cols.div_ceil(unit);
+    let segs = units.div_ceil(max / unit);
+    units.div_ceil(segs) * unit
 }
 
 /// The per-block data of a segment for one row, 64-byte aligned for the tables' loads.
@@ -510,12 +470,13 @@ unsafe fn tile<V: Slot, Q: Deq<V>, const R: usize, const T: usize>(
     w: &[*const u8; R],
     x: &[*const f32; T],
     cols: usize,
+    seg: usize,
     st: &mut State<V, R, T>,
 ) {
     let mut sc: [Aux; R] = std::array::from_fn(|_| Aux([MaybeUninit::uninit(); SEG_AUX]));
     let mut k0 = 0;
     while k0 < cols {
-        let k1 = (k0 + Q::SEG).min(cols);
+        let k1 = (k0 + seg).min(cols);
         for (i, sci) in sc.iter_mut().enumerate() {
             let p = w[i].add(k0 / Q::BLOCK * Q::BLOCK_BYTES);
             Q::aux(p, (k1 - k0) / Q::BLOCK, sci.0.as_mut_ptr() as *mut f32);
@@ -545,6 +506,10 @@ unsafe fn run<Q: Deq<__m512>, const R: usize, const T: usize>(
     out: Out,
 ) {
     let rb = cols / Q::BLOCK * Q::BLOCK_BYTES;
+    const {
+        assert!(Q::SEG / Q::BLOCK * Q::AUX <= SEG_AUX && Q::SEG % Q::BLOCK == 0 && Q::SEG % 64 == 0)
+    };
+    let seg = seg_len(cols, Q::SEG, Q::BLOCK.max(64));
     let xs: [*const f32; T] = std::array::from_fn(|t| x.as_ptr().add(t * cols));
     let mut r0 = 0;
     while r0 < rows {
@@ -553,7 +518,7 @@ unsafe fn run<Q: Deq<__m512>, const R: usize, const T: usize>(
         // the next tile's rows, while this one computes (a hint; never faults)
         crate::x86::prefetch(data.as_ptr().wrapping_add((r0 + R) * rb), R * rb);
         let mut st: State<__m512, R, T> = [[[MaybeUninit::uninit(); 8]; T]; R];
-        tile::<__m512, Q, R, T>(&ws, &xs, cols, &mut st);
+        tile::<__m512, Q, R, T>(&ws, &xs, cols, seg, &mut st);
         let vals = reduce_tile(&st, Q::PERMUTED);
         for (i, vi) in vals.iter().enumerate().take(rows - r0) {
             for (t, &v) in vi.iter().enumerate() {
@@ -670,9 +635,7 @@ pub(super) unsafe fn rows(
         let off = buf.as_ptr().align_offset(64).min(15);
         let xp = &mut buf[off..off + x.len()];
         match dtype {
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q6K => {
-                permute(x, xp)
-            }
+            DType::Q4K => permute(x, xp),
             _ => xp.copy_from_slice(x),
         }
         match dtype {
@@ -705,5 +668,88 @@ unsafe fn permute(x: &[f32], xp: &mut [f32]) {
             o.as_mut_ptr(),
             _mm512_permutexvar_ps(perm(), _mm512_loadu_ps(i.as_ptr())),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// Random blocks of `dtype` with finite f16 scales (`d`, and `m` where the type has one).
+    fn matrix(dtype: DType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+        let mut data = vec![0u8; rows * dtype.row_bytes(cols).expect("whole blocks")];
+        rng.fill(&mut data[..]);
+        for b in data.chunks_exact_mut(dtype.block_bytes()) {
+            let mut put = |at: usize| {
+                let v = half::f16::from_f32(rng.gen_range(-0.05f32..0.05));
+                b[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+            };
+            match dtype {
+                DType::Q4_1 | DType::Q5_1 | DType::Q4K => {
+                    put(0);
+                    put(2)
+                }
+                DType::Q6K => put(208),
+                _ => put(0),
+            }
+        }
+        data
+    }
+
+    #[test]
+    fn segments_are_even_and_at_most_the_longest() {
+        // Gemma 3's and Qwen2.5's widths take one segment; 4864 = 19 super-blocks take 5
+        assert_eq!(seg_len(640, 1024, 64), 640);
+        assert_eq!(seg_len(896, 1024, 64), 896);
+        assert_eq!(seg_len(1536, 1024, 64), 768);
+        assert_eq!(seg_len(4864, 1024, 256), 1024);
+        assert_eq!(seg_len(2304, 1024, 256), 768);
+        assert_eq!(seg_len(160, 1024, 64), 192);
+    }
+
+    /// Every short batch (2 ..= SHORT_BATCH tokens: the per-row kernels below `WIDE_MIN`, the
+    /// tiles above) of every type here, on rows of one segment, of even segments and of a
+    /// short last one (the models' widths among them), against the scalar canonical dots.
+    #[test]
+    fn short_tiles_are_the_canonical_dots() {
+        if !crate::simd::supported(crate::simd::Level::Avx512) {
+            return;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(27);
+        let types = [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q4K,
+            DType::Q6K,
+        ];
+        for dtype in types {
+            let widths = [96, 160, 640, 896, 1024, 1536, 2304, 3072, 4864];
+            for cols in widths.into_iter().filter(|c| c % dtype.block_elems() == 0) {
+                let rows = 7;
+                let data = matrix(dtype, rows, cols, &mut rng);
+                let rb = dtype.row_bytes(cols).expect("blocks");
+                for n in 2..=SHORT_BATCH {
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                    let mut want = vec![0f32; rows * n];
+                    for (r, o) in want.chunks_exact_mut(n).enumerate() {
+                        let row = &data[r * rb..(r + 1) * rb];
+                        crate::dequant::row_dots_scalar(dtype, row, cols, &x, o);
+                    }
+                    let mut got = vec![f32::NAN; rows * n];
+                    // SAFETY: AVX-512 is supported; lengths as documented
+                    unsafe {
+                        let out = Out::row_major(&mut got, n);
+                        super::super::rows(true, dtype, &data, cols, &x, n, rows, out)
+                    };
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{dtype} {rows}x{cols} n={n}");
+                }
+            }
+        }
     }
 }
