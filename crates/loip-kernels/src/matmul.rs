@@ -442,6 +442,28 @@ pub fn dequant_row(w: &Matrix, r: usize, out: &mut [f32]) -> Result<(), KernelEr
 mod tests {
     use super::*;
 
+    /// The copy is on a 64-byte line and holds `x`'s values, at every offset of `x`, short
+    /// and long enough for the threads' parts, on one thread and on a team of three.
+    #[test]
+    fn aligned_x_holds_the_same_values_on_a_line() {
+        let src: Vec<f32> = (0..PAR_COPY_ELEMS + 1000).map(|i| i as f32 * 0.5).collect();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build();
+        let pool = pool.unwrap_or_else(|e| panic!("pool: {e}"));
+        for len in [1, 17, 1000, PAR_COPY_ELEMS - 1, PAR_COPY_ELEMS + 37] {
+            for off in 0..16 {
+                let x = &src[off..off + len];
+                let check = |y: &[f32]| {
+                    assert_eq!(y.as_ptr() as usize % 64, 0, "{len} {off}");
+                    assert!(y.iter().zip(x).all(|(a, b)| a.to_bits() == b.to_bits()));
+                    y.len()
+                };
+                assert_eq!(with_aligned_x(x, check), len);
+                let n = pool.install(|| crate::on_pool(|| with_aligned_x(x, check)));
+                assert_eq!(n, len);
+            }
+        }
+    }
+
     #[test]
     fn batch_ranges_cover_rows_in_aligned_even_parts() {
         for rows in [1, 5, 12, 13, 24, 128, 256, 640, 1024, 2048, 4864] {
