@@ -471,7 +471,7 @@ unsafe fn fold(a: &[__m256; 8]) -> __m256 {
 
 /// The rest of the canonical reduction of a folded vector: `l + l+4`, `+2`, `+1`.
 #[inline(always)]
-unsafe fn hsum(u: __m256) -> f32 {
+pub(super) unsafe fn hsum(u: __m256) -> f32 {
     let w = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)); // l + l+4
     let z = _mm_add_ps(w, _mm_movehl_ps(w, w)); // l + l+2
     _mm_cvtss_f32(_mm_add_ss(z, _mm_shuffle_ps(z, z, 1))) // l + l+1
@@ -480,7 +480,7 @@ unsafe fn hsum(u: __m256) -> f32 {
 /// [`hsum`] of 8 folded vectors at once, `[hsum(u[0]), .., hsum(u[7])]`: the same additions
 /// of the same operands, arranged by shuffles (a transposed reduction tree).
 #[inline(always)]
-unsafe fn hsum8(u: &[__m256; 8]) -> __m256 {
+pub(super) unsafe fn hsum8(u: &[__m256; 8]) -> __m256 {
     // l + l+4 of rows i and i+4: [w_i | w_{i+4}]
     let w: [__m256; 4] = std::array::from_fn(|i| {
         let (a, b) = (u[i], u[i + 4]);

@@ -287,7 +287,8 @@ unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [
         d: [0.0; SEG_BLOCKS],
         dc: [0.0; SEG_BLOCKS],
     };
-    for (r, o) in out.iter_mut().enumerate() {
+    let (mut rows8, out_ptr) = (Folded8::new(out.len()), out.as_mut_ptr());
+    for r in 0..out.len() {
         let row = data.as_ptr().add(r * rb);
         let mut a = [_mm256_setzero_ps(); 8];
         let mut b0 = 0;
@@ -297,24 +298,32 @@ unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [
             let seg = row.add(22 * b0);
             // the scales, 8 at a time: the words gathered in two scalar registers (stored
             // one at a time, a vector load of them waited for the stores), converted, and
-            // (2^15 + 16)·d
-            let word = |b: usize| u64::from(read_unaligned(seg.add(22 * b) as *const u16));
-            let mut i = 0;
-            while i < n {
-                let q = |k: usize| {
-                    let w = |j: usize| {
-                        if i + k + j < n {
-                            word(i + k + j) << (16 * j)
-                        } else {
-                            0
-                        }
-                    };
-                    (w(0) | w(1) | w(2) | w(3)) as i64
-                };
-                let v = _mm256_cvtph_ps(_mm_set_epi64x(q(4), q(0)));
+            // (2^15 + 16)·d; whole groups without a test per word (the tests cost a tenth of
+            // a row of 28 blocks), the segment's last words past `n` as zeros
+            let mut put = |i: usize, lo: u64, hi: u64| {
+                let v = _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64));
                 _mm256_store_ps(t.d.as_mut_ptr().add(i), v);
                 _mm256_store_ps(t.dc.as_mut_ptr().add(i), _mm256_mul_ps(v, c16));
+            };
+            let word = |b: usize| u64::from(read_unaligned(seg.add(22 * b) as *const u16));
+            let four =
+                |b: usize| word(b) | word(b + 1) << 16 | word(b + 2) << 32 | word(b + 3) << 48;
+            let mut i = 0;
+            while i + 8 <= n {
+                put(i, four(i), four(i + 4));
                 i += 8;
+            }
+            if i < n {
+                let part = |b: usize| {
+                    (0..4).fold(0, |q, j| {
+                        if b + j < n {
+                            q | word(b + j) << (16 * j)
+                        } else {
+                            q
+                        }
+                    })
+                };
+                put(i, part(i), part(i + 4));
             }
             let (xs, d) = (xp.add(32 * b0), t.d.as_ptr());
             for u in 0..n / 2 {
@@ -351,7 +360,7 @@ unsafe fn q5_0_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], out: &mut [
             }
             b0 += n;
         }
-        *o = super::avx2::reduce(&natural_canon(&a));
+        rows8.put(r, natural_fold(&a), out_ptr);
     }
 }
 
@@ -503,7 +512,8 @@ pub(super) unsafe fn q6k_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], o
     let order = _mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 7, 5, 3, 1, 6, 4, 2, 0);
     let (blocks, dist) = (cols / 256, rb.max(super::MIN_AHEAD));
     let mut t = Q6Scales([[0.0; 8]; 8 * Q6_SEG]);
-    for (r, o) in out.iter_mut().enumerate() {
+    let (mut rows8, out_ptr) = (Folded8::new(out.len()), out.as_mut_ptr());
+    for r in 0..out.len() {
         let row = data.as_ptr().add(r * rb);
         let mut a = [_mm256_setzero_ps(); 8];
         let mut b0 = 0;
@@ -543,27 +553,59 @@ pub(super) unsafe fn q6k_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], o
             }
             b0 += n;
         }
-        *o = super::avx2::reduce(&natural_canon(&a));
+        rows8.put(r, natural_fold(&a), out_ptr);
     }
 }
 
-/// The accumulators of the natural-order dots ([`q5_0_rows`], [`q6k_rows`]) in the canonical
-/// order: accumulator `4i + a` holds canonical lanes `32i + 4a ..` (low half) and `32i + 16 +
-/// 4a ..` (high half).
+/// The canonical fold (`avx2::fold`) of the accumulators of the natural-order dots
+/// ([`q5_0_rows`], [`q6k_rows`]): accumulator `4i + a` holds canonical lanes `32i + 4a ..`
+/// (low half) and `32i + 16 + 4a ..` (high half). The canonical accumulators are 128-bit
+/// halves of these put together, and the fold's additions are lane by lane, so adding first
+/// and moving the halves after gives the same sums of the same operands: with `s = a0 + a4`,
+/// `t = a1 + a5`, `(c0 + c4) + (c2 + c6)` is `[s.lo | t.lo] + [s.hi | t.hi]` (4 shuffles in
+/// place of 8).
 #[inline(always)]
-unsafe fn natural_canon(a: &[__m256; 8]) -> [__m256; 8] {
+unsafe fn natural_fold(a: &[__m256; 8]) -> __m256 {
     let lo = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x20>(x, y);
     let hi = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x31>(x, y);
-    [
-        lo(a[0], a[1]),
-        lo(a[2], a[3]),
-        hi(a[0], a[1]),
-        hi(a[2], a[3]),
-        lo(a[4], a[5]),
-        lo(a[6], a[7]),
-        hi(a[4], a[5]),
-        hi(a[6], a[7]),
-    ]
+    let (s, t) = (_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[1], a[5]));
+    let (u, v) = (_mm256_add_ps(a[2], a[6]), _mm256_add_ps(a[3], a[7]));
+    _mm256_add_ps(
+        _mm256_add_ps(lo(s, t), hi(s, t)),
+        _mm256_add_ps(lo(u, v), hi(u, v)),
+    )
+}
+
+/// Folded rows waiting for the horizontal part of the canonical reduction: 8 at a time by
+/// one transposed tree (`avx2::hsum8`), the last few one by one.
+struct Folded8 {
+    u: [__m256; 8],
+    /// the rows in whole groups of 8 (the rows from `whole` on reduce alone)
+    whole: usize,
+}
+
+impl Folded8 {
+    #[inline(always)]
+    unsafe fn new(rows: usize) -> Folded8 {
+        Folded8 {
+            u: [_mm256_setzero_ps(); 8],
+            whole: rows / 8 * 8,
+        }
+    }
+
+    /// Row `r`'s folded vector `f` (rows in order, `r` below the count given to `new`); its
+    /// sum goes to `out[r]`, at the latest with row `r | 7`'s.
+    #[inline(always)]
+    unsafe fn put(&mut self, r: usize, f: __m256, out: *mut f32) {
+        if r >= self.whole {
+            *out.add(r) = super::avx2::hsum(f);
+            return;
+        }
+        self.u[r % 8] = f;
+        if r % 8 == 7 {
+            _mm256_storeu_ps(out.add(r - 7), super::avx2::hsum8(&self.u));
+        }
+    }
 }
 
 pub(super) struct Q5<const MIN: bool>;

@@ -19,6 +19,7 @@ use std::arch::x86_64::*;
 
 use super::quant_ext_decode::{Decode, IQ4NL, IQ4XS, Q2K, Q3K, Q5, Q5K};
 use crate::dtype::DType;
+use std::cell::Cell;
 use std::mem::MaybeUninit;
 
 /// Elements per decoded segment (a multiple of every block size).
@@ -117,6 +118,26 @@ unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: us
     super::avx2::reduce(&acc)
 }
 
+thread_local! {
+    /// This thread's activations in the order of [`permute_x`] ([`with_permuted`]), kept
+    /// between calls: no allocation and no zero-fill per call.
+    static XP: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// `f(xp)` with `xp` the activations `x` in the order of [`permute_x`] (`x.len()` a multiple
+/// of 32), in this thread's buffer (a call nested in `f` finds it taken and uses its own).
+pub(super) fn with_permuted<R>(x: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
+    let mut xp = XP.with(Cell::take);
+    if xp.len() < x.len() {
+        xp.resize(x.len(), 0.0);
+    }
+    let xp_x = &mut xp[..x.len()];
+    permute_x(x, xp_x);
+    let r = f(xp_x);
+    XP.with(|c| c.set(xp));
+    r
+}
+
 /// `x` in the order of [`Decode::natural_rows`]: within each 32-element block, for
 /// `a < 4`, elements `4a .. 4a + 4`, then `16 + 4a .. 16 + 4a + 4`.
 pub(super) fn permute_x(x: &[f32], xp: &mut [f32]) {
@@ -196,9 +217,7 @@ unsafe fn rows256<D: Decode>(
         return rows_decoded::<D>(data, rb, cols, x, n, out, dot);
     }
     if D::NATURAL {
-        let mut xp = vec![0f32; cols];
-        permute_x(x, &mut xp);
-        return D::natural_rows(data, rb, cols, &xp, out);
+        return with_permuted(x, |xp| D::natural_rows(data, rb, cols, xp, out));
     }
     for (r, o) in out.iter_mut().enumerate() {
         *o = dot256::<D>(data.as_ptr().add(r * rb), cols, x.as_ptr(), rb);

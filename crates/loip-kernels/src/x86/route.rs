@@ -33,9 +33,9 @@ pub(crate) unsafe fn avx2_rows(
         DType::Q4K => rows_quant::<Q4K>(data, rb, cols, x, n, out),
         DType::Q6K if n == 1 => {
             // one token: the rows in assembly, the activations permuted once
-            let mut xp = vec![0f32; cols];
-            super::quant_ext_simd::permute_x(x, &mut xp);
-            super::quant_ext_decode::q6k_rows(data, rb, cols, &xp, out)
+            super::quant_ext_simd::with_permuted(x, |xp| {
+                super::quant_ext_decode::q6k_rows(data, rb, cols, xp, out)
+            })
         }
         DType::Q6K => rows_quant::<Q6K>(data, rb, cols, x, n, out),
         DType::Q5_0
