@@ -20,6 +20,9 @@
 # KEEP=DIR keeps each run's JSON as DIR/run-N.json, to price again with `loip simulate
 # --from-local DIR/run-N.json` after a change to the cost model, and its stderr as
 # DIR/run-N.err (with LOIP_LOG=info: the warm-up's figures).
+# TRACE=1 runs the workers with LOIP_HOP_TRACE=1 and prints, per placement the run held
+# (between its threshold switches), its load stall per decode step beside the cost model's
+# (bench/stall_per_placement.py; the traces slow the run a little).
 set -euo pipefail
 LOIP=${LOIP:-target/release/loip}
 ROUNDS=${1:-1}
@@ -40,7 +43,11 @@ rows=()
 for r in $(seq 1 "$ROUNDS"); do
   load=$(cut -d' ' -f1 /proc/loadavg)
   echo "== round $r (load $load): loip local $*"
-  "$LOIP" local --json "$@" > "$tmp/run.json" 2> "$tmp/err.txt" || { cat "$tmp/err.txt"; exit 1; }
+  if [ "${TRACE:-0}" = 1 ]; then
+    LOIP_HOP_TRACE=1 "$LOIP" local --json "$@" > "$tmp/run.json" 2> "$tmp/err.txt" || { tail -20 "$tmp/err.txt"; exit 1; }
+  else
+    "$LOIP" local --json "$@" > "$tmp/run.json" 2> "$tmp/err.txt" || { cat "$tmp/err.txt"; exit 1; }
+  fi
   if [ -n "${KEEP:-}" ]; then
     mkdir -p "$KEEP"
     cp "$tmp/run.json" "$KEEP/run-$r.json"
@@ -51,6 +58,11 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "$out"
   else
     echo "$out" | sed -n '2,7p'
+    echo "$out" | grep '^placement steps' || true
+  fi
+  if [ "${TRACE:-0}" = 1 ]; then
+    echo "$out" > "$tmp/sim.txt"
+    python3 "$(dirname "$0")/stall_per_placement.py" "$tmp/err.txt" "$tmp/sim.txt"
   fi
   row=$(echo "$out" | grep -m1 '^| [0-9]')
   rows+=("| $r | $load ${row}")

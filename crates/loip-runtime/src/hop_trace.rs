@@ -1,8 +1,10 @@
 //! Per-hop timestamps inside a worker, for finding where a hop's time goes: with
 //! `LOIP_HOP_TRACE=1` in a worker's environment each step it runs prints one line to stderr
 //! (`loip-hop-trace …`, microseconds) splitting the hop from its frame's arrival to its output
-//! handed to the writer. Off by default; when off the hot path reads one flag per step and
-//! per stage and takes no timestamps.
+//! handed to the writer, with the loads it collected (`load`: the loader's reading time,
+//! `loaded`: bytes); the coordinator marks the warm-up's start and end ([`mark`]). Off by
+//! default; when off the hot path reads one flag per step and per stage and takes no
+//! timestamps.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -59,6 +61,10 @@ pub struct Inside {
     pub start_s: f64,
     /// stages run
     pub stages: usize,
+    /// the loader's reading time of the loads collected in the hop
+    pub load_s: f64,
+    /// their bytes
+    pub loaded_bytes: u64,
 }
 
 impl Inside {
@@ -91,7 +97,7 @@ pub fn print(step: u64, m: &Marks, t: &Inside, sent: Instant) {
     let line = format!(
         "loip-hop-trace pid={} step={step} stages={} queued={:.1} pre={:.1} stages_wall={:.1} \
          pool_call={:.1} pool_in={:.1} compute={:.1} stall={:.1} start={:.1} post={:.1} send={:.1} \
-         total={:.1} hand_in={:.1}",
+         total={:.1} hand_in={:.1} load={:.1} loaded={}",
         std::process::id(),
         t.stages,
         us(m.arrived, Some(m.begun)),
@@ -106,10 +112,43 @@ pub fn print(step: u64, m: &Marks, t: &Inside, sent: Instant) {
         us(ran, Some(sent)),
         us(m.arrived, Some(sent)),
         us(m.begun, m.pooled),
+        t.load_s * 1e6,
+        t.loaded_bytes,
     );
     // one write: the workers of `loip local` share one stderr
     let _ = std::io::Write::write_all(
         &mut std::io::stderr().lock(),
         format!("{line}\n").as_bytes(),
     );
+}
+
+/// With `LOIP_HOP_TRACE`: prints one line naming the moment `what` (the warm-up's start and
+/// end: the run's steps follow) with the page cache's dirty and writeback kilobytes (`/proc/meminfo`; -1 where it
+/// cannot be read), to relate the hops' load stall to the disk's writeback.
+pub fn mark(what: &str) {
+    if !on() {
+        return;
+    }
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kb = |key: &str| {
+        info.lines()
+            .find_map(|l| {
+                l.strip_prefix(key)?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+            })
+            .unwrap_or(-1)
+    };
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let line = format!(
+        "loip-hop-trace mark={what} pid={} dirty_kb={} writeback_kb={} load={}\n",
+        std::process::id(),
+        kb("Dirty:"),
+        kb("Writeback:"),
+        load.split_whitespace().next().unwrap_or("-"),
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
 }

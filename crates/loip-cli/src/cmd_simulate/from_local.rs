@@ -128,6 +128,7 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
     );
     println!("{}", CostTerms::HEADER);
     println!("{}", terms.row());
+    print_placements(&run, &cluster, &runtime_events, first, steps)?;
     println!(
         "simulator  {:>9.2} ms/token ({:+.1} %), status {}",
         report.ms_per_token,
@@ -167,6 +168,49 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
             "the threshold switches differ"
         }
     );
+    Ok(())
+}
+
+/// The cost model per placement the run held (between its threshold switches), one line
+/// each: `placement steps A-B: priced … ms/token, stall … ms` (decode steps `A..=B`, the
+/// run's numbering; `bench/runtime_vs_sim.sh` with `TRACE=1` sets the run's own stall per
+/// placement beside it from the workers' hop traces).
+fn print_placements(
+    run: &ReplayRun,
+    cluster: &loip_plan::Cluster,
+    events: &[loip_sim::AdaptEvent],
+    first: u32,
+    steps: u32,
+) -> Result<()> {
+    let end = first.saturating_add(steps);
+    let mut at: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            loip_sim::AdaptEvent::Switch { step, .. } if *step > first && *step < end => {
+                Some(*step)
+            }
+            _ => None,
+        })
+        .collect();
+    at.sort_unstable();
+    at.dedup();
+    let bounds: Vec<u32> = std::iter::once(first)
+        .chain(at)
+        .chain(std::iter::once(end))
+        .collect();
+    for w in bounds.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if b <= a {
+            continue;
+        }
+        let (ms, p) =
+            loip_plan::adapt::evaluate_switched(&run.plan, &run.shape, cluster, events, a, b - a)?;
+        println!(
+            "placement steps {a}-{}: priced {ms:.2} ms/token, stall {:.2} ms",
+            b - 1,
+            p.uncovered_load_ms
+        );
+    }
     Ok(())
 }
 

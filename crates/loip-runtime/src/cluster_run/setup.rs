@@ -178,6 +178,7 @@ async fn warm_up(
     room: u64,
 ) -> Result<(), ClusterError> {
     let positions = (room / 2).clamp(1, WARMUP_SEQ_POSITIONS);
+    crate::hop_trace::mark("warm-up");
     let mut steps = Vec::new();
     for g in 0..WARMUP_GROUPS {
         if g > 0 {
@@ -202,6 +203,7 @@ async fn warm_up(
         );
     }
     pipeline.warmed();
+    crate::hop_trace::mark("warmed");
     let _ = pipeline.take_totals();
     let probed: Vec<String> = reports
         .iter()

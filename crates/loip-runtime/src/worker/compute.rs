@@ -216,6 +216,8 @@ fn run_hop(
         let mut inside = device.as_mut().map(|d| d.take_trace()).unwrap_or_default();
         inside.compute_s = t.compute_s;
         inside.stall_s = t.stall_s;
+        inside.load_s = t.load_s;
+        inside.loaded_bytes = t.loaded_bytes;
         (header.step, m, inside)
     });
     let times = JobTimes {
