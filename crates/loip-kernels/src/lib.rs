@@ -45,6 +45,7 @@ mod quantx;
 mod scales;
 mod simd;
 mod team;
+mod thread_buf;
 #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
 mod x86;
 

@@ -11,6 +11,7 @@ use crate::dtype::{KernelError, Matrix};
 use crate::intdot;
 use crate::simd::{self, Level};
 use crate::team;
+use crate::thread_buf::{with_thread_buf, ThreadBuf};
 
 /// Below this many multiply-adds (weight elements × tokens) a matmul runs on the calling
 /// thread (task overhead would dominate).
@@ -26,9 +27,9 @@ const PAR_COPY_ELEMS: usize = 1 << 16;
 
 thread_local! {
     /// Batched calls' `rows × n` outputs in the kernels' layout (f32), reused.
-    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static SCRATCH: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
     /// Batched calls' activations copied onto a 64-byte line (f32), reused.
-    static ALIGNED_X: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static ALIGNED_X: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
 }
 
 /// `f(x)`, with `x` first copied onto a 64-byte line unless it starts on one: the same
@@ -39,27 +40,18 @@ fn with_aligned_x<R>(x: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
     if x.as_ptr() as usize % 64 == 0 {
         return f(x);
     }
-    let len = x.len();
-    let mut buf = ALIGNED_X.with(|c| c.take());
-    if buf.len() < len + 15 {
-        buf = vec![0f32; len + 15];
-    }
-    let off = buf.as_ptr().align_offset(64).min(15);
-    let dst = &mut buf[off..off + len];
-    let threads = rayon::current_num_threads();
-    if threads > 1 && len >= PAR_COPY_ELEMS {
-        let chunk = len.div_ceil(threads).next_multiple_of(16);
-        team::par_chunks_mut(dst, chunk, |i, o| {
-            o.copy_from_slice(&x[i * chunk..i * chunk + o.len()]);
-        });
-    } else {
-        dst.copy_from_slice(x);
-    }
-    let r = f(dst);
-    if buf.capacity() <= SCRATCH_KEEP {
-        ALIGNED_X.with(|c| c.set(buf));
-    }
-    r
+    with_thread_buf(&ALIGNED_X, x.len(), SCRATCH_KEEP, |dst| {
+        let threads = rayon::current_num_threads();
+        if threads > 1 && x.len() >= PAR_COPY_ELEMS {
+            let chunk = x.len().div_ceil(threads).next_multiple_of(16);
+            team::par_chunks_mut(dst, chunk, |i, o| {
+                o.copy_from_slice(&x[i * chunk..i * chunk + o.len()]);
+            });
+        } else {
+            dst.copy_from_slice(x);
+        }
+        f(dst)
+    })
 }
 
 /// Task boundaries are multiples of this many rows (the kernels' row tile).
@@ -164,36 +156,29 @@ pub(crate) fn matmul_at(
         });
     }
 
-    // out[r * n + t]: the kernels' layout; equal to y's when n == 1
-    // reused across calls of this thread: no allocation and no zero-fill per call (a call
-    // nested on this thread while tasks run finds it taken and allocates its own)
-    let mut scratch = SCRATCH.with(|c| c.take());
-    let out: &mut [f32] = if n == 1 {
-        &mut *y
-    } else {
-        scratch.resize(rows * n, 0f32);
-        &mut scratch
-    };
-
-    if tasks == 1 {
-        kernel(w.data, out);
-    } else {
-        team::par_chunks_mut(out, task_rows * n, |i, o| {
-            let r0 = i * task_rows;
-            let r1 = r0 + o.len() / n;
-            kernel(&w.data[r0 * rb..r1 * rb], o);
-        });
-    }
-
-    if n > 1 {
-        for (r, o) in scratch.chunks_exact(n).enumerate() {
-            for (t, &v) in o.iter().enumerate() {
-                y[t * rows + r] = v;
-            }
+    let run = |out: &mut [f32]| {
+        if tasks == 1 {
+            kernel(w.data, out);
+        } else {
+            team::par_chunks_mut(out, task_rows * n, |i, o| {
+                let r0 = i * task_rows;
+                let r1 = r0 + o.len() / n;
+                kernel(&w.data[r0 * rb..r1 * rb], o);
+            });
         }
-    }
-    if scratch.capacity() <= SCRATCH_KEEP {
-        SCRATCH.with(|c| c.set(scratch));
+    };
+    if n == 1 {
+        // the kernels' layout out[r * n + t] is y's
+        run(y);
+    } else {
+        with_thread_buf(&SCRATCH, rows * n, SCRATCH_KEEP, |out| {
+            run(out);
+            for (r, o) in out.chunks_exact(n).enumerate() {
+                for (t, &v) in o.iter().enumerate() {
+                    y[t * rows + r] = v;
+                }
+            }
+        });
     }
     Ok(())
 }

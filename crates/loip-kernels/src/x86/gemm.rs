@@ -39,7 +39,7 @@ use std::arch::x86_64::*;
 
 use crate::dequant::{dequant_into, prefix_bytes};
 use crate::dtype::DType;
-use std::cell::RefCell;
+use crate::thread_buf::{with_thread_buf, ThreadBuf, KEEP_ALL};
 use std::mem::MaybeUninit;
 
 mod lanes;
@@ -68,9 +68,9 @@ const KB: usize = 1024;
 
 thread_local! {
     /// The dequantized panel of this thread, reused across calls (f32, `rows × cols`).
-    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static PANEL: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
     /// The token-lane tiles' transposed tokens of this thread (f32), reused.
-    static LANES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static LANES: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
 }
 
 /// The canonical reduction of one output's slot state (slots `SLOTS ..` are not read).
@@ -380,27 +380,21 @@ pub(crate) unsafe fn rows(
         (bytes / (4 * cols)).max(long).max(tr) / tr * tr
     }
     .min(rows);
-    PANEL.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        // 15 more for the start on a 64-byte line (no store splits a line)
-        if buf.len() < per_panel * cols + 15 {
-            buf.resize(per_panel * cols + 15, 0.0);
-        }
-        let off = buf.as_ptr().align_offset(64).min(15);
-        LANES.with(|lb| {
-            let mut lb = lb.borrow_mut();
-            let xt = &mut *lb;
+    // the panel on a 64-byte line: no store splits a line
+    with_thread_buf(&PANEL, per_panel * cols, KEEP_ALL, |buf| {
+        let lanes_len = if groups > 0 {
+            groups * lanes::group_len(cols)
+        } else {
+            0
+        };
+        with_thread_buf(&LANES, lanes_len, KEEP_ALL, |xt| {
             if groups > 0 {
-                let gl = lanes::group_len(cols);
-                if xt.len() < groups * gl {
-                    xt.resize(groups * gl, 0.0);
-                }
                 lanes::transpose_tokens(x, groups, cols, xt);
             }
             let mut p0 = 0;
             while p0 < rows {
                 let pr = per_panel.min(rows - p0);
-                let wb = &mut buf[off..off + pr * cols];
+                let wb = &mut buf[..pr * cols];
                 let bytes = &data[p0 * rb..(p0 + pr) * rb];
                 // the next panel's weights, while this one computes (a hint; may point past
                 // the end, never faults): small panels stream from L3 or memory like decode's

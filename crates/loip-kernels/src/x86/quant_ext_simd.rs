@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use super::quant_ext_decode::{Decode, IQ4NL, IQ4XS, Q2K, Q3K, Q5, Q5K};
 use crate::dtype::DType;
-use std::cell::Cell;
+use crate::thread_buf::{with_thread_buf, ThreadBuf, KEEP_ALL};
 use std::mem::MaybeUninit;
 
 /// Elements per decoded segment (a multiple of every block size).
@@ -121,21 +121,16 @@ unsafe fn dot256<D: Decode>(row: *const u8, cols: usize, x: *const f32, dist: us
 thread_local! {
     /// This thread's activations in the order of [`permute_x`] ([`with_permuted`]), kept
     /// between calls: no allocation and no zero-fill per call.
-    static XP: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static XP: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
 }
 
 /// `f(xp)` with `xp` the activations `x` in the order of [`permute_x`] (`x.len()` a multiple
 /// of 32), in this thread's buffer (a call nested in `f` finds it taken and uses its own).
 pub(super) fn with_permuted<R>(x: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
-    let mut xp = XP.with(Cell::take);
-    if xp.len() < x.len() {
-        xp.resize(x.len(), 0.0);
-    }
-    let xp_x = &mut xp[..x.len()];
-    permute_x(x, xp_x);
-    let r = f(xp_x);
-    XP.with(|c| c.set(xp));
-    r
+    with_thread_buf(&XP, x.len(), KEEP_ALL, |xp| {
+        permute_x(x, xp);
+        f(xp)
+    })
 }
 
 /// `x` in the order of [`Decode::natural_rows`]: within each 32-element block, for

@@ -47,8 +47,8 @@ use std::arch::x86_64::*;
 
 use super::tile::{Out, Slot, State, SHORT_BATCH};
 use crate::dtype::DType;
+use crate::thread_buf::{with_thread_buf, ThreadBuf, KEEP_ALL};
 use crate::x86::avx2::f16_scalar;
-use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::ptr::read_unaligned;
 
@@ -627,13 +627,8 @@ pub(super) unsafe fn rows(
     debug_assert!(
         handles(dtype, n) && cols > 0 && cols % dtype.block_elems() == 0 && x.len() == n * cols
     );
-    let nibbles = |buf: &mut Vec<f32>| {
-        // 15 more for the start on a 64-byte line: no load of a token splits a line
-        if buf.len() < x.len() + 15 {
-            buf.resize(x.len() + 15, 0.0);
-        }
-        let off = buf.as_ptr().align_offset(64).min(15);
-        let xp = &mut buf[off..off + x.len()];
+    // the tokens on a 64-byte line: no load of a token splits a line
+    with_thread_buf(&XP, x.len(), KEEP_ALL, |xp| {
         match dtype {
             DType::Q4K => permute(x, xp),
             _ => xp.copy_from_slice(x),
@@ -647,16 +642,12 @@ pub(super) unsafe fn rows(
             DType::Q4K => short_avx512::<Q4K>(data, cols, xp, n, rows, out),
             _ => short_avx512::<Q80>(data, cols, xp, n, rows, out),
         }
-    };
-    XP.with(|b| match b.try_borrow_mut() {
-        Ok(mut xp) => nibbles(&mut xp),
-        Err(_) => nibbles(&mut Vec::new()),
     })
 }
 
 thread_local! {
     /// The permuted tokens of this thread (f32), reused across calls.
-    static XP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static XP: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
 }
 
 /// `xp` = `x` with every 16 elements in the order of [`perm`] (`x.len()` a multiple of 16,

@@ -1,0 +1,76 @@
+//! Per-thread buffers the kernels reuse across calls: no allocation and no zero-fill per
+//! call. Each is a `thread_local!` [`ThreadBuf`], taken for the call and put back after it;
+//! a call nested on the same thread finds it taken and uses a fresh one.
+
+use std::cell::Cell;
+use std::thread::LocalKey;
+
+/// A thread's reusable buffer of f32. Declare one with
+/// `thread_local! { static B: ThreadBuf = const { ThreadBuf::new(Vec::new()) }; }`.
+pub(crate) type ThreadBuf = Cell<Vec<f32>>;
+
+/// Keep every buffer, whatever its size (one a call needs again and again at the same size,
+/// e.g. a panel of dequantized rows).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
+pub(crate) const KEEP_ALL: usize = usize::MAX;
+
+/// `f(buf)`, `buf` this thread's buffer `key` cut to `len` elements starting on a 64-byte
+/// line (no 64-byte load of it spans two lines). Its values are whatever an earlier call
+/// left, zeros where it grew: `f` writes before it reads. The buffer is kept for the next
+/// call unless its capacity exceeds `keep` elements.
+pub(crate) fn with_thread_buf<R>(
+    key: &'static LocalKey<ThreadBuf>,
+    len: usize,
+    keep: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    let mut buf = key.with(Cell::take);
+    // 15 more for the start on a 64-byte line
+    let need = len.saturating_add(15);
+    if buf.len() < need {
+        buf = vec![0f32; need];
+    }
+    let off = buf.as_ptr().align_offset(64).min(15);
+    let r = f(&mut buf[off..off + len]);
+    if buf.capacity() <= keep {
+        key.with(|c| c.set(buf));
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    thread_local! {
+        static T: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
+    }
+
+    #[test]
+    fn buffers_start_on_a_line_are_reused_and_nest() {
+        let first = with_thread_buf(&T, 100, KEEP_ALL, |b| {
+            assert_eq!(b.len(), 100);
+            assert_eq!(b.as_ptr() as usize % 64, 0);
+            b.fill(1.0);
+            // a nested call gets its own buffer
+            with_thread_buf(&T, 10, KEEP_ALL, |c| {
+                assert_eq!(c.len(), 10);
+                assert_ne!(c.as_ptr(), b.as_ptr());
+            });
+            b.as_ptr() as usize
+        });
+        // the outer buffer is the one kept
+        let again = with_thread_buf(&T, 50, KEEP_ALL, |b| {
+            assert!(b.iter().all(|&v| v == 1.0));
+            b.as_ptr() as usize
+        });
+        assert_eq!(first, again);
+        // one past the cap is dropped after the call
+        with_thread_buf(&T, 200, 100, |b| assert_eq!(b.len(), 200));
+        with_thread_buf(&T, 0, KEEP_ALL, |b| assert!(b.is_empty()));
+        assert_eq!(T.with(Cell::take).capacity(), 15);
+    }
+}
