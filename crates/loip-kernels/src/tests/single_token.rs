@@ -81,21 +81,6 @@ fn single_token_kernels_bit_identical() {
     }
 }
 
-/// Q8_0's AVX2 one-token dot in assembly (`x86/q8_decode.rs`) converts the scales per
-/// segment of 64 blocks and takes the blocks by pairs: 28 blocks are Qwen2.5's 896 columns,
-/// the others the segments' and pairs' edges.
-#[test]
-fn single_token_q8_0_segments_bit_identical() {
-    let mut rng = ChaCha8Rng::seed_from_u64(17);
-    for blocks in [20, 28, 63, 64, 127, 128, 129] {
-        let cols = 32 * blocks;
-        for rows in [1, 7, 8, 9, 15, 16, 17] {
-            let data = matrix(DType::Q8_0, rows, cols, &mut rng);
-            check(DType::Q8_0, rows, cols, &data, &mut rng);
-        }
-    }
-}
-
 /// Q6_K (Qwen2.5's FFN-down rows): the AVX2 dot in assembly converts the scales per segment
 /// of 32 blocks; 19 blocks are Qwen2.5's 4864 columns.
 #[test]

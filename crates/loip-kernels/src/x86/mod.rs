@@ -7,7 +7,6 @@ pub(crate) mod avx512;
 pub(crate) mod avx512_act;
 pub(crate) mod gemm;
 pub(crate) mod intdot;
-pub(crate) mod q8_decode;
 pub(crate) mod quant_ext_avx512;
 pub(crate) mod quant_ext_decode;
 pub(crate) mod quant_ext_simd;

@@ -565,7 +565,7 @@ pub(super) unsafe fn q6k_rows(data: &[u8], rb: usize, cols: usize, xp: &[f32], o
 /// `t = a1 + a5`, `(c0 + c4) + (c2 + c6)` is `[s.lo | t.lo] + [s.hi | t.hi]` (4 shuffles in
 /// place of 8).
 #[inline(always)]
-pub(super) unsafe fn natural_fold(a: &[__m256; 8]) -> __m256 {
+unsafe fn natural_fold(a: &[__m256; 8]) -> __m256 {
     let lo = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x20>(x, y);
     let hi = |x: __m256, y: __m256| _mm256_permute2f128_ps::<0x31>(x, y);
     let (s, t) = (_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[1], a[5]));
@@ -578,7 +578,7 @@ pub(super) unsafe fn natural_fold(a: &[__m256; 8]) -> __m256 {
 
 /// Folded rows waiting for the horizontal part of the canonical reduction: 8 at a time by
 /// one transposed tree (`avx2::hsum8`), the last few one by one.
-pub(super) struct Folded8 {
+struct Folded8 {
     u: [__m256; 8],
     /// the rows in whole groups of 8 (the rows from `whole` on reduce alone)
     whole: usize,
@@ -586,7 +586,7 @@ pub(super) struct Folded8 {
 
 impl Folded8 {
     #[inline(always)]
-    pub(super) unsafe fn new(rows: usize) -> Folded8 {
+    unsafe fn new(rows: usize) -> Folded8 {
         Folded8 {
             u: [_mm256_setzero_ps(); 8],
             whole: rows / 8 * 8,
@@ -596,7 +596,7 @@ impl Folded8 {
     /// Row `r`'s folded vector `f` (rows in order, `r` below the count given to `new`); its
     /// sum goes to `out[r]`, at the latest with row `r | 7`'s.
     #[inline(always)]
-    pub(super) unsafe fn put(&mut self, r: usize, f: __m256, out: *mut f32) {
+    unsafe fn put(&mut self, r: usize, f: __m256, out: *mut f32) {
         if r >= self.whole {
             *out.add(r) = super::avx2::hsum(f);
             return;

@@ -27,12 +27,6 @@ pub(crate) unsafe fn avx2_rows(
         DType::F32 => rows_float::<F32>(data, rb, cols, x, n, out),
         DType::F16 => rows_float::<F16>(data, rb, cols, x, n, out),
         DType::BF16 => rows_float::<BF16>(data, rb, cols, x, n, out),
-        DType::Q8_0 if n == 1 => {
-            // one token: the rows in assembly, the activations permuted once
-            super::quant_ext_simd::with_permuted(x, |xp| {
-                super::q8_decode::q8_0_rows(data, rb, cols, x, xp, out)
-            })
-        }
         DType::Q8_0 => rows_quant::<Q80>(data, rb, cols, x, n, out),
         DType::Q4_0 => rows_quant::<Q40>(data, rb, cols, x, n, out),
         DType::Q4_1 => rows_quant::<Q41>(data, rb, cols, x, n, out),
