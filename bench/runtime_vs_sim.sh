@@ -4,7 +4,8 @@
 # prediction (each decode step priced with the placement its threshold switches left in force)
 # against the measured ms/token term by term (compute; a token's hops: network,
 # queueing and the workers' time outside blocks; load stall; the coordinator's part; the steps
-# parked for threshold switches), then a
+# parked for threshold switches) and the re-priced prediction (the cost model fed the rates the
+# run's first 8 decode steps measured, over the remaining steps, against those steps), then a
 # table of all runs; with --sim also the simulator's
 # replay of each run (`loip simulate --from-local`: ms/token and threshold switches). Prints
 # numbers; asserts nothing.
@@ -20,6 +21,8 @@
 # KEEP=DIR keeps each run's JSON as DIR/run-N.json, to price again with `loip simulate
 # --from-local DIR/run-N.json` after a change to the cost model, and its stderr as
 # DIR/run-N.err (with LOIP_LOG=info: the warm-up's figures).
+# REPRICE_WEIGHTS=C,L prices the re-priced column with other weights on the factors of compute
+# and loads the run's first decode steps measured (`loip simulate --reprice-weights`).
 # TRACE=1 runs the workers with LOIP_HOP_TRACE=1 and prints, per placement the run held
 # (between its threshold switches), its load stall per decode step beside the cost model's
 # (bench/stall_per_placement.py; the traces slow the run a little).
@@ -53,11 +56,13 @@ for r in $(seq 1 "$ROUNDS"); do
     cp "$tmp/run.json" "$KEEP/run-$r.json"
     cp "$tmp/err.txt" "$KEEP/run-$r.err"
   fi
-  out=$("$LOIP" simulate --from-local "$tmp/run.json")
+  out=$("$LOIP" simulate --from-local "$tmp/run.json" ${REPRICE_WEIGHTS:+--reprice-weights "$REPRICE_WEIGHTS"})
   if [ "$SIM" = 1 ]; then
     echo "$out"
   else
-    echo "$out" | sed -n '2,7p'
+    echo "$out" | sed -n '2,4p'
+    echo "$out" | grep '^re-priced' || true
+    echo "$out" | grep -A2 '^| measured'
     echo "$out" | grep '^placement steps' || true
   fi
   if [ "${TRACE:-0}" = 1 ]; then
@@ -68,6 +73,6 @@ for r in $(seq 1 "$ROUNDS"); do
   rows+=("| $r | $load ${row}")
 done
 echo
-echo "| run | load | measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | switch parks meas./pred. | loaded MB/token | plan as started ÷ measured |"
-echo "|---:|---:|---:|---:|---|---|---:|---|---|---|---:|---:|"
+echo "| run | load | measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | switch parks meas./pred. | loaded MB/token | plan as started ÷ measured | re-priced ÷ measured, after 8 steps |"
+echo "|---:|---:|---:|---:|---|---|---:|---|---|---|---:|---:|---:|"
 printf '%s\n' "${rows[@]}"

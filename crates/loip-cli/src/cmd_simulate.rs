@@ -47,6 +47,11 @@ pub struct SimulateArgs {
     /// its threshold switches and ms/token with the simulator's.
     #[arg(long, conflicts_with_all = ["plan", "cluster"])]
     pub from_local: Option<PathBuf>,
+    /// With `--from-local`: the weights `COMPUTE,LOADS` the re-priced prediction applies
+    /// the factors the run's first decode steps measured with (`factor^weight`; default
+    /// `loip_plan::calibrate::REPRICE_WEIGHTS`), to price a kept run again.
+    #[arg(long, requires = "from_local")]
+    pub reprice_weights: Option<String>,
     /// Directory for tables (markdown, CSV, JSON) and figures (SVG, PNG).
     #[arg(long)]
     pub out: Option<PathBuf>,

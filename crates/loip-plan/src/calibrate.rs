@@ -27,13 +27,21 @@
 //!   beyond `δ`, its bytes and `hop_wake`; every device's [`DeviceProfile::hop_extra`] is
 //!   set to it (never below 0, never above [`extra_cap`]), so a placement with more rounds
 //!   pays it on each of its hops.
-//! - **Loads**: when the plan streams, the steps' load stall against the priced one: `f`,
-//!   the factor on the loads' times at which the cost model's stall equals the measured
-//!   one ([`load_scale`], clamped to [`LOAD_RANGE`]), weighed against the probes' 1 by
-//!   [`LOAD_WEIGHT`] (`f^w`), slows (or speeds up) the loaders of the probed devices and
-//!   the disks' measured rates ([`DeviceProfile::scale_loads`]): the loaders' rate as the
-//!   run pays it, their threads and the disk shared with the machine's other work, which
-//!   the setup's probe on an idle machine misses.
+//! - **Loads**: when the plan streams, each group's load stall (the median of its steps)
+//!   against the priced one: `f_g`, the factor on the loads' times at which the cost
+//!   model's stall equals the group's ([`load_scale`], clamped to [`LOAD_RANGE`]); `f` is
+//!   the mean of the groups' factors ([`trimmed_mean`]: from four groups on without the
+//!   largest and the smallest), since the disk's rate drifts from one window to the next
+//!   and a stall averages load times, that is `bytes / rate` over the windows, not the
+//!   bytes over a median rate. Weighed against the probes' 1 by [`LOAD_WEIGHT`] (`f^w`),
+//!   it slows (or speeds up) the loaders of the probed devices and the disks' measured
+//!   rates ([`DeviceProfile::scale_loads`]): the loaders' rate as the run pays it, their
+//!   threads and the disk shared with the machine's other work, which the setup's probe
+//!   on an idle machine misses.
+//!
+//! [`reprice`] is the same fit fed a run's own first decode steps ([`REPRICE_STEPS`] of
+//! them), pricing the run's remaining steps: the second prediction, beside the setup's,
+//! that says whether the cost model is right when its inputs are the run's.
 //!
 //! Pure: the runtime measures, this prices. Only plans of single-sequence steps
 //! ([`Pattern::Sporadic`]) are calibrated: the warm-up is one sequence's steps.
@@ -42,7 +50,8 @@
 //! [`DeviceProfile::scale_loads`]: crate::DeviceProfile::scale_loads
 //! [`DeviceProfile::hop_extra`]: crate::DeviceProfile::hop_extra
 
-use crate::{cost, Cluster, ModelShape, Pattern, Plan, PlanError};
+use crate::adapt::{evaluate_switched, AdaptEvent};
+use crate::{cost, Cluster, CostBreakdown, ModelShape, Pattern, Plan, PlanError};
 
 /// The least and most a warm-up may scale the probed compute by.
 const SCALE_RANGE: (f64, f64) = (0.25, 4.0);
@@ -112,6 +121,20 @@ pub struct Calibration {
     pub load_fit: f64,
     /// the factor the loads' times were multiplied by: `load_fit^`[`LOAD_WEIGHT`]
     pub load_scale: f64,
+    /// the link's latency `δ` after it: lowered when the steps' hops cost less than
+    /// priced (the setup's pings fell into a burst)  // seconds
+    #[serde(default)]
+    pub link_latency: f64,
+}
+
+/// The weights a calibration applies its fitted factors with (`factor^weight`: 1 the
+/// whole factor, 0 none).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights {
+    /// on the compute factor
+    pub compute: f64,
+    /// on the loads' factor
+    pub loads: f64,
 }
 
 /// The median of the finite values of `xs` (`None` when there is none).
@@ -260,6 +283,104 @@ fn with_loads_scaled(cluster: &Cluster, probed: &[String], f: f64) -> Cluster {
     c
 }
 
+/// What a calibration is fed: one step's figures (a warm-up's medians, a run's means).
+/// // seconds
+#[derive(Debug, Clone, Copy)]
+struct Fed {
+    compute_s: f64,
+    hops_s: f64,
+    stall_s: f64,
+}
+
+/// The mean of `xs` without its smallest and largest value when there are at least four
+/// (a burst on one window, or one quiet window, moves it little); `None` when empty.
+pub fn trimmed_mean(xs: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let kept = if v.len() >= 4 {
+        &v[1..v.len() - 1]
+    } else {
+        &v[..]
+    };
+    Some(kept.iter().sum::<f64>() / kept.len() as f64)
+}
+
+/// Scales the compute and the loads of the devices named in `probed` and sets every
+/// device's `hop_extra` so that `price` (the cost model over the steps that were measured)
+/// prices the `fed` figures: the compute factor, the extra per transfer, then the factor
+/// on the loads' times `fit_loads` returns (given the stall priced at a factor), applied
+/// as `fit^weight`. Returns what it measured and changed (`steps`, `groups` and the
+/// coordinator's part left to the caller).
+fn fit_to(
+    cluster: &mut Cluster,
+    probed: &[String],
+    transfers: u32,
+    fed: Fed,
+    price: &dyn Fn(&Cluster) -> Result<CostBreakdown, PlanError>,
+    fit_loads: &dyn Fn(&dyn Fn(f64) -> f64) -> f64,
+    w: Weights,
+) -> Result<Calibration, PlanError> {
+    for d in &mut cluster.devices {
+        d.profile.hop_extra = 0.0; // a remembered profile's: priced anew below
+    }
+    let priced_compute_s = price(cluster)?.compute_ms / 1e3;
+    let scale = compute_scale(fed.compute_s, priced_compute_s).powf(w.compute);
+    for d in &mut cluster.devices {
+        if probed.contains(&d.name) {
+            d.profile.scale_compute(scale);
+        }
+    }
+    let priced = price(cluster)?;
+    let priced_comm_s = priced.comm_ms / 1e3;
+    let priced_stall_s = priced.uncovered_load_ms / 1e3;
+    let extra = hop_extra(fed.hops_s, priced_comm_s, transfers, extra_cap(cluster));
+    for d in &mut cluster.devices {
+        d.profile.hop_extra = extra;
+    }
+    // hops cheaper than priced: the setup's pings (`δ`, half the fastest of a few) fell
+    // into a burst; each transfer's latency comes down by the difference
+    let under = if transfers > 0 {
+        (fed.hops_s - priced_comm_s) / transfers as f64
+    } else {
+        0.0
+    };
+    if under.is_finite() && under < 0.0 {
+        cluster.link.latency = (cluster.link.latency + under).max(0.0);
+    }
+    // the loads: the stall is what they leave uncovered (the extra above is outside the
+    // overlap, so it moves no stall)
+    let fit = {
+        let c0: &Cluster = cluster;
+        let stall_at = |f: f64| {
+            let c = with_loads_scaled(c0, probed, f);
+            price(&c).map_or(0.0, |b| b.uncovered_load_ms / 1e3)
+        };
+        fit_loads(&stall_at)
+    };
+    let load = fit.powf(w.loads);
+    if load != 1.0 {
+        *cluster = with_loads_scaled(cluster, probed, load);
+    }
+    Ok(Calibration {
+        compute_s: fed.compute_s,
+        priced_compute_s,
+        compute_scale: scale,
+        hops_s: fed.hops_s,
+        priced_comm_s,
+        transfers,
+        hop_extra: extra,
+        stall_s: fed.stall_s,
+        priced_stall_s,
+        load_fit: fit,
+        load_scale: load,
+        link_latency: cluster.link.latency,
+        ..Calibration::default()
+    })
+}
+
 /// Calibrates `cluster` from the warm-up `steps` of `plan`: scales the compute and the
 /// loads of the devices named in `probed`, sets the coordinator's part and every device's
 /// `hop_extra` (module docs). `None` (nothing changed) without steps or for a plan of
@@ -289,66 +410,155 @@ pub fn calibrate(
         }
     })
     .unwrap_or(0.0);
-    for d in &mut cluster.devices {
-        d.profile.hop_extra = 0.0; // a remembered profile's: priced anew below
-    }
-    let before = cost::evaluate(plan, shape, cluster)?.breakdown;
-    let priced_compute_s = before.compute_ms / 1e3;
-    let scale = compute_scale(compute_s, priced_compute_s);
-    for d in &mut cluster.devices {
-        if probed.contains(&d.name) {
-            d.profile.scale_compute(scale);
-        }
-    }
     if coordinator_s.is_finite() && coordinator_s > cluster.coordinator {
         cluster.coordinator = coordinator_s.min(1.0);
     }
-    let priced = cost::evaluate(plan, shape, cluster)?.breakdown;
-    let priced_comm_s = priced.comm_ms / 1e3;
-    let priced_stall_s = priced.uncovered_load_ms / 1e3;
-    let transfers = transfers_per_step(plan);
-    let extra = hop_extra(hops_s, priced_comm_s, transfers, extra_cap(cluster));
-    for d in &mut cluster.devices {
-        d.profile.hop_extra = extra;
-    }
-    // the loads: the stall is what they leave uncovered (the extra above is outside the
-    // overlap, so it moves no stall)
+    let mut groups: Vec<u32> = steps.iter().map(|s| s.group).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    // each group's stall: a window of the disk's drifting rate
+    let group_stalls: Vec<f64> = groups
+        .iter()
+        .filter_map(|&g| median(steps.iter().filter(|s| s.group == g).map(|s| s.stall_s)))
+        .collect();
     let streams = plan
         .devices
         .iter()
         .any(|d| d.stages.iter().any(|st| st.offloaded_bytes(shape) > 0));
-    let fit = if streams {
-        let stall_at = |f: f64| {
-            let c = with_loads_scaled(cluster, probed, f);
-            cost::evaluate(plan, shape, &c).map_or(0.0, |c| c.breakdown.uncovered_load_ms / 1e3)
-        };
-        load_scale(stall_s, stall_at)
-    } else {
-        1.0
+    let price = |c: &Cluster| cost::evaluate(plan, shape, c).map(|c| c.breakdown);
+    let fit_loads = |stall_at: &dyn Fn(f64) -> f64| {
+        if !streams {
+            return 1.0;
+        }
+        let fits: Vec<f64> = group_stalls
+            .iter()
+            .map(|&s| load_scale(s, stall_at))
+            .collect();
+        trimmed_mean(&fits).unwrap_or(1.0)
     };
-    let load = fit.powf(LOAD_WEIGHT);
-    if load != 1.0 {
-        *cluster = with_loads_scaled(cluster, probed, load);
-    }
+    let fed = Fed {
+        compute_s,
+        hops_s,
+        stall_s,
+    };
+    let transfers = transfers_per_step(plan);
+    let cal = fit_to(
+        cluster,
+        probed,
+        transfers,
+        fed,
+        &price,
+        &fit_loads,
+        Weights {
+            compute: 1.0,
+            loads: LOAD_WEIGHT,
+        },
+    )?;
     Ok(Some(Calibration {
         steps: steps.len() as u32,
-        groups: {
-            let mut g: Vec<u32> = steps.iter().map(|s| s.group).collect();
-            g.sort_unstable();
-            g.dedup();
-            g.len() as u32
-        },
-        compute_s,
-        priced_compute_s,
-        compute_scale: scale,
-        hops_s,
-        priced_comm_s,
-        transfers,
-        hop_extra: extra,
+        groups: groups.len() as u32,
         coordinator_s,
-        stall_s,
-        priced_stall_s,
-        load_fit: fit,
-        load_scale: load,
+        ..cal
+    }))
+}
+
+/// Decode steps at the start of a run that the re-priced prediction is fed from
+/// ([`reprice`]): few, so that what it predicts is most of the run (on `loip local`'s
+/// 64-token runs, 8 of 63 decode steps).
+pub const REPRICE_STEPS: u32 = 8;
+
+/// A run's first decode steps not fed to the re-priced prediction (but inside the span it
+/// prices over): on `loip local` a sequence's first decode step after its prompt runs
+/// about a tenth slower than the next ones (10 traced runs).
+pub const REPRICE_SKIP: u32 = 1;
+
+/// The weights [`reprice`] applies the run's factors with: the compute keeps the warm-up's
+/// (the run's first steps, 40–200 ms on `loip local`, are a shorter window of the VM's
+/// drifting speed than the warm-up's five groups over about a second), the loads take half
+/// the factor, as the warm-up's ([`LOAD_WEIGHT`]); the hops, the link's latency and the
+/// coordinator's part are the steps' own. On 28 runs of `bench/runtime_vs_sim.sh` (7
+/// December 2026, load 5–14) these weights put 23 within 20 %, the whole factors 19, no
+/// re-fit of compute or loads 21 (docs/simulator.md).
+pub const REPRICE_WEIGHTS: Weights = Weights {
+    compute: 0.0,
+    loads: 0.5,
+};
+
+/// The re-priced prediction of a run's remaining steps ([`reprice`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Repriced {
+    /// what the first steps measured and what it changed (`steps`: how many; one group)
+    pub calibration: Calibration,
+    /// the cluster fed those rates
+    pub cluster: Cluster,
+    /// the cost model over the remaining steps, each with the placement in force at it
+    /// ([`evaluate_switched`])  // milliseconds
+    pub ms_per_token: f64,
+    /// its mean breakdown  // milliseconds
+    pub breakdown: CostBreakdown,
+}
+
+/// The second prediction of a run: after its first decode steps (steps `first .. first +
+/// k` in the adapter's numbering, whose switches are `events`), the cost model fed the
+/// rates they measured (`fed`: per step, over [`REPRICE_STEPS`] of them not parked for a
+/// switch, after the first [`REPRICE_SKIP`]; `coordinator_s` the coordinator's part)
+/// prices the run's remaining `steps − k` steps.
+/// The same fit as the warm-up's ([`calibrate`]) over the placements those steps ran,
+/// its factors applied with the weights `w` ([`REPRICE_WEIGHTS`]; others to price a kept
+/// run again), and the coordinator's part becomes the steps' own when measured. `None`
+/// for a plan of bursty steps, without such steps, or when none remain.
+#[allow(clippy::too_many_arguments)]
+pub fn reprice(
+    plan: &Plan,
+    shape: &ModelShape,
+    cluster: &Cluster,
+    events: &[AdaptEvent],
+    first: u32,
+    k: u32,
+    steps: u32,
+    fed: &WarmupStep,
+    probed: &[String],
+    w: Weights,
+) -> Result<Option<Repriced>, PlanError> {
+    let ok = |x: f64| x.is_finite() && x >= 0.0;
+    if plan.pattern != Pattern::Sporadic
+        || k == 0
+        || steps <= k
+        || !(ok(fed.wall_s) && ok(fed.compute_s) && ok(fed.stall_s))
+    {
+        return Ok(None);
+    }
+    let mut c = cluster.clone();
+    if fed.coordinator_s > 0.0 && fed.coordinator_s.is_finite() {
+        c.coordinator = fed.coordinator_s.min(1.0);
+    }
+    let price = |cl: &Cluster| evaluate_switched(plan, shape, cl, events, first, k).map(|(_, b)| b);
+    let fit_loads = |stall_at: &dyn Fn(f64) -> f64| load_scale(fed.stall_s, stall_at);
+    let f = Fed {
+        compute_s: fed.compute_s,
+        hops_s: fed.hops_s(),
+        stall_s: fed.stall_s,
+    };
+    let cal = fit_to(
+        &mut c,
+        probed,
+        transfers_per_step(plan),
+        f,
+        &price,
+        &fit_loads,
+        w,
+    )?;
+    let (ms_per_token, breakdown) =
+        evaluate_switched(plan, shape, &c, events, first + k, steps - k)?;
+    Ok(Some(Repriced {
+        calibration: Calibration {
+            steps: k,
+            groups: 1,
+            coordinator_s: fed.coordinator_s,
+            ..cal
+        },
+        cluster: c,
+        ms_per_token,
+        breakdown,
     }))
 }

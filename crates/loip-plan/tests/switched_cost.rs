@@ -12,18 +12,7 @@ use loip_plan::profile::preset;
 use loip_plan::{Cluster, LinkProfile};
 
 fn cluster() -> Cluster {
-    let devices = ["orin32", "nx16"]
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (format!("d{i}"), preset(p).unwrap()))
-        .collect();
-    Cluster::new(
-        devices,
-        LinkProfile {
-            bandwidth: 12.5e6,
-            latency: 2e-3,
-        },
-    )
+    common::orin_nx()
 }
 
 #[test]

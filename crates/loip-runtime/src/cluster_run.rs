@@ -230,12 +230,33 @@ pub struct Breakdown {
     pub switch_ms: f64,
     /// how many times a step was parked for switches
     pub switch_parks: u64,
+    /// the first decode steps not parked for a switch (after the run's first), which the
+    /// re-priced prediction is fed from ([`loip_plan::calibrate::REPRICE_STEPS`]; fewer:
+    /// not re-priced); the `early_*` figures below are their trimmed means
+    /// ([`Totals::early_fed`])
+    pub early_steps: u64,
+    /// the decode steps up to the last of them (parked ones included)
+    pub early_span: u64,
+    /// their mean wall time and coordinator's part  // milliseconds
+    pub early_span_ms: f64,
+    /// their mean wall time  // milliseconds
+    pub early_step_ms: f64,
+    /// their compute  // milliseconds
+    pub early_compute_ms: f64,
+    /// their load stall  // milliseconds
+    pub early_stall_ms: f64,
+    /// their coordinator's part  // milliseconds
+    pub early_coordinator_ms: f64,
+    /// the cost model over the decode steps after them, fed the rates they measured
+    /// (`loip_plan::calibrate::reprice`; 0: not re-priced)  // milliseconds
+    pub repriced_ms: f64,
 }
 
 impl Breakdown {
     /// Means over the decode steps of `t`.
     pub fn of(t: &Totals) -> Breakdown {
         let n = t.decode_steps.max(1) as f64;
+        let e = t.early_fed().unwrap_or_default();
         let d: &StepStats = &t.decode;
         Breakdown {
             steps: t.decode_steps,
@@ -248,6 +269,15 @@ impl Breakdown {
             loaded_bytes: d.loaded_bytes as f64 / n,
             switch_ms: t.switch_s * 1e3 / n,
             switch_parks: t.switch_parks,
+            early_steps: t.early_steps,
+            early_step_ms: e.wall_s * 1e3,
+            early_compute_ms: e.compute_s * 1e3,
+            early_stall_ms: e.stall_s * 1e3,
+            early_coordinator_ms: e.coordinator_s * 1e3,
+            early_span: t.early_span,
+            early_span_ms: (t.span.wall_s + t.span.coordinator_s) * 1e3
+                / t.early_span.max(1) as f64,
+            repriced_ms: t.repriced_ms,
         }
     }
 }
@@ -540,9 +570,77 @@ impl Session {
         &self.hop_links
     }
 
-    /// Timing sums since the last call (then reset).
+    /// Timing sums since the last call (then reset), with the re-priced prediction of the
+    /// decode steps after the first few ([`Session::reprice`]).
     pub fn take_totals(&self) -> Totals {
-        self.pipeline.take_totals()
+        let mut t = self.pipeline.take_totals();
+        if let Some(r) = self.reprice(&t) {
+            t.repriced_ms = r.ms_per_token;
+        }
+        t
+    }
+
+    /// The cost model fed the rates that a run's first
+    /// [`loip_plan::calibrate::REPRICE_STEPS`] decode steps measured (`t`'s `early`: compute,
+    /// load stall, hops, the coordinator's part), pricing its remaining decode steps with
+    /// the placements its threshold switches left in force
+    /// ([`loip_plan::calibrate::reprice`]); `None` unless `t` is one sequence's run of more
+    /// steps than those (one prompt step or a few, then decode steps, as `loip local`'s).
+    /// The adapter numbers the steps after the warm-up from 1: the prompt's, then the
+    /// decode steps'.
+    pub fn reprice(&self, t: &Totals) -> Option<loip_plan::calibrate::Repriced> {
+        let k = loip_plan::calibrate::REPRICE_STEPS;
+        let fed = t.early_fed()?;
+        if t.decode_steps <= t.early_span || t.prompt_steps == 0 {
+            return None;
+        }
+        let events = self.adaptation().map(|a| a.events).unwrap_or_default();
+        let probed: Vec<String> = self
+            .reports
+            .iter()
+            .filter(|r| r.probe.is_some())
+            .map(|r| r.endpoint.name.clone())
+            .collect();
+        let first = u32::try_from(t.prompt_steps + 1).ok()?;
+        let steps = u32::try_from(t.decode_steps).ok()?;
+        let span = u32::try_from(t.early_span).ok()?;
+        let r = loip_plan::calibrate::reprice(
+            &self.plan,
+            &self.shape,
+            &self.cluster,
+            &events,
+            first,
+            span,
+            steps,
+            &fed,
+            &probed,
+            loip_plan::calibrate::REPRICE_WEIGHTS,
+        )
+        .ok()??;
+        // the steps after the span: the decode sums less the span's
+        let rest =
+            (t.decode.wall_s + t.decode.coordinator_s - t.span.wall_s - t.span.coordinator_s)
+                / (t.decode_steps - t.early_span) as f64;
+        let c = &r.calibration;
+        tracing::info!(
+            "re-priced after the first {k} decode steps: compute {:.2} ms against {:.2} priced \
+             (x{:.2}), hops {:.2} against {:.2} ({:.0} us more a transfer), stall {:.2} against \
+             {:.2} (loads x{:.2}); the remaining {} steps priced {:.2} ms/token, their steps \
+             measured {:.2} (wall and coordinator; from {span} decode steps on)",
+            c.compute_s * 1e3,
+            c.priced_compute_s * 1e3,
+            c.compute_scale,
+            c.hops_s * 1e3,
+            c.priced_comm_s * 1e3,
+            c.hop_extra * 1e6,
+            c.stall_s * 1e3,
+            c.priced_stall_s * 1e3,
+            c.load_scale,
+            steps - span,
+            r.ms_per_token,
+            rest * 1e3
+        );
+        Some(r)
     }
 
     /// Names of the devices that are gone.

@@ -171,6 +171,28 @@ pub struct StepStats {
     pub loaded_bytes: u64,
 }
 
+impl Totals {
+    /// What the re-priced prediction is fed: each figure of the `early` steps the mean
+    /// without its largest and smallest value ([`loip_plan::calibrate::trimmed_mean`]; one
+    /// step of 8 in a burst moves it little); `None` until they are all in.  // seconds
+    pub fn early_fed(&self) -> Option<loip_plan::calibrate::WarmupStep> {
+        if self.early_steps != u64::from(loip_plan::calibrate::REPRICE_STEPS) {
+            return None;
+        }
+        let of = |f: fn(&StepStats) -> f64| {
+            let v: Vec<f64> = self.early.iter().map(f).collect();
+            loip_plan::calibrate::trimmed_mean(&v).unwrap_or(0.0)
+        };
+        Some(loip_plan::calibrate::WarmupStep {
+            group: 0,
+            wall_s: of(|s| s.wall_s),
+            compute_s: of(|s| s.compute_s),
+            stall_s: of(|s| s.stall_s),
+            coordinator_s: of(|s| s.coordinator_s),
+        })
+    }
+}
+
 impl StepStats {
     fn add(&mut self, o: &StepStats) {
         self.tokens += o.tokens;
@@ -202,6 +224,21 @@ pub struct Totals {
     /// (inside the parked step's `wall_s`, counted in its `queued_s`: it waits from its
     /// creation to its dispatch)  // seconds
     pub switch_s: f64,
+    /// the first [`loip_plan::calibrate::REPRICE_STEPS`] decode steps after the first
+    /// [`loip_plan::calibrate::REPRICE_SKIP`] not parked for a switch (what the re-priced
+    /// prediction is fed: [`crate::cluster_run::Session::take_totals`]; a parked step's
+    /// loads ran on during its park, so its stall is not a step's; a sequence's first
+    /// decode step runs about a tenth slower than the next ones)
+    pub early_steps: u64,
+    /// each of them
+    pub early: [StepStats; loip_plan::calibrate::REPRICE_STEPS as usize],
+    /// the decode steps up to the last of them, parked ones included
+    pub early_span: u64,
+    /// their sums (the remaining steps' are the decode sums less these)
+    pub span: StepStats,
+    /// the cost model's prediction of the decode steps after those, fed the rates they
+    /// measured (0: not priced)  // milliseconds
+    pub repriced_ms: f64,
 }
 
 /// The state of one device of the pipeline.
@@ -588,6 +625,8 @@ struct InFlight {
     stats: StepStats,
     worker_s: f64,
     progress: route::Progress,
+    /// parked for threshold switches before it entered (its loads ran on meanwhile)
+    parked: bool,
 }
 
 struct Sched {
@@ -865,7 +904,7 @@ async fn scheduler(
                         stats.coordinator_s = now.duration_since(t).as_secs_f64();
                     }
                     let f = InFlight {
-                        seqs, rewind, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats, worker_s: 0.0, progress: Default::default(),
+                        seqs, rewind, batch, rows, argmax, row_masks, hop: 0, reply, started: now, sent: now, stats, worker_s: 0.0, progress: Default::default(), parked: false,
                     };
                     s.waves.back(&f.seqs);
                     s.enter(step, f, wire::u32_bytes(&ids));

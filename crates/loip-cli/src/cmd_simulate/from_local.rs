@@ -75,12 +75,38 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         first,
         steps,
     )?;
-    let terms = CostTerms::of(&v, &run.plan, switched, rt_ms);
+    let mut terms = CostTerms::of(&v, &run.plan, switched, rt_ms);
+    let weights = match &args.reprice_weights {
+        None => loip_plan::calibrate::REPRICE_WEIGHTS,
+        Some(s) => {
+            let (c, l) = s
+                .split_once(',')
+                .with_context(|| format!("--reprice-weights {s}: COMPUTE,LOADS"))?;
+            loip_plan::calibrate::Weights {
+                compute: c.trim().parse()?,
+                loads: l.trim().parse()?,
+            }
+        }
+    };
+    let repriced = repriced(
+        &v,
+        &run,
+        &cluster,
+        &runtime_events,
+        first,
+        steps,
+        rt_ms,
+        weights,
+    )?;
+    if let Some(r) = &repriced {
+        terms.repriced = r.ms / r.measured_ms;
+    }
     if args.json {
         let out = serde_json::json!({
             "runtime_ms_per_token": rt_ms,
             "predicted_ms_per_token": run.plan.predicted_ms_per_token,
             "predicted_over_switches_ms_per_token": terms.predicted_ms,
+            "repriced": repriced,
             "terms": terms,
             "simulated_ms_per_token": report.ms_per_token,
             "runtime_switches": rt,
@@ -126,6 +152,22 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         run.cluster.coordinator * 1e6,
         extra * 1e6
     );
+    if let Some(r) = &repriced {
+        println!(
+            "re-priced  {:>9.2} ms/token over steps {}-{}, fed the first {} decode steps \
+             (compute x{:.2}, {:.0} us more a hop, loads x{:.2}); those steps measured {:.2} \
+             (re-priced ÷ measured {:.2})",
+            r.ms,
+            r.from,
+            r.to,
+            r.fed_steps,
+            r.compute_scale,
+            r.hop_extra_us,
+            r.load_scale,
+            r.measured_ms,
+            r.ms / r.measured_ms
+        );
+    }
     println!("{}", CostTerms::HEADER);
     println!("{}", terms.row());
     print_placements(&run, &cluster, &runtime_events, first, steps)?;
@@ -169,6 +211,89 @@ pub(super) fn from_local(args: &SimulateArgs, path: &Path) -> Result<()> {
         }
     );
     Ok(())
+}
+
+/// The re-priced prediction of a run ([`loip_plan::calibrate::reprice`]) against its
+/// measured steps after the first few.  // milliseconds
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Repriced {
+    /// decode steps it was fed (the first not parked for a switch)
+    fed_steps: u32,
+    /// the steps it priced, `from..=to` (the run's numbering)
+    from: u32,
+    to: u32,
+    /// its ms/token over them
+    ms: f64,
+    /// the run's over them: its ms/token shifted by the wall and coordinator's part of
+    /// those steps against all decode steps'
+    measured_ms: f64,
+    compute_scale: f64,
+    hop_extra_us: f64,
+    load_scale: f64,
+}
+
+/// The cost model fed the run's first decode steps not parked for a switch
+/// (`breakdown.early_*` in the run's JSON;
+/// `None` for a run without them), over its remaining steps on `cluster` (the run's, its
+/// switch parks priced as in the other columns): the same pure function as the runtime's
+/// `repriced_ms`.
+fn repriced(
+    v: &serde_json::Value,
+    run: &ReplayRun,
+    cluster: &loip_plan::Cluster,
+    events: &[loip_sim::AdaptEvent],
+    first: u32,
+    steps: u32,
+    rt_ms: f64,
+    weights: loip_plan::calibrate::Weights,
+) -> Result<Option<Repriced>> {
+    let m = |k: &str| {
+        v.pointer(&format!("/breakdown/{k}"))
+            .and_then(|x| x.as_f64())
+            .unwrap_or(0.0)
+    };
+    let (k, span) = (m("early_steps") as u32, m("early_span") as u32);
+    if k == 0 || span >= steps || !rt_ms.is_finite() {
+        return Ok(None);
+    }
+    let fed = loip_plan::calibrate::WarmupStep {
+        group: 0,
+        wall_s: m("early_step_ms") / 1e3,
+        compute_s: m("early_compute_ms") / 1e3,
+        stall_s: m("early_stall_ms") / 1e3,
+        coordinator_s: m("early_coordinator_ms") / 1e3,
+    };
+    let probed: Vec<String> = v
+        .get("devices")
+        .and_then(|d| d.as_array())
+        .map(|a| {
+            a.iter()
+                .filter(|r| r.get("probe").is_some_and(|p| !p.is_null()))
+                .filter_map(|r| r.pointer("/endpoint/name").and_then(|n| n.as_str()))
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    let Some(r) = loip_plan::calibrate::reprice(
+        &run.plan, &run.shape, cluster, events, first, span, steps, &fed, &probed, weights,
+    )?
+    else {
+        return Ok(None);
+    };
+    let (n, sf) = (steps as f64, span as f64);
+    let all = m("step_ms") + m("coordinator_ms");
+    let rest = (n * all - sf * m("early_span_ms")) / (n - sf);
+    let c = &r.calibration;
+    Ok(Some(Repriced {
+        fed_steps: k,
+        from: first + span,
+        to: first + steps - 1,
+        ms: r.ms_per_token,
+        measured_ms: rt_ms + rest - all,
+        compute_scale: c.compute_scale,
+        hop_extra_us: c.hop_extra * 1e6,
+        load_scale: c.load_scale,
+    }))
 }
 
 /// The cost model per placement the run held (between its threshold switches), one line
@@ -238,11 +363,14 @@ struct CostTerms {
     /// steps parked for threshold switches, per token
     switch: (f64, f64),
     loaded_bytes: f64,
+    /// the re-priced prediction over the measured, both over the steps after the first
+    /// few (NaN: not re-priced)
+    repriced: f64,
 }
 
 impl CostTerms {
     /// The markdown header of [`CostTerms::row`].
-    const HEADER: &'static str = "| measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | switch parks meas./pred. | loaded MB/token | plan as started ÷ measured |\n|---:|---:|---|---|---:|---|---|---|---:|---:|";
+    const HEADER: &'static str = "| measured ms/token | predicted ÷ measured | compute meas./pred. | hops meas./pred. | (of which in-worker) | load stall meas./pred. | coordinator meas./pred. | switch parks meas./pred. | loaded MB/token | plan as started ÷ measured | re-priced ÷ measured, after 8 steps |\n|---:|---:|---|---|---:|---|---|---|---:|---:|---:|";
 
     fn of(
         v: &serde_json::Value,
@@ -275,6 +403,7 @@ impl CostTerms {
             coordinator: (m("coordinator_ms"), p.coordinator_ms),
             switch: (park, p.switch_ms),
             loaded_bytes: m("loaded_bytes"),
+            repriced: f64::NAN,
         }
     }
 
@@ -282,7 +411,7 @@ impl CostTerms {
     fn row(&self) -> String {
         let pair = |x: (f64, f64)| format!("{:.2} / {:.2}", x.0, x.1);
         format!(
-            "| {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {:.1} | {:.2} |",
+            "| {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {:.1} | {:.2} | {:.2} |",
             self.measured_ms,
             self.predicted_ms / self.measured_ms,
             pair(self.compute),
@@ -292,7 +421,8 @@ impl CostTerms {
             pair(self.coordinator),
             pair(self.switch),
             self.loaded_bytes / 1e6,
-            self.plan_ms / self.measured_ms
+            self.plan_ms / self.measured_ms,
+            self.repriced
         )
     }
 }

@@ -22,6 +22,22 @@ pub fn llama70b() -> ModelShape {
     )
 }
 
+/// An Orin 32 GB and a Xavier NX over 100 Mbit/s links with 2 ms latency.
+pub fn orin_nx() -> Cluster {
+    let devices = ["orin32", "nx16"]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("d{i}"), preset(p).unwrap()))
+        .collect();
+    Cluster::new(
+        devices,
+        LinkProfile {
+            bandwidth: 12.5e6,
+            latency: 2e-3,
+        },
+    )
+}
+
 pub fn llama13b() -> ModelShape {
     ModelShape::from_dims(
         "llama2-13b",

@@ -202,14 +202,15 @@ impl Sched {
         if !a.pending.is_empty() {
             return;
         }
-        if let Some(at) = a.parked_at.take() {
+        let parked = a.parked_at.take().map(|at| {
             let mut t = super::lock(&self.shared.totals);
             t.switch_parks += 1;
             t.switch_s += at.elapsed().as_secs_f64();
-        }
+        });
         let mut waiting = std::mem::take(&mut a.waiting);
         if let Some(id) = a.admitted.take() {
-            if let Some((step, f, data)) = waiting.pop_front().filter(|w| w.0 == id) {
+            if let Some((step, mut f, data)) = waiting.pop_front().filter(|w| w.0 == id) {
+                f.parked = parked.is_some();
                 if a.refused {
                     a.adapter.undo_step();
                     a.recompute.remove(&step);
@@ -255,6 +256,7 @@ impl Sched {
                 stats: Default::default(),
                 worker_s: 0.0,
                 progress: Default::default(),
+                parked: false,
             };
             self.inflight.insert(id, fl);
             self.admit(id, wire::u32_bytes(&ids));

@@ -372,6 +372,15 @@ impl Sched {
             let mut t = lock(&self.shared.totals);
             // one token per sequence: a decode step (of a micro-batch)
             if fl.seqs.len() == fl.batch.len() {
+                let k = t.early_steps as usize;
+                if k < t.early.len() {
+                    t.early_span += 1;
+                    t.span.add(&fl.stats);
+                    if !fl.parked && t.early_span > u64::from(loip_plan::calibrate::REPRICE_SKIP) {
+                        t.early[k] = fl.stats;
+                        t.early_steps += 1;
+                    }
+                }
                 t.decode_steps += 1;
                 t.decode.add(&fl.stats);
             } else {
