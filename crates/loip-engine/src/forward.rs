@@ -5,7 +5,7 @@
 //! attends only to its own sequence's cache. The block functions are what a pipeline stage
 //! calls, with weights from memory or from the loader's slot.
 
-use loip_kernels::{self as k, DType, Matrix};
+use loip_kernels::{self as k, DType, LineVec, Matrix};
 use loip_model::{Arch, ModelConfig};
 
 use crate::kv::{KvCache, SeqId};
@@ -171,7 +171,7 @@ impl Transformer {
             )?;
         }
 
-        let mut att = vec![0f32; n * qd]; // (n, n_heads * head_dim)
+        let mut att = LineVec::zeroed(n * qd); // (n, n_heads * head_dim): o's input
         let kv_ref = &*kv;
         // Runs of one sequence's consecutive positions (a prompt or a prompt chunk) attend
         // tiled over queries, each over its causal prefix or its sliding window, bit-identical
@@ -240,10 +240,10 @@ impl Transformer {
 
         let mut o = vec![0f32; n * h]; // (n, hidden)
         k::matmul(&w.o, &att, &mut o)?;
-        if let Some(post) = &w.post_norm {
-            o = self.rmsnorm_rows(&o, post, n)?;
+        match &w.post_norm {
+            Some(post) => add_into(x, &self.rmsnorm_rows(&o, post, n)?),
+            None => add_into(x, &o),
         }
-        add_into(x, &o);
         Ok(())
     }
 
@@ -254,7 +254,7 @@ impl Transformer {
         let n = x.len() / h.max(1);
         self.check_hidden(x, n)?;
         let xn = self.rmsnorm_rows(x, &w.post_norm, n)?; // (n, hidden)
-        let mut gate = vec![0f32; n * i]; // (n, intermediate)
+        let mut gate = LineVec::zeroed(n * i); // (n, intermediate): down's input
         let mut up = vec![0f32; n * i]; // (n, intermediate)
         k::matmul_many(&[&w.gate, &w.up], &xn, &mut [&mut gate, &mut up])?;
         if self.cfg.arch == Arch::Gemma3 {
@@ -264,10 +264,10 @@ impl Transformer {
         }
         let mut down = vec![0f32; n * h]; // (n, hidden)
         k::matmul(&w.down, &gate, &mut down)?;
-        if let Some(post) = &w.out_norm {
-            down = self.rmsnorm_rows(&down, post, n)?;
+        match &w.out_norm {
+            Some(post) => add_into(x, &self.rmsnorm_rows(&down, post, n)?),
+            None => add_into(x, &down),
         }
-        add_into(x, &down);
         Ok(())
     }
 
@@ -290,10 +290,11 @@ impl Transformer {
         Ok(w)
     }
 
-    fn rmsnorm_rows(&self, x: &[f32], weight: &Matrix, n: usize) -> Result<Vec<f32>, EngineError> {
+    /// `out: (n, hidden)`, each row of `x` normed, on 64-byte lines (a batched matmul's input).
+    fn rmsnorm_rows(&self, x: &[f32], weight: &Matrix, n: usize) -> Result<LineVec, EngineError> {
         let h = self.cfg.hidden_size;
         let wv = self.norm_weight(weight)?; // (hidden,)
-        let mut out = vec![0f32; n * h];
+        let mut out = LineVec::zeroed(n * h);
         for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
             k::rmsnorm(xr, &wv, self.cfg.rms_norm_eps, or);
         }

@@ -32,7 +32,8 @@
 mod common;
 
 use loip_kernels::{
-    gelu_tanh_mul, matmul, matmul_many, on_pool, set_pin_off, silu_mul, simd_level, DType, Matrix,
+    gelu_tanh_mul, matmul, matmul_many, on_pool, set_pin_off, silu_mul, simd_level, DType, LineVec,
+    Matrix,
 };
 use rand::SeedableRng;
 
@@ -261,7 +262,7 @@ fn main() {
             for &(m, rows, cols, dtype) in &shapes {
                 let data = common::random_matrix(dtype, rows, cols, &mut rng);
                 let w = Matrix::new(dtype, rows, cols, &data).expect("shape");
-                let x = common::random_f32(tokens * cols, &mut rng);
+                let x = LineVec::from_slice(&common::random_f32(tokens * cols, &mut rng)); // on lines, as the engine's
                 let mut y = vec![0f32; tokens * rows];
                 let best = (0..rounds)
                     .map(|_| common::cpu_ns_per_call(|| matmul(&w, &x, &mut y).expect("matmul")))
@@ -360,7 +361,7 @@ fn scaling_table(models: &[(&str, Vec<Shape>)], tokens: usize, rounds: usize, un
         let mut total = [0f64; 2];
         for (gname, idx) in groups {
             let cols = ws[idx[0]].cols;
-            let x = common::random_f32(tokens * cols, &mut rng);
+            let x = LineVec::from_slice(&common::random_f32(tokens * cols, &mut rng)); // on lines, as the engine's
             let mut ys: Vec<Vec<f32>> = idx
                 .iter()
                 .map(|&i| vec![0f32; tokens * ws[i].rows])

@@ -21,37 +21,9 @@ const PAR_MIN_ELEMS: usize = 1 << 16;
 const FEW_TASKS_ELEMS: usize = 1 << 21;
 /// Largest scratch (f32 elements, 4 MiB) a thread keeps between calls.
 const SCRATCH_KEEP: usize = 1 << 20;
-/// Activations of at least this many f32 are copied onto a 64-byte line by every thread of
-/// the pool ([`with_aligned_x`]).
-const PAR_COPY_ELEMS: usize = 1 << 16;
-
 thread_local! {
     /// Batched calls' `rows × n` outputs in the kernels' layout (f32), reused.
     static SCRATCH: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
-    /// Batched calls' activations copied onto a 64-byte line (f32), reused.
-    static ALIGNED_X: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
-}
-
-/// `f(x)`, with `x` first copied onto a 64-byte line unless it starts on one: the same
-/// values, but the tiles' 64-byte token loads no longer each span two cache lines (the
-/// engine's activations start 16 bytes into a line). Long activations are copied by the
-/// pool's threads, each a part.
-fn with_aligned_x<R>(x: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
-    if x.as_ptr() as usize % 64 == 0 {
-        return f(x);
-    }
-    with_thread_buf(&ALIGNED_X, x.len(), SCRATCH_KEEP, |dst| {
-        let threads = rayon::current_num_threads();
-        if threads > 1 && x.len() >= PAR_COPY_ELEMS {
-            let chunk = x.len().div_ceil(threads).next_multiple_of(16);
-            team::par_chunks_mut(dst, chunk, |i, o| {
-                o.copy_from_slice(&x[i * chunk..i * chunk + o.len()]);
-            });
-        } else {
-            dst.copy_from_slice(x);
-        }
-        f(dst)
-    })
 }
 
 /// Task boundaries are multiples of this many rows (the kernels' row tile).
@@ -92,7 +64,9 @@ fn check(w: &Matrix, x: &[f32], y: &[f32]) -> Result<usize, KernelError> {
 /// `y[t * w.rows + r] = dot(row r of w, x[t * w.cols .. (t + 1) * w.cols])` for each token
 /// `t < n`, `n = x.len() / w.cols`.
 ///
-/// `x`: `n × w.cols` f32 (row-major); `y`: `n × w.rows` f32.
+/// `x`: `n × w.cols` f32 (row-major); `y`: `n × w.rows` f32. The tiled kernels of a batch read
+/// `x` fastest from a 64-byte line (a [`crate::LineVec`]): at another address every 512-bit
+/// token load spans two lines.
 /// Weights are dequantized in registers (exactly) and accumulated in f32 in the canonical
 /// order, bit-identical for any `n`, thread count, SIMD path and weight address.
 ///
@@ -134,26 +108,24 @@ pub(crate) fn matmul_at(
     let task_rows = rows.div_ceil(tasks).next_multiple_of(TASK_ROW_ALIGN);
 
     if dispatch::has_token_major(level, dtype, n) {
-        return with_aligned_x(x, |x| {
-            // the tiled kernel writes y's layout itself; each task its own rows
-            let yt = dispatch::TokenMajor::new(y, rows);
-            let run = |(r0, r1): (usize, usize)| {
-                let data = &w.data[r0 * rb..r1 * rb];
-                dispatch::rows_token_major(level, dtype, data, cols, x, n, yt, r0)
-            };
-            if tasks == 1 {
-                run((0, rows));
+        // the tiled kernel writes y's layout itself; each task its own rows
+        let yt = dispatch::TokenMajor::new(y, rows);
+        let run = |(r0, r1): (usize, usize)| {
+            let data = &w.data[r0 * rb..r1 * rb];
+            dispatch::rows_token_major(level, dtype, data, cols, x, n, yt, r0)
+        };
+        if tasks == 1 {
+            run((0, rows));
+        } else {
+            let align = batch_row_align(n);
+            let ranges = if tasks < 4 * threads {
+                batch_ranges(rows, tasks, align)
             } else {
-                let align = batch_row_align(n);
-                let ranges = if tasks < 4 * threads {
-                    batch_ranges(rows, tasks, align)
-                } else {
-                    guided_ranges(rows, 2 * threads, align, align)
-                };
-                team::par_for(ranges.len(), |i| run(ranges[i]));
-            }
-            Ok(())
-        });
+                guided_ranges(rows, 2 * threads, align, align)
+            };
+            team::par_for(ranges.len(), |i| run(ranges[i]));
+        }
+        return Ok(());
     }
 
     let run = |out: &mut [f32]| {
@@ -221,7 +193,7 @@ pub(crate) fn matmul_many_at(
         .map(|(w, &n)| w.rows.saturating_mul(w.cols).saturating_mul(n))
         .sum();
     if !single && threads > 1 && total >= PAR_MIN_ELEMS && tiled_batch(level, ws, &ns) {
-        return with_aligned_x(x, |x| matmul_many_tiled(level, ws, x, ys, ns[0], threads));
+        return matmul_many_tiled(level, ws, x, ys, ns[0], threads);
     }
     if !single || threads <= 1 || total < PAR_MIN_ELEMS {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
@@ -426,28 +398,6 @@ pub fn dequant_row(w: &Matrix, r: usize, out: &mut [f32]) -> Result<(), KernelEr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The copy is on a 64-byte line and holds `x`'s values, at every offset of `x`, short
-    /// and long enough for the threads' parts, on one thread and on a team of three.
-    #[test]
-    fn aligned_x_holds_the_same_values_on_a_line() {
-        let src: Vec<f32> = (0..PAR_COPY_ELEMS + 1000).map(|i| i as f32 * 0.5).collect();
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build();
-        let pool = pool.unwrap_or_else(|e| panic!("pool: {e}"));
-        for len in [1, 17, 1000, PAR_COPY_ELEMS - 1, PAR_COPY_ELEMS + 37] {
-            for off in 0..16 {
-                let x = &src[off..off + len];
-                let check = |y: &[f32]| {
-                    assert_eq!(y.as_ptr() as usize % 64, 0, "{len} {off}");
-                    assert!(y.iter().zip(x).all(|(a, b)| a.to_bits() == b.to_bits()));
-                    y.len()
-                };
-                assert_eq!(with_aligned_x(x, check), len);
-                let n = pool.install(|| crate::on_pool(|| with_aligned_x(x, check)));
-                assert_eq!(n, len);
-            }
-        }
-    }
 
     #[test]
     fn batch_ranges_cover_rows_in_aligned_even_parts() {

@@ -2,6 +2,7 @@
 //!
 //! - [`matmul`] / [`matmul_many`] / [`matmul_ref`] / [`dequant_row`]: weights in their stored
 //!   dtype.
+//! - [`LineVec`]: f32 activations on 64-byte lines, what the batched matmuls read fastest.
 //! - [`rmsnorm`], [`silu_mul`], [`gelu_tanh_mul`], [`rope_half`]: element-wise f32 kernels.
 //! - [`attention`] / [`attention_ref`]: one query token over a KV cache;
 //!   [`attention_causal`] / [`attention_sliding`]: the tokens of a prompt chunk, each over
@@ -19,6 +20,7 @@
 
 pub use crate::attention::{attention, attention_causal, attention_ref, attention_sliding};
 pub use crate::elementwise::{gelu_tanh_mul, rmsnorm, rope_half, silu_mul};
+pub use crate::lines::LineVec;
 pub use crate::matmul::{dequant_row, matmul, matmul_many, matmul_ref};
 pub use crate::simd::{
     set_force_scalar, set_lane_tiles, set_per_row_batches, set_short_tiles_off, simd_level,

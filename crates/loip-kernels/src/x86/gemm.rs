@@ -47,7 +47,14 @@ pub(crate) mod short;
 mod tile;
 
 pub(crate) use tile::Out;
-use tile::{Slot, State, SHORT_BATCH};
+use tile::{Slot, SHORT_BATCH};
+
+/// Slot states of a tile, `[row][token][slot]`, `S` = the level's `Slot::SLOTS` (4 for
+/// 512-bit slots): no unused slots between outputs, so that the states of a long-row panel's
+/// tiles (8 tiles of 3 × 6 outputs, 37 KB with 512-bit slots) spread over every L1 set. (With
+/// 8 slots per output the used half of 512-bit states fell in the same half of the sets.)
+/// Never zeroed: each pass writes its slots before anything reads them.
+type Slots<V, const S: usize, const R: usize, const T: usize> = [[[MaybeUninit<V>; S]; T]; R];
 
 /// f32 bytes of one dequantized panel of rows for long batches with 256-bit slots (about a
 /// quarter of a small L2). Batches of at most [`SHORT_BATCH`] tokens dequantize one tile of
@@ -78,10 +85,10 @@ thread_local! {
 /// # Safety
 /// Slots `0 .. V::SLOTS` of `s` are written.
 #[inline(always)]
-unsafe fn reduce_state<V: Slot>(s: &[MaybeUninit<V>; 8]) -> f32 {
+unsafe fn reduce_state<V: Slot, const S: usize>(s: &[MaybeUninit<V>; S]) -> f32 {
     let s: [V; 8] = std::array::from_fn(|k| {
         if k < V::SLOTS {
-            s[k].assume_init()
+            s[k].assume_init() // k < SLOTS <= S
         } else {
             V::zero()
         }
@@ -95,11 +102,11 @@ unsafe fn reduce_state<V: Slot>(s: &[MaybeUninit<V>; 8]) -> f32 {
 /// slot `s < SLOTS`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // one index runs over three arrays
-unsafe fn tile<V: Slot, const R: usize, const T: usize>(
+unsafe fn tile<V: Slot, const S: usize, const R: usize, const T: usize>(
     w: &[*const f32; R],
     x: &[*const f32; T],
     (k0, k1): (usize, usize),
-    st: &mut State<V, R, T>,
+    st: &mut Slots<V, S, R, T>,
 ) {
     for s in 0..V::SLOTS {
         let mut acc = [[V::zero(); T]; R];
@@ -141,7 +148,7 @@ unsafe fn tile<V: Slot, const R: usize, const T: usize>(
 /// the rate of rows of 640).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
+unsafe fn tokens<V: Slot, const S: usize, const R: usize, const T: usize>(
     w: *const f32,
     pr: usize,
     cols: usize,
@@ -149,7 +156,7 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
     t0: usize,
     out: Out,
     row0: usize,
-    states: &mut Vec<State<V, R, T>>,
+    states: &mut Vec<Slots<V, S, R, T>>,
 ) {
     let full = cols / 16 * 16;
     let xs: [*const f32; T] = std::array::from_fn(|t| x.add((t0 + t) * cols));
@@ -160,7 +167,7 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
     let tiles = pr.div_ceil(R);
     if full <= KB {
         // one block: each tile's state stays on the stack
-        let mut st: State<V, R, T> = [[[MaybeUninit::uninit(); 8]; T]; R];
+        let mut st: Slots<V, S, R, T> = [[[MaybeUninit::uninit(); S]; T]; R];
         for j in 0..tiles {
             if full == 0 {
                 st.iter_mut().flatten().for_each(|s| {
@@ -169,7 +176,7 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
                     });
                 });
             } else {
-                tile::<V, R, T>(&ws(R * j), &xs, (0, full), &mut st);
+                tile::<V, S, R, T>(&ws(R * j), &xs, (0, full), &mut st);
             }
             let (r0, valid, wj) = fin(j);
             finish(&st, (cols, full), &wj, &xs, out, (r0, t0), valid);
@@ -177,12 +184,12 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
         return;
     }
     states.clear();
-    states.resize(tiles, [[[MaybeUninit::uninit(); 8]; T]; R]);
+    states.resize(tiles, [[[MaybeUninit::uninit(); S]; T]; R]);
     let mut k0 = 0;
     while k0 < full {
         let k1 = (k0 + KB).min(full);
         for (j, st) in states.iter_mut().enumerate() {
-            tile::<V, R, T>(&ws(R * j), &xs, (k0, k1), st);
+            tile::<V, S, R, T>(&ws(R * j), &xs, (k0, k1), st);
         }
         k0 = k1;
     }
@@ -197,8 +204,8 @@ unsafe fn tokens<V: Slot, const R: usize, const T: usize>(
 /// cols` of rows `w` and tokens `x`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn finish<V: Slot, const R: usize, const T: usize>(
-    st: &State<V, R, T>,
+unsafe fn finish<V: Slot, const S: usize, const R: usize, const T: usize>(
+    st: &Slots<V, S, R, T>,
     (cols, full): (usize, usize),
     w: &[*const f32; R],
     x: &[*const f32; T],
@@ -239,7 +246,7 @@ struct Job<'a> {
 /// The job's tokens against the panel: blocks of `T` tokens, the last block narrower (`R`
 /// rows per tile throughout).
 #[inline(always)]
-unsafe fn panel<V: Slot, const R: usize, const T: usize>(job: Job<'_>) {
+unsafe fn panel<V: Slot, const S: usize, const R: usize, const T: usize>(job: Job<'_>) {
     let Job {
         w,
         pr,
@@ -254,13 +261,13 @@ unsafe fn panel<V: Slot, const R: usize, const T: usize>(job: Job<'_>) {
     let mut t0 = t_start;
     let mut states = Vec::new();
     while t0 + T <= n {
-        tokens::<V, R, T>(w, pr, cols, x, t0, out, row0, &mut states);
+        tokens::<V, S, R, T>(w, pr, cols, x, t0, out, row0, &mut states);
         t0 += T;
     }
     // the remaining 0 .. T - 1 tokens (T is at most 8)
     macro_rules! rest {
         ($t:literal) => {
-            tokens::<V, R, $t>(w, pr, cols, x, t0, out, row0, &mut Vec::new())
+            tokens::<V, S, R, $t>(w, pr, cols, x, t0, out, row0, &mut Vec::new())
         };
     }
     match n - t0 {
@@ -279,7 +286,8 @@ unsafe fn panel<V: Slot, const R: usize, const T: usize>(job: Job<'_>) {
 /// tokens matching `$n` (the job's, from `t_start`), tiles of `$r` rows × `$t` tokens; `$rows`
 /// returns that `$r`.
 macro_rules! panel_level {
-    ($name:ident, $rows:ident, $feat:literal, $v:ty, $($n:pat => ($r:literal, $t:literal)),+) => {
+    ($name:ident, $rows:ident, $feat:literal, $v:ty, $s:literal,
+     $($n:pat => ($r:literal, $t:literal)),+) => {
         /// Rows per tile of [`
         #[doc = stringify!($name)]
         /// `] for `n` tokens.
@@ -292,7 +300,7 @@ macro_rules! panel_level {
         #[target_feature(enable = $feat)]
         unsafe fn $name(job: Job<'_>) {
             match job.n - job.t_start {
-                $($n => panel::<$v, $r, $t>(job)),+
+                $($n => panel::<$v, $s, $r, $t>(job)),+
             }
         }
     };
@@ -300,13 +308,13 @@ macro_rules! panel_level {
 
 // 16 registers: R × T accumulators + R rows + T tokens (2 × 4 measured best for n >= 4 with
 // panels in L1: no spills; 3 × 4 needs 19)
-panel_level!(panel_avx2, rows_avx2, "avx2,fma,f16c", __m256,
+panel_level!(panel_avx2, rows_avx2, "avx2,fma,f16c", __m256, 8,
     2 => (4, 2),
     3 => (3, 3),
     _ => (2, 4)
 );
 // 32 registers
-panel_level!(panel_avx512, rows_avx512, "avx512f,avx2,fma,f16c", __m512,
+panel_level!(panel_avx512, rows_avx512, "avx512f,avx2,fma,f16c", __m512, 4,
     2 => (8, 2),
     3 => (6, 3),
     4 => (4, 4),
