@@ -65,6 +65,14 @@ done
 grep -E "^Rss" "/proc/$api/status" | tr -s ' \t' ' ' | tr '\n' ' ' | sed 's/^/api at start: /'; echo
 (for _ in $(seq 3000); do sample; sleep 0.2; done) >"$tmp/samples" &
 sampler=$!
+# the engine's KV as the scheduler counts it beside the process's anonymous memory
+(for _ in $(seq 3000); do
+  kv=$(curl -s -m 1 "http://127.0.0.1:$port/health" | python3 -c 'import json,sys; s=json.load(sys.stdin)["scheduler"]; print(s["kv_used_bytes"], s["kv_reserved_bytes"], s["running"])' 2>/dev/null || echo "- - -")
+  echo "$(date +%s.%N | cut -c1-14) $(awk '/RssAnon/ {print $2 * 1024}' "/proc/$api/status") $kv"
+  sleep 0.2
+done) >"$tmp/kv" &
+kvs=$!
+sampler=$!
 for phase in "--requests 16 --concurrency 8 --prompt-len 30 --output-len 24" \
   "--requests 16 --turns 4 --concurrency 4" \
   "--requests 8 --concurrency 8 --prompt-len 250 --output-len 16"; do
@@ -73,7 +81,8 @@ for phase in "--requests 16 --concurrency 8 --prompt-len 30 --output-len 24" \
     echo "bench serve $phase failed: $(tail -3 "$tmp/bench.out")"
 done
 sleep 0.5
-kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
+kill "$sampler" "$kvs" 2>/dev/null; wait "$sampler" "$kvs" 2>/dev/null || true
+[ -n "${KEEP:-}" ] && cp "$tmp/kv" "$KEEP/kv.$$"
 grep -E "^(Rss|VmHWM)" "/proc/$api/status" | tr -s ' \t' ' ' | tr '\n' ' ' | sed 's/^/api at the end: /'; echo
 health=$(curl -sf "http://127.0.0.1:$port/health" || echo '{}')
 if [ $v = 1 ]; then

@@ -163,7 +163,8 @@ time.sleep(120)
 "#;
 
 /// `loip generate --mem 200MiB` (SmolLM2 all resident) in a 320 MiB cgroup; once it
-/// decodes, another process in the cgroup takes it to 95.5 % of the limit and holds. The
+/// decodes, another process in the cgroup takes what cannot be reclaimed to 97 % of the limit and
+/// holds (within the 13 MiB margin of `loip_runtime::memory::pressure::margin`). The
 /// engine sheds resident blocks (said on stderr), the kernel kills nothing, and the text is
 /// the text of a run without pressure.
 #[test]
@@ -206,7 +207,7 @@ fn generate_sheds_blocks_under_pressure_instead_of_being_killed() {
     let mut hog = Command::new("python3");
     hog.args(["-c", HOG])
         .arg(cg.dir())
-        .arg("0.955")
+        .arg("0.97")
         .stdout(Stdio::null());
     cg.confine(&mut hog).unwrap();
     let mut hog = hog.spawn().unwrap();

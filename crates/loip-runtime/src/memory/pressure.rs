@@ -7,10 +7,10 @@
 //! kernel at the edge. A sample is under pressure when
 //! - what the cgroup is charged that the kernel cannot reclaim (its charge less the clean
 //!   page cache, [`Split`](super::cgroup::Split): anonymous, shared, locked, dirty and
-//!   kernel memory) is within [`margin`] of its limit: 1/16 of it, at most the room a
-//!   process's budget leaves for page cache ([`CODE_ALLOWANCE`] + [`IO_ALLOWANCE`]), since a
-//!   process within its budget never holds more than the rest (others in the cgroup may
-//!   have grown: the device's memory shrank under the process), or
+//!   kernel memory) is within [`margin`] of its limit: 1/16 of it, at most the room the
+//!   process's code needs ([`CODE_ALLOWANCE`]; a process within its budget leaves that and
+//!   the I/O allowance to page cache), so others in the cgroup grew or the process outgrew
+//!   its budget: the device's memory shrank under the process, or
 //! - the kernel reported new pressure events (v2 `memory.events` `max`/`high`, v1
 //!   `failcnt`) while that is within twice the margin and less than half the margin is
 //!   clean page cache: the kernel is reclaiming with little left to reclaim.
@@ -41,12 +41,12 @@ use super::cgroup::{Split, Version};
 use super::{Cgroup, CODE_ALLOWANCE, IO_ALLOWANCE};
 
 /// How close to `limit` (bytes) what cannot be reclaimed may come before the process sheds:
-/// 1/16 of the limit, at most the page cache a process's budget allows for (its code and
-/// the I/O in flight): a process that keeps its budget leaves at least that much of its
-/// cgroup to clean page cache, so coming closer means something beyond its budget grew,
-/// bytes.
+/// 1/16 of the limit, at most the room its code needs ([`CODE_ALLOWANCE`]). Closer than
+/// that, the kernel has only the pages of running code left to reclaim and re-reads them on
+/// every step; before it, page cache is the kernel's to reclaim (a process that fills its
+/// budget leaves [`CODE_ALLOWANCE`] + [`IO_ALLOWANCE`] of its cgroup to page cache), bytes.
 pub fn margin(limit: u64) -> u64 {
-    (limit / 16).min(CODE_ALLOWANCE + IO_ALLOWANCE)
+    (limit / 16).min(CODE_ALLOWANCE)
 }
 
 /// One look at the memory the process lives in.
@@ -316,23 +316,23 @@ mod tests {
     #[test]
     fn anonymous_memory_near_the_limit_sheds() {
         // another program in the cgroup grew: 16 MiB more anonymous memory, the page cache
-        // reclaimed down to 12 MiB
+        // reclaimed down to 8 MiB
         let stat = API_AT_LIMIT_V1
             .replace("total_rss 307421184", "total_rss 324198400")
             .replace(
                 "total_inactive_file 11907072",
-                "total_inactive_file 5000000",
+                "total_inactive_file 3000000",
             )
-            .replace("total_active_file 13668352", "total_active_file 7582912");
+            .replace("total_active_file 13668352", "total_active_file 5433408");
         let charge = LIMIT - 100 * 4096;
         let sample = Sample::of_cgroup(charge, &stat, Version::V1, LIMIT, 0);
-        assert_eq!(sample.reclaimable, 12_537_856);
+        assert_eq!(sample.reclaimable, 8 * MIB);
         let shed = Watch::default()
             .observe(sample, Instant::now())
             .expect("within the margin");
         assert_eq!(shed.bytes, 20 * MIB);
         assert!(
-            shed.why.contains("cannot be reclaimed within 19.0 MiB"),
+            shed.why.contains("cannot be reclaimed within 13.0 MiB"),
             "{}",
             shed.why
         );
@@ -343,10 +343,10 @@ mod tests {
     }
 
     #[test]
-    fn the_margin_is_a_sixteenth_at_most_the_page_cache_a_budget_allows() {
+    fn the_margin_is_a_sixteenth_at_most_the_room_of_the_code() {
         assert_eq!(margin(64 * MIB), 4 * MIB);
-        assert_eq!(margin(LIMIT), CODE_ALLOWANCE + IO_ALLOWANCE);
-        assert_eq!(margin(4096 * MIB), CODE_ALLOWANCE + IO_ALLOWANCE);
+        assert_eq!(margin(LIMIT), CODE_ALLOWANCE);
+        assert_eq!(margin(4096 * MIB), CODE_ALLOWANCE);
         assert_eq!(margin(0), 0);
     }
 
