@@ -38,13 +38,13 @@ use loip_plan::units::format_bytes as mib;
 use serde::Serialize;
 
 use super::cgroup::{Split, Version};
-use super::{Cgroup, CODE_ALLOWANCE, IO_ALLOWANCE};
+use super::{Cgroup, CODE_ALLOWANCE};
 
 /// How close to `limit` (bytes) what cannot be reclaimed may come before the process sheds:
 /// 1/16 of the limit, at most the room its code needs ([`CODE_ALLOWANCE`]). Closer than
 /// that, the kernel has only the pages of running code left to reclaim and re-reads them on
 /// every step; before it, page cache is the kernel's to reclaim (a process that fills its
-/// budget leaves [`CODE_ALLOWANCE`] + [`IO_ALLOWANCE`] of its cgroup to page cache), bytes.
+/// budget leaves [`CODE_ALLOWANCE`] + [`IO_ALLOWANCE`](super::IO_ALLOWANCE) of its cgroup to page cache), bytes.
 pub fn margin(limit: u64) -> u64 {
     (limit / 16).min(CODE_ALLOWANCE)
 }
@@ -323,7 +323,7 @@ mod tests {
                 "total_inactive_file 11907072",
                 "total_inactive_file 3000000",
             )
-            .replace("total_active_file 13668352", "total_active_file 5433408");
+            .replace("total_active_file 13668352", "total_active_file 5433664");
         let charge = LIMIT - 100 * 4096;
         let sample = Sample::of_cgroup(charge, &stat, Version::V1, LIMIT, 0);
         assert_eq!(sample.reclaimable, 8 * MIB);
