@@ -44,7 +44,8 @@ use super::{Cgroup, CODE_ALLOWANCE};
 /// 1/16 of the limit, at most the room its code needs ([`CODE_ALLOWANCE`]). Closer than
 /// that, the kernel has only the pages of running code left to reclaim and re-reads them on
 /// every step; before it, page cache is the kernel's to reclaim (a process that fills its
-/// budget leaves [`CODE_ALLOWANCE`] + [`IO_ALLOWANCE`](super::IO_ALLOWANCE) of its cgroup to page cache), bytes.
+/// budget leaves [`CODE_ALLOWANCE`] + [`IO_ALLOWANCE`](super::IO_ALLOWANCE) of its cgroup
+/// to page cache), bytes.
 pub fn margin(limit: u64) -> u64 {
     (limit / 16).min(CODE_ALLOWANCE)
 }
