@@ -92,8 +92,12 @@ fn round_up_mib(b: u64) -> u64 {
 /// What a process costs beside its engine, bytes: the pieces of [`Budget::process`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Overhead {
-    /// resident set measured after start-up (code, runtime, allocator), bytes
+    /// anonymous resident memory measured after start-up (runtime, allocator, what is loaded
+    /// so far; `RssAnon` + `RssShmem`), bytes
     pub baseline: u64,
+    /// the code the process maps ([`CODE_ALLOWANCE`]: stated, not measured, so that it does
+    /// not move with the page cache), bytes
+    pub code: u64,
     /// byte budgets of the peer queues (frames read, outputs to write), bytes
     pub queues: u64,
     /// stacks of the threads and the allocator's per-thread arenas, bytes
@@ -106,7 +110,7 @@ pub struct Overhead {
 impl Overhead {
     /// The sum, bytes.
     pub fn total(&self) -> u64 {
-        self.baseline + self.queues + self.threads + self.io
+        self.baseline + self.code + self.queues + self.threads + self.io
     }
 }
 
@@ -117,33 +121,61 @@ pub const PER_THREAD: u64 = 512 << 10;
 /// each chunk), the conventional loader's window, socket buffers of a few links, bytes.
 pub const IO_ALLOWANCE: u64 = 6 << 20;
 
-/// What a `loip worker` process typically takes beside its engine with a small budget:
-/// 24 MiB measured on a 2-core x86-64 (8 MiB resident after start, 8 MiB of peer queues,
-/// 3.5 MiB for threads, the I/O allowance), plus a margin. `loip local` adds it to the engine
-/// budgets it picks, bytes.
-pub const WORKER_PROCESS_ESTIMATE: u64 = 28 << 20;
+/// The executable's code and read-only data as the kernel maps them, bytes: a stated
+/// allowance in place of the file-backed resident set, which moves with the page cache (each
+/// fault maps whatever of its 64 KiB neighbourhood is cached: the same binary mapped 8.0 MB one
+/// second after start from a warm cache and 10.4 MB freshly copied, so an engine got 45.8 MiB
+/// in one run and 48.2 in the next). Derivation (7 December 2026, x86-64, release build,
+/// `loip local -m smollm2 --devices 3 -n 64 --ignore-eos`, each worker's `/proc/PID/smaps`
+/// after the generation): the executable's resident pages are 10.0–10.4 MiB from the build's
+/// own binary and 12.2–12.5 MiB from a fresh copy (wholly in the page cache: the most the
+/// kernel maps), rounded up. Shared libraries (libc, libm, ld.so: 2.3 MiB) are not counted:
+/// every process on the device maps them, and the page cache is charged to whoever read it
+/// first.
+pub const CODE_ALLOWANCE: u64 = 13 << 20;
 
-/// The overhead of a process whose resident set after start-up is `baseline`, with
-/// `threads` threads and peer queues of `queues` bytes.
+/// What a `loip worker` process typically takes beside its engine with a small budget:
+/// 32.8 MiB on a 2-core x86-64 with a 75 MiB budget (1.4 MiB anonymous after start, the code
+/// allowance, 9.4 MiB of peer queues, 3 MiB for threads, the I/O allowance), plus a margin.
+/// `loip local` adds it to the engine budgets it picks, bytes.
+pub const WORKER_PROCESS_ESTIMATE: u64 = 34 << 20;
+
+/// The overhead of a process whose anonymous resident memory after start-up is `baseline`,
+/// with `threads` threads and peer queues of `queues` bytes (its code: [`CODE_ALLOWANCE`]).
 pub fn overhead(baseline: u64, threads: usize, queues: u64) -> Overhead {
     Overhead {
         baseline,
+        code: CODE_ALLOWANCE,
         queues,
         threads: threads as u64 * PER_THREAD,
         io: IO_ALLOWANCE,
     }
 }
 
-/// Splits `total` for this process as it is now: its resident set (code, runtime, what is
-/// loaded so far), `threads` threads and `queues` bytes of peer queues are the process's
-/// share (see [`overhead`]); the engine, at least `min_engine` bytes, gets the rest.
+/// What a process whose `/proc/PID/status` reads `status` costs beside its engine, with
+/// `threads` threads and `queues` bytes of peer queues: its anonymous resident memory, its
+/// code ([`CODE_ALLOWANCE`]) and the allowances of [`overhead`]. The file-backed resident set
+/// is not counted (the code allowance stands for it), so the figure does not move with the
+/// page cache. Where the text has no `RssAnon` (kernels before 4.5), its whole `VmRSS` counts
+/// beside the allowance.
+pub fn process_overhead(status: &str, threads: usize, queues: u64) -> Overhead {
+    let baseline = match Resident::parse(status) {
+        Some(r) => r.anon + r.shmem,
+        None => kib_line(status, "VmRSS:").unwrap_or(0),
+    };
+    overhead(baseline, threads, queues)
+}
+
+/// Splits `total` for this process as it is now ([`process_overhead`] of its
+/// `/proc/self/status`); the engine, at least `min_engine` bytes, gets the rest.
 pub fn split_this_process(
     total: u64,
     threads: usize,
     queues: u64,
     min_engine: u64,
 ) -> Result<Budget, TooSmall> {
-    let o = overhead(rss().unwrap_or(0), threads, queues);
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let o = process_overhead(&status, threads, queues);
     Budget::split(total, o.total(), min_engine)
 }
 
@@ -255,9 +287,8 @@ pub fn return_freed_memory() {
     }
 }
 
-/// The `KEY: N kB` line of a `/proc` file, bytes.
-fn proc_kib(file: &str, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(file).ok()?;
+/// The `KEY: N kB` line of a `/proc` file's text, bytes.
+fn kib_line(text: &str, key: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line[key.len()..]
         .trim()
@@ -266,6 +297,34 @@ fn proc_kib(file: &str, key: &str) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kib << 10)
+}
+
+/// The `KEY: N kB` line of a `/proc` file, bytes.
+fn proc_kib(file: &str, key: &str) -> Option<u64> {
+    kib_line(&std::fs::read_to_string(file).ok()?, key)
+}
+
+/// A process's resident set by kind, from `/proc/PID/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resident {
+    /// anonymous memory (`RssAnon`), bytes
+    pub anon: u64,
+    /// file-backed pages mapped (`RssFile`: code, mapped files), bytes
+    pub file: u64,
+    /// shared memory (`RssShmem`), bytes
+    pub shmem: u64,
+}
+
+impl Resident {
+    /// Parses a `/proc/PID/status` text; `None` without `RssAnon` and `RssFile` (kernels
+    /// before 4.5).
+    pub fn parse(status: &str) -> Option<Resident> {
+        Some(Resident {
+            anon: kib_line(status, "RssAnon:")?,
+            file: kib_line(status, "RssFile:")?,
+            shmem: kib_line(status, "RssShmem:").unwrap_or(0),
+        })
+    }
 }
 
 fn status_kib(key: &str) -> Option<u64> {
@@ -372,6 +431,45 @@ mod tests {
         assert!(d.bytes < 200 * MIB, "{}", d.bytes);
         assert!(choose_default(None, 0, None).is_none());
         assert!(choose_default(Some(4 * MIB), 0, None).is_none());
+    }
+
+    /// `/proc/PID/status` of a `loip worker` one second after start (7 December 2026), with
+    /// its executable's pages mapped from a warm page cache (`RssFile` 8.0 MB) and from a
+    /// fresh copy (10.4 MB).
+    fn status(rss_file_kib: u64) -> String {
+        format!(
+            "Name:\tloip\nVmPeak:\t  563324 kB\nVmHWM:\t   {} kB\nVmRSS:\t   {} kB\n\
+             RssAnon:\t    1436 kB\nRssFile:\t    {rss_file_kib} kB\nRssShmem:\t       0 kB\n\
+             VmData:\t  102400 kB\nThreads:\t6\n",
+            1436 + rss_file_kib,
+            1436 + rss_file_kib
+        )
+    }
+
+    #[test]
+    fn the_process_share_does_not_move_with_the_page_cache() {
+        let warm = process_overhead(&status(7812), 6, 8 * MIB);
+        let fresh = process_overhead(&status(10156), 6, 8 * MIB);
+        assert_eq!(warm, fresh);
+        assert_eq!(warm.baseline, 1436 << 10);
+        assert_eq!(warm.code, CODE_ALLOWANCE);
+        assert_eq!(
+            warm.total(),
+            (1436 << 10) + CODE_ALLOWANCE + 8 * MIB + 6 * PER_THREAD + IO_ALLOWANCE
+        );
+        // the allowance covers the most the executable was seen to map
+        assert!(CODE_ALLOWANCE >= 12_788 << 10);
+        let r = Resident::parse(&status(7812)).unwrap();
+        assert_eq!((r.anon, r.file, r.shmem), (1436 << 10, 7812 << 10, 0));
+    }
+
+    #[test]
+    fn without_rss_anon_the_whole_resident_set_counts() {
+        let old = "Name:\tloip\nVmRSS:\t   9248 kB\nThreads:\t6\n";
+        assert_eq!(Resident::parse(old), None);
+        let o = process_overhead(old, 6, 0);
+        assert_eq!((o.baseline, o.code), (9248 << 10, CODE_ALLOWANCE));
+        assert_eq!(process_overhead("", 1, 0).baseline, 0);
     }
 
     #[test]

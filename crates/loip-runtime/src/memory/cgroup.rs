@@ -100,11 +100,51 @@ fn read_u64(p: &Path) -> Option<u64> {
 
 /// A `key value` line of a flat-keyed file (`memory.events`, `memory.stat`, `oom_control`).
 fn keyed(p: &Path, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(p).ok()?;
+    keyed_text(&std::fs::read_to_string(p).ok()?, key)
+}
+
+/// A `key value` line of a flat-keyed text.
+fn keyed_text(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()
     })
+}
+
+/// A cgroup's charge split by what reclaim can do with it, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    /// what the kernel cannot drop without a write or swap (no swap here): anonymous memory,
+    /// shared memory, unevictable pages, dirty and writeback page cache, kernel memory — the
+    /// charge less `reclaimable`, bytes
+    pub unreclaimable: u64,
+    /// clean page cache on the file LRU lists (mapped or not: code, files read): what the
+    /// kernel reclaims at the limit instead of failing a charge, bytes
+    pub reclaimable: u64,
+}
+
+impl Split {
+    /// The split of a charge of `current` bytes by the cgroup's `memory.stat` text: clean file
+    /// pages are `inactive_file + active_file` less `dirty + writeback` (v1's `total_*`
+    /// figures, which count the cgroup's children; v2's `file_dirty`, `file_writeback`).
+    /// Shared memory and locked pages live on other lists and stay unreclaimable.
+    pub fn of(current: u64, stat: &str, version: Version) -> Split {
+        let k = |v1: &str, v2: &str| {
+            let key = match version {
+                Version::V1 => v1,
+                Version::V2 => v2,
+            };
+            keyed_text(stat, key).unwrap_or(0)
+        };
+        let file =
+            k("total_inactive_file", "inactive_file") + k("total_active_file", "active_file");
+        let unclean = k("total_dirty", "file_dirty") + k("total_writeback", "file_writeback");
+        let reclaimable = file.saturating_sub(unclean).min(current);
+        Split {
+            unreclaimable: current - reclaimable,
+            reclaimable,
+        }
+    }
 }
 
 /// v1 reports "no limit" as a page-rounded `i64::MAX`.
@@ -255,17 +295,15 @@ impl Cgroup {
         }
     }
 
-    /// The charge less the page cache the kernel can drop at once (`inactive_file`): the
-    /// working set, what pressure is judged by (a cgroup at its limit with cache alone is
-    /// not short of memory), bytes.
-    pub fn working_set(&self) -> Option<u64> {
-        let stat = self.dir.join("memory.stat");
-        let inactive = match self.version {
-            Version::V2 => keyed(&stat, "inactive_file"),
-            Version::V1 => keyed(&stat, "total_inactive_file"),
-        }
-        .unwrap_or(0);
-        Some(self.current()?.saturating_sub(inactive))
+    /// The `memory.stat` text now.
+    pub fn stat(&self) -> Option<String> {
+        std::fs::read_to_string(self.dir.join("memory.stat")).ok()
+    }
+
+    /// The charge now split into what the kernel cannot reclaim and the clean page cache it
+    /// drops before anything else (see [`Split::of`]).
+    pub fn split(&self) -> Option<Split> {
+        Some(Split::of(self.current()?, &self.stat()?, self.version))
     }
 
     /// The highest charge seen, bytes (`memory.peak`, `memory.max_usage_in_bytes`).
