@@ -308,6 +308,9 @@ pub fn trimmed_mean(xs: &[f64]) -> Option<f64> {
     Some(kept.iter().sum::<f64>() / kept.len() as f64)
 }
 
+/// Fits the factor on the loads' times, given the stall priced at a factor.
+type FitLoads<'a> = dyn Fn(&dyn Fn(f64) -> f64) -> f64 + 'a;
+
 /// Scales the compute and the loads of the devices named in `probed` and sets every
 /// device's `hop_extra` so that `price` (the cost model over the steps that were measured)
 /// prices the `fed` figures: the compute factor, the extra per transfer, then the factor
@@ -320,7 +323,7 @@ fn fit_to(
     transfers: u32,
     fed: Fed,
     price: &dyn Fn(&Cluster) -> Result<CostBreakdown, PlanError>,
-    fit_loads: &dyn Fn(&dyn Fn(f64) -> f64) -> f64,
+    fit_loads: &FitLoads,
     w: Weights,
 ) -> Result<Calibration, PlanError> {
     for d in &mut cluster.devices {

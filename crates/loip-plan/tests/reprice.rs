@@ -9,8 +9,7 @@ use loip_plan::adapt::switch::stage_layout;
 use loip_plan::adapt::{evaluate_switched, AdaptEvent};
 use loip_plan::calibrate::{self, trimmed_mean, WarmupStep};
 use loip_plan::planners::PlanRequest;
-use loip_plan::profile::preset;
-use loip_plan::{Cluster, LinkProfile, ModelShape, Pattern, Plan};
+use loip_plan::{Cluster, ModelShape, Pattern, Plan};
 
 fn cluster() -> Cluster {
     common::orin_nx()

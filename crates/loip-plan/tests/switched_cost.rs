@@ -8,8 +8,7 @@ use loip_plan::adapt::switch::stage_layout;
 use loip_plan::adapt::{evaluate_switched, AdaptEvent};
 use loip_plan::cost::evaluate;
 use loip_plan::planners::PlanRequest;
-use loip_plan::profile::preset;
-use loip_plan::{Cluster, LinkProfile};
+use loip_plan::Cluster;
 
 fn cluster() -> Cluster {
     common::orin_nx()

@@ -458,7 +458,7 @@ mod tests {
             (1436 << 10) + CODE_ALLOWANCE + 8 * MIB + 6 * PER_THREAD + IO_ALLOWANCE
         );
         // the allowance covers the most the executable was seen to map
-        assert!(CODE_ALLOWANCE >= 12_788 << 10);
+        const { assert!(CODE_ALLOWANCE >= 12_788 << 10) };
         let r = Resident::parse(&status(7812)).unwrap();
         assert_eq!((r.anon, r.file, r.shmem), (1436 << 10, 7812 << 10, 0));
     }

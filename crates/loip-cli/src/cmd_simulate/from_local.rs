@@ -237,6 +237,7 @@ struct Repriced {
 /// `None` for a run without them), over its remaining steps on `cluster` (the run's, its
 /// switch parks priced as in the other columns): the same pure function as the runtime's
 /// `repriced_ms`.
+#[allow(clippy::too_many_arguments)] // the run, its cluster, its steps and the weights
 fn repriced(
     v: &serde_json::Value,
     run: &ReplayRun,
