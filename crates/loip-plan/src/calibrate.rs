@@ -127,6 +127,29 @@ pub struct Calibration {
     pub link_latency: f64,
 }
 
+impl Calibration {
+    /// The measured terms against the priced ones, for a log line: compute, hops and the
+    /// load stall, each with the factor or extra fitted from it.
+    pub fn terms(&self) -> String {
+        format!(
+            "compute {:.2} ms against {:.2} priced (x{:.2}), hops {:.2} ms against {:.2} \
+             priced ({:.0} us more on each of {} transfers), stall {:.2} ms against {:.2} \
+             priced (loads x{:.2} of x{:.2} fitted)",
+            self.compute_s * 1e3,
+            self.priced_compute_s * 1e3,
+            self.compute_scale,
+            self.hops_s * 1e3,
+            self.priced_comm_s * 1e3,
+            self.hop_extra * 1e6,
+            self.transfers,
+            self.stall_s * 1e3,
+            self.priced_stall_s * 1e3,
+            self.load_scale,
+            self.load_fit
+        )
+    }
+}
+
 /// The weights a calibration applies its fitted factors with (`factor^weight`: 1 the
 /// whole factor, 0 none).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -621,21 +621,11 @@ impl Session {
         let rest =
             (t.decode.wall_s + t.decode.coordinator_s - t.span.wall_s - t.span.coordinator_s)
                 / (t.decode_steps - t.early_span) as f64;
-        let c = &r.calibration;
         tracing::info!(
-            "re-priced after the first {k} decode steps: compute {:.2} ms against {:.2} priced \
-             (x{:.2}), hops {:.2} against {:.2} ({:.0} us more a transfer), stall {:.2} against \
-             {:.2} (loads x{:.2}); the remaining {} steps priced {:.2} ms/token, their steps \
-             measured {:.2} (wall and coordinator; from {span} decode steps on)",
-            c.compute_s * 1e3,
-            c.priced_compute_s * 1e3,
-            c.compute_scale,
-            c.hops_s * 1e3,
-            c.priced_comm_s * 1e3,
-            c.hop_extra * 1e6,
-            c.stall_s * 1e3,
-            c.priced_stall_s * 1e3,
-            c.load_scale,
+            "re-priced after the first {k} decode steps: {}; the remaining {} steps priced \
+             {:.2} ms/token, their steps measured {:.2} (wall and coordinator; from {span} \
+             decode steps on)",
+            r.calibration.terms(),
             steps - span,
             r.ms_per_token,
             rest * 1e3

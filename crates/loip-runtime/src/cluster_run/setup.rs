@@ -213,25 +213,13 @@ async fn warm_up(
     let cal = loip_plan::calibrate::calibrate(plan, shape, cluster, &steps, &probed)?;
     if let Some(c) = cal {
         tracing::info!(
-            "warm-up: {} steps in {} groups, compute {:.2} ms against {:.2} priced (probed \
-             devices ×{:.2}), hops {:.2} ms against {:.2} priced: {:.0} us more on each of {} \
-             transfers; coordinator {:.0} us a step (sequences of {} positions); stall {:.2} ms \
-             against {:.2} priced (loads ×{:.2} of ×{:.2} fitted)",
+            "warm-up: {} steps in {} groups, {} (probed devices); coordinator {:.0} us a step \
+             (sequences of {} positions)",
             c.steps,
             c.groups,
-            c.compute_s * 1e3,
-            c.priced_compute_s * 1e3,
-            c.compute_scale,
-            c.hops_s * 1e3,
-            c.priced_comm_s * 1e3,
-            c.hop_extra * 1e6,
-            c.transfers,
+            c.terms(),
             c.coordinator_s * 1e6,
-            positions,
-            c.stall_s * 1e3,
-            c.priced_stall_s * 1e3,
-            c.load_scale,
-            c.load_fit
+            positions
         );
         plan.reprice(shape, cluster)?;
     }
