@@ -1,5 +1,5 @@
 //! The runtime against the simulator: one `loip local --json` run whose KV crosses its
-//! device's threshold (SmolLM2 on one worker of 90 MiB, about 63 MiB of it the engine's, 450
+//! device's threshold (SmolLM2 on one worker of 96 MiB, about 61 MiB of it the engine's, 450
 //! tokens), replayed in the simulator library with the same plan, the same device profile (a fixed one) and the same
 //! request ([`loip_sim::replay`]): both take the same threshold switches (device, step, KV
 //! tokens, blocks offloaded before and after). Speed is printed, not asserted
@@ -19,7 +19,7 @@ const ARGS: &[&str] = &[
     "--devices",
     "1",
     "--mem",
-    "90MiB",
+    "96MiB",
     "--prompt",
     "Tell me a very long story about a dragon",
     "--max-tokens",
