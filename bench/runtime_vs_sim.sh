@@ -15,7 +15,7 @@
 # Default run: the cost model's 3-worker check, SmolLM2 on three workers, 64 tokens, `loip
 # local`'s default budgets (every plan streams), the workers' loads priced as sharing one disk:
 #   bench/runtime_vs_sim.sh 8
-# The threshold replay of docs/cluster.md (one worker of 64 MiB, 450 tokens):
+# A threshold replay (one worker of 64 MiB, 450 tokens: its switches priced by the simulator):
 #   bench/runtime_vs_sim.sh 1 --sim -- --model smollm2 --devices 1 --mem 64MiB \
 #     --prompt "Tell me a very long story about a dragon" --max-tokens 450 --min-tokens 450
 # KEEP=DIR keeps each run's JSON as DIR/run-N.json, to price again with `loip simulate

@@ -177,7 +177,7 @@ pub(crate) fn per_row_batches() -> bool {
 /// tokens per register, 6 rows × 16 tokens per tile) for whole groups of 16 tokens (`false`
 /// restores the column-lane tiles, unless the environment variable `LOIP_GEMM=lanes` asks for
 /// them in the whole process, for end-to-end A/B runs). Off by default: end to end they
-/// prefilled slower than the column-lane tiles (docs/benchmarks.md, the token-lane tiles).
+/// prefilled slower than the column-lane tiles (CHANGELOG.md, the token-lane tiles).
 /// Results are bit-identical either way; only speed changes.
 pub fn set_lane_tiles(on: bool) {
     LANE_TILES.set(on);

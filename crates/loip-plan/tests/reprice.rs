@@ -11,10 +11,6 @@ use loip_plan::calibrate::{self, trimmed_mean, WarmupStep};
 use loip_plan::planners::PlanRequest;
 use loip_plan::{Cluster, ModelShape, Pattern, Plan};
 
-fn cluster() -> Cluster {
-    common::orin_nx()
-}
-
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1e-12)
 }
@@ -22,7 +18,7 @@ fn close(a: f64, b: f64) -> bool {
 /// A plan and a switch at step 4 that streams every block of its last device.
 fn plan_and_switch() -> (ModelShape, Cluster, Plan, Vec<AdaptEvent>) {
     let sh = llama70b();
-    let c = cluster();
+    let c = common::orin_nx();
     let req = PlanRequest {
         context: 1024,
         ..PlanRequest::default()

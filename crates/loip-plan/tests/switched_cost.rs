@@ -8,16 +8,11 @@ use loip_plan::adapt::switch::stage_layout;
 use loip_plan::adapt::{evaluate_switched, AdaptEvent};
 use loip_plan::cost::evaluate;
 use loip_plan::planners::PlanRequest;
-use loip_plan::Cluster;
-
-fn cluster() -> Cluster {
-    common::orin_nx()
-}
 
 #[test]
 fn steps_are_priced_with_the_placement_in_force_and_averaged() {
     let sh = llama13b();
-    let c = cluster();
+    let c = common::orin_nx();
     let req = PlanRequest {
         context: 1024,
         ..PlanRequest::default()
@@ -71,7 +66,7 @@ fn steps_are_priced_with_the_placement_in_force_and_averaged() {
 #[test]
 fn a_switch_parks_its_step_once() {
     let sh = common::llama70b();
-    let mut c = cluster();
+    let mut c = common::orin_nx();
     let req = PlanRequest {
         context: 1024,
         ..PlanRequest::default()

@@ -500,7 +500,7 @@ impl LocalOptions {
             // ... and with `shared_disk` the cost model shares its rate among their loads of
             // a round. Off by default; with it, the 3-worker streaming runs' prediction over
             // their threshold switches is 0.85-1.07 of the measured ms/token, without it
-            // 0.51-0.74 (docs/simulator.md, "The cost model against `loip local`").
+            // 0.51-0.74 (CHANGELOG.md, "History of benchmark runs": the shared disk).
             shared_disk: self.shared_disk,
             greedy: self.greedy,
             relay: self.relay,

@@ -23,8 +23,7 @@
 //! embedded font) are the default feature `plot`.
 //!
 //! Results of the paper-scale experiments and how they compare with the paper's claims:
-//! docs/simulator.md (sections "Results" and "Where our numbers and the paper's claims agree or
-//! differ").
+//! docs/simulator.md (sections "Results" and "The paper's claims, checked").
 #![deny(missing_docs)]
 
 pub mod adapt;
