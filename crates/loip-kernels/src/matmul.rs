@@ -16,8 +16,9 @@ use crate::thread_buf::{with_thread_buf, ThreadBuf};
 /// Below this many multiply-adds (weight elements × tokens) a matmul runs on the calling
 /// thread (task overhead would dominate).
 const PAR_MIN_ELEMS: usize = 1 << 16;
-/// Below this many multiply-adds a matmul is split into one task per thread; above, into
-/// four per thread (for balance when a thread is also busy elsewhere).
+/// Below this many multiply-adds a batched matmul on the per-row kernels is split into one
+/// task per thread; above, into four per thread (for balance when a thread is also busy
+/// elsewhere). One token takes guided tasks instead ([`one_token_tasks`]).
 const FEW_TASKS_ELEMS: usize = 1 << 21;
 /// Largest scratch (f32 elements, 4 MiB) a thread keeps between calls.
 const SCRATCH_KEEP: usize = 1 << 20;
