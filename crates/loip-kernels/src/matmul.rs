@@ -16,8 +16,9 @@ use crate::thread_buf::{with_thread_buf, ThreadBuf};
 /// Below this many multiply-adds (weight elements × tokens) a matmul runs on the calling
 /// thread (task overhead would dominate).
 const PAR_MIN_ELEMS: usize = 1 << 16;
-/// Below this many multiply-adds a matmul is split into one task per thread; above, into
-/// four per thread (for balance when a thread is also busy elsewhere).
+/// Below this many multiply-adds a batched matmul on the per-row kernels is split into one
+/// task per thread; above, into four per thread (for balance when a thread is also busy
+/// elsewhere). One token takes guided tasks instead ([`one_token_tasks`]).
 const FEW_TASKS_ELEMS: usize = 1 << 21;
 /// Largest scratch (f32 elements, 4 MiB) a thread keeps between calls.
 const SCRATCH_KEEP: usize = 1 << 20;
@@ -28,6 +29,12 @@ thread_local! {
 
 /// Task boundaries are multiples of this many rows (the kernels' row tile).
 const TASK_ROW_ALIGN: usize = 4;
+/// One-token tasks' boundaries: multiples of this many rows (the AVX2 one-token kernels
+/// reduce rows 8 at a time, the rest one by one).
+const ONE_TOKEN_ROW_ALIGN: usize = 8;
+/// Least weights of a one-token task but the last of a matrix (about 2 µs of a Q5_0 row
+/// kernel on one Zen 5 core): each task pays a claim and a kernel call's setup.
+const ONE_TOKEN_MIN_ELEMS: usize = 1 << 15;
 
 /// Checks the shapes of a matmul and returns the number of tokens `n`.
 fn check(w: &Matrix, x: &[f32], y: &[f32]) -> Result<usize, KernelError> {
@@ -141,7 +148,14 @@ pub(crate) fn matmul_at(
     };
     if n == 1 {
         // the kernels' layout out[r * n + t] is y's
-        run(y);
+        if tasks == 1 {
+            kernel(w.data, y);
+        } else {
+            let tasks = one_token_tasks(w, y, rb, threads);
+            team::par_drain(tasks, || (), |_, (w, rb, r0, o)| {
+                kernel(&w.data[r0 * rb..(r0 + o.len()) * rb], o)
+            });
+        }
     } else {
         with_thread_buf(&SCRATCH, rows * n, SCRATCH_KEEP, |out| {
             run(out);
@@ -201,22 +215,16 @@ pub(crate) fn matmul_many_at(
         }
         return Ok(());
     }
-    // one token: tasks of about total / (4 · threads) weights, rows aligned to the row tile
-    let per_task = total.div_ceil(4 * threads).max(1);
-    let mut tasks: Vec<(&Matrix, usize, usize, &mut [f32])> = Vec::new();
+    // one token: each matrix in guided tasks, all of them biggest first
+    let mut tasks = Vec::new();
     for (w, y) in ws.iter().zip(ys.iter_mut()) {
         if w.rows == 0 || w.cols == 0 {
             continue;
         }
         let rb = w.dtype.row_bytes(w.cols)?;
-        let task_rows = per_task
-            .div_ceil(w.cols)
-            .next_multiple_of(TASK_ROW_ALIGN)
-            .max(TASK_ROW_ALIGN);
-        for (i, o) in y.chunks_mut(task_rows).enumerate() {
-            tasks.push((w, rb, i * task_rows, o));
-        }
+        tasks.extend(one_token_tasks(w, y, rb, threads));
     }
+    tasks.sort_by_key(|t| std::cmp::Reverse(t.3.len().saturating_mul(t.0.cols)));
     // the integer-dot types' activations, quantized once (every matrix has the same cols)
     let qx = ws
         .iter()
@@ -234,6 +242,31 @@ pub(crate) fn matmul_many_at(
         },
     );
     Ok(())
+}
+
+/// A one-token matmul's tasks `(w, row bytes, first row, its outputs)`: [`guided_ranges`] of
+/// `w`'s rows (big tasks first, shrinking to [`ONE_TOKEN_MIN_ELEMS`] weights), so that the
+/// threads finish a matrix together: with equal tasks (four a thread), the thread that
+/// claimed the last one left the other waiting for about half a task at each matmul's end
+/// (0.3–0.5 ms of a Qwen2.5 decode step at 2 threads, session 26).
+fn one_token_tasks<'a, 'm>(
+    w: &'m Matrix<'a>,
+    y: &'m mut [f32],
+    rb: usize,
+    threads: usize,
+) -> Vec<(&'m Matrix<'a>, usize, usize, &'m mut [f32])> {
+    let min = ONE_TOKEN_MIN_ELEMS
+        .div_ceil(w.cols.max(1))
+        .next_multiple_of(ONE_TOKEN_ROW_ALIGN);
+    let ranges = guided_ranges(y.len(), 2 * threads, ONE_TOKEN_ROW_ALIGN, min);
+    let mut tasks = Vec::with_capacity(ranges.len());
+    let mut rest = y;
+    for (r0, r1) in ranges {
+        let (o, tail) = std::mem::take(&mut rest).split_at_mut(r1 - r0);
+        tasks.push((w, rb, r0, o));
+        rest = tail;
+    }
+    tasks
 }
 
 /// Whether every matrix of a batched [`matmul_many`] (the same `n > 1` tokens each) takes the
@@ -431,6 +464,30 @@ mod tests {
         );
         assert_eq!(batch_row_align(8), BATCH_ROW_ALIGN);
         assert_eq!(batch_row_align(9), LONG_BATCH_ROW_ALIGN);
+    }
+
+    #[test]
+    fn one_token_tasks_cover_the_outputs_biggest_first() {
+        use crate::dtype::DType;
+        // Qwen2.5's shapes at 2 threads: q / o (896 x 896), k (128), gate (4864), down (896 x
+        // 4864), and a head of 151936 rows (fewer columns: the data is not read)
+        for (rows, cols) in [(896, 896), (128, 896), (4864, 896), (896, 4864), (13, 64)] {
+            let rb = DType::Q8_0.row_bytes(cols).expect("blocks");
+            let data = vec![0u8; rows * rb];
+            let w = Matrix::new(DType::Q8_0, rows, cols, &data).expect("shape");
+            let mut y = vec![0f32; rows];
+            let tasks = one_token_tasks(&w, &mut y, rb, 2);
+            let mut next = 0;
+            for (i, (tw, trb, r0, o)) in tasks.iter().enumerate() {
+                assert!(std::ptr::eq(*tw, &w) && *trb == rb && *r0 == next, "{rows}x{cols}");
+                assert_eq!(r0 % ONE_TOKEN_ROW_ALIGN, 0);
+                if i + 1 < tasks.len() {
+                    assert!(o.len() * cols >= ONE_TOKEN_MIN_ELEMS, "{rows}x{cols} task {i}");
+                }
+                next += o.len();
+            }
+            assert_eq!(next, rows);
+        }
     }
 
     #[test]

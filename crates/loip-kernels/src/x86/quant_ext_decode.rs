@@ -174,6 +174,7 @@ struct Q5Natural {
     /// byte `k` of lane `l`: `qh` byte `2l + k / 8`, bit `k % 8`
     spread: [i8; 32],
     bit: [u8; 32],
+    /// `0x10`, negated where `bit` is `0x80` (a negative byte: `vpsignb` negates it back)
     high1: [i8; 32],
 }
 
@@ -190,6 +191,7 @@ const fn q5_natural() -> Q5Natural {
         let (l, k) = (i / 16, i % 16);
         c.spread[i] = (2 * l + k / 8) as i8;
         c.bit[i] = 1 << (k % 8);
+        c.high1[i] = if k % 8 == 7 { -0x10 } else { 0x10 };
         i += 1;
     }
     c
@@ -224,11 +226,13 @@ macro_rules! q5_0_block {
             "vbroadcasti128 ymm12, xmmword ptr [{p} + ", $b, " + 6]\n",
             "vpsrlvq ymm12, ymm12, ymmword ptr [{c}]\n",
             "vpand ymm12, ymm12, ymmword ptr [{c} + 32]\n",
+            // (the element's bit isolated: 0 or `1 << k`, negative for k = 7; `vpsignb`
+            // turns it into 0 or 0x10 with `high1`'s signs: one op fewer than compare + mask)
             "vpbroadcastd ymm13, dword ptr [{p} + ", $b, " + 2]\n",
             "vpshufb ymm13, ymm13, ymm9\n",
             "vpand ymm13, ymm13, ymm11\n",
-            "vpcmpeqb ymm13, ymm13, ymm11\n",
-            "vpand ymm13, ymm13, ymmword ptr [{c} + 128]\n",
+            "vmovdqa ymm14, ymmword ptr [{c} + 128]\n",
+            "vpsignb ymm13, ymm14, ymm13\n",
             "vpor ymm12, ymm12, ymm13\n",
             // the bytes as the high bytes of words, the words as the low halves of the
             // dwords 0x4700_0000 + (q << 8), the f32 2^15 + q (as `Q5::q5_0_dot`)
