@@ -43,6 +43,7 @@ use crate::thread_buf::{with_thread_buf, ThreadBuf, KEEP_ALL};
 use std::mem::MaybeUninit;
 
 mod lanes;
+mod packed;
 pub(crate) mod short;
 mod tile;
 
@@ -297,10 +298,12 @@ macro_rules! panel_level {
             }
         }
 
+        /// The job's panel: packed (`xp` = `Some`, see [`packed`]) or row-major.
         #[target_feature(enable = $feat)]
-        unsafe fn $name(job: Job<'_>) {
-            match job.n - job.t_start {
-                $($n => panel::<$v, $s, $r, $t>(job)),+
+        unsafe fn $name(job: Job<'_>, xp: Option<(&mut [f32], bool, bool)>) {
+            match (job.n - job.t_start, xp) {
+                $(($n, Some((xp, all, fill))) => packed::panel::<$v, $s, $r, $t>(job, xp, (all, fill)),)+
+                $(($n, None) => panel::<$v, $s, $r, $t>(job)),+
             }
         }
     };
@@ -388,6 +391,54 @@ pub(crate) unsafe fn rows(
         (bytes / (4 * cols)).max(long).max(tr) / tr * tr
     }
     .min(rows);
+    // packed panels (AVX-512, whole chunks, no token-lane tiles): the tiles of a panel,
+    // the last one padded, then one tile's dequantized rows; a block of tokens (at most 8)
+    let pack = wide && groups == 0 && packed::handles(cols) && { let k = knob("LOIP_PACK", 1); k == 1 || (k == 2 && cols <= KB) };
+    if pack {
+        let len = (per_panel.div_ceil(tr) + 1) * tr * cols;
+        with_thread_buf(&PANEL, len, KEEP_ALL, |buf| {
+            // rows longer than a block: every block of tokens packed once, for every panel
+            let all = cols > KB && knob("LOIP_ALL", 1) == 1;
+            let xlen = if all { n * cols } else { 8 * cols };
+            with_thread_buf(&LANES, xlen, KEEP_ALL, |xp| {
+                let (tiles, rowbuf) = buf.split_at_mut(len - tr * cols);
+                let mut p0 = 0;
+                while p0 < rows {
+                    let pr = per_panel.min(rows - p0);
+                    super::prefetch(data.as_ptr().wrapping_add((p0 + pr) * rb), pr * rb);
+                    let mut r0 = 0;
+                    while r0 < pr {
+                        let k = tr.min(pr - r0);
+                        let wb = &mut rowbuf[..k * cols];
+                        let bytes = &data[(p0 + r0) * rb..(p0 + r0 + k) * rb];
+                        if !super::route::avx2_dequant_rows(dtype, bytes, cols, wb) {
+                            for (o, b) in wb.chunks_exact_mut(cols).zip(bytes.chunks_exact(rb)) {
+                                dequant_into(dtype, b, o);
+                            }
+                        }
+                        // the last tile repeats its last row
+                        let src: [*const f32; 8] =
+                            std::array::from_fn(|i| wb.as_ptr().add(i.min(k - 1) * cols));
+                        packed::pack(&src[..tr], cols, 16, tiles.as_mut_ptr().add(r0 * cols));
+                        r0 += tr;
+                    }
+                    let job = Job {
+                        w: &tiles[..pr.div_ceil(tr) * tr * cols],
+                        pr,
+                        cols,
+                        x,
+                        n,
+                        t_start: 0,
+                        out,
+                        row0: p0,
+                    };
+                    panel_avx512(job, Some((&mut *xp, all, p0 == 0)));
+                    p0 += pr;
+                }
+            });
+        });
+        return;
+    }
     // the panel on a 64-byte line: no store splits a line
     with_thread_buf(&PANEL, per_panel * cols, KEEP_ALL, |buf| {
         let lanes_len = if groups > 0 {
@@ -427,15 +478,19 @@ pub(crate) unsafe fn rows(
                         row0: p0,
                     };
                     if wide {
-                        panel_avx512(job);
+                        panel_avx512(job, None);
                     } else {
-                        panel_avx2(job);
+                        panel_avx2(job, None);
                     }
                 }
                 p0 += pr;
             }
         });
     });
+}
+
+fn knob(name: &str, d: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
 }
 
 /// Greatest common divisor.
@@ -465,7 +520,8 @@ mod tests {
     }
 
     /// Tokens at every f32 offset from a 64-byte line: the same bits as the scalar dots, for
-    /// long batches of rows with a tail, of one block of columns and of more.
+    /// long batches of rows with a tail, of one block of columns and of more, row-major and
+    /// packed.
     #[test]
     fn tokens_at_every_alignment_give_the_scalar_bits() {
         for wide in [false, true] {
@@ -476,7 +532,9 @@ mod tests {
             }) {
                 continue;
             }
-            for (cols, n) in [(100, 11), (640, 20), (1041, 13)] {
+            // rows with a tail (row-major panels), of whole chunks (packed with 512-bit
+            // slots) in one block and in three, the last one short
+            for (cols, n) in [(100, 11), (640, 20), (1041, 13), (2176, 15)] {
                 let nr = 7;
                 let w = values(nr * cols, 1);
                 let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
