@@ -24,6 +24,11 @@
 //! such panels run block by block over all their tiles, so that a block of the tokens stays
 //! in L1 across the tiles).
 //!
+//! AVX-512 panels of long batches' rows of whole 64-element chunks are packed (see
+//! [`packed`]): each tile's rows, and each block of tokens, laid out in the order a pass
+//! reads them (`prefill_bench`, one thread: Qwen2.5's 4864 × 896 Q5_0 gate and up 1.05×, its
+//! 896 × 4864 Q6_K down projection 1.03–1.28×; see the CHANGELOG).
+//!
 //! AVX2 machines use it for every batch, with 256-bit slots. AVX-512 machines keep their
 //! per-row kernels (`avx512`: 1 row × 4 tokens, weights dequantized in registers by table
 //! lookups, no panel) for short batches of the types they have them for; prefill and the
@@ -70,6 +75,10 @@ const PANEL_BYTES_WIDE: usize = 512 << 10;
 /// every tile's rows): each block of columns of a tile of tokens stays in L1 across this many
 /// rows (with 128 KiB panels, rows of 4864 columns had 6).
 const LONG_PANEL_ROWS: usize = 24;
+/// Fewest rows of a call whose rows are longer than a block of [`KB`] columns for the
+/// packed tiles: each call packs all its tokens once (`n × cols`), which fewer rows do not
+/// repay (the row-major tiles were faster for a panel's worth of rows).
+const PACK_ALL_MIN_ROWS: usize = 4 * LONG_PANEL_ROWS;
 /// Columns per block of the slot passes: the `R + T` rows of a tile stay in L1 meanwhile
 /// (a multiple of 64, the canonical chunk).
 const KB: usize = 1024;
@@ -77,7 +86,8 @@ const KB: usize = 1024;
 thread_local! {
     /// The dequantized panel of this thread, reused across calls (f32, `rows × cols`).
     static PANEL: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
-    /// The token-lane tiles' transposed tokens of this thread (f32), reused.
+    /// The token-lane tiles' transposed tokens, or the packed tiles' packed tokens, of this
+    /// thread (f32), reused.
     static LANES: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
 }
 
@@ -391,14 +401,19 @@ pub(crate) unsafe fn rows(
         (bytes / (4 * cols)).max(long).max(tr) / tr * tr
     }
     .min(rows);
-    // packed panels (AVX-512, whole chunks, no token-lane tiles): the tiles of a panel,
-    // the last one padded, then one tile's dequantized rows; a block of tokens (at most 8)
-    let pack = wide && groups == 0 && packed::handles(cols) && { let k = knob("LOIP_PACK", 1); k == 1 || (k == 2 && cols <= KB) };
+    // packed panels (AVX-512 long batches, rows of whole chunks): the tiles of a panel, the
+    // last one padded, then one tile's dequantized rows; a block of tokens (at most 8), or
+    // all of them (short batches' panels are one tile: packing their tokens would not repay)
+    let pack = wide
+        && groups == 0
+        && n > SHORT_BATCH
+        && packed::handles(cols)
+        && (cols <= KB || rows >= PACK_ALL_MIN_ROWS);
     if pack {
         let len = (per_panel.div_ceil(tr) + 1) * tr * cols;
         with_thread_buf(&PANEL, len, KEEP_ALL, |buf| {
             // rows longer than a block: every block of tokens packed once, for every panel
-            let all = cols > KB && knob("LOIP_ALL", 1) == 1;
+            let all = cols > KB;
             let xlen = if all { n * cols } else { 8 * cols };
             with_thread_buf(&LANES, xlen, KEEP_ALL, |xp| {
                 let (tiles, rowbuf) = buf.split_at_mut(len - tr * cols);
@@ -489,10 +504,6 @@ pub(crate) unsafe fn rows(
     });
 }
 
-fn knob(name: &str, d: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
-}
-
 /// Greatest common divisor.
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
@@ -533,9 +544,15 @@ mod tests {
                 continue;
             }
             // rows with a tail (row-major panels), of whole chunks (packed with 512-bit
-            // slots) in one block and in three, the last one short
-            for (cols, n) in [(100, 11), (640, 20), (1041, 13), (2176, 15)] {
-                let nr = 7;
+            // slots) in one block, and in three, the last one short (packed from
+            // `PACK_ALL_MIN_ROWS` rows on, row-major below)
+            for (cols, n, nr) in [
+                (100, 11, 7),
+                (640, 20, 7),
+                (1041, 13, 7),
+                (2176, 15, 7),
+                (2176, 15, PACK_ALL_MIN_ROWS + 1),
+            ] {
                 let w = values(nr * cols, 1);
                 let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
                 let xs = values(n * cols + 16, 2);
@@ -556,7 +573,7 @@ mod tests {
                     assert_eq!(
                         bits(&got),
                         bits(&want),
-                        "{cols} n={n} off={off} wide={wide}"
+                        "{nr}x{cols} n={n} off={off} wide={wide}"
                     );
                 }
             }

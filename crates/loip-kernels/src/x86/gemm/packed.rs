@@ -23,18 +23,28 @@ pub(super) fn handles(cols: usize) -> bool {
 }
 
 /// `out[((s * C + c) * k + i) * w + l]` = `src[i][64 c + w s + l]` for the `k` rows `src`
-/// of `cols` f32 (`C = cols / 64` chunks, `64 / w` slots of `w` lanes): `k * cols` f32.
+/// of `cols` f32 (`C = cols / 64` chunks, `64 / w` slots of `w` lanes, `w` 8 or 16): `k *
+/// cols` f32. Each row is read in order (a stream the prefetchers follow).
 ///
 /// # Safety
 /// Each `src[i]` is valid for `cols` reads, `out` for `src.len() * cols` writes, `cols` a
-/// multiple of 64 and of `w`.
+/// multiple of 64.
+#[inline(always)]
 pub(super) unsafe fn pack(src: &[*const f32], cols: usize, w: usize, out: *mut f32) {
     let (k, chunks) = (src.len(), cols / 64);
-    for s in 0..64 / w {
-        let o = out.add(s * chunks * k * w);
+    for (i, r) in src.iter().enumerate() {
         for c in 0..chunks {
-            for (i, r) in src.iter().enumerate() {
-                std::ptr::copy_nonoverlapping(r.add(64 * c + w * s), o.add((c * k + i) * w), w);
+            for s in 0..64 / w {
+                let (from, to) = (
+                    r.add(64 * c + w * s),
+                    out.add(((s * chunks + c) * k + i) * w),
+                );
+                // constant lengths: vector moves, not calls
+                if w == 16 {
+                    std::ptr::copy_nonoverlapping(from, to, 16);
+                } else {
+                    std::ptr::copy_nonoverlapping(from, to, 8);
+                }
             }
         }
     }
@@ -105,11 +115,22 @@ unsafe fn tokens<V: Slot, const S: usize, const R: usize, const T: usize>(
     let tile_at = |j: usize| w.add(j * R * cols);
     // no tail (whole chunks): `finish` reads neither rows nor tokens
     let (wn, xn) = ([std::ptr::null(); R], [std::ptr::null(); T]);
+    let fin = |st: &Slots<V, S, R, T>, j: usize| {
+        finish(
+            st,
+            (cols, cols),
+            &wn,
+            &xn,
+            out,
+            (row0 + R * j, t0),
+            pr - R * j,
+        )
+    };
     if cols <= KB {
         let mut st: Slots<V, S, R, T> = [[[MaybeUninit::uninit(); S]; T]; R];
         for j in 0..tiles {
             tile::<V, S, R, T>(tile_at(j), x, chunks, (0, chunks), &mut st);
-            finish(&st, (cols, cols), &wn, &xn, out, (row0 + R * j, t0), pr - R * j);
+            fin(&st, j);
         }
         return;
     }
@@ -124,7 +145,7 @@ unsafe fn tokens<V: Slot, const S: usize, const R: usize, const T: usize>(
         c0 = c1;
     }
     for (j, st) in states.iter().enumerate() {
-        finish(st, (cols, cols), &wn, &xn, out, (row0 + R * j, t0), pr - R * j);
+        fin(st, j);
     }
 }
 
@@ -152,7 +173,11 @@ pub(super) unsafe fn panel<V: Slot, const S: usize, const R: usize, const T: usi
     let (w, xb) = (w.as_ptr(), xp.as_mut_ptr());
     // the packed block of tokens t0 .. t0 + k, packed first where asked
     let block = |t0: usize, k: usize| {
-        let at = if all { xb.add((t0 - t_start) * cols) } else { xb };
+        let at = if all {
+            xb.add((t0 - t_start) * cols)
+        } else {
+            xb
+        };
         if !all || fill {
             let src: [*const f32; 8] =
                 std::array::from_fn(|t| x.as_ptr().add((t0 + t.min(k - 1)) * cols));
