@@ -24,6 +24,11 @@
 //! such panels run block by block over all their tiles, so that a block of the tokens stays
 //! in L1 across the tiles).
 //!
+//! AVX-512 panels of long batches' rows of whole 64-element chunks are packed (see
+//! [`packed`]): each tile's rows, and each block of tokens, laid out in the order a pass
+//! reads them (`prefill_bench`, one thread: Qwen2.5's 4864 × 896 Q5_0 gate and up 1.05×, its
+//! 896 × 4864 Q6_K down projection 1.03–1.28×; see the CHANGELOG).
+//!
 //! AVX2 machines use it for every batch, with 256-bit slots. AVX-512 machines keep their
 //! per-row kernels (`avx512`: 1 row × 4 tokens, weights dequantized in registers by table
 //! lookups, no panel) for short batches of the types they have them for; prefill and the
@@ -43,6 +48,7 @@ use crate::thread_buf::{with_thread_buf, ThreadBuf, KEEP_ALL};
 use std::mem::MaybeUninit;
 
 mod lanes;
+mod packed;
 pub(crate) mod short;
 mod tile;
 
@@ -69,6 +75,10 @@ const PANEL_BYTES_WIDE: usize = 512 << 10;
 /// every tile's rows): each block of columns of a tile of tokens stays in L1 across this many
 /// rows (with 128 KiB panels, rows of 4864 columns had 6).
 const LONG_PANEL_ROWS: usize = 24;
+/// Fewest rows of a call whose rows are longer than a block of [`KB`] columns for the
+/// packed tiles: each call packs all its tokens once (`n × cols`), which fewer rows do not
+/// repay (the row-major tiles were faster for a panel's worth of rows).
+const PACK_ALL_MIN_ROWS: usize = 4 * LONG_PANEL_ROWS;
 /// Columns per block of the slot passes: the `R + T` rows of a tile stay in L1 meanwhile
 /// (a multiple of 64, the canonical chunk).
 const KB: usize = 1024;
@@ -76,7 +86,8 @@ const KB: usize = 1024;
 thread_local! {
     /// The dequantized panel of this thread, reused across calls (f32, `rows × cols`).
     static PANEL: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
-    /// The token-lane tiles' transposed tokens of this thread (f32), reused.
+    /// The token-lane tiles' transposed tokens, or the packed tiles' packed tokens, of this
+    /// thread (f32), reused.
     static LANES: ThreadBuf = const { ThreadBuf::new(Vec::new()) };
 }
 
@@ -297,10 +308,12 @@ macro_rules! panel_level {
             }
         }
 
+        /// The job's panel: packed (`xp` = `Some`, see [`packed`]) or row-major.
         #[target_feature(enable = $feat)]
-        unsafe fn $name(job: Job<'_>) {
-            match job.n - job.t_start {
-                $($n => panel::<$v, $s, $r, $t>(job)),+
+        unsafe fn $name(job: Job<'_>, xp: Option<(&mut [f32], bool, bool)>) {
+            match (job.n - job.t_start, xp) {
+                $(($n, Some((xp, all, fill))) => packed::panel::<$v, $s, $r, $t>(job, xp, (all, fill)),)+
+                $(($n, None) => panel::<$v, $s, $r, $t>(job)),+
             }
         }
     };
@@ -388,6 +401,59 @@ pub(crate) unsafe fn rows(
         (bytes / (4 * cols)).max(long).max(tr) / tr * tr
     }
     .min(rows);
+    // packed panels (AVX-512 long batches, rows of whole chunks): the tiles of a panel, the
+    // last one padded, then one tile's dequantized rows; a block of tokens (at most 8), or
+    // all of them (short batches' panels are one tile: packing their tokens would not repay)
+    let pack = wide
+        && groups == 0
+        && n > SHORT_BATCH
+        && packed::handles(cols)
+        && (cols <= KB || rows >= PACK_ALL_MIN_ROWS);
+    if pack {
+        let len = (per_panel.div_ceil(tr) + 1) * tr * cols;
+        with_thread_buf(&PANEL, len, KEEP_ALL, |buf| {
+            // rows longer than a block: every block of tokens packed once, for every panel
+            let all = cols > KB;
+            let xlen = if all { n * cols } else { 8 * cols };
+            with_thread_buf(&LANES, xlen, KEEP_ALL, |xp| {
+                let (tiles, rowbuf) = buf.split_at_mut(len - tr * cols);
+                let mut p0 = 0;
+                while p0 < rows {
+                    let pr = per_panel.min(rows - p0);
+                    super::prefetch(data.as_ptr().wrapping_add((p0 + pr) * rb), pr * rb);
+                    let mut r0 = 0;
+                    while r0 < pr {
+                        let k = tr.min(pr - r0);
+                        let wb = &mut rowbuf[..k * cols];
+                        let bytes = &data[(p0 + r0) * rb..(p0 + r0 + k) * rb];
+                        if !super::route::avx2_dequant_rows(dtype, bytes, cols, wb) {
+                            for (o, b) in wb.chunks_exact_mut(cols).zip(bytes.chunks_exact(rb)) {
+                                dequant_into(dtype, b, o);
+                            }
+                        }
+                        // the last tile repeats its last row
+                        let src: [*const f32; 8] =
+                            std::array::from_fn(|i| wb.as_ptr().add(i.min(k - 1) * cols));
+                        packed::pack(&src[..tr], cols, 16, tiles.as_mut_ptr().add(r0 * cols));
+                        r0 += tr;
+                    }
+                    let job = Job {
+                        w: &tiles[..pr.div_ceil(tr) * tr * cols],
+                        pr,
+                        cols,
+                        x,
+                        n,
+                        t_start: 0,
+                        out,
+                        row0: p0,
+                    };
+                    panel_avx512(job, Some((&mut *xp, all, p0 == 0)));
+                    p0 += pr;
+                }
+            });
+        });
+        return;
+    }
     // the panel on a 64-byte line: no store splits a line
     with_thread_buf(&PANEL, per_panel * cols, KEEP_ALL, |buf| {
         let lanes_len = if groups > 0 {
@@ -427,9 +493,9 @@ pub(crate) unsafe fn rows(
                         row0: p0,
                     };
                     if wide {
-                        panel_avx512(job);
+                        panel_avx512(job, None);
                     } else {
-                        panel_avx2(job);
+                        panel_avx2(job, None);
                     }
                 }
                 p0 += pr;
@@ -465,7 +531,8 @@ mod tests {
     }
 
     /// Tokens at every f32 offset from a 64-byte line: the same bits as the scalar dots, for
-    /// long batches of rows with a tail, of one block of columns and of more.
+    /// long batches of rows with a tail, of one block of columns and of more, row-major and
+    /// packed.
     #[test]
     fn tokens_at_every_alignment_give_the_scalar_bits() {
         for wide in [false, true] {
@@ -476,8 +543,16 @@ mod tests {
             }) {
                 continue;
             }
-            for (cols, n) in [(100, 11), (640, 20), (1041, 13)] {
-                let nr = 7;
+            // rows with a tail (row-major panels), of whole chunks (packed with 512-bit
+            // slots) in one block, and in three, the last one short (packed from
+            // `PACK_ALL_MIN_ROWS` rows on, row-major below)
+            for (cols, n, nr) in [
+                (100, 11, 7),
+                (640, 20, 7),
+                (1041, 13, 7),
+                (2176, 15, 7),
+                (2176, 15, PACK_ALL_MIN_ROWS + 1),
+            ] {
                 let w = values(nr * cols, 1);
                 let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
                 let xs = values(n * cols + 16, 2);
@@ -498,7 +573,7 @@ mod tests {
                     assert_eq!(
                         bits(&got),
                         bits(&want),
-                        "{cols} n={n} off={off} wide={wide}"
+                        "{nr}x{cols} n={n} off={off} wide={wide}"
                     );
                 }
             }
