@@ -20,6 +20,8 @@
 
 use std::collections::HashMap;
 
+use loip_kernels::PageVec;
+
 use crate::EngineError;
 
 /// A sequence (request) id.
@@ -31,11 +33,13 @@ pub type SeqId = u64;
 /// after the end. The dead front is reclaimed by one move to the start of the buffer when an
 /// append would otherwise grow a buffer that is at least half dead, so an append costs O(1)
 /// floats moved amortized (never a window of rows per token) and the buffer stays within a
-/// small factor of the rows held.
+/// small factor of the rows held. Each buffer is its own mapping ([`PageVec`]): growing it
+/// copies nothing and leaves no freed chunk resident, and only the pages written are charged,
+/// so the memory the cache takes is the bytes it accounts plus less than a page a buffer.
 #[derive(Debug, Default, Clone)]
 struct Rows {
-    buf: Vec<f32>, // (start + held rows, kv_dim): a dead front, then the live rows
-    start: usize,  // floats of the dead front
+    buf: PageVec, // (start + held rows, kv_dim): a dead front, then the live rows
+    start: usize, // floats of the dead front
 }
 
 impl Rows {
@@ -64,8 +68,7 @@ impl Rows {
             self.start -= x.len();
             self.buf[self.start..self.start + x.len()].copy_from_slice(x);
         } else {
-            let mut buf = Vec::with_capacity(x.len() + self.len());
-            buf.extend_from_slice(x);
+            let mut buf = PageVec::from_slice(x);
             buf.extend_from_slice(self.as_slice());
             *self = Rows { buf, start: 0 };
         }
@@ -483,7 +486,7 @@ impl KvCache {
             }
             let (a, b) = ((lo - l.lo) * d, (n - l.lo) * d);
             let rows = |r: &Rows| Rows {
-                buf: r.as_slice()[a..b].to_vec(),
+                buf: PageVec::from_slice(&r.as_slice()[a..b]),
                 start: 0,
             };
             layers.push(LayerKv {
@@ -570,7 +573,7 @@ mod tests {
             assert_eq!(v.iter().map(|x| -x).collect::<Vec<_>>(), want);
         }
         assert!(
-            moved_cap <= 4 * w * d,
+            moved_cap <= (4 * w * d).max(loip_kernels::page_bytes() / 4),
             "buffer of {moved_cap} floats for {w} rows"
         );
         assert_eq!(c.used_bytes(), (2 * w * d * 4) as u64);

@@ -18,7 +18,7 @@
 //! (exact scalar dequantization), `canon` (the canonical order, portable),
 //! `x86::{avx512, avx512_act, avx2, quant_ext_*, gemm}` and `arm::neon` (SIMD kernels),
 //! `x86::route` (stored type → x86 kernel), `dispatch` (safe level → kernel), `matmul`,
-//! `attention`, `elementwise`, `lines` (f32 buffers on 64-byte lines), `simd` (run-time detection), `team` and `affinity` (a step's
+//! `attention`, `elementwise`, `lines` (f32 buffers on 64-byte lines), `pages` (f32 buffers in their own mapping: the KV cache's rows), `simd` (run-time detection), `team` and `affinity` (a step's
 //! threads, pinned one per core), and `ops` (the public entry
 //! points, re-exported here). Every module imports only modules below it: no two import each
 //! other, directly or around a loop.
@@ -40,6 +40,8 @@ mod elementwise;
 mod intdot;
 mod lines;
 mod matmul;
+mod pages;
+pub use pages::{page_bytes, PageVec};
 mod quant_ext;
 mod quant_k_ext;
 mod quantx;
