@@ -156,6 +156,8 @@ pub(crate) fn has_token_major(level: Level, dtype: DType, n: usize) -> bool {
 /// [`has_token_major`] says so. Panics if the lengths disagree or the rows fall outside `y`.
 ///
 /// Tasks that call this at the same time with copies of one `y` must pass disjoint rows.
+/// `pre`: `x` packed once for all of a matmul's tasks, where `crate::x86::gemm` packs all the
+/// tokens (see `gemm::shared_pack_len`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rows_token_major(
     level: Level,
@@ -166,6 +168,7 @@ pub(crate) fn rows_token_major(
     n: usize,
     y: TokenMajor<'_>,
     r0: usize,
+    pre: Option<&[f32]>,
 ) {
     // The caller decided with `has_token_major`; only what the unsafe code relies on (the
     // CPU's features) is checked again here, not the run-time toggles, which another thread
@@ -188,8 +191,12 @@ pub(crate) fn rows_token_major(
     unsafe {
         let out = crate::x86::gemm::Out::token_major(y.ptr.add(r0), y.len - r0, y.rows);
         let wide = usable(level) == Level::Avx512;
-        crate::x86::gemm::rows(wide, dtype, data, cols, x, n, rows, out)
+        let len = crate::x86::gemm::shared_pack_len(wide, cols, n);
+        assert!(pre.is_none_or(|p| len > 0 && p.len() == len), "packed tokens");
+        crate::x86::gemm::rows(wide, dtype, data, cols, x, n, rows, out, pre)
     }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+    let _ = pre;
 }
 
 /// Canonical dot product of two f32 slices. Panics if the lengths differ.

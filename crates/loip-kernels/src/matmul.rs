@@ -11,7 +11,7 @@ use crate::dtype::{KernelError, Matrix};
 use crate::intdot;
 use crate::simd::{self, Level};
 use crate::team;
-use crate::thread_buf::{with_thread_buf, ThreadBuf};
+use crate::thread_buf::{with_shared_buf, with_thread_buf, SharedBuf, ThreadBuf};
 
 /// Below this many multiply-adds (weight elements × tokens) a matmul runs on the calling
 /// thread (task overhead would dominate).
@@ -117,21 +117,23 @@ pub(crate) fn matmul_at(
     if dispatch::has_token_major(level, dtype, n) {
         // the tiled kernel writes y's layout itself; each task its own rows
         let yt = dispatch::TokenMajor::new(y, rows);
-        let run = |(r0, r1): (usize, usize)| {
-            let data = &w.data[r0 * rb..r1 * rb];
-            dispatch::rows_token_major(level, dtype, data, cols, x, n, yt, r0)
-        };
-        if tasks == 1 {
-            run((0, rows));
-        } else {
-            let align = batch_row_align(n);
-            let ranges = if tasks < 4 * threads {
-                batch_ranges(rows, tasks, align)
-            } else {
-                guided_ranges(rows, 2 * threads, align, align)
+        with_shared_pack(level, cols, x, n, |pre| {
+            let run = |(r0, r1): (usize, usize)| {
+                let data = &w.data[r0 * rb..r1 * rb];
+                dispatch::rows_token_major(level, dtype, data, cols, x, n, yt, r0, pre)
             };
-            team::par_for(ranges.len(), |i| run(ranges[i]));
-        }
+            if tasks == 1 {
+                run((0, rows));
+            } else {
+                let align = batch_row_align(n);
+                let ranges = if tasks < 4 * threads {
+                    batch_ranges(rows, tasks, align)
+                } else {
+                    guided_ranges(rows, 2 * threads, align, align)
+                };
+                team::par_for(ranges.len(), |i| run(ranges[i]));
+            }
+        });
         return Ok(());
     }
 
@@ -367,12 +369,53 @@ fn matmul_many_tiled(
     }
     // biggest first (the order `team::par_for` claims them): the last tasks are the short ones
     tasks.sort_by_key(|t| std::cmp::Reverse((t.4 - t.3).saturating_mul(t.0.cols)));
-    team::par_for(tasks.len(), |i| {
-        let (w, rb, yt, r0, r1) = tasks[i];
-        let data = &w.data[r0 * rb..r1 * rb];
-        dispatch::rows_token_major(level, w.dtype, data, w.cols, &x[..n * w.cols], n, yt, r0)
+    // every matrix has the same cols (`check`)
+    let cols = ws.first().map_or(0, |w| w.cols);
+    with_shared_pack(level, cols, &x[..n * cols], n, |pre| {
+        team::par_for(tasks.len(), |i| {
+            let (w, rb, yt, r0, r1) = tasks[i];
+            let data = &w.data[r0 * rb..r1 * rb];
+            let x = &x[..n * w.cols];
+            dispatch::rows_token_major(level, w.dtype, data, w.cols, x, n, yt, r0, pre)
+        })
     });
     Ok(())
+}
+
+/// The tokens of the tiled matmuls that pack all their tokens (AVX-512, rows longer than a
+/// block, see `x86::gemm::shared_pack_len`), packed once per call for all its tasks, reused
+/// across calls (one buffer in the process: `n × cols` f32 of the longest rows so packed).
+static SHARED_PACK: SharedBuf = SharedBuf::new(Vec::new());
+
+/// `f(pre)`: `pre` the tokens `x` (`n × cols`) packed for the tiled kernel at `level` (in
+/// [`SHARED_PACK`], blocks of tokens split over the threads), where it packs all of them;
+/// else `None`.
+fn with_shared_pack<R>(
+    level: Level,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    f: impl FnOnce(Option<&[f32]>) -> R,
+) -> R {
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    {
+        use crate::x86::gemm;
+        let len = gemm::shared_pack_len(simd::usable(level) == Level::Avx512, cols, n);
+        if len > 0 {
+            return with_shared_buf(&SHARED_PACK, len, |buf| {
+                // whole blocks per task, two tasks a thread
+                let block = gemm::packed_block_len(n, cols);
+                let threads = rayon::current_num_threads().max(1);
+                let chunk = len.div_ceil(block).div_ceil(2 * threads) * block;
+                team::par_chunks_mut(buf, chunk, |i, o| {
+                    gemm::pack_tokens(x, n, cols, i * chunk / block, o)
+                });
+                f(Some(buf))
+            });
+        }
+    }
+    let _ = (level, cols, x, n);
+    f(None)
 }
 
 /// Plain scalar reference of [`matmul`]: dequantize each element, multiply, and accumulate

@@ -3,6 +3,7 @@
 //! a call nested on the same thread finds it taken and uses a fresh one.
 
 use std::cell::Cell;
+use std::sync::{Mutex, PoisonError};
 use std::thread::LocalKey;
 
 /// A thread's reusable buffer of f32. Declare one with
@@ -41,6 +42,37 @@ pub(crate) fn with_thread_buf<R>(
     r
 }
 
+/// A buffer of f32 the threads of a call share, kept for the next call (one per process,
+/// whichever thread calls): `static B: SharedBuf = SharedBuf::new(Vec::new());`.
+pub(crate) type SharedBuf = Mutex<Vec<f32>>;
+
+/// [`with_thread_buf`] on a [`SharedBuf`] (kept whatever its size): `f(buf)`, `buf` `len`
+/// elements on a 64-byte line, whatever an earlier call left in them. Calls at the same time
+/// (other threads) get fresh buffers; the largest one is kept.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "x86")),
+    allow(dead_code)
+)]
+pub(crate) fn with_shared_buf<R>(
+    key: &'static SharedBuf,
+    len: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    let lock = || key.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut buf = std::mem::take(&mut *lock());
+    let need = len.saturating_add(15);
+    if buf.len() < need {
+        buf = vec![0f32; need];
+    }
+    let off = buf.as_ptr().align_offset(64).min(15);
+    let r = f(&mut buf[off..off + len]);
+    let mut kept = lock();
+    if kept.len() < buf.len() {
+        *kept = buf;
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,5 +104,22 @@ mod tests {
         with_thread_buf(&T, 200, 100, |b| assert_eq!(b.len(), 200));
         with_thread_buf(&T, 0, KEEP_ALL, |b| assert!(b.is_empty()));
         assert_eq!(T.with(Cell::take).capacity(), 15);
+    }
+
+    #[test]
+    fn shared_buffers_start_on_a_line_and_are_reused() {
+        static S: SharedBuf = SharedBuf::new(Vec::new());
+        let first = with_shared_buf(&S, 100, |b| {
+            assert_eq!((b.len(), b.as_ptr() as usize % 64), (100, 0));
+            b.fill(2.0);
+            // a call meanwhile gets its own buffer
+            with_shared_buf(&S, 10, |c| assert_ne!(c.as_ptr(), b.as_ptr()));
+            b.as_ptr() as usize
+        });
+        let again = with_shared_buf(&S, 60, |b| {
+            assert!(b.iter().all(|&v| v == 2.0));
+            b.as_ptr() as usize
+        });
+        assert_eq!(first, again);
     }
 }

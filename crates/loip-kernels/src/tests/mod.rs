@@ -528,7 +528,7 @@ fn tiled_kernel_bit_identical() {
                     // SAFETY: AVX2 (and AVX-512 if wide) is supported; lengths as documented
                     unsafe {
                         let out = crate::x86::gemm::Out::row_major(&mut got, n);
-                        crate::x86::gemm::rows(wide, dtype, &data, cols, &x, n, rows, out)
+                        crate::x86::gemm::rows(wide, dtype, &data, cols, &x, n, rows, out, None)
                     };
                     crate::simd::set_lane_tiles(false);
                     crate::simd::set_short_tiles_off(false);

@@ -294,23 +294,23 @@ unsafe fn panel<V: Slot, const S: usize, const R: usize, const T: usize>(job: Jo
 }
 
 /// A panel kernel for one level (`$name`, with `$feat` enabled) and its tile shapes: for `n`
-/// tokens matching `$n` (the job's, from `t_start`), tiles of `$r` rows × `$t` tokens; `$rows`
-/// returns that `$r`.
+/// tokens matching `$n` (the job's, from `t_start`), tiles of `$r` rows × `$t` tokens; `$shape`
+/// returns that `($r, $t)`.
 macro_rules! panel_level {
-    ($name:ident, $rows:ident, $feat:literal, $v:ty, $s:literal,
+    ($name:ident, $shape:ident, $feat:literal, $v:ty, $s:literal,
      $($n:pat => ($r:literal, $t:literal)),+) => {
-        /// Rows per tile of [`
+        /// Rows and tokens per tile of [`
         #[doc = stringify!($name)]
         /// `] for `n` tokens.
-        fn $rows(n: usize) -> usize {
+        fn $shape(n: usize) -> (usize, usize) {
             match n {
-                $($n => $r),+
+                $($n => ($r, $t)),+
             }
         }
 
-        /// The job's panel: packed (`xp` = `Some`, see [`packed`]) or row-major.
+        /// The job's panel: packed (`xp` = `Some`, see [`packed::panel`]) or row-major.
         #[target_feature(enable = $feat)]
-        unsafe fn $name(job: Job<'_>, xp: Option<(&mut [f32], bool, bool)>) {
+        unsafe fn $name(job: Job<'_>, xp: Option<(*mut f32, bool, bool)>) {
             match (job.n - job.t_start, xp) {
                 $(($n, Some((xp, all, fill))) => packed::panel::<$v, $s, $r, $t>(job, xp, (all, fill)),)+
                 $(($n, None) => panel::<$v, $s, $r, $t>(job)),+
@@ -321,13 +321,13 @@ macro_rules! panel_level {
 
 // 16 registers: R × T accumulators + R rows + T tokens (2 × 4 measured best for n >= 4 with
 // panels in L1: no spills; 3 × 4 needs 19)
-panel_level!(panel_avx2, rows_avx2, "avx2,fma,f16c", __m256, 8,
+panel_level!(panel_avx2, shape_avx2, "avx2,fma,f16c", __m256, 8,
     2 => (4, 2),
     3 => (3, 3),
     _ => (2, 4)
 );
 // 32 registers
-panel_level!(panel_avx512, rows_avx512, "avx512f,avx2,fma,f16c", __m512, 4,
+panel_level!(panel_avx512, shape_avx512, "avx512f,avx2,fma,f16c", __m512, 4,
     2 => (8, 2),
     3 => (6, 3),
     4 => (4, 4),
@@ -339,9 +339,49 @@ panel_level!(panel_avx512, rows_avx512, "avx512f,avx2,fma,f16c", __m512, 4,
 /// Rows per tile of the panel kernels for `n` tokens.
 fn tile_rows(wide: bool, n: usize) -> usize {
     if wide {
-        rows_avx512(n)
+        shape_avx512(n).0
     } else {
-        rows_avx2(n)
+        shape_avx2(n).0
+    }
+}
+
+/// f32 of the tokens that [`rows`] packs all at once for `n` tokens of `cols` columns with
+/// 512-bit slots if `wide` (rows longer than a block of [`KB`] columns, see
+/// [`packed`]), laid out as [`pack_tokens`] writes them; 0 where it packs none, or per block.
+/// A matmul packs them once for all its tasks and hands them to each (`pre`).
+pub(crate) fn shared_pack_len(wide: bool, cols: usize, n: usize) -> usize {
+    // n > SHORT_BATCH: never the short tiles (`short::handles`), whatever the toggles
+    if wide && n > SHORT_BATCH && cols > KB && packed::handles(cols) && !ab_pack_off() {
+        n * cols
+    } else {
+        0
+    }
+}
+
+/// f32 of one block of packed tokens (the last block may be shorter): chunks of the
+/// [`shared_pack_len`] buffer of a multiple of this length start on a block.
+pub(crate) fn packed_block_len(n: usize, cols: usize) -> usize {
+    shape_avx512(n).1 * cols
+}
+
+/// Packs the tokens `x` (`n × cols`) of the blocks from `b0` on into `out` (whole blocks
+/// from the block `b0` of the [`shared_pack_len`] buffer, as [`rows`] reads it).
+///
+/// Panics if `x` is not `n × cols` or `out` runs past the end of the tokens or ends inside a
+/// block.
+pub(crate) fn pack_tokens(x: &[f32], n: usize, cols: usize, b0: usize, out: &mut [f32]) {
+    let t = shape_avx512(n).1;
+    assert!(x.len() == n * cols && packed::handles(cols), "pack shape");
+    let mut t0 = b0 * t;
+    assert!(t0 * cols + out.len() <= n * cols, "pack range");
+    let mut at = 0;
+    while at < out.len() {
+        let k = t.min(n - t0);
+        assert!(at + k * cols <= out.len(), "pack ends inside a block");
+        // SAFETY: tokens t0 .. t0 + k < n of x, and k * cols f32 of out from `at` (checked)
+        unsafe { packed::pack_block(x.as_ptr(), cols, (t0, k), 16, out.as_mut_ptr().add(at)) };
+        at += k * cols;
+        t0 += k;
     }
 }
 
@@ -350,7 +390,8 @@ fn tile_rows(wide: bool, n: usize) -> usize {
 ///
 /// # Safety
 /// AVX2/FMA/F16C available, and AVX-512F if `wide`; `data.len() == rows * row_bytes(cols)`, `x.len() == n * cols`,
-/// `cols` a multiple of the block size, `n > 0`.
+/// `cols` a multiple of the block size, `n > 0`; `pre`, if given, holds
+/// [`shared_pack_len`] (non-zero) f32: every block of `x` packed by [`pack_tokens`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows(
     wide: bool,
@@ -361,8 +402,10 @@ pub(crate) unsafe fn rows(
     n: usize,
     rows: usize,
     out: Out,
+    pre: Option<&[f32]>,
 ) {
     let rb = prefix_bytes(dtype, cols);
+    debug_assert!(pre.is_none_or(|p| p.len() == shared_pack_len(wide, cols, n)));
     debug_assert!(n > 0 && x.len() == n * cols && data.len() == rows * rb);
     if cols == 0 {
         for r in 0..rows {
@@ -403,19 +446,30 @@ pub(crate) unsafe fn rows(
     .min(rows);
     // packed panels (AVX-512 long batches, rows of whole chunks): the tiles of a panel, the
     // last one padded, then one tile's dequantized rows; a block of tokens (at most 8), or
-    // all of them (short batches' panels are one tile: packing their tokens would not repay)
+    // all of them, packed here or by the caller (`pre`) (short batches' panels are one tile:
+    // packing their tokens would not repay)
     let pack = wide
+        && !ab_pack_off()
         && groups == 0
         && n > SHORT_BATCH
         && packed::handles(cols)
-        && (cols <= KB || rows >= PACK_ALL_MIN_ROWS);
+        && (cols <= KB || rows >= PACK_ALL_MIN_ROWS || pre.is_some());
     if pack {
         let len = (per_panel.div_ceil(tr) + 1) * tr * cols;
         with_thread_buf(&PANEL, len, KEEP_ALL, |buf| {
             // rows longer than a block: every block of tokens packed once, for every panel
             let all = cols > KB;
-            let xlen = if all { n * cols } else { 8 * cols };
+            let xlen = match (all, pre) {
+                (true, Some(_)) => 0,
+                (true, None) => n * cols,
+                (false, _) => 8 * cols,
+            };
             with_thread_buf(&LANES, xlen, KEEP_ALL, |xp| {
+                // `pre` is only read (`fill` false): its pointer is never written through
+                let (xp, packs) = match pre {
+                    Some(p) if all => (p.as_ptr().cast_mut(), false),
+                    _ => (xp.as_mut_ptr(), true),
+                };
                 let (tiles, rowbuf) = buf.split_at_mut(len - tr * cols);
                 let mut p0 = 0;
                 while p0 < rows {
@@ -447,7 +501,7 @@ pub(crate) unsafe fn rows(
                         out,
                         row0: p0,
                     };
-                    panel_avx512(job, Some((&mut *xp, all, p0 == 0)));
+                    panel_avx512(job, Some((xp, all, packs && p0 == 0)));
                     p0 += pr;
                 }
             });
@@ -502,6 +556,12 @@ pub(crate) unsafe fn rows(
             }
         });
     });
+}
+
+/// TEMPORARY A/B knob: `LOIP_PACK=off` keeps the row-major tiles.
+fn ab_pack_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("LOIP_PACK").as_deref() == Ok("off"))
 }
 
 /// Greatest common divisor.
@@ -567,7 +627,7 @@ mod tests {
                     // SAFETY: the level is supported; lengths as documented
                     unsafe {
                         let out = Out::row_major(&mut got, n);
-                        rows(wide, DType::F32, &data, cols, x, n, nr, out);
+                        rows(wide, DType::F32, &data, cols, x, n, nr, out, None);
                     }
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
@@ -575,6 +635,22 @@ mod tests {
                         bits(&want),
                         "{nr}x{cols} n={n} off={off} wide={wide}"
                     );
+                    // the tokens packed beforehand, two blocks per call, for any row count
+                    let len = shared_pack_len(wide, cols, n);
+                    if len > 0 {
+                        let mut pre = vec![f32::NAN; len];
+                        let chunk = 2 * packed_block_len(n, cols);
+                        for (i, o) in pre.chunks_mut(chunk).enumerate() {
+                            pack_tokens(x, n, cols, 2 * i, o);
+                        }
+                        got.fill(f32::NAN);
+                        // SAFETY: as above; `pre` as `shared_pack_len` says
+                        unsafe {
+                            let out = Out::row_major(&mut got, n);
+                            rows(wide, DType::F32, &data, cols, x, n, nr, out, Some(&pre));
+                        }
+                        assert_eq!(bits(&got), bits(&want), "{nr}x{cols} n={n} off={off} pre");
+                    }
                 }
             }
         }

@@ -50,6 +50,24 @@ pub(super) unsafe fn pack(src: &[*const f32], cols: usize, w: usize, out: *mut f
     }
 }
 
+/// The block of tokens `t0 .. t0 + k` (`k` at most 8) of the rows of `cols` f32 at `x`,
+/// packed into `out` ([`pack`] with `w` lanes; `k * cols` f32).
+///
+/// # Safety
+/// `x` valid for reads of the `t0 + k` rows, `out` for `k * cols` writes, `cols` a multiple of
+/// 64, `0 < k <= 8`.
+#[inline(always)]
+pub(super) unsafe fn pack_block(
+    x: *const f32,
+    cols: usize,
+    (t0, k): (usize, usize),
+    w: usize,
+    out: *mut f32,
+) {
+    let src: [*const f32; 8] = std::array::from_fn(|t| x.add((t0 + t.min(k - 1)) * cols));
+    pack(&src[..k], cols, w, out);
+}
+
 /// One packed tile over the chunks `c0 .. c1` of `chunks`: `st[i][t][s]` = slot `s` of rows
 /// `i` of the tile `w` × tokens `t` of the block `x` (both as [`pack`] lays them out), from
 /// the state of the chunks `0 .. c0` that `st` holds (nothing if `c0 == 0`).
@@ -150,13 +168,17 @@ unsafe fn tokens<V: Slot, const S: usize, const R: usize, const T: usize>(
 }
 
 /// The job's tokens against its packed panel (`job.w`, see [`tokens`]): blocks of `T`
-/// tokens, the last block narrower. `xp` holds one packed block (at least `T * cols` f32),
+/// tokens, the last block narrower. `xb` holds one packed block (at least `T * cols` f32),
 /// packed here before each, or with `all`, every block of the job's tokens in order (`(n -
-/// t_start) * cols` f32), packed here if `fill`.
+/// t_start) * cols` f32), packed here if `fill` (else only read: `xb` may point to memory
+/// other threads read meanwhile).
+///
+/// # Safety
+/// `xb` valid for those reads, and for those writes where it is written.
 #[inline(always)]
 pub(super) unsafe fn panel<V: Slot, const S: usize, const R: usize, const T: usize>(
     job: super::Job<'_>,
-    xp: &mut [f32],
+    xb: *mut f32,
     (all, fill): (bool, bool),
 ) {
     let super::Job {
@@ -169,8 +191,8 @@ pub(super) unsafe fn panel<V: Slot, const S: usize, const R: usize, const T: usi
         out,
         row0,
     } = job;
-    debug_assert!(handles(cols) && xp.len() >= if all { n - t_start } else { T } * cols);
-    let (w, xb) = (w.as_ptr(), xp.as_mut_ptr());
+    debug_assert!(handles(cols));
+    let w = w.as_ptr();
     // the packed block of tokens t0 .. t0 + k, packed first where asked
     let block = |t0: usize, k: usize| {
         let at = if all {
@@ -179,9 +201,7 @@ pub(super) unsafe fn panel<V: Slot, const S: usize, const R: usize, const T: usi
             xb
         };
         if !all || fill {
-            let src: [*const f32; 8] =
-                std::array::from_fn(|t| x.as_ptr().add((t0 + t.min(k - 1)) * cols));
-            pack(&src[..k], cols, V::WIDTH, at);
+            pack_block(x.as_ptr(), cols, (t0, k), V::WIDTH, at);
         }
         at as *const f32
     };

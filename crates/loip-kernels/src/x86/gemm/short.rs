@@ -735,7 +735,7 @@ mod tests {
                     // SAFETY: AVX-512 is supported; lengths as documented
                     unsafe {
                         let out = Out::row_major(&mut got, n);
-                        super::super::rows(true, dtype, &data, cols, &x, n, rows, out)
+                        super::super::rows(true, dtype, &data, cols, &x, n, rows, out, None)
                     };
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{dtype} {rows}x{cols} n={n}");
