@@ -27,7 +27,9 @@
 //! AVX-512 panels of long batches' rows of whole 64-element chunks are packed (see
 //! [`packed`]): each tile's rows, and each block of tokens, laid out in the order a pass
 //! reads them (`prefill_bench`, one thread: Qwen2.5's 4864 × 896 Q5_0 gate and up 1.05×, its
-//! 896 × 4864 Q6_K down projection 1.03–1.28×; see the CHANGELOG).
+//! 896 × 4864 Q6_K down projection 1.03–1.28×; see the CHANGELOG). Where rows are longer than
+//! a block, `matmul` packs all the tokens once for every task of the call ([`pack_tokens`],
+//! split over the threads) and hands them in (`pre`).
 //!
 //! AVX2 machines use it for every batch, with 256-bit slots. AVX-512 machines keep their
 //! per-row kernels (`avx512`: 1 row × 4 tokens, weights dequantized in registers by table
@@ -76,8 +78,9 @@ const PANEL_BYTES_WIDE: usize = 512 << 10;
 /// rows (with 128 KiB panels, rows of 4864 columns had 6).
 const LONG_PANEL_ROWS: usize = 24;
 /// Fewest rows of a call whose rows are longer than a block of [`KB`] columns for the
-/// packed tiles: each call packs all its tokens once (`n × cols`), which fewer rows do not
-/// repay (the row-major tiles were faster for a panel's worth of rows).
+/// packed tiles when the caller did not pack the tokens (`pre`): such a call packs all its
+/// tokens itself (`n × cols`), which fewer rows do not repay (the row-major tiles were
+/// faster for a panel's worth of rows). `matmul` packs them once for all its tasks.
 const PACK_ALL_MIN_ROWS: usize = 4 * LONG_PANEL_ROWS;
 /// Columns per block of the slot passes: the `R + T` rows of a tile stay in L1 meanwhile
 /// (a multiple of 64, the canonical chunk).
@@ -558,7 +561,8 @@ pub(crate) unsafe fn rows(
     });
 }
 
-/// TEMPORARY A/B knob: `LOIP_PACK=off` keeps the row-major tiles.
+/// `LOIP_PACK=off` (read once): the row-major tiles where the packed ones would run, for
+/// A/B runs of the packed panels (bit-identical either way).
 fn ab_pack_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("LOIP_PACK").as_deref() == Ok("off"))
