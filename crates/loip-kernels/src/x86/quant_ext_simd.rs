@@ -215,7 +215,8 @@ unsafe fn rows256<D: Decode>(
         return with_permuted(x, |xp| D::natural_rows(data, rb, cols, xp, out));
     }
     for (r, o) in out.iter_mut().enumerate() {
-        *o = dot256::<D>(data.as_ptr().add(r * rb), cols, x.as_ptr(), rb);
+        // at least MIN_AHEAD ahead, as the natural-order kernels (one short row is too close)
+        *o = dot256::<D>(data.as_ptr().add(r * rb), cols, x.as_ptr(), rb.max(super::MIN_AHEAD));
     }
 }
 
