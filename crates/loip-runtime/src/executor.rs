@@ -447,9 +447,9 @@ impl Device {
         Ok(x)
     }
 
-    /// Checks that the KV cache can take `tokens` more tokens on every held layer.
-    pub fn reserve(&self, tokens: usize) -> Result<(), RuntimeError> {
-        Ok(self.kv.reserve(tokens)?)
+    /// Checks that the KV cache can take a step of `batch` on every held layer.
+    pub fn reserve(&self, batch: &[TokenPos]) -> Result<(), RuntimeError> {
+        Ok(self.kv.reserve(batch)?)
     }
 
     /// Runs stage `k` on `x: (batch.len(), hidden)` in place, then releases the slot and (when

@@ -281,7 +281,7 @@ impl LocalModel {
         batch: &[TokenPos],
     ) -> Result<Vec<f32>, RuntimeError> {
         self.guard.check(&mut self.device);
-        self.device.reserve(ids.len())?;
+        self.device.reserve(batch)?;
         let mut x = self.device.embed(ids)?;
         for k in 0..self.device.stages() {
             self.device.run_stage(k, &mut x, batch)?;

@@ -346,7 +346,7 @@ fn run_step(
         }
         // a lend grown since the last step frees its room before the reservation counts it
         lend.top_up(d, ctx, 0)?;
-        d.reserve(n)?;
+        d.reserve(&h.batch)?;
     }
     let last = h.stages.len().saturating_sub(1);
     let mut run = |d: &mut Device, x: &mut Vec<f32>| -> Result<(), RuntimeError> {
