@@ -40,11 +40,11 @@ pub type SeqId = u64;
 ///
 /// Dropping the oldest rows (a sliding window, lending) only moves `start`; appending writes
 /// after the end. The dead front is reclaimed by one move to the start of the buffer when an
-/// append would otherwise grow a buffer that is at least half dead, so an append costs O(1)
-/// floats moved amortized (never a window of rows per token) and the buffer stays within a
-/// small factor of the rows held. Each buffer is its own mapping ([`PageVec`]): growing it
-/// copies nothing and leaves no freed chunk resident, and only the pages written are charged,
-/// so the memory the cache takes is the bytes it accounts plus less than a page a buffer.
+/// append finds the buffer at least half dead, so an append costs O(1) floats moved amortized
+/// (never a window of rows per token) and the pages written stay within twice the rows held
+/// plus the append: a window of `W` is charged at most `2 (W + step)` rows. Each buffer is its
+/// own mapping ([`PageVec`]): growing it copies nothing and leaves no freed chunk resident,
+/// and only the pages written are charged, which [`KvCache::charged_bytes`] counts.
 #[derive(Debug, Default, Clone)]
 struct Rows {
     buf: PageVec, // (start + held rows, kv_dim): a dead front, then the live rows
@@ -63,7 +63,9 @@ impl Rows {
     }
 
     fn push_back(&mut self, x: &[f32]) {
-        if self.buf.len() + x.len() > self.buf.capacity() && 2 * self.start >= self.buf.len() {
+        // a front at least as long as the live rows moves first, so the pages written (what
+        // is charged) stay within twice the rows held and this append
+        if self.start > 0 && 2 * self.start >= self.buf.len() {
             self.buf.copy_within(self.start.., 0);
             self.buf.truncate(self.buf.len() - self.start);
             self.start = 0;
