@@ -397,7 +397,7 @@ impl<'a> Model<'a> {
                 limit,
             });
         }
-        kv.reserve(batch)?;
+        kv.reserve(ids.len())?;
         k::on_pool(|| {
             let mut x = vec![0f32; ids.len() * self.tf.cfg.hidden_size];
             self.tf.embed(&self.embed, ids, &mut x)?;

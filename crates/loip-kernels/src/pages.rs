@@ -7,10 +7,8 @@
 //! unwritten capacity landed on those resident pages. A [`PageVec`] maps its own pages:
 //! it grows with `mremap` (no copy, no hole left behind), the kernel charges only the pages
 //! written (capacity costs address space, not memory), and dropping it unmaps them. What it
-//! costs beyond its elements is every page written since it was mapped and not unmapped
-//! (the high-water mark of its length, rounded up to pages: no huge pages, `MADV_NOHUGEPAGE`),
-//! which [`PageVec::resident_bytes`] reports exactly, so a budget can count what the kernel
-//! charges rather than the elements held.
+//! costs beyond its elements is the unwritten rest of its last written page: less than one
+//! page per buffer (no huge pages: `MADV_NOHUGEPAGE`).
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -35,7 +33,6 @@ pub struct PageVec {
     ptr: NonNull<f32>, // cap elements mapped (dangling when cap == 0)
     len: usize,        // f32 elements written
     cap: usize,        // f32 elements mapped: a whole number of pages
-    touched: usize,    // f32 elements ever written (pages up to here are resident)
 }
 
 // SAFETY: a PageVec owns its mapping as a Vec owns its buffer; no shared state.
@@ -50,7 +47,6 @@ impl PageVec {
             ptr: NonNull::dangling(),
             len: 0,
             cap: 0,
-            touched: 0,
         }
     }
 
@@ -76,18 +72,6 @@ impl PageVec {
         self.cap
     }
 
-    /// Bytes of memory its mapping is charged: the pages written since it was mapped (the
-    /// most elements it has held, rounded up to whole pages), whatever it holds now.
-    pub fn resident_bytes(&self) -> usize {
-        pages_for(self.touched)
-    }
-
-    /// [`PageVec::resident_bytes`] once `extra` more elements are appended: at most
-    /// `extra * 4` rounded up to a page more than now.
-    pub fn resident_bytes_after(&self, extra: usize) -> usize {
-        pages_for(self.touched.max(self.len.saturating_add(extra)))
-    }
-
     /// Appends `x`, growing the mapping to at least twice its size when it is full.
     pub fn extend_from_slice(&mut self, x: &[f32]) {
         let need = self
@@ -103,7 +87,6 @@ impl PageVec {
             std::ptr::copy_nonoverlapping(x.as_ptr(), self.ptr.as_ptr().add(self.len), x.len());
         }
         self.len = need;
-        self.touched = self.touched.max(need);
     }
 
     /// Keeps the first `n` elements (the pages stay mapped for the next appends).
@@ -134,14 +117,6 @@ impl PageVec {
         self.ptr = p;
         self.cap = bytes / 4;
     }
-}
-
-/// Bytes of the whole pages holding `elems` f32 elements from a page's start.
-fn pages_for(elems: usize) -> usize {
-    elems
-        .saturating_mul(4)
-        .div_ceil(page_bytes())
-        .saturating_mul(page_bytes())
 }
 
 impl Default for PageVec {
@@ -329,22 +304,11 @@ mod tests {
         for b in &bufs {
             assert!(b.capacity() * 4 / page > written);
             assert_eq!(resident_pages(b), written);
-            assert_eq!(b.resident_bytes(), written * page, "what it reports is charged");
         }
         // truncated rows stay resident (the next appends reuse them); a clone is its rows
         bufs[0].truncate(10 * 192);
         assert_eq!(resident_pages(&bufs[0]), written);
-        assert_eq!(bufs[0].resident_bytes(), written * page);
         let c = bufs[0].clone();
         assert_eq!(resident_pages(&c), (10 * 768usize).div_ceil(page));
-        assert_eq!(c.resident_bytes(), (10 * 768usize).div_ceil(page) * page);
-        // the prediction of an append is what the append then costs
-        let mut d = c.clone();
-        let after = d.resident_bytes_after(200 * 192);
-        for _ in 0..200 {
-            d.extend_from_slice(&row);
-        }
-        assert_eq!(d.resident_bytes(), after);
-        assert_eq!(resident_pages(&d) * page, after);
     }
 }

@@ -364,7 +364,7 @@ impl Device {
         let l = layout(&self.manifest, &spec)?;
         let fixed = l.resident_need + l.slot_need + self.mem.working;
         let kv_budget = match spec.mem_budget {
-            Some(b) if fixed.saturating_add(self.kv.charged_bytes()) > b => {
+            Some(b) if fixed.saturating_add(self.kv.used_bytes()) > b => {
                 return Err(RuntimeError::OverBudget {
                     budget: b,
                     detail: format!(
@@ -373,7 +373,7 @@ impl Device {
                         l.resident_need,
                         l.slot_need,
                         self.mem.working,
-                        self.kv.charged_bytes()
+                        self.kv.used_bytes()
                     ),
                 })
             }
@@ -447,9 +447,9 @@ impl Device {
         Ok(x)
     }
 
-    /// Checks that the KV cache can take a step of `batch` on every held layer.
-    pub fn reserve(&self, batch: &[TokenPos]) -> Result<(), RuntimeError> {
-        Ok(self.kv.reserve(batch)?)
+    /// Checks that the KV cache can take `tokens` more tokens on every held layer.
+    pub fn reserve(&self, tokens: usize) -> Result<(), RuntimeError> {
+        Ok(self.kv.reserve(tokens)?)
     }
 
     /// Runs stage `k` on `x: (batch.len(), hidden)` in place, then releases the slot and (when

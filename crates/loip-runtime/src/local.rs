@@ -125,20 +125,16 @@ pub fn local_spec_for(
             l.mlp = BlockPlacement::Offloaded;
         }
     }
-    // what the kernel charges for one sequence's cache (`KvCache::charged_bytes`): each
-    // layer's K and V are buffers of whole pages; a sliding-window layer's stops at twice its
-    // window and a step (its dropped front moves back before it grows larger)
-    let row_bytes = (m.config.num_kv_heads * m.config.head_dim) as u64 * 4;
-    let page = loip_kernels::page_bytes() as u64;
-    let kv_seq: u64 = (0..n)
+    // a sliding-window layer's cache stops at its window
+    let kv_rows: u64 = (0..n)
         .map(|l| {
-            let rows = m.config.layer_window(l).map_or(opts.context, |w| {
-                w.saturating_add(opts.max_step_tokens).saturating_mul(2).min(opts.context)
-            });
-            2 * (rows as u64).saturating_mul(row_bytes).div_ceil(page) * page
+            m.config
+                .layer_window(l)
+                .map_or(opts.context, |w| w.min(opts.context)) as u64
         })
         .sum();
-    let kv_bytes = kv_seq.saturating_mul(max_seqs as u64);
+    let kv_bytes = (kv_rows * max_seqs as u64)
+        .saturating_mul(2 * (m.config.num_kv_heads * m.config.head_dim) as u64 * 4);
     let working = working_bytes(m, opts.max_step_tokens, max_seqs, opts.context);
     let need = |layers: &[StageLayer]| -> Result<u64, RuntimeError> {
         let mut resident = size(m, SliceKind::Embed)? + size(m, SliceKind::Head)?;
@@ -285,7 +281,7 @@ impl LocalModel {
         batch: &[TokenPos],
     ) -> Result<Vec<f32>, RuntimeError> {
         self.guard.check(&mut self.device);
-        self.device.reserve(batch)?;
+        self.device.reserve(ids.len())?;
         let mut x = self.device.embed(ids)?;
         for k in 0..self.device.stages() {
             self.device.run_stage(k, &mut x, batch)?;

@@ -133,23 +133,9 @@ impl Backend {
     ) -> Result<Backend, BackendError> {
         let dev = &model.device;
         let bytes_per_token = dev.kv.bytes_per_token_layer() * dev.tf.cfg.num_layers as u64;
-        // the running sequences and as many kept in the prompt cache: within the mappings the
-        // kernel allows, and the pages their rows round up to kept out of what the scheduler
-        // reserves by the token
-        let cached = (dev.kv.seq_limit() / 2).max(1);
-        if parallel > cached {
-            eprintln!(
-                "loip api: --parallel {parallel} lowered to {cached}: each sequence takes {} memory \
-                 mappings and the kernel allows {cached} sequences and as many kept (vm.max_map_count)",
-                2 * dev.tf.cfg.num_layers
-            );
-        }
-        let parallel = parallel.min(cached);
         let budget = match dev.memory() {
             m if m.budget == 0 => u64::MAX,
-            m => m
-                .kv_budget
-                .saturating_sub(2 * parallel as u64 * dev.kv.page_slack_per_seq()),
+            m => m.kv_budget,
         };
         let mut limits = loip_plan::sched::Limits::one_device(budget, bytes_per_token);
         limits.max_seq_len = Some(dev.tf.cfg.max_position_embeddings);

@@ -194,8 +194,6 @@ fn serve_until(
             eprintln!("an API key is required on /v1/*");
         }
         eprintln!("listening on http://{addr}");
-        // what starting read of the code and did not map stays charged to the process
-        loip_runtime::memory::drop_unmapped_code();
         http::serve(listener, app::router(app.clone()), cfg.limits, shutdown).await;
         Ok(())
     });

@@ -104,8 +104,6 @@ pub(super) fn compute_thread(
                         d.kv.widen_windows(loip_engine::speculate::MAX_REWIND);
                         let memory = d.memory().into();
                         device = Some(d);
-                        // what starting read of the code and did not map stays charged
-                        crate::memory::drop_unmapped_code();
                         ctx.frame_limit.store(limit, Ordering::Relaxed);
                         ctx.send(ToCoordinator::Loaded { memory })
                     }
@@ -279,7 +277,7 @@ fn run_step(
         // Logits beyond the accounted rows must fit in what the KV cache leaves free (an
         // argmax step computes them `max_rows` rows at a time).
         let extra = (h.rows.len() - max_rows) as u64 * d.tf.cfg.vocab_size as u64 * 4;
-        let free = d.memory().kv_budget.saturating_sub(d.kv.charged_bytes());
+        let free = d.memory().kv_budget.saturating_sub(d.kv.used_bytes());
         let unlimited = d.memory().budget == 0;
         if !unlimited && extra > free {
             return Err(bad(format!(
@@ -348,7 +346,7 @@ fn run_step(
         }
         // a lend grown since the last step frees its room before the reservation counts it
         lend.top_up(d, ctx, 0)?;
-        d.reserve(&h.batch)?;
+        d.reserve(n)?;
     }
     let last = h.stages.len().saturating_sub(1);
     let mut run = |d: &mut Device, x: &mut Vec<f32>| -> Result<(), RuntimeError> {
