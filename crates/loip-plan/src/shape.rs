@@ -68,6 +68,12 @@ pub struct ModelShape {
     pub sliding_layers: Vec<bool>,
 }
 
+/// Input width (columns) above which the batched matmul packs its input tokens into a buffer
+/// of their own (`loip_kernels`' AVX-512 tiles of rows longer than one 1,024-column block);
+/// [`ModelShape::step_working_bytes`] counts that buffer wherever a model has such inputs, on
+/// every platform (an upper bound).
+pub const PACKED_INPUT_MIN_COLS: u64 = 1024;
+
 /// Fixed scratch every device reserves on top of its step's buffers: the attention scores of
 /// long contexts (`2·heads·context` floats: 16 MiB covers 64 heads at 32k positions) and
 /// allocator slack.  // bytes
@@ -247,12 +253,20 @@ impl ModelShape {
     /// Per token: the residual stream, the normed input, the attention output and two scratch
     /// rows (`5·hidden`), q and the attention result (`2·heads·head_dim`), k and v
     /// (`2·kv_heads·head_dim`), the MLP's gate and up (`2·intermediate`); per sequence, one
-    /// row of logits (`vocab`); the attention scores (`2·heads·context`).
+    /// row of logits (`vocab`); the attention scores (`2·heads·context`). Plus the batched
+    /// matmul's packed copy of its input tokens, which the kernels keep for inputs wider than
+    /// [`PACKED_INPUT_MIN_COLS`] (one buffer a process, as wide as the widest such input).
     pub fn step_working_bytes(&self, tokens: u64, seqs: u64, context: u64) -> u64 {
+        let packed = [self.hidden, self.heads * self.head_dim, self.intermediate]
+            .into_iter()
+            .filter(|&c| c > PACKED_INPUT_MIN_COLS)
+            .max()
+            .unwrap_or(0);
         let per_token = 5 * self.hidden
             + 2 * self.heads * self.head_dim
             + 2 * self.kv_heads * self.head_dim
-            + 2 * self.intermediate;
+            + 2 * self.intermediate
+            + packed;
         4 * (tokens * per_token + seqs * self.vocab + 2 * self.heads * context)
     }
 
@@ -317,9 +331,14 @@ mod tests {
     #[test]
     fn working_reservation_covers_the_longest_step() {
         let mut s = ModelShape::from_dims("m", 8192, 28672, 80, 64, 8, 128, 128256, false, 2.0, 2);
-        // per token 5·8192 + 2·8192 + 2·1024 + 2·28672 floats
-        let per_token = 4 * (5 * 8192 + 2 * 8192 + 2 * 1024 + 2 * 28672);
+        // per token 5·8192 + 2·8192 + 2·1024 + 2·28672 floats, and the packed copy of the
+        // widest matmul input (the down projection's 28672)
+        let per_token = 4 * (5 * 8192 + 2 * 8192 + 2 * 1024 + 2 * 28672 + 28672);
         assert_eq!(s.step_working_bytes(1, 1, 0), per_token + 4 * 128256);
+        // no input wider than a block: no packed copy
+        let small = ModelShape::from_dims("s", 576, 1024, 30, 9, 3, 64, 49152, true, 0.6, 2);
+        let per_token = 4 * (5 * 576 + 2 * 576 + 2 * 192 + 2 * 1024);
+        assert_eq!(small.step_working_bytes(1, 1, 0), per_token + 4 * 49152);
         assert_eq!(
             s.step_working_bytes(3, 2, 100) - s.step_working_bytes(3, 2, 0),
             4 * 2 * 64 * 100

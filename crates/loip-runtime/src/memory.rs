@@ -181,9 +181,27 @@ pub fn split_this_process(
 
 static BUDGET: std::sync::OnceLock<Budget> = std::sync::OnceLock::new();
 
-/// Records this process's budget split (once, at start) for [`report`].
+/// Records this process's budget split (once, at start) for [`report`], and drops the
+/// executable's pages the process does not map from the page cache ([`drop_unmapped_code`]).
 pub fn set_budget(b: Budget) {
-    let _ = BUDGET.set(b);
+    if BUDGET.set(b).is_ok() {
+        drop_unmapped_code();
+    }
+}
+
+/// Asks the kernel to drop this process's executable from the page cache, but for the pages
+/// mapped (the code that has run: the advice keeps mapped pages). Starting reads about twice
+/// the code it maps (each fault reads ahead around it), charged to the process's cgroup as
+/// page cache beside the code allowance; code that runs later reads its pages again.
+pub fn drop_unmapped_code() {
+    #[cfg(target_os = "linux")]
+    if let Ok(f) = std::fs::File::open("/proc/self/exe") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on an open descriptor; advice only.
+        unsafe {
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+    }
 }
 
 /// The process's budget split as recorded by [`set_budget`], and the live charge: what

@@ -104,6 +104,8 @@ pub(super) fn compute_thread(
                         d.kv.widen_windows(loip_engine::speculate::MAX_REWIND);
                         let memory = d.memory().into();
                         device = Some(d);
+                        // what starting read of the code and did not map stays charged
+                        crate::memory::drop_unmapped_code();
                         ctx.frame_limit.store(limit, Ordering::Relaxed);
                         ctx.send(ToCoordinator::Loaded { memory })
                     }
