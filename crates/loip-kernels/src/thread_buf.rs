@@ -29,17 +29,22 @@ pub(crate) fn with_thread_buf<R>(
     f: impl FnOnce(&mut [f32]) -> R,
 ) -> R {
     let mut buf = key.with(Cell::take);
-    // 15 more for the start on a 64-byte line
-    let need = len.saturating_add(15);
-    if buf.len() < need {
-        buf = vec![0f32; need];
-    }
-    let off = buf.as_ptr().align_offset(64).min(15);
-    let r = f(&mut buf[off..off + len]);
+    let r = f(on_a_line(&mut buf, len));
     if buf.capacity() <= keep {
         key.with(|c| c.set(buf));
     }
     r
+}
+
+/// `len` elements of `buf` starting on a 64-byte line, `buf` replaced by a zeroed one where
+/// it is too short (15 more elements than `len` for the start on a line).
+fn on_a_line(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    let need = len.saturating_add(15);
+    if buf.len() < need {
+        *buf = vec![0f32; need];
+    }
+    let off = buf.as_ptr().align_offset(64).min(15);
+    &mut buf[off..off + len]
 }
 
 /// A buffer of f32 the threads of a call share, kept for the next call (one per process,
@@ -60,12 +65,7 @@ pub(crate) fn with_shared_buf<R>(
 ) -> R {
     let lock = || key.lock().unwrap_or_else(PoisonError::into_inner);
     let mut buf = std::mem::take(&mut *lock());
-    let need = len.saturating_add(15);
-    if buf.len() < need {
-        buf = vec![0f32; need];
-    }
-    let off = buf.as_ptr().align_offset(64).min(15);
-    let r = f(&mut buf[off..off + len]);
+    let r = f(on_a_line(&mut buf, len));
     let mut kept = lock();
     if kept.len() < buf.len() {
         *kept = buf;

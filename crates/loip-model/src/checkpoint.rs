@@ -118,17 +118,26 @@ impl Drop for Checkpoint {
     /// process maps, so another holder of the same file keeps what it uses.
     fn drop(&mut self) {
         self.maps.clear();
-        #[cfg(unix)]
         for path in &self.files {
-            use std::os::fd::AsRawFd;
-            if let Ok(f) = File::open(path) {
-                // SAFETY: plain syscall on an open descriptor; advice only.
-                unsafe {
-                    libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-                }
-            }
+            drop_from_page_cache(path);
         }
     }
+}
+
+/// Asks the kernel to drop the file at `path` from the page cache (`posix_fadvise(DONTNEED)`),
+/// but for the pages some process maps, which it keeps. Advice only: nothing happens where the
+/// file cannot be opened or the platform has no such call.
+pub fn drop_from_page_cache(path: &Path) {
+    #[cfg(unix)]
+    if let Ok(f) = File::open(path) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on an open descriptor; advice only.
+        unsafe {
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
 }
 
 impl Checkpoint {

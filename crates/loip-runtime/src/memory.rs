@@ -195,13 +195,7 @@ pub fn set_budget(b: Budget) {
 /// page cache beside the code allowance; code that runs later reads its pages again.
 pub fn drop_unmapped_code() {
     #[cfg(target_os = "linux")]
-    if let Ok(f) = std::fs::File::open("/proc/self/exe") {
-        use std::os::fd::AsRawFd;
-        // SAFETY: plain syscall on an open descriptor; advice only.
-        unsafe {
-            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-        }
-    }
+    loip_model::checkpoint::drop_from_page_cache(std::path::Path::new("/proc/self/exe"));
 }
 
 /// The process's budget split as recorded by [`set_budget`], and the live charge: what
